@@ -1,0 +1,51 @@
+"""One base error for every user mistake numarun can name.
+
+The CLI prints ``numarun: error: <message>`` on one line and exits 2 for any
+:class:`NumarunError`; no traceback is shown for these. Each message quotes the
+bad value and says which form was expected.
+"""
+
+from __future__ import annotations
+
+
+class NumarunError(Exception):
+    """A user-facing error: bad input, an impossible request, an unreadable source."""
+
+    exit_code: int = 2
+
+
+class UsageError(NumarunError):
+    """A command-line flag or argument has a bad value."""
+
+
+class CpuListError(NumarunError):
+    """A CPU/node list such as ``0-3,8`` could not be parsed."""
+
+
+class TopologyError(NumarunError):
+    """A topology source (sysfs tree, JSON snapshot, nvidia-smi text) is unreadable or malformed."""
+
+
+class VisibleDevicesError(NumarunError):
+    """``CUDA_VISIBLE_DEVICES`` names GPUs that do not exist or repeats one."""
+
+
+class PlanError(NumarunError):
+    """The requested binding cannot be planned on this topology (too few cores or GPUs...)."""
+
+
+class BindingError(NumarunError):
+    """A binding could not be applied and ``--strict-binding`` was given."""
+
+
+class ConfigError(NumarunError):
+    """A Hydra config or override is wrong (unknown key, bad type, bad value)."""
+
+
+class SlurmError(NumarunError):
+    """A SLURM option is malformed or sbatch/squeue failed."""
+
+
+def expected(value: object, form: str, what: str = "value") -> str:
+    """Uniform wording: ``bad <what> '<value>': expected <form>``."""
+    return f"bad {what} {value!r}: expected {form}"

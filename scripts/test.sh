@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command: installs (scripts/setup.sh), then runs the whole suite.
+# As root on Linux it also brings up the two-node Slurm test cluster for the cluster tests
+# (scripts/test-cluster.sh) and always tears it down.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+status=0
+if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUSTER:-}" != 1 ]; then
+  trap 'bash scripts/test-cluster.sh down || true' EXIT
+  if bash scripts/test-cluster.sh up; then
+    export NUMARUN_TEST_CLUSTER=/tmp/numarun-cluster/env
+  else
+    echo "test cluster did not come up: cluster tests will fail" >&2
+  fi
+fi
+.venv/bin/python -m pytest "$@" || status=$?
+exit $status
