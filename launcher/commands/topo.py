@@ -1,0 +1,122 @@
+"""``numarun topo``: show the node's topology as text, a JSON snapshot, or an SVG picture."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import TopologyError, UsageError
+from ..topology.model import Topology
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "topo",
+        help="show NUMA nodes, CPUs, GPUs, links and NICs of this node",
+        description="Show the node's topology: NUMA nodes and their CPUs and memory, GPUs with "
+        "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
+        "that --topology reads back; --svg draws the picture.",
+    )
+    p.add_argument(
+        "--topology", metavar="PATH", default=None,
+        help="topology source: a directory standing for a machine's / (with sys/ and proc/), a JSON "
+        "snapshot from 'numarun topo --json', an hwloc XML, or a saved 'nvidia-smi topo -m' text "
+        "(default: $NUMARUN_TOPOLOGY, else this machine)",
+    )
+    p.add_argument("--json", action="store_true", help="print the JSON snapshot instead of the table view")
+    p.add_argument("--svg", metavar="FILE", default=None, help="also write an SVG picture of the topology to FILE")
+    p.add_argument(
+        "--smi", metavar="FILE", default=None,
+        help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs",
+    )
+    p.add_argument("--width", type=int, default=None, help="text width of the table view (default: terminal width)")
+    p.set_defaults(func=main)
+    return p
+
+
+def write_atomic(path: str, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same directory and a rename,
+    so a reader never sees half a file. The directory must exist."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"bad output path {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
+    if target.is_dir():
+        raise UsageError(f"bad output path {path!r}: it is a directory; expected a file name")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def merge_smi(topology: Topology, smi_path: str) -> Topology:
+    """Take GPUs, NICs and links from a saved ``nvidia-smi topo -m`` when ``topology`` has no GPUs."""
+    if topology.gpus:
+        log.warning("--smi %s ignored: %s already lists %d GPUs", smi_path, topology.source or "the topology", len(topology.gpus))
+        return topology
+    try:
+        text = Path(smi_path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise TopologyError(f"bad --smi file {smi_path!r}: {e.strerror}; expected a saved 'nvidia-smi topo -m' text") from None
+    from ..topology.smi import topology_from_smi
+
+    smi = topology_from_smi(text, smi_path)
+    return dataclasses.replace(
+        topology,
+        gpus=smi.gpus,
+        gpu_links=smi.gpu_links,
+        nics=topology.nics or smi.nics,
+        nic_links=smi.nic_links if not topology.nics else (),
+        gpu_source="nvidia-smi",
+        notes=topology.notes + (f"GPUs and links from {smi_path}",),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..topology.discover import load_topology
+
+    out_svg = args.svg
+    if out_svg is not None:
+        # refuse before doing any work, so nothing is half-done
+        parent = Path(out_svg).parent
+        if not parent.is_dir():
+            raise UsageError(f"bad --svg {out_svg!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
+    if args.width is not None and args.width < 40:
+        raise UsageError(f"bad --width {args.width!r}: expected an integer of at least 40")
+
+    topology = load_topology(args.topology)
+    if args.smi:
+        topology = merge_smi(topology, args.smi)
+
+    if out_svg is not None:
+        from ..topology.svg import render_svg
+
+        write_atomic(out_svg, render_svg(topology))
+        log.info("wrote %s", out_svg)
+
+    if args.json:
+        sys.stdout.write(topology.to_json())
+    else:
+        from ..topology.render import render_text
+        import shutil
+
+        width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
+        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty()))
+        if out_svg is not None:
+            sys.stdout.write(f"picture written to {out_svg}\n")
+    return 0

@@ -1,0 +1,182 @@
+"""Terminal view of a :class:`Topology` (``numarun topo``), rendered to a string with rich.
+
+Pure: no I/O beyond an in-memory buffer, so tests can check the text.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..cpuset import format_list
+from .model import Gpu, Topology, link_rank
+
+log = logging.getLogger(__name__)
+
+NO_GPU_LINE = "no GPUs found (NVML unavailable, no GPU PCI devices in sysfs)"
+
+
+def gib(nbytes: int) -> str:
+    """``68719476736`` -> ``"64.0 GiB"``; ``"?"`` when unknown (0)."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes > 0 else "?"
+
+
+def nearest_nic(topology: Topology, gpu_pos: int) -> tuple[int, str] | None:
+    """Position in ``topology.nics`` and link code of the NIC closest to ``gpus[gpu_pos]``.
+
+    Closest = smallest :func:`link_rank`; ties go to the first NIC (PCI order). None
+    when there are no NICs.
+    """
+    best: tuple[int, int, str] | None = None
+    for n in range(len(topology.nics)):
+        code = topology.gpu_nic_link(gpu_pos, n)
+        key = link_rank(code)
+        if best is None or key < best[0]:
+            best = (key, n, code)
+    return None if best is None else (best[1], best[2])
+
+
+def cpu_summary(topology: Topology) -> dict[str, int | bool]:
+    """Counts for the summary line: packages, cores, PUs, SMT, offline and disallowed CPUs."""
+    cpus = topology.cpus
+    packages = {c.package for c in cpus}
+    cores = {(c.package, c.die, c.core) for c in cpus}
+    smt = any(len(c.siblings) > 1 for c in cpus) or len(cores) < len(cpus)
+    return {
+        "packages": len(packages),
+        "cores": len(cores),
+        "pus": len(cpus),
+        "smt": smt,
+        "offline": sum(1 for c in cpus if not c.online),
+        "disallowed": sum(1 for c in cpus if c.online and not c.allowed),
+    }
+
+
+def no_gpu_reason(topology: Topology) -> str:
+    """The plain sentence shown when a topology has no GPUs."""
+    if topology.gpu_source in ("none", "", "nvml", "sysfs"):
+        return NO_GPU_LINE
+    return f"no GPUs found (GPU source: {topology.gpu_source})"
+
+
+def _gpu_label(g: Gpu) -> str:
+    return f"GPU{g.index}"
+
+
+def render_text(topology: Topology, *, width: int = 120, color: bool = False) -> str:
+    """The whole ``numarun topo`` view as one string (fixed ``width`` so output is stable)."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
+        no_color=not color, highlight=False, soft_wrap=False, emoji=False, markup=False,
+    )
+    t = topology
+
+    header = Text()
+    header.append(f"host: {t.hostname or '?'}", style="bold")
+    header.append(f"   source: {t.source or '?'}   GPU source: {t.gpu_source or 'none'}")
+    console.print(header)
+    if not t.gpus:
+        console.print(no_gpu_reason(t))
+
+    # --- NUMA nodes ---
+    numa = Table(title="NUMA nodes", title_justify="left", expand=False)
+    numa.add_column("node", justify="right")
+    numa.add_column("CPUs")
+    numa.add_column("allowed CPUs")
+    numa.add_column("memory", justify="right")
+    numa.add_column("kind")
+    numa.add_column("distances")
+    allowed_by_id = {c.id for c in t.cpus if c.online and c.allowed}
+    for n in t.numa_nodes:
+        mem_allowed = not t.allowed_mems or n.id in t.allowed_mems
+        kind = "memory-only" if n.memory_only else "cpu+mem"
+        if not mem_allowed:
+            kind += " (mem disallowed)"
+        numa.add_row(
+            str(n.id),
+            format_list(n.cpus) or "-",
+            format_list(c for c in n.cpus if c in allowed_by_id) or "-",
+            gib(n.memory_bytes),
+            kind,
+            " ".join(str(d) for d in n.distances) or "?",
+        )
+    if not t.numa_nodes:
+        numa.add_row("-", "-", "-", "-", "-", "-")
+    console.print(numa)
+
+    s = cpu_summary(t)
+    console.print(
+        f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   "
+        f"SMT: {'yes' if s['smt'] else 'no'}   offline CPUs: {s['offline']}   "
+        f"disallowed CPUs: {s['disallowed']}"
+    )
+    offline = [c.id for c in t.cpus if not c.online]
+    if offline:
+        console.print(f"offline: {format_list(offline)}")
+
+    # --- GPUs ---
+    if t.gpus:
+        gt = Table(title="GPUs", title_justify="left")
+        for col in ("GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC"):
+            gt.add_column(col, justify="right" if col in ("GPU", "NUMA", "memory") else "left")
+        for pos, g in enumerate(t.gpus):
+            near = nearest_nic(t, pos)
+            if near is None:
+                nic_cell = "-"
+            else:
+                nic_cell = t.nics[near[0]].name + (f" ({near[1]})" if near[1] else "")
+            numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
+            if g.memory_numa_node >= 0:
+                numa_cell += f" (mem node {g.memory_numa_node})"
+            gt.add_row(
+                str(g.index), g.name or "?", g.pci_bus_id, numa_cell,
+                format_list(g.cpu_affinity) or "?", gib(g.memory_bytes), nic_cell,
+            )
+        console.print(gt)
+
+        # --- link matrix, nvidia-smi style: GPU columns then NIC columns ---
+        if t.gpu_links or t.nics:
+            lt = Table(title="GPU links", title_justify="left")
+            lt.add_column("")
+            for g in t.gpus:
+                lt.add_column(_gpu_label(g), justify="center")
+            for n in t.nics:
+                lt.add_column(n.name, justify="center")
+            for i, g in enumerate(t.gpus):
+                row = [_gpu_label(g)]
+                for j in range(len(t.gpus)):
+                    if t.gpu_links:
+                        row.append(t.gpu_links[i][j] or "?")
+                    else:
+                        row.append("X" if i == j else "?")
+                row.extend(t.gpu_nic_link(i, k) or "?" for k in range(len(t.nics)))
+                lt.add_row(*row)
+            console.print(lt)
+            console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches, "
+                          "PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
+
+    # --- NICs ---
+    if t.nics:
+        nt = Table(title="NICs", title_justify="left")
+        for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed"):
+            nt.add_column(col, justify="right" if col in ("NUMA", "speed") else "left")
+        for n in t.nics:
+            nt.add_row(
+                n.name, n.kind.value, ",".join(n.netdevs) or "-", n.pci_bus_id or "-",
+                str(n.numa_node) if n.numa_node >= 0 else "unknown",
+                f"{n.speed_mbps} Mb/s" if n.speed_mbps > 0 else "?",
+            )
+        console.print(nt)
+    else:
+        console.print("no NICs found")
+
+    if t.notes:
+        console.print("notes:")
+        for note in t.notes:
+            console.print(f"  - {note}")
+    return buf.getvalue()

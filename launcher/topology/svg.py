@@ -1,0 +1,405 @@
+"""A self-contained SVG picture of a :class:`Topology`, in the spirit of lstopo's, plus GPU links.
+
+Packages hold NUMA nodes, NUMA nodes hold cores, cores hold PUs (logical CPUs, labelled
+with their id). GPUs and NICs hang under the NUMA node they sit on; devices whose node
+is unknown get their own box. NVLink pairs are joined by labelled arcs (PCIe-level codes
+are left out: on an 8-GPU box they would be 28 lines that say "same PCIe tree").
+
+With a :class:`LaunchPlan`, each PU a rank is bound to is filled with that rank's colour
+(striped when ranks share a CPU, as in ``node``/``socket`` modes) and a legend lists
+rank -> GPU, CPUs, NIC.
+
+Pure: returns a string. Stable element classes for tools and tests: ``pu``, ``core``,
+``numa``, ``package``, ``gpu``, ``nic``, ``link``, ``link-label``, ``legend-rank``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from xml.sax.saxutils import escape, quoteattr
+
+from ..cpuset import format_list
+from ..plan.model import LaunchPlan, RankBinding
+from .model import Cpu, Gpu, Nic, NumaNode, Topology
+
+log = logging.getLogger(__name__)
+
+PU_W, PU_H = 30, 18
+GAP = 4
+PAD = 6
+TITLE_H = 18
+DEV_W, DEV_H = 150, 40
+CORES_PER_ROW = 8
+MAX_WIDTH = 1800
+FONT = 11
+
+# Distinct, print-friendly colours (Tableau 20 order); ranks beyond 20 cycle.
+RANK_COLOURS: tuple[str, ...] = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+    "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+    "#f7b6d2", "#9edae5", "#dbdb8d", "#393b79",
+)
+
+_STYLE = """
+text { font-family: monospace; font-size: 11px; fill: #000; }
+.machine > rect.frame { fill: #ffffff; stroke: #000; }
+.package > rect.frame { fill: #dfe8d6; stroke: #444; }
+.numa > rect.frame { fill: #efe8b8; stroke: #444; }
+.numa.memory-only > rect.frame { fill: #f5f0d8; stroke: #444; stroke-dasharray: 4 2; }
+.unknown-numa > rect.frame { fill: #f0f0f0; stroke: #888; stroke-dasharray: 4 2; }
+.core > rect.frame { fill: #c8c8c8; stroke: #555; }
+rect.pu { fill: #ffffff; stroke: #333; }
+rect.pu.offline { fill: #9a9a9a; }
+rect.pu.disallowed { fill: #dcdcdc; stroke: #aaa; }
+text.pu-id.greyed { fill: #777; }
+rect.gpu { fill: #c9f2c9; stroke: #2a7a2a; }
+rect.nic { fill: #cfe3ff; stroke: #24588f; }
+path.link { fill: none; stroke: #76b900; stroke-width: 2; stroke-opacity: 0.8; }
+text.link-label { fill: #3d6000; font-weight: bold; }
+text.title { font-weight: bold; }
+"""
+
+
+def rank_colour(local_rank: int) -> str:
+    return RANK_COLOURS[local_rank % len(RANK_COLOURS)]
+
+
+def _a(value: object) -> str:
+    """An attribute value, quoted and escaped."""
+    return quoteattr(str(value))
+
+
+def _t(value: object) -> str:
+    return escape(str(value))
+
+
+@dataclass
+class _Box:
+    """A laid-out piece: its size and a function that emits SVG at an absolute position."""
+
+    w: float
+    h: float
+    draw: Callable[[float, float, list[str]], None]
+
+
+@dataclass
+class _Ctx:
+    topology: Topology
+    cpu_ranks: dict[int, list[int]] = field(default_factory=dict)
+    gpu_ranks: dict[int, list[int]] = field(default_factory=dict)
+    gpu_anchor: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
+    """GPU position in ``gpus`` -> (x, y, w, h) once drawn."""
+
+
+def _flow(children: Sequence[_Box], max_w: float) -> tuple[float, float, list[tuple[float, float]]]:
+    """Place children left to right, wrapping at ``max_w``; returns size and offsets."""
+    offsets: list[tuple[float, float]] = []
+    x = y = row_h = 0.0
+    width = 0.0
+    for c in children:
+        if x > 0 and x + c.w > max_w:
+            x, y = 0.0, y + row_h + GAP
+            row_h = 0.0
+        offsets.append((x, y))
+        x += c.w + GAP
+        row_h = max(row_h, c.h)
+        width = max(width, x - GAP)
+    return width, (y + row_h if children else 0.0), offsets
+
+
+def _grid(children: Sequence[_Box], cols: int) -> tuple[float, float, list[tuple[float, float]]]:
+    """Equal cells, ``cols`` per row (keeps cores aligned in columns)."""
+    if not children:
+        return 0.0, 0.0, []
+    cw = max(c.w for c in children)
+    ch = max(c.h for c in children)
+    cols = max(1, min(cols, len(children)))
+    rows = (len(children) + cols - 1) // cols
+    offsets = [((i % cols) * (cw + GAP), (i // cols) * (ch + GAP)) for i in range(len(children))]
+    return cols * cw + (cols - 1) * GAP, rows * ch + (rows - 1) * GAP, offsets
+
+
+def _container(
+    css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (),
+    grid_cols: int | None = None, max_w: float = MAX_WIDTH, tooltip: str = "",
+) -> _Box:
+    """A titled frame holding children (flow or grid) and, below them, a row of devices."""
+    if grid_cols is not None:
+        cw, ch, coffs = _grid(children, grid_cols)
+    else:
+        cw, ch, coffs = _flow(children, max_w - 2 * PAD)
+    title_w = len(title) * 7 + 2 * PAD
+    dev_max = max(cw, DEV_W, title_w - 2 * PAD)
+    dw, dh, doffs = _flow(devices, dev_max)
+    inner_w = max(cw, dw, title_w - 2 * PAD, 1.0)
+    w = inner_w + 2 * PAD
+    dev_y = TITLE_H + PAD + ch + (GAP * 2 if children and devices else 0)
+    h = dev_y + dh + PAD
+
+    def draw(x: float, y: float, out: list[str]) -> None:
+        out.append(f"<g class={_a(css)}>")
+        out.append(f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="3"/>')
+        if tooltip:
+            out.append(f"<title>{_t(tooltip)}</title>")
+        out.append(f'<text class="title" x="{x + PAD:.0f}" y="{y + 13:.0f}">{_t(title)}</text>')
+        for c, (ox, oy) in zip(children, coffs):
+            c.draw(x + PAD + ox, y + TITLE_H + PAD + oy, out)
+        for d, (ox, oy) in zip(devices, doffs):
+            d.draw(x + PAD + ox, y + dev_y + oy, out)
+        out.append("</g>")
+
+    return _Box(w, h, draw)
+
+
+def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
+    ranks = ctx.cpu_ranks.get(cpu.id, [])
+
+    def draw(x: float, y: float, out: list[str]) -> None:
+        cls = "pu"
+        state = "online" if cpu.online else "offline"
+        if not cpu.online:
+            cls += " offline"
+        elif not cpu.allowed:
+            cls += " disallowed"
+            state = "not allowed"
+        fill = f' style="fill:{rank_colour(ranks[0])}"' if len(ranks) == 1 else ""
+        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
+        out.append(
+            f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
+            f'width="{PU_W}" height="{PU_H}"{fill}>'
+            f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>"
+        )
+        if len(ranks) > 1:
+            # shared CPU (node/socket modes): one stripe per rank
+            sw = PU_W / len(ranks)
+            for i, r in enumerate(ranks):
+                out.append(
+                    f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
+                    f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>'
+                )
+        greyed = " greyed" if not (cpu.online and cpu.allowed) else ""
+        out.append(
+            f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" '
+            f'text-anchor="middle">{cpu.id}</text>'
+        )
+
+    return _Box(PU_W, PU_H, draw)
+
+
+def _core_box(ctx: _Ctx, cpus: Sequence[Cpu]) -> _Box:
+    pus = [_pu_box(ctx, c) for c in cpus]
+    w = len(pus) * PU_W + (len(pus) - 1) * 2 + 6
+    h = PU_H + 6
+
+    def draw(x: float, y: float, out: list[str]) -> None:
+        out.append(f'<g class="core" data-core="{cpus[0].core}">')
+        out.append(f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{w}" height="{h}" rx="2"/>')
+        for i, p in enumerate(pus):
+            p.draw(x + 3 + i * (PU_W + 2), y + 3, out)
+        out.append("</g>")
+
+    return _Box(w, h, draw)
+
+
+def _cores(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
+    """Group CPUs into physical cores (package, die, core id), ordered by lowest CPU id."""
+    groups: dict[tuple[int, int, int], list[Cpu]] = {}
+    for c in sorted(cpus, key=lambda c: c.id):
+        groups.setdefault((c.package, c.die, c.core), []).append(c)
+    return [_core_box(ctx, g) for g in sorted(groups.values(), key=lambda g: g[0].id)]
+
+
+def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
+    ranks = ctx.gpu_ranks.get(pos, [])
+    name = g.name or g.vendor.upper()
+    line2 = g.pci_bus_id + (f" mem@{g.memory_numa_node}" if g.memory_numa_node >= 0 else "")
+
+    def draw(x: float, y: float, out: list[str]) -> None:
+        ctx.gpu_anchor[pos] = (x, y, DEV_W, DEV_H)
+        style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
+        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
+        out.append(
+            f'<rect class="gpu" data-gpu="{g.index}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
+            f'width="{DEV_W}" height="{DEV_H}" rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
+        )
+        label = f"GPU{g.index} {name}"[:21]
+        if ranks:
+            label = (f"GPU{g.index} rank {format_list(ranks)}")[:21]
+        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(label)}</text>')
+        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:21])}</text>')
+
+    return _Box(DEV_W, DEV_H, draw)
+
+
+def _nic_box(n: Nic) -> _Box:
+    def draw(x: float, y: float, out: list[str]) -> None:
+        out.append(
+            f'<rect class="nic" data-nic={_a(n.name)} x="{x:.0f}" y="{y:.0f}" width="{DEV_W}" '
+            f'height="{DEV_H}" rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id}")}</title></rect>'
+        )
+        speed = f" {n.speed_mbps // 1000}G" if n.speed_mbps >= 1000 else ""
+        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:21])}</text>')
+        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(((",".join(n.netdevs) or n.pci_bus_id) + speed)[:21])}</text>')
+
+    return _Box(DEV_W, DEV_H, draw)
+
+
+def _devices_on(ctx: _Ctx, node_id: int) -> list[_Box]:
+    t = ctx.topology
+    out = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node == node_id]
+    out += [_nic_box(n) for n in t.nics if n.numa_node == node_id]
+    return out
+
+
+def _node_title(n: NumaNode, memory: int) -> str:
+    size = f" ({memory / 2**30:.0f} GiB)" if memory > 0 else ""
+    return f"NUMA node {n.id}{size}" + (" memory only" if n.memory_only else "")
+
+
+def _layout(ctx: _Ctx) -> _Box:
+    t = ctx.topology
+    node_ids = {n.id for n in t.numa_nodes}
+    cpu_node: dict[int, int] = {}
+    for n in t.numa_nodes:
+        for c in n.cpus:
+            cpu_node[c] = n.id
+    cpus_by_node: dict[int, list[Cpu]] = {}
+    for c in t.cpus:
+        cpus_by_node.setdefault(cpu_node.get(c.id, -1), []).append(c)
+
+    cpu_nodes = [n for n in t.numa_nodes if cpus_by_node.get(n.id)]
+    mem_nodes = [n for n in t.numa_nodes if not cpus_by_node.get(n.id)]
+    packages = sorted({c.package for c in t.cpus})
+    node_pkgs = {n.id: {c.package for c in cpus_by_node[n.id]} for n in cpu_nodes}
+    # lstopo nests NUMA nodes in packages, unless a node spans packages (one-NUMA cpuid dumps):
+    # then packages go inside the node.
+    nodes_in_packages = all(len(p) == 1 for p in node_pkgs.values())
+
+    top: list[_Box] = []
+    unknown_cpus = cpus_by_node.get(-1, [])
+    if nodes_in_packages:
+        for p in packages:
+            inner: list[_Box] = []
+            for n in cpu_nodes:
+                if p in node_pkgs[n.id]:
+                    inner.append(_container(
+                        "numa", _node_title(n, n.memory_bytes), _cores(ctx, cpus_by_node[n.id]),
+                        devices=_devices_on(ctx, n.id), grid_cols=CORES_PER_ROW,
+                        tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
+                    ))
+            pkg_unknown = [c for c in unknown_cpus if c.package == p]
+            if pkg_unknown:
+                inner.append(_container("unknown-numa", "CPUs without NUMA node", _cores(ctx, pkg_unknown),
+                                        grid_cols=CORES_PER_ROW))
+            top.append(_container("package", f"Package {p}", inner, max_w=MAX_WIDTH - 2 * PAD))
+    else:
+        for n in cpu_nodes:
+            inner = [
+                _container("package", f"Package {p}", _cores(ctx, [c for c in cpus_by_node[n.id] if c.package == p]),
+                           grid_cols=CORES_PER_ROW)
+                for p in sorted(node_pkgs[n.id])
+            ]
+            top.append(_container("numa", _node_title(n, n.memory_bytes), inner,
+                                  devices=_devices_on(ctx, n.id), max_w=MAX_WIDTH - 2 * PAD))
+        if unknown_cpus:
+            top.append(_container("unknown-numa", "CPUs without NUMA node", _cores(ctx, unknown_cpus),
+                                  grid_cols=CORES_PER_ROW))
+
+    for n in mem_nodes:
+        top.append(_container("numa memory-only", _node_title(n, n.memory_bytes), [],
+                              devices=_devices_on(ctx, n.id)))
+
+    stray = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node not in node_ids]
+    stray += [_nic_box(n) for n in t.nics if n.numa_node not in node_ids]
+    if stray:
+        top.append(_container("unknown-numa", "unknown NUMA node", [], devices=stray))
+
+    return _container("machine", f"Machine {t.hostname or '?'}", top)
+
+
+def _links(ctx: _Ctx, out: list[str]) -> None:
+    """Arcs between NVLink-connected GPUs, each labelled with its code (NV12...)."""
+    t = ctx.topology
+    if not t.gpu_links:
+        return
+    for i in range(len(t.gpus)):
+        for j in range(i + 1, len(t.gpus)):
+            code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
+            if not code.startswith("NV") or i not in ctx.gpu_anchor or j not in ctx.gpu_anchor:
+                continue
+            x1, y1, w1, h1 = ctx.gpu_anchor[i]
+            x2, y2, w2, h2 = ctx.gpu_anchor[j]
+            ax, ay = x1 + w1 / 2, y1 + h1
+            bx, by = x2 + w2 / 2, y2 + h2
+            # bow below the boxes, deeper for farther pairs, so arcs between neighbours stay readable
+            depth = 14 + 0.12 * abs(bx - ax) + 4 * ((i + j) % 3)
+            cx, cy = (ax + bx) / 2, max(ay, by) + depth
+            mx, my = (ax + 2 * cx + bx) / 4, (ay + 2 * cy + by) / 4
+            out.append(
+                f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
+                f'd="M{ax:.0f},{ay:.0f} Q{cx:.0f},{cy:.0f} {bx:.0f},{by:.0f}"/>'
+            )
+            out.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 4:.0f}" text-anchor="middle">{_t(code)}</text>')
+
+
+def _legend_text(r: RankBinding) -> str:
+    gpu = f"GPU{r.gpu.index} {r.gpu.pci_bus_id}" if r.gpu else "no GPU"
+    text = f"rank {r.local_rank}: {gpu}  CPUs {format_list(r.cpus)}  mems {format_list(r.mems) or '-'}  NIC {r.nic or '-'}"
+    return text + (f"  ({r.fallback})" if r.fallback else "")
+
+
+def _legend_chars(plan: LaunchPlan) -> int:
+    return max((len(_legend_text(r)) for r in plan.ranks), default=0)
+
+
+def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
+    """Rank -> GPU, CPUs, NIC rows; returns the height used."""
+    out.append('<g class="legend">')
+    out.append(f'<text class="title" x="{x:.0f}" y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>')
+    row_y = y + TITLE_H + 4
+    for r in plan.ranks:
+        colour = rank_colour(r.local_rank)
+        text = _legend_text(r)
+        out.append(f'<g class="legend-rank" data-rank="{r.local_rank}">')
+        out.append(f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{colour};stroke:#000"/>')
+        out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(text)}</text>')
+        out.append("</g>")
+        row_y += 18
+    out.append("</g>")
+    return row_y - y
+
+
+def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
+    """The picture as a standalone SVG document (UTF-8 text, no external references)."""
+    ctx = _Ctx(topology)
+    if plan is not None:
+        pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus)}
+        for r in plan.ranks:
+            for c in r.cpus:
+                ctx.cpu_ranks.setdefault(c, []).append(r.local_rank)
+            if r.gpu is not None and r.gpu.pci_bus_id in pos_by_bus:
+                ctx.gpu_ranks.setdefault(pos_by_bus[r.gpu.pci_bus_id], []).append(r.local_rank)
+    root = _layout(ctx)
+    margin = 10
+    body: list[str] = []
+    root.draw(margin, margin, body)
+    links: list[str] = []
+    _links(ctx, links)
+    height = root.h + 2 * margin + 60  # room for arcs bowing below the lowest GPUs
+    width = root.w + 2 * margin
+    legend: list[str] = []
+    if plan is not None:
+        used = _legend(ctx, plan, margin, height, legend)
+        height += used + margin
+        width = max(width, min(_legend_chars(plan), 250) * 7.0 + 40)
+    head = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}">\n'
+        f"<title>{_t('numarun topology: ' + (topology.hostname or topology.source or '?'))}</title>\n"
+        f"<style>{_STYLE}</style>\n"
+        f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" style="fill:#fff"/>\n'
+    )
+    return head + "\n".join(body + links + legend) + "\n</svg>\n"

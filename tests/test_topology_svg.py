@@ -1,0 +1,243 @@
+"""The SVG picture (``numarun topo --svg`` / ``numarun plan --svg``): valid XML with one box per
+PU, GPU and NIC, labelled NVLink arcs, and each rank's CPUs in that rank's colour."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from launcher.cpuset import format_list
+from launcher.plan.model import BindingMode, GpuRef, LaunchPlan, RankBinding
+from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
+from launcher.topology.svg import RANK_COLOURS, render_svg
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def make_topology(
+    *, packages: int = 2, nodes_per_package: int = 1, cores_per_node: int = 4, smt: int = 2,
+    gpus_per_node: int = 2, nics_per_node: int = 1, nv: str = "NV12", hostname: str = "box",
+    offline: tuple[int, ...] = (), disallowed: tuple[int, ...] = (), memory_only_nodes: int = 0,
+    stray_gpu: bool = False,
+) -> Topology:
+    """A regular machine: SMT siblings numbered i and i+N (as on most x86 servers)."""
+    n_nodes = packages * nodes_per_package
+    n_cores = n_nodes * cores_per_node
+    cpus: list[Cpu] = []
+    node_cpus: dict[int, list[int]] = {n: [] for n in range(n_nodes)}
+    for t in range(smt):
+        for core in range(n_cores):
+            cid = t * n_cores + core
+            node = core // cores_per_node
+            pkg = node // nodes_per_package
+            sibs = tuple(s * n_cores + core for s in range(smt))
+            cpus.append(Cpu(id=cid, package=pkg, core=core, numa_node=node, siblings=sibs,
+                            online=cid not in offline, allowed=cid not in disallowed))
+            node_cpus[node].append(cid)
+    cpus.sort(key=lambda c: c.id)
+    total = n_nodes + memory_only_nodes
+    numa = [
+        NumaNode(id=n, cpus=tuple(sorted(node_cpus[n])), memory_bytes=64 << 30,
+                 distances=tuple(10 if m == n else 21 for m in range(total)))
+        for n in range(n_nodes)
+    ]
+    numa += [
+        NumaNode(id=n_nodes + k, cpus=(), memory_bytes=96 << 30, memory_only=True,
+                 distances=tuple(10 if m == n_nodes + k else 40 for m in range(total)))
+        for k in range(memory_only_nodes)
+    ]
+    gpus = []
+    for node in range(n_nodes):
+        for k in range(gpus_per_node):
+            i = len(gpus)
+            gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=node,
+                            name="NVIDIA H100 80GB HBM3", cpu_affinity=tuple(sorted(node_cpus[node])),
+                            memory_bytes=80 << 30))
+    if stray_gpu:
+        gpus.append(Gpu(index=len(gpus), pci_bus_id="0000:f1:00.0", numa_node=-1, name="NVIDIA L4 <&>"))
+    links = tuple(
+        tuple("X" if i == j else (nv if gpus[i].numa_node >= 0 and gpus[j].numa_node >= 0 else "SYS")
+              for j in range(len(gpus)))
+        for i in range(len(gpus))
+    )
+    nics = [
+        Nic(name=f"mlx5_{node * nics_per_node + k}", pci_bus_id=f"0000:{0x1a + 0x20 * node + k:02x}:00.0",
+            numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{node * nics_per_node + k}",),
+            speed_mbps=400000)
+        for node in range(n_nodes) for k in range(nics_per_node)
+    ]
+    return Topology(hostname=hostname, numa_nodes=tuple(numa), cpus=tuple(cpus), gpus=tuple(gpus),
+                    nics=tuple(nics), gpu_links=links, source="test", gpu_source="json")
+
+
+def parse(svg: str) -> ET.Element:
+    return ET.fromstring(svg.encode("utf-8"))
+
+
+def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
+    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
+
+
+def test_counts_pus_gpus_nics_and_links() -> None:
+    topo = make_topology()
+    root = parse(render_svg(topo))
+    assert root.tag == f"{SVG}svg"
+    pus = [e for e in by_class(root, "pu") if e.tag == f"{SVG}rect"]
+    assert sorted(int(e.get("data-cpu")) for e in pus) == [c.id for c in topo.cpus]
+    assert len(by_class(root, "core")) == 8
+    assert len(by_class(root, "numa")) == 2
+    assert len(by_class(root, "package")) == 2
+    assert sorted(int(e.get("data-gpu")) for e in by_class(root, "gpu")) == [0, 1, 2, 3]
+    assert sorted(e.get("data-nic") for e in by_class(root, "nic")) == ["mlx5_0", "mlx5_1"]
+    labels = [e.text for e in by_class(root, "link-label")]
+    assert labels == ["NV12"] * 6  # all 4*3/2 pairs are NVLinked
+    assert len(by_class(root, "link")) == 6
+
+
+def test_pcie_level_links_are_not_drawn() -> None:
+    topo = make_topology(nv="PXB")
+    root = parse(render_svg(topo))
+    assert by_class(root, "link-label") == []
+    mixed = make_topology(nv="NV4", stray_gpu=True)  # stray GPU is SYS to all others
+    labels = [e.text for e in by_class(parse(render_svg(mixed)), "link-label")]
+    assert labels == ["NV4"] * 6
+
+
+def test_cpu_ids_are_written_in_their_pu() -> None:
+    topo = make_topology(packages=1, cores_per_node=3, smt=2)
+    root = parse(render_svg(topo))
+    ids = sorted(int(e.text) for e in by_class(root, "pu-id"))
+    assert ids == [0, 1, 2, 3, 4, 5]
+    # SMT siblings share a core box
+    for core in by_class(root, "core"):
+        cpus = sorted(int(r.get("data-cpu")) for r in by_class(core, "pu"))
+        assert cpus[1] - cpus[0] == 3
+
+
+def test_devices_attach_under_their_numa_node_and_unknown_apart() -> None:
+    topo = make_topology(stray_gpu=True)
+    root = parse(render_svg(topo))
+    for node in by_class(root, "numa"):
+        node_id = int(node.find(f"{SVG}text").text.split()[2])
+        gpus = [int(g.get("data-gpu")) for g in by_class(node, "gpu")]
+        assert gpus == [g.index for g in topo.gpus if g.numa_node == node_id]
+        nics = [n.get("data-nic") for n in by_class(node, "nic")]
+        assert nics == [n.name for n in topo.nics if n.numa_node == node_id]
+    unknown = [g for g in by_class(root, "unknown-numa")]
+    assert len(unknown) == 1
+    assert [int(g.get("data-gpu")) for g in by_class(unknown[0], "gpu")] == [4]
+
+
+def test_text_is_escaped() -> None:
+    topo = make_topology(stray_gpu=True, hostname='a<b>&"c"')
+    svg = render_svg(topo)
+    root = parse(svg)  # would raise on unescaped < or &
+    assert any("a<b>&\"c\"" in (e.text or "") for e in root.iter())
+    assert any("<&>" in (e.text or "") for e in root.iter())
+
+
+def test_offline_and_disallowed_cpus_are_greyed() -> None:
+    topo = make_topology(offline=(3,), disallowed=(0, 9))
+    root = parse(render_svg(topo))
+    pus = {int(e.get("data-cpu")): e.get("class").split() for e in by_class(root, "pu") if e.tag == f"{SVG}rect"}
+    assert "offline" in pus[3]
+    assert "disallowed" in pus[0] and "disallowed" in pus[9]
+    assert all(cls == ["pu"] for cid, cls in pus.items() if cid not in (0, 3, 9))
+
+
+def test_memory_only_nodes_are_drawn_apart() -> None:
+    topo = make_topology(memory_only_nodes=2)
+    root = parse(render_svg(topo))
+    mem = by_class(root, "memory-only")
+    assert len(mem) == 2
+    for box in mem:
+        assert by_class(box, "pu") == []
+        assert "memory only" in box.find(f"{SVG}text").text
+
+
+def test_node_spanning_packages_nests_packages_inside_it() -> None:
+    # a cpuid-only dump: one NUMA node covering both packages
+    topo = make_topology()
+    one = NumaNode(id=0, cpus=tuple(c.id for c in topo.cpus), memory_bytes=128 << 30)
+    topo = Topology(hostname="one", numa_nodes=(one,), cpus=topo.cpus)
+    root = parse(render_svg(topo))
+    (node,) = by_class(root, "numa")
+    assert len(by_class(node, "package")) == 2
+    assert len([e for e in by_class(node, "pu") if e.tag == f"{SVG}rect"]) == 16
+
+
+def plan_for(topo: Topology, *, shared: bool = False) -> LaunchPlan:
+    """One rank per GPU; exclusive: the node's cores split; shared: every rank gets the whole node."""
+    ranks = []
+    for g in topo.gpus:
+        node = topo.node(g.numa_node)
+        on_node = [x for x in topo.gpus if x.numa_node == g.numa_node]
+        if shared:
+            cpus = node.cpus
+        else:
+            k = on_node.index(g)
+            cores = sorted({topo.cpu(c).core_key for c in node.cpus})
+            share = cores[k::len(on_node)]
+            cpus = tuple(sorted(c for key in share for c in key))
+        ranks.append(RankBinding(
+            local_rank=g.index, gpu=GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node),
+            cpus=cpus, mems=(g.numa_node,), nic=f"mlx5_{g.numa_node}", env={}, numa_node=g.numa_node,
+        ))
+    return LaunchPlan(ranks=tuple(ranks), binding=BindingMode.NODE if shared else BindingMode.EXCLUSIVE)
+
+
+def test_plan_colours_each_ranks_cpus_and_lists_a_legend() -> None:
+    topo = make_topology()
+    plan = plan_for(topo)
+    root = parse(render_svg(topo, plan))
+    pus = {int(e.get("data-cpu")): e for e in by_class(root, "pu") if e.tag == f"{SVG}rect"}
+    for r in plan.ranks:
+        colour = RANK_COLOURS[r.local_rank]
+        for c in r.cpus:
+            assert pus[c].get("data-ranks") == str(r.local_rank)
+            assert f"fill:{colour}" in pus[c].get("style")
+    bound = {c for r in plan.ranks for c in r.cpus}
+    assert bound == set(pus)  # the helper plan covers every CPU
+    legend = by_class(root, "legend-rank")
+    assert [int(e.get("data-rank")) for e in legend] == [0, 1, 2, 3]
+    for e, r in zip(legend, plan.ranks):
+        text = "".join(e.itertext())
+        assert f"GPU{r.gpu.index}" in text and format_list(r.cpus) in text and r.nic in text
+    gpus = {int(e.get("data-gpu")): e.get("data-ranks") for e in by_class(root, "gpu")}
+    assert gpus == {0: "0", 1: "1", 2: "2", 3: "3"}
+
+
+def test_plan_with_unbound_cpus_leaves_them_plain() -> None:
+    topo = make_topology()
+    full = plan_for(topo)
+    plan = LaunchPlan(ranks=full.ranks[:1])
+    root = parse(render_svg(topo, plan))
+    coloured = {int(e.get("data-cpu")) for e in by_class(root, "pu") if e.get("data-ranks")}
+    assert coloured == set(full.ranks[0].cpus)
+
+
+def test_shared_cpus_are_striped_per_rank() -> None:
+    topo = make_topology()
+    plan = plan_for(topo, shared=True)
+    root = parse(render_svg(topo, plan))
+    stripes = by_class(root, "pu-share")
+    # every CPU of node 0 is shared by ranks 0 and 1, node 1 by ranks 2 and 3
+    assert len(stripes) == 2 * len(topo.cpus)
+    node0 = set(topo.node(0).cpus)
+    pus = {int(e.get("data-cpu")): e.get("data-ranks") for e in by_class(root, "pu") if e.tag == f"{SVG}rect"}
+    assert all(pus[c] == ("0,1" if c in node0 else "2,3") for c in pus)
+
+
+def test_large_machine_stays_within_a_legible_width() -> None:
+    # 24 NUMA nodes x 8 cores x 2 threads = 384 PUs, like the SGI Altix fixture
+    topo = make_topology(packages=24, cores_per_node=8, smt=2, gpus_per_node=0, nics_per_node=0)
+    svg = render_svg(topo)
+    root = parse(svg)
+    assert len([e for e in by_class(root, "pu") if e.tag == f"{SVG}rect"]) == 384
+    assert len(by_class(root, "numa")) == 24
+    width = float(root.get("width"))
+    assert width <= 1900
+    # no PU box overlaps another
+    boxes = sorted((float(e.get("x")), float(e.get("y"))) for e in by_class(root, "pu") if e.tag == f"{SVG}rect")
+    assert len(set(boxes)) == 384
