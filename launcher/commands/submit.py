@@ -1,0 +1,169 @@
+"""``numarun submit``: render an sbatch script that runs numarun once per node, and submit it.
+
+A dry run is a value: the script is built in full first; ``--dry-run`` prints it and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import SlurmError, expected
+from ..slurm.options import SlurmOptions, check_env, check_output_dir
+from ..slurm.script import SlurmJob, expand_sweep, looks_like_overrides, render_sbatch
+
+log = logging.getLogger(__name__)
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "submit",
+        help="submit the job to SLURM (one numarun per node; multirun sweeps become job arrays)",
+        description="Render an sbatch script that starts numarun on every node (srun, one task per "
+        "node owning its CPUs and GPUs; c10d rendezvous at the first node) and submit it with "
+        "'sbatch --parsable'. Prints the job id, the run dir and the log paths. The job requeues "
+        "itself after the pre-timeout signal (the trainer checkpoints on it) and resumes from "
+        "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
+    )
+    g = p.add_argument_group("sbatch options")
+    g.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
+    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node")
+    g.add_argument("--partition", default=None)
+    g.add_argument("--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    g.add_argument("--account", default=None)
+    g.add_argument("--qos", default=None)
+    g.add_argument("--constraint", default=None)
+    g.add_argument("--exclusive", action="store_true", help="whole nodes only")
+    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node")
+    g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
+    g.add_argument("--job-name", default="numarun")
+    g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
+                   help="any other sbatch option for the header (repeatable)")
+    r = p.add_argument_group("run")
+    r.add_argument("--output-dir", default=None, metavar="DIR",
+                   help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
+                   "on a filesystem the nodes share (default: ./outputs/slurm)")
+    r.add_argument("--requeue-limit", type=int, default=3, help="how often the job requeues itself near its time limit (default 3)")
+    r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
+                   help="seconds before the time limit at which the job checkpoints and requeues (default 120, or a quarter of a shorter limit)")
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)")
+    r.add_argument("--numarun", default=None, metavar="COMMAND",
+                   help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
+    r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
+                   help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
+    r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
+                   help="append hydra.run.dir=<run dir> to the arguments (auto: when they are all overrides)")
+    p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
+    p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
+    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.add_argument("script", metavar="SCRIPT", help="the training script (Python file)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="OVERRIDES", help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array")
+    p.set_defaults(func=main)
+    return p
+
+
+def default_numarun() -> tuple[str, ...]:
+    """The numarun of this installation, so the nodes run the same version (shared filesystem)."""
+    exe = Path(sys.executable).parent / "numarun"
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return (str(exe),)
+    return (sys.executable, "-m", "launcher")
+
+
+def build_job(args: argparse.Namespace) -> SlurmJob:
+    """argparse namespace -> validated SlurmJob (raises NumarunError; touches nothing)."""
+    options = SlurmOptions(
+        nodes=args.nodes,
+        nproc_per_node=args.nproc_per_node,
+        gpus_per_node=args.gpus_per_node,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        qos=args.qos,
+        constraint=args.constraint,
+        exclusive=args.exclusive,
+        cpus_per_task=args.cpus_per_task,
+        mem=args.mem,
+        job_name=args.job_name,
+        requeue_limit=args.requeue_limit,
+        signal_before=args.signal_before,
+        extra_sbatch=tuple(args.extra_sbatch),
+    ).validate()
+    script = Path(args.script)
+    if not script.is_file():
+        raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
+    output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
+    user_args = [a for a in args.args if a not in MULTIRUN_FLAGS]
+    multirun = len(user_args) != len(args.args)
+    arg_sets = expand_sweep(user_args) if multirun else (tuple(user_args),)
+    if args.hydra_run_dir == "auto":
+        hydra_run_dir = looks_like_overrides(user_args)
+    else:
+        hydra_run_dir = args.hydra_run_dir == "yes"
+    if args.numarun is not None:
+        try:
+            numarun = tuple(shlex.split(args.numarun))
+        except ValueError:
+            numarun = ()
+        if not numarun:
+            raise SlurmError(expected(args.numarun, "a command such as '/opt/venv/bin/numarun'", "--numarun"))
+    else:
+        numarun = default_numarun()
+    return SlurmJob(
+        script=str(script.resolve()),
+        output_dir=output_dir,
+        options=options,
+        arg_sets=arg_sets,
+        env=check_env(args.env),
+        numarun=numarun,
+        launch_opts=tuple(args.launch_opts),
+        hydra_run_dir=hydra_run_dir,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..slurm import submit as slurm
+
+    job = build_job(args)
+    text = render_sbatch(job)
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    out = Path(job.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SlurmError(expected(job.output_dir, f"a directory you can create ({e.strerror})", "--output-dir")) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
+    job_id = slurm.sbatch(text)
+    # keep what was submitted next to its logs
+    (out / f"sbatch-{job_id}.sh").write_text(text, encoding="utf-8")
+    if job.is_array:
+        keys = [f"{job_id}_{i}" for i in range(len(job.arg_sets))]
+        logs = [f"{out}/slurm-{k}.out" for k in keys]
+    else:
+        keys = [job_id]
+        logs = [f"{out}/slurm-{job_id}.out"]
+    print(f"job id:  {job_id}")
+    for key, log_path in zip(keys, logs):
+        print(f"run dir: {out}/{key}")
+        print(f"log:     {log_path}")
+    sys.stdout.flush()
+    if not args.wait:
+        return 0
+
+    def report(state: str) -> None:
+        print(f"job {job_id}: {state}", file=sys.stderr, flush=True)
+
+    records = slurm.wait_for_job(job_id, poll_seconds=args.poll_seconds, on_state=report)
+    for r in records:
+        print(f"job {r.job_id}: {r.state} exit code {r.exit_code}:{r.signal}", flush=True)
+    return slurm.overall_return_code(records)

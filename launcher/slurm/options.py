@@ -1,0 +1,170 @@
+"""SLURM options as one frozen value, validated before anything is rendered or submitted. Pure.
+
+Each check raises :class:`SlurmError` naming the bad value and the form sbatch accepts, so
+``numarun submit --time 1:2:3:4`` exits 2 with one line and submits nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import SlurmError, expected
+
+TIME_FORM = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+# sbatch --signal=[B:]SIG@TIME takes TIME in 0..65535 seconds.
+MAX_SIGNAL_SECONDS = 0xFFFF
+
+_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
+_NAME_LIST = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+# Feature expressions: names joined by & | , with optional *count and [] () grouping.
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.+\-&|,*\[\]()!:]{1,1000}")
+_MEM = re.compile(r"[0-9]+[KMGT]?", re.IGNORECASE)
+_GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]+")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The output dir sits in '#SBATCH --output=' lines, which sbatch reads without a shell:
+# no whitespace, quotes or '%' (Slurm's filename patterns) there.
+_PATH_BAD = re.compile(r"[\s'\"%\\]")
+
+
+def parse_time(text: str) -> int | None:
+    """A Slurm time limit in seconds; None for no limit (``UNLIMITED``, ``infinite``, ``0``)."""
+    t = text.strip()
+    if t.upper() in ("UNLIMITED", "INFINITE") or t == "0":
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", t)
+    if not m or not t.isascii():
+        raise SlurmError(expected(text, TIME_FORM, "--time"))
+    days, a, b, c = m.groups()
+    if days is not None:
+        # D-HH[:MM[:SS]]
+        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
+        if hours > 23 or minutes > 59 or seconds > 59:
+            raise SlurmError(expected(text, TIME_FORM + " (HH < 24, MM and SS < 60)", "--time"))
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif c is not None:
+        hours, minutes, seconds = int(a), int(b), int(c)
+        if minutes > 59 or seconds > 59:
+            raise SlurmError(expected(text, TIME_FORM + " (MM and SS < 60)", "--time"))
+        total = (hours * 60 + minutes) * 60 + seconds
+    elif b is not None:
+        minutes, seconds = int(a), int(b)
+        if seconds > 59:
+            raise SlurmError(expected(text, TIME_FORM + " (SS < 60)", "--time"))
+        total = minutes * 60 + seconds
+    else:
+        total = int(a) * 60
+    if total <= 0:
+        return None
+    return total
+
+
+def format_time(seconds: int | None) -> str:
+    """Seconds -> ``D-HH:MM:SS`` (or ``UNLIMITED``), the form sbatch prints back."""
+    if seconds is None:
+        return "UNLIMITED"
+    d, rest = divmod(seconds, 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What goes into the ``#SBATCH`` header, already validated (see :meth:`validate`)."""
+
+    nodes: int = 1
+    nproc_per_node: int | None = None
+    """Ranks per node; None: numarun decides on the node (one per GPU, else 1)."""
+    gpus_per_node: str | None = None
+    """``N`` or ``TYPE:N``; None: ask for no GPUs."""
+    partition: str | None = None
+    time: str | None = None
+    """As the user wrote it; checked by :func:`parse_time`."""
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    cpus_per_task: int | None = None
+    """CPUs of the one task per node; None: Slurm's default (with --exclusive: the whole node)."""
+    mem: str | None = None
+    job_name: str = "numarun"
+    requeue_limit: int = 3
+    """How many times the job requeues itself after the pre-timeout signal."""
+    signal_before: int | None = None
+    """Seconds before the time limit at which Slurm signals the batch shell (USR1);
+    None: 120, or a quarter of a shorter time limit."""
+    extra_sbatch: tuple[str, ...] = field(default=())
+    """Further ``--flag=value`` lines for the header, checked for newlines only."""
+
+    def validate(self) -> "SlurmOptions":
+        """Raise SlurmError for the first bad value; return self so calls chain."""
+        _positive("--nodes", self.nodes, "an integer >= 1")
+        if self.nproc_per_node is not None:
+            _positive("--nproc-per-node", self.nproc_per_node, "an integer >= 1")
+        if self.cpus_per_task is not None:
+            _positive("--cpus-per-task", self.cpus_per_task, "an integer >= 1")
+        if self.gpus_per_node is not None and not _GPUS.fullmatch(self.gpus_per_node):
+            raise SlurmError(expected(self.gpus_per_node, "N or TYPE:N, e.g. 4 or a100:4", "--gpus-per-node"))
+        if self.partition is not None and not _NAME_LIST.fullmatch(self.partition):
+            raise SlurmError(expected(self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition"))
+        for flag, value in (("--account", self.account), ("--qos", self.qos)):
+            if value is not None and not _NAME.fullmatch(value):
+                raise SlurmError(expected(value, "a name of letters, digits and _.+-", flag))
+        if not _NAME.fullmatch(self.job_name):
+            raise SlurmError(expected(self.job_name, "a name of letters, digits and _.+- (at most 200)", "--job-name"))
+        if self.constraint is not None and not _CONSTRAINT.fullmatch(self.constraint):
+            raise SlurmError(expected(self.constraint, "features joined by & | , with optional *N, [] and ()", "--constraint"))
+        if self.mem is not None and not _MEM.fullmatch(self.mem):
+            raise SlurmError(expected(self.mem, "a size such as 4000, 16G or 512M", "--mem"))
+        if not isinstance(self.requeue_limit, int) or self.requeue_limit < 0:
+            raise SlurmError(expected(self.requeue_limit, "an integer >= 0", "--requeue-limit"))
+        sig = self.signal_before
+        if sig is not None and (isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= MAX_SIGNAL_SECONDS):
+            raise SlurmError(expected(sig, f"seconds between 1 and {MAX_SIGNAL_SECONDS}", "--signal-before"))
+        limit = self.time_limit_seconds
+        if sig is not None and limit is not None and sig >= limit:
+            raise SlurmError(
+                expected(self.signal_before, f"fewer seconds than the time limit {self.time!r} ({limit} s)", "--signal-before")
+            )
+        for line in self.extra_sbatch:
+            if not line.startswith("--") or any(c in line for c in "\n\r\0"):
+                raise SlurmError(expected(line, "one sbatch option such as --mail-type=END", "extra sbatch option"))
+        return self
+
+    @property
+    def time_limit_seconds(self) -> int | None:
+        return None if self.time is None else parse_time(self.time)
+
+    @property
+    def effective_signal_before(self) -> int:
+        """The ``@TIME`` of ``--signal``: the user's value, else 120 s (a quarter of a shorter limit)."""
+        if self.signal_before is not None:
+            return self.signal_before
+        limit = self.time_limit_seconds
+        return 120 if limit is None else max(1, min(120, limit // 4))
+
+
+def _positive(flag: str, value: object, form: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SlurmError(expected(value, form, flag))
+
+
+def check_env(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``KEY=VAL`` strings -> pairs; the value may hold anything (it is shell-quoted later)."""
+    out = []
+    for item in pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.fullmatch(key):
+            raise SlurmError(expected(item, "KEY=VALUE with KEY a shell variable name", "--env"))
+        out.append((key, value))
+    return tuple(out)
+
+
+def check_output_dir(path: str) -> str:
+    """The output root must be an absolute path sbatch can read in a header line."""
+    if not path.startswith("/") or _PATH_BAD.search(path) or "\0" in path:
+        raise SlurmError(
+            expected(path, "an absolute path without whitespace, quotes, backslashes or '%'", "--output-dir")
+        )
+    return path.rstrip("/") or "/"

@@ -1,0 +1,194 @@
+"""Render the sbatch script for a job. Pure: a :class:`SlurmJob` in, the script text out.
+
+The template (``templates/sbatch.sh.in``) is data; this module fills its ``@@NAME@@`` slots.
+Every user value (script path, arguments, overrides, environment values, paths) goes through
+:func:`shlex.quote`, so ``x=$(touch /tmp/pwned)`` reaches the job as those exact bytes.
+Header (``#SBATCH``) values are read by sbatch without a shell; they are validated in
+:mod:`launcher.slurm.options` instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+
+from ..errors import SlurmError, expected
+from .options import SlurmOptions, check_output_dir, format_time
+
+TEMPLATE = "sbatch.sh.in"
+_SLOT = re.compile(r"@@([A-Z_]+)@@")
+# key=value, +key=value, ++key=value, ~key[=value]: what Hydra takes as an override.
+_OVERRIDE = re.compile(r"[~+]{0,2}[A-Za-z_][\w./@\-]*(=|$)")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Everything the batch script needs; built by ``numarun submit``, rendered by :func:`render_sbatch`."""
+
+    script: str
+    """The training script, as an absolute path (the job may start in another directory)."""
+    output_dir: str
+    """Absolute root for run dirs (``<output_dir>/<job id>``) and Slurm logs."""
+    options: SlurmOptions = field(default_factory=SlurmOptions)
+    arg_sets: tuple[tuple[str, ...], ...] = ((),)
+    """Arguments after the script; one tuple per array index (a multirun sweep), else one."""
+    env: tuple[tuple[str, str], ...] = ()
+    """``export KEY=VALUE`` lines for the job."""
+    numarun: tuple[str, ...] = ("numarun",)
+    """How the compute nodes start numarun (e.g. ``/repo/.venv/bin/numarun``)."""
+    launch_opts: tuple[str, ...] = ()
+    """Extra ``numarun run`` flags (``--binding exclusive`` ...), passed before the script."""
+    hydra_run_dir: bool = False
+    """Append ``hydra.run.dir=<run dir>`` to the arguments (for Hydra scripts)."""
+    workdir: str | None = None
+    """Directory the job starts in (``#SBATCH --chdir``); None: sbatch's default (submit dir)."""
+
+    @property
+    def is_array(self) -> bool:
+        return len(self.arg_sets) > 1
+
+    def log_pattern(self) -> str:
+        """The ``--output`` pattern: one log per job (per array index)."""
+        name = "slurm-%A_%a.out" if self.is_array else "slurm-%j.out"
+        return f"{self.output_dir}/{name}"
+
+
+def looks_like_overrides(args: tuple[str, ...] | list[str]) -> bool:
+    """True when every argument is a Hydra override (``key=value``); False for no arguments."""
+    return bool(args) and all(_OVERRIDE.match(a) for a in args)
+
+
+def _sweep_values(value: str) -> list[str]:
+    """Split ``1,2,3`` on top-level commas (not inside quotes or brackets); one value: no sweep."""
+    parts, cur, depth, quote = [], [], 0, ""
+    for ch in value:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[({":
+            depth += 1
+        elif ch in "])}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def expand_sweep(args: tuple[str, ...] | list[str]) -> tuple[tuple[str, ...], ...]:
+    """Hydra multirun ``a=1,2 b=x,y`` -> the cartesian product of override sets, in Hydra's order.
+
+    Only comma lists are swept (``range()``/``choice()`` sweeps are not expanded here).
+    Arguments that are not overrides are kept as they are in every set.
+    """
+    choices: list[list[str]] = []
+    for arg in args:
+        m = _OVERRIDE.match(arg)
+        if m and m.group(1) == "=":
+            key, _, value = arg.partition("=")
+            values = _sweep_values(value)
+            if len(values) > 1 and all(values):
+                choices.append([f"{key}={v}" for v in values])
+                continue
+        choices.append([arg])
+    sets = tuple(tuple(combo) for combo in itertools.product(*choices))
+    if len(sets) > 10_000:
+        raise SlurmError(expected(f"{len(sets)} runs", "a sweep of at most 10000 runs", "multirun sweep"))
+    return sets
+
+
+def _q(words: tuple[str, ...] | list[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _sbatch_lines(job: SlurmJob) -> list[str]:
+    o = job.options
+    lines = [
+        f"--job-name={o.job_name}",
+        f"--nodes={o.nodes}",
+        "--ntasks-per-node=1",
+    ]
+    if o.cpus_per_task is not None:
+        lines.append(f"--cpus-per-task={o.cpus_per_task}")
+    if o.gpus_per_node is not None:
+        lines.append(f"--gpus-per-node={o.gpus_per_node}")
+    if o.mem is not None:
+        lines.append(f"--mem={o.mem}")
+    if o.partition is not None:
+        lines.append(f"--partition={o.partition}")
+    if o.account is not None:
+        lines.append(f"--account={o.account}")
+    if o.qos is not None:
+        lines.append(f"--qos={o.qos}")
+    if o.constraint is not None:
+        lines.append(f"--constraint={o.constraint}")
+    if o.exclusive:
+        lines.append("--exclusive")
+    if o.time is not None:
+        lines.append(f"--time={format_time(o.time_limit_seconds)}")
+    lines += [
+        f"--output={job.log_pattern()}",
+        # a requeued run appends to the same log instead of truncating it
+        "--open-mode=append",
+        # B: signal the batch shell only; it forwards TERM to the ranks and requeues.
+        f"--signal=B:USR1@{o.effective_signal_before}",
+        "--requeue",
+    ]
+    if job.workdir is not None:
+        lines.append(f"--chdir={check_output_dir(job.workdir)}")
+    if job.is_array:
+        lines.append(f"--array=0-{len(job.arg_sets) - 1}")
+    lines += list(o.extra_sbatch)
+    return ["#SBATCH " + line for line in lines]
+
+
+def _args_block(job: SlurmJob) -> str:
+    if not job.is_array:
+        return f"args=({_q(job.arg_sets[0])})"
+    out = ['case "${SLURM_ARRAY_TASK_ID:-}" in']
+    for i, arg_set in enumerate(job.arg_sets):
+        out.append(f"  {i}) args=({_q(arg_set)}) ;;")
+    out.append('  *) echo "numarun: error: array index \'${SLURM_ARRAY_TASK_ID:-}\' not in 0-' f'{len(job.arg_sets) - 1}" >&2; exit 2 ;;')
+    out.append("esac")
+    return "\n".join(out)
+
+
+def _template() -> str:
+    return resources.files("launcher.slurm").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
+
+
+def render_sbatch(job: SlurmJob) -> str:
+    """The complete sbatch script for ``job`` (validates its options first)."""
+    job.options.validate()
+    output_dir = check_output_dir(job.output_dir)
+    if not job.arg_sets:
+        raise SlurmError(expected(job.arg_sets, "at least one argument set", "arguments"))
+    for key, _ in job.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise SlurmError(expected(key, "a shell variable name", "--env key"))
+    slots = {
+        "SBATCH": "\n".join(_sbatch_lines(job)),
+        "NUMARUN": _q(job.numarun),
+        "SCRIPT": shlex.quote(job.script),
+        "ARGS": _args_block(job),
+        "LAUNCH_OPTS": _q(job.launch_opts + (() if job.options.nproc_per_node is None else ("--nproc-per-node", str(job.options.nproc_per_node)))),
+        "REQUEUE_LIMIT": str(job.options.requeue_limit),
+        "OUTPUT_ROOT": shlex.quote(output_dir),
+        "HYDRA_RUN_DIR": "1" if job.hydra_run_dir else "0",
+        "ENV": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in job.env),
+    }
+    text = _template()
+
+    def fill(m: re.Match[str]) -> str:
+        return slots[m.group(1)]
+
+    # one pass: a filled-in value that contains '@@X@@' is never substituted again
+    return _SLOT.sub(fill, text)

@@ -1,0 +1,144 @@
+"""Talk to Slurm: ``sbatch --parsable``, then follow a job with ``squeue`` and ``scontrol``.
+
+The only module here that runs Slurm commands. Without accounting (``sacct``) a finished
+job's state and exit code come from ``scontrol show job``, which keeps the record for
+``MinJobAge`` seconds (300 by default) after the job ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import SlurmError
+
+log = logging.getLogger(__name__)
+
+_JOB_ID = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job (or array task) as ``scontrol show job`` reports it."""
+
+    job_id: str
+    state: str
+    """JobState, e.g. COMPLETED, FAILED, CANCELLED, TIMEOUT, PENDING."""
+    exit_code: int
+    signal: int
+    restarts: int = 0
+
+    @property
+    def return_code(self) -> int:
+        """What ``numarun submit --wait`` exits with for this job."""
+        if self.exit_code:
+            return self.exit_code
+        if self.signal:
+            return 128 + self.signal
+        return 0 if self.state == "COMPLETED" else 1
+
+
+def _run(argv: Sequence[str], *, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise SlurmError(f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)") from None
+
+
+def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
+    """Submit the script on stdin; return the job id (``--parsable`` prints ``ID[;cluster]``)."""
+    proc = _run([sbatch_cmd, "--parsable"], input_text=script_text)
+    if proc.returncode != 0:
+        msg = " ".join(proc.stderr.split()) or f"exit code {proc.returncode}"
+        raise SlurmError(f"sbatch refused the job: {msg}")
+    job_id = proc.stdout.strip().split(";", 1)[0]
+    if not _JOB_ID.fullmatch(job_id):
+        raise SlurmError(f"bad sbatch output {proc.stdout.strip()!r}: expected a job id such as '1234' or '1234;cluster'")
+    return job_id
+
+
+def parse_scontrol_jobs(text: str) -> list[JobRecord]:
+    """``scontrol show job`` output (one record per job or array task) -> records."""
+    records = []
+    for block in re.split(r"\n\s*\n", text.strip()):
+        fields = dict(re.findall(r"(\w+)=(\S*)", block))
+        if "JobId" not in fields:
+            continue
+        code, _, sig = fields.get("ExitCode", "0:0").partition(":")
+        job_id = fields["JobId"]
+        if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
+            job_id = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
+        records.append(
+            JobRecord(
+                job_id=job_id,
+                state=fields.get("JobState", "UNKNOWN"),
+                exit_code=int(code) if code.isdigit() else 1,
+                signal=int(sig) if sig.isdigit() else 0,
+                restarts=int(fields.get("Restarts", "0")) if fields.get("Restarts", "0").isdigit() else 0,
+            )
+        )
+    return records
+
+
+def queued_states(job_id: str) -> list[str] | None:
+    """States of the job's entries still in the queue; None if squeue failed."""
+    proc = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if proc.returncode != 0:
+        # squeue fails for an id the controller has already forgotten: treat as gone
+        if "Invalid job id" in proc.stderr:
+            return []
+        return None
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def job_records(job_id: str) -> list[JobRecord]:
+    proc = _run(["scontrol", "show", "job", job_id])
+    if proc.returncode != 0:
+        raise SlurmError(
+            f"job {job_id!r} is no longer known to slurmctld ({' '.join(proc.stderr.split())}); "
+            "expected its record within MinJobAge of its end"
+        )
+    return parse_scontrol_jobs(proc.stdout)
+
+
+def wait_for_job(
+    job_id: str,
+    *,
+    poll_seconds: float = 2.0,
+    on_state: Callable[[str], None] | None = None,
+    max_squeue_failures: int = 30,
+) -> list[JobRecord]:
+    """Block until the job (all array tasks) has left the queue; return its final records."""
+    last = ""
+    failures = 0
+    while True:
+        states = queued_states(job_id)
+        if states is None:
+            failures += 1
+            if failures > max_squeue_failures:
+                raise SlurmError(f"squeue kept failing for job {job_id!r}: expected a reachable slurmctld")
+        else:
+            failures = 0
+            if not states:
+                break
+            summary = ",".join(sorted(set(states)))
+            if summary != last and on_state is not None:
+                on_state(summary)
+            last = summary
+        time.sleep(poll_seconds)
+    records = job_records(job_id)
+    if not records:
+        raise SlurmError(f"no record for job {job_id!r} in 'scontrol show job': expected its final state")
+    return records
+
+
+def overall_return_code(records: Sequence[JobRecord]) -> int:
+    """0 when every task completed, else the first failing task's code."""
+    for r in records:
+        if r.return_code:
+            return r.return_code
+    return 0
