@@ -1,0 +1,1 @@
+"""Micro-benchmarks run by ``numarun bench NAME`` (see ``launcher.commands.bench.BENCHMARKS``)."""

@@ -1,0 +1,300 @@
+"""All-reduce benchmark: flat ``all_reduce`` vs :func:`hierarchical_all_reduce`.
+
+Runs inside a distributed job (every rank runs it)::
+
+    numarun --nnodes 2 --node-rank 0 ... -m launcher.bench.allreduce --sizes 1M,16M
+    numarun bench allreduce --nproc-per-node 4 --sizes 1M,16M      # launches the job itself
+
+For each size the two modes are alternated iteration by iteration (so drift in the machine
+hits both alike), after warmup. An iteration's time is the slowest rank's. Bus bandwidth
+follows nccl-tests: algbw = S / t, busbw = algbw * 2(n-1)/n with n = world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import UsageError, expected
+
+log = logging.getLogger(__name__)
+
+DISTRIBUTED = True
+"""Every rank of a job runs this benchmark."""
+
+DEFAULT_SIZES = "1M,4M,16M,64M,256M"
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+          "G": 2**30, "GB": 2**30, "GIB": 2**30}
+_RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def parse_size(text: str) -> int:
+    """``16M`` / ``1MiB`` / ``4096`` -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS or int(m.group(1)) <= 0:
+        raise UsageError(expected(text, "a positive size such as 4096, 512K, 16M or 1G (binary units)", "size"))
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UsageError(expected(text, "a comma-separated list of sizes such as 1M,16M,256M", "--sizes"))
+    return tuple(parse_size(p) for p in parts)
+
+
+def parse_rate(text: str) -> float:
+    """``200mbit`` (tc's spelling, decimal units) -> bits per second."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
+    if not m or m.group(2).lower() not in _RATE_UNITS:
+        raise UsageError(expected(text, "a link rate such as 200mbit or 10gbit", "--link-rate"))
+    return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
+
+
+def human_size(n: int) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f and n % f == 0:
+            return f"{n // f} {unit}"
+    return f"{n} B"
+
+
+def bus_factor(world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor 2(n-1)/n."""
+    return 2.0 * (world_size - 1) / world_size if world_size > 1 else 0.0
+
+
+def node_bytes(*, size_bytes: int, num_nodes: int, local_world_size: int, hierarchical: bool) -> float:
+    """Bytes each node sends to other nodes for one all-reduce of ``size_bytes``."""
+    if hierarchical:
+        return 2.0 * (num_nodes - 1) / num_nodes * size_bytes
+    n = num_nodes * local_world_size
+    return 2.0 * (n - 1) / n * size_bytes if num_nodes > 1 else 0.0
+
+
+def bound_ratio(*, num_nodes: int, local_world_size: int) -> float:
+    """hierarchical/flat ratio of inter-node bytes: (N-1)/N / ((NG-1)/(NG))."""
+    n = num_nodes * local_world_size
+    if num_nodes < 2:
+        return float("nan")
+    return ((num_nodes - 1) / num_nodes) / ((n - 1) / n)
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """Timings of one size in one mode."""
+
+    size_bytes: int
+    mode: str
+    times_s: tuple[float, ...]
+    median_s: float
+    algbw_gbps: float
+    """GB/s (1e9 bytes) of payload: size / median time."""
+    busbw_gbps: float
+
+
+def summarize(*, size_bytes: int, mode: str, times: Sequence[float], world_size: int) -> SizeResult:
+    med = statistics.median(times)
+    alg = size_bytes / med / 1e9 if med > 0 else float("inf")
+    return SizeResult(
+        size_bytes=size_bytes, mode=mode, times_s=tuple(times), median_s=med, algbw_gbps=alg,
+        busbw_gbps=alg * bus_factor(world_size),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help=f"comma-separated message sizes, binary units (default {DEFAULT_SIZES})")
+    parser.add_argument("--iters", type=int, default=5, help="timed iterations per size and mode (default 5)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per size and mode (default 1)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="element type (default float32)")
+    parser.add_argument("--modes", default="flat,hierarchical",
+                        help="which all-reduces to time, comma-separated: flat, hierarchical (default both)")
+    parser.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl with GPUs, else gloo)")
+    parser.add_argument("--link-rate", default=None,
+                        help="inter-node link rate (e.g. 200mbit): adds each mode's time at that rate to the report")
+    parser.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                        help="write the results as JSON to FILE (rank 0)")
+
+
+def _check_args(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], float | None]:
+    sizes = parse_sizes(args.sizes)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or any(m not in ("flat", "hierarchical") for m in modes):
+        raise UsageError(expected(args.modes, "flat, hierarchical or flat,hierarchical", "--modes"))
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError(expected(f"--iters {args.iters} --warmup {args.warmup}", "iters >= 1 and warmup >= 0", "counts"))
+    rate = parse_rate(args.link_rate) if args.link_rate else None
+    return sizes, modes, rate
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark on this rank (collective). Returns the report (same on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..dist.allreduce import hierarchical_all_reduce
+    from ..dist.context import init
+
+    sizes, modes, rate = _check_args(args)
+    ctx = init(args.backend)
+    if "hierarchical" in modes:
+        ctx.require_hierarchical()
+    dtype = getattr(torch, args.dtype)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    world = ctx.world_size
+
+    def flat(t: torch.Tensor) -> None:
+        dist.all_reduce(t)
+
+    def hier(t: torch.Tensor) -> None:
+        hierarchical_all_reduce(t, context=ctx)
+
+    fns = {"flat": flat, "hierarchical": hier}
+    results: list[SizeResult] = []
+    checks: dict[str, bool] = {}
+    for size in sizes:
+        numel = max(1, size // elem)
+        # Small integers: the sum is exact in every dtype used here, so modes must agree bit for bit.
+        pos = torch.arange(numel, dtype=torch.int64) % 7
+        base = ((pos + ctx.rank) % 7).to(dtype).to(ctx.device)
+        table = torch.tensor([sum((k + r) % 7 for r in range(world)) for k in range(7)], dtype=torch.int64)
+        want = table[pos].to(dtype).to(ctx.device)
+        del pos
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        ok = True
+        for it in range(args.warmup + args.iters):
+            order = modes if it % 2 == 0 else tuple(reversed(modes))
+            for m in order:
+                t = base.clone()
+                dist.barrier()
+                t0 = time.perf_counter()
+                fns[m](t)
+                if t.is_cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                if it == 0:
+                    ok = ok and bool(torch.equal(t, want))
+                if it >= args.warmup:
+                    times[m].append(dt)
+        # One collective per size: every rank learns the slowest rank's time and the check result.
+        flat_times = torch.tensor([x for m in modes for x in times[m]] + [0.0 if ok else 1.0], dtype=torch.float64)
+        flat_times_dev = flat_times.to(ctx.device)
+        dist.all_reduce(flat_times_dev, op=dist.ReduceOp.MAX)
+        vals = flat_times_dev.cpu().tolist()
+        checks[str(size)] = vals[-1] == 0.0
+        for k, m in enumerate(modes):
+            ts = vals[k * args.iters:(k + 1) * args.iters]
+            results.append(summarize(size_bytes=size, mode=m, times=ts, world_size=world))
+        if ctx.rank == 0:
+            log.info("size %s done", human_size(size))
+
+    report: dict[str, Any] = {
+        "benchmark": "allreduce",
+        "world_size": world,
+        "num_nodes": ctx.num_nodes,
+        "local_world_size": ctx.local_world_size,
+        "backend": ctx.backend,
+        "dtype": args.dtype,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "link_rate_bps": rate,
+        "bound_ratio": bound_ratio(num_nodes=ctx.num_nodes, local_world_size=ctx.local_world_size)
+        if ctx.hierarchical_ok else None,
+        "results": [asdict(r) for r in results],
+        "correct": checks,
+        "comparisons": _comparisons(results, ctx.num_nodes, ctx.local_world_size if ctx.hierarchical_ok else 0, rate),
+    }
+    return report
+
+
+def _comparisons(results: Sequence[SizeResult], num_nodes: int, g: int, rate: float | None) -> list[dict[str, Any]]:
+    by = {(r.size_bytes, r.mode): r for r in results}
+    out = []
+    for size in sorted({r.size_bytes for r in results}):
+        row: dict[str, Any] = {"size_bytes": size}
+        f, h = by.get((size, "flat")), by.get((size, "hierarchical"))
+        if f and h:
+            row["ratio"] = h.median_s / f.median_s
+        if rate and g and num_nodes > 1:
+            for mode, r in (("flat", f), ("hierarchical", h)):
+                if r is None:
+                    continue
+                link_s = node_bytes(size_bytes=size, num_nodes=num_nodes, local_world_size=g,
+                                    hierarchical=mode == "hierarchical") * 8 / rate
+                row[f"{mode}_link_bound_s"] = link_s
+                row[f"{mode}_over_bound"] = r.median_s / link_s - 1.0
+        out.append(row)
+    return out
+
+
+def render(report: dict[str, Any]) -> None:
+    """Rich table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    title = (f"all-reduce, {report['num_nodes']} node(s) x {report['local_world_size']} rank(s), "
+             f"{report['backend']}, {report['dtype']}, median of {report['iters']}")
+    table = Table(title=title)
+    for col in ("size", "mode", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "hier/flat", "vs link bound"):
+        table.add_column(col, justify="right")
+    comps = {c["size_bytes"]: c for c in report["comparisons"]}
+    for r in report["results"]:
+        c = comps.get(r["size_bytes"], {})
+        ratio = f"{c['ratio']:.3f}" if r["mode"] == "hierarchical" and "ratio" in c else ""
+        over = c.get(f"{r['mode']}_over_bound")
+        table.add_row(human_size(r["size_bytes"]), r["mode"], f"{r['median_s'] * 1e3:.2f}",
+                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", ratio,
+                      f"{over * 100:+.1f}%" if over is not None else "")
+    console = Console(width=120)
+    console.print(table)
+    if report.get("bound_ratio"):
+        console.print(f"byte-count bound for hier/flat: {report['bound_ratio']:.3f}")
+    bad = [k for k, v in report["correct"].items() if not v]
+    console.print("results: flat == hierarchical" if not bad else f"results DIFFER for sizes {bad}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.bench.allreduce", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_and_report(args)
+
+
+def run_and_report(args: argparse.Namespace) -> int:
+    from ..dist.context import destroy
+
+    report = run(args)
+    if report["world_size"] and _rank0():
+        render(report)
+        if args.json_path:
+            with open(args.json_path, "w") as f:
+                json.dump(report, f, indent=1)
+                f.write("\n")
+    destroy()
+    return 0 if all(report["correct"].values()) else 1
+
+
+def _rank0() -> bool:
+    from ..dist.context import current_context
+
+    ctx = current_context()
+    return ctx is not None and ctx.rank == 0
+
+
+if __name__ == "__main__":
+    from ..errors import NumarunError
+
+    try:
+        sys.exit(main())
+    except NumarunError as e:
+        print(f"numarun: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -1,0 +1,23 @@
+"""Distributed state inside a worker: ``init()``, hierarchical groups and all-reduce.
+
+Submodules import torch; this package itself does not, so ``launcher.dist.groups``'s
+pure rank-list logic stays usable without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["init", "hierarchical_all_reduce", "apply_comm", "current_context"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("init", "current_context"):
+        from . import context
+
+        return getattr(context, name)
+    if name in ("hierarchical_all_reduce", "apply_comm"):
+        from . import allreduce
+
+        return getattr(allreduce, name)
+    raise AttributeError(f"module 'launcher.dist' has no attribute {name!r}")

@@ -1,0 +1,251 @@
+"""Hierarchical all-reduce and the DDP communication hook built on it.
+
+Of S bytes, a flat ring all-reduce over N nodes x G ranks sends 2(NG-1)/(NG)*S out of
+each node; reduce-scatter inside the node, all-reduce of the 1/G shard across nodes (the
+G shards cross in parallel, one per local rank) and all-gather inside the node send
+2(N-1)/N*S. NCCL already does this on NVSwitch + multi-rail IB, so it is opt-in
+(``comm.allreduce: hierarchical``); it pays on TCP/gloo clusters, VMs where NCCL cannot
+see the topology, and with compression of the inter-node step only.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, NumarunError, expected
+from .context import DistContext, current_context
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class CommMode(str, enum.Enum):
+    """How DDP all-reduces gradients (config ``comm.allreduce``)."""
+
+    FLAT = "flat"
+    """One all-reduce over all ranks (torch's default; NCCL builds its own hierarchy)."""
+    HIERARCHICAL = "hierarchical"
+    """Reduce-scatter in the node, all-reduce across nodes, all-gather in the node."""
+
+
+class Compression(str, enum.Enum):
+    """Wire format of the gradient traffic that crosses nodes (config ``comm.compression``)."""
+
+    NONE = "none"
+    """Send gradients in their own dtype."""
+    BF16 = "bf16"
+    """Cast to bfloat16 for the inter-node step (fp32 range, 8-bit mantissa)."""
+    FP16 = "fp16"
+    """Cast to float16 for the inter-node step (more mantissa, smaller range)."""
+
+    def dtype(self) -> "torch.dtype | None":
+        import torch
+
+        return {Compression.NONE: None, Compression.BF16: torch.bfloat16, Compression.FP16: torch.float16}[self]
+
+
+def parse_comm_mode(value: str | CommMode) -> CommMode:
+    try:
+        return CommMode(str(value.value if isinstance(value, CommMode) else value).lower())
+    except ValueError:
+        raise ConfigError(expected(value, "flat or hierarchical", "comm.allreduce")) from None
+
+
+def parse_compression(value: str | Compression | None) -> Compression:
+    if value is None or value == "":
+        return Compression.NONE
+    try:
+        return Compression(str(value.value if isinstance(value, Compression) else value).lower())
+    except ValueError:
+        raise ConfigError(expected(value, "none, bf16 or fp16", "comm.compression")) from None
+
+
+def _context(context: DistContext | None) -> DistContext:
+    ctx = context if context is not None else current_context()
+    if ctx is None:
+        raise NumarunError("no distributed context: expected launcher.init() to be called before hierarchical_all_reduce")
+    return ctx
+
+
+# Set once a backend has shown it lacks the tensor forms of reduce-scatter / all-gather.
+_NO_RS_TENSOR = False
+_NO_AG_TENSOR = False
+
+
+def _unsupported(e: BaseException) -> bool:
+    """An error that says the backend lacks the operation (older gloo), not a failed collective."""
+    if isinstance(e, NotImplementedError):
+        return True
+    text = str(e).lower()
+    return any(k in text for k in ("not supported", "unsupported", "not implemented", "does not support"))
+
+
+def _reduce_scatter(out: "torch.Tensor", full: "torch.Tensor", op: Any, group: Any) -> None:
+    """out = this rank's 1/G slice of the group's reduction of ``full`` (len G * len(out))."""
+    global _NO_RS_TENSOR
+    import torch.distributed as dist
+
+    if not _NO_RS_TENSOR:
+        try:
+            dist.reduce_scatter_tensor(out, full, op=op, group=group)
+            return
+        except (RuntimeError, NotImplementedError) as e:
+            if not _unsupported(e):
+                raise
+            _NO_RS_TENSOR = True
+            log.info("reduce_scatter_tensor unsupported here (%s); using all_reduce + slice", e)
+    # Fallback: costs a full all-reduce inside the node, still never crosses nodes.
+    g = dist.get_world_size(group)
+    me = dist.get_rank(group)
+    tmp = full.clone()
+    dist.all_reduce(tmp, op=op, group=group)
+    out.copy_(tmp.view(g, -1)[me])
+
+
+def _all_gather(full: "torch.Tensor", shard: "torch.Tensor", group: Any) -> None:
+    global _NO_AG_TENSOR
+    import torch.distributed as dist
+
+    if not _NO_AG_TENSOR:
+        try:
+            dist.all_gather_into_tensor(full, shard, group=group)
+            return
+        except (RuntimeError, NotImplementedError) as e:
+            if not _unsupported(e):
+                raise
+            _NO_AG_TENSOR = True
+            log.info("all_gather_into_tensor unsupported here (%s); using all_gather", e)
+    g = dist.get_world_size(group)
+    parts = list(full.view(g, -1).unbind(0))
+    dist.all_gather(parts, shard.contiguous(), group=group)
+
+
+def hierarchical_all_reduce(
+    tensor: "torch.Tensor",
+    op: "dist.ReduceOp.RedOpType | Any" = None,
+    *,
+    context: DistContext | None = None,
+    inter_dtype: "torch.dtype | None" = None,
+) -> "torch.Tensor":
+    """All-reduce ``tensor`` in place over the whole job, one node at a time; returns it.
+
+    ``op``: SUM (default), AVG, MAX, MIN or PRODUCT. AVG is computed as SUM then a division by
+    the world size on every backend, so results do not depend on a backend's AVG support.
+    ``inter_dtype``: cast the shard to this dtype (bf16/fp16) for the inter-node step only.
+    """
+    import torch
+    import torch.distributed as dist
+
+    ctx = _context(context)
+    ctx.require_hierarchical()
+    if op is None:
+        op = dist.ReduceOp.SUM
+    average = op == dist.ReduceOp.AVG
+    if average:
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            raise NumarunError(f"bad tensor dtype {tensor.dtype} for AVG: expected a floating-point tensor")
+        op = dist.ReduceOp.SUM
+    if inter_dtype is not None and op != dist.ReduceOp.SUM:
+        raise NumarunError(f"bad op {op} with compression: expected SUM or AVG")
+
+    g = ctx.local_world_size
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    flat = work.view(-1)
+    n = flat.numel()
+    shard_len = -(-n // g) if n else 0
+    if shard_len * g == n:
+        full = flat
+    else:  # pad to a multiple of G; zeros are neutral for SUM and the pad is dropped anyway
+        full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
+        full[:n].copy_(flat)
+
+    if n:
+        if g > 1:
+            shard = torch.empty(shard_len, dtype=flat.dtype, device=flat.device)
+            _reduce_scatter(shard, full, op, ctx.intra_group)
+        else:
+            shard = full
+        if ctx.num_nodes > 1:
+            if inter_dtype is not None and inter_dtype != shard.dtype:
+                wire = shard.to(inter_dtype)
+                dist.all_reduce(wire, op=op, group=ctx.inter_group)
+                shard.copy_(wire)
+            else:
+                dist.all_reduce(shard, op=op, group=ctx.inter_group)
+        if g > 1:
+            _all_gather(full, shard, ctx.intra_group)
+        if full is not flat:
+            flat.copy_(full[:n])
+    if average:
+        flat.div_(ctx.world_size)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+@dataclass(frozen=True, eq=False)
+class HookState:
+    """State of the hierarchical DDP comm hook."""
+
+    context: DistContext
+    inter_dtype: "torch.dtype | None" = None
+
+
+def hierarchical_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+    """DDP comm hook: average the bucket with :func:`hierarchical_all_reduce`.
+
+    Runs synchronously and returns an already-completed Future, which DDP accepts.
+    """
+    import torch
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    hierarchical_all_reduce(buf, dist.ReduceOp.AVG, context=state.context, inter_dtype=state.inter_dtype)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def apply_comm(
+    model_ddp: Any,
+    mode: str | CommMode,
+    compression: str | Compression | None,
+    context: DistContext | None,
+) -> CommMode:
+    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model; returns the mode used.
+
+    flat + no compression leaves DDP's own all-reduce; flat + bf16/fp16 uses torch's
+    compression hooks (every hop compressed); hierarchical registers :func:`hierarchical_hook`
+    (compression of the inter-node step only).
+    """
+    m = parse_comm_mode(mode)
+    c = parse_compression(compression)
+    if m is CommMode.FLAT:
+        if c is not Compression.NONE:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = default_hooks.bf16_compress_hook if c is Compression.BF16 else default_hooks.fp16_compress_hook
+            model_ddp.register_comm_hook(None, hook)
+        return m
+    ctx = _context(context)
+    ctx.require_hierarchical()
+    model_ddp.register_comm_hook(HookState(context=ctx, inter_dtype=c.dtype()), hierarchical_hook)
+    return m
+
+
+__all__ = [
+    "CommMode",
+    "Compression",
+    "HookState",
+    "apply_comm",
+    "hierarchical_all_reduce",
+    "hierarchical_hook",
+    "parse_comm_mode",
+    "parse_compression",
+]

@@ -1,0 +1,238 @@
+"""``launcher.init()``: one call in the worker sets up the distributed state from numarun's plan.
+
+Works under plain torchrun as well (no plan: no binding; groups are still built from
+torchrun's environment). Idempotent: the second call returns the first call's context.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NumarunError, expected
+from .groups import GroupLayout, HierarchyError, RankPlace, create_groups, layout_from_places
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from ..plan.model import RankBinding
+
+log = logging.getLogger(__name__)
+
+_CONTEXT: "DistContext | None" = None
+
+
+class DistInitError(NumarunError):
+    """The worker's distributed environment is missing or inconsistent."""
+
+
+@dataclass(frozen=True, eq=False)
+class DistContext:
+    """What a worker needs to know about the job, and its process groups."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    num_nodes: int
+    local_world_size: int
+    """Ranks on this node."""
+    backend: str
+    device: "torch.device"
+    binding: "RankBinding | None"
+    """This rank's binding from the launch plan (None under plain torchrun)."""
+    layout: GroupLayout
+    intra_group: "dist.ProcessGroup | None"
+    """This node's ranks."""
+    inter_group: "dist.ProcessGroup | None"
+    """The ranks with this local rank on every node (None when nodes differ in size)."""
+    mesh: Any
+    """2D ``DeviceMesh`` with dims ("inter", "intra") = (num_nodes, local_world_size); None when nodes differ."""
+
+    @property
+    def hierarchical_ok(self) -> bool:
+        """Every node runs the same number of ranks, so intra/inter collectives are well formed."""
+        return self.layout.uniform
+
+    def require_hierarchical(self) -> None:
+        """Raise HierarchyError (naming the node sizes) when hierarchical use is impossible."""
+        self.layout.require_uniform()
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise DistInitError(
+                f"bad environment: {name} is not set; expected to run under numarun or torchrun "
+                "(they set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)"
+            )
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistInitError(expected(raw, "an integer", what=name)) from None
+
+
+def _current_binding() -> "RankBinding | None":
+    # The bootstrap belongs to the launch side; plain torchrun has none, so tolerate its absence.
+    try:
+        from ..launch.bootstrap import current_binding
+    except ImportError:
+        return None
+    try:
+        return current_binding()
+    except NumarunError:
+        raise
+    except Exception as e:  # a broken plan file must not stop a job that only wants groups
+        log.warning("could not read this rank's binding: %s", e)
+        return None
+
+
+def current_context() -> "DistContext | None":
+    """The context made by :func:`init` in this process, or None before it."""
+    return _CONTEXT
+
+
+def init(
+    backend: str | None = None,
+    *,
+    timeout: timedelta | None = None,
+    build_mesh: bool = True,
+) -> DistContext:
+    """Initialise torch.distributed from torchrun's environment and build the hierarchical groups.
+
+    ``backend`` None: NCCL when this rank has a GPU (CUDA available and, with a plan, a GPU
+    in its binding), else gloo. The rank's GPU is selected with ``torch.cuda.set_device``.
+    """
+    global _CONTEXT
+    if _CONTEXT is not None:
+        if backend is not None and backend != _CONTEXT.backend:
+            log.warning("launcher.init(backend=%r) ignored: already initialised with %r", backend, _CONTEXT.backend)
+        return _CONTEXT
+
+    import torch
+    import torch.distributed as dist
+
+    rank = _env_int("RANK")
+    world_size = _env_int("WORLD_SIZE")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    binding = _current_binding()
+
+    cuda_index: int | None = None
+    if torch.cuda.is_available():
+        if binding is not None:
+            cuda_index = binding.gpu.cuda_index if binding.gpu is not None else None
+        elif local_rank < torch.cuda.device_count():
+            cuda_index = local_rank
+    if backend is None:
+        backend = "nccl" if cuda_index is not None else "gloo"
+    if backend not in ("nccl", "gloo", "mpi", "ucc", "xccl") and ":" not in backend:
+        raise DistInitError(expected(backend, "nccl, gloo (or another torch.distributed backend name)", "backend"))
+    if cuda_index is not None:
+        torch.cuda.set_device(cuda_index)
+        device = torch.device("cuda", cuda_index)
+    else:
+        device = torch.device("cpu")
+    if backend == "nccl" and device.type != "cuda":
+        raise DistInitError(f"bad backend 'nccl' for local rank {local_rank}: it has no GPU; expected backend='gloo'")
+
+    if not dist.is_initialized():
+        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        dist.init_process_group(**kwargs)
+    elif dist.get_rank() != rank or dist.get_world_size() != world_size:
+        raise DistInitError(
+            f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
+            f"expected RANK={rank} WORLD_SIZE={world_size} from the environment"
+        )
+
+    # Each rank reports where it runs; the layout is then identical everywhere.
+    node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", -1))
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 0)
+    mine = torch.tensor([node_rank, local_rank, local_world_size], dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(gathered, mine)
+    rows = [tuple(int(v) for v in t.tolist()) for t in gathered]
+    if any(r[0] < 0 for r in rows):
+        # No node rank in the environment (launched by hand): torchrun's contiguous numbering.
+        lws = [r[2] for r in rows]
+        if len(set(lws)) != 1 or lws[0] <= 0:
+            raise DistInitError(
+                f"bad environment: GROUP_RANK unset and LOCAL_WORLD_SIZE {sorted(set(lws))} differs or is unset; "
+                "expected to run under numarun or torchrun"
+            )
+        rows = [(r // lws[0], r % lws[0], lws[0]) for r in range(world_size)]
+    layout = layout_from_places([RankPlace(r[0], r[1]) for r in rows])
+    for r, row in enumerate(rows):
+        if row[2] and row[2] != len(layout.intra_of(r)):
+            raise DistInitError(
+                f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks"
+            )
+    me = layout.places[rank]
+    groups = create_groups(layout, rank)
+    mesh = None
+    if build_mesh and layout.uniform:
+        mesh = _make_mesh(layout, groups.intra, groups.inter, device)
+    if not layout.uniform:
+        log.warning(
+            "nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes
+        )
+
+    _CONTEXT = DistContext(
+        rank=rank,
+        local_rank=me.local_rank,
+        world_size=world_size,
+        node_rank=me.node_rank,
+        num_nodes=layout.num_nodes,
+        local_world_size=len(layout.intra_of(rank)),
+        backend=str(dist.get_backend()),
+        device=device,
+        binding=binding,
+        layout=layout,
+        intra_group=groups.intra,
+        inter_group=groups.inter,
+        mesh=mesh,
+    )
+    log.info(
+        "rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
+        rank, me.node_rank, layout.num_nodes, me.local_rank, _CONTEXT.local_world_size, _CONTEXT.backend, device,
+    )
+    return _CONTEXT
+
+
+def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: "torch.device") -> Any:
+    """A 2D DeviceMesh over our own groups (no second set of communicators)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = torch.tensor([list(ranks) for ranks in layout.intra], dtype=torch.int64)  # rows = nodes
+    try:
+        return DeviceMesh.from_group([inter, intra], device.type, mesh=mesh, mesh_dim_names=("inter", "intra"))
+    except Exception as e:  # an API change must not break init(): fall back to torch's own constructor
+        log.debug("DeviceMesh.from_group failed (%s); using init_device_mesh", e)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(
+            device.type, (layout.num_nodes, layout.local_world_size), mesh_dim_names=("inter", "intra")
+        )
+
+
+def destroy() -> None:
+    """Tear down the default process group and forget the context (tests, clean exits)."""
+    global _CONTEXT
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _CONTEXT = None
+
+
+__all__ = ["DistContext", "DistInitError", "HierarchyError", "current_context", "destroy", "init"]

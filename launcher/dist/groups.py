@@ -1,0 +1,157 @@
+"""Hierarchical process groups: pure rank-list logic plus their creation in torch.
+
+A job of N nodes with G ranks each gets N intra-node groups (one node's ranks) and G
+inter-node groups (the ranks with the same local rank on every node). Every rank must
+create every group, in the same order (``new_group`` is collective over the default
+group): all intra groups by node rank, then all inter groups by local rank.
+
+The rank lists are derived from what each rank reports (its node rank and local rank),
+not assumed from ``rank // G``: torchrun's ranks are contiguous per node, but deriving
+them keeps the groups right even if a launcher numbers them differently.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NumarunError
+
+if TYPE_CHECKING:  # torch is imported only by the functions that need it
+    import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+class HierarchyError(NumarunError):
+    """Hierarchical communication was asked for on a job whose nodes cannot form it."""
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one global rank runs: its node and its index on that node."""
+
+    node_rank: int
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Rank lists of the hierarchical groups of a job (index = global rank in ``places``)."""
+
+    places: tuple[RankPlace, ...]
+    intra: tuple[tuple[int, ...], ...]
+    """Global ranks of each node, by node rank; each list ordered by local rank."""
+    inter: tuple[tuple[int, ...], ...]
+    """Global ranks with the same local rank, by local rank; each list ordered by node rank.
+    Empty when the nodes have different rank counts (no well-formed inter groups)."""
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.intra)
+
+    @property
+    def node_sizes(self) -> tuple[int, ...]:
+        return tuple(len(ranks) for ranks in self.intra)
+
+    @property
+    def uniform(self) -> bool:
+        """All nodes run the same number of ranks (hierarchical collectives are possible)."""
+        return len(set(self.node_sizes)) == 1
+
+    @property
+    def local_world_size(self) -> int:
+        """Ranks per node; raises HierarchyError when nodes differ."""
+        self.require_uniform()
+        return self.node_sizes[0]
+
+    def require_uniform(self) -> None:
+        if not self.uniform:
+            sizes = ",".join(str(s) for s in self.node_sizes)
+            raise HierarchyError(
+                f"bad job shape: nodes run {sizes} ranks; expected the same number of ranks on every node "
+                "for hierarchical all-reduce (use comm.allreduce=flat, or the same --nproc-per-node on all nodes)"
+            )
+
+    def intra_of(self, rank: int) -> tuple[int, ...]:
+        return self.intra[self.places[rank].node_rank]
+
+    def inter_of(self, rank: int) -> tuple[int, ...]:
+        self.require_uniform()
+        return self.inter[self.places[rank].local_rank]
+
+
+def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) -> GroupLayout:
+    """Build the layout from each global rank's (node_rank, local_rank), index = global rank.
+
+    Node ranks must be 0..N-1 and local ranks 0..G_n-1 on each node without gaps or repeats;
+    anything else means the ranks were not started by one launcher and is an error.
+    """
+    norm = tuple(p if isinstance(p, RankPlace) else RankPlace(int(p[0]), int(p[1])) for p in places)
+    if not norm:
+        raise HierarchyError("bad job shape: no ranks; expected at least one (node_rank, local_rank)")
+    by_node: dict[int, dict[int, int]] = {}
+    for rank, p in enumerate(norm):
+        slots = by_node.setdefault(p.node_rank, {})
+        if p.local_rank in slots:
+            raise HierarchyError(
+                f"bad job shape: ranks {slots[p.local_rank]} and {rank} both claim node {p.node_rank} "
+                f"local rank {p.local_rank}; expected one rank per (node, local rank)"
+            )
+        slots[p.local_rank] = rank
+    nodes = sorted(by_node)
+    if nodes != list(range(len(nodes))):
+        raise HierarchyError(f"bad node ranks {nodes}: expected 0..{len(nodes) - 1}")
+    intra: list[tuple[int, ...]] = []
+    for n in nodes:
+        locals_ = sorted(by_node[n])
+        if locals_ != list(range(len(locals_))):
+            raise HierarchyError(f"bad local ranks {locals_} on node {n}: expected 0..{len(locals_) - 1}")
+        intra.append(tuple(by_node[n][i] for i in locals_))
+    sizes = {len(r) for r in intra}
+    inter: tuple[tuple[int, ...], ...] = ()
+    if len(sizes) == 1:
+        g = sizes.pop()
+        inter = tuple(tuple(intra[n][i] for n in range(len(intra))) for i in range(g))
+    return GroupLayout(places=norm, intra=tuple(intra), inter=inter)
+
+
+def contiguous_layout(*, num_nodes: int, local_world_size: int) -> GroupLayout:
+    """The layout torchrun produces: node n holds ranks n*G .. n*G+G-1."""
+    if num_nodes < 1 or local_world_size < 1:
+        raise HierarchyError(
+            f"bad job shape {num_nodes}x{local_world_size}: expected at least 1 node and 1 rank per node"
+        )
+    return layout_from_places(
+        [RankPlace(r // local_world_size, r % local_world_size) for r in range(num_nodes * local_world_size)]
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class HierarchicalGroups:
+    """This rank's groups (None where the job shape does not allow them)."""
+
+    layout: GroupLayout
+    intra: "dist.ProcessGroup | None"
+    inter: "dist.ProcessGroup | None"
+
+
+def create_groups(layout: GroupLayout, rank: int, *, backend: str | None = None) -> HierarchicalGroups:
+    """Collective: create all intra groups, then (uniform jobs) all inter groups, on every rank."""
+    import torch.distributed as dist
+
+    mine_intra: Any = None
+    mine_inter: Any = None
+    for n, ranks in enumerate(layout.intra):
+        g = dist.new_group(list(ranks), backend=backend, group_desc=f"numarun_intra_{n}")
+        if rank in ranks:
+            mine_intra = g
+    for i, ranks in enumerate(layout.inter):
+        g = dist.new_group(list(ranks), backend=backend, group_desc=f"numarun_inter_{i}")
+        if rank in ranks:
+            mine_inter = g
+    if not layout.uniform:
+        log.info("nodes run %s ranks: no inter-node groups, hierarchical all-reduce unavailable", layout.node_sizes)
+    return HierarchicalGroups(layout=layout, intra=mine_intra, inter=mine_inter)
