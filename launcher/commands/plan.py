@@ -1,0 +1,47 @@
+"""``numarun plan``: show each local rank's GPU, CPUs, memory, NIC and env before running."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from ..plan.options import add_plan_options, request_from_args
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "plan",
+        help="show the per-rank binding plan (table, --json, --svg)",
+        description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
+        "for this node (or a recorded topology) and print it; runs nothing.",
+    )
+    add_plan_options(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
+    parser.add_argument("--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..plan.binding import make_plan
+    from ..topology.discover import load_topology
+
+    topology = load_topology(args.topology)
+    plan = make_plan(topology, request_from_args(args, os.environ))
+    if args.svg:
+        from ..topology.svg import render_svg
+
+        try:
+            Path(args.svg).write_text(render_svg(topology, plan))
+        except OSError as e:
+            raise UsageError(f"bad --svg {args.svg!r}: {e.strerror}; expected a writable file path") from None
+    if args.json:
+        sys.stdout.write(plan.to_json())
+    else:
+        from ..plan.table import render_plan
+
+        sys.stdout.write(render_plan(plan, width=160, color=sys.stdout.isatty()))
+    return 0

@@ -1,0 +1,335 @@
+"""Topology + request -> LaunchPlan: each local rank's GPU, CPUs, memory nodes, NIC and env.
+
+Pure: no I/O, no torch. Rules (what ``numarun plan`` documents):
+
+- Local rank i drives the i-th GPU CUDA numbers for the worker
+  (:func:`launcher.topology.visible.visible_gpus`, honouring ``CUDA_VISIBLE_DEVICES``).
+  More ranks than visible GPUs is a :class:`PlanError`: a rank without a GPU next to
+  ranks with GPUs is almost always a typo, and ``CUDA_VISIBLE_DEVICES=`` (empty) asks for
+  CPU-only ranks explicitly. Without GPUs, ranks are CPU-only and spread in contiguous
+  blocks over the NUMA nodes that have usable CPUs.
+- A rank's home is its GPU's NUMA node. Only online and allowed CPUs are used. A node
+  without usable CPUs (cgroup/SLURM, or a CPU-less memory node such as GH200's GPU memory)
+  is replaced by the nearest node by kernel distance that has some; an unknown node (-1)
+  puts the rank in a shared pool (the GPU's local CPUs if known, else all usable CPUs)
+  split evenly. Both record a fallback on the rank and a plan warning.
+- Memory goes to the rank's CPU node, so on GH200-like machines ``bind`` targets the CPU's
+  LPDDR node, never the GPU's HBM node (that memory is reached through cudaMalloc).
+- Binding ``none`` binds neither CPUs nor memory (all usable CPUs, kernel first-touch),
+  as plain torchrun; the memory policy only applies to the other modes.
+- ``OMP_NUM_THREADS`` is the rank's share of the physical cores it is bound to: all of
+  them in ``exclusive``/``core-complex``; divided among the ranks sharing them in
+  ``node``/``socket``/``none``, so threads never oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import PlanError
+from ..topology.model import Cpu, Gpu, Topology
+from .model import BindingMode, GpuRef, LaunchPlan, MemPolicy, PlanRequest, RankBinding
+from .nic import NIC_VARIABLES, choose_nics
+
+log = logging.getLogger(__name__)
+
+try:  # written alongside; the fallback keeps planning usable without it
+    from ..topology.visible import visible_gpus
+except ImportError:  # pragma: no cover
+    def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None) -> tuple[Gpu, ...]:
+        gpus = tuple(sorted(topology.gpus, key=lambda g: g.pci_bus_id))
+        if cuda_visible_devices is None:
+            return gpus
+        out = []
+        for item in cuda_visible_devices.split(","):
+            item = item.strip()
+            if not item.isdigit() or int(item) >= len(gpus):
+                break
+            out.append(gpus[int(item)])
+        return tuple(out)
+
+_POOL = -1  # group key of ranks whose NUMA node is unknown
+
+Core = tuple[int, ...]  # usable CPUs of one physical core, ascending
+
+
+@dataclass
+class _Rank:
+    local_rank: int
+    gpu: Gpu | None = None
+    gpu_pos: int | None = None
+    cuda_index: int = 0
+    home: int = _POOL
+    """CPU NUMA node the rank is placed on; _POOL when unknown."""
+    pool: tuple[int, ...] = ()
+    """For _POOL ranks: the CPUs they are spread over."""
+    fallback: list[str] = field(default_factory=list)
+    cpus: tuple[int, ...] = ()
+    sharers: int = 1
+
+
+def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
+    """Plan every local rank. Raises :class:`PlanError` for an impossible request."""
+    warnings: list[str] = []
+    usable = topology.usable_cpus
+    if not usable:
+        raise PlanError(f"bad topology {topology.source or topology.hostname!r}: no online and allowed CPUs; expected at least one")
+    by_id = {c.id: c for c in topology.cpus}
+    node_cpus: dict[int, tuple[int, ...]] = defaultdict(tuple)
+    for cid in usable:
+        node_cpus[by_id[cid].numa_node] += (cid,)
+    cpu_nodes = sorted(n for n in node_cpus if n >= 0)
+
+    user_env = dict(request.user_env)
+    order_set_by_user = request.cuda_device_order is not None or "CUDA_DEVICE_ORDER" in user_env
+    device_order = request.cuda_device_order or user_env.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID"
+    gpus = visible_gpus(topology, request.cuda_visible_devices, device_order)
+    nproc = request.nproc_per_node
+    if nproc is not None and nproc < 1:
+        raise PlanError(f"bad --nproc-per-node {nproc!r}: expected a positive integer")
+    if nproc is None:
+        nproc = len(gpus) or 1
+    if gpus and nproc > len(gpus):
+        raise PlanError(
+            f"bad --nproc-per-node {nproc}: only {len(gpus)} GPUs are visible; expected at most {len(gpus)}, "
+            "or CUDA_VISIBLE_DEVICES= (empty) for CPU-only ranks"
+        )
+    # by identity, then equality: nvidia-smi topologies have no bus ids to match on
+    positions = {id(g): i for i, g in enumerate(topology.gpus)}
+
+    ranks: list[_Rank] = []
+    for i in range(nproc):
+        r = _Rank(local_rank=i)
+        if gpus:
+            r.gpu, r.gpu_pos, r.cuda_index = gpus[i], _gpu_position(topology, positions, gpus[i]), i
+            _place_gpu_rank(topology, r, node_cpus, cpu_nodes, usable)
+        else:
+            if cpu_nodes:
+                r.home = cpu_nodes[i * len(cpu_nodes) // nproc]
+            else:
+                r.pool = usable
+        ranks.append(r)
+
+    mode = request.binding
+    groups: dict[tuple[int, tuple[int, ...]], list[_Rank]] = defaultdict(list)
+    for r in ranks:
+        groups[(r.home, r.pool if r.home == _POOL else ())].append(r)
+    for (home, pool), members in groups.items():
+        cpus = node_cpus[home] if home != _POOL else pool
+        _assign(topology, by_id, mode, cpus, members, warnings, usable)
+    if mode in (BindingMode.NODE, BindingMode.SOCKET, BindingMode.NONE):
+        # shared sets: OMP threads are the rank's share of the cores, not all of them
+        same = Counter(r.cpus for r in ranks)
+        for r in ranks:
+            r.sharers = same[r.cpus]
+
+    # memory nodes and the rest
+    mem_policy = request.mem_policy if mode is not BindingMode.NONE else MemPolicy.NONE
+    for var in NIC_VARIABLES + ("OMP_NUM_THREADS",):
+        if var in user_env:
+            warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's per-rank value is not applied")
+    rank_nodes = [_cpu_side_node(by_id, r) for r in ranks]
+    nics = choose_nics(topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes)
+
+    bindings = []
+    for r, node, choice in zip(ranks, rank_nodes, nics):
+        mems = _mems(topology, by_id, r, node, mem_policy, warnings)
+        cores = len({by_id[c].core_key for c in r.cpus})
+        env: dict[str, str] = {}
+        if "OMP_NUM_THREADS" not in user_env:
+            env["OMP_NUM_THREADS"] = str(max(1, cores // r.sharers))
+        if r.gpu is not None and not order_set_by_user:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if choice is not None:
+            for k, v in choice.env:
+                if k not in user_env:
+                    env[k] = v
+        if r.fallback:
+            for f in r.fallback:
+                warnings.append(f"rank {r.local_rank}: {f}")
+        gpu_ref = None
+        if r.gpu is not None:
+            g = r.gpu
+            gpu_ref = GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=r.cuda_index)
+        bindings.append(
+            RankBinding(
+                local_rank=r.local_rank,
+                gpu=gpu_ref,
+                cpus=r.cpus,
+                mems=mems,
+                nic=choice.nic.name if choice is not None else None,
+                env=env,
+                numa_node=node,
+                mem_policy=mem_policy if mems else MemPolicy.NONE,
+                physical_cores=cores,
+                fallback="; ".join(r.fallback),
+            )
+        )
+    return LaunchPlan(
+        ranks=tuple(bindings),
+        binding=mode,
+        mem_policy=mem_policy,
+        hostname=topology.hostname,
+        topology_source=topology.source,
+        warnings=tuple(dict.fromkeys(warnings)),
+    )
+
+
+def _gpu_position(topology: Topology, positions: dict[int, int], gpu: Gpu) -> int | None:
+    if id(gpu) in positions:
+        return positions[id(gpu)]
+    return topology.gpus.index(gpu) if gpu in topology.gpus else None
+
+
+def _nearest_cpu_node(topology: Topology, node: int, cpu_nodes: Sequence[int]) -> int | None:
+    if not cpu_nodes:
+        return None
+    return min(cpu_nodes, key=lambda n: (topology.node_distance(node, n), n))
+
+
+def _place_gpu_rank(
+    topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], usable: tuple[int, ...]
+) -> None:
+    g = r.gpu
+    assert g is not None
+    node = g.numa_node
+    if node >= 0 and node_cpus.get(node):
+        r.home = node
+        return
+    if node >= 0:
+        nearest = _nearest_cpu_node(topology, node, cpu_nodes)
+        if nearest is not None:
+            r.home = nearest
+            why = "is memory-only" if _is_memory_only(topology, node) else "has no usable CPUs (offline or outside the allowed set)"
+            r.fallback.append(f"GPU {g.index} NUMA node {node} {why}: using nearest node {nearest}")
+            return
+    # Unknown node: the GPU's local CPUs when the device reports them, else everything usable.
+    local = tuple(c for c in g.cpu_affinity if c in set(usable))
+    local_nodes = {topology.cpu(c).numa_node for c in local} if local else set()
+    if len(local_nodes) == 1 and min(local_nodes) >= 0 and node < 0:
+        r.home = min(local_nodes)
+        r.fallback.append(f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, which holds its local CPUs")
+        return
+    r.pool = local or usable
+    what = "unknown (-1)" if node < 0 else f"{node}, which has no usable CPUs on any node"
+    r.fallback.append(f"GPU {g.index} NUMA node {what}: spread over {'its local' if local else 'all usable'} CPUs")
+
+
+def _is_memory_only(topology: Topology, node: int) -> bool:
+    try:
+        return topology.node(node).memory_only
+    except KeyError:
+        return False
+
+
+def _cores(by_id: dict[int, Cpu], cpus: Sequence[int]) -> list[Core]:
+    """Usable CPUs grouped by physical core, cores in package/LLC/id order."""
+    cpuset = set(cpus)
+    seen: dict[tuple[int, ...], list[int]] = {}
+    for cid in cpus:
+        seen.setdefault(by_id[cid].core_key, []).append(cid)
+    cores = [tuple(sorted(v)) for v in seen.values() if cpuset.intersection(v)]
+
+    def key(core: Core) -> tuple[int, ...]:
+        c = by_id[core[0]]
+        return (max(c.numa_node, -1), c.package, c.llc, core[0])
+
+    return sorted(cores, key=key)
+
+
+def _split(cores: list[Core], k: int) -> list[list[Core]]:
+    """k contiguous runs of cores whose sizes differ by at most one."""
+    q, rem = divmod(len(cores), k)
+    out, start = [], 0
+    for i in range(k):
+        n = q + (1 if i < rem else 0)
+        out.append(cores[start:start + n])
+        start += n
+    return out
+
+
+def _assign(
+    topology: Topology,
+    by_id: dict[int, Cpu],
+    mode: BindingMode,
+    cpus: tuple[int, ...],
+    members: list[_Rank],
+    warnings: list[str],
+    usable: tuple[int, ...],
+) -> None:
+    k = len(members)
+    if mode is BindingMode.NONE:
+        for r in members:
+            r.cpus = usable
+        return
+    if mode is BindingMode.NODE:
+        for r in members:
+            r.cpus = cpus
+        return
+    if mode is BindingMode.SOCKET:
+        packages = {by_id[c].package for c in cpus}
+        sock = tuple(c for c in usable if by_id[c].package in packages)
+        for r in members:
+            r.cpus = sock
+        return
+    cores = _cores(by_id, cpus)
+    where = f"NUMA node {members[0].home}" if members[0].home != _POOL else "the shared CPU pool"
+    if mode is BindingMode.CORE_COMPLEX:
+        llcs: dict[int, list[Core]] = defaultdict(list)
+        for core in cores:
+            llcs[by_id[core[0]].llc].append(core)
+        known = [v for key, v in llcs.items() if key >= 0]
+        if len(known) == len(llcs) and len(known) >= k:
+            # spread the chosen cache domains over the ones available
+            picked = [known[i * len(known) // k] for i in range(k)]
+            for r, domain in zip(members, picked):
+                r.cpus = tuple(sorted(c for core in domain for c in core))
+            return
+        n_llc = len(known) if len(known) == len(llcs) else 0
+        warnings.append(
+            f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive"
+        )
+    if len(cores) < k:
+        raise PlanError(
+            f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
+            f"for {k} ranks; expected at least one core per rank (use --binding node, or fewer ranks)"
+        )
+    for r, chunk in zip(members, _split(cores, k)):
+        r.cpus = tuple(sorted(c for core in chunk for c in core))
+
+
+def _cpu_side_node(by_id: dict[int, Cpu], r: _Rank) -> int:
+    """The NUMA node holding most of the rank's CPUs (its home when it has one)."""
+    if r.home != _POOL:
+        return r.home
+    counts = Counter(by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0)
+    if not counts:
+        return -1
+    return min(counts, key=lambda n: (-counts[n], n))
+
+
+def _mems(
+    topology: Topology, by_id: dict[int, Cpu], r: _Rank, node: int, policy: MemPolicy, warnings: list[str]
+) -> tuple[int, ...]:
+    if policy is MemPolicy.NONE:
+        return ()
+    if r.home != _POOL:
+        nodes = [node]
+    else:
+        nodes = sorted({by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0})
+    allowed = set(topology.allowed_mems)
+    if allowed:
+        kept = [n for n in nodes if n in allowed]
+        if not kept and nodes:
+            cands = sorted(a for a in allowed if not _is_memory_only(topology, a))
+            near = _nearest_cpu_node(topology, nodes[0], cands) if cands else None
+            if near is not None:
+                r.fallback.append(f"memory node {nodes[0]} is not allowed: using nearest allowed node {near}")
+                kept = [near]
+        nodes = kept
+    if not nodes:
+        warnings.append(f"rank {r.local_rank}: NUMA node unknown: memory left unbound")
+    return tuple(nodes)

@@ -1,0 +1,47 @@
+"""A LaunchPlan as a rich table (what ``numarun plan`` prints), warnings below it."""
+
+from __future__ import annotations
+
+import io
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ..cpuset import format_list
+from .model import LaunchPlan
+
+
+def plan_table(plan: LaunchPlan) -> Table:
+    """One row per local rank: GPU, bus id, NUMA node, CPUs, memory nodes, NIC, OMP threads, fallback."""
+    title = f"{plan.hostname or 'this node'}: {plan.nproc_per_node} ranks, binding {plan.binding.value}, memory {plan.mem_policy.value}"
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (
+        ("rank", "right"), ("GPU", "left"), ("bus id", "left"), ("NUMA", "right"), ("CPUs", "left"),
+        ("mems", "left"), ("NIC", "left"), ("OMP", "right"), ("fallback", "left"),
+    ):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for r in plan.ranks:
+        if r.gpu is not None:
+            gpu = f"{r.gpu.index} (cuda:{r.gpu.cuda_index})"
+            bus = r.gpu.pci_bus_id
+        else:
+            gpu, bus = "-", "-"
+        mems = format_list(r.mems) if r.mems else "-"
+        if r.mems:
+            mems = f"{mems} {r.mem_policy.value}"
+        table.add_row(
+            str(r.local_rank), gpu, bus, str(r.numa_node) if r.numa_node >= 0 else "?",
+            format_list(r.cpus), mems, r.nic or "-", r.env.get("OMP_NUM_THREADS", "(user)"), r.fallback or "",
+        )
+    return table
+
+
+def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> str:
+    """The table and the warnings as text; without colour it is stable (golden files)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system="auto" if color else None, force_terminal=color, highlight=False, soft_wrap=False)
+    console.print(plan_table(plan))
+    for w in plan.warnings:
+        console.print(f"warning: {w}", markup=False)
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

@@ -1,0 +1,138 @@
+"""Shared helpers for the planning tests: topologies built in code, and the plan invariants."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from launcher.plan.model import BindingMode, LaunchPlan, MemPolicy
+from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank
+
+
+def build_topology(
+    *,
+    nodes: int = 2,
+    cores_per_node: int = 4,
+    threads_per_core: int = 2,
+    gpu_nodes: Sequence[int] = (0, 0, 1, 1),
+    llc_cores: int = 0,
+    interleaved: bool = False,
+    offline: Sequence[int] = (),
+    disallowed: Sequence[int] = (),
+    memory_only_nodes: Sequence[int] = (),
+    nics: Sequence[Nic] = (),
+    allowed_mems: Sequence[int] = (),
+    node_ids: Sequence[int] | None = None,
+) -> Topology:
+    """``nodes`` sockets of one NUMA node each; SMT sibling of CPU i is i + total cores.
+
+    ``interleaved``: cores alternate between nodes (node = core % nodes), as on some HP/Dell BIOSes.
+    ``llc_cores``: cores per last-level cache (0: unknown). ``memory_only_nodes`` are extra
+    CPU-less nodes (GPU HBM) appended after the CPU nodes, distance 80 from everything.
+    """
+    ids = list(node_ids) if node_ids is not None else list(range(nodes))
+    total_cores = nodes * cores_per_node
+    cpus = []
+    for t in range(threads_per_core):
+        for core in range(total_cores):
+            n_idx = core % nodes if interleaved else core // cores_per_node
+            local = core // nodes if interleaved else core % cores_per_node
+            cid = core + t * total_cores
+            siblings = tuple(core + k * total_cores for k in range(threads_per_core)) if threads_per_core > 1 else ()
+            llc = -1
+            if llc_cores:
+                first_core_of_llc = (local // llc_cores) * llc_cores
+                # smallest CPU id sharing the LLC
+                members = [c for c in range(total_cores) if (c % nodes if interleaved else c // cores_per_node) == n_idx
+                           and (c // nodes if interleaved else c % cores_per_node) // llc_cores == first_core_of_llc // llc_cores]
+                llc = min(members)
+            cpus.append(
+                Cpu(
+                    id=cid, package=n_idx, core=local, numa_node=ids[n_idx], siblings=siblings, llc=llc,
+                    online=cid not in offline, allowed=cid not in disallowed,
+                )
+            )
+    cpus.sort(key=lambda c: c.id)
+    all_ids = ids + list(memory_only_nodes)
+    numa = []
+    for i, nid in enumerate(all_ids):
+        row = tuple(10 if j == i else (80 if (i >= len(ids) or j >= len(ids)) else 20 + 5 * abs(i - j)) for j in range(len(all_ids)))
+        numa.append(NumaNode(id=nid, cpus=tuple(c.id for c in cpus if c.numa_node == nid), memory_bytes=1 << 34,
+                             distances=row, memory_only=nid in memory_only_nodes))
+    numa.sort(key=lambda n: n.id)
+    gpus = tuple(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=n) for i, n in enumerate(gpu_nodes))
+    return Topology(hostname="built", numa_nodes=tuple(numa), cpus=tuple(cpus), gpus=gpus, nics=tuple(nics),
+                    allowed_mems=tuple(allowed_mems), source="built")
+
+
+def ib(name: str, node: int, bus: str = "") -> Nic:
+    return Nic(name=name, pci_bus_id=bus, numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{name[-1]}",))
+
+
+def eth(name: str, node: int) -> Nic:
+    return Nic(name=name, numa_node=node, kind=NicKind.ETHERNET, netdevs=(name,))
+
+
+def check_invariants(topology: Topology, plan: LaunchPlan) -> None:
+    """What every plan must satisfy; raises AssertionError naming the rank."""
+    usable = set(topology.usable_cpus)
+    by_id = {c.id: c for c in topology.cpus}
+    mode = plan.binding
+    seen: dict[int, int] = {}
+    for r in plan.ranks:
+        assert r.cpus, f"rank {r.local_rank}: empty CPU set"
+        assert set(r.cpus) <= usable, f"rank {r.local_rank}: unusable CPUs {sorted(set(r.cpus) - usable)}"
+        assert list(r.cpus) == sorted(set(r.cpus))
+        cores = {by_id[c].core_key for c in r.cpus}
+        assert r.physical_cores == len(cores)
+        if r.fallback:
+            assert any(r.fallback in w or w.endswith(r.fallback.split("; ")[0]) for w in plan.warnings), "fallback not warned"
+        if mode in (BindingMode.EXCLUSIVE, BindingMode.CORE_COMPLEX):
+            for c in r.cpus:
+                assert c not in seen, f"CPU {c} in ranks {seen[c]} and {r.local_rank}"
+                seen[c] = r.local_rank
+                # SMT siblings kept together
+                sib = set(by_id[c].siblings) & usable
+                assert sib <= set(r.cpus), f"rank {r.local_rank}: CPU {c} without its siblings {sorted(sib)}"
+            if "OMP_NUM_THREADS" in r.env:
+                assert r.env["OMP_NUM_THREADS"] == str(len(cores))
+        elif "OMP_NUM_THREADS" in r.env:
+            sharers = sum(1 for o in plan.ranks if o.cpus == r.cpus)
+            assert r.env["OMP_NUM_THREADS"] == str(max(1, len(cores) // sharers))
+        # NUMA locality unless a fallback says otherwise
+        if r.gpu is not None and r.gpu.numa_node >= 0 and not r.fallback and mode is not BindingMode.NONE:
+            node_cpus = {c for c in usable if by_id[c].numa_node == r.gpu.numa_node}
+            if mode is BindingMode.SOCKET:
+                assert node_cpus <= set(r.cpus)
+            else:
+                assert set(r.cpus) <= node_cpus, f"rank {r.local_rank}: CPUs off GPU node {r.gpu.numa_node}"
+            if mode is BindingMode.NODE:
+                assert set(r.cpus) == node_cpus
+            if plan.mem_policy is not MemPolicy.NONE:
+                assert r.mems == (r.gpu.numa_node,)
+        for m in r.mems:
+            assert not topology.node(m).memory_only, f"rank {r.local_rank}: memory bound to memory-only node {m}"
+        if plan.mem_policy is MemPolicy.NONE or mode is BindingMode.NONE:
+            assert r.mems == ()
+        if r.gpu is not None and r.nic is not None:
+            _check_nic(topology, r.gpu.index, r.nic)
+    if mode is BindingMode.EXCLUSIVE:
+        groups: dict[int, list[int]] = defaultdict(list)
+        for r in plan.ranks:
+            if not r.fallback:
+                groups[r.numa_node].append(r.physical_cores)
+        for node, counts in groups.items():
+            assert max(counts) - min(counts) <= 1, f"node {node}: core counts {counts}"
+
+
+def _check_nic(topology: Topology, gpu_index: int, nic_name: str) -> None:
+    gpu_pos = next(i for i, g in enumerate(topology.gpus) if g.index == gpu_index)
+    gpu_node = topology.gpus[gpu_pos].numa_node
+
+    def score(pos: int) -> tuple[int, int]:
+        n = topology.nics[pos]
+        return (link_rank(topology.gpu_nic_link(gpu_pos, pos)), 0 if gpu_node >= 0 and n.numa_node == gpu_node else 1)
+
+    chosen = next(i for i, n in enumerate(topology.nics) if n.name == nic_name)
+    best = min(score(i) for i in range(len(topology.nics)))
+    assert score(chosen) == best, f"GPU {gpu_index}: NIC {nic_name} {score(chosen)} is not among the closest {best}"
