@@ -1,0 +1,100 @@
+"""``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]``: torchrun with each rank bound.
+
+Accepts every torchrun option in torchrun's spellings, plus the planning options
+(``--topology``, ``--binding``, ``--mem-policy``; ``--nproc-per-node`` defaults to one
+rank per visible GPU, or 1 without GPUs) and ``--dry-run``, ``--strict-binding``,
+``--plan-file``.
+
+Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one line);
+when a rank fails, the exit code of the lowest failed global rank (1 if it was killed by
+a signal), after one line naming every failed rank; 128 + N when numarun itself got
+signal N (SIGTERM, SIGINT...), after torchrun has ended all workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ..launch.torchrun import (
+    Target,
+    add_run_options,
+    build_torchrun_argv,
+    command_line,
+    run_torchrun,
+    target_from_args,
+    torchrun_parser,
+    worker_env,
+    write_plan_file,
+)
+from ..plan.model import LaunchPlan
+from ..plan.options import add_plan_options, parse_nproc, request_from_args
+from ..errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run",
+        parents=[torchrun_parser()],
+        add_help=False,
+        # the planning options take over torchrun's --nproc-per-node and --numa-binding
+        conflict_handler="resolve",
+        help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",
+        description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
+    )
+    add_plan_options(parser)
+    add_run_options(parser)
+    pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
+    if pet:
+        parser.set_defaults(nproc_per_node=parse_nproc(pet))
+    parser.set_defaults(func=main)
+    return parser
+
+
+def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
+    """(plan, path) from --plan-file, or a fresh plan written to a private file."""
+    if args.plan_file:
+        try:
+            with open(args.plan_file) as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+        plan = LaunchPlan.from_json(text, origin=args.plan_file)
+        if args.nproc_per_node is not None and args.nproc_per_node != plan.nproc_per_node:
+            raise UsageError(
+                f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
+                f"{plan.nproc_per_node} ranks; expected {plan.nproc_per_node} or no --nproc-per-node"
+            )
+        return plan, os.path.abspath(args.plan_file)
+    from ..plan.binding import make_plan
+    from ..topology.discover import load_topology
+
+    plan = make_plan(load_topology(args.topology), request_from_args(args, os.environ))
+    return plan, ""
+
+
+def main(args: argparse.Namespace) -> int:
+    target: Target = target_from_args(args)
+    plan, plan_path = _load_plan(args)
+    for w in plan.warnings:
+        log.warning("%s", w)
+    argv = build_torchrun_argv(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
+    if args.dry_run:
+        from ..plan.table import render_plan
+
+        env = worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding)
+        sys.stdout.write(render_plan(plan, width=160))
+        if not plan_path:
+            sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
+        sys.stdout.write(command_line(env, argv) + "\n")
+        return 0
+    if not plan_path:
+        plan_path = str(write_plan_file(plan))
+    env = worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding)
+    log.info("running: %s", command_line(env, argv))
+    run_torchrun(argv, env)
+    return 0

@@ -1,0 +1,228 @@
+"""The first code each worker runs: apply this rank's binding, then run the user's program.
+
+torchrun starts every worker as::
+
+    python -u -m launcher.launch.bootstrap [--module | --no-python] TARGET [args...]
+
+with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
+the user's code is imported, the rank's environment variables, CPU affinity (every
+thread) and memory policy are applied and read back; one INFO line per rank says what
+was bound. Then the script runs through :mod:`runpy` with ``sys.argv`` and
+``sys.path[0]`` as ``python script.py`` would set them, so a torchrun script behaves
+identically (``--no-python`` execs the program instead; affinity and memory policy
+survive ``execve``).
+
+A binding that cannot be applied (EPERM in a container, an offline CPU: EINVAL) warns
+once and the rank continues unbound or partly bound, unless ``NUMARUN_STRICT_BINDING=1``:
+then the worker prints one line and exits with code 2.
+
+This module must not import torch: the user's script does, after the binding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cpuset import format_list
+from ..errors import BindingError, NumarunError
+from ..plan.model import LaunchPlan, MemPolicy, RankBinding
+from . import affinity
+
+# Not __name__: run with -m this module is "__main__", and so is the user's script.
+log = logging.getLogger("launcher.launch.bootstrap")
+
+PLAN_ENV = "NUMARUN_PLAN"
+"""Path of the LaunchPlan JSON every worker reads."""
+STRICT_ENV = "NUMARUN_STRICT_BINDING"
+"""``1``: a binding failure is fatal for the worker."""
+USER_ENV = "NUMARUN_USER_ENV"
+"""Comma-separated plan variables whose value the user set; the bootstrap keeps those.
+Unset (bootstrap started by hand): plan variables already in the environment are kept."""
+LOG_LEVEL_ENV = "NUMARUN_LOG_LEVEL"
+"""Level of the bootstrap's own log lines (default INFO)."""
+
+_MPOL = {MemPolicy.BIND: affinity.Mpol.BIND, MemPolicy.PREFERRED: affinity.Mpol.PREFERRED}
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a rank ended up with, read back from the kernel after binding."""
+
+    cpus: tuple[int, ...]
+    mem_mode: str
+    """``bind``, ``preferred``, ``default``... (``?`` when get_mempolicy failed)."""
+    mems: tuple[int, ...]
+    env: tuple[tuple[str, str], ...]
+    """Variables the bootstrap set."""
+    kept_env: tuple[str, ...]
+    """Plan variables left at the user's value."""
+    errors: tuple[str, ...]
+    """Binding steps that failed; () when everything was applied."""
+
+
+def load_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
+    """The plan named by ``NUMARUN_PLAN``; None when the variable is unset."""
+    env = os.environ if environ is None else environ
+    path = env.get(PLAN_ENV)
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise BindingError(f"bad {PLAN_ENV} {path!r}: {e.strerror}; expected a plan file written by numarun") from None
+    return LaunchPlan.from_json(text, origin=path)
+
+
+def current_binding(environ: Mapping[str, str] | None = None) -> RankBinding | None:
+    """This worker's RankBinding (``NUMARUN_PLAN`` + ``LOCAL_RANK``); None outside numarun."""
+    env = os.environ if environ is None else environ
+    plan = load_plan(env)
+    if plan is None:
+        return None
+    local_rank = env.get("LOCAL_RANK", "")
+    if not local_rank.isdigit():
+        raise BindingError(f"bad LOCAL_RANK {local_rank!r}: expected a non-negative integer set by torchrun")
+    return plan.rank(int(local_rank))
+
+
+def apply_env(binding: RankBinding, environ: MutableMapping[str, str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Set the rank's variables in ``environ``; returns (set, kept at the user's value)."""
+    if USER_ENV in environ:
+        keep = {k for k in environ[USER_ENV].split(",") if k}
+    else:
+        keep = {k for k in binding.env if k in environ}
+    applied, kept = [], []
+    for key, value in binding.env.items():
+        if key in keep:
+            kept.append(key)
+            continue
+        environ[key] = value
+        applied.append((key, value))
+    return tuple(applied), tuple(kept)
+
+
+def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None = None) -> Applied:
+    """Apply env, CPU affinity and memory policy; never raises for a bind failure (see ``errors``)."""
+    env = os.environ if environ is None else environ
+    errors: list[str] = []
+    set_env, kept = apply_env(binding, env)
+
+    wanted = set(binding.cpus)
+    try:
+        affinity.set_cpu_affinity(wanted)
+    except OSError as e:
+        errors.append(f"sched_setaffinity to cpus {format_list(wanted)} failed: {e.strerror}")
+        # An offline or disallowed CPU (EINVAL) fails the whole mask: bind to what is left.
+        partial = wanted & set(affinity.get_cpu_affinity())
+        if partial and partial != wanted:
+            try:
+                affinity.set_cpu_affinity(partial)
+            except OSError:
+                pass
+
+    mode = _MPOL.get(binding.mem_policy)
+    if mode is not None and binding.mems:
+        try:
+            affinity.set_mempolicy(mode, binding.mems)
+        except OSError as e:
+            errors.append(f"set_mempolicy {binding.mem_policy.value} to nodes {format_list(binding.mems)} failed: {e.strerror}")
+
+    cpus = affinity.get_cpu_affinity()
+    try:
+        got_mode, mems = affinity.get_mempolicy()
+        mem_mode = got_mode.name.lower()
+    except OSError:
+        mem_mode, mems = "?", ()
+    return Applied(cpus=cpus, mem_mode=mem_mode, mems=mems, env=set_env, kept_env=kept, errors=tuple(errors))
+
+
+def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str]) -> str:
+    """``rank 0: gpu 0 (0000:18:00.0) cpus 0-13 mems 0 (bind) nic mlx5_0 OMP 14``."""
+    rank = environ.get("RANK", str(binding.local_rank))
+    who = f"rank {rank}" if rank == str(binding.local_rank) else f"rank {rank} (local {binding.local_rank})"
+    gpu = f"gpu {binding.gpu.index} ({binding.gpu.pci_bus_id})" if binding.gpu else "gpu -"
+    mems = f"{format_list(applied.mems) or '-'} ({applied.mem_mode})"
+    omp = environ.get("OMP_NUM_THREADS", "-")
+    return f"{who}: {gpu} cpus {format_list(applied.cpus)} mems {mems} nic {binding.nic or '-'} OMP {omp}"
+
+
+def _setup_logging(environ: Mapping[str, str]) -> None:
+    # Our own handler on our own logger: the user's logging.basicConfig() must still work.
+    level = getattr(logging, environ.get(LOG_LEVEL_ENV, "INFO").upper(), logging.INFO)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("numarun: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(level)
+    log.propagate = False
+
+
+def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | None:
+    """Apply this worker's binding from the environment; None when no plan is given.
+
+    Raises :class:`BindingError` on a failure when ``NUMARUN_STRICT_BINDING=1``.
+    """
+    env = os.environ if environ is None else environ
+    binding = current_binding(env)
+    if binding is None:
+        log.debug("%s is not set: running unbound", PLAN_ENV)
+        return None
+    applied = apply_binding(binding, env)
+    if applied.errors:
+        what = "; ".join(applied.errors)
+        if env.get(STRICT_ENV) == "1":
+            raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {STRICT_ENV}=1)")
+        log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
+    log.info(describe(binding, applied, env))
+    return applied
+
+
+def run_target(kind: str, target: str, args: Sequence[str]) -> None:
+    """Run the user's program as ``python TARGET``, ``python -m TARGET`` or an executable."""
+    if kind == "module":
+        sys.argv = [target, *args]  # run_module(alter_sys=True) puts the module's file in argv[0]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "exec":
+        os.execvp(target, [target, *args])
+    else:
+        sys.argv = [target, *args]
+        # As 'python script.py': the script's directory, symlinks resolved, first on the path.
+        sys.path[0] = os.path.dirname(os.path.realpath(target))
+        # __main__.__file__ is absolute since Python 3.9; argv[0] stays as typed.
+        runpy.run_path(os.path.abspath(target), run_name="__main__")
+
+
+def parse_argv(argv: Sequence[str]) -> tuple[str, str, list[str]]:
+    """``[--module|--no-python] TARGET ARGS...`` -> (kind, target, args)."""
+    argv = list(argv)
+    kind = "script"
+    if argv and argv[0] in ("--module", "-m"):
+        kind = "module"
+        argv.pop(0)
+    elif argv and argv[0] == "--no-python":
+        kind = "exec"
+        argv.pop(0)
+    if not argv:
+        raise BindingError(f"bad bootstrap arguments {argv!r}: expected [--module|--no-python] TARGET [ARGS...]")
+    return kind, argv[0], argv[1:]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    _setup_logging(os.environ)
+    try:
+        kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
+        bind_from_env()
+    except NumarunError as e:
+        print(f"numarun: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+    run_target(kind, target, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""A LaunchPlan handed to torchrun: the option parser, the argv as data, and the run.
+
+``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` parses torchrun's own
+options with torchrun's own parser (``torch.distributed.run.get_args_parser``, so every
+spelling torchrun accepts is accepted), adds numarun's, and calls
+``torch.distributed.run.main(argv)`` with an argv whose entrypoint is this package's
+worker bootstrap::
+
+    torchrun --nproc-per-node=2 ... --module launcher.launch.bootstrap [--module] SCRIPT ARGS...
+
+Rendezvous, restarts, log redirection and signal forwarding stay torchrun's. The argv is
+built first as a value (:func:`build_torchrun_argv`) so ``--dry-run`` prints exactly
+what would run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import NumarunError, UsageError
+from ..plan.model import LaunchPlan
+from .bootstrap import LOG_LEVEL_ENV, PLAN_ENV, STRICT_ENV, USER_ENV
+
+BOOTSTRAP_MODULE = "launcher.launch.bootstrap"
+
+# torchrun options numarun replaces or cannot honour.
+_REPLACED = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help"}
+
+
+def torchrun_parser() -> argparse.ArgumentParser:
+    """torchrun's own parser (imports torch)."""
+    from torch.distributed.run import get_args_parser
+
+    return get_args_parser()
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """numarun's own ``run`` options, next to torchrun's and the planning ones."""
+    group = parser.add_argument_group("numarun")
+    group.add_argument("--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing")
+    group.add_argument(
+        "--strict-binding", action="store_true",
+        help=f"a rank whose binding cannot be applied fails instead of running unbound (sets {STRICT_ENV}=1)",
+    )
+    group.add_argument("--plan-file", metavar="PATH", default=None, help="use this saved plan ('numarun plan --json' output) instead of planning")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What each worker runs after the bootstrap."""
+
+    kind: str
+    """``script`` (python SCRIPT), ``module`` (python -m MODULE) or ``exec`` (--no-python)."""
+    name: str
+    args: tuple[str, ...] = ()
+
+    def bootstrap_args(self) -> list[str]:
+        flag = {"module": ["--module"], "exec": ["--no-python"]}.get(self.kind, [])
+        return [*flag, self.name, *self.args]
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    """The user's program from torchrun's positional/flag options; checks it exists."""
+    if getattr(args, "run_path", False):
+        raise UsageError("bad option '--run-path': numarun runs each worker in its own process to bind it; expected it left out")
+    if getattr(args, "virtual_local_rank", False):
+        raise UsageError("bad option '--virtual-local-rank': every rank would read local rank 0's binding; expected it left out")
+    name = args.training_script
+    script_args = tuple(args.training_script_args)
+    if args.module and args.no_python:
+        raise UsageError("bad options '--module' with '--no-python': expected at most one of them")
+    if args.module:
+        return Target("module", name, script_args)
+    if args.no_python:
+        if shutil.which(name) is None:
+            raise UsageError(f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one")
+        return Target("exec", name, script_args)
+    if not os.path.isfile(name):
+        raise UsageError(f"bad script {name!r}: no such file; expected a path to a Python script (or -m MODULE)")
+    return Target("script", name, script_args)
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        # torchrun's comma_separated_list reads ",," as a literal comma
+        return ",".join(str(v).replace(",", ",,") for v in value)
+    return str(value)
+
+
+def build_torchrun_argv(
+    options: Mapping[str, Any], *, nproc_per_node: int, target: Target, parser: argparse.ArgumentParser | None = None
+) -> list[str]:
+    """torchrun's argv (without the program name) for ``options`` (torchrun dests -> values).
+
+    An option is written, in its first long spelling, only when it differs from
+    torchrun's default; ``--nproc-per-node`` is always the plan's rank count. The
+    entrypoint is the bootstrap module with the user's target behind it.
+    """
+    parser = parser or torchrun_parser()
+    argv = [f"--nproc-per-node={nproc_per_node}"]
+    for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
+        if not action.option_strings or action.dest in _REPLACED or action.dest not in options:
+            continue
+        value = options[action.dest]
+        if value == action.default or value is None:
+            continue
+        spelling = next(s for s in action.option_strings if s.startswith("--"))
+        if action.nargs == 0:
+            if value:
+                argv.append(spelling)
+        else:
+            argv.append(f"{spelling}={_option_text(value)}")
+    argv += ["--module", BOOTSTRAP_MODULE, *target.bootstrap_args()]
+    return argv
+
+
+def worker_env(plan: LaunchPlan, environ: Mapping[str, str], *, plan_path: str, strict: bool) -> dict[str, str]:
+    """Variables numarun adds to its own environment for torchrun to pass to every worker."""
+    planned = {k for r in plan.ranks for k in r.env}
+    user_set = sorted(k for k in planned if k in environ)
+    env = {PLAN_ENV: plan_path, USER_ENV: ",".join(user_set)}
+    if strict:
+        env[STRICT_ENV] = "1"
+    # torchrun forces OMP_NUM_THREADS=1 (with a warning) when unset; the bootstrap sets each
+    # rank's own value anyway, so pass rank 0's to keep torchrun from overriding it.
+    if "OMP_NUM_THREADS" not in environ and plan.ranks and "OMP_NUM_THREADS" in plan.ranks[0].env:
+        env["OMP_NUM_THREADS"] = plan.ranks[0].env["OMP_NUM_THREADS"]
+    return env
+
+
+def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """The equivalent shell command: ``NUMARUN_PLAN=... torchrun ...``."""
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    return " ".join([*prefix, shlex.join(["torchrun", *argv])])
+
+
+def write_plan_file(plan: LaunchPlan) -> Path:
+    """The plan in a fresh private directory (0700, file 0600), removed when numarun exits."""
+    directory = tempfile.mkdtemp(prefix="numarun-")
+    atexit.register(shutil.rmtree, directory, True)
+    path = Path(directory) / "plan.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(plan.to_json())
+    return path
+
+
+class RunFailed(NumarunError):
+    """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
+
+    A failed run exits with the exit code of the lowest failed global rank (1 when that
+    rank died from a signal); SIGTERM/SIGINT/... to numarun stops every worker
+    (torchrun's own handling) and exits 128 + the signal number.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    os.environ.update(env)
+    try:
+        torchrun_main(list(argv))
+    except ChildFailedError as e:
+        parts = []
+        for rank in sorted(e.failures):
+            f = e.failures[rank]
+            how = f"exited with code {f.exitcode}" if f.exitcode >= 0 else f"was killed by {f.signal_name()}"
+            parts.append(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}")
+        first = e.failures[min(e.failures)].exitcode
+        raise RunFailed("; ".join(parts), first if first > 0 else 1) from None
+    except SignalException as e:
+        sig = signal.Signals(e.sigval)
+        raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
