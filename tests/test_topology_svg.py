@@ -93,6 +93,11 @@ def test_counts_pus_gpus_nics_and_links() -> None:
     labels = [e.text for e in by_class(root, "link-label")]
     assert labels == ["NV12"] * 6  # all 4*3/2 pairs are NVLinked
     assert len(by_class(root, "link")) == 6
+    # each label sits at its own place, so none hides another
+    spots = {(e.get("x"), e.get("y")) for e in by_class(root, "link-label")}
+    assert len(spots) == 6
+    # the link panel has one small box per GPU; they are not counted as GPU boxes
+    assert sorted(int(e.get("data-gpu")) for e in by_class(root, "gpu-node")) == [0, 1, 2, 3]
 
 
 def test_pcie_level_links_are_not_drawn() -> None:

@@ -63,6 +63,12 @@ def no_gpu_reason(topology: Topology) -> str:
     return f"no GPUs found (GPU source: {topology.gpu_source})"
 
 
+def _speed(mbps: int) -> str:
+    if mbps <= 0:
+        return "?"
+    return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
+
+
 def _gpu_label(g: Gpu) -> str:
     return f"GPU{g.index}"
 
@@ -128,6 +134,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
             near = nearest_nic(t, pos)
             if near is None:
                 nic_cell = "-"
+            elif not near[1]:
+                nic_cell = "unknown"  # no PCI path, NUMA node or nvidia-smi row to compare
             else:
                 nic_cell = t.nics[near[0]].name + (f" ({near[1]})" if near[1] else "")
             numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
@@ -157,8 +165,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
                 row.extend(t.gpu_nic_link(i, k) or "?" for k in range(len(t.nics)))
                 lt.add_row(*row)
             console.print(lt)
-            console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches, "
-                          "PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
+            console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
+            console.print("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
 
     # --- NICs ---
     if t.nics:
@@ -169,7 +177,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
             nt.add_row(
                 n.name, n.kind.value, ",".join(n.netdevs) or "-", n.pci_bus_id or "-",
                 str(n.numa_node) if n.numa_node >= 0 else "unknown",
-                f"{n.speed_mbps} Mb/s" if n.speed_mbps > 0 else "?",
+                _speed(n.speed_mbps),
             )
         console.print(nt)
     else:

@@ -56,6 +56,7 @@ rect.pu.disallowed { fill: #dcdcdc; stroke: #aaa; }
 text.pu-id.greyed { fill: #777; }
 rect.gpu { fill: #c9f2c9; stroke: #2a7a2a; }
 rect.nic { fill: #cfe3ff; stroke: #24588f; }
+rect.gpu-node { fill: #c9f2c9; stroke: #2a7a2a; }
 path.link { fill: none; stroke: #76b900; stroke-width: 2; stroke-opacity: 0.8; }
 text.link-label { fill: #3d6000; font-weight: bold; }
 text.title { font-weight: bold; }
@@ -89,8 +90,6 @@ class _Ctx:
     topology: Topology
     cpu_ranks: dict[int, list[int]] = field(default_factory=dict)
     gpu_ranks: dict[int, list[int]] = field(default_factory=dict)
-    gpu_anchor: dict[int, tuple[float, float, float, float]] = field(default_factory=dict)
-    """GPU position in ``gpus`` -> (x, y, w, h) once drawn."""
 
 
 def _flow(children: Sequence[_Box], max_w: float) -> tuple[float, float, list[tuple[float, float]]]:
@@ -131,7 +130,7 @@ def _container(
     else:
         cw, ch, coffs = _flow(children, max_w - 2 * PAD)
     title_w = len(title) * 7 + 2 * PAD
-    dev_max = max(cw, DEV_W, title_w - 2 * PAD)
+    dev_max = max(cw, title_w - 2 * PAD, min(len(devices), 4) * (DEV_W + GAP) - GAP)
     dw, dh, doffs = _flow(devices, dev_max)
     inner_w = max(cw, dw, title_w - 2 * PAD, 1.0)
     w = inner_w + 2 * PAD
@@ -217,7 +216,6 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
     line2 = g.pci_bus_id + (f" mem@{g.memory_numa_node}" if g.memory_numa_node >= 0 else "")
 
     def draw(x: float, y: float, out: list[str]) -> None:
-        ctx.gpu_anchor[pos] = (x, y, DEV_W, DEV_H)
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
         rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
         out.append(
@@ -319,29 +317,71 @@ def _layout(ctx: _Ctx) -> _Box:
     return _container("machine", f"Machine {t.hostname or '?'}", top)
 
 
-def _links(ctx: _Ctx, out: list[str]) -> None:
-    """Arcs between NVLink-connected GPUs, each labelled with its code (NV12...)."""
-    t = ctx.topology
-    if not t.gpu_links:
-        return
+LINK_STEP = 90
+"""Horizontal spacing of GPUs in the link panel."""
+
+
+def _nv_pairs(t: Topology) -> list[tuple[int, int, str]]:
+    pairs = []
     for i in range(len(t.gpus)):
         for j in range(i + 1, len(t.gpus)):
             code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
-            if not code.startswith("NV") or i not in ctx.gpu_anchor or j not in ctx.gpu_anchor:
-                continue
-            x1, y1, w1, h1 = ctx.gpu_anchor[i]
-            x2, y2, w2, h2 = ctx.gpu_anchor[j]
-            ax, ay = x1 + w1 / 2, y1 + h1
-            bx, by = x2 + w2 / 2, y2 + h2
-            # bow below the boxes, deeper for farther pairs, so arcs between neighbours stay readable
-            depth = 14 + 0.12 * abs(bx - ax) + 4 * ((i + j) % 3)
-            cx, cy = (ax + bx) / 2, max(ay, by) + depth
-            mx, my = (ax + 2 * cx + bx) / 4, (ay + 2 * cy + by) / 4
-            out.append(
-                f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
-                f'd="M{ax:.0f},{ay:.0f} Q{cx:.0f},{cy:.0f} {bx:.0f},{by:.0f}"/>'
-            )
-            out.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 4:.0f}" text-anchor="middle">{_t(code)}</text>')
+            if code.startswith("NV"):
+                pairs.append((i, j, code))
+    return pairs
+
+
+def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+    """An arc diagram of NVLink pairs: GPUs in a row, one labelled arc per pair above them.
+
+    Drawn as its own panel rather than across the machine picture, so arcs never cover
+    CPU ids; an arc's apex (and label) is unique per pair: its x is the pair's midpoint,
+    its height grows with the distance. Returns the panel's size ((0, 0) without NVLinks).
+    """
+    t = ctx.topology
+    pairs = _nv_pairs(t)
+    if not pairs:
+        return 0.0, 0.0
+    n = len(t.gpus)
+    max_span = max(j - i for i, j, _ in pairs)
+    arc_room = 16 + 22 * max_span
+    base = y0 + TITLE_H + arc_room
+    node_w, node_h = 60, 22
+    w = PAD * 2 + (n - 1) * LINK_STEP + node_w
+    h = TITLE_H + arc_room + node_h + PAD
+
+    def centre(pos: int) -> float:
+        return x0 + PAD + pos * LINK_STEP + node_w / 2
+
+    out.append('<g class="links">')
+    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
+               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
+    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">GPU links (NVLink)</text>')
+    labels: list[str] = []
+    for i, j, code in pairs:
+        ax, bx = centre(i), centre(j)
+        apex = 12 + 22 * (j - i)
+        # a quadratic curve peaks at half its control point's offset
+        out.append(
+            f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
+            f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>'
+        )
+        mx, my = (ax + bx) / 2, base - apex
+        lw = len(code) * 7 + 4
+        labels.append(f'<rect class="link-label-bg" x="{mx - lw / 2:.0f}" y="{my - 8:.0f}" width="{lw}" '
+                      'height="13" style="fill:#fafff0"/>')
+        labels.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 3:.0f}" text-anchor="middle">{_t(code)}</text>')
+    out.extend(labels)  # labels above all arcs
+    for pos, g in enumerate(t.gpus):
+        ranks = ctx.gpu_ranks.get(pos, [])
+        style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
+        out.append(
+            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - node_w / 2:.0f}" y="{base:.0f}" '
+            f'width="{node_w}" height="{node_h}" rx="3"{style}/>'
+        )
+        out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
+    out.append("</g>")
+    return w, h
 
 
 def _legend_text(r: RankBinding) -> str:
@@ -386,9 +426,9 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     body: list[str] = []
     root.draw(margin, margin, body)
     links: list[str] = []
-    _links(ctx, links)
-    height = root.h + 2 * margin + 60  # room for arcs bowing below the lowest GPUs
-    width = root.w + 2 * margin
+    lw, lh = _links(ctx, margin, root.h + 2 * margin, links)
+    height = root.h + 2 * margin + (lh + margin if lh else 0)
+    width = max(root.w, lw) + 2 * margin
     legend: list[str] = []
     if plan is not None:
         used = _legend(ctx, plan, margin, height, legend)
