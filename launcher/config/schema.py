@@ -1,0 +1,279 @@
+"""Structured configs: the types and defaults of every key a job config may hold.
+
+Hydra merges the YAML files under ``configs/`` into :class:`JobConfig`, so an unknown
+key or a value of the wrong type is caught while composing, before any process starts.
+These are OmegaConf structured configs (mutable dataclasses by necessity); the trainer
+reads them back from the run directory's ``config.yaml`` with :func:`load_job_config`.
+No Hydra import here: workers only need OmegaConf.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import ConfigError
+from ..plan.model import BindingMode, MemPolicy
+
+
+class ModelKind(str, enum.Enum):
+    """Which reference model the trainer builds."""
+
+    MLP = "mlp"
+    """A stack of Linear+GELU layers classifying synthetic vectors."""
+    GPT = "gpt"
+    """A small decoder-only transformer (causal self-attention) predicting the next token."""
+
+
+class DataKind(str, enum.Enum):
+    """Where batches come from."""
+
+    SYNTHETIC = "synthetic"
+    """Random samples generated from (seed, sample index): no files, deterministic."""
+    TOKENS = "tokens"
+    """A flat binary file of token ids (uint16 or int32) read through a memory map."""
+
+
+class ParallelKind(str, enum.Enum):
+    """How the model is spread over the ranks."""
+
+    DDP = "ddp"
+    """DistributedDataParallel: full replica per rank, gradients all-reduced."""
+    FSDP = "fsdp"
+    """FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded over all ranks."""
+    HSDP = "hsdp"
+    """FSDP2 on the 2D mesh: sharded inside the node ("intra"), replicated across nodes ("inter")."""
+    TP = "tp"
+    """Tensor parallel inside the node (DTensor ``parallelize_module`` on "intra"), data parallel across nodes."""
+
+
+class Precision(str, enum.Enum):
+    """Numeric precision of the forward pass."""
+
+    FP32 = "fp32"
+    """Plain float32."""
+    BF16 = "bf16"
+    """``torch.autocast`` to bfloat16 (CPU and GPU); parameters and optimizer stay float32."""
+
+
+class CommMode(str, enum.Enum):
+    """Gradient all-reduce of the DDP wrapper."""
+
+    FLAT = "flat"
+    """The backend's own all-reduce over all ranks."""
+    HIERARCHICAL = "hierarchical"
+    """Reduce-scatter in the node, all-reduce across nodes, all-gather in the node (launcher.dist)."""
+
+
+class Schedule(str, enum.Enum):
+    """Learning-rate schedule after warm-up."""
+
+    CONSTANT = "constant"
+    """Keep ``optim.lr``: the schedule does not depend on ``trainer.steps``, so a run can be extended."""
+    COSINE = "cosine"
+    """Cosine decay to ``optim.min_lr`` at ``trainer.steps``."""
+
+
+@dataclass
+class LauncherConfig:
+    """What ``numarun run`` needs; a flag given on the command line wins over these."""
+
+    nproc_per_node: Optional[int] = None
+    """None: one rank per visible GPU (1 without GPUs)."""
+    nnodes: int = 1
+    node_rank: int = 0
+    binding: str = BindingMode.EXCLUSIVE.value
+    mem_policy: str = MemPolicy.BIND.value
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    rdzv_endpoint: Optional[str] = None
+    rdzv_id: Optional[str] = None
+    strict_binding: bool = False
+
+
+@dataclass
+class ModelConfig:
+    kind: str = ModelKind.MLP.value
+    # MLP
+    input_dim: int = 32
+    hidden_dim: int = 64
+    num_layers: int = 2
+    num_classes: int = 8
+    # GPT
+    vocab_size: int = 256
+    seq_len: int = 32
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    dropout: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    kind: str = DataKind.SYNTHETIC.value
+    path: Optional[str] = None
+    """Token file for ``kind: tokens``."""
+    dtype: str = "uint16"
+    """Token file element type: uint16 or int32."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank; they pin themselves to the rank's CPUs."""
+    num_samples: int = 4096
+    """Synthetic dataset size (samples are drawn by index, so any size works)."""
+
+
+@dataclass
+class ParallelConfig:
+    kind: str = ParallelKind.DDP.value
+    reshard_after_forward: bool = True
+    """FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """adamw or sgd."""
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    warmup_steps: int = 0
+    schedule: str = Schedule.CONSTANT.value
+    grad_clip: float = 1.0
+    """Clip the global gradient norm (0 disables)."""
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 20
+    batch_size: Any = 16
+    """Global batch size (an int, or "auto": the largest that fits, searched at start)."""
+    grad_accum: int = 1
+    precision: str = Precision.FP32.value
+    compile: bool = False
+    seed: int = 1234
+    log_interval: int = 1
+    checkpoint_dir: Optional[str] = None
+    """None: ``<run dir>/checkpoints``."""
+    checkpoint_interval: int = 0
+    """Save every N steps (0: only at the end and on SIGUSR1/SIGTERM)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``checkpoint_dir`` when there is one."""
+    progress: bool = True
+    """A rich progress bar on rank 0 (when stderr is a terminal)."""
+    memory_limit_mb: Optional[int] = None
+    """batch_size=auto on CPU: the peak RSS a rank may reach (None: available RAM / local ranks)."""
+    auto_max_batch: int = 4096
+    """batch_size=auto: the largest size tried."""
+
+
+@dataclass
+class CommConfig:
+    allreduce: str = CommMode.FLAT.value
+    compression: Optional[str] = None
+    """Compression of the inter-node step (e.g. bf16), passed to launcher.dist."""
+
+
+@dataclass
+class SlurmConfig:
+    partition: Optional[str] = None
+    time: str = "01:00:00"
+    account: Optional[str] = None
+    gpus_per_node: Optional[int] = None
+    requeue: bool = True
+    signal_seconds: int = 120
+    """Seconds before the time limit that SIGUSR1 is sent (the trainer checkpoints and exits 0)."""
+
+
+@dataclass
+class JobConfig:
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+
+# str fields holding an Enum's value: OmegaConf would match Enum *names* (CORE_COMPLEX), and
+# torch's mode names are lower case with dashes ("core-complex"), so they are checked here.
+ENUM_KEYS: dict[str, type[enum.Enum]] = {
+    "launcher.binding": BindingMode,
+    "launcher.mem_policy": MemPolicy,
+    "model.kind": ModelKind,
+    "data.kind": DataKind,
+    "parallel.kind": ParallelKind,
+    "trainer.precision": Precision,
+    "comm.allreduce": CommMode,
+    "optim.schedule": Schedule,
+}
+
+
+def check_values(cfg: Any) -> None:
+    """Checks the types cannot express; raises ConfigError naming the key and the expected form."""
+    for key, enum_type in ENUM_KEYS.items():
+        section, name = key.split(".")
+        value = cfg[section][name]
+        allowed = [m.value for m in enum_type]
+        if value not in allowed:
+            raise ConfigError(f"bad {key} {value!r}: expected one of {', '.join(allowed)}")
+    bs = cfg.trainer.batch_size
+    if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
+        raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
+    positive = {
+        "trainer.steps": cfg.trainer.steps,
+        "trainer.grad_accum": cfg.trainer.grad_accum,
+        "trainer.log_interval": cfg.trainer.log_interval,
+        "launcher.nnodes": cfg.launcher.nnodes,
+        "model.num_layers": cfg.model.num_layers,
+        "model.n_layers": cfg.model.n_layers,
+        "model.n_heads": cfg.model.n_heads,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
+    if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node < 1:
+        raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer >= 1 or null")
+    if cfg.trainer.checkpoint_interval < 0:
+        raise ConfigError(f"bad trainer.checkpoint_interval {cfg.trainer.checkpoint_interval!r}: expected an integer >= 0")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError(f"bad model.d_model {cfg.model.d_model!r}: expected a multiple of model.n_heads={cfg.model.n_heads}")
+    if cfg.data.dtype not in ("uint16", "int32"):
+        raise ConfigError(f"bad data.dtype {cfg.data.dtype!r}: expected uint16 or int32")
+    if cfg.data.kind == DataKind.TOKENS:
+        if not cfg.data.path:
+            raise ConfigError("bad data.path None: expected a token file path with data=tokens")
+        if cfg.model.kind != ModelKind.GPT:
+            raise ConfigError(f"bad model {cfg.model.kind!r} for data=tokens: expected model=gpt")
+    if cfg.optim.name not in ("adamw", "sgd"):
+        raise ConfigError(f"bad optim.name {cfg.optim.name!r}: expected adamw or sgd")
+
+
+def load_job_config(path: str | Path) -> Any:
+    """The saved ``config.yaml`` of a run dir, typed as :class:`JobConfig` (an OmegaConf DictConfig)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"bad job config {str(path)!r}: {e.strerror}; expected a config.yaml saved by numarun") from None
+    return load_job_config_text(text, origin=str(path))
+
+
+def load_job_config_text(text: str, origin: str = "config") -> Any:
+    """YAML text merged into :class:`JobConfig` and checked; ConfigError on any mismatch."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(text))
+    except (OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(f"bad job config {origin!r}: {_one_line(e)}; expected the keys and types of JobConfig") from None
+    check_values(cfg)
+    return cfg
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

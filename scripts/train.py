@@ -1,0 +1,13 @@
+"""numarun's reference trainer. Run it under numarun with Hydra overrides:
+
+    numarun scripts/train.py parallel=fsdp model=gpt trainer.batch_size=32 launcher.binding=exclusive
+
+numarun composes configs/ once into the run dir; every rank reads that config.yaml.
+"""
+
+import sys
+
+from launcher.train import main
+
+if __name__ == "__main__":
+    sys.exit(main())
