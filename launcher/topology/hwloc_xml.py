@@ -1,0 +1,347 @@
+"""Read an hwloc XML topology (``lstopo out.xml``, hwloc 2.x and 3.x formats) into a Topology.
+
+Pure: takes the XML text (or a path to read it from) and does no other I/O.
+
+Mapping:
+
+- ``PU`` objects -> CPUs (``os_index``); package = nearest ``Package`` ancestor's ``os_index``
+  (-1 if none), die = nearest ``Die`` (0 if none), core = nearest ``Core`` (its ``os_index``,
+  else the PU's own), SMT siblings = the PUs of that core, LLC = smallest PU of the outermost
+  data/unified cache above the PU (``L3Cache``, else ``L2Cache``...; ``Cache`` with ``depth``
+  in older files).
+- ``NUMANode`` objects -> NUMA nodes (``os_index``, ``local_memory``, CPUs from
+  ``complete_cpuset``); a node without CPUs is ``memory_only``. A CPU's node is the first
+  node (by id) whose cpuset holds it. Distances come from the ``NUMALatency`` matrix.
+- allowed CPUs / memory nodes: the root object's ``allowed_cpuset`` / ``allowed_nodeset``
+  (all when absent). CPUs in the root ``complete_cpuset`` without a PU object (hwloc hides
+  disallowed and offline PUs) are kept with package/core -1: outside ``allowed_cpuset`` as
+  online but not allowed, inside it as offline.
+- GPUs: ``PCIDev`` objects whose ``pci_type`` says class 0x0300/0x0302 (0x0380 for AMD) and
+  vendor 0x10de/0x1002; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
+  ``AMDUUID``). NUMA node and CPU affinity from the nearest non-I/O ancestor (the node only
+  when that ancestor has exactly one). ``pci_path`` = bus ids of the PCI bridges and device.
+- NICs: OpenFabrics OSDevs (``mlx5_0``; RoCE when ``Port*LinkLayer`` says Ethernet) and
+  network OSDevs (``eth0``) under a PCI device; a network OSDev beside an OpenFabrics one
+  is that device's netdev, not a separate NIC. ``osdev_type`` is an enum in 2.x
+  (1 GPU, 2 network, 3 OpenFabrics, 5 co-processor) and a bit field in 3.x
+  (4 GPU, 8 co-processor, 16 network, 32 OpenFabrics).
+
+hwloc 1.x files (``<topology>`` without a version, NUMA nodes as tree parents) and anything
+that is not an hwloc ``<topology>`` raise :class:`TopologyError`.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import TopologyError
+from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, normalize_bus_id
+
+_FORM = "an hwloc 2.x/3.x XML topology as written by 'lstopo out.xml'"
+_GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd"}
+# ATI ES1000 / RN50: on-board server VGA chips with AMD's vendor id, not compute GPUs.
+ONBOARD_VGA = {(0x1002, 0x515E), (0x1002, 0x5159)}
+_PCI_TYPE = re.compile(r"^\s*([0-9a-fA-F]{4})\s*\[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\]")
+_CACHE_LEVEL = re.compile(r"^L(\d)(?:d|u)?Cache$")
+_IO_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
+
+
+def parse_hwloc_set(text: str) -> tuple[int, ...]:
+    """``"0x00000011,0x11111111"`` -> ids. Words are 32-bit, most significant first.
+
+    A leading ``0xf...f`` word (an infinite set) contributes nothing: only finite bits count.
+    """
+    ids: list[int] = []
+    # An empty word between commas is a zero word (hwloc writes "0x000000ff,,,,0x000000ff").
+    words = [w.strip() for w in text.strip().split(",")]
+    if words and words[0].lower().startswith("0xf...f"):
+        words = words[1:]
+    value = 0
+    for w in words:
+        h = (w[2:] if w.lower().startswith("0x") else w) or "0"
+        if not re.fullmatch(r"[0-9a-fA-F]+", h):
+            raise TopologyError(f"bad hwloc set {text[:60]!r}: expected a form such as '0x000000ff,0xffffffff'")
+        value = (value << 32) | int(h, 16)
+    i = 0
+    while value:
+        if value & 1:
+            ids.append(i)
+        value >>= 1
+        i += 1
+    return tuple(ids)
+
+
+@dataclass
+class _Ctx:
+    package: int = -1
+    die: int = 0
+    core: int | None = None
+    core_cpus: tuple[int, ...] = ()
+    llc: tuple[int, ...] | None = None
+    locality: ET.Element | None = None
+    pci_chain: tuple[str, ...] = ()
+
+
+@dataclass
+class _State:
+    cpus: dict[int, Cpu] = field(default_factory=dict)
+    nodes: dict[int, tuple[tuple[int, ...], int, str]] = field(default_factory=dict)
+    gpus: list[Gpu] = field(default_factory=list)
+    nics: list[Nic] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
+    """Parse hwloc XML from ``source``: XML text, or a path to a ``.xml`` file."""
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("<")):
+        path = Path(source)
+        origin = origin or str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TopologyError(f"hwloc XML {origin!r} cannot be read ({e}): expected {_FORM}") from None
+    else:
+        text = source
+        origin = origin or "hwloc XML"
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
+        raise TopologyError(f"bad hwloc XML {origin!r}: not XML ({e}); expected {_FORM}") from None
+    if root.tag != "topology":
+        raise TopologyError(f"bad hwloc XML {origin!r}: root element <{root.tag}>; expected {_FORM}")
+    version = root.get("version", "")
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = 1
+    if major < 2:
+        raise TopologyError(
+            f"bad hwloc XML {origin!r}: hwloc 1.x format (version {version or 'missing'!r}) is not supported; "
+            f"expected {_FORM} (hwloc >= 2.0)"
+        )
+    top = root.find("object")
+    if top is None:
+        raise TopologyError(f"bad hwloc XML {origin!r}: no <object> under <topology>; expected {_FORM}")
+    try:
+        return _build(root, top, major, origin)
+    except (ValueError, KeyError) as e:
+        raise TopologyError(f"bad hwloc XML {origin!r}: {e}; expected {_FORM}") from None
+
+
+def _attr_int(el: ET.Element, name: str, default: int) -> int:
+    v = el.get(name)
+    return int(v) if v is not None and re.fullmatch(r"-?\d+", v) else default
+
+
+def _infos(el: ET.Element) -> dict[str, str]:
+    return {i.get("name", ""): i.get("value", "") for i in el.findall("info")}
+
+
+def _osdev_kind(el: ET.Element, major: int) -> str:
+    """``gpu``, ``net``, ``ofed`` or ``""``."""
+    t = el.get("osdev_type", "")
+    if not t.isdigit():
+        return ""
+    n = int(t)
+    if major >= 3:
+        if n & 32:
+            return "ofed"
+        if n & 16:
+            return "net"
+        if n & (4 | 8):
+            return "gpu"
+        return ""
+    return {1: "gpu", 2: "net", 3: "ofed", 5: "gpu"}.get(n, "")
+
+
+def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topology:
+    st = _State()
+    _walk(top, _Ctx(locality=top), st, major)
+    complete = parse_hwloc_set(top.get("complete_cpuset") or top.get("cpuset") or "0x0")
+    allowed_attr = top.get("allowed_cpuset")
+    allowed = set(parse_hwloc_set(allowed_attr)) if allowed_attr else None
+    node_ids = sorted(st.nodes)
+    cpu_node: dict[int, int] = {}
+    for nid in node_ids:
+        for c in st.nodes[nid][0]:
+            cpu_node.setdefault(c, nid)
+    cpus: list[Cpu] = []
+    for cid in sorted(set(complete) | set(st.cpus)):
+        c = st.cpus.get(cid)
+        if c is None:
+            in_allowed = allowed is None or cid in allowed
+            cpus.append(Cpu(id=cid, package=-1, core=-1, numa_node=cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
+            continue
+        cpus.append(
+            Cpu(
+                id=cid,
+                package=c.package,
+                core=c.core,
+                numa_node=cpu_node.get(cid, -1),
+                die=c.die,
+                siblings=c.siblings,
+                llc=c.llc,
+                online=True,
+                allowed=allowed is None or cid in allowed,
+            )
+        )
+    hidden = len(cpus) - len(st.cpus)
+    if hidden:
+        st.notes.append(f"{hidden} CPUs in complete_cpuset have no PU object (disallowed or offline)")
+    dist = _numa_distances(root, node_ids)
+    nodes = tuple(
+        NumaNode(
+            id=nid,
+            cpus=st.nodes[nid][0],
+            memory_bytes=st.nodes[nid][1],
+            distances=dist.get(nid, ()),
+            memory_only=not st.nodes[nid][0],
+        )
+        for nid in node_ids
+    )
+    if not nodes:
+        nodes = (NumaNode(id=0, cpus=tuple(c.id for c in cpus), memory_bytes=_attr_int(top, "local_memory", 0)),)
+        cpus = [Cpu(**{**c.__dict__, "numa_node": 0}) for c in cpus]
+        st.notes.append("no NUMANode objects: one node 0 with every CPU")
+    nodeset_attr = top.get("allowed_nodeset")
+    allowed_mems = tuple(n for n in parse_hwloc_set(nodeset_attr) if n in st.nodes) if nodeset_attr else ()
+    gpus = sorted(st.gpus, key=lambda g: _bus_key(g.pci_bus_id))
+    infos = _infos(top)
+    return Topology(
+        hostname=infos.get("HostName", ""),
+        numa_nodes=nodes,
+        cpus=tuple(cpus),
+        gpus=tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(gpus)),
+        nics=tuple(st.nics),
+        allowed_mems=allowed_mems,
+        source=f"hwloc:{origin}",
+        gpu_source="hwloc" if gpus else "none",
+        notes=tuple(st.notes),
+    )
+
+
+def _bus_key(bus: str) -> tuple[int, ...]:
+    dom, b, rest = bus.split(":")
+    dev, fn = rest.split(".")
+    return (int(dom, 16), int(b, 16), int(dev, 16), int(fn))
+
+
+def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
+    typ = el.get("type", "")
+    if typ == "Package":
+        ctx = _Ctx(**{**ctx.__dict__, "package": _attr_int(el, "os_index", -1)})
+    elif typ == "Die":
+        ctx = _Ctx(**{**ctx.__dict__, "die": _attr_int(el, "os_index", 0)})
+    elif typ == "Core":
+        cs = parse_hwloc_set(el.get("complete_cpuset") or el.get("cpuset") or "0x0")
+        ctx = _Ctx(**{**ctx.__dict__, "core": _attr_int(el, "os_index", -1), "core_cpus": cs})
+    elif ctx.llc is None and _is_data_cache(el):
+        cs = parse_hwloc_set(el.get("complete_cpuset") or el.get("cpuset") or "0x0")
+        ctx = _Ctx(**{**ctx.__dict__, "llc": cs})
+    elif typ == "NUMANode":
+        nid = _attr_int(el, "os_index", -1)
+        cs = parse_hwloc_set(el.get("complete_cpuset") or el.get("cpuset") or "0x0")
+        st.nodes[nid] = (cs, _attr_int(el, "local_memory", 0), el.get("subtype", ""))
+    elif typ == "PU":
+        pid = _attr_int(el, "os_index", -1)
+        if pid < 0:
+            raise ValueError("PU without os_index")
+        st.cpus[pid] = Cpu(
+            id=pid,
+            package=ctx.package,
+            core=ctx.core if ctx.core is not None and ctx.core >= 0 else pid,
+            die=ctx.die,
+            siblings=ctx.core_cpus or (pid,),
+            llc=min(ctx.llc) if ctx.llc else -1,
+        )
+    elif typ in ("Bridge", "PCIDev"):
+        bus = el.get("pci_busid")
+        if bus:
+            ctx = _Ctx(**{**ctx.__dict__, "pci_chain": ctx.pci_chain + (normalize_bus_id(bus),)})
+        if typ == "PCIDev":
+            _pci_device(el, ctx, st, major)
+    if typ not in _IO_TYPES and typ != "NUMANode" and el.get("cpuset") is not None:
+        ctx = _Ctx(**{**ctx.__dict__, "locality": el})
+    for child in el.findall("object"):
+        _walk(child, ctx, st, major)
+
+
+def _is_data_cache(el: ET.Element) -> bool:
+    typ = el.get("type", "")
+    m = _CACHE_LEVEL.match(typ)
+    if m:
+        return True
+    if typ == "Cache":  # hwloc 2.0 early files: type="Cache" depth="3" cache_type="0|1"
+        return el.get("cache_type", "0") in ("0", "1")
+    return False
+
+
+def _locality(ctx: _Ctx) -> tuple[int, tuple[int, ...]]:
+    loc = ctx.locality
+    if loc is None:
+        return -1, ()
+    nodes = parse_hwloc_set(loc.get("nodeset") or "0x0")
+    cpus = parse_hwloc_set(loc.get("cpuset") or "0x0")
+    return (nodes[0] if len(nodes) == 1 else -1), cpus
+
+
+def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
+    bus = normalize_bus_id(el.get("pci_busid", ""))
+    numa, cpus = _locality(ctx)
+    osdevs = [(o, _osdev_kind(o, major)) for o in el.findall("object") if o.get("type") == "OSDev"]
+    m = _PCI_TYPE.match(el.get("pci_type", ""))
+    if m:
+        cls, vendor_id = int(m.group(1), 16), int(m.group(2), 16)
+        vendor = _GPU_VENDORS.get(vendor_id)
+        device_id = int(m.group(3), 16)
+        is_gpu_class = cls in (0x0300, 0x0302) or (vendor == "amd" and cls == 0x0380)
+        if vendor and is_gpu_class and (vendor_id, device_id) not in ONBOARD_VGA:
+            name, uuid = "", ""
+            for o, kind in osdevs:
+                if kind != "gpu":
+                    continue
+                info = _infos(o)
+                name = name or info.get("GPUModel", "")
+                uuid = uuid or info.get("NVIDIAUUID", "") or info.get("AMDUUID", "")
+            st.gpus.append(
+                Gpu(
+                    index=0,
+                    pci_bus_id=bus,
+                    numa_node=numa,
+                    name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
+                    uuid=uuid,
+                    vendor=vendor,
+                    cpu_affinity=cpus,
+                    pci_path=ctx.pci_chain,
+                )
+            )
+    ofed = [o for o, k in osdevs if k == "ofed"]
+    nets = [o.get("name", "") for o, k in osdevs if k == "net"]
+    for o in ofed:
+        info = _infos(o)
+        layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
+        kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
+        st.nics.append(
+            Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)), pci_path=ctx.pci_chain)
+        )
+    if not ofed:
+        for n in nets:
+            st.nics.append(Nic(name=n, pci_bus_id=bus, numa_node=numa, kind=NicKind.ETHERNET, netdevs=(n,), pci_path=ctx.pci_chain))
+
+
+def _numa_distances(root: ET.Element, node_ids: list[int]) -> dict[int, tuple[int, ...]]:
+    """NUMALatency rows aligned with ``node_ids``; {} unless every pair is known."""
+    for d in root.findall("distances2"):
+        if d.get("type") != "NUMANode" or d.get("name", "NUMALatency") != "NUMALatency":
+            continue
+        idx = [int(x) for i in d.findall("indexes") for x in (i.text or "").split()]
+        vals = [int(x) for v in d.findall("u64values") for x in (v.text or "").split()]
+        n = len(idx)
+        if n * n != len(vals) or set(idx) != set(node_ids):
+            return {}
+        pos = {nid: k for k, nid in enumerate(idx)}
+        return {a: tuple(vals[pos[a] * n + pos[b]] for b in node_ids) for a in node_ids}
+    return {}
