@@ -1,0 +1,303 @@
+"""GPUs from NVML, in two layers.
+
+(a) :func:`read_nvml_record` is the only code here that talks to the driver: it imports
+    ``pynvml`` lazily and turns every answer into a plain, JSON-able dict (the "record").
+    Each NVML call is tried on its own; one that fails (NotSupported on a VM, no NVLink)
+    is stored as the string ``"ERR <message>"`` instead of aborting the reading. NVML
+    does not initialise CUDA, so the launcher never creates a CUDA context.
+(b) :func:`gpus_from_nvml_record`, :func:`links_from_nvml_record` and
+    :func:`reading_from_record` are pure and are tested on recorded dicts
+    (``tests/fixtures/nvml/``).
+
+Record shape (``tests/fixtures/nvml/h200-vm.json`` is a real one)::
+
+    {"driver": str, "nvml_version": str,
+     "gpus": [{"index": int, "name": str, "uuid": str, "pci_bus_id": "00000000:18:00.0",
+               "memory_total": int,
+               "cpu_affinity_words": [int, ...],     # 64-bit words, CPU 0 = bit 0 of word 0
+               "memory_affinity_words": [int, ...],  # same, NUMA nodes (scope NODE)
+               "numa_node_id": int | "ERR ...",     # node holding the GPU memory (GH200)
+               "nvlinks": [[link, active(0/1) | "ERR ...", remote_bus_id | "ERR ..."], ...],
+               "common_ancestor": {"<peer index>": level | "ERR ..."}}, ...]}
+
+Optional keys may be missing; missing or "ERR" values mean unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TopologyError
+from .model import Gpu, normalize_bus_id
+
+log = logging.getLogger(__name__)
+
+WORD_BITS = 64
+"""pynvml passes ``c_ulonglong`` arrays to nvmlDeviceGetCpuAffinity/GetMemoryAffinity."""
+CPU_WORDS = 64
+"""Words asked for: 4096 CPUs / NUMA nodes."""
+
+# nvmlGpuTopologyLevel_t -> nvidia-smi code (nvml.h; NVML_TOPOLOGY_CPU is the old name of NODE).
+NVML_LEVEL_CODES: dict[int, str] = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def level_code(level: Any) -> str:
+    """One NVML topology level (int) -> ``X``/``PIX``/``PXB``/``PHB``/``NODE``/``SYS``; ``""`` unknown."""
+    if isinstance(level, bool) or not isinstance(level, int):
+        return ""
+    return NVML_LEVEL_CODES.get(level, "")
+
+
+def nvml_to_smi_codes(
+    levels: Sequence[Sequence[Any]], nvlink_counts: Sequence[Sequence[int]] | None = None
+) -> tuple[tuple[str, ...], ...]:
+    """Square matrices of NVML levels and NVLink counts -> nvidia-smi link codes.
+
+    A pair joined by ``n`` > 0 active NVLinks is ``NV<n>`` (as ``nvidia-smi topo -m``
+    shows it), otherwise the PCIe level's code; the diagonal is ``X``.
+    """
+    n = len(levels)
+    out: list[tuple[str, ...]] = []
+    for i in range(n):
+        row: list[str] = []
+        for j in range(n):
+            count = nvlink_counts[i][j] if nvlink_counts else 0
+            if i == j:
+                row.append("X")
+            elif count > 0:
+                row.append(f"NV{count}")
+            else:
+                row.append(level_code(levels[i][j]))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _ok(value: Any) -> bool:
+    return value is not None and not (isinstance(value, str) and value.startswith("ERR"))
+
+
+def _bits(words: Any) -> tuple[int, ...]:
+    if not _ok(words) or not isinstance(words, list):
+        return ()
+    out: list[int] = []
+    for w, word in enumerate(words):
+        if isinstance(word, bool) or not isinstance(word, int) or word < 0:
+            raise TopologyError(f"bad NVML affinity word {word!r}: expected a non-negative integer")
+        out.extend(w * WORD_BITS + b for b in range(word.bit_length()) if word >> b & 1)
+    return tuple(out)
+
+
+def _gpu_list(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    gpus = record.get("gpus") if isinstance(record, Mapping) else None
+    if not isinstance(gpus, list) or not all(isinstance(g, Mapping) for g in gpus):
+        raise TopologyError(f"bad NVML record: 'gpus' is {type(gpus).__name__}, expected a list of objects")
+    return gpus
+
+
+def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
+    """Recorded NVML answers -> :class:`Gpu` models, in NVML index order.
+
+    ``numa_node`` comes from the memory affinity when it names exactly one node (it is
+    answered on VMs where ``nvmlDeviceGetNumaNodeId`` is NotSupported); ``memory_numa_node``
+    from ``numa_node_id`` only when that differs from the CPU-side node, i.e. the GPU's
+    memory is its own NUMA node (GH200, POWER9).
+    """
+    out: list[Gpu] = []
+    for pos, g in enumerate(_gpu_list(record)):
+        try:
+            index = int(g.get("index", pos))
+            bus = normalize_bus_id(str(g["pci_bus_id"]))
+        except (KeyError, ValueError) as e:
+            raise TopologyError(f"bad NVML record for GPU {pos}: {e}; expected 'index' and 'pci_bus_id' such as '00000000:18:00.0'") from None
+        mem_nodes = _bits(g.get("memory_affinity_words"))
+        node = mem_nodes[0] if len(mem_nodes) == 1 else -1
+        numa_id = g.get("numa_node_id")
+        mem_node = numa_id if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node else -1
+        total = g.get("memory_total")
+        out.append(
+            Gpu(
+                index=index,
+                pci_bus_id=bus,
+                numa_node=node,
+                name=str(g.get("name") or ""),
+                uuid=str(g.get("uuid") or ""),
+                vendor="nvidia",
+                cpu_affinity=_bits(g.get("cpu_affinity_words")),
+                memory_bytes=total if isinstance(total, int) and total > 0 else 0,
+                memory_numa_node=mem_node,
+            )
+        )
+    return tuple(out)
+
+
+def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """GPU x GPU link codes: ``NV<n>`` from active NVLinks whose remote end is the peer's
+    PCI bus id, else the common-ancestor level; ``""`` where NVML did not answer."""
+    gpus = _gpu_list(record)
+    bus_pos: dict[str, int] = {}
+    for pos, g in enumerate(gpus):
+        try:
+            bus_pos[normalize_bus_id(str(g.get("pci_bus_id", "")))] = pos
+        except TopologyError:
+            pass
+    n = len(gpus)
+    counts = [[0] * n for _ in range(n)]
+    levels: list[list[Any]] = [[None] * n for _ in range(n)]
+    for i, g in enumerate(gpus):
+        for link in g.get("nvlinks") or []:
+            if not isinstance(link, list) or len(link) < 3 or link[1] not in (1, True) or not _ok(link[2]):
+                continue
+            try:
+                j = bus_pos.get(normalize_bus_id(str(link[2])))
+            except TopologyError:
+                continue
+            if j is not None and j != i:
+                counts[i][j] += 1
+        anc = g.get("common_ancestor") or {}
+        for j in range(n):
+            levels[i][j] = anc.get(str(j))
+    return nvml_to_smi_codes(levels, counts)
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    """What NVML said about this node's GPUs."""
+
+    driver_version: str
+    nvml_version: str
+    gpus: tuple[Gpu, ...]
+    """One per GPU, NVML index order (= PCI bus order)."""
+    gpu_links: tuple[tuple[str, ...], ...]
+    """nvidia-smi style codes; ``""`` where NVML did not answer."""
+    notes: tuple[str, ...] = ()
+
+
+def reading_from_record(record: Mapping[str, Any]) -> NvmlReading:
+    """Pure: a recorded NVML dict -> :class:`NvmlReading` (with notes on what was unknown)."""
+    gpus = gpus_from_nvml_record(record)
+    notes: list[str] = []
+    for g, raw in zip(gpus, _gpu_list(record)):
+        if not _ok(raw.get("numa_node_id")):
+            notes.append(f"NVML GPU {g.index}: nvmlDeviceGetNumaNodeId not answered; NUMA node from memory affinity")
+        if g.numa_node < 0:
+            notes.append(f"NVML GPU {g.index}: memory affinity names no single NUMA node; numa_node -1")
+        if not g.cpu_affinity:
+            notes.append(f"NVML GPU {g.index}: empty CPU affinity")
+    links = links_from_nvml_record(record)
+    if len(gpus) > 1 and any(c == "" for row in links for c in row):
+        notes.append("NVML did not give the link level of some GPU pairs")
+    return NvmlReading(
+        driver_version=str(record.get("driver", "")),
+        nvml_version=str(record.get("nvml_version", "")),
+        gpus=gpus,
+        gpu_links=links,
+        notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- I/O layer
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    """One NVML call; its error becomes ``"ERR <message>"`` so that the others still run."""
+    try:
+        value = fn(*args)
+    except Exception as e:  # pynvml raises NVMLError subclasses per return code
+        return f"ERR {type(e).__name__}: {e}"
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_nvml_record() -> dict[str, Any] | None:
+    """Ask NVML about every GPU; None when pynvml or the driver is missing."""
+    try:
+        import pynvml  # lazy: optional dependency, and absent driver must not break import
+    except ImportError:
+        log.debug("pynvml not installed: no NVML GPU discovery")
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:
+        log.debug("NVML unavailable (%s): no NVML GPU discovery", e)
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        gpus: list[dict[str, Any]] = []
+        for i, h in enumerate(handles):
+            pci = _call(pynvml.nvmlDeviceGetPciInfo, h)
+            mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
+            rec: dict[str, Any] = {
+                "index": i,
+                "name": _call(pynvml.nvmlDeviceGetName, h),
+                "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                "pci_bus_id": _bus_text(pci),
+                "memory_total": mem if isinstance(mem, str) else int(mem.total),
+                "cpu_affinity_words": _words(_call(pynvml.nvmlDeviceGetCpuAffinity, h, CPU_WORDS)),
+                "memory_affinity_words": _words(
+                    _call(pynvml.nvmlDeviceGetMemoryAffinity, h, CPU_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE)
+                ),
+                "numa_node_id": _call(pynvml.nvmlDeviceGetNumaNodeId, h),
+                "nvlinks": _nvlinks(pynvml, h),
+                "common_ancestor": {
+                    str(j): _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)
+                    for j, other in enumerate(handles)
+                    if j != i
+                },
+            }
+            gpus.append(rec)
+        return {
+            "driver": _call(pynvml.nvmlSystemGetDriverVersion),
+            "nvml_version": _call(pynvml.nvmlSystemGetNVMLVersion),
+            "gpus": gpus,
+        }
+    except Exception as e:
+        log.debug("NVML reading failed (%s): no NVML GPU discovery", e)
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _bus_text(pci: Any) -> str:
+    if isinstance(pci, str):
+        return pci
+    bus = pci.busId
+    return bus.decode() if isinstance(bus, bytes) else str(bus)
+
+
+def _words(value: Any) -> Any:
+    """ctypes array -> list of ints, trailing zero words dropped; errors pass through."""
+    if isinstance(value, str):
+        return value
+    words = [int(w) for w in value]
+    while len(words) > 1 and words[-1] == 0:
+        words.pop()
+    return words
+
+
+def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        state = _call(pynvml.nvmlDeviceGetNvLinkState, handle, link)
+        if isinstance(state, str):
+            # NotSupported on link 0 means no NVLink at all (PCIe GPU, most VMs).
+            out.append([link, state])
+            if link == 0:
+                break
+            continue
+        remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link) if state else "ERR inactive"
+        out.append([link, int(state), remote if isinstance(remote, str) else _bus_text(remote)])
+    return out
+
+
+def read_nvml_gpus() -> NvmlReading | None:
+    """The live NVML reading, or None (debug-logged) without pynvml or an NVIDIA driver."""
+    record = read_nvml_record()
+    if record is None:
+        return None
+    return reading_from_record(record)

@@ -1,0 +1,97 @@
+"""Which GPUs a worker sees, in the order CUDA numbers them. Pure.
+
+CUDA reads ``CUDA_VISIBLE_DEVICES`` as a comma-separated list of device indices or
+UUIDs (``GPU-<uuid>``, a unique prefix is enough) and silently drops everything from the
+first invalid entry on. numarun is stricter: an out-of-range index, an unknown or
+ambiguous UUID, a repeated GPU or a MIG instance is an error, because a silently shorter
+list would bind ranks to the wrong devices.
+
+Indices count in ``CUDA_DEVICE_ORDER``: with ``PCI_BUS_ID`` that is NVML's order; the
+default ``FASTEST_FIRST`` can differ when the GPUs are not all the same model.
+numarun sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for its workers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import VisibleDevicesError
+from .model import Gpu, Topology, normalize_bus_id
+
+log = logging.getLogger(__name__)
+
+PCI_BUS_ID = "PCI_BUS_ID"
+_FORM = "a comma-separated list of GPU indices or GPU UUIDs such as '0,2' or 'GPU-381924f5,GPU-8932f937'"
+
+
+def _bus_key(gpu: Gpu) -> tuple[int, int, int, int]:
+    dom, bus, rest = normalize_bus_id(gpu.pci_bus_id).split(":")
+    dev, fn = rest.split(".")
+    return (int(dom, 16), int(bus, 16), int(dev, 16), int(fn))
+
+
+def pci_order(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
+    """GPUs in PCI bus order (NVML's order); by index when any bus id is unknown (nvidia-smi text)."""
+    if gpus and all(g.pci_bus_id for g in gpus):
+        return tuple(sorted(gpus, key=_bus_key))
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None) -> tuple[Gpu, ...]:
+    """GPUs of ``topology`` as CUDA device 0, 1, ... of a process with this environment.
+
+    ``cuda_visible_devices`` None (unset) -> all GPUs; ``""`` or ``"-1"`` -> none.
+    Raises :class:`VisibleDevicesError` for anything CUDA would truncate or reject.
+    """
+    gpus = pci_order(tuple(topology.gpus))
+    if (cuda_device_order or "").strip() != PCI_BUS_ID and len({g.name for g in gpus}) > 1:
+        log.warning(
+            "CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "
+            "FASTEST_FIRST order may then differ from NVML's PCI bus order used here; numarun sets "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID for its workers",
+            cuda_device_order,
+            ", ".join(sorted({g.name or "?" for g in gpus})),
+        )
+    if cuda_visible_devices is None:
+        return gpus
+    text = cuda_visible_devices.strip()
+    if text in ("", "-1"):
+        return ()
+    chosen: list[Gpu] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        gpu = _resolve(entry, gpus, cuda_visible_devices)
+        if any(g is gpu for g in chosen):
+            raise VisibleDevicesError(
+                f"bad CUDA_VISIBLE_DEVICES {cuda_visible_devices!r}: {entry!r} names GPU {gpu.index} again; "
+                f"expected each GPU at most once, as {_FORM}"
+            )
+        chosen.append(gpu)
+    return tuple(chosen)
+
+
+def _resolve(entry: str, gpus: tuple[Gpu, ...], whole: str) -> Gpu:
+    bad = f"bad CUDA_VISIBLE_DEVICES {whole!r}: entry {entry!r}"
+    if entry.upper().startswith("MIG-"):
+        raise VisibleDevicesError(
+            f"{bad} is a MIG instance; MIG instances are not supported for binding, expected GPU indices or GPU UUIDs ({_FORM})"
+        )
+    if entry.lstrip("-").isdigit():
+        i = int(entry)
+        if not 0 <= i < len(gpus):
+            valid = f"0-{len(gpus) - 1}" if gpus else "none: this topology has no GPUs"
+            raise VisibleDevicesError(f"{bad} is out of range; valid GPU indices are {valid} ({_FORM})")
+        return gpus[i]
+    if entry.upper().startswith("GPU-") and len(entry) > 4:
+        known = [g for g in gpus if g.uuid]
+        if not known:
+            raise VisibleDevicesError(
+                f"{bad} is a UUID, but this topology source has no GPU UUIDs; expected GPU indices 0-{len(gpus) - 1}"
+            )
+        want = entry.lower()
+        hits = [g for g in known if g.uuid.lower().startswith(want)]
+        if len(hits) == 1:
+            return hits[0]
+        why = "matches several GPUs" if hits else "matches no GPU"
+        raise VisibleDevicesError(f"{bad} {why}; the GPU UUIDs are {', '.join(g.uuid for g in known)} ({_FORM})")
+    raise VisibleDevicesError(f"{bad} is neither a GPU index nor a GPU UUID; expected {_FORM}")

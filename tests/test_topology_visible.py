@@ -1,0 +1,126 @@
+"""CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER resolution on real recorded topologies."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import VisibleDevicesError
+from launcher.topology.model import Topology
+from launcher.topology.nvml import gpus_from_nvml_record
+from launcher.topology.smi import topology_from_smi
+from launcher.topology.visible import pci_order, visible_gpus
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def nvml4() -> Topology:
+    """4 GPUs with UUIDs and bus ids (constructed NVML reading), listed out of bus order."""
+    rec = json.loads((FIX / "nvml" / "constructed-4gpu-nvlink-pairs.json").read_text())
+    gpus = gpus_from_nvml_record(rec)
+    base = topology_from_smi((FIX / "nvidia-smi" / "consumer-2gpu-pcie-PHB.txt").read_text(), "x")
+    return dataclasses.replace(base, gpus=(gpus[2], gpus[0], gpus[3], gpus[1]), gpu_links=(), gpu_source="nvml")
+
+
+@pytest.fixture
+def smi8() -> Topology:
+    return topology_from_smi((FIX / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt").read_text(), "dgx")
+
+
+def idx(gpus) -> list[int]:
+    return [g.index for g in gpus]
+
+
+def test_unset_gives_all_in_pci_order(nvml4: Topology) -> None:
+    assert idx(visible_gpus(nvml4, None, "PCI_BUS_ID")) == [0, 1, 2, 3]
+    assert idx(pci_order(nvml4.gpus)) == [0, 1, 2, 3]
+
+
+def test_smi_topology_without_bus_ids_uses_index_order(smi8: Topology) -> None:
+    assert idx(visible_gpus(smi8, None, None)) == list(range(8))
+    assert idx(visible_gpus(smi8, "6, 1,3", None)) == [6, 1, 3]
+
+
+def test_indices_keep_the_given_order(nvml4: Topology) -> None:
+    got = visible_gpus(nvml4, "3,0,2", "PCI_BUS_ID")
+    assert [g.pci_bus_id for g in got] == ["0000:af:00.0", "0000:18:00.0", "0000:86:00.0"]
+
+
+@pytest.mark.parametrize("value", ["", "  ", "-1"])
+def test_none_visible(nvml4: Topology, value: str) -> None:
+    assert visible_gpus(nvml4, value, "PCI_BUS_ID") == ()
+
+
+def test_full_and_prefix_uuids(nvml4: Topology) -> None:
+    full = "GPU-2222aaaa-0000-1111-2222-333344445552"
+    assert idx(visible_gpus(nvml4, f"{full},GPU-0000", "PCI_BUS_ID")) == [2, 0]
+    assert idx(visible_gpus(nvml4, "gpu-1111AAAA", "PCI_BUS_ID")) == [1]
+    assert idx(visible_gpus(nvml4, "1,GPU-3", "PCI_BUS_ID")) == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("4", "valid GPU indices are 0-3"),
+        ("0,7", "'7' is out of range"),
+        ("0,-1", "out of range"),
+        ("GPU-9999", "matches no GPU"),
+        ("GPU-", "neither a GPU index nor a GPU UUID"),
+        ("1,1", "again"),
+        ("0,GPU-0000aaaa", "again"),
+        ("MIG-4f4e5a5e-1c1d-5f4e-8c39-8a0f0f4e5e5e", "MIG instances are not supported for binding"),
+        ("0,,1", "neither a GPU index nor a GPU UUID"),
+        ("zero", "neither a GPU index nor a GPU UUID"),
+    ],
+)
+def test_errors(nvml4: Topology, value: str, fragment: str) -> None:
+    with pytest.raises(VisibleDevicesError) as e:
+        visible_gpus(nvml4, value, "PCI_BUS_ID")
+    assert fragment in str(e.value)
+    assert repr(value) in str(e.value)
+
+
+def test_ambiguous_uuid_prefix(nvml4: Topology) -> None:
+    # two GPUs whose UUIDs share "GPU-0000aaa"
+    twins = dataclasses.replace(
+        nvml4,
+        gpus=tuple(
+            dataclasses.replace(g, uuid="GPU-0000aaab-0000-1111-2222-333344445551") if g.index == 1 else g
+            for g in nvml4.gpus
+        ),
+    )
+    with pytest.raises(VisibleDevicesError, match="matches several GPUs"):
+        visible_gpus(twins, "GPU-0000aaa", "PCI_BUS_ID")
+    assert idx(visible_gpus(twins, "GPU-0000aaab", "PCI_BUS_ID")) == [1]
+
+
+def test_uuid_on_a_source_without_uuids(smi8: Topology) -> None:
+    with pytest.raises(VisibleDevicesError, match="no GPU UUIDs"):
+        visible_gpus(smi8, "GPU-381924f5", None)
+
+
+def test_no_gpus_at_all() -> None:
+    t = topology_from_smi((FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt").read_text(), "p4")
+    t = dataclasses.replace(t, gpus=(), gpu_links=())
+    assert visible_gpus(t, None, None) == ()
+    with pytest.raises(VisibleDevicesError, match="no GPUs"):
+        visible_gpus(t, "0", None)
+
+
+def test_warns_on_mixed_models_without_pci_order(nvml4: Topology, caplog: pytest.LogCaptureFixture) -> None:
+    mixed = dataclasses.replace(
+        nvml4, gpus=tuple(dataclasses.replace(g, name="NVIDIA L4") if g.index == 3 else g for g in nvml4.gpus)
+    )
+    with caplog.at_level(logging.WARNING, logger="launcher.topology.visible"):
+        visible_gpus(mixed, "0", None)
+    assert "FASTEST_FIRST" in caplog.text and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="launcher.topology.visible"):
+        visible_gpus(mixed, "0", "PCI_BUS_ID")
+        visible_gpus(nvml4, "0", None)  # identical models: orders agree
+    assert caplog.text == ""
