@@ -136,3 +136,15 @@ def test_import_does_not_load_pynvml_or_torch() -> None:
     code = "import sys, launcher.topology.nvml; print('pynvml' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_nvml_and_smi_of_the_same_live_machine_agree() -> None:
+    """The H200 VM was captured both ways; both sources must place GPU0 alike."""
+    from launcher.topology.smi import topology_from_smi
+
+    smi_path = Path(__file__).parent / "fixtures" / "nvidia-smi" / "live-h200-vm-topo-m.txt"
+    smi = topology_from_smi(smi_path.read_text(), "live").gpus
+    nvml = gpus_from_nvml_record(load("h200-vm.json"))
+    assert len(smi) == len(nvml) == 1
+    assert (smi[0].numa_node, smi[0].cpu_affinity) == (nvml[0].numa_node, nvml[0].cpu_affinity)
+    assert smi[0].memory_numa_node == nvml[0].memory_numa_node == -1
