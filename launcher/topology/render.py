@@ -142,29 +142,30 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
             if g.memory_numa_node >= 0:
                 numa_cell += f" (mem node {g.memory_numa_node})"
             gt.add_row(
-                str(g.index), g.name or "?", g.pci_bus_id, numa_cell,
+                str(g.index), g.name or "?", g.pci_bus_id or "?", numa_cell,
                 format_list(g.cpu_affinity) or "?", gib(g.memory_bytes), nic_cell,
             )
         console.print(gt)
 
-        # --- link matrix, nvidia-smi style: GPU columns then NIC columns ---
-        if t.gpu_links or t.nics:
+        # --- link matrices, nvidia-smi codes: GPU x GPU, then GPU x NIC (kept apart so
+        # neither gets squeezed on a box with many NICs) ---
+        if t.gpu_links:
             lt = Table(title="GPU links", title_justify="left")
             lt.add_column("")
             for g in t.gpus:
-                lt.add_column(_gpu_label(g), justify="center")
-            for n in t.nics:
-                lt.add_column(n.name, justify="center")
+                lt.add_column(_gpu_label(g), justify="center", no_wrap=True)
             for i, g in enumerate(t.gpus):
-                row = [_gpu_label(g)]
-                for j in range(len(t.gpus)):
-                    if t.gpu_links:
-                        row.append(t.gpu_links[i][j] or "?")
-                    else:
-                        row.append("X" if i == j else "?")
-                row.extend(t.gpu_nic_link(i, k) or "?" for k in range(len(t.nics)))
-                lt.add_row(*row)
+                lt.add_row(_gpu_label(g), *((t.gpu_links[i][j] or "?") for j in range(len(t.gpus))))
             console.print(lt)
+        if t.nics:
+            nl = Table(title="GPU to NIC links", title_justify="left")
+            nl.add_column("")
+            for n in t.nics:
+                nl.add_column(n.name, justify="center", no_wrap=True)
+            for i, g in enumerate(t.gpus):
+                nl.add_row(_gpu_label(g), *((t.gpu_nic_link(i, k) or "?") for k in range(len(t.nics))))
+            console.print(nl)
+        if t.gpu_links or t.nics:
             console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
             console.print("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
 
