@@ -7,8 +7,9 @@ torchrun starts every worker as::
 with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
 the user's code is imported, the rank's environment variables, CPU affinity (every
 thread) and memory policy are applied and read back; one INFO line per rank says what
-was bound. Then the script runs through :mod:`runpy` with ``sys.argv`` and
-``sys.path[0]`` as ``python script.py`` would set them, so a torchrun script behaves
+was bound. Then the script runs in a fresh ``__main__`` module (``runpy.run_module`` for
+``--module``) with ``sys.argv``, ``__file__`` and ``sys.path[0]`` as ``python script.py``
+/ ``python -m`` would set them, so a torchrun script behaves
 identically (``--no-python`` execs the program instead; affinity and memory policy
 survive ``execve``).
 
@@ -21,10 +22,14 @@ This module must not import torch: the user's script does, after the binding.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import logging
 import os
 import runpy
 import sys
+import types
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +123,12 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
         affinity.set_cpu_affinity(wanted)
     except OSError as e:
         errors.append(f"sched_setaffinity to cpus {format_list(wanted)} failed: {e.strerror}")
-        # An offline or disallowed CPU (EINVAL) fails the whole mask: bind to what is left.
-        partial = wanted & set(affinity.get_cpu_affinity())
-        if partial and partial != wanted:
-            try:
-                affinity.set_cpu_affinity(partial)
-            except OSError:
-                pass
+        # EPERM or no usable CPU at all (EINVAL): the rank keeps the launcher's CPUs.
+    else:
+        # The kernel silently drops offline/disallowed CPUs as long as one is left.
+        missing = wanted - set(affinity.get_cpu_affinity())
+        if missing:
+            errors.append(f"sched_setaffinity: cpus {format_list(missing)} of {format_list(wanted)} are not usable here")
 
     mode = _MPOL.get(binding.mem_policy)
     if mode is not None and binding.mems:
@@ -194,8 +198,30 @@ def run_target(kind: str, target: str, args: Sequence[str]) -> None:
         sys.argv = [target, *args]
         # As 'python script.py': the script's directory, symlinks resolved, first on the path.
         sys.path[0] = os.path.dirname(os.path.realpath(target))
-        # __main__.__file__ is absolute since Python 3.9; argv[0] stays as typed.
-        runpy.run_path(os.path.abspath(target), run_name="__main__")
+        if os.path.isfile(target):
+            _run_file(target)
+        else:  # a directory or zip file with __main__.py
+            runpy.run_path(target, run_name="__main__")
+
+
+def _run_file(target: str) -> None:
+    """Run a script file as ``python FILE`` does, in a fresh ``__main__`` module.
+
+    Not ``runpy.run_path``: it sets ``sys.argv[0]`` to the path it is given, while Python
+    keeps ``argv[0]`` as typed and makes ``__main__.__file__`` absolute (3.9+).
+    """
+    path = os.path.abspath(target)
+    with io.open_code(path) as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(
+        __file__=path, __cached__=None, __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path), __spec__=None,
+    )
+    # Kept registered afterwards, as Python keeps its __main__ (pickling, multiprocessing spawn).
+    sys.modules["__main__"] = main_module
+    exec(code, main_module.__dict__)
 
 
 def parse_argv(argv: Sequence[str]) -> tuple[str, str, list[str]]:
