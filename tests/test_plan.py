@@ -265,3 +265,23 @@ def test_plan_json_round_trip_and_contract() -> None:
 def test_pure_same_input_same_plan() -> None:
     topo = build_topology(nodes=4, gpu_nodes=(3, 1, -1, 0, 2))
     assert make_plan(topo, PlanRequest()) == make_plan(topo, PlanRequest())
+
+
+def test_gpu_node_unknown_placed_by_its_memory_node_distance() -> None:
+    # POWER9-like: GPU numa_node -1, its HBM is CPU-less node 9, nearer to node 1 than node 0
+    base = build_topology(gpu_nodes=())
+    nodes = list(base.numa_nodes)
+    nodes = [
+        type(nodes[0])(id=0, cpus=nodes[0].cpus, memory_bytes=1, distances=(10, 40, 80)),
+        type(nodes[0])(id=1, cpus=nodes[1].cpus, memory_bytes=1, distances=(40, 10, 60)),
+        type(nodes[0])(id=9, cpus=(), memory_bytes=1, distances=(80, 60, 10), memory_only=True),
+    ]
+    gpu = Gpu(index=0, pci_bus_id="0004:05:00.0", numa_node=-1, memory_numa_node=9)
+    topo = type(base)(**{**base.__dict__, "gpus": (gpu,), "numa_nodes": tuple(nodes)})
+    p = plan(topo)
+    assert p.ranks[0].numa_node == 1 and p.ranks[0].mems == (1,)
+    assert "nearest to its memory node 9" in p.ranks[0].fallback
+    # equal distances tell nothing: spread over all CPUs instead
+    flat = [type(n)(**{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)}) for n in nodes]
+    q = plan(type(base)(**{**topo.__dict__, "numa_nodes": tuple(flat)}))
+    assert "spread over all usable CPUs" in q.ranks[0].fallback

@@ -31,25 +31,11 @@ from dataclasses import dataclass, field
 
 from ..errors import PlanError
 from ..topology.model import Cpu, Gpu, Topology
+from ..topology.visible import visible_gpus
 from .model import BindingMode, GpuRef, LaunchPlan, MemPolicy, PlanRequest, RankBinding
 from .nic import NIC_VARIABLES, choose_nics
 
 log = logging.getLogger(__name__)
-
-try:  # written alongside; the fallback keeps planning usable without it
-    from ..topology.visible import visible_gpus
-except ImportError:  # pragma: no cover
-    def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None) -> tuple[Gpu, ...]:
-        gpus = tuple(sorted(topology.gpus, key=lambda g: g.pci_bus_id))
-        if cuda_visible_devices is None:
-            return gpus
-        out = []
-        for item in cuda_visible_devices.split(","):
-            item = item.strip()
-            if not item.isdigit() or int(item) >= len(gpus):
-                break
-            out.append(gpus[int(item)])
-        return tuple(out)
 
 _POOL = -1  # group key of ranks whose NUMA node is unknown
 
@@ -205,6 +191,18 @@ def _place_gpu_rank(
             r.home = nearest
             why = "is memory-only" if _is_memory_only(topology, node) else "has no usable CPUs (offline or outside the allowed set)"
             r.fallback.append(f"GPU {g.index} NUMA node {node} {why}: using nearest node {nearest}")
+            return
+    # Unknown node, but the GPU's memory is a NUMA node (POWER9/GH200): its distance row
+    # may single out one CPU node.
+    if node < 0 and g.memory_numa_node >= 0 and cpu_nodes:
+        dist = {n: topology.node_distance(g.memory_numa_node, n) for n in cpu_nodes}
+        best = min(dist.values())
+        closest = [n for n, d in dist.items() if d == best]
+        if len(closest) == 1:
+            r.home = closest[0]
+            r.fallback.append(
+                f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, nearest to its memory node {g.memory_numa_node}"
+            )
             return
     # Unknown node: the GPU's local CPUs when the device reports them, else everything usable.
     local = tuple(c for c in g.cpu_affinity if c in set(usable))

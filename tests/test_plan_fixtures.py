@@ -1,0 +1,109 @@
+"""Plan every recorded machine in every mode and check the plan invariants.
+
+Machines: the ``nvidia-smi topo -m`` matrices (tests/fixtures/nvidia-smi) and the real
+``/sys`` + ``/proc`` trees (tests/fixtures/hwloc-linux-sysfs, live-h200-vm), read by the
+project's own readers.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import PlanError
+from launcher.plan.binding import make_plan
+from launcher.plan.model import BindingMode, MemPolicy, PlanRequest
+from launcher.topology.model import Topology
+from launcher.topology.smi import topology_from_smi
+from launcher.topology.sysfs import read_sysfs
+from test_plan_helpers import check_invariants
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SMI = sorted((FIXTURES / "nvidia-smi").glob("*.txt"))
+TREES = sorted((FIXTURES / "hwloc-linux-sysfs").glob("*.tar.bz2")) + sorted((FIXTURES / "live-h200-vm").glob("sysfs.tar.*"))
+MODES = list(BindingMode)
+
+
+def test_fixtures_are_present() -> None:
+    assert len(SMI) >= 17 and len(TREES) >= 12
+
+
+@pytest.fixture(scope="session")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tarball unpacked once; value = the directory standing for the machine's '/'."""
+    out = {}
+    base = tmp_path_factory.mktemp("trees")
+    for tarball in TREES:
+        dest = base / tarball.name
+        dest.mkdir()
+        # GNU tar unpacks the ~48k files of these trees several times faster than tarfile
+        subprocess.run(["tar", "-xf", str(tarball), "-C", str(dest)], check=True, timeout=300, stderr=subprocess.DEVNULL)
+        root = next(p.parent for p in sorted(dest.rglob("sys")) if p.is_dir() and (p / "devices").is_dir())
+        out[f"{tarball.parent.name}/{tarball.name}"] = root
+    return out
+
+
+def _plan_checked(topo: Topology, request: PlanRequest) -> None:
+    try:
+        plan = make_plan(topo, request)
+    except PlanError as e:
+        # only a real shortage of cores may refuse a plan, and it must say so with numbers
+        assert request.binding in (BindingMode.EXCLUSIVE, BindingMode.CORE_COMPLEX), str(e)
+        assert "usable physical cores for" in str(e)
+        return
+    check_invariants(topo, plan)
+    cvd = request.cuda_visible_devices
+    n_gpus = len(topo.gpus) if cvd is None else len([x for x in cvd.split(",") if x.strip()])
+    assert len(plan.ranks) == (request.nproc_per_node or n_gpus or 1)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("path", SMI, ids=lambda p: p.stem)
+def test_smi_machines(path: Path, mode: BindingMode) -> None:
+    topo = topology_from_smi(path.read_text(), str(path))
+    _plan_checked(topo, PlanRequest(binding=mode))
+    _plan_checked(topo, PlanRequest(binding=mode, mem_policy=MemPolicy.PREFERRED, nproc_per_node=max(1, len(topo.gpus) // 2)))
+    nodes = sum(1 for n in topo.numa_nodes if not n.memory_only)
+    _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices="", nproc_per_node=2 * nodes))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("name", [f"{t.parent.name}/{t.name}" for t in TREES])
+def test_sysfs_machines(trees: dict[str, Path], name: str, mode: BindingMode) -> None:
+    topo = read_sysfs(trees[name])
+    _plan_checked(topo, PlanRequest(binding=mode))
+    nodes = sum(1 for n in topo.numa_nodes if not n.memory_only and set(n.cpus) & set(topo.usable_cpus))
+    _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices="", nproc_per_node=max(2, nodes)))
+    if len(topo.gpus) > 1:
+        _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices=f"{len(topo.gpus) - 1},0"))
+
+
+def test_cgroup_tree_uses_only_allowed_cpus_and_mems(trees: dict[str, Path]) -> None:
+    # Slurm job restricted to CPUs 0-5 and mems 0-5 (cpuset.cpus.effective)
+    topo = read_sysfs(trees["hwloc-linux-sysfs/32amd64-4s2n4c-cgroup2.tar.bz2"])
+    plan = make_plan(topo, PlanRequest(cuda_visible_devices="", nproc_per_node=3))
+    cpus = sorted(c for r in plan.ranks for c in r.cpus)
+    assert cpus == list(topo.usable_cpus) == [0, 1, 2, 3, 4, 5]
+    assert all(set(r.mems) <= set(topo.allowed_mems) for r in plan.ranks)
+
+
+def test_power9_gpu_memory_nodes_never_bound(trees: dict[str, Path]) -> None:
+    topo = read_sysfs(trees["hwloc-linux-sysfs/nvidiagpunumanodes.tar.bz2"])
+    assert any(n.memory_only for n in topo.numa_nodes)
+    plan = make_plan(topo, PlanRequest())
+    assert len(plan.ranks) == len(topo.gpus) == 6
+    memory_only = {n.id for n in topo.numa_nodes if n.memory_only}
+    assert all(r.mems and not set(r.mems) & memory_only for r in plan.ranks)
+    assert all(r.fallback for r in plan.ranks)  # the GPUs' numa_node is -1 there
+
+
+def test_nps4_dgx_gets_one_nic_per_gpu_on_its_numa_node() -> None:
+    path = FIXTURES / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt"
+    topo = topology_from_smi(path.read_text(), str(path))
+    plan = make_plan(topo, PlanRequest())
+    nics = [r.nic for r in plan.ranks]
+    assert len(set(nics)) == 8 and "mlx5_8" not in nics and "mlx5_9" not in nics
+    assert [r.numa_node for r in plan.ranks] == [3, 3, 1, 1, 7, 7, 5, 5]
+    assert all(r.env["NCCL_IB_HCA"] == f"={r.nic}" for r in plan.ranks)
