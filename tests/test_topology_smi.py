@@ -247,6 +247,7 @@ def test_old_soc_format_with_nic_columns() -> None:
     assert mx.numa_affinity == ((), ()) and mx.columns == ("CPU Affinity",)
     t = topology_from_smi(OLD_SOC, "old")
     assert any("SOC" in n for n in t.notes)
+    assert not any("SOC" in n for n in topology_from_smi(read("aws-p4d.24xlarge.txt"), "p4d").notes)
     assert t.nics[0].kind is NicKind.INFINIBAND
 
 
@@ -267,8 +268,8 @@ def test_numa_affinity_range_list() -> None:
     assert any("several nodes" in n for n in t.notes)
 
 
-def test_crlf_and_leading_blank_lines() -> None:
-    text = "\r\n\r\n" + read("aws-p4d.24xlarge.txt").replace("\n", "\r\n")
+def test_crlf_bom_and_leading_blank_lines() -> None:
+    text = "\ufeff\r\n\r\n" + read("aws-p4d.24xlarge.txt").replace("\n", "\r\n")
     assert parse_topo_m(text, "crlf") == parse_topo_m(read("aws-p4d.24xlarge.txt"), "crlf")
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,7 @@ def test_full_and_prefix_uuids(nvml4: Topology) -> None:
         ("1,1", "again"),
         ("0,GPU-0000aaaa", "again"),
         ("MIG-4f4e5a5e-1c1d-5f4e-8c39-8a0f0f4e5e5e", "MIG instances are not supported for binding"),
+        ("GPU-0000aaaa/1/0", "MIG instances are not supported for binding"),
         ("0,,1", "neither a GPU index nor a GPU UUID"),
         ("zero", "neither a GPU index nor a GPU UUID"),
     ],
@@ -124,3 +128,28 @@ def test_warns_on_mixed_models_without_pci_order(nvml4: Topology, caplog: pytest
         visible_gpus(mixed, "0", "PCI_BUS_ID")
         visible_gpus(nvml4, "0", None)  # identical models: orders agree
     assert caplog.text == ""
+
+
+def _numarun(args: list[str], cuda_visible_devices: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("numarun")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NUMARUN_"))}
+    env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    return subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_numarun_plan_honours_cuda_visible_devices() -> None:
+    smi = str(FIX / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt")
+    out = _numarun(["plan", "--topology", smi, "--json"], "4,0")
+    assert out.returncode == 0, out.stderr
+    ranks = json.loads(out.stdout)["ranks"]
+    # DGX A100 NPS4: GPU4 sits on NUMA 7, GPU0 on NUMA 3 (fixture text)
+    assert [(r["gpu"]["index"], r["gpu"]["cuda_index"], r["numa_node"]) for r in ranks] == [(4, 0, 7), (0, 1, 3)]
+
+
+def test_numarun_plan_rejects_bad_cuda_visible_devices() -> None:
+    smi = str(FIX / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt")
+    out = _numarun(["plan", "--topology", smi], "0,9")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'9'" in lines[0] and "0-7" in lines[0]

@@ -100,7 +100,8 @@ def _header_tokens(line: str) -> list[str]:
 def _check_text(text: str, origin: str) -> list[str]:
     if not isinstance(text, str):
         raise TopologyError(f"bad nvidia-smi topology {origin!r}: got {type(text).__name__}, expected text; {_FORM}")
-    lines = _ANSI.sub("", text).replace("\r\n", "\n").split("\n")
+    # A BOM comes with copies saved by Windows editors.
+    lines = _ANSI.sub("", text).lstrip("\ufeff").replace("\r\n", "\n").split("\n")
     for n, line in enumerate(lines, 1):
         if any((ord(ch) < 32 and ch not in "\t") or ch in "\x7f\ufffd" for ch in line):
             raise _fail(origin, n, "binary or control characters in", line.encode("unicode_escape").decode()[:80])
@@ -290,7 +291,7 @@ def topology_from_smi(text: str, origin: str) -> Topology:
     """
     mx = parse_topo_m(text, origin)
     notes: list[str] = ["nvidia-smi text has no PCI bus ids: GPUs are matched by index only"]
-    if "SOC" in text:
+    if re.search(r"(?<![\w])SOC(?![\w])", _ANSI.sub("", text)):
         notes.append("old link code SOC read as SYS")
     ng = len(mx.gpus)
     unnamed = [col for col, name in zip(mx.nics, mx.nic_names) if _NIC_LABEL.fullmatch(name)]

@@ -72,7 +72,8 @@ def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_devi
 
 def _resolve(entry: str, gpus: tuple[Gpu, ...], whole: str) -> Gpu:
     bad = f"bad CUDA_VISIBLE_DEVICES {whole!r}: entry {entry!r}"
-    if entry.upper().startswith("MIG-"):
+    # "MIG-<uuid>" (R470+) or the older "MIG-GPU-<uuid>/<gi>/<ci>".
+    if entry.upper().startswith("MIG-") or "/" in entry:
         raise VisibleDevicesError(
             f"{bad} is a MIG instance; MIG instances are not supported for binding, expected GPU indices or GPU UUIDs ({_FORM})"
         )
