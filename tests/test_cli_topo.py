@@ -220,3 +220,62 @@ def test_nearest_nic_prefers_the_gpus_own_node() -> None:
 def test_cpu_summary_counts() -> None:
     topo = make_topology(packages=2, cores_per_node=3, smt=1, offline=(5,))
     assert cpu_summary(topo) == {"packages": 2, "cores": 6, "pus": 6, "smt": False, "offline": 1, "disallowed": 0}
+
+
+# --- real machines from tests/fixtures (see tests/fixtures/SOURCES.md) ---
+
+DGX_A100_SMI = FIXTURES / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt"
+ALTIX_XML = FIXTURES / "hwloc" / "192em64t-24n8c2t.xml"
+ZEN4_XML = FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml"
+
+
+def test_dgx_a100_matrix_view(tmp_path: Path) -> None:
+    svg = tmp_path / "dgx.svg"
+    proc = numarun("topo", "--topology", str(DGX_A100_SMI), "--width", "160", "--svg", str(svg))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    rows = {int(line.split("│")[1]): line for line in out.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip().isdigit() and "mlx5_" in line}
+    # from the file: GPU0,1 share a PCIe switch (PXB) with NIC0/1, GPU2,3 with NIC2/3, ...;
+    # the first of each pair is the nearest; NUMA affinity 3,3,1,1,7,7,5,5
+    expect = {0: ("mlx5_0", "3"), 1: ("mlx5_0", "3"), 2: ("mlx5_2", "1"), 3: ("mlx5_2", "1"),
+              4: ("mlx5_4", "7"), 5: ("mlx5_4", "7"), 6: ("mlx5_6", "5"), 7: ("mlx5_6", "5")}
+    assert sorted(rows) == list(range(8))
+    for gpu, (nic, node) in expect.items():
+        cells = [c.strip() for c in rows[gpu].split("│")]
+        assert f"{nic} (PXB)" in cells
+        assert node in cells
+    assert "16-31,144-159" in out  # node 1's CPUs from the affinity column
+    root = ET.parse(svg).getroot()
+    assert len(by_class(root, "gpu")) == 8
+    assert len(by_class(root, "nic")) == 10
+    assert [e.text for e in by_class(root, "link-label")] == ["NV12"] * 28  # all pairs, NVSwitch
+    assert len([e for e in by_class(root, "pu") if e.tag.endswith("rect")]) == 128
+    # NIC8/9 have no known NUMA node: drawn in the unknown area
+    (unknown,) = by_class(root, "unknown-numa")
+    assert sorted(e.get("data-nic") for e in by_class(unknown, "nic")) == ["mlx5_8", "mlx5_9"]
+
+
+def test_altix_24_numa_nodes_picture(tmp_path: Path) -> None:
+    svg = tmp_path / "altix.svg"
+    proc = numarun("topo", "--topology", str(ALTIX_XML), "--svg", str(svg))
+    assert proc.returncode == 0, proc.stderr
+    assert "packages: 24   cores: 192   PUs: 384   SMT: yes" in proc.stdout
+    root = ET.parse(svg).getroot()
+    assert len([e for e in by_class(root, "pu") if e.tag.endswith("rect")]) == 384
+    assert len(by_class(root, "numa")) == 24
+    assert len(by_class(root, "core")) == 192
+    assert float(root.get("width")) <= 1900
+
+
+def test_one_numa_node_over_two_packages(tmp_path: Path) -> None:
+    # a cpuid dump of 2x EPYC 9654: no OS NUMA info, so one node holds both packages
+    svg = tmp_path / "zen4.svg"
+    proc = numarun("topo", "--topology", str(ZEN4_XML), "--svg", str(svg))
+    assert proc.returncode == 0, proc.stderr
+    root = ET.parse(svg).getroot()
+    (node,) = by_class(root, "numa")
+    pkgs = by_class(node, "package")
+    assert len(pkgs) == 2
+    for p in pkgs:
+        assert len(by_class(p, "core")) == 96

@@ -246,3 +246,33 @@ def test_large_machine_stays_within_a_legible_width() -> None:
     # no PU box overlaps another
     boxes = sorted((float(e.get("x")), float(e.get("y"))) for e in by_class(root, "pu") if e.tag == f"{SVG}rect")
     assert len(set(boxes)) == 384
+
+
+@pytest.mark.parametrize("fixture", ["dgx-a100-8numa-nps4-10nic.txt", "h100-8gpu-2x52c-stas00.txt"])
+@pytest.mark.parametrize("mode", ["exclusive", "node"])
+def test_real_plan_on_a_recorded_machine(fixture: str, mode: str) -> None:
+    """What ``numarun plan --svg`` draws: the planner's own output on a real matrix."""
+    from pathlib import Path
+
+    from launcher.plan.binding import make_plan
+    from launcher.plan.model import PlanRequest
+    from launcher.topology.discover import load_topology
+
+    topo = load_topology(str(Path(__file__).parent / "fixtures" / "nvidia-smi" / fixture))
+    plan = make_plan(topo, PlanRequest(binding=BindingMode(mode)))
+    root = parse(render_svg(topo, plan))
+    pus = {int(e.get("data-cpu")): e for e in by_class(root, "pu") if e.tag == f"{SVG}rect"}
+    expected: dict[int, list[int]] = {}
+    for r in plan.ranks:
+        for c in r.cpus:
+            expected.setdefault(c, []).append(r.local_rank)
+    for cpu, e in pus.items():
+        want = ",".join(map(str, expected.get(cpu, []))) or None
+        assert e.get("data-ranks") == want, cpu
+    for cpu, ranks in expected.items():
+        if len(ranks) == 1:
+            assert f"fill:{RANK_COLOURS[ranks[0]]}" in pus[cpu].get("style")
+    # each rank's GPU box carries that rank, and only it
+    gpus = {int(e.get("data-gpu")): e.get("data-ranks") for e in by_class(root, "gpu")}
+    assert gpus == {r.gpu.index: str(r.local_rank) for r in plan.ranks}
+    assert len(by_class(root, "legend-rank")) == len(plan.ranks)

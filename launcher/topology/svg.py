@@ -415,12 +415,17 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     """The picture as a standalone SVG document (UTF-8 text, no external references)."""
     ctx = _Ctx(topology)
     if plan is not None:
-        pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus)}
+        # match by bus id; by NVML index when a source has no bus ids (nvidia-smi text)
+        pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus) if g.pci_bus_id}
+        pos_by_index = {g.index: i for i, g in enumerate(topology.gpus)}
         for r in plan.ranks:
             for c in r.cpus:
                 ctx.cpu_ranks.setdefault(c, []).append(r.local_rank)
-            if r.gpu is not None and r.gpu.pci_bus_id in pos_by_bus:
-                ctx.gpu_ranks.setdefault(pos_by_bus[r.gpu.pci_bus_id], []).append(r.local_rank)
+            if r.gpu is None:
+                continue
+            pos = pos_by_bus.get(r.gpu.pci_bus_id) if r.gpu.pci_bus_id else pos_by_index.get(r.gpu.index)
+            if pos is not None:
+                ctx.gpu_ranks.setdefault(pos, []).append(r.local_rank)
     root = _layout(ctx)
     margin = 10
     body: list[str] = []
