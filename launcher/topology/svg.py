@@ -344,7 +344,7 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
         return 0.0, 0.0
     n = len(t.gpus)
     max_span = max(j - i for i, j, _ in pairs)
-    arc_room = 16 + 22 * max_span
+    arc_room = 26 + 22 * max_span
     base = y0 + TITLE_H + arc_room
     node_w, node_h = 60, 22
     w = PAD * 2 + (n - 1) * LINK_STEP + node_w
