@@ -279,3 +279,10 @@ def test_one_numa_node_over_two_packages(tmp_path: Path) -> None:
     assert len(pkgs) == 2
     for p in pkgs:
         assert len(by_class(p, "core")) == 96
+
+
+def test_narrow_tables_keep_their_titles_on_one_line() -> None:
+    topo = make_topology(packages=1, gpus_per_node=1, nics_per_node=1)
+    lines = render_text(topo, width=120).splitlines()
+    assert any(line.strip() == "GPU to NIC links" for line in lines)
+    assert any(line.strip() == "GPU links" for line in lines)

@@ -63,6 +63,11 @@ def no_gpu_reason(topology: Topology) -> str:
     return f"no GPUs found (GPU source: {topology.gpu_source})"
 
 
+def _table(title: str) -> Table:
+    # min_width keeps a narrow table (one GPU, one NIC) from wrapping its own title
+    return Table(title=title, title_justify="left", min_width=len(title) + 2)
+
+
 def _speed(mbps: int) -> str:
     if mbps <= 0:
         return "?"
@@ -90,7 +95,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
         console.print(no_gpu_reason(t))
 
     # --- NUMA nodes ---
-    numa = Table(title="NUMA nodes", title_justify="left", expand=False)
+    numa = _table("NUMA nodes")
     numa.add_column("node", justify="right")
     numa.add_column("CPUs")
     numa.add_column("allowed CPUs")
@@ -127,7 +132,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
 
     # --- GPUs ---
     if t.gpus:
-        gt = Table(title="GPUs", title_justify="left")
+        gt = _table("GPUs")
         for col in ("GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC"):
             gt.add_column(col, justify="right" if col in ("GPU", "NUMA", "memory") else "left")
         for pos, g in enumerate(t.gpus):
@@ -150,7 +155,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
         # --- link matrices, nvidia-smi codes: GPU x GPU, then GPU x NIC (kept apart so
         # neither gets squeezed on a box with many NICs) ---
         if t.gpu_links:
-            lt = Table(title="GPU links", title_justify="left")
+            lt = _table("GPU links")
             lt.add_column("")
             for g in t.gpus:
                 lt.add_column(_gpu_label(g), justify="center", no_wrap=True)
@@ -158,7 +163,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
                 lt.add_row(_gpu_label(g), *((t.gpu_links[i][j] or "?") for j in range(len(t.gpus))))
             console.print(lt)
         if t.nics:
-            nl = Table(title="GPU to NIC links", title_justify="left")
+            nl = _table("GPU to NIC links")
             nl.add_column("")
             for n in t.nics:
                 nl.add_column(n.name, justify="center", no_wrap=True)
@@ -171,7 +176,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
 
     # --- NICs ---
     if t.nics:
-        nt = Table(title="NICs", title_justify="left")
+        nt = _table("NICs")
         for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed"):
             nt.add_column(col, justify="right" if col in ("NUMA", "speed") else "left")
         for n in t.nics:
