@@ -7,11 +7,11 @@ project's own readers.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import extract_tree
 from launcher.errors import PlanError
 from launcher.plan.binding import make_plan
 from launcher.plan.model import BindingMode, MemPolicy, PlanRequest
@@ -31,18 +31,9 @@ def test_fixtures_are_present() -> None:
 
 
 @pytest.fixture(scope="session")
-def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each tarball unpacked once; value = the directory standing for the machine's '/'."""
-    out = {}
-    base = tmp_path_factory.mktemp("trees")
-    for tarball in TREES:
-        dest = base / tarball.name
-        dest.mkdir()
-        # GNU tar unpacks the ~48k files of these trees several times faster than tarfile
-        subprocess.run(["tar", "-xf", str(tarball), "-C", str(dest)], check=True, timeout=300, stderr=subprocess.DEVNULL)
-        root = next(p.parent for p in sorted(dest.rglob("sys")) if p.is_dir() and (p / "devices").is_dir())
-        out[f"{tarball.parent.name}/{tarball.name}"] = root
-    return out
+def trees() -> dict[str, Topology]:
+    """Each tarball unpacked once (cached by conftest) and read once."""
+    return {f"{t.parent.name}/{t.name}": read_sysfs(extract_tree(t)) for t in TREES}
 
 
 def _plan_checked(topo: Topology, request: PlanRequest) -> None:
@@ -71,8 +62,8 @@ def test_smi_machines(path: Path, mode: BindingMode) -> None:
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
 @pytest.mark.parametrize("name", [f"{t.parent.name}/{t.name}" for t in TREES])
-def test_sysfs_machines(trees: dict[str, Path], name: str, mode: BindingMode) -> None:
-    topo = read_sysfs(trees[name])
+def test_sysfs_machines(trees: dict[str, Topology], name: str, mode: BindingMode) -> None:
+    topo = trees[name]
     _plan_checked(topo, PlanRequest(binding=mode))
     nodes = sum(1 for n in topo.numa_nodes if not n.memory_only and set(n.cpus) & set(topo.usable_cpus))
     _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices="", nproc_per_node=max(2, nodes)))
@@ -80,17 +71,17 @@ def test_sysfs_machines(trees: dict[str, Path], name: str, mode: BindingMode) ->
         _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices=f"{len(topo.gpus) - 1},0"))
 
 
-def test_cgroup_tree_uses_only_allowed_cpus_and_mems(trees: dict[str, Path]) -> None:
+def test_cgroup_tree_uses_only_allowed_cpus_and_mems(trees: dict[str, Topology]) -> None:
     # Slurm job restricted to CPUs 0-5 and mems 0-5 (cpuset.cpus.effective)
-    topo = read_sysfs(trees["hwloc-linux-sysfs/32amd64-4s2n4c-cgroup2.tar.bz2"])
+    topo = trees["hwloc-linux-sysfs/32amd64-4s2n4c-cgroup2.tar.bz2"]
     plan = make_plan(topo, PlanRequest(cuda_visible_devices="", nproc_per_node=3))
     cpus = sorted(c for r in plan.ranks for c in r.cpus)
     assert cpus == list(topo.usable_cpus) == [0, 1, 2, 3, 4, 5]
     assert all(set(r.mems) <= set(topo.allowed_mems) for r in plan.ranks)
 
 
-def test_power9_gpu_memory_nodes_never_bound(trees: dict[str, Path]) -> None:
-    topo = read_sysfs(trees["hwloc-linux-sysfs/nvidiagpunumanodes.tar.bz2"])
+def test_power9_gpu_memory_nodes_never_bound(trees: dict[str, Topology]) -> None:
+    topo = trees["hwloc-linux-sysfs/nvidiagpunumanodes.tar.bz2"]
     assert any(n.memory_only for n in topo.numa_nodes)
     plan = make_plan(topo, PlanRequest())
     assert len(plan.ranks) == len(topo.gpus) == 6

@@ -24,7 +24,7 @@ def plan_table(plan: LaunchPlan) -> Table:
     for r in plan.ranks:
         if r.gpu is not None:
             gpu = f"{r.gpu.index} (cuda:{r.gpu.cuda_index})"
-            bus = r.gpu.pci_bus_id
+            bus = r.gpu.pci_bus_id or "-"
         else:
             gpu, bus = "-", "-"
         mems = format_list(r.mems) if r.mems else "-"
