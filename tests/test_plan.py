@@ -285,3 +285,22 @@ def test_gpu_node_unknown_placed_by_its_memory_node_distance() -> None:
     flat = [type(n)(**{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)}) for n in nodes]
     q = plan(type(base)(**{**topo.__dict__, "numa_nodes": tuple(flat)}))
     assert "spread over all usable CPUs" in q.ranks[0].fallback
+
+
+def test_bench_topology_plan_is_sound() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_plan", Path(__file__).parent.parent / "scripts" / "bench_plan.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    topo = bench.big_topology()
+    assert len(topo.cpus) == 384 and len(topo.gpus) == 8
+    for mode in MODES:
+        p = plan(topo, binding=mode)
+        assert [r.nic for r in p.ranks] == [f"mlx5_{i}" for i in range(8)]  # PIX: same switch
+    p = plan(topo)
+    assert [r.physical_cores for r in p.ranks] == [24] * 8
+    cc = plan(topo, binding=BindingMode.CORE_COMPLEX)
+    assert [r.physical_cores for r in cc.ranks] == [8] * 8 and not cc.warnings

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Planning time for a large node: 2 packages x 96 cores x 2 threads (384 CPUs), 8 GPUs
+(4 per NUMA node), 8 InfiniBand NICs next to them, 12 LLC domains per node.
+
+Prints the median of repeated ``make_plan`` calls for every binding mode.
+Usage: .venv/bin/python scripts/bench_plan.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from launcher.plan.binding import make_plan
+from launcher.plan.model import BindingMode, PlanRequest
+from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
+
+
+def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int = 2, gpus_per_package: int = 4) -> Topology:
+    total_cores = packages * cores_per_package
+    cpus = []
+    for t in range(threads):
+        for core in range(total_cores):
+            pkg = core // cores_per_package
+            llc = (core // 8) * 8  # 8-core CCX, id = first CPU sharing the cache
+            cpus.append(Cpu(id=core + t * total_cores, package=pkg, core=core % cores_per_package, numa_node=pkg,
+                            siblings=tuple(core + k * total_cores for k in range(threads)), llc=llc))
+    nodes = tuple(
+        NumaNode(id=p, cpus=tuple(c.id for c in cpus if c.numa_node == p), memory_bytes=1 << 40,
+                 distances=tuple(10 if q == p else 32 for q in range(packages)))
+        for p in range(packages)
+    )
+    gpus, nics = [], []
+    for i in range(packages * gpus_per_package):
+        pkg = i // gpus_per_package
+        root = f"0000:{0x10 + 0x20 * i:02x}:01.0"
+        gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x11 + 0x20 * i:02x}:00.0", numa_node=pkg, pci_path=(root, f"0000:{0x11 + 0x20 * i:02x}:00.0")))
+        nics.append(Nic(name=f"mlx5_{i}", pci_bus_id=f"0000:{0x12 + 0x20 * i:02x}:00.0", numa_node=pkg,
+                        kind=NicKind.INFINIBAND, pci_path=(root, f"0000:{0x12 + 0x20 * i:02x}:00.0")))
+    return Topology(hostname="bench", numa_nodes=nodes, cpus=tuple(sorted(cpus, key=lambda c: c.id)),
+                    gpus=tuple(gpus), nics=tuple(nics), source="built")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=200)
+    args = ap.parse_args()
+    topo = big_topology()
+    print(f"topology: {len(topo.cpus)} CPUs, {len(topo.numa_nodes)} NUMA nodes, {len(topo.gpus)} GPUs, {len(topo.nics)} NICs")
+    for mode in BindingMode:
+        request = PlanRequest(binding=mode)
+        make_plan(topo, request)  # warm-up (imports, caches)
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            make_plan(topo, request)
+            times.append(time.perf_counter() - t0)
+        print(f"make_plan {mode.value:<13} median {statistics.median(times) * 1e3:7.3f} ms  (min {min(times) * 1e3:.3f} ms, {args.repeat} runs)")
+
+
+if __name__ == "__main__":
+    main()
