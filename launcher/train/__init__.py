@@ -1,0 +1,27 @@
+"""numarun's reference trainer: MLP or small GPT, ddp / fsdp / hsdp / tp, Hydra-configured.
+
+Run it under numarun (``numarun scripts/train.py parallel=fsdp model=gpt ...``): numarun
+composes the config once and every rank reads ``$NUMARUN_CONFIG``. Without numarun
+(``python scripts/train.py key=value ...`` or torchrun), rank 0 composes the config and
+creates the run dir, and the other ranks read the file it saved.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train; returns the exit code (2 and one line on stderr for a configuration mistake)."""
+    from ..errors import NumarunError
+
+    try:
+        from .run import run
+
+        return run(list(sys.argv[1:] if argv is None else argv))
+    except NumarunError as e:
+        print(f"numarun: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code

@@ -1,0 +1,321 @@
+"""The training loop: metrics, progress, checkpoint/resume, stop on SIGUSR1/SIGTERM, batch-size search.
+
+Exit codes: 0 when the run finished or was stopped by SIGUSR1/SIGTERM after saving a
+checkpoint (``summary.json`` says ``"stopped_by": "SIGUSR1"``; a requeued job resumes with
+``trainer.resume=true``); 2 for a configuration mistake (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config.schema import ModelKind, ParallelKind, Precision, Schedule
+from ..errors import ConfigError
+from . import checkpoint
+from .data import StepBatchSampler, build_dataset, build_loader
+from .models import build_model, loss_fn
+from .parallel import Wrapped, grad_norm_clip, sync_tp_grads, wrap
+
+log = logging.getLogger(__name__)
+
+_stop_signal: int | None = None
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    global _stop_signal
+    _stop_signal = signum
+
+
+def install_signal_handlers() -> None:
+    """SIGUSR1 (SLURM's warning before the time limit) and SIGTERM: finish the step, save, exit 0."""
+    for s in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(s, _on_signal)
+
+
+def init_context() -> Any:
+    """``launcher.init()``; a lone ``python scripts/train.py`` gets a one-rank environment first."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+            os.environ.setdefault(k, v)
+    import launcher
+
+    return launcher.init()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of this rank: max_memory_allocated on a GPU, peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def lr_at(step: int, optim_cfg: Any, total_steps: int) -> float:
+    if optim_cfg.warmup_steps and step <= optim_cfg.warmup_steps:
+        return optim_cfg.lr * step / optim_cfg.warmup_steps
+    if optim_cfg.schedule == Schedule.COSINE:
+        span = max(1, total_steps - optim_cfg.warmup_steps)
+        frac = min(1.0, (step - optim_cfg.warmup_steps) / span)
+        return optim_cfg.min_lr + 0.5 * (optim_cfg.lr - optim_cfg.min_lr) * (1 + math.cos(math.pi * frac))
+    return optim_cfg.lr
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    # foreach=False: the per-tensor path works for every mix of DTensor and plain parameters
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+
+
+class Trainer:
+    def __init__(self, cfg: Any, run_dir: Path, ctx: Any) -> None:
+        self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        self.rank = ctx.rank
+        t = cfg.trainer
+        torch.manual_seed(t.seed)  # identical initial weights on every rank and every mode
+        model = build_model(cfg.model)
+        self.wrapped: Wrapped = wrap(model, ctx, cfg.parallel, cfg.comm)
+        self.model = self.wrapped.model
+        if t.compile:
+            self.model.compile()
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
+        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints"
+        self.autocast = (
+            torch.autocast(ctx.device.type, dtype=torch.bfloat16) if t.precision == Precision.BF16 else nullcontext()
+        )
+        self.tokens_per_sample = cfg.model.seq_len if cfg.model.kind == ModelKind.GPT else 0
+
+    # -- one optimisation step -------------------------------------------------------------
+    def _step(self, step: int, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
+        t = self.cfg.trainer
+        torch.manual_seed(t.seed + 7919 * step + self.rank)  # dropout depends on the step, not on history
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        kind = self.wrapped.kind
+        total = torch.zeros((), device=self.ctx.device)
+        n = len(micro_batches)
+        for i, (x, y) in enumerate(micro_batches):
+            last = i == n - 1
+            sync = nullcontext()
+            if n > 1 and kind is ParallelKind.DDP and not last:
+                sync = self.model.no_sync()
+            elif n > 1 and kind in (ParallelKind.FSDP, ParallelKind.HSDP):
+                self.model.set_requires_gradient_sync(last)
+            with sync:
+                with self.autocast:
+                    loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device)) / n
+                loss.backward()
+            total += loss.detach()
+        if kind is ParallelKind.TP:
+            sync_tp_grads(self.wrapped)
+        grad_norm_clip(self.model, self.cfg.optim.grad_clip, kind)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(total)
+        return float(total) / self.ctx.world_size
+
+    def _batches(self, loader: Any) -> Any:
+        it = iter(loader)
+        n = self.cfg.trainer.grad_accum
+        while True:
+            micro = []
+            for _ in range(n):
+                try:
+                    micro.append(next(it))
+                except StopIteration:
+                    return
+            yield micro
+
+    # -- batch size search -------------------------------------------------------------------
+    def find_batch_size(self) -> int:
+        """trainer.batch_size=auto: double the global batch until it no longer fits; keep the last that did.
+
+        Fits = no CUDA OOM (GPU), or peak RSS below trainer.memory_limit_mb (CPU). Every size's
+        throughput goes to ``batch_size_search.json``. Steps taken here do not update weights.
+        """
+        t = self.cfg.trainer
+        dp, accum = self.wrapped.dp_size, t.grad_accum
+        limit = t.memory_limit_mb
+        if limit is None and self.ctx.device.type == "cpu":
+            import psutil
+
+            limit = (psutil.Process().memory_info().rss + psutil.virtual_memory().available / self.ctx.local_world_size) * 0.8 / 2**20
+        results: list[dict[str, Any]] = []
+        best = 0
+        size = dp * accum
+        while size <= t.auto_max_batch:
+            sampler = StepBatchSampler(start_step=0, steps=2, global_batch=size, dp_rank=self.wrapped.dp_rank, dp_size=dp, grad_accum=accum)
+            fits, rate = True, 0.0
+            try:
+                start = time.perf_counter()
+                for micro in self._batches(build_loader(self.dataset, sampler, num_workers=0)):
+                    for x, y in micro:
+                        with self.autocast:
+                            loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device))
+                        loss.backward()
+                self.optimizer.zero_grad(set_to_none=True)
+                rate = 2 * size / max(time.perf_counter() - start, 1e-9)
+            except torch.cuda.OutOfMemoryError:
+                fits = False
+                self.optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+            peak = peak_memory_mb(self.ctx.device)
+            if limit is not None and peak > limit:
+                fits = False
+            flag = torch.tensor([1 if fits else 0], device=self.ctx.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # a size fits only if it fits on every rank
+            fits = bool(flag.item())
+            results.append({"batch_size": size, "fits": fits, "samples_per_s": round(rate, 2), "peak_mem_mb": round(peak, 1)})
+            if self.rank == 0:
+                print(f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB", flush=True)
+            if not fits:
+                break
+            best = size
+            size *= 2
+        if self.rank == 0:
+            (self.run_dir / "batch_size_search.json").write_text(
+                json.dumps({"memory_limit_mb": limit, "chosen": best, "sizes": results}, indent=1) + "\n"
+            )
+        if best == 0:
+            raise ConfigError(
+                f"bad trainer.batch_size 'auto': even {dp * accum} samples exceed the memory limit "
+                f"{limit:.0f} MiB; expected a larger trainer.memory_limit_mb or a smaller model"
+            )
+        return best
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self) -> int:
+        t = self.cfg.trainer
+        start_step = 0
+        resumed_from = None
+        if t.resume:
+            found = checkpoint.latest(self.ckpt_dir)
+            if found is not None:
+                start_step = checkpoint.load(found[1], self.model, self.optimizer)
+                resumed_from = str(found[1])
+                if self.rank == 0:
+                    print(f"resumed from {found[1]} (step {start_step})", flush=True)
+        batch_size = self.find_batch_size() if t.batch_size == "auto" else int(t.batch_size)
+        sampler = StepBatchSampler(
+            start_step=start_step, steps=t.steps, global_batch=batch_size,
+            dp_rank=self.wrapped.dp_rank, dp_size=self.wrapped.dp_size, grad_accum=t.grad_accum,
+        )
+        loader = build_loader(self.dataset, sampler, num_workers=self.cfg.data.num_workers)
+        metrics = (self.run_dir / "metrics.jsonl").open("a") if self.rank == 0 else None
+        progress = self._progress(t.steps, start_step)
+        losses: list[float] = []
+        rates: list[float] = []
+        stopped_by = None
+        step = start_step
+        last_saved = start_step if resumed_from else -1
+        t_run = time.perf_counter()
+        try:
+            for step, micro in enumerate(self._batches(loader), start=start_step + 1):
+                t0 = time.perf_counter()
+                loss = self._step(step, micro, lr_at(step, self.cfg.optim, t.steps))
+                dt = time.perf_counter() - t0
+                losses.append(loss)
+                rates.append(batch_size / dt)
+                stop = torch.tensor([_stop_signal or 0], device=self.ctx.device)
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # all ranks stop after the same step
+                if step % t.log_interval == 0 or step == t.steps or stop.item():
+                    self._log(metrics, progress, step, loss, batch_size, dt)
+                if stop.item():
+                    stopped_by = signal.Signals(int(stop.item())).name
+                    break
+                if t.checkpoint_interval and step % t.checkpoint_interval == 0 and step != t.steps:
+                    self._save(step)
+                    last_saved = step
+        finally:
+            if progress is not None:
+                progress.stop()
+            if metrics is not None:
+                metrics.close()
+        if step != last_saved and step > start_step:
+            self._save(step)
+        peaks = self._gather_peaks()
+        if self.rank == 0:
+            summary = {
+                "steps_done": step,
+                "start_step": start_step,
+                "final_loss": losses[-1] if losses else None,
+                "first_loss": losses[0] if losses else None,
+                "batch_size": batch_size,
+                "world_size": self.ctx.world_size,
+                "num_nodes": self.ctx.num_nodes,
+                "parallel": self.cfg.parallel.kind,
+                "model": self.cfg.model.kind,
+                "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
+                "tokens_per_s_mean": (sum(rates) / len(rates) * self.tokens_per_sample) if rates and self.tokens_per_sample else None,
+                "peak_mem_mb_per_rank": peaks,
+                "wall_s": time.perf_counter() - t_run,
+                "stopped_by": stopped_by,
+                "resumed_from": resumed_from,
+                "checkpoint": str(checkpoint.step_dir(self.ckpt_dir, step)) if step > start_step else None,
+            }
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            print(f"done: {step} steps, final loss {summary['final_loss']}, run dir {self.run_dir}", flush=True)
+        return 0
+
+    def _save(self, step: int) -> None:
+        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind}
+        checkpoint.save(self.ckpt_dir, step, self.model, self.optimizer, meta=meta, rank=self.rank)
+
+    def _gather_peaks(self) -> list[float]:
+        mine = torch.tensor([peak_memory_mb(self.ctx.device)], dtype=torch.float64, device=self.ctx.device)
+        out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        dist.all_gather(out, mine)
+        return [round(float(v), 1) for v in out]
+
+    def _progress(self, total: int, done: int) -> Any:
+        if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+        progress.start()
+        self._task = progress.add_task("train", total=total, completed=done, info="")
+        return progress
+
+    def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float) -> None:
+        peaks = self._gather_peaks()
+        if self.rank != 0:
+            return
+        row: dict[str, Any] = {
+            "step": step,
+            "loss": loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "samples_per_s": batch_size / dt,
+            "step_time_s": dt,
+            "peak_mem_mb": peaks,
+        }
+        if self.tokens_per_sample:
+            row["tokens_per_s"] = batch_size * self.tokens_per_sample / dt
+        metrics.write(json.dumps(row) + "\n")
+        metrics.flush()
+        rate = f"{row['tokens_per_s']:.0f} tok/s" if self.tokens_per_sample else f"{row['samples_per_s']:.0f} samples/s"
+        text = f"loss {loss:.4f}  {rate}  peak {max(peaks):.0f} MiB"
+        if progress is not None:
+            progress.update(self._task, completed=step, info=text)
+        else:
+            print(f"step {step}/{self.cfg.trainer.steps}  {text}", flush=True)

@@ -1,0 +1,127 @@
+"""Reference models, tiny by default: an MLP classifier and a small GPT-style decoder.
+
+Layer names are stable because the tensor-parallel plan (``parallel.tp_plan``) refers to them.
+Attention and MLP widths are read from the (possibly sharded) weights at run time, so the
+same forward works with a full layer and with a column-sharded one under tensor parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import errors
+from ..config.schema import ModelKind
+
+
+class MlpBlock(nn.Module):
+    """Residual feed-forward block: ``up`` (column-shardable), GELU, ``down`` (row-shardable)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class Mlp(nn.Module):
+    """Vectors -> class logits."""
+
+    def __init__(self, *, input_dim: int, hidden_dim: int, num_layers: int, num_classes: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(input_dim, hidden_dim)
+        self.blocks = nn.ModuleList(MlpBlock(hidden_dim) for _ in range(num_layers))
+        self.head = nn.Linear(hidden_dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class Attention(nn.Module):
+    """Causal self-attention; q/k/v column-shardable by heads, ``proj`` row-shardable."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # heads from the output width: fewer local heads when q/k/v are column-sharded
+        q, k, v = (m(x).view(b, t, -1, self.head_dim).transpose(1, 2) for m in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class GptBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = Attention(d_model, n_heads, dropout)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.fc_proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class Gpt(nn.Module):
+    """Token ids (B, T) -> next-token logits (B, T, vocab)."""
+
+    def __init__(self, *, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.seq_len = seq_len
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(GptBlock(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        for name, p in self.named_parameters():
+            if name.endswith(("proj.weight", "fc_proj.weight")):
+                # GPT-2's scaled init of residual projections keeps early losses stable
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layers))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model(cfg: Any) -> nn.Module:
+    """The model named by ``cfg.kind`` (the ``model`` config group)."""
+    if cfg.kind == ModelKind.MLP:
+        return Mlp(input_dim=cfg.input_dim, hidden_dim=cfg.hidden_dim, num_layers=cfg.num_layers, num_classes=cfg.num_classes)
+    if cfg.kind == ModelKind.GPT:
+        return Gpt(
+            vocab_size=cfg.vocab_size,
+            seq_len=cfg.seq_len,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            n_layers=cfg.n_layers,
+            dropout=cfg.dropout,
+        )
+    raise errors.ConfigError(f"bad model.kind {cfg.kind!r}: expected mlp or gpt")
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for both models (GPT logits are flattened over positions)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))

@@ -1,0 +1,53 @@
+"""Worker entry: find the job config (``NUMARUN_CONFIG`` or compose it on rank 0), train."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..config.schema import load_job_config
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def _config_without_numarun(overrides: list[str], rank: int) -> Path:
+    """Rank 0 composes and saves; the others receive the saved file's path (one run dir, no drift)."""
+    path = [""]
+    if rank == 0:
+        from ..config.compose import prepare_launch
+
+        job = prepare_launch("launcher.train", overrides, is_module=True)
+        assert job is not None
+        path = [str(job.config_file)]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(path, src=0)
+    return Path(path[0])
+
+
+def run(argv: list[str]) -> int:
+    from .loop import Trainer, init_context, install_signal_handlers
+
+    install_signal_handlers()
+    env_config = os.environ.get("NUMARUN_CONFIG")
+    if env_config and argv:
+        log.warning("NUMARUN_CONFIG is set: ignoring command-line overrides %s", argv)
+    if env_config:
+        cfg = load_job_config(env_config)  # checked before any process group is made
+    ctx = init_context()
+    try:
+        if env_config:
+            config_file = Path(env_config)
+        else:
+            config_file = _config_without_numarun(argv, ctx.rank)
+            cfg = load_job_config(config_file)
+        run_dir = Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
+        if not run_dir.is_dir():
+            raise ConfigError(f"bad NUMARUN_RUN_DIR {str(run_dir)!r}: expected an existing run directory")
+        return Trainer(cfg, run_dir, ctx).run()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
