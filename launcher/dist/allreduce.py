@@ -126,18 +126,122 @@ def _all_gather(full: "torch.Tensor", shard: "torch.Tensor", group: Any) -> None
     dist.all_gather(parts, shard.contiguous(), group=group)
 
 
+DEFAULT_CHUNK_BYTES = 4 * 2**20
+"""Pipelining granularity: big enough that per-collective overhead is small, small enough
+that the in-node steps of the first and last chunk (not hidden) stay short."""
+
+# True once a one-shot call has shown the backend has the tensor forms used when pipelining.
+_PROBED = False
+
+
+def _chunk_elems(chunk_bytes: int | None, elem_size: int, g: int) -> int:
+    b = DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    if b <= 0:
+        return 1 << 62
+    return max(g, (b // elem_size) // g * g)
+
+
+def _one_shot(full: "torch.Tensor", shard_len: int, op: Any, ctx: DistContext, inter_dtype: "torch.dtype | None") -> None:
+    """Reduce-scatter, inter-node all-reduce, all-gather of the whole (padded) tensor."""
+    global _PROBED
+    import torch
+    import torch.distributed as dist
+
+    g = ctx.local_world_size
+    if g > 1:
+        shard = torch.empty(shard_len, dtype=full.dtype, device=full.device)
+        _reduce_scatter(shard, full, op, ctx.intra_group)
+    else:
+        shard = full
+    if ctx.num_nodes > 1:
+        if inter_dtype is not None and inter_dtype != shard.dtype:
+            wire = shard.to(inter_dtype)
+            dist.all_reduce(wire, op=op, group=ctx.inter_group)
+            shard.copy_(wire)
+        else:
+            dist.all_reduce(shard, op=op, group=ctx.inter_group)
+    if g > 1:
+        _all_gather(full, shard, ctx.intra_group)
+    _PROBED = True
+
+
+def _pipelined(full: "torch.Tensor", step: int, op: Any, ctx: DistContext, inter_dtype: "torch.dtype | None") -> None:
+    """The same three steps per chunk, overlapped: while chunk c crosses nodes (inter group),
+    chunk c+1 is reduce-scattered and chunk c-1 all-gathered inside the node (intra group).
+    Every rank issues the collectives of each group in the same order, as they must."""
+    import torch
+    import torch.distributed as dist
+
+    g = ctx.local_world_size
+    total = full.numel()
+    bounds = [(s, min(s + step, total)) for s in range(0, total, step)]
+    k = len(bounds)
+    chunks = [full[s:e] for s, e in bounds]
+    if g > 1:
+        shards = [torch.empty((e - s) // g, dtype=full.dtype, device=full.device) for s, e in bounds]
+    else:
+        shards = chunks
+    compress = ctx.num_nodes > 1 and inter_dtype is not None and inter_dtype != full.dtype
+    wires: list[Any] = [None] * k
+
+    def reduce_scatter(c: int) -> Any:
+        if g == 1:
+            return None
+        return dist.reduce_scatter_tensor(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
+
+    def cross(c: int) -> Any:
+        if ctx.num_nodes == 1:
+            return None
+        if compress:
+            wires[c] = shards[c].to(inter_dtype)
+            return dist.all_reduce(wires[c], op=op, group=ctx.inter_group, async_op=True)
+        return dist.all_reduce(shards[c], op=op, group=ctx.inter_group, async_op=True)
+
+    def gather(c: int) -> Any:
+        if compress:
+            shards[c].copy_(wires[c])
+            wires[c] = None
+        if g == 1:
+            return None
+        return dist.all_gather_into_tensor(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
+
+    def wait(w: Any) -> None:
+        if w is not None:
+            w.wait()
+
+    pending_rs = reduce_scatter(0)
+    crossing: list[Any] = [None] * k
+    gathers: list[Any] = []
+    for c in range(k):
+        wait(pending_rs)
+        if c + 1 < k:
+            pending_rs = reduce_scatter(c + 1)
+        crossing[c] = cross(c)
+        if c >= 1:
+            wait(crossing[c - 1])
+            gathers.append(gather(c - 1))
+    wait(crossing[k - 1])
+    gathers.append(gather(k - 1))
+    for w in gathers:
+        wait(w)
+
+
 def hierarchical_all_reduce(
     tensor: "torch.Tensor",
     op: "dist.ReduceOp.RedOpType | Any" = None,
     *,
     context: DistContext | None = None,
     inter_dtype: "torch.dtype | None" = None,
+    chunk_bytes: int | None = None,
 ) -> "torch.Tensor":
     """All-reduce ``tensor`` in place over the whole job, one node at a time; returns it.
 
     ``op``: SUM (default), AVG, MAX, MIN or PRODUCT. AVG is computed as SUM then a division by
     the world size on every backend, so results do not depend on a backend's AVG support.
     ``inter_dtype``: cast the shard to this dtype (bf16/fp16) for the inter-node step only.
+    ``chunk_bytes``: tensors larger than this are reduced in chunks, pipelined so that one
+    chunk crosses nodes while the next is reduced inside the node (default
+    ``DEFAULT_CHUNK_BYTES``; 0 = one shot). Chunking never changes the result.
     """
     import torch
     import torch.distributed as dist
@@ -161,25 +265,16 @@ def hierarchical_all_reduce(
     shard_len = -(-n // g) if n else 0
     if shard_len * g == n:
         full = flat
-    else:  # pad to a multiple of G; zeros are neutral for SUM and the pad is dropped anyway
+    else:  # pad to a multiple of G; ops are elementwise, so the pad never mixes with data and is dropped
         full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
         full[:n].copy_(flat)
 
     if n:
-        if g > 1:
-            shard = torch.empty(shard_len, dtype=flat.dtype, device=flat.device)
-            _reduce_scatter(shard, full, op, ctx.intra_group)
+        step = _chunk_elems(chunk_bytes, full.element_size(), g)
+        if _NO_RS_TENSOR or _NO_AG_TENSOR or not _PROBED or step >= full.numel():
+            _one_shot(full, shard_len, op, ctx, inter_dtype)
         else:
-            shard = full
-        if ctx.num_nodes > 1:
-            if inter_dtype is not None and inter_dtype != shard.dtype:
-                wire = shard.to(inter_dtype)
-                dist.all_reduce(wire, op=op, group=ctx.inter_group)
-                shard.copy_(wire)
-            else:
-                dist.all_reduce(shard, op=op, group=ctx.inter_group)
-        if g > 1:
-            _all_gather(full, shard, ctx.intra_group)
+            _pipelined(full, step, op, ctx, inter_dtype)
         if full is not flat:
             flat.copy_(full[:n])
     if average:
@@ -212,6 +307,34 @@ def hierarchical_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.fut
     return fut
 
 
+def flat_compressed_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+    """DDP comm hook: flat all-reduce of the bucket cast to ``state.inter_dtype`` (every hop compressed).
+
+    torch's own bf16 hook refuses non-NCCL backends; this one works on gloo too.
+    """
+    import torch
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    wire = buf.to(state.inter_dtype) if state.inter_dtype is not None else buf.clone()
+    dist.all_reduce(wire)
+    wire.div_(state.context.world_size)
+    buf.copy_(wire)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def _real_hook_annotations() -> None:
+    # DDP compares the hook's annotations with the real classes; this module's are strings
+    # (postponed evaluation), so give DDP the objects it looks for.
+    import torch
+    import torch.distributed as dist
+
+    for hook in (hierarchical_hook, flat_compressed_hook):
+        hook.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
+
+
 def apply_comm(
     model_ddp: Any,
     mode: str | CommMode,
@@ -220,21 +343,20 @@ def apply_comm(
 ) -> CommMode:
     """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model; returns the mode used.
 
-    flat + no compression leaves DDP's own all-reduce; flat + bf16/fp16 uses torch's
-    compression hooks (every hop compressed); hierarchical registers :func:`hierarchical_hook`
-    (compression of the inter-node step only).
+    flat + no compression leaves DDP's own all-reduce; flat + bf16/fp16 registers
+    :func:`flat_compressed_hook` (every hop compressed); hierarchical registers
+    :func:`hierarchical_hook` (compression of the inter-node step only).
     """
     m = parse_comm_mode(mode)
     c = parse_compression(compression)
     if m is CommMode.FLAT:
         if c is not Compression.NONE:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            hook = default_hooks.bf16_compress_hook if c is Compression.BF16 else default_hooks.fp16_compress_hook
-            model_ddp.register_comm_hook(None, hook)
+            _real_hook_annotations()
+            model_ddp.register_comm_hook(HookState(context=_context(context), inter_dtype=c.dtype()), flat_compressed_hook)
         return m
     ctx = _context(context)
     ctx.require_hierarchical()
+    _real_hook_annotations()
     model_ddp.register_comm_hook(HookState(context=ctx, inter_dtype=c.dtype()), hierarchical_hook)
     return m
 
@@ -245,6 +367,7 @@ __all__ = [
     "HookState",
     "apply_comm",
     "hierarchical_all_reduce",
+    "flat_compressed_hook",
     "hierarchical_hook",
     "parse_comm_mode",
     "parse_compression",
