@@ -304,3 +304,41 @@ def test_bench_topology_plan_is_sound() -> None:
     assert [r.physical_cores for r in p.ranks] == [24] * 8
     cc = plan(topo, binding=BindingMode.CORE_COMPLEX)
     assert [r.physical_cores for r in cc.ranks] == [8] * 8 and not cc.warnings
+
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+@st.composite
+def _random_case(draw):  # type: ignore[no-untyped-def]
+    nodes = draw(st.integers(1, 4))
+    cores = draw(st.integers(1, 6))
+    threads = draw(st.sampled_from([1, 2, 4]))
+    total = nodes * cores * threads
+    gpu_nodes = draw(st.lists(st.integers(-1, nodes - 1), max_size=6))
+    dis = draw(st.lists(st.integers(0, total - 1), max_size=total - 1, unique=True))
+    kw = dict(nodes=nodes, cores_per_node=cores, threads_per_core=threads, gpu_nodes=tuple(gpu_nodes),
+              disallowed=tuple(dis), interleaved=draw(st.booleans()), llc_cores=draw(st.sampled_from([0, 1, 2])),
+              nics=tuple(ib(f"mlx5_{i}", draw(st.integers(-1, nodes - 1))) for i in range(draw(st.integers(0, 3)))))
+    mode = draw(st.sampled_from(MODES))
+    nproc = draw(st.one_of(st.none(), st.integers(1, 8)))
+    return kw, mode, nproc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_random_case())
+def test_random_topologies_plan_soundly_or_refuse_with_numbers(case) -> None:  # type: ignore[no-untyped-def]
+    kw, mode, nproc = case
+    topo = build_topology(**kw)
+    try:
+        p = make_plan(topo, PlanRequest(binding=mode, nproc_per_node=nproc))
+    except PlanError as e:
+        msg = str(e)
+        if nproc is not None and topo.gpus and nproc > len(topo.gpus):
+            assert f"only {len(topo.gpus)} GPUs" in msg
+        else:
+            assert mode in (BindingMode.EXCLUSIVE, BindingMode.CORE_COMPLEX) and "usable physical cores for" in msg
+        return
+    check_invariants(topo, p)
+    assert len(p.ranks) == (nproc or len(topo.gpus) or 1)

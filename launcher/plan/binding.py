@@ -98,6 +98,7 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
             else:
                 r.pool = usable
         ranks.append(r)
+    _resolve_overlapping_pools(by_id, ranks, node_cpus)
 
     mode = request.binding
     groups: dict[tuple[int, tuple[int, ...]], list[_Rank]] = defaultdict(list)
@@ -214,6 +215,38 @@ def _place_gpu_rank(
     r.pool = local or usable
     what = "unknown (-1)" if node < 0 else f"{node}, which has no usable CPUs on any node"
     r.fallback.append(f"GPU {g.index} NUMA node {what}: spread over {'its local' if local else 'all usable'} CPUs")
+
+
+def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_cpus: dict[int, tuple[int, ...]]) -> None:
+    """Keep CPU sets disjoint when ranks of unknown node share CPUs with other groups.
+
+    A pool is split on its own only when nothing else uses its CPUs (the usual VM where no
+    GPU has a node). Otherwise its ranks join NUMA nodes one by one, each to the node of the
+    pool with the most usable cores per rank, so that every group owns whole nodes.
+    """
+    homed: set[int] = set()
+    for r in ranks:
+        if r.home != _POOL:
+            homed.update(node_cpus[r.home])
+    pools = list(dict.fromkeys(r.pool for r in ranks if r.home == _POOL))
+    clash = {
+        pool for pool in pools
+        if homed.intersection(pool) or any(other != pool and set(other) & set(pool) for other in pools)
+    }
+    if not clash:
+        return
+    load = Counter(r.home for r in ranks if r.home != _POOL)
+    for r in ranks:
+        if r.home != _POOL or r.pool not in clash:
+            continue
+        nodes = sorted({by_id[c].numa_node for c in r.pool if by_id[c].numa_node >= 0 and c in set(node_cpus.get(by_id[c].numa_node, ()))})
+        if not nodes:
+            continue
+        r.home = max(nodes, key=lambda n: (len(node_cpus[n]) / (load[n] + 1), -n))
+        load[r.home] += 1
+        r.pool = ()
+        g = r.gpu
+        r.fallback = [f"GPU {g.index if g else '?'} NUMA node unknown (-1): placed on node {r.home}, the one with most usable CPUs per rank"]
 
 
 def _is_memory_only(topology: Topology, node: int) -> bool:
