@@ -342,3 +342,12 @@ def test_random_topologies_plan_soundly_or_refuse_with_numbers(case) -> None:  #
         return
     check_invariants(topo, p)
     assert len(p.ranks) == (nproc or len(topo.gpus) or 1)
+
+
+def test_cpu_only_ranks_follow_usable_cores_per_node() -> None:
+    # node 0 keeps 4 cores, node 1 only 2 (cgroup): 6 ranks -> 4 + 2, not 3 + 3 (which cannot fit)
+    topo = build_topology(cores_per_node=4, threads_per_core=1, gpu_nodes=(), disallowed=(6, 7))
+    p = plan(topo, nproc_per_node=6)
+    assert [r.numa_node for r in p.ranks] == [0, 0, 0, 0, 1, 1]
+    assert all(r.physical_cores == 1 for r in p.ranks)
+    assert [r.numa_node for r in plan(topo, nproc_per_node=3).ranks] == [0, 0, 1]

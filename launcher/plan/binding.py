@@ -86,6 +86,7 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     # by identity, then equality: nvidia-smi topologies have no bus ids to match on
     positions = {id(g): i for i, g in enumerate(topology.gpus)}
 
+    cpu_rank_nodes = _spread_cpu_ranks(by_id, node_cpus, cpu_nodes, nproc) if not gpus else []
     ranks: list[_Rank] = []
     for i in range(nproc):
         r = _Rank(local_rank=i)
@@ -93,8 +94,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
             r.gpu, r.gpu_pos, r.cuda_index = gpus[i], _gpu_position(topology, positions, gpus[i]), i
             _place_gpu_rank(topology, r, node_cpus, cpu_nodes, usable)
         else:
-            if cpu_nodes:
-                r.home = cpu_nodes[i * len(cpu_nodes) // nproc]
+            if cpu_rank_nodes:
+                r.home = cpu_rank_nodes[i]
             else:
                 r.pool = usable
         ranks.append(r)
@@ -163,6 +164,21 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         topology_source=topology.source,
         warnings=tuple(dict.fromkeys(warnings)),
     )
+
+
+def _spread_cpu_ranks(by_id: dict[int, Cpu], node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], nproc: int) -> list[int]:
+    """Home node of each CPU-only rank: contiguous blocks in node order, sized in proportion
+    to each node's usable physical cores (largest remainder), so a node cut down by a cgroup
+    gets fewer ranks. Equal nodes get equal shares."""
+    if not cpu_nodes:
+        return []
+    cores = {n: len({by_id[c].core_key for c in node_cpus[n]}) for n in cpu_nodes}
+    total = sum(cores.values())
+    exact = {n: nproc * cores[n] / total for n in cpu_nodes}
+    counts = {n: int(exact[n]) for n in cpu_nodes}
+    for n in sorted(cpu_nodes, key=lambda n: (-(exact[n] - counts[n]), n))[: nproc - sum(counts.values())]:
+        counts[n] += 1
+    return [n for n in cpu_nodes for _ in range(counts[n])]
 
 
 def _gpu_position(topology: Topology, positions: dict[int, int], gpu: Gpu) -> int | None:
