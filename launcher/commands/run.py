@@ -6,8 +6,8 @@ rank per visible GPU, or 1 without GPUs) and ``--dry-run``, ``--strict-binding``
 ``--plan-file``.
 
 Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one line);
-when a rank fails, the exit code of the lowest failed global rank (1 if it was killed by
-a signal), after one line naming every failed rank; 128 + N when numarun itself got
+when a rank fails, the exit code of the lowest global rank that exited non-zero (1 when
+every failed rank was killed by a signal), after one line naming every failed rank; 128 + N when numarun itself got
 signal N (SIGTERM, SIGINT...), after torchrun has ended all workers.
 """
 
@@ -79,6 +79,40 @@ def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
 
 def main(args: argparse.Namespace) -> int:
     target: Target = target_from_args(args)
+    jobs = _hydra_jobs(args, target)
+    if jobs is None:
+        return _run(args, target, {})
+    # a Hydra app: each job (several with -m) composed once, run one after another
+    import copy
+
+    from ..config.compose import apply_launcher_settings
+
+    defaults = {**vars(torchrun_parser().parse_args(["x"])), **_plan_defaults()}
+    for job in jobs:
+        job_args = copy.copy(args)
+        apply_launcher_settings(job_args, job.launcher, defaults)
+        print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
+        _run(job_args, Target(target.kind, target.name, job.script_args), dict(job.env))
+    return 0
+
+
+def _hydra_jobs(args: argparse.Namespace, target: Target) -> list | None:
+    """The jobs of a Hydra app (config composed and saved once, here); None for any other program."""
+    if target.kind == "exec":
+        return None
+    from ..config.compose import prepare_sweep
+
+    return prepare_sweep(target.name, list(target.args), is_module=target.kind == "module", dry_run=args.dry_run)
+
+
+def _plan_defaults() -> dict[str, object]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_plan_options(parser)
+    add_run_options(parser)
+    return {a.dest: a.default for a in parser._actions}  # noqa: SLF001
+
+
+def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str]) -> int:
     plan, plan_path = _load_plan(args)
     for w in plan.warnings:
         log.warning("%s", w)
@@ -86,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
     if args.dry_run:
         from ..plan.table import render_plan
 
-        env = worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding)
+        env = {**worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding), **job_env}
         sys.stdout.write(render_plan(plan, width=160))
         if not plan_path:
             sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
@@ -94,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if not plan_path:
         plan_path = str(write_plan_file(plan))
-    env = worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding)
+    env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env}
     log.info("running: %s", command_line(env, argv))
     run_torchrun(argv, env)
     return 0

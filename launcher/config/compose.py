@@ -350,11 +350,12 @@ def prepare_launch(target: str, script_args: list[str], *, is_module: bool) -> P
     return jobs[0]
 
 
-def prepare_sweep(target: str, script_args: list[str], *, is_module: bool) -> list[PreparedJob] | None:
+def prepare_sweep(target: str, script_args: list[str], *, is_module: bool, dry_run: bool = False) -> list[PreparedJob] | None:
     """All jobs of the command line (one unless ``-m`` with ``a,b`` sweeps), each with its run dir.
 
     Every job is composed and validated before any run dir is created, so a bad value in
-    the 3rd job of a sweep stops the whole command before anything starts.
+    the 3rd job of a sweep stops the whole command before anything starts. ``dry_run``:
+    validate and name the run dirs, create and write nothing.
     """
     kind = detect_app(target, is_module=is_module)
     if kind is AppKind.PLAIN:
@@ -369,25 +370,26 @@ def prepare_sweep(target: str, script_args: list[str], *, is_module: bool) -> li
         composed = [_compose_user(target, ov, is_module=is_module) for ov in job_overrides]
     sweep_base: Path | None = None
     if multirun and len(job_overrides) > 1:
-        sweep_base = _sweep_dir(composed[0][0])
+        sweep_base = _sweep_dir(composed[0][0], create=not dry_run)
     jobs = []
     for i, (cfg, ov) in enumerate(zip(composed, job_overrides)):
         run_dir, explicit = _run_dir_from(cfg[0])
         if sweep_base is not None and not explicit:
             run_dir, explicit = sweep_base / str(i), True
-        run_dir = make_run_dir(run_dir, explicit=explicit)
-        jobs.append(_save(kind, cfg, ov, other, run_dir))
+        if not dry_run:
+            run_dir = make_run_dir(run_dir, explicit=explicit)
+        jobs.append(_save(kind, cfg, ov, other, run_dir, write=not dry_run))
     return jobs
 
 
-def _sweep_dir(cfg: Any) -> Path:
+def _sweep_dir(cfg: Any, *, create: bool) -> Path:
     from omegaconf import OmegaConf
 
     raw = OmegaConf.select(cfg, "hydra.sweep.dir", default=None, throw_on_resolution_failure=False)
     if not raw:
         raw = _dt.datetime.now().strftime("multirun/%Y-%m-%d/%H-%M-%S")
     base = Path(os.path.abspath(str(raw)))
-    return make_run_dir(base, explicit=False)
+    return make_run_dir(base, explicit=False) if create else base
 
 
 def _compose_trainer(overrides: list[str]) -> tuple[Any, str, str | None]:
@@ -426,34 +428,36 @@ def _compose_user(target: str, overrides: list[str], *, is_module: bool) -> tupl
     return cfg, text, hydra_text
 
 
-def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[str], other: list[str], run_dir: Path) -> PreparedJob:
-    from omegaconf import OmegaConf
-
+def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[str], other: list[str], run_dir: Path, *, write: bool = True) -> PreparedJob:
     cfg, text, hydra_text = composed
+    if not write:
+        write_text = lambda path, text: None  # noqa: E731
+    else:
+        write_text = write_text_nofollow
     env = {"NUMARUN_RUN_DIR": str(run_dir)}
     if kind is AppKind.TRAINER:
         config_file = run_dir / "config.yaml"
-        write_text_nofollow(config_file, text)
-        write_text_nofollow(run_dir / "overrides.yaml", _overrides_yaml(overrides))
+        write_text(config_file, text)
+        write_text(run_dir / "overrides.yaml", _overrides_yaml(overrides))
         launcher = {k: _plain(cfg.launcher[k]) for k in LAUNCHER_KEYS}
         script_args: tuple[str, ...] = ()
     else:
         # written once here; every rank runs with hydra.output_subdir=null
         hydra_dir = run_dir / ".hydra"
         try:
-            os.mkdir(hydra_dir)
+            if write:
+                os.mkdir(hydra_dir)
         except FileExistsError:
             if os.path.islink(hydra_dir) or not hydra_dir.is_dir():
                 raise ConfigError(f"bad run dir {str(hydra_dir)!r}: not a real directory; expected a new run dir") from None
         config_file = hydra_dir / "config.yaml"
-        write_text_nofollow(config_file, text)
-        write_text_nofollow(hydra_dir / "hydra.yaml", hydra_text or "")
-        write_text_nofollow(hydra_dir / "overrides.yaml", _overrides_yaml(overrides))
+        write_text(config_file, text)
+        write_text(hydra_dir / "hydra.yaml", hydra_text or "")
+        write_text(hydra_dir / "overrides.yaml", _overrides_yaml(overrides))
         launcher = {}
         script_args = tuple(overrides) + (f"hydra.run.dir={run_dir}", "hydra.output_subdir=null") + tuple(other)
     env["NUMARUN_CONFIG"] = str(config_file)
     log.info("job config saved in %s", run_dir)
-    del OmegaConf
     return PreparedJob(
         kind=kind,
         run_dir=run_dir,
@@ -467,3 +471,46 @@ def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[
 
 def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
+
+
+# ----------------------------------------------------------------------------- run command side
+
+# torchrun/numarun option dest -> default, to tell "flag not given" (then the config's value wins)
+_FLAG_DESTS = {
+    "nproc_per_node": "nproc_per_node",
+    "nnodes": "nnodes",
+    "node_rank": "node_rank",
+    "binding": "binding",
+    "mem_policy": "mem_policy",
+    "master_addr": "master_addr",
+    "master_port": "master_port",
+    "rdzv_endpoint": "rdzv_endpoint",
+    "rdzv_id": "rdzv_id",
+    "strict_binding": "strict_binding",
+}
+
+
+def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """Copy the config's ``launcher`` values into ``args`` where the flag was left at its default.
+
+    A flag given with its default value counts as not given (argparse cannot tell them apart).
+    Returns the names set from the config.
+    """
+    from ..plan.options import parse_binding, parse_mem_policy
+
+    applied = []
+    for key, dest in _FLAG_DESTS.items():
+        value = settings.get(key)
+        if value is None or not hasattr(args, dest):
+            continue
+        if getattr(args, dest) != defaults.get(dest):
+            continue  # the user's flag wins
+        if key == "binding":
+            value = parse_binding(str(value))
+        elif key == "mem_policy":
+            value = parse_mem_policy(str(value))
+        elif key == "nnodes":
+            value = str(value)
+        setattr(args, dest, value)
+        applied.append(key)
+    return applied
