@@ -167,8 +167,8 @@ class RunFailed(NumarunError):
 def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
 
-    A failed run exits with the exit code of the lowest failed global rank (1 when that
-    rank died from a signal); SIGTERM/SIGINT/... to numarun stops every worker
+    A failed run exits with the exit code of the lowest global rank that exited non-zero
+    (1 when every failed rank died from a signal); SIGTERM/SIGINT/... to numarun stops every worker
     (torchrun's own handling) and exits 128 + the signal number.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -184,8 +184,10 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
             f = e.failures[rank]
             how = f"exited with code {f.exitcode}" if f.exitcode >= 0 else f"was killed by {f.signal_name()}"
             parts.append(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}")
-        first = e.failures[min(e.failures)].exitcode
-        raise RunFailed("; ".join(parts), first if first > 0 else 1) from None
+        # Ranks torchrun itself stopped after the first failure show up killed by a signal:
+        # the run's code is that of the lowest rank that exited on its own.
+        codes = [e.failures[r].exitcode for r in sorted(e.failures) if e.failures[r].exitcode > 0]
+        raise RunFailed("; ".join(parts), codes[0] if codes else 1) from None
     except SignalException as e:
         sig = signal.Signals(e.sigval)
         raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None

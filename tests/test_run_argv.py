@@ -1,0 +1,105 @@
+"""``numarun run`` options -> torchrun argv, as data (golden file + round trip through torchrun's parser).
+
+Regenerate the golden file with ``NUMARUN_REGEN_GOLDEN=1 pytest tests/test_run_argv.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import build_parser
+from launcher.errors import UsageError
+from launcher.launch.torchrun import BOOTSTRAP_MODULE, Target, build_torchrun_argv, target_from_args, torchrun_parser, worker_env
+from launcher.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden" / "run_torchrun_argv.txt"
+SCRIPT = "tests/scripts/exit_rank.py"
+
+CASES: list[list[str]] = [
+    [SCRIPT, "1", "3"],
+    ["--nproc-per-node", "2", "--standalone", SCRIPT, "--lr=3", "x=1", "--nproc-per-node", "9"],
+    ["--nproc_per_node=4", "--nnodes=2", "--node_rank", "1", "--master_addr", "10.0.0.1", "--master_port=29501", SCRIPT],
+    ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv_endpoint", "head:29400", "--rdzv-id", "job7",
+     "--rdzv-conf", "timeout=900,read_timeout=60", "--max_restarts", "3", "--monitor-interval", "0.5", SCRIPT],
+    ["--start_method", "fork", "--role", "trainer", "--log_dir", "/tmp/logs", "-r", "3", "-t", "2",
+     "--local_ranks_filter", "0", "--local-addr", "127.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1",
+     "--shutdown-timeout", "5", "--duplicate-stdout-filters", "loss,step", SCRIPT],
+    ["--binding", "node", "--mem-policy", "preferred", "--strict-binding", "--dry-run", "-m", "pkg.train", "--config", "a.yaml"],
+    ["--numa-binding", "socket", "--no-python", "true", "--flag"],
+]
+
+
+def parse(args: list[str]):
+    return build_parser(only="run").parse_args(["run", *args])
+
+
+def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
+    ns = parse(args)
+    target = target_from_args(ns)
+    return build_torchrun_argv(vars(ns), nproc_per_node=ns.nproc_per_node or nproc, target=target), target
+
+
+def test_golden_argv() -> None:
+    text = "".join(f"$ numarun {shlex.join(args)}\n{shlex.join(['torchrun', *argv_for(args)[0]])}\n\n" for args in CASES)
+    if os.environ.get("NUMARUN_REGEN_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+@pytest.mark.parametrize("args", CASES, ids=range(len(CASES)))
+def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
+    ns = parse(args)
+    argv, target = argv_for(args, nproc=3)
+    back = torchrun_parser().parse_args(argv)
+    assert back.nproc_per_node == str(ns.nproc_per_node or 3)
+    assert back.module is True and back.training_script == BOOTSTRAP_MODULE and back.numa_binding is None
+    assert back.training_script_args == target.bootstrap_args()
+    skipped = {"nproc_per_node", "module", "no_python", "numa_binding", "training_script", "training_script_args", "help"}
+    for action in torchrun_parser()._actions:
+        if action.dest not in skipped:
+            assert getattr(back, action.dest) == getattr(ns, action.dest), action.dest
+
+
+def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
+    ns = parse(CASES[5])
+    assert ns.binding is BindingMode.NODE and ns.mem_policy is MemPolicy.PREFERRED
+    assert ns.strict_binding and ns.dry_run and ns.module
+    assert (ns.training_script, ns.training_script_args) == ("pkg.train", ["--config", "a.yaml"])
+    ns = parse(CASES[1])
+    assert ns.nproc_per_node == 2 and ns.training_script_args == ["--lr=3", "x=1", "--nproc-per-node", "9"]
+    assert parse(CASES[6]).binding is BindingMode.SOCKET  # torchrun's spelling of --binding
+    assert parse([SCRIPT]).nproc_per_node is None  # one rank per GPU, decided by the plan
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["no/such.py"], "'no/such.py'"),
+        (["--no-python", "no-such-program-here"], "'no-such-program-here'"),
+        (["--run-path", SCRIPT], "--run-path"),
+        (["--virtual-local-rank", SCRIPT], "--virtual-local-rank"),
+        (["--module", "--no-python", "x"], "--no-python"),
+    ],
+)
+def test_bad_targets_are_usage_errors(args: list[str], needle: str) -> None:
+    with pytest.raises(UsageError, match="expected") as e:
+        target_from_args(parse(args))
+    assert needle in str(e.value)
+
+
+def _plan(*envs: dict[str, str]) -> LaunchPlan:
+    return LaunchPlan(ranks=tuple(RankBinding(local_rank=i, gpu=None, cpus=(i,), mems=(0,), nic=None, env=e) for i, e in enumerate(envs)))
+
+
+def test_worker_env_lists_the_user_set_variables() -> None:
+    plan = _plan({"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_0"}, {"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_1"})
+    env = worker_env(plan, {"NCCL_IB_HCA": "mine"}, plan_path="/p/plan.json", strict=True)
+    assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "NCCL_IB_HCA", "NUMARUN_STRICT_BINDING": "1", "OMP_NUM_THREADS": "4"}
+    env = worker_env(plan, {"OMP_NUM_THREADS": "8"}, plan_path="/p/plan.json", strict=False)
+    assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "OMP_NUM_THREADS"}

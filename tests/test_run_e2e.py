@@ -1,0 +1,185 @@
+"""``numarun`` end to end on this machine: real numarun, torchrun and worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "scripts"
+TIMEOUT = 240  # never hang CI; not a performance bound
+
+pytestmark = pytest.mark.slow
+
+
+def _numarun() -> list[str]:
+    exe = Path(sys.executable).parent / "numarun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_")) and k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+    }
+    env.update(extra)
+    return env
+
+
+def numarun(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_numarun(), *args], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("numarun: error:")]
+
+
+def test_ranks_get_exactly_the_plan(tmp_path: Path) -> None:
+    plan = json.loads(numarun("plan", "--json", "--nproc-per-node", "2").stdout)
+    r = numarun("--nproc-per-node", "2", "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1", "--", "-m")
+    assert r.returncode == 0, r.stderr
+    for want in plan["ranks"]:
+        rank = want["local_rank"]
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["torch_loaded_before_script"] is False
+        assert got["argv"] == ["tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1", "--", "-m"]
+        assert got["cpus"] == want["cpus"]
+        assert all(cpus == want["cpus"] for cpus in got["task_cpus"].values())
+        assert got["mempolicy"] == [want["mem_policy"] if want["mems"] else "default", want["mems"]]
+        assert set(want["mems"]) <= set(got["mems_allowed"])
+        assert {k: got["env"].get(k) for k in want["env"]} == want["env"]
+        # torchrun's own variables are kept
+        assert got["env"]["LOCAL_RANK"] == str(rank) and got["env"]["RANK"] == str(rank)
+        assert got["env"]["WORLD_SIZE"] == "2" and got["env"]["LOCAL_WORLD_SIZE"] == "2"
+        assert got["env"]["MASTER_ADDR"] and got["env"]["MASTER_PORT"]
+        assert Path(got["env"]["NUMARUN_PLAN"]).name == "plan.json"
+        assert got["binding_local_rank"] == rank
+    # the private plan file is gone once numarun exits
+    assert not Path(got["env"]["NUMARUN_PLAN"]).parent.exists()
+    info = [line for line in r.stderr.splitlines() if line.startswith("numarun: INFO: rank ")]
+    assert sorted(line.split(":")[2].strip() for line in info) == ["rank 0", "rank 1"]
+
+
+def test_module_form_keeps_a_value_the_user_set(tmp_path: Path) -> None:
+    r = numarun("--nproc_per_node=1", "-m", "report_binding", str(tmp_path), "--module", cwd=SCRIPTS, OMP_NUM_THREADS="5")
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["name"] == "__main__" and got["file"] == str(SCRIPTS / "report_binding.py")
+    assert got["argv"] == [str(SCRIPTS / "report_binding.py"), str(tmp_path), "--module"]
+    assert got["env"]["OMP_NUM_THREADS"] == "5"
+
+
+def _final_params(out: Path) -> dict:
+    return json.loads(out.read_text())
+
+
+def test_unmodified_ddp_script_trains_as_under_torchrun(tmp_path: Path) -> None:
+    under_numarun, under_torchrun = tmp_path / "numarun.json", tmp_path / "torchrun.json"
+    r = numarun("--nproc-per-node", "2", "--standalone", "tests/scripts/ddp_train.py", str(under_numarun))
+    assert r.returncode == 0, r.stderr
+    t = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "tests/scripts/ddp_train.py", str(under_torchrun)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert t.returncode == 0, t.stderr
+    a, b = _final_params(under_numarun), _final_params(under_torchrun)
+    assert a["world_size"] == b["world_size"] == 2
+    assert a["params"] == b["params"]
+
+
+def test_failing_rank_fails_the_run_with_its_code(tmp_path: Path) -> None:
+    r = numarun("--nproc-per-node", "2", "tests/scripts/exit_rank.py", "1", "3")
+    assert r.returncode == 3
+    lines = _error_lines(r.stderr)
+    assert len(lines) == 1 and "rank 1 (local rank 1" in lines[0] and "exited with code 3" in lines[0]
+    ok = numarun("--nproc-per-node", "2", "tests/scripts/exit_rank.py", "7", "3")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_sigterm_ends_every_worker(tmp_path: Path) -> None:
+    log = open(tmp_path / "log", "w")
+    proc = subprocess.Popen([*_numarun(), "--nproc-per-node", "2", "tests/scripts/sleeper.py", str(tmp_path)], cwd=REPO, env=_env(), stdout=log, stderr=log)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(pids) < 2:
+            assert proc.poll() is None, (tmp_path / "log").read_text()
+            assert time.monotonic() < deadline, "workers did not start"
+            pids = [int(p.read_text()) for p in tmp_path.glob("pid?")]
+            time.sleep(0.1)
+        assert all(psutil.pid_exists(p) for p in pids)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + TIMEOUT
+        while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) for p in pids)
+        assert "stopped by SIGTERM" in (tmp_path / "log").read_text()
+    finally:
+        for p in pids + [proc.pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=TIMEOUT)
+        log.close()
+
+
+def test_dry_run_prints_plan_and_command_and_runs_nothing(tmp_path: Path) -> None:
+    r = numarun("--dry-run", "--nproc-per-node", "2", "--max_restarts=1", "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1")
+    assert r.returncode == 0, r.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "exclusive" in r.stdout and "rank" in r.stdout
+    command = [line for line in r.stdout.splitlines() if " torchrun " in line]
+    assert len(command) == 1
+    words = shlex.split(command[0])
+    i = words.index("torchrun")
+    assert "NUMARUN_PLAN=plan.json" in words[:i]
+    assert words[i + 1:] == [
+        "--nproc-per-node=2", "--max-restarts=1", "--module", "launcher.launch.bootstrap",
+        "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1",
+    ]
+
+
+def test_strict_binding_with_an_impossible_plan(tmp_path: Path) -> None:
+    plan = json.loads(numarun("plan", "--json", "--nproc-per-node", "1").stdout)
+    allowed = sorted(os.sched_getaffinity(0))
+    bad = allowed[-1] + 1
+    plan["ranks"][0]["cpus"] = [bad]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+    out = tmp_path / "out"
+    out.mkdir()
+    strict = numarun("--plan-file", str(plan_file), "--strict-binding", "tests/scripts/report_binding.py", str(out))
+    assert strict.returncode != 0
+    worker, summary = _error_lines(strict.stderr)  # the worker's line, then numarun's
+    assert worker.startswith("numarun: error: local rank 0: sched_setaffinity") and str(bad) in worker
+    assert "rank 0 (local rank 0" in summary and "exited with code 2" in summary
+    assert list(out.iterdir()) == []
+    loose = numarun("--plan-file", str(plan_file), "tests/scripts/report_binding.py", str(out))
+    assert loose.returncode == 0, loose.stderr
+    assert [line for line in loose.stderr.splitlines() if "WARNING: local rank 0" in line]
+    assert json.loads((out / "rank0.json").read_text())["cpus"] == allowed
+
+
+def test_user_mistakes_are_one_line_exit_2(tmp_path: Path) -> None:
+    missing = numarun("--nproc-per-node", "1", "no/such/script.py")
+    assert missing.returncode == 2 and _error_lines(missing.stderr) == [missing.stderr.strip()]
+    assert "no/such/script.py" in missing.stderr
+    too_many = numarun("--nproc-per-node", str(len(os.sched_getaffinity(0)) + 1), "tests/scripts/exit_rank.py", "0", "0")
+    assert too_many.returncode == 2 and too_many.stderr.count("\n") == 1 and "nproc-per-node" in too_many.stderr
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(numarun("plan", "--json", "--nproc-per-node", "1").stdout)
+    mismatch = numarun("--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0")
+    assert mismatch.returncode == 2 and mismatch.stderr.count("\n") == 1 and "1 ranks" in mismatch.stderr
+    run_path = numarun("--run-path", str(SCRIPTS / "exit_rank.py"), "0", "0")
+    assert run_path.returncode == 2 and run_path.stderr.count("\n") == 1 and "--run-path" in run_path.stderr
