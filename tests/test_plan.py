@@ -351,3 +351,8 @@ def test_cpu_only_ranks_follow_usable_cores_per_node() -> None:
     assert [r.numa_node for r in p.ranks] == [0, 0, 0, 0, 1, 1]
     assert all(r.physical_cores == 1 for r in p.ranks)
     assert [r.numa_node for r in plan(topo, nproc_per_node=3).ranks] == [0, 0, 1]
+
+
+def test_user_nic_variable_without_a_nic_is_not_warned() -> None:
+    p = plan(build_topology(), user_env={"NCCL_SOCKET_IFNAME": "eth9"})
+    assert not any("NCCL_SOCKET_IFNAME" in w for w in p.warnings)

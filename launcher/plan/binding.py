@@ -116,11 +116,13 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
 
     # memory nodes and the rest
     mem_policy = request.mem_policy if mode is not BindingMode.NONE else MemPolicy.NONE
-    for var in NIC_VARIABLES + ("OMP_NUM_THREADS",):
-        if var in user_env:
-            warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's per-rank value is not applied")
     rank_nodes = [_cpu_side_node(by_id, r) for r in ranks]
     nics = choose_nics(topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes)
+    # Warn once per variable the plan wanted to set but the user had set already.
+    wanted = {"OMP_NUM_THREADS"} | {k for c in nics if c is not None for k, _ in c.env}
+    for var in ("OMP_NUM_THREADS", *NIC_VARIABLES):
+        if var in wanted and var in user_env:
+            warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's per-rank value is not applied")
 
     bindings = []
     for r, node, choice in zip(ranks, rank_nodes, nics):
@@ -229,7 +231,7 @@ def _place_gpu_rank(
         r.fallback.append(f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, which holds its local CPUs")
         return
     r.pool = local or usable
-    what = "unknown (-1)" if node < 0 else f"{node}, which has no usable CPUs on any node"
+    what = "unknown (-1)" if node < 0 else f"{node}, and no NUMA node has usable CPUs"
     r.fallback.append(f"GPU {g.index} NUMA node {what}: spread over {'its local' if local else 'all usable'} CPUs")
 
 
