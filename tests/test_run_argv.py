@@ -103,3 +103,15 @@ def test_worker_env_lists_the_user_set_variables() -> None:
     assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "NCCL_IB_HCA", "NUMARUN_STRICT_BINDING": "1", "OMP_NUM_THREADS": "4"}
     env = worker_env(plan, {"OMP_NUM_THREADS": "8"}, plan_path="/p/plan.json", strict=False)
     assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "OMP_NUM_THREADS"}
+
+
+def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
+    from launcher.launch.torchrun import write_plan_file
+
+    plan = _plan({"OMP_NUM_THREADS": "1"})
+    path = write_plan_file(plan)
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert LaunchPlan.from_json(path.read_text()) == plan
+    kept = write_plan_file(plan, tmp_path)
+    assert kept == tmp_path / "numarun_plan.json" and kept.stat().st_mode & 0o777 == 0o600
+    assert write_plan_file(plan, tmp_path) == kept  # a second job in the same dir

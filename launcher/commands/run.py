@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         job_args = copy.copy(args)
         apply_launcher_settings(job_args, job.launcher, defaults)
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
-        _run(job_args, Target(target.kind, target.name, job.script_args), dict(job.env))
+        _run(job_args, Target(target.kind, target.name, job.script_args), dict(job.env), run_dir=job.run_dir)
     return 0
 
 
@@ -112,7 +112,7 @@ def _plan_defaults() -> dict[str, object]:
     return {a.dest: a.default for a in parser._actions}  # noqa: SLF001
 
 
-def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str]) -> int:
+def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str], run_dir: "os.PathLike[str] | None" = None) -> int:
     plan, plan_path = _load_plan(args)
     for w in plan.warnings:
         log.warning("%s", w)
@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str]) -> i
         sys.stdout.write(command_line(env, argv) + "\n")
         return 0
     if not plan_path:
-        plan_path = str(write_plan_file(plan))
+        plan_path = str(write_plan_file(plan, run_dir))
     env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env}
     log.info("running: %s", command_line(env, argv))
     run_torchrun(argv, env)

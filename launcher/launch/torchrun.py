@@ -145,11 +145,19 @@ def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
     return " ".join([*prefix, shlex.join(["torchrun", *argv])])
 
 
-def write_plan_file(plan: LaunchPlan) -> Path:
-    """The plan in a fresh private directory (0700, file 0600), removed when numarun exits."""
-    directory = tempfile.mkdtemp(prefix="numarun-")
-    atexit.register(shutil.rmtree, directory, True)
-    path = Path(directory) / "plan.json"
+def write_plan_file(plan: LaunchPlan, run_dir: "os.PathLike[str] | str | None" = None) -> Path:
+    """The plan as a file (mode 0600) for the workers.
+
+    In ``run_dir`` when the job has one (kept there as the record of how it ran), else in
+    a fresh private directory (0700) removed when numarun exits.
+    """
+    if run_dir is not None:
+        path = Path(run_dir) / "numarun_plan.json"
+        path.unlink(missing_ok=True)  # a restarted job: write it afresh with our mode
+    else:
+        directory = tempfile.mkdtemp(prefix="numarun-")
+        atexit.register(shutil.rmtree, directory, True)
+        path = Path(directory) / "plan.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(plan.to_json())
