@@ -403,8 +403,6 @@ def _compose_trainer(overrides: list[str]) -> tuple[Any, str, str | None]:
 
 def _compose_user(target: str, overrides: list[str], *, is_module: bool) -> tuple[Any, str, str | None]:
     """A user's @hydra.main app: compose from its decorator's config dir when it can be found."""
-    from omegaconf import OmegaConf
-
     path = Path(target) if not is_module else None
     if path is None:
         import importlib.util
@@ -424,8 +422,7 @@ def _compose_user(target: str, overrides: list[str], *, is_module: bool) -> tupl
     else:
         cfg = compose(overrides, directory=directory, config_name=config_name, schema=False)
     text = _job_yaml(cfg, resolve=False)
-    hydra_text = OmegaConf.to_yaml(OmegaConf.create({"hydra": OmegaConf.to_container(cfg.hydra, resolve=False)}))
-    return cfg, text, hydra_text
+    return cfg, text, "user"
 
 
 def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[str], other: list[str], run_dir: Path, *, write: bool = True) -> PreparedJob:
@@ -452,7 +449,7 @@ def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[
                 raise ConfigError(f"bad run dir {str(hydra_dir)!r}: not a real directory; expected a new run dir") from None
         config_file = hydra_dir / "config.yaml"
         write_text(config_file, text)
-        write_text(hydra_dir / "hydra.yaml", hydra_text or "")
+        write_text(hydra_dir / "hydra.yaml", _hydra_yaml(cfg, run_dir))
         write_text(hydra_dir / "overrides.yaml", _overrides_yaml(overrides))
         launcher = {}
         script_args = tuple(overrides) + (f"hydra.run.dir={run_dir}", "hydra.output_subdir=null") + tuple(other)
@@ -467,6 +464,17 @@ def _save(kind: AppKind, composed: tuple[Any, str, str | None], overrides: list[
         launcher=launcher,
         env=env,
     )
+
+
+def _hydra_yaml(cfg: Any, run_dir: Path) -> str:
+    """The ``hydra`` node as Hydra would save it, with the run dir every rank shares."""
+    from omegaconf import OmegaConf, open_dict
+
+    node = OmegaConf.create({"hydra": OmegaConf.to_container(cfg.hydra, resolve=False)})
+    with open_dict(node):
+        node.hydra.run.dir = str(run_dir)
+        node.hydra.runtime.output_dir = str(run_dir)
+    return OmegaConf.to_yaml(node)
 
 
 def _plain(value: Any) -> Any:
