@@ -14,8 +14,9 @@ Mapping:
   node (by id) whose cpuset holds it. Distances come from the ``NUMALatency`` matrix.
 - allowed CPUs / memory nodes: the root object's ``allowed_cpuset`` / ``allowed_nodeset``
   (all when absent). CPUs in the root ``complete_cpuset`` without a PU object (hwloc hides
-  disallowed and offline PUs) are kept with package/core -1: outside ``allowed_cpuset`` as
-  online but not allowed, inside it as offline.
+  disallowed and offline PUs) are kept with core -1 and the package whose ``complete_cpuset``
+  holds them (else -1): outside ``allowed_cpuset`` as online but not allowed, inside it as
+  offline.
 - GPUs: ``PCIDev`` objects whose ``pci_type`` says class 0x0300/0x0302 (0x0380 for AMD) and
   vendor 0x10de/0x1002; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
   ``AMDUUID``). NUMA node and CPU affinity from the nearest non-I/O ancestor (the node only
@@ -92,6 +93,8 @@ class _State:
     gpus: list[Gpu] = field(default_factory=list)
     nics: list[Nic] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    package_of: dict[int, int] = field(default_factory=dict)
+    """From Package ``complete_cpuset``s: places PUs that hwloc hid."""
 
 
 def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
@@ -173,7 +176,7 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
         c = st.cpus.get(cid)
         if c is None:
             in_allowed = allowed is None or cid in allowed
-            cpus.append(Cpu(id=cid, package=-1, core=-1, numa_node=cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
+            cpus.append(Cpu(id=cid, package=st.package_of.get(cid, -1), core=-1, numa_node=cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
             continue
         cpus.append(
             Cpu(
@@ -233,6 +236,8 @@ def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
     typ = el.get("type", "")
     if typ == "Package":
         ctx = _Ctx(**{**ctx.__dict__, "package": _attr_int(el, "os_index", -1)})
+        for c in parse_hwloc_set(el.get("complete_cpuset") or el.get("cpuset") or "0x0"):
+            st.package_of.setdefault(c, ctx.package)
     elif typ == "Die":
         ctx = _Ctx(**{**ctx.__dict__, "die": _attr_int(el, "os_index", 0)})
     elif typ == "Core":
