@@ -140,3 +140,23 @@ def test_no_nvml_keeps_sysfs(h200_tree: Path) -> None:
     assert merge_nvml(sysfs, None).gpu_source == "sysfs"
     empty = dataclasses.replace(sysfs, gpus=())
     assert merge_nvml(empty, None).gpu_source == "none"
+
+
+def test_bench_script_runs() -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "bench_discovery.py"), "--runs", "1"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["source", "nodes"]
+    assert any(line.startswith("live machine") for line in lines)
+    assert sum(line.startswith("tree ") for line in lines) == 2
+    bad = subprocess.run(
+        [sys.executable, str(repo / "scripts" / "bench_discovery.py"), "--runs", "0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "--runs" in bad.stderr

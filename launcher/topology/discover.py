@@ -88,19 +88,24 @@ def read_live() -> Topology:
     from .sysfs import read_sysfs
 
     topo = read_sysfs(Path("/"))
-    reading = _nvml_reading()
+    reading, note = _nvml_reading()
+    if note:
+        topo = dataclasses.replace(topo, notes=topo.notes + (note,))
     return merge_nvml(topo, reading)
 
 
-def _nvml_reading() -> "NvmlReading | None":
+def _nvml_reading() -> "tuple[NvmlReading | None, str]":
     try:
         from .nvml import read_nvml_gpus
     except ImportError:
-        return None
+        return None, ""
     try:
-        return read_nvml_gpus()
+        return read_nvml_gpus(), ""
     except ImportError:
-        return None
+        return None, ""
+    except Exception as e:  # a driver fault must not stop a launch that can fall back to sysfs
+        log.warning("NVML failed (%s); GPUs from sysfs", e)
+        return None, f"NVML failed ({type(e).__name__}: {e}); GPUs from sysfs"
 
 
 def merge_nvml(topo: Topology, reading: "NvmlReading | None") -> Topology:
