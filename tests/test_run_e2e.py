@@ -171,15 +171,34 @@ def test_strict_binding_with_an_impossible_plan(tmp_path: Path) -> None:
     assert json.loads((out / "rank0.json").read_text())["cpus"] == allowed
 
 
-def test_user_mistakes_are_one_line_exit_2(tmp_path: Path) -> None:
+def test_missing_script_is_one_line_exit_2() -> None:
     missing = numarun("--nproc-per-node", "1", "no/such/script.py")
     assert missing.returncode == 2 and _error_lines(missing.stderr) == [missing.stderr.strip()]
     assert "no/such/script.py" in missing.stderr
-    too_many = numarun("--nproc-per-node", str(len(os.sched_getaffinity(0)) + 1), "tests/scripts/exit_rank.py", "0", "0")
-    assert too_many.returncode == 2 and too_many.stderr.count("\n") == 1 and "nproc-per-node" in too_many.stderr
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """numarun's own main() in this process: for mistakes caught before anything starts."""
+    from launcher.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_user_mistakes_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.chdir(REPO)
+    code, _, err = _cli(capsys, "--nproc-per-node", str(len(os.sched_getaffinity(0)) + 1), "tests/scripts/exit_rank.py", "0", "0")
+    assert code == 2 and err.count("\n") == 1 and "nproc-per-node" in err
     plan_file = tmp_path / "plan.json"
-    plan_file.write_text(numarun("plan", "--json", "--nproc-per-node", "1").stdout)
-    mismatch = numarun("--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0")
-    assert mismatch.returncode == 2 and mismatch.stderr.count("\n") == 1 and "1 ranks" in mismatch.stderr
-    run_path = numarun("--run-path", str(SCRIPTS / "exit_rank.py"), "0", "0")
-    assert run_path.returncode == 2 and run_path.stderr.count("\n") == 1 and "--run-path" in run_path.stderr
+    code, out, _ = _cli(capsys, "plan", "--json", "--nproc-per-node", "1")
+    assert code == 0
+    plan_file.write_text(out)
+    code, _, err = _cli(capsys, "--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0")
+    assert code == 2 and err.count("\n") == 1 and "1 ranks" in err
+    code, _, err = _cli(capsys, "--plan-file", str(tmp_path / "nope.json"), "tests/scripts/exit_rank.py", "0", "0")
+    assert code == 2 and err.count("\n") == 1 and "nope.json" in err
+    code, _, err = _cli(capsys, "--run-path", str(SCRIPTS / "exit_rank.py"), "0", "0")
+    assert code == 2 and err.count("\n") == 1 and "--run-path" in err

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Launch overhead of numarun vs torchrun: the same no-op script, alternated runs.
+
+Each round runs both launchers once (the order flips every round so neither always
+starts with a warm page cache) and times the whole command, from exec to exit. Prints
+the median of each and the ratio numarun / torchrun (target <= 1.10).
+
+    .venv/bin/python scripts/bench_launch.py [--runs 5] [--nproc-per-node 2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _tool(name: str, fallback: list[str]) -> list[str]:
+    exe = Path(sys.executable).parent / name
+    return [str(exe)] if exe.exists() else fallback
+
+
+def _time(cmd: list[str], env: dict[str, str], timeout: float) -> float:
+    start = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - start
+    if r.returncode != 0:
+        sys.exit(f"bench_launch: {' '.join(cmd)} failed with code {r.returncode}:\n{r.stderr[-2000:]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs of each launcher (default 5)")
+    parser.add_argument("--nproc-per-node", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before one launch counts as hung")
+    parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+    args = parser.parse_args()
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_"))}
+    with tempfile.TemporaryDirectory(prefix="numarun-bench-") as tmp:
+        noop = Path(tmp) / "noop.py"
+        noop.write_text("pass\n")
+        launch = ["--nproc-per-node", str(args.nproc_per_node), "--standalone", str(noop)]
+        commands = {
+            "numarun": [*_tool("numarun", [sys.executable, "-m", "launcher"]), *launch],
+            "torchrun": [*_tool("torchrun", [sys.executable, "-m", "torch.distributed.run"]), *launch],
+        }
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        order = list(commands)
+        _time(commands["torchrun"], env, args.timeout)  # warm-up, not counted
+        for i in range(args.runs):
+            for name in order if i % 2 == 0 else reversed(order):
+                times[name].append(_time(commands[name], env, args.timeout))
+                print(f"run {i + 1} {name:8s} {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
+
+    med = {name: statistics.median(t) for name, t in times.items()}
+    ratio = med["numarun"] / med["torchrun"]
+    print(f"no-op script, --nproc-per-node {args.nproc_per_node} --standalone, {args.runs} alternated runs each")
+    for name in commands:
+        print(f"{name:8s} median {med[name]:.3f} s  (min {min(times[name]):.3f}, max {max(times[name]):.3f})")
+    print(f"ratio numarun/torchrun {ratio:.3f}  (target <= 1.10)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": times, "median_s": med, "ratio": ratio}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
