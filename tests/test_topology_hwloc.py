@@ -6,6 +6,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import HWLOC_XML_DIR, SYSFS_DIR
 from launcher.errors import TopologyError
@@ -114,3 +116,24 @@ def test_unsupported_or_broken_xml(text: str, words: list[str]) -> None:
 def test_missing_file() -> None:
     with pytest.raises(TopologyError, match="cannot be read"):
         read_hwloc_xml(Path("/nonexistent/topo.xml"))
+
+
+def _hwloc_form(ids: set[int], *, compact: bool) -> str:
+    """Write a set the way hwloc does: 32-bit words, most significant first; with
+    ``compact`` the zero words between others are left empty."""
+    value = sum(1 << i for i in ids)
+    words = []
+    while True:
+        words.append(value & 0xFFFFFFFF)
+        value >>= 32
+        if not value:
+            break
+    out = [f"0x{w:08x}" for w in reversed(words)]
+    if compact:
+        out = [o if (o != "0x00000000" or k in (0, len(out) - 1)) else "" for k, o in enumerate(out)]
+    return ",".join(out)
+
+
+@given(st.sets(st.integers(min_value=0, max_value=700), max_size=60), st.booleans())
+def test_hwloc_set_round_trip(ids: set[int], compact: bool) -> None:
+    assert parse_hwloc_set(_hwloc_form(ids, compact=compact)) == tuple(sorted(ids))

@@ -186,3 +186,11 @@ def test_trailing_nul_is_accepted(tree: Path) -> None:
     # hwloc's captures end some files with a NUL byte (the Kunpeng tree does).
     _write(tree, f"{NODE0}/cpulist", b"0-15\n\x00")
     assert read_sysfs(tree).numa_nodes[0].cpus == tuple(range(16))
+
+
+def test_symlink_loop_is_an_error(tree: Path) -> None:
+    net = tree / "sys/class/net/eth0"
+    shutil.rmtree(net)
+    net.symlink_to("eth0")  # points at itself
+    with pytest.raises(TopologyError, match="symlink loop"):
+        read_sysfs(tree)

@@ -193,9 +193,9 @@ class _Reader:
                 elif x not in ("", "."):
                     stack.append(x)
             parts = stack + parts[i + 1 :]
+            # Walk again from the root: the target itself may pass through links.
             cur = self.root
             i = 0
-            # Skip the already-resolved prefix quickly: restart from root (short paths).
         return cur
 
 
