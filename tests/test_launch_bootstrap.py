@@ -176,3 +176,17 @@ def test_no_python_execs_the_program_bound(tmp_path: Path) -> None:
     r = _bootstrap(["--no-python", "grep", "-E", "^(Cpus_allowed_list|Mems_allowed_list)", "/proc/self/status"], _env(plan))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["Cpus_allowed_list:", str(ALLOWED[-1]), "Mems_allowed_list:", str(MEMS[0])]
+
+
+def test_script_main_module_supports_spawn_and_exit_codes(tmp_path: Path) -> None:
+    plan = _write_plan(tmp_path, _binding(0))
+    r = _bootstrap(["tests/scripts/spawn_pool.py"], _env(plan))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[2, 4]"
+    failing = tmp_path / "fails.py"
+    failing.write_text("import sys\nprint(__name__, sys.argv[1:])\nraise SystemExit(int(sys.argv[1]))\n")
+    r = _bootstrap([str(failing), "5"], _env(plan))
+    assert (r.returncode, r.stdout) == (5, "__main__ ['5']\n")
+    failing.write_text("raise ValueError('boom')\n")
+    r = _bootstrap([str(failing)], _env(plan))
+    assert r.returncode == 1 and r.stderr.rstrip().endswith("ValueError: boom")
