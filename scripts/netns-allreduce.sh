@@ -9,7 +9,10 @@
 #
 # Usage:  sudo scripts/netns-allreduce.sh
 # Knobs (env): SHAPES="2 4" (ranks per node, one run each), SIZES=16M,32M,64M, ITERS=3,
-#              WARMUP=1, RATE=200mbit, OUT=/tmp/netns-allreduce, NUMARUN=.venv/bin/numarun
+#              WARMUP=1, RATE=200mbit, CHUNK=auto (hierarchical pipelining chunk, 0 = one shot),
+#              OUT=/tmp/netns-allreduce, NUMARUN=.venv/bin/numarun
+# Both "nodes" share this host's CPUs, so the ranks run unbound (--binding none): binding two
+# nodes' worth of ranks to the same cores would measure the binding, not the link.
 # Output: one JSON report per shape in $OUT and a summary table (hier/flat time ratio, the
 # byte-count bound of that ratio, and each mode's time against its link bound).
 set -euo pipefail
@@ -19,6 +22,7 @@ SHAPES=${SHAPES:-"2 4"}
 SIZES=${SIZES:-16M,32M,64M}
 ITERS=${ITERS:-3}
 WARMUP=${WARMUP:-1}
+CHUNK=${CHUNK:-auto}
 RATE=${RATE:-200mbit}
 OUT=${OUT:-/tmp/netns-allreduce}
 NUMARUN=${NUMARUN:-$HERE/.venv/bin/numarun}
@@ -68,8 +72,8 @@ port=29640
 for G in $SHAPES; do
   port=$((port + 1))
   common=(bench allreduce --nnodes 2 --nproc-per-node "$G" --master-addr "$ADDR0" --master-port "$port"
-          --sizes "$SIZES" --iters "$ITERS" --warmup "$WARMUP" --link-rate "$RATE")
-  echo "== 2 nodes x $G ranks, sizes $SIZES, $ITERS iterations (+$WARMUP warmup), link $RATE"
+          --binding none --sizes "$SIZES" --iters "$ITERS" --warmup "$WARMUP" --link-rate "$RATE" --chunk "$CHUNK")
+  echo "== 2 nodes x $G ranks, sizes $SIZES, $ITERS iterations (+$WARMUP warmup), link $RATE, chunk $CHUNK"
   in_ns "$NS1" env GLOO_SOCKET_IFNAME="$IF" OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
     "$NUMARUN" "${common[@]}" --node-rank 1 >"$OUT/2x$G.node1.log" 2>&1 &
   PIDS+=($!)

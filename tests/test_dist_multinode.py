@@ -283,5 +283,7 @@ def test_bench_cli_two_nodes(tmp_path: Path) -> None:
         assert len(x["times_s"]) == 2 and x["median_s"] > 0
         assert x["busbw_gbps"] == pytest.approx(x["algbw_gbps"] * 1.5)
     assert rep["bound_ratio"] == pytest.approx(2 / 3)
+    # started through 'numarun run': rank 0 got its CPUs from the plan
+    assert rep["rank0_cpus"] and all(isinstance(c, int) for c in rep["rank0_cpus"])
     for c in rep["comparisons"]:
         assert c["hierarchical_link_bound_s"] == pytest.approx(c["size_bytes"] * 8 / 100e6)

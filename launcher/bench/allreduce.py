@@ -118,8 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="element type (default float32)")
     parser.add_argument("--modes", default="flat,hierarchical",
                         help="which all-reduces to time, comma-separated: flat, hierarchical (default both)")
-    parser.add_argument("--chunk", default="4M",
-                        help="hierarchical pipelining chunk (e.g. 4M; 0 = one shot, no pipelining; default 4M)")
+    parser.add_argument("--chunk", default="auto",
+                        help="hierarchical pipelining chunk (e.g. 1M; 0 = one shot, no pipelining; default auto)")
     parser.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl with GPUs, else gloo)")
     parser.add_argument("--link-rate", default=None,
                         help="inter-node link rate (e.g. 200mbit): adds each mode's time at that rate to the report")
@@ -135,7 +135,8 @@ def _check_args(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, .
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(expected(f"--iters {args.iters} --warmup {args.warmup}", "iters >= 1 and warmup >= 0", "counts"))
     rate = parse_rate(args.link_rate) if args.link_rate else None
-    args.chunk_bytes = 0 if str(args.chunk).strip() == "0" else parse_size(str(args.chunk))
+    chunk = str(args.chunk).strip().lower()
+    args.chunk_bytes = None if chunk == "auto" else 0 if chunk == "0" else parse_size(chunk)
     return sizes, modes, rate
 
 
@@ -211,6 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "warmup": args.warmup,
         "link_rate_bps": rate,
         "chunk_bytes": args.chunk_bytes,
+        "rank0_cpus": list(ctx.binding.cpus) if ctx.binding is not None else None,
         "bound_ratio": bound_ratio(num_nodes=ctx.num_nodes, local_world_size=ctx.local_world_size)
         if ctx.hierarchical_ok else None,
         "results": [asdict(r) for r in results],

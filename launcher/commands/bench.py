@@ -41,6 +41,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             g.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
             g.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
             g.add_argument("--master-port", type=int, default=29500, help="port on node 0 (default 29500)")
+            g.add_argument("--binding", default=None, metavar="MODE",
+                           help="CPU binding of the ranks, as 'numarun run --binding' (default: run's default)")
+            g.add_argument("--launcher", choices=("numarun", "torchrun"), default="numarun",
+                           help="start the ranks with 'numarun run' (bound, default) or plain torchrun")
         own = argparse.ArgumentParser(add_help=False)
         module.add_arguments(own)
         module.add_arguments(p)
@@ -60,12 +64,17 @@ def launch_argv(args: argparse.Namespace, bench_argv: list[str]) -> list[str]:
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UsageError(expected(f"--nnodes {args.nnodes} --node-rank {args.node_rank}",
                                   "nnodes >= 1 and 0 <= node-rank < nnodes", "job shape"))
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}",
-        f"--master-addr={args.master_addr}", f"--master-port={args.master_port}",
-        "-m", args.bench_module, *bench_argv,
-    ]
+    job = [f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}",
+           f"--master-addr={args.master_addr}", f"--master-port={args.master_port}"]
+    if args.launcher == "torchrun":
+        if args.binding is not None:
+            raise UsageError(expected(f"--binding {args.binding}", "no --binding with --launcher torchrun", "option"))
+        head = [sys.executable, "-m", "torch.distributed.run"]
+    else:
+        head = [sys.executable, "-m", "launcher", "run"]
+        if args.binding is not None:
+            job.append(f"--binding={args.binding}")
+    return [*head, *job, "-m", args.bench_module, *bench_argv]
 
 
 def bench_argv(args: argparse.Namespace) -> list[str]:

@@ -126,16 +126,23 @@ def _all_gather(full: "torch.Tensor", shard: "torch.Tensor", group: Any) -> None
     dist.all_gather(parts, shard.contiguous(), group=group)
 
 
-DEFAULT_CHUNK_BYTES = 4 * 2**20
-"""Pipelining granularity: big enough that per-collective overhead is small, small enough
-that the in-node steps of the first and last chunk (not hidden) stay short."""
+MAX_CHUNK_BYTES = 2 * 2**20
+MIN_CHUNK_BYTES = 256 * 2**10
+PIPELINE_DEPTH = 16
+"""Default pipelining: about this many chunks, each MIN..MAX_CHUNK_BYTES. Only the in-node
+steps of the first and last chunk are not hidden behind the link, so more chunks hide
+more, until per-collective overhead dominates."""
 
 # True once a one-shot call has shown the backend has the tensor forms used when pipelining.
 _PROBED = False
 
 
-def _chunk_elems(chunk_bytes: int | None, elem_size: int, g: int) -> int:
-    b = DEFAULT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+def default_chunk_bytes(total_bytes: int) -> int:
+    return max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, total_bytes // PIPELINE_DEPTH))
+
+
+def _chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> int:
+    b = default_chunk_bytes(numel * elem_size) if chunk_bytes is None else chunk_bytes
     if b <= 0:
         return 1 << 62
     return max(g, (b // elem_size) // g * g)
@@ -240,8 +247,8 @@ def hierarchical_all_reduce(
     the world size on every backend, so results do not depend on a backend's AVG support.
     ``inter_dtype``: cast the shard to this dtype (bf16/fp16) for the inter-node step only.
     ``chunk_bytes``: tensors larger than this are reduced in chunks, pipelined so that one
-    chunk crosses nodes while the next is reduced inside the node (default
-    ``DEFAULT_CHUNK_BYTES``; 0 = one shot). Chunking never changes the result.
+    chunk crosses nodes while the next is reduced inside the node (default None: about
+    ``PIPELINE_DEPTH`` chunks of 256 KiB..2 MiB; 0 = one shot). Chunking never changes the result.
     """
     import torch
     import torch.distributed as dist
@@ -270,7 +277,7 @@ def hierarchical_all_reduce(
         full[:n].copy_(flat)
 
     if n:
-        step = _chunk_elems(chunk_bytes, full.element_size(), g)
+        step = _chunk_elems(chunk_bytes, full.element_size(), g, full.numel())
         if _NO_RS_TENSOR or _NO_AG_TENSOR or not _PROBED or step >= full.numel():
             _one_shot(full, shard_len, op, ctx, inter_dtype)
         else:
