@@ -11,10 +11,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SlurmError, expected
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
-from ..slurm.script import SlurmJob, expand_sweep, looks_like_overrides, render_sbatch
+from ..slurm.script import SlurmJob, render_sbatch
+
+if TYPE_CHECKING:
+    from ..config.compose import AppKind
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--nodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
     g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
     g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node")
     g.add_argument("--partition", default=None)
@@ -50,7 +54,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     r.add_argument("--output-dir", default=None, metavar="DIR",
                    help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument("--requeue-limit", type=int, default=3, help="how often the job requeues itself near its time limit (default 3)")
+    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default 3; 0 with slurm.requeue=false)")
     r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
                    help="seconds before the time limit at which the job checkpoints and requeues (default 120, or a quarter of a shorter limit)")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)")
@@ -59,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
-                   help="append hydra.run.dir=<run dir> to the arguments (auto: when they are all overrides)")
+                   help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
@@ -77,34 +81,90 @@ def default_numarun() -> tuple[str, ...]:
     return (sys.executable, "-m", "launcher")
 
 
+def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None, dict[str, Any]]:
+    """(kind of script, sbatch settings from the job config's ``slurm``/``launcher`` groups).
+
+    Only numarun's trainer composes numarun's configs/; composing also validates the
+    overrides here, so a wrong key fails before anything is submitted.
+    """
+    try:
+        from ..config import compose as cc
+    except ImportError:  # Hydra missing: plain flags only
+        return None, {}
+    kind = cc.detect_app(script, is_module=False)
+    if kind is not cc.AppKind.TRAINER:
+        return kind, {}
+    overrides, _, multirun = cc.split_args(user_args)
+    first = cc.expand_sweep(overrides)[0] if multirun else overrides
+    cfg = cc.compose(first)
+    slurm = cfg.slurm
+    settings: dict[str, Any] = {
+        "partition": slurm.partition,
+        "time": slurm.time,
+        "account": slurm.account,
+        "gpus_per_node": None if slurm.gpus_per_node is None else str(slurm.gpus_per_node),
+        "signal_before": slurm.signal_seconds,
+        "requeue_limit": None if slurm.requeue else 0,
+    }
+    if cfg.launcher.get("nnodes") is not None:
+        settings["nodes"] = int(cfg.launcher.nnodes)
+    if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
+        settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
+    return kind, settings
+
+
+def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
+    """One argument set per job of a ``-m`` sweep (Hydra's grammar, via the config module)."""
+    try:
+        from ..config import compose as cc
+    except ImportError:
+        return (tuple(a for a in user_args if a not in MULTIRUN_FLAGS),)
+    overrides, other, multirun = cc.split_args(user_args)
+    if not multirun:
+        return (tuple(user_args),)
+    return tuple(tuple(job) + tuple(other) for job in cc.expand_sweep(overrides))
+
+
 def build_job(args: argparse.Namespace) -> SlurmJob:
     """argparse namespace -> validated SlurmJob (raises NumarunError; touches nothing)."""
+    script = Path(args.script)
+    if not script.is_file():
+        raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
+    user_args = list(args.args)
+    kind, from_config = _config_settings(str(script), user_args)
+
+    def pick(name: str, default: Any = None) -> Any:
+        # a flag on the command line wins over the job config, which wins over the default
+        value = getattr(args, name)
+        if value is not None:
+            return value
+        value = from_config.get(name)
+        return default if value is None else value
+
     options = SlurmOptions(
-        nodes=args.nodes,
-        nproc_per_node=args.nproc_per_node,
-        gpus_per_node=args.gpus_per_node,
-        partition=args.partition,
-        time=args.time,
-        account=args.account,
+        nodes=pick("nodes", 1),
+        nproc_per_node=pick("nproc_per_node"),
+        gpus_per_node=pick("gpus_per_node"),
+        partition=pick("partition"),
+        time=pick("time"),
+        account=pick("account"),
         qos=args.qos,
         constraint=args.constraint,
         exclusive=args.exclusive,
         cpus_per_task=args.cpus_per_task,
         mem=args.mem,
         job_name=args.job_name,
-        requeue_limit=args.requeue_limit,
-        signal_before=args.signal_before,
+        requeue_limit=pick("requeue_limit", 3),
+        signal_before=pick("signal_before"),
         extra_sbatch=tuple(args.extra_sbatch),
     ).validate()
-    script = Path(args.script)
-    if not script.is_file():
-        raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
-    user_args = [a for a in args.args if a not in MULTIRUN_FLAGS]
-    multirun = len(user_args) != len(args.args)
-    arg_sets = expand_sweep(user_args) if multirun else (tuple(user_args),)
+    arg_sets = _sweep(user_args)
+    if kind is not None and kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
+        # a requeued job must continue from its checkpoint in the (job-id) run dir
+        arg_sets = tuple(s + ("trainer.resume=true",) for s in arg_sets)
     if args.hydra_run_dir == "auto":
-        hydra_run_dir = looks_like_overrides(user_args)
+        hydra_run_dir = kind is not None and kind.value != "plain"
     else:
         hydra_run_dir = args.hydra_run_dir == "yes"
     if args.numarun is not None:

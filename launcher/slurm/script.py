@@ -9,7 +9,6 @@ Header (``#SBATCH``) values are read by sbatch without a shell; they are validat
 
 from __future__ import annotations
 
-import itertools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -20,8 +19,6 @@ from .options import SlurmOptions, check_output_dir, format_time
 
 TEMPLATE = "sbatch.sh.in"
 _SLOT = re.compile(r"@@([A-Z_]+)@@")
-# key=value, +key=value, ++key=value, ~key[=value]: what Hydra takes as an override.
-_OVERRIDE = re.compile(r"[~+]{0,2}[A-Za-z_][\w./@\-]*(=|$)")
 
 
 @dataclass(frozen=True)
@@ -54,55 +51,6 @@ class SlurmJob:
         """The ``--output`` pattern: one log per job (per array index)."""
         name = "slurm-%A_%a.out" if self.is_array else "slurm-%j.out"
         return f"{self.output_dir}/{name}"
-
-
-def looks_like_overrides(args: tuple[str, ...] | list[str]) -> bool:
-    """True when every argument is a Hydra override (``key=value``); False for no arguments."""
-    return bool(args) and all(_OVERRIDE.match(a) for a in args)
-
-
-def _sweep_values(value: str) -> list[str]:
-    """Split ``1,2,3`` on top-level commas (not inside quotes or brackets); one value: no sweep."""
-    parts, cur, depth, quote = [], [], 0, ""
-    for ch in value:
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[({":
-            depth += 1
-        elif ch in "])}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def expand_sweep(args: tuple[str, ...] | list[str]) -> tuple[tuple[str, ...], ...]:
-    """Hydra multirun ``a=1,2 b=x,y`` -> the cartesian product of override sets, in Hydra's order.
-
-    Only comma lists are swept (``range()``/``choice()`` sweeps are not expanded here).
-    Arguments that are not overrides are kept as they are in every set.
-    """
-    choices: list[list[str]] = []
-    for arg in args:
-        m = _OVERRIDE.match(arg)
-        if m and m.group(1) == "=":
-            key, _, value = arg.partition("=")
-            values = _sweep_values(value)
-            if len(values) > 1 and all(values):
-                choices.append([f"{key}={v}" for v in values])
-                continue
-        choices.append([arg])
-    sets = tuple(tuple(combo) for combo in itertools.product(*choices))
-    if len(sets) > 10_000:
-        raise SlurmError(expected(f"{len(sets)} runs", "a sweep of at most 10000 runs", "multirun sweep"))
-    return sets
 
 
 def _q(words: tuple[str, ...] | list[str]) -> str:
