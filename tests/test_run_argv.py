@@ -115,3 +115,21 @@ def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
     kept = write_plan_file(plan, tmp_path)
     assert kept == tmp_path / "numarun_plan.json" and kept.stat().st_mode & 0o777 == 0o600
     assert write_plan_file(plan, tmp_path) == kept  # a second job in the same dir
+
+
+def test_run_torchrun_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.launch.torchrun import run_torchrun
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = dict(os.environ)
+    # a run that fails at once: torchrun refuses a min > max --nnodes range before starting workers
+    with pytest.raises(AssertionError, match="min_nodes"):
+        run_torchrun(["--nnodes=2:1", "--nproc-per-node=2", "--module", "x"], {"NUMARUN_PLAN": "/nowhere", "OMP_NUM_THREADS": "3"})
+    assert dict(os.environ) == before
+
+
+def test_pet_environment_sets_the_rank_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
+    assert parse([SCRIPT]).nproc_per_node == 3
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")
+    assert parse([SCRIPT]).nproc_per_node is None

@@ -30,7 +30,7 @@ from ..launch.torchrun import (
     write_plan_file,
 )
 from ..plan.model import LaunchPlan
-from ..plan.options import add_plan_options, parse_nproc, request_from_args
+from ..plan.options import add_plan_options, request_from_args
 from ..errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     add_run_options(parser)
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
     if pet:
-        parser.set_defaults(nproc_per_node=parse_nproc(pet))
+        parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
     parser.set_defaults(func=main)
     return parser
 

@@ -183,6 +183,9 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
+    # by one job (torchrun's OMP_NUM_THREADS too) must not look user-set to the next.
+    saved = dict(os.environ)
     os.environ.update(env)
     try:
         torchrun_main(list(argv))
@@ -199,3 +202,6 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     except SignalException as e:
         sig = signal.Signals(e.sigval)
         raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
