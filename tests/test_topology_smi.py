@@ -224,6 +224,17 @@ def test_smt_not_inferred_for_interleaved_numbering() -> None:
     assert all(c.siblings == () for c in t.cpus)
 
 
+def test_smt_not_inferred_when_the_gap_is_not_half_the_cpus() -> None:
+    # Two ranges per node, but 10 apart on a 28-CPU box (a narrowed affinity), not 14.
+    text = (
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tSYS\t0-3,10-11\t0\n"
+        "GPU1\tSYS\t X \t16-19,26-27\t1\n"
+    )
+    t = topology_from_smi(text, "narrowed")
+    assert all(c.siblings == () for c in t.cpus)
+
+
 # --- odd but valid formats -------------------------------------------------------
 
 OLD_SOC = """\
