@@ -7,8 +7,9 @@ rank per visible GPU, or 1 without GPUs) and ``--dry-run``, ``--strict-binding``
 
 Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one line);
 when a rank fails, the exit code of the lowest global rank that exited non-zero (1 when
-every failed rank was killed by a signal), after one line naming every failed rank; 128 + N when numarun itself got
-signal N (SIGTERM, SIGINT...), after torchrun has ended all workers.
+every failed rank was killed by a signal), after one line naming every failed rank;
+128 + N when numarun itself got signal N (SIGTERM, SIGINT...), after torchrun has ended
+all workers.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from ..launch.torchrun import (
     worker_env,
     write_plan_file,
 )
+from ..errors import UsageError
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_from_args
-from ..errors import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ import os
 import shlex
 import shutil
 import signal
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any
 
 from ..errors import NumarunError, UsageError
 from ..plan.model import LaunchPlan
-from .bootstrap import LOG_LEVEL_ENV, PLAN_ENV, STRICT_ENV, USER_ENV
+from .bootstrap import PLAN_ENV, STRICT_ENV, USER_ENV
 
 BOOTSTRAP_MODULE = "launcher.launch.bootstrap"
 
