@@ -198,3 +198,20 @@ def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("numarun: error: bad override 'trainer.steps=abc'")
     assert not (in_tmp / "outputs").exists()
+
+
+def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
+    def dry(*args: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-m", "launcher", "--dry-run", *args], cwd=in_tmp,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return [ln for ln in proc.stdout.splitlines() if " torchrun " in ln]
+
+    sweep = dry(TRAIN, "-m", "launcher.nproc_per_node=2", "trainer.steps=1,2")
+    assert len(sweep) == 2
+    assert all("--nproc-per-node=2" in ln for ln in sweep)
+    assert "/0/config.yaml" in sweep[0] and "/1/config.yaml" in sweep[1]
+    # a flag on the command line wins over the config's launcher group
+    (line,) = dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2")
+    assert "--nproc-per-node=1" in line
+    assert not (in_tmp / "outputs").exists() and not (in_tmp / "multirun").exists()  # dry run: nothing written
