@@ -8,7 +8,7 @@
 # namespace as node 0 / node 1 with GLOO_SOCKET_IFNAME set to the veth.
 #
 # Usage:  sudo scripts/netns-allreduce.sh
-# Knobs (env): SHAPES="2 4" (ranks per node, one run each), SIZES=16M,32M,64M, ITERS=3,
+# Knobs (env): SHAPES="2 4" (ranks per node, one run each), SIZES=16M,32M,64M, ITERS=5,
 #              WARMUP=1, RATE=200mbit, CHUNK=auto (hierarchical pipelining chunk, 0 = one shot),
 #              OUT=/tmp/netns-allreduce, NUMARUN=.venv/bin/numarun
 # Both "nodes" share this host's CPUs, so the ranks run unbound (--binding none): binding two
@@ -20,7 +20,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 SHAPES=${SHAPES:-"2 4"}
 SIZES=${SIZES:-16M,32M,64M}
-ITERS=${ITERS:-3}
+ITERS=${ITERS:-5}
 WARMUP=${WARMUP:-1}
 CHUNK=${CHUNK:-auto}
 RATE=${RATE:-200mbit}

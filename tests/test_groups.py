@@ -160,8 +160,8 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
                         "--json", "/tmp/x.json"])
     argv = bench_cmd.launch_argv(args, bench_cmd.bench_argv(args))
     i = argv.index("-m", 2)
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
-    assert argv[3:i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
+    assert argv[1:4] == ["-m", "launcher", "run"]  # bound ranks by default
+    assert argv[4:i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
                          "--master-port=1234"]
     assert argv[i + 1] == "launcher.bench.allreduce"
     rest = argv[i + 2:]
@@ -172,6 +172,18 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
     bench.add_arguments(p)
     again = p.parse_args(rest)
     assert (again.sizes, again.iters, again.json_path, again.modes) == ("1M,2M", 4, "/tmp/x.json", args.modes)
+
+
+def test_bench_launchers() -> None:
+    args = _bench_args(["bench", "allreduce", "--binding", "none"])
+    argv = bench_cmd.launch_argv(args, [])
+    assert argv[1:4] == ["-m", "launcher", "run"] and "--binding=none" in argv
+    args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
+    argv = bench_cmd.launch_argv(args, [])
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and not any(a.startswith("--binding") for a in argv)
+    args = _bench_args(["bench", "allreduce", "--launcher", "torchrun", "--binding", "node"])
+    with pytest.raises(UsageError, match="--launcher torchrun"):
+        bench_cmd.launch_argv(args, [])
 
 
 def test_bench_bad_job_shape() -> None:
