@@ -20,6 +20,9 @@ SYSFS_DIR = FIXTURES / "hwloc-linux-sysfs"
 HWLOC_XML_DIR = FIXTURES / "hwloc"
 H200_TARBALL = FIXTURES / "live-h200-vm" / "sysfs.tar.gz"
 
+# Extracted trees hold sysfs symlink cycles (cpuN/node0 -> node0/cpuN): never walk them.
+collect_ignore = ["fixtures", "golden"]
+
 
 def _tar_name(tarball: Path) -> str:
     name = tarball.name
