@@ -102,6 +102,16 @@ def test_fsdp_matches_ddp_step_by_step(ddp8: Path, fsdp8: Path) -> None:
     assert b[8] < b[1]
 
 
+def test_one_rank_with_grad_accum_matches_two_ranks(base: Path, ddp8: Path) -> None:
+    # the same global batch of 8: one rank in two micro-batches of 4 = two ranks of 4 each
+    run_dir = base / "accum"
+    ok(numarun(["--nproc-per-node", "1", TRAIN, "trainer.steps=8", "optim.lr=0.004", "trainer.batch_size=8",
+                "trainer.grad_accum=2", f"hydra.run.dir={run_dir}", *QUIET], base))
+    a, b = losses(ddp8), losses(run_dir)
+    for step in a:
+        assert b[step] == pytest.approx(a[step], abs=1e-4), step
+
+
 def test_resume_continues_with_the_same_losses(base: Path, fsdp8: Path) -> None:
     ck = base / "ck"
     common = ["--nproc-per-node", "2", TRAIN, "parallel=fsdp", "optim.lr=0.004", "trainer.batch_size=8",
