@@ -1,0 +1,246 @@
+"""The rendered sbatch script: golden files, quoting (property test that really runs the
+script with a fake srun/scontrol/numarun and compares argv byte for byte), job arrays,
+and `numarun submit` against a recording sbatch.
+
+Regenerate the golden scripts with ``NUMARUN_REGEN_GOLDEN=1 pytest tests/test_slurm_script.py``.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from launcher.slurm.options import SlurmOptions
+from launcher.slurm.script import SlurmJob, render_sbatch
+from launcher.slurm.submit import overall_return_code, parse_scontrol_jobs
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm"
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+REGEN = os.environ.get("NUMARUN_REGEN_GOLDEN") == "1"
+NUMARUN = ("/opt/numarun/.venv/bin/numarun",)
+
+GOLDEN_JOBS = {
+    "two-nodes": SlurmJob(
+        script="/home/ada/proj/scripts/train.py",
+        output_dir="/scratch/ada/runs",
+        options=SlurmOptions(nodes=2, nproc_per_node=2, time="30"),
+        arg_sets=(("model=gpt", "trainer.steps=100", "x=$(touch /tmp/pwned)", "name=it's `id`"),),
+        numarun=NUMARUN,
+        hydra_run_dir=True,
+        env=(("GLOO_SOCKET_IFNAME", "eth1"), ("NOTE", "a b; $c")),
+    ),
+    "all-options": SlurmJob(
+        script="/home/ada/my project/run.py",
+        output_dir="/scratch/ada/runs",
+        options=SlurmOptions(
+            nodes=4, nproc_per_node=8, gpus_per_node="h100:8", partition="gpu", time="1-12:00",
+            account="proj1", qos="high", constraint="ib&nvlink", exclusive=True, cpus_per_task=96,
+            mem="900G", job_name="llm", requeue_limit=5, signal_before=300,
+            extra_sbatch=("--mail-type=END",),
+        ),
+        arg_sets=(("--epochs", "3", "--data", "/data/set one"),),
+        numarun=NUMARUN,
+        launch_opts=("--binding", "socket"),
+    ),
+    "sweep-array": SlurmJob(
+        script="/home/ada/proj/scripts/train.py",
+        output_dir="/scratch/ada/runs",
+        options=SlurmOptions(nodes=1, time="10:00"),
+        arg_sets=(("optim=sgd", "lr=0.1"), ("optim=sgd", "lr=0.01"), ("optim=adamw", "lr=0.1"), ("optim=adamw", "lr=0.01")),
+        numarun=NUMARUN,
+        hydra_run_dir=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_JOBS))
+def test_golden_scripts(name):
+    text = render_sbatch(GOLDEN_JOBS[name])
+    path = GOLDEN / f"{name}.sh"
+    if REGEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden {path}: run with NUMARUN_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{name}: rendered script differs from {path} (NUMARUN_REGEN_GOLDEN=1 to accept)"
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_header_and_runtime_pieces():
+    text = render_sbatch(GOLDEN_JOBS["two-nodes"])
+    header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=2" in header and "#SBATCH --ntasks-per-node=1" in header
+    assert "#SBATCH --signal=B:USR1@120" in header and "#SBATCH --requeue" in header
+    assert "#SBATCH --output=/scratch/ada/runs/slurm-%j.out" in header
+    # evaluated on each node at run time, never expanded by the batch shell
+    assert "--node-rank \"$SLURM_NODEID\"" in text
+    assert "scontrol show hostnames \"${SLURM_JOB_NODELIST:-}\" | head -n1" in text
+    assert "--rdzv-id \"$job_key\"" in text and "--nnodes \"$SLURM_NNODES\"" in text
+
+
+# ----------------------------------------------------------------------------- executing it
+
+
+def _fake_bin(tmp: Path) -> Path:
+    """srun runs its command once as node 0; scontrol answers like a one-node cluster;
+    numarun writes its argv NUL-separated (byte exact) and one env value."""
+    b = tmp / "bin"
+    b.mkdir(exist_ok=True)
+    (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexport SLURM_NODEID=0\n"$@"\n')
+    (b / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'case "$1 $2" in\n'
+        '  "show hostnames") echo n1 ;;\n'
+        '  "show node") echo "NodeName=n1 Arch=x86_64"; echo "   NodeAddr=127.0.0.1 NodeHostName=h" ;;\n'
+        f'  requeue*) echo "$*" >> {tmp}/requeued ;;\n'
+        "esac\n"
+    )
+    (b / "numarun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\nprintf "%s" "${PROBE-unset}" > "$ENV_OUT"\n')
+    for f in b.iterdir():
+        f.chmod(0o755)
+    return b
+
+
+def _run_script(tmp: Path, job: SlurmJob, *, array_index: int | None = None) -> tuple[list[str], str]:
+    b = _fake_bin(tmp)
+    script = tmp / "job.sh"
+    script.write_text(render_sbatch(job))
+    env = {
+        "PATH": f"{b}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURMD_NODENAME": "n1",
+        "ARGV_OUT": str(tmp / "argv"),
+        "ENV_OUT": str(tmp / "env"),
+    }
+    if array_index is not None:
+        env.update(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID=str(array_index))
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    argv = (tmp / "argv").read_bytes().decode("utf-8").split("\0")[:-1]
+    return argv, (tmp / "env").read_bytes().decode("utf-8")
+
+
+def _job(tmp: Path, script: str, args: tuple[str, ...], probe: str) -> SlurmJob:
+    return SlurmJob(
+        script=script,
+        output_dir=str(tmp / "out"),
+        options=SlurmOptions(nodes=1, nproc_per_node=2),
+        arg_sets=(args,),
+        env=(("PROBE", probe),),
+        numarun=(str(tmp / "bin" / "numarun"),),
+    )
+
+
+def test_script_runs_numarun_with_rendezvous_at_head(tmp_path):
+    argv, probe = _run_script(tmp_path, _job(tmp_path, "/p/train.py", ("a=1",), "v"))
+    port = 15000 + 4242 % 15000
+    assert argv == [
+        "run", "--nproc-per-node", "2", "--nnodes", "1", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "4242",
+        "--node-rank", "0", "--rdzv-conf", "is_host=true", "--local-addr", "127.0.0.1",
+        "/p/train.py", "a=1",
+    ]
+    assert probe == "v"
+    assert (tmp_path / "out" / "4242").is_dir()
+
+
+def test_array_index_selects_its_override_set(tmp_path):
+    job = SlurmJob(
+        script="/p/train.py", output_dir=str(tmp_path / "out"), numarun=(str(tmp_path / "bin" / "numarun"),),
+        arg_sets=(("lr=1",), ("lr=2", "x=$(y)"), ("lr=3",)), hydra_run_dir=True,
+    )
+    argv, _ = _run_script(tmp_path, job, array_index=1)
+    assert argv[-3:] == ["lr=2", "x=$(y)", f"hydra.run.dir={tmp_path}/out/4240_1"]
+    assert "--rdzv-id" in argv and argv[argv.index("--rdzv-id") + 1] == "4240_1"
+
+
+def test_no_head_node_fails_loudly(tmp_path):
+    b = _fake_bin(tmp_path)
+    (b / "scontrol").write_text("#!/bin/bash\nexit 0\n")
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(_job(tmp_path, "/p/t.py", (), "")))
+    proc = subprocess.run(["bash", str(script)], env={"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1",
+                          "SLURM_JOB_NODELIST": "", "ARGV_OUT": str(tmp_path / "argv"), "ENV_OUT": str(tmp_path / "env")},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no head node" in proc.stderr
+    assert not (tmp_path / "argv").exists()
+
+
+CANARY = "/tmp/numarun-quoting-canary"
+FRAGMENTS = [
+    f"$(touch {CANARY})", f"`touch {CANARY}`", f"; touch {CANARY}", f"\ntouch {CANARY}\n", "'", '"', "\\", "$HOME",
+    "${IFS}", "$1", "*", "?", "!", "#", "&&", "|", ">x", "<y", "~", "%j", "@@SCRIPT@@", "\t", " ", "-", "=", "é", "日本",
+]
+piece = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
+    st.sampled_from(FRAGMENTS),
+)
+user_string = st.lists(piece, max_size=6).map("".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.lists(user_string, max_size=4), script_name=user_string, probe=user_string)
+def test_any_user_value_arrives_byte_exact(tmp_path, args, script_name, probe):
+    if os.path.exists(CANARY):
+        os.unlink(CANARY)
+    script = "/p/" + script_name.replace("/", "_")
+    job = _job(tmp_path, script, tuple(args), probe)
+    subprocess.run(["bash", "-n"], input=render_sbatch(job), text=True, check=True)
+    argv, got_probe = _run_script(tmp_path, job)
+    assert argv[-(len(args) + 1):] == [script, *args]
+    assert got_probe == probe
+    assert not os.path.exists(CANARY), "a user value was executed by the batch script"
+
+
+# ----------------------------------------------------------------------------- Slurm's answers
+
+
+def test_parse_scontrol_records():
+    done = parse_scontrol_jobs((FIXTURES / "scontrol-job-completed-requeued.txt").read_text())
+    assert [(r.state, r.exit_code, r.restarts, r.return_code) for r in done] == [("COMPLETED", 0, 1, 0)]
+    array = parse_scontrol_jobs((FIXTURES / "scontrol-array-one-failed.txt").read_text())
+    assert sorted((r.job_id, r.state, r.exit_code) for r in array) == [("8_0", "COMPLETED", 0), ("8_1", "FAILED", 3)]
+    assert overall_return_code(array) == 3
+
+
+def test_submit_prints_id_run_dir_and_logs(tmp_path):
+    """Against a recording sbatch: the script goes to sbatch on stdin, a copy is kept."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    (b / "sbatch").write_text(f'#!/bin/bash\necho "$*" > {tmp_path}/sbatch-args\ncat > {tmp_path}/stdin\necho "321;cluster"\n')
+    (b / "sbatch").chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", "--nodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PATH=f"{b}:{os.environ['PATH']}"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "sbatch-args").read_text().split() == ["--parsable"]
+    sent = (tmp_path / "stdin").read_text()
+    assert "#SBATCH --array=0-1" in sent and (out / "sbatch-321.sh").read_text() == sent
+    assert proc.stdout.splitlines() == [
+        "job id:  321",
+        f"run dir: {out}/321_0", f"log:     {out}/slurm-321_0.out",
+        f"run dir: {out}/321_1", f"log:     {out}/slurm-321_1.out",
+    ]
+
+
+def test_dry_run_prints_script_only(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"), str(script), "x=$(touch /tmp/pwned)"],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, PATH="/usr/bin:/bin"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash") and shlex.quote("x=$(touch /tmp/pwned)") in proc.stdout
+    assert not (tmp_path / "o").exists()
