@@ -215,3 +215,10 @@ def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     (line,) = dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2")
     assert "--nproc-per-node=1" in line
     assert not (in_tmp / "outputs").exists() and not (in_tmp / "multirun").exists()  # dry run: nothing written
+
+
+def test_configs_ship_inside_the_package() -> None:
+    # launcher/configs links to configs/ so that a wheel (package data) carries the same tree
+    packaged = REPO / "launcher" / "configs"
+    assert packaged.resolve() == (REPO / "configs").resolve()
+    assert C.config_dir().resolve() == (REPO / "configs").resolve()
