@@ -289,10 +289,12 @@ class Trainer:
     def _progress(self, total: int, done: int) -> Any:
         if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
             return None
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+                            TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                            console=Console(stderr=True), transient=False)
         progress.start()
         self._task = progress.add_task("train", total=total, completed=done, info="")
         return progress
