@@ -64,14 +64,19 @@ port=$(( 15000 + SLURM_JOB_ID % 15000 ))
 restart_count=${SLURM_RESTART_COUNT:-0}
 echo "numarun: job $job_key (restart $restart_count) on ${SLURM_JOB_NODELIST}: rendezvous $head_addr:$port, run dir $run_dir"
 
-# Slurm sends USR1 to this shell '--signal-before' seconds before the time limit; a requeue
-# or scancel sends TERM. Either way the ranks get TERM (the trainer checkpoints and exits).
+# Slurm sends USR1 to this shell only (--signal=B:USR1) '--signal-before' seconds before the
+# time limit: pass TERM to every process of the job's steps (numarun and its ranks; the
+# trainer checkpoints and exits), wait, then requeue. Not 'kill srun': srun answers TERM by
+# killing its tasks at once. A requeue or scancel sends TERM to the steps itself, so the
+# shell only keeps waiting for them.
 preempted=0
 step_pid=
-on_usr1() { preempted=1; [ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null; }
-on_term() { [ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null; }
+on_usr1() {
+  preempted=1
+  scancel --signal=TERM "$SLURM_JOB_ID" || { [ -n "$step_pid" ] && kill -TERM "$step_pid"; }
+}
 trap on_usr1 USR1
-trap on_term TERM
+trap : TERM
 
 cmd=("${numarun[@]}" run "${launch_opts[@]}" --nnodes "$SLURM_NNODES" --rdzv-backend c10d
      --rdzv-endpoint "$head_addr:$port" --rdzv-id "$job_key")

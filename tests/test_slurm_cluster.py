@@ -1,0 +1,163 @@
+"""`numarun submit` on a real two-node Slurm cluster (scripts/test-cluster.sh up, as root).
+
+Skipped unless NUMARUN_TEST_CLUSTER names the env file that 'test-cluster.sh up' writes.
+Each job is 2 nodes x 1-2 gloo ranks and ends within seconds; every wait is bounded.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parent / "scripts"
+NUMARUN = [str(Path(sys.executable).parent / "numarun")]
+
+
+def _cluster_env() -> dict[str, str]:
+    path = os.environ.get("NUMARUN_TEST_CLUSTER")
+    if not path:
+        pytest.skip("NUMARUN_TEST_CLUSTER is unset: no Slurm test cluster (run 'sudo bash scripts/test-cluster.sh up')")
+    if not os.path.isfile(path):
+        pytest.fail(f"NUMARUN_TEST_CLUSTER={path} does not exist: 'scripts/test-cluster.sh up' failed")
+    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", path], capture_output=True, check=True, timeout=30).stdout
+    env = dict(os.environ)
+    env.update(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return _cluster_env()
+
+
+def slurm(cluster, *argv, timeout=60, check=True) -> subprocess.CompletedProcess:
+    cmd = shlex.split(cluster["NUMARUN_CLUSTER_EXEC"]) + list(argv)
+    return subprocess.run(cmd, env=cluster, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def submit(cluster, out: Path, *args, wait=True, timeout=300) -> subprocess.CompletedProcess:
+    argv = [
+        *NUMARUN, "submit", "--nodes", "2", "--time", "5", "--output-dir", str(out),
+        "--env", f"GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}", "--poll-seconds", "0.5",
+        *(["--wait"] if wait else []), *args,
+    ]
+    return slurm(cluster, *argv, timeout=timeout, check=False)
+
+
+def printed(stdout: str, label: str) -> list[str]:
+    return [line.split(":", 1)[1].strip() for line in stdout.splitlines() if line.startswith(label + ":")]
+
+
+def job_fields(cluster, job_id: str) -> dict[str, str]:
+    text = slurm(cluster, "scontrol", "show", "job", job_id).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+def test_two_nodes_two_ranks_each_bound(cluster, tmp_path):
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    (run_dir,) = printed(proc.stdout, "run dir")
+    (log,) = printed(proc.stdout, "log")
+    assert run_dir == f"{tmp_path}/{job_id}" and log == f"{tmp_path}/slurm-{job_id}.out"
+    assert "step finished with exit code 0" in Path(log).read_text()
+    assert f"job {job_id}: COMPLETED exit code 0:0" in proc.stdout
+    reports = [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("rank-*.json"))]
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2, 3]
+    assert {r["world_size"] for r in reports} == {4} and {r["all_reduce_sum"] for r in reports} == {6.0}
+    by_node: dict[str, list[dict]] = {}
+    for r in reports:
+        by_node.setdefault(r["node"], []).append(r)
+        # the worker ran with exactly the CPUs its node's plan gave it
+        assert r["plan_cpus"] is not None and r["affinity"] == r["plan_cpus"], r
+        assert r["omp_num_threads"] == str(len(r["plan_cpus"]))
+    assert sorted(by_node) == cluster["NUMARUN_CLUSTER_NODES"].split()
+    for node, ranks in by_node.items():
+        assert sorted(r["local_rank"] for r in ranks) == [0, 1]
+        assert len({r["group_rank"] for r in ranks}) == 1
+        # exclusive binding: the node's two ranks share no CPU
+        assert not set(ranks[0]["affinity"]) & set(ranks[1]["affinity"]), node
+
+
+def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"), "--fail-rank", "3", "--exit-code", "3")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    fields = job_fields(cluster, job_id)
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"] == "3:0"
+    (log,) = printed(proc.stdout, "log")
+    assert "step finished with exit code 3" in Path(log).read_text()
+
+
+def _wait_until(what: str, predicate, limit_s: float = 120.0):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _progress(run_dir: Path) -> list[tuple[int, int]]:
+    try:
+        lines = (run_dir / "progress.txt").read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    return [tuple(map(int, line.split())) for line in lines if line.count(" ") == 1]
+
+
+def _start_requeued_now(cluster, job_id: str) -> None:
+    # A requeued job waits ~2 min (BeginTime) before it may start again; the test skips that
+    # wait once the previous run is gone. slurmd revokes the old run's credential with
+    # one-second resolution, so a start within the same second would be refused.
+    _wait_until("the job back in the queue", lambda: job_fields(cluster, job_id).get("JobState") == "PENDING", 120)
+    _wait_until("the previous batch shell to end", lambda: _batch_shell_pid(job_id) is None, 60)
+    time.sleep(2)
+    slurm(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
+
+def _batch_shell_pid(job_id: str) -> int | None:
+    """The pid of the job's batch shell (slurmd runs <spool>/jobNNNNN/slurm_script)."""
+    out = subprocess.run(["pgrep", "-f", f"/job{int(job_id):05d}/slurm_script"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    return pids[0] if len(pids) == 1 else None
+
+
+def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(cluster, tmp_path):
+    steps = 36
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--requeue-limit", "3", str(SCRIPTS / "slurm_counter.py"), str(steps), "0.3", wait=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    run_dir = Path(printed(proc.stdout, "run dir")[0])
+    try:
+        # 1. the admin (or a preemption) requeues the running job: Slurm sends TERM
+        _wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
+        slurm(cluster, "scontrol", "requeue", job_id)
+        _start_requeued_now(cluster, job_id)
+        # 2. the time limit nears: Slurm's --signal=B:USR1 reaches the batch shell only; the
+        #    script stops the ranks (they checkpoint) and requeues the job itself
+        _wait_until("3 steps after the restart", lambda: sum(1 for _, r in _progress(run_dir) if r == 1) >= 3)
+        pid = _wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
+        os.kill(pid, 10)  # SIGUSR1
+        _start_requeued_now(cluster, job_id)
+        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180)
+    finally:
+        slurm(cluster, "scancel", job_id, check=False)
+    fields = job_fields(cluster, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "2", fields
+    history = json.loads((run_dir / "counter.json").read_text())["history"]
+    assert [s for s, _ in history] == list(range(steps)), "a step was lost or repeated"
+    restarts = [r for _, r in history]
+    assert restarts == sorted(restarts) and set(restarts) == {0, 1, 2}
+    log = Path(printed(proc.stdout, "log")[0]).read_text()
+    assert "requeueing job" in log and log.count(f"numarun: job {job_id} (restart") == 3
