@@ -95,6 +95,9 @@ class Trainer:
         self.wrapped: Wrapped = wrap(model, ctx, cfg.parallel, cfg.comm)
         self.model = self.wrapped.model
         if t.compile:
+            # each rank is bound to a few cores: inductor's pool of compile processes would
+            # oversubscribe them (and was seen to hang in a sandboxed VM); compile in-process
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
             self.model.compile()
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
