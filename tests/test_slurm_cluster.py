@@ -161,3 +161,40 @@ def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(clust
     assert restarts == sorted(restarts) and set(restarts) == {0, 1, 2}
     log = Path(printed(proc.stdout, "log")[0]).read_text()
     assert "requeueing job" in log and log.count(f"numarun: job {job_id} (restart") == 3
+
+
+def _metric_steps(run_dir: Path) -> list[int]:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    steps = []
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            pass  # a line being written
+    return steps
+
+
+def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path):
+    """numarun's trainer (scripts/train.py) under submit: requeue, then every step exactly once."""
+    steps = 300
+    proc = submit(
+        cluster, tmp_path, "--nproc-per-node", "1", str(REPO / "scripts" / "train.py"),
+        f"trainer.steps={steps}", "trainer.progress=false", wait=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    run_dir = Path(printed(proc.stdout, "run dir")[0])
+    try:
+        _wait_until("20 trainer steps", lambda: len(_metric_steps(run_dir)) >= 20, 240)
+        slurm(cluster, "scontrol", "requeue", job_id)
+        _start_requeued_now(cluster, job_id)
+        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 300)
+    finally:
+        slurm(cluster, "scancel", job_id, check=False)
+    fields = job_fields(cluster, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", fields
+    got = _metric_steps(run_dir)
+    assert got == list(range(1, steps + 1)), f"steps lost or repeated around {sorted(set(range(1, steps + 1)) ^ set(got))[:5]}"
