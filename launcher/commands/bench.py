@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 # name -> module; add a benchmark by adding a line here.
 BENCHMARKS: dict[str, str] = {
     "allreduce": "launcher.bench.allreduce",
+    "h2d": "launcher.bench.h2d",
 }
 
 

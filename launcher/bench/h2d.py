@@ -1,0 +1,252 @@
+"""Host<->device copy bandwidth: pinned memory on the rank's NUMA node vs pageable vs raw torch.
+
+    numarun bench h2d [--size 1GiB] [--iters 10] [--json FILE]
+
+Two workers measure, one after the other, so they never share the PCIe link:
+
+- **numarun**: started by ``numarun run --nproc-per-node 1``, so the bootstrap has bound
+  the rank's CPUs and set its memory policy (``bind`` to the GPU's NUMA node) before torch
+  is imported; the pinned buffer (``cudaHostAlloc`` touches every page while pinning) and
+  the pageable buffer are allocated after that, so their pages land on the bound node.
+- **raw**: plain ``python -m launcher.bench.h2d --worker``, no binding: what torch gives
+  without numarun.
+
+Each measures host->device and device->host from pinned and from pageable memory.
+The launcher process never imports torch, so it never initialises CUDA. Without a CUDA
+device the bench prints one line and exits 2 (nothing was measured; a script that asked for
+a measurement must not take silence for success).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError, expected
+from .allreduce import human_size, parse_size
+
+log = logging.getLogger(__name__)
+
+DISTRIBUTED = False
+"""The command starts its own workers (one bound, one raw); it is not run by every rank of a job."""
+
+NO_CUDA_EXIT = 2
+"""Exit code when no CUDA device is visible in the worker."""
+DIRECTIONS = ("h2d", "d2h")
+KINDS = ("pinned", "pageable")
+_MOVE_PAGES = {"x86_64": 279, "amd64": 279, "aarch64": 239, "arm64": 239}
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """What one worker measured (GB/s = 1e9 bytes/s), plus where it ran."""
+
+    label: str
+    """``numarun`` (bound by the bootstrap) or ``raw`` (plain torch)."""
+    cuda: bool
+    size_bytes: int = 0
+    iters: int = 0
+    gbps: dict[str, float] = field(default_factory=dict)
+    """``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` -> GB/s."""
+    device: str = ""
+    torch_version: str = ""
+    cpus: tuple[int, ...] = ()
+    mem_policy: str = ""
+    mems: tuple[int, ...] = ()
+    pinned_page_nodes: tuple[int, ...] = ()
+    """NUMA nodes of sampled pages of the pinned buffer (``move_pages(2)`` query); () unknown."""
+    error: str = ""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", default="1GiB", help="bytes per copy, binary units (default 1GiB)")
+    parser.add_argument("--iters", type=int, default=10, help="timed copies per direction and kind (default 10)")
+    parser.add_argument("--json", dest="json_file", default=None, metavar="FILE",
+                        help="also write the figures as JSON to FILE")
+
+
+def check_args(size: str, iters: int) -> int:
+    """Validate the options; returns the size in bytes."""
+    nbytes = parse_size(size)
+    if iters < 1:
+        raise UsageError(expected(iters, "a positive number of timed copies", "--iters"))
+    return nbytes
+
+
+# -- worker side (imports torch) ------------------------------------------------------------------
+
+def page_nodes(address: int, length: int, *, samples: int = 16) -> tuple[int, ...]:
+    """NUMA nodes of ``samples`` pages spread over [address, address+length); () when unknown.
+
+    ``move_pages(2)`` with a NULL node array only reports where each page is.
+    """
+    number = _MOVE_PAGES.get(platform.machine().lower())
+    if number is None or length <= 0:
+        return ()
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = address - address % page
+    count = max(1, min(samples, length // page))
+    step = max(page, (length // count) // page * page)
+    pages = (ctypes.c_void_p * count)(*[first + i * step for i in range(count)])
+    status = (ctypes.c_int * count)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    ret = libc.syscall(ctypes.c_long(number), 0, ctypes.c_ulong(count), pages, None, status, 0)
+    if ret != 0:
+        return ()
+    return tuple(sorted({s for s in status if s >= 0}))
+
+
+def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
+    """Run in a worker: time the four copies on the current CUDA device."""
+    import torch
+
+    from ..launch import affinity
+
+    def where() -> dict[str, Any]:
+        try:
+            mode, mems = affinity.get_mempolicy()
+            policy = mode.name.lower()
+        except OSError:
+            policy, mems = "?", ()
+        return {"cpus": affinity.get_cpu_affinity(), "mem_policy": policy, "mems": mems}
+
+    if not torch.cuda.is_available():
+        return WorkerResult(label=label, cuda=False, torch_version=torch.__version__,
+                            error="no CUDA device (torch.cuda.is_available() is False)", **where())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    device_buf = torch.empty(size_bytes, dtype=torch.uint8, device=dev)
+    pinned = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
+    pinned.fill_(1)
+    pageable = torch.empty(size_bytes, dtype=torch.uint8)
+    pageable.fill_(1)
+    nodes = page_nodes(pinned.data_ptr(), size_bytes)
+
+    def timed(copy: Any) -> float:
+        copy()  # warm-up: first use of a buffer pays for mappings
+        torch.cuda.synchronize(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            copy()
+        end.record()
+        end.synchronize()
+        return size_bytes * iters / (start.elapsed_time(end) / 1e3) / 1e9
+
+    gbps = {
+        "h2d_pinned": timed(lambda: device_buf.copy_(pinned, non_blocking=True)),
+        "d2h_pinned": timed(lambda: pinned.copy_(device_buf, non_blocking=True)),
+        "h2d_pageable": timed(lambda: device_buf.copy_(pageable)),
+        "d2h_pageable": timed(lambda: pageable.copy_(device_buf)),
+    }
+    return WorkerResult(label=label, cuda=True, size_bytes=size_bytes, iters=iters,
+                        gbps={k: round(v, 2) for k, v in gbps.items()},
+                        device=torch.cuda.get_device_name(dev), torch_version=torch.__version__,
+                        pinned_page_nodes=nodes, **where())
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="launcher.bench.h2d --worker")
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--label", default="raw")
+    p.add_argument("--out", required=True)
+    p.add_argument("--size-bytes", type=int, required=True)
+    p.add_argument("--iters", type=int, required=True)
+    a = p.parse_args(argv)
+    try:
+        result = measure(size_bytes=a.size_bytes, iters=a.iters, label=a.label)
+    except Exception as e:  # reported by the parent as one line, with the worker's reason
+        result = WorkerResult(label=a.label, cuda=True, error=f"{type(e).__name__}: {e}")
+    Path(a.out).write_text(json.dumps(asdict(result)) + "\n")
+    return 0
+
+
+# -- launcher side (no torch) ---------------------------------------------------------------------
+
+def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[str]:
+    """The worker's command: under ``numarun run`` (bound) for ``numarun``, plain python for ``raw``."""
+    tail = ["--worker", f"--label={label}", f"--out={out}", f"--size-bytes={size_bytes}", f"--iters={iters}"]
+    if label == "raw":
+        return [sys.executable, "-m", "launcher.bench.h2d", *tail]
+    return [sys.executable, "-m", "launcher", "run", "--nproc-per-node=1", "--standalone",
+            "-m", "launcher.bench.h2d", *tail]
+
+
+def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, float]:
+    """pinned/pageable per direction (numarun worker) and numarun/raw per figure."""
+    out: dict[str, float] = {}
+    for d in DIRECTIONS:
+        if bound.get(f"{d}_pageable"):
+            out[f"{d}_pinned_over_pageable"] = round(bound[f"{d}_pinned"] / bound[f"{d}_pageable"], 3)
+    for key, value in bound.items():
+        if raw.get(key):
+            out[f"{key}_numarun_over_raw"] = round(value / raw[key], 3)
+    return out
+
+
+def format_table(bound: WorkerResult, raw: WorkerResult) -> str:
+    """The printed report: one row per direction, GB/s per worker and memory kind, then ratios."""
+    head = f"{'GB/s':<6}{'numarun pinned':>16}{'numarun pageable':>18}{'raw pinned':>12}{'raw pageable':>14}"
+    lines = [f"host<->device copies of {human_size(bound.size_bytes)} x {bound.iters} on {bound.device}", head]
+    for d in DIRECTIONS:
+        row = [bound.gbps.get(f"{d}_pinned"), bound.gbps.get(f"{d}_pageable"),
+               raw.gbps.get(f"{d}_pinned"), raw.gbps.get(f"{d}_pageable")]
+        cells = [f"{v:.2f}" if v is not None else "-" for v in row]
+        lines.append(f"{d:<6}{cells[0]:>16}{cells[1]:>18}{cells[2]:>12}{cells[3]:>14}")
+    r = ratios(bound.gbps, raw.gbps)
+    lines.append("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
+    nodes = ",".join(map(str, bound.pinned_page_nodes)) or "?"
+    lines.append(f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, pinned pages on node(s) {nodes}")
+    return "\n".join(lines)
+
+
+def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> WorkerResult:
+    out = tmp / f"{label}.json"
+    cmd = worker_argv(label=label, out=str(out), size_bytes=size_bytes, iters=iters)
+    log.info("running: %s", " ".join(cmd))
+    env = dict(os.environ)
+    # The bootstrap's per-rank INFO line would repeat what the report prints.
+    env.setdefault("NUMARUN_LOG_LEVEL", "WARNING")
+    rc = subprocess.call(cmd, env=env)
+    if not out.exists():
+        return WorkerResult(label=label, cuda=True, error=f"worker exited with code {rc} without a result")
+    data = json.loads(out.read_text())
+    for key in ("cpus", "mems", "pinned_page_nodes"):
+        data[key] = tuple(data.get(key) or ())
+    return WorkerResult(**data)
+
+
+def run_and_report(args: argparse.Namespace) -> int:
+    size_bytes = check_args(args.size, args.iters)
+    with tempfile.TemporaryDirectory(prefix="numarun-h2d.") as d:
+        bound = _run_worker("numarun", size_bytes=size_bytes, iters=args.iters, tmp=Path(d))
+        if not bound.cuda:
+            print(f"numarun: bench h2d: {bound.error}: nothing measured", file=sys.stderr)
+            return NO_CUDA_EXIT
+        raw = _run_worker("raw", size_bytes=size_bytes, iters=args.iters, tmp=Path(d))
+    for r in (bound, raw):
+        if r.error:
+            print(f"numarun: bench h2d: {r.label} worker failed: {r.error}", file=sys.stderr)
+            return 1
+    print(format_table(bound, raw), flush=True)
+    if args.json_file:
+        doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
+        Path(args.json_file).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    if "--worker" not in sys.argv[1:]:
+        print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json FILE]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(worker_main(sys.argv[1:]))
