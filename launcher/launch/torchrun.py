@@ -90,6 +90,25 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target("script", name, script_args)
 
 
+# torch's registered rendezvous backends (torch.distributed.elastic.rendezvous.registry).
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+
+
+def check_torchrun_options(options: Mapping[str, Any]) -> None:
+    """Refuse values torchrun would only reject later with a traceback (``--nnodes 0``...)."""
+    nnodes = str(options.get("nnodes", "1"))
+    parts = nnodes.split(":")
+    form = "N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4"
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
+    low, high = int(parts[0]), int(parts[-1])
+    if not 1 <= low <= high:
+        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
+    backend = options.get("rdzv_backend", "static")
+    if backend not in RDZV_BACKENDS:
+        raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
+
+
 def _option_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         # torchrun's comma_separated_list reads ",," as a literal comma
@@ -107,6 +126,7 @@ def build_torchrun_argv(
     entrypoint is the bootstrap module with the user's target behind it.
     """
     parser = parser or torchrun_parser()
+    check_torchrun_options(options)
     argv = [f"--nproc-per-node={nproc_per_node}"]
     for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
         if not action.option_strings or action.dest in _REPLACED or action.dest not in options:
