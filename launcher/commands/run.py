@@ -80,7 +80,9 @@ def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
 
 def main(args: argparse.Namespace) -> int:
     target: Target = target_from_args(args)
-    jobs = _hydra_jobs(args, target)
+    # Composed without writing first: every job's plan is checked before any run dir exists,
+    # so a planning mistake leaves no half-written run dir behind.
+    jobs = _hydra_jobs(args, target, dry_run=True)
     if jobs is None:
         return _run(args, target, {})
     # a Hydra app: each job (several with -m) composed once, run one after another
@@ -89,21 +91,32 @@ def main(args: argparse.Namespace) -> int:
     from ..config.compose import apply_launcher_settings
 
     defaults = {**vars(torchrun_parser().parse_args(["x"])), **_plan_defaults()}
-    for job in jobs:
+
+    def settled(job: object) -> argparse.Namespace:
         job_args = copy.copy(args)
-        apply_launcher_settings(job_args, job.launcher, defaults)
+        apply_launcher_settings(job_args, job.launcher, defaults)  # type: ignore[attr-defined]
+        return job_args
+
+    for job in jobs:
+        job_args = settled(job)
+        plan, _ = _load_plan(job_args)
+        build_torchrun_argv(vars(job_args), nproc_per_node=plan.nproc_per_node, target=target)
+    if not args.dry_run:
+        jobs = _hydra_jobs(args, target, dry_run=False) or []
+    for job in jobs:
+        job_args = settled(job)
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         _run(job_args, Target(target.kind, target.name, job.script_args), dict(job.env), run_dir=job.run_dir)
     return 0
 
 
-def _hydra_jobs(args: argparse.Namespace, target: Target) -> list | None:
-    """The jobs of a Hydra app (config composed and saved once, here); None for any other program."""
+def _hydra_jobs(args: argparse.Namespace, target: Target, *, dry_run: bool) -> list | None:
+    """The jobs of a Hydra app (config composed, and saved unless ``dry_run``); None for any other program."""
     if target.kind == "exec":
         return None
     from ..config.compose import prepare_sweep
 
-    return prepare_sweep(target.name, list(target.args), is_module=target.kind == "module", dry_run=args.dry_run)
+    return prepare_sweep(target.name, list(target.args), is_module=target.kind == "module", dry_run=dry_run)
 
 
 def _plan_defaults() -> dict[str, object]:
