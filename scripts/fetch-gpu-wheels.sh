@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Download, on a machine with a package registry, the wheels scripts/gpu-check.sh installs on a
+# GPU host that has none: numarun's pure-Python dependencies that such a host (torch and
+# nvidia-ml-py preinstalled) usually lacks. They land in .whl/ (ignored by git); the run tool
+# carries them along with the working tree.
+#
+#   bash scripts/fetch-gpu-wheels.sh            # target: CPython 3.12 on x86_64 Linux
+#   PYVER=3.11 bash scripts/fetch-gpu-wheels.sh # another Python on the GPU host
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYVER="${PYVER:-3.12}"
+PIP="${PIP:-python3 -m pip}"
+DEST=.whl
+mkdir -p "$DEST"
+
+# Versions are the ones the test suite runs with (the project's .venv).
+PURE=(hydra-core==1.3.8 omegaconf==2.3.1 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0)
+BINARY=(PyYAML==6.0.4 numpy==2.4.6)
+
+download() {
+  $PIP download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d "$DEST" "$1"
+}
+for spec in "${PURE[@]}" "${BINARY[@]}"; do
+  echo "fetching $spec"
+  download "$spec"
+done
+
+# hydra-core pins antlr4-python3-runtime==4.9.*, which PyPI has as an sdist only: build the
+# (pure-Python) wheel here.
+if ! ls "$DEST"/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1; then
+  echo "building antlr4-python3-runtime==4.9.3 (sdist only on PyPI)"
+  $PIP wheel --quiet --no-deps -w "$DEST" antlr4-python3-runtime==4.9.3
+fi
+
+ls -l "$DEST"
+total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
+echo "total $((total / 1024)) KiB in $DEST"
+if [ "$total" -gt $((48 * 1024 * 1024)) ]; then
+  echo "fetch-gpu-wheels: $DEST holds $((total / 1048576)) MiB; the run tool carries 64 MiB in all" >&2
+  exit 1
+fi
