@@ -1,0 +1,493 @@
+"""numarun's end-to-end check on a GPU host (run by scripts/gpu-check.sh), one go, about 5 minutes.
+
+    python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
+    python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
+
+Checks, in order (each is a list of named pass/fail results):
+
+1. ``topo``: ``numarun topo --json`` on the live machine found the GPUs through NVML, and each
+   GPU's bus id, memory, NUMA and CPU affinity agree with ``nvidia-smi --query-gpu`` and
+   ``nvidia-smi topo -m``.
+2. ``binding``: a 1-GPU job under ``numarun run --strict-binding`` whose rank (this script with
+   ``--probe``) reports its real CPU affinity (every thread, after importing torch), memory
+   policy, OMP_NUM_THREADS and GPU, equal to ``numarun plan --json``.
+3. ``train``: the reference trainer (scripts/train.py, same GPU config and steps) under
+   ``numarun`` and under plain ``torchrun``, alternated round by round; tokens/s is the median
+   of the steps after warm-up, the ratio numarun/torchrun is the median over rounds.
+4. ``h2d``: ``numarun bench h2d``: pinned copies from the rank's bound NUMA node vs pageable
+   memory vs unbound torch.
+
+Writes ``gpu-check.json`` and ``gpu-check.md`` to ``--out`` (default ``$OUT``) and exits 1 when
+any check fails. ``--self-test`` runs check 1 on the recorded H200 VM capture
+(tests/fixtures/live-h200-vm) and check 2 live on this machine, without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a plain script from a checkout
+    sys.path.insert(0, str(REPO))
+
+from launcher.cpuset import format_list, parse_list  # noqa: E402
+from launcher.topology.model import normalize_bus_id  # noqa: E402
+from launcher.topology.smi import SmiMatrix, parse_topo_m  # noqa: E402
+
+FIXTURES = REPO / "tests" / "fixtures"
+NUMARUN = [sys.executable, "-m", "launcher"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+GPU_TRAIN_OVERRIDES = (
+    # A ~50M-parameter GPT in bf16: big enough that a step is GPU-bound, small enough that
+    # six runs, their start-up and final checkpoints fit in a couple of minutes on one H200.
+    "model=gpt", "model.vocab_size=8192", "model.seq_len=512", "model.d_model=768",
+    "model.n_heads=12", "model.n_layers=6", "trainer.batch_size=32", "trainer.precision=bf16",
+    "trainer.progress=false", "trainer.log_interval=1",
+)
+MIN_TRAIN_RATIO = 0.99
+MIN_H2D_RATIO = 0.95
+"""Bound pinned copies may not be slower than unbound torch's by more than run-to-run noise."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named comparison and its outcome."""
+
+    step: str
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class SmiGpu:
+    """One GPU as nvidia-smi lists it."""
+
+    bus_id: str
+    """Normalised (``0000:00:06.0``)."""
+    memory_mib: int
+
+
+# -- parsing (pure) -------------------------------------------------------------------------------
+
+def parse_query_csv(text: str) -> tuple[SmiGpu, ...]:
+    """``nvidia-smi --query-gpu=pci.bus_id,memory.total --format=csv,noheader`` output."""
+    gpus = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        m = re.fullmatch(r"(\d+)\s*MiB", parts[1]) if len(parts) == 2 else None
+        if m is None:
+            raise ValueError(f"nvidia-smi CSV line {lineno} {line!r}: expected '<bus id>, <N> MiB'")
+        gpus.append(SmiGpu(bus_id=normalize_bus_id(parts[0]), memory_mib=int(m.group(1))))
+    return tuple(gpus)
+
+
+def parse_smi_q(text: str) -> tuple[SmiGpu, ...]:
+    """``nvidia-smi -q``: each ``GPU <bus id>`` block's ``FB Memory Usage`` / ``Total``."""
+    gpus: list[SmiGpu] = []
+    bus: str | None = None
+    in_fb = False
+    for line in text.splitlines():
+        m = re.fullmatch(r"GPU ([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-7])\s*", line)
+        if m:
+            bus, in_fb = normalize_bus_id(m.group(1)), False
+            continue
+        if line.strip() == "FB Memory Usage":
+            in_fb = True
+            continue
+        m = re.fullmatch(r"\s+Total\s*:\s*(\d+) MiB\s*", line)
+        if m and in_fb and bus is not None:
+            gpus.append(SmiGpu(bus_id=bus, memory_mib=int(m.group(1))))
+            bus, in_fb = None, False
+    return tuple(gpus)
+
+
+def median_tokens_per_s(rows: Sequence[Mapping[str, Any]], *, warmup: int) -> float:
+    """Median tokens/s of the steps after the first ``warmup`` (CUDA context, allocator, autotune)."""
+    rates = [float(r["tokens_per_s"]) for r in rows if int(r["step"]) > warmup and r.get("tokens_per_s")]
+    if not rates:
+        raise ValueError(f"no tokens_per_s after step {warmup} in {len(rows)} metric rows")
+    return statistics.median(rates)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# -- comparisons (pure) ---------------------------------------------------------------------------
+
+def check_topology(topo: Mapping[str, Any], smi: Sequence[SmiGpu], matrix: SmiMatrix) -> list[Check]:
+    """``numarun topo --json`` against nvidia-smi's list and ``topo -m`` matrix."""
+    out = [Check("topo", "gpu_source", topo.get("gpu_source") == "nvml",
+                 f"gpu_source {topo.get('gpu_source')!r} (expected 'nvml')")]
+    gpus = list(topo.get("gpus") or ())
+    out.append(Check("topo", "gpu_count", len(gpus) == len(smi) == len(matrix.gpus) and len(gpus) > 0,
+                     f"numarun {len(gpus)}, nvidia-smi {len(smi)}, topo -m {len(matrix.gpus)}"))
+    by_bus = {s.bus_id: s for s in smi}
+    for i, g in enumerate(gpus):
+        bus = normalize_bus_id(g["pci_bus_id"])
+        s = by_bus.get(bus)
+        out.append(Check("topo", f"gpu{i}.bus_id", s is not None,
+                         f"{bus} {'listed' if s else 'not listed'} by nvidia-smi ({', '.join(by_bus) or 'none'})"))
+        if s is not None:
+            mib = int(g.get("memory_bytes") or 0) / 2**20
+            out.append(Check("topo", f"gpu{i}.memory", abs(mib - s.memory_mib) <= 1,
+                             f"numarun {mib:.0f} MiB, nvidia-smi {s.memory_mib} MiB"))
+        if i < len(matrix.gpus):
+            # nvidia-smi numbers GPUs in PCI bus order, as NVML and numarun do.
+            numa = matrix.numa_affinity[i]
+            node = int(g.get("numa_node", -1))
+            ok = node in numa if numa else node == -1
+            out.append(Check("topo", f"gpu{i}.numa_node", ok,
+                             f"numarun {node}, topo -m NUMA Affinity {format_list(numa) or 'N/A'}"))
+            cpus = tuple(sorted(g.get("cpu_affinity") or ()))
+            want = tuple(sorted(matrix.cpu_affinity[i]))
+            out.append(Check("topo", f"gpu{i}.cpu_affinity", not want or cpus == want,
+                             f"numarun {format_list(cpus) or '-'}, topo -m {format_list(want) or 'N/A'}"))
+    return out
+
+
+def _uuid(text: str) -> str:
+    """``GPU-3819...`` (NVML) and ``3819...`` (torch) name the same GPU."""
+    text = text.strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+_POLICY_NAMES = {"bind": "bind", "preferred": "preferred", "none": "default"}
+
+
+def check_binding(rank: Mapping[str, Any], report: Mapping[str, Any]) -> list[Check]:
+    """A rank's planned binding (``numarun plan --json`` ranks[i]) against what the rank reported."""
+    out = []
+    used = report.get("plan_rank")
+    out.append(Check("binding", "job_plan", bool(used) and sorted(used["cpus"]) == sorted(rank["cpus"])
+                     and sorted(used["mems"]) == sorted(rank["mems"]),
+                     "the job's plan (NUMARUN_PLAN) gives this rank "
+                     + (f"cpus {format_list(used['cpus'])} mems {format_list(used['mems'])}" if used else "nothing")
+                     + f"; numarun plan: cpus {format_list(rank['cpus'])} mems {format_list(rank['mems'])}"))
+    planned_cpus = sorted(rank["cpus"])
+    got = sorted(report["cpus"])
+    out.append(Check("binding", "cpus", got == planned_cpus,
+                     f"rank runs on {format_list(got)}, plan {format_list(planned_cpus)}"))
+    threads = report.get("thread_cpus") or {}
+    stray = {tid: c for tid, c in threads.items() if sorted(c) != planned_cpus}
+    out.append(Check("binding", "threads", bool(threads) and not stray,
+                     f"{len(threads)} threads after importing torch"
+                     + (f"; off-plan: {', '.join(f'{t}: {format_list(c)}' for t, c in stray.items())}" if stray else ", all on the plan's cpus")))
+    want_policy = _POLICY_NAMES.get(rank["mem_policy"], rank["mem_policy"])
+    out.append(Check("binding", "mem_policy", report["mem_policy"] == want_policy,
+                     f"rank {report['mem_policy']}, plan {rank['mem_policy']} (kernel name {want_policy})"))
+    if want_policy != "default":
+        out.append(Check("binding", "mems", sorted(report["mems"]) == sorted(rank["mems"]),
+                         f"rank nodes {format_list(report['mems']) or '-'}, plan {format_list(rank['mems']) or '-'}"))
+    omp = rank.get("env", {}).get("OMP_NUM_THREADS")
+    if omp is not None:
+        out.append(Check("binding", "omp_num_threads", report.get("omp_num_threads") == omp,
+                         f"rank {report.get('omp_num_threads')}, plan {omp}"))
+    gpu = rank.get("gpu")
+    if gpu is not None:
+        seen = report.get("gpu") or {}
+        ok = bool(seen) and (not gpu.get("uuid") or _uuid(seen.get("uuid", "")) == _uuid(gpu["uuid"]))
+        if seen.get("pci_bus_id") and gpu.get("pci_bus_id"):
+            ok = ok and normalize_bus_id(seen["pci_bus_id"]) == normalize_bus_id(gpu["pci_bus_id"])
+        out.append(Check("binding", "gpu", ok,
+                         f"rank sees {seen.get('name', 'no GPU')} {seen.get('uuid', '')} {seen.get('pci_bus_id', '')}, "
+                         f"plan GPU {gpu['index']} {gpu.get('uuid', '')} {gpu['pci_bus_id']}"))
+    return out
+
+
+def check_train(numarun_rates: Sequence[float], torchrun_rates: Sequence[float], *,
+                min_ratio: float = MIN_TRAIN_RATIO) -> tuple[list[Check], float]:
+    """Median tokens/s over rounds for each launcher and their ratio."""
+    if not numarun_rates or not torchrun_rates:
+        return [Check("train", "ratio", False, "a launcher produced no figures")], 0.0
+    n, t = statistics.median(numarun_rates), statistics.median(torchrun_rates)
+    ratio = n / t if t else 0.0
+    return [Check("train", "ratio", ratio >= min_ratio,
+                  f"numarun {n:.0f} tok/s, torchrun {t:.0f} tok/s, ratio {ratio:.3f} (target >= {min_ratio})")], ratio
+
+
+def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> list[Check]:
+    """``numarun bench h2d --json`` figures: bound pinned copies vs raw torch and vs pageable."""
+    bound, raw = doc["numarun"], doc["raw"]
+    out = []
+    for d in ("h2d", "d2h"):
+        b, r, pg = bound["gbps"][f"{d}_pinned"], raw["gbps"][f"{d}_pinned"], bound["gbps"][f"{d}_pageable"]
+        out.append(Check("h2d", f"{d}_pinned_vs_raw", b >= min_ratio * r,
+                         f"numarun {b:.2f} GB/s, raw torch {r:.2f} GB/s, ratio {b / r if r else 0:.3f} (>= {min_ratio})"))
+        out.append(Check("h2d", f"{d}_pinned_vs_pageable", b > pg,
+                         f"pinned {b:.2f} GB/s, pageable {pg:.2f} GB/s"))
+    nodes, mems = bound.get("pinned_page_nodes") or [], bound.get("mems") or []
+    out.append(Check("h2d", "pinned_pages_on_bound_node", bool(nodes) and set(nodes) <= set(mems),
+                     f"pinned pages on node(s) {format_list(nodes) or '?'}, bound to {format_list(mems) or '-'} ({bound.get('mem_policy')})"))
+    return out
+
+
+# -- the rank's side ------------------------------------------------------------------------------
+
+def probe(path: Path) -> None:
+    """Run as the rank of a numarun job: write what the kernel says this process got."""
+    from launcher.launch import affinity
+    from launcher.launch.bootstrap import current_binding
+
+    report: dict[str, Any] = {}
+    binding = current_binding()
+    try:
+        import torch
+
+        torch.ones(256, 256) @ torch.ones(256, 256)  # starts torch's CPU thread pool, which must be bound too
+        if torch.cuda.is_available():
+            index = binding.gpu.cuda_index if binding is not None and binding.gpu is not None else 0
+            props = torch.cuda.get_device_properties(index)
+            torch.ones(1, device=f"cuda:{index}").sum().item()  # a real kernel on the rank's GPU
+            bus = ""
+            if hasattr(props, "pci_bus_id"):
+                bus = f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            uuid = str(getattr(props, "uuid", "") or "")
+            report["gpu"] = {"name": props.name, "uuid": uuid, "pci_bus_id": bus, "cuda_index": index,
+                             "count": torch.cuda.device_count()}
+        report["torch"] = torch.__version__
+    except ImportError:
+        report["torch"] = None
+    mode, mems = affinity.get_mempolicy()
+    threads: dict[str, list[int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            threads[tid] = sorted(os.sched_getaffinity(int(tid)))
+        except OSError:
+            continue
+    report.update(
+        cpus=sorted(os.sched_getaffinity(0)), thread_cpus=threads, mem_policy=mode.name.lower(), mems=list(mems),
+        cpus_allowed_list=format_list(affinity.cpus_allowed()), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=os.environ.get("LOCAL_RANK"),
+        plan_rank=json.loads(json.dumps(asdict(binding), default=str)) if binding is not None else None,
+    )
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+# -- the checks, live -----------------------------------------------------------------------------
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("NUMARUN_TOPOLOGY", None)  # live machine, always
+    return env
+
+
+def _run(cmd: Sequence[str], *, timeout: float, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> str:
+    print("+ " + " ".join(cmd), flush=True)
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, cwd=cwd, env=dict(env or _env()))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    return proc.stdout
+
+
+def step_topo(result: dict[str, Any]) -> list[Check]:
+    topo = json.loads(_run([*NUMARUN, "topo", "--json"], timeout=120))
+    csv = _run(["nvidia-smi", "--query-gpu=pci.bus_id,memory.total", "--format=csv,noheader"], timeout=60)
+    topo_m = _run(["nvidia-smi", "topo", "-m"], timeout=60)
+    result["topo"] = {"numarun": topo, "nvidia_smi_csv": csv, "nvidia_smi_topo_m": topo_m}
+    return check_topology(topo, parse_query_csv(csv), parse_topo_m(topo_m, "nvidia-smi topo -m"))
+
+
+def step_binding(result: dict[str, Any], work: Path) -> list[Check]:
+    plan = json.loads(_run([*NUMARUN, "plan", "--json", "--nproc-per-node", "1"], timeout=120))
+    report_file = work / "probe.json"
+    _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", "--strict-binding",
+          str(Path(__file__).resolve()), "--probe", str(report_file)], timeout=180, cwd=work)
+    report = json.loads(report_file.read_text())
+    result["binding"] = {"plan": plan, "report": report}
+    return check_binding(plan["ranks"][0], report)
+
+
+def step_train(result: dict[str, Any], work: Path, *, rounds: int, steps: int, min_ratio: float,
+               overrides: Sequence[str] = GPU_TRAIN_OVERRIDES) -> list[Check]:
+    warmup = max(2, steps // 5)
+    overrides = [*overrides, f"trainer.steps={steps}"]
+    rates: dict[str, list[float]] = {"numarun": [], "torchrun": []}
+    for r in range(rounds):
+        for who in ("numarun", "torchrun") if r % 2 == 0 else ("torchrun", "numarun"):
+            run_dir = work / f"train-{who}-{r}"
+            head = ([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1"] if who == "numarun"
+                    else [*TORCHRUN, "--standalone", "--nproc-per-node", "1"])
+            _run([*head, str(REPO / "scripts" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+                 timeout=300, cwd=work)
+            rate = median_tokens_per_s(read_metrics(run_dir / "metrics.jsonl"), warmup=warmup)
+            rates[who].append(rate)
+            print(f"round {r}: {who} {rate:.0f} tok/s", flush=True)
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    checks, ratio = check_train(rates["numarun"], rates["torchrun"], min_ratio=min_ratio)
+    result["train"] = {"overrides": overrides, "warmup_steps": warmup, "rounds": rounds,
+                       "tokens_per_s": rates, "ratio": round(ratio, 4)}
+    return checks
+
+
+def step_h2d(result: dict[str, Any], work: Path, *, size: str, iters: int) -> list[Check]:
+    out = work / "h2d.json"
+    text = _run([*NUMARUN, "bench", "h2d", "--size", size, "--iters", str(iters), "--json", str(out)], timeout=300)
+    print(text, flush=True)
+    doc = json.loads(out.read_text())
+    result["h2d"] = doc
+    return check_h2d(doc)
+
+
+def versions() -> dict[str, Any]:
+    info: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                            "hostname": platform.node(), "kernel": platform.release(),
+                            "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        info["gpu"] = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader"], timeout=60).strip()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        info["gpu"] = f"unknown ({e})"
+    try:
+        info["torch"] = _run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+                             timeout=120).strip()
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        info["torch"] = f"unknown ({e})"
+    return info
+
+
+def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
+    """The summary pasted into docs/gpu.md."""
+    v = result.get("versions", {})
+    failed = [c for c in checks if not c.ok]
+    lines = [f"### GPU check, {v.get('date', '?')}: {'PASS' if not failed else f'FAIL ({len(failed)} of {len(checks)})'}", "",
+             f"- GPU (name, driver, memory): {v.get('gpu', '?')}",
+             f"- torch (CUDA): {v.get('torch', '?')}; Python {v.get('python', '?')}; kernel {v.get('kernel', '?')}; {v.get('cpus', '?')} CPUs",
+             "", "| step | check | result | detail |", "|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c.step} | {c.name} | {'pass' if c.ok else '**FAIL**'} | {c.detail.replace('|', '/')} |")
+    train = result.get("train")
+    if train:
+        lines += ["", f"Training tokens/s (median of steps after {train['warmup_steps']}, per round):", "",
+                  "| launcher | " + " | ".join(f"round {i}" for i in range(train["rounds"])) + " |",
+                  "|---|" + "---|" * train["rounds"]]
+        for who, rates in train["tokens_per_s"].items():
+            lines.append(f"| {who} | " + " | ".join(f"{x:.0f}" for x in rates) + " |")
+        lines.append(f"\nratio numarun / torchrun: **{train['ratio']:.3f}**")
+    h2d = result.get("h2d")
+    if h2d:
+        b, r = h2d["numarun"]["gbps"], h2d["raw"]["gbps"]
+        lines += ["", f"Copy bandwidth, GB/s ({h2d['numarun']['size_bytes'] // 2**20} MiB x {h2d['numarun']['iters']}):", "",
+                  "| direction | numarun pinned | numarun pageable | raw pinned | raw pageable |", "|---|---|---|---|---|"]
+        for d in ("h2d", "d2h"):
+            lines.append(f"| {d} | {b[f'{d}_pinned']:.2f} | {b[f'{d}_pageable']:.2f} | {r[f'{d}_pinned']:.2f} | {r[f'{d}_pageable']:.2f} |")
+    errors = result.get("errors")
+    if errors:
+        lines += ["", "Errors:", ""] + [f"- {e}" for e in errors]
+    return "\n".join(lines) + "\n"
+
+
+def run_all(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out) if args.out else None
+    result: dict[str, Any] = {"versions": versions(), "errors": []}
+    checks: list[Check] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="numarun-gpu-check.") as d:
+        work = Path(d)
+        steps = {
+            "topo": lambda: step_topo(result),
+            "binding": lambda: step_binding(result, work),
+            "train": lambda: step_train(result, work, rounds=args.rounds, steps=args.steps, min_ratio=args.min_ratio,
+                                       overrides=args.train_override or GPU_TRAIN_OVERRIDES),
+            "h2d": lambda: step_h2d(result, work, size=args.h2d_size, iters=args.h2d_iters),
+        }
+        for name, fn in steps.items():
+            if name in args.skip:
+                continue
+            started = time.monotonic()
+            try:
+                got = fn()
+            except Exception as e:  # one failed step must not hide the others' figures
+                got = [Check(name, "ran", False, f"{type(e).__name__}: {e}")]
+                result["errors"].append(f"{name}: {type(e).__name__}: {e}")
+            for c in got:
+                print(f"{'PASS' if c.ok else 'FAIL'} {c.step}.{c.name}: {c.detail}", flush=True)
+            checks += got
+            result.setdefault("seconds", {})[name] = round(time.monotonic() - started, 1)
+    result["seconds"]["total"] = round(time.monotonic() - t0, 1)
+    result["checks"] = [asdict(c) for c in checks]
+    result["passed"] = all(c.ok for c in checks) and bool(checks)
+    md = render_markdown(result, checks)
+    print(md)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "gpu-check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        (out_dir / "gpu-check.md").write_text(md)
+    return 0 if result["passed"] else 1
+
+
+# -- self-test: the same comparisons on recorded data, and the binding check live ----------------
+
+def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]:
+    """Check 1 on the recorded H200 VM: sysfs tree + NVML answers vs its nvidia-smi outputs."""
+    from launcher.topology.discover import merge_nvml
+    from launcher.topology.nvml import reading_from_record
+    from launcher.topology.sysfs import read_sysfs
+
+    capture = json.loads(capture_file.read_text())
+    with tempfile.TemporaryDirectory(prefix="numarun-selftest.") as d:
+        with tarfile.open(sysfs_tarball) as tf:
+            tf.extractall(d, filter="data")
+        topo = merge_nvml(read_sysfs(Path(d)), reading_from_record(capture["nvml"]))
+    return check_topology(topo.to_dict(), parse_smi_q(capture["smi_q"]),
+                          parse_topo_m(capture["smi_topo_m"], "capture smi_topo_m"))
+
+
+def self_test(args: argparse.Namespace) -> int:
+    checks = recorded_h200_checks(Path(args.capture), Path(args.sysfs))
+    with tempfile.TemporaryDirectory(prefix="numarun-selftest.") as d:
+        result: dict[str, Any] = {}
+        checks += step_binding(result, Path(d))
+    for c in checks:
+        print(f"{'PASS' if c.ok else 'FAIL'} {c.step}.{c.name}: {c.detail}")
+    ok = all(c.ok for c in checks)
+    print(f"self-test: {'PASS' if ok else 'FAIL'} ({sum(c.ok for c in checks)}/{len(checks)})")
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--self-test", action="store_true", help="recorded H200 data + the binding check on this machine")
+    p.add_argument("--probe", metavar="FILE", help="(as a job's rank) write this process's binding to FILE")
+    p.add_argument("--out", default=os.environ.get("OUT"), help="directory for gpu-check.json/.md (default $OUT)")
+    p.add_argument("--rounds", type=int, default=3, help="training rounds per launcher (default 3)")
+    p.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
+    p.add_argument("--min-ratio", type=float, default=MIN_TRAIN_RATIO, help="numarun/torchrun tokens/s target")
+    p.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
+                   help="trainer overrides replacing the GPU config (repeat; for trying the script on a CPU)")
+    p.add_argument("--h2d-size", default="1GiB")
+    p.add_argument("--h2d-iters", type=int, default=10)
+    p.add_argument("--skip", action="append", default=[], choices=("topo", "binding", "train", "h2d"))
+    p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
+    p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
+    args = p.parse_args(argv)
+    if args.probe:
+        probe(Path(args.probe))
+        return 0
+    if args.self_test:
+        return self_test(args)
+    return run_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
