@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# numarun's end-to-end check on a GPU host, run once (about 5 minutes on one H200):
+#   here:          bash scripts/fetch-gpu-wheels.sh        (wheels into .whl/, not committed)
+#   on the host:   bash scripts/gpu-check.sh [gpu_check.py options]
+# The host has torch, nvidia-ml-py and nvidia-smi but no hydra-core and no package registry:
+# the wheels in .whl/ that the host lacks are installed into a private target directory, and
+# numarun runs from this working tree. Results go to $OUT/gpu-check.{json,md} when OUT is set.
+# Exit status: 0 when every check passed, 1 when one failed, 3 when the host is not usable.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PY="${PYTHON:-python3}"
+SITE="${NUMARUN_GPU_SITE:-/tmp/numarun-gpu-site}"
+
+die() { echo "gpu-check: $*" >&2; exit 3; }
+
+command -v nvidia-smi >/dev/null || die "no nvidia-smi on PATH: not a GPU host"
+"$PY" -c "import torch" 2>/dev/null || die "$PY cannot import torch"
+"$PY" -c "import pynvml" 2>/dev/null || echo "gpu-check: warning: no pynvml (nvidia-ml-py): topology will not come from NVML" >&2
+
+# wheel file prefix -> module it provides; a module the host already has is left alone, so the
+# host's own numpy/PyYAML (built for its torch) win.
+declare -A MODULE=(
+  [hydra_core]=hydra [omegaconf]=omegaconf [antlr4_python3_runtime]=antlr4 [rich]=rich
+  [markdown_it_py]=markdown_it [mdurl]=mdurl [pygments]=pygments [pyyaml]=yaml [numpy]=numpy
+)
+missing=()
+for prefix in "${!MODULE[@]}"; do
+  "$PY" -c "import ${MODULE[$prefix]}" 2>/dev/null && continue
+  whl=$(ls .whl/"${prefix}"-*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] || die "module ${MODULE[$prefix]} is missing and .whl/ has no ${prefix} wheel (run scripts/fetch-gpu-wheels.sh where a registry is reachable)"
+  missing+=("$whl")
+done
+mkdir -p "$SITE"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "gpu-check: installing ${missing[*]##*/} into $SITE"
+  if ! "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" "${missing[@]}"; then
+    # No pip: a wheel is a zip whose top level is what site-packages holds.
+    echo "gpu-check: pip failed; unpacking the wheels into $SITE" >&2
+    "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$SITE" "${missing[@]}" \
+      || die "cannot unpack the wheels into $SITE"
+  fi
+fi
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+# 'numarun' on PATH for anything that calls it by name; the checks themselves use 'python -m launcher'.
+mkdir -p "$SITE/bin"
+printf '#!/bin/sh\nexec %s -m launcher "$@"\n' "$(command -v "$PY")" > "$SITE/bin/numarun"
+chmod +x "$SITE/bin/numarun"
+export PATH="$SITE/bin:$PATH"
+unset NUMARUN_TOPOLOGY
+
+"$PY" -c "import launcher.cli, hydra, omegaconf, rich, numpy" || die "numarun does not import with PYTHONPATH=$PYTHONPATH"
+numarun --help >/dev/null || die "numarun --help failed"
+
+timeout 900 "$PY" scripts/gpu_check.py ${OUT:+--out "$OUT"} "$@"
+rc=$?
+[ "$rc" -eq 124 ] && echo "gpu-check: timed out after 900 s" >&2
+exit "$rc"
