@@ -1,0 +1,223 @@
+"""Bad input, table-driven: every case is refused with exit 2 and one line naming the value.
+
+Each row is a real user mistake (CLI flags, Hydra overrides, topology files and trees,
+``CUDA_VISIBLE_DEVICES``, impossible plans, run dirs, SLURM options). The whole table runs
+in-process through ``launcher.cli.main`` (the same code the ``numarun`` entry point calls),
+with the working directory a fresh empty folder that must stay empty: no run dir, no
+checkpoint, no plan file. A few rows also run as real ``numarun`` subprocesses to prove
+the end-to-end promise: exit 2, one stderr line, no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = REPO / "tests" / "fixtures"
+P4D = str(FIX / "nvidia-smi" / "aws-p4d.24xlarge.txt")  # 8 GPUs, no UUIDs
+P4 = str(FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt")  # 1 GPU, 8 CPUs
+TRAIN = str(REPO / "scripts" / "train.py")
+EXIT = str(REPO / "tests" / "scripts" / "exit_rank.py")
+NODE0 = "sys/devices/system/node/node0/cpulist"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One mistake: argv for ``numarun``, extra env, and words the error line must hold."""
+
+    id: str
+    argv: tuple[str, ...]
+    words: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def case(id: str, argv: str | list[str], *words: str, **env: str) -> Case:
+    return Case(id, tuple(argv.split() if isinstance(argv, str) else argv), words, env)
+
+
+# {bad}: a folder of broken inputs built by the `bad` fixture; {tree}: a sysfs tree.
+CASES: list[Case] = [
+    # --- numarun run flags
+    case("nproc-zero", f"--nproc-per-node 0 {EXIT} 0 0", "'0'", "positive integer"),
+    case("nproc-negative", f"--nproc-per-node -1 {EXIT} 0 0", "'-1'", "positive integer"),
+    case("nproc-word", f"--nproc-per-node x {EXIT} 0 0", "'x'", "positive integer"),
+    case("binding-unknown", f"--binding foo {EXIT} 0 0", "'foo'", "exclusive"),
+    case("mem-policy-unknown", f"--mem-policy x {EXIT} 0 0", "'x'", "preferred"),
+    case("unknown-flag", f"--bogus-flag {EXIT} 0 0", "--bogus-flag", "--help"),
+    case("nnodes-zero", f"--nnodes 0 {EXIT} 0 0", "'0'", "MIN:MAX"),
+    case("nnodes-min-over-max", f"--nnodes 2:1 {EXIT} 0 0", "'2:1'", "MIN <= MAX"),
+    case("nnodes-word", f"--nnodes two {EXIT} 0 0", "'two'", "MIN:MAX"),
+    case("rdzv-backend-unknown", f"--rdzv-backend bogus {EXIT} 0 0", "'bogus'", "c10d"),
+    case("max-restarts-word", f"--max-restarts x {EXIT} 0 0", "'x'", "int"),
+    case("log-level-unknown", f"--log-level LOUD {EXIT} 0 0", "'LOUD'", "DEBUG"),
+    case("run-path", f"--run-path {EXIT} 0 0", "--run-path", "left out"),
+    case("module-and-no-python", f"--module --no-python {EXIT}", "--no-python", "at most one"),
+    case("missing-script", "--nproc-per-node 1 no/such/script.py", "no/such/script.py", "Python script"),
+    case("missing-program", "--no-python no-such-program-xyz", "no-such-program-xyz", "on PATH"),
+    case("plan-file-missing", f"--plan-file {{bad}}/nope.json {EXIT} 0 0", "nope.json", "numarun plan --json"),
+    case("plan-file-not-a-plan", f"--plan-file {{bad}}/snapshot.json {EXIT} 0 0", "snapshot.json", "numarun plan --json"),
+    case("plan-file-rank-count", f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0", "plan1.json", "1 ranks"),
+    # --- impossible plans
+    case("more-ranks-than-gpus", f"plan --topology {P4D} --nproc-per-node 9", "9", "at most 8"),
+    case("more-ranks-than-cores", f"plan --topology {P4} --nproc-per-node 9 --binding exclusive", "9", "at least one core per rank", CUDA_VISIBLE_DEVICES=""),
+    case("run-more-ranks-than-gpus", f"--topology {P4D} --nproc-per-node 9 {EXIT} 0 0", "9", "at most 8"),
+    case("trainer-impossible-plan", f"--topology {P4D} --nproc-per-node 9 {TRAIN} trainer.steps=1", "9", "at most 8"),
+    # --- topology sources
+    case("topology-missing", "plan --topology {bad}/nope", "nope", "expected a directory"),
+    case("topology-empty-json", "plan --topology {bad}/empty.json", "empty.json", "numarun topo --json"),
+    case("topology-truncated-json", "plan --topology {bad}/truncated.json", "truncated.json", "numarun topo --json"),
+    case("topology-json-list", "plan --topology {bad}/list.json", "list.json", "numarun topo --json"),
+    case("topology-schema-version", "plan --topology {bad}/v99.json", "v99.json", "schema_version"),
+    case("topology-binary", "plan --topology {bad}/binary.txt", "binary.txt", "not text"),
+    case("topology-truncated-xml", "plan --topology {bad}/truncated.xml", "truncated.xml", "hwloc"),
+    case("topology-smi-empty", "plan --topology {bad}/empty.txt", "empty.txt", "nvidia-smi"),
+    case("topology-smi-garbage", "plan --topology {bad}/garbage.txt", "garbage.txt", "nvidia-smi"),
+    case("topology-empty-dir", "plan --topology {bad}/emptydir", "emptydir", "sys"),
+    case("tree-cpulist-reversed", "plan --topology {tree}/reversed", "'3-1'", "cpulist"),
+    case("tree-cpulist-words", "plan --topology {tree}/words", "'a-b'", "cpulist"),
+    case("tree-cpulist-huge", "plan --topology {tree}/huge", "99999999999", "cpulist"),
+    case("topo-json-missing", "topo --topology {bad}/nope.json", "nope.json", "expected"),
+    # --- CUDA_VISIBLE_DEVICES against an 8-GPU recorded machine
+    case("cvd-out-of-range", f"plan --topology {P4D}", "'8'", "0-7", CUDA_VISIBLE_DEVICES="8"),
+    case("cvd-duplicate", f"plan --topology {P4D}", "'0,0'", "at most once", CUDA_VISIBLE_DEVICES="0,0"),
+    case("cvd-not-a-number", f"plan --topology {P4D}", "'x'", "GPU indices", CUDA_VISIBLE_DEVICES="0,x"),
+    case("cvd-uuid-without-uuids", f"plan --topology {P4D}", "GPU-nope", "GPU indices 0-7", CUDA_VISIBLE_DEVICES="GPU-nope"),
+    case("cvd-unknown-uuid", "plan --topology {bad}/uuids.json", "GPU-deadbeef", "UUID", CUDA_VISIBLE_DEVICES="GPU-deadbeef"),
+    case("cvd-mig-uuid", f"plan --topology {P4D}", "MIG-4f5e1b2a", "GPU UUIDs", CUDA_VISIBLE_DEVICES="MIG-4f5e1b2a-1c3d-5e6f-7a8b-9c0d1e2f3a4b"),
+    case("cvd-mig-legacy", f"plan --topology {P4D}", "MIG-GPU-abc/1/0", "MIG", CUDA_VISIBLE_DEVICES="MIG-GPU-abc/1/0"),
+    case("cvd-run", f"--topology {P4D} {EXIT} 0 0", "'8'", "0-7", CUDA_VISIBLE_DEVICES="8"),
+    # --- Hydra overrides of the reference trainer
+    case("override-unknown-key", f"--nproc-per-node 1 {TRAIN} nosuch.key=1", "nosuch.key=1", "expected the keys"),
+    case("override-wrong-type", f"--nproc-per-node 1 {TRAIN} trainer.steps=x", "trainer.steps=x", "Integer"),
+    case("override-bad-group", f"--nproc-per-node 1 {TRAIN} parallel=nope", "parallel=nope", "ddp fsdp"),
+    case("override-malformed", f"--nproc-per-node 1 {TRAIN} a==b", "a==b", "expected"),
+    case("override-empty-group", f"--nproc-per-node 1 {TRAIN} model=", "model=", "gpt mlp"),
+    case("override-out-of-range", f"--nproc-per-node 1 {TRAIN} trainer.steps=-3", "-3", ">= 1"),
+    case("override-group-int", f"--nproc-per-node 1 {TRAIN} +trainer=2", "+trainer=2", "expected"),
+    case("run-dir-in-proc", f"--nproc-per-node 1 {TRAIN} hydra.run.dir=/proc/x", "/proc/x", "writable directory"),
+    case("run-dir-under-a-file", f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt/run", "empty.txt/run", "writable directory"),
+    case("run-dir-is-a-file", f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt", "empty.txt", "not a directory"),
+    # --- numarun submit (rendered only)
+    case("submit-time-word", f"submit --dry-run --time abc {TRAIN}", "'abc'", "HH:MM:SS"),
+    case("submit-time-four-parts", f"submit --dry-run --time 1:2:3:4 {TRAIN}", "'1:2:3:4'", "D-HH:MM:SS"),
+    case("submit-zero-nodes", f"submit --dry-run --nodes 0 {TRAIN}", "0", ">= 1"),
+    case("submit-nodes-word", f"submit --dry-run --nodes x {TRAIN}", "'x'", "int"),
+    case("submit-gpus-negative", f"submit --dry-run --gpus-per-node -1 {TRAIN}", "'-1'", "TYPE:N"),
+    case("submit-mem-word", f"submit --dry-run --mem lots {TRAIN}", "'lots'", "16G"),
+    case("submit-env-no-equals", f"submit --dry-run --env NOEQ {TRAIN}", "'NOEQ'", "KEY=VALUE"),
+    case("submit-missing-script", "submit --dry-run no/such.py", "no/such.py", "existing script"),
+    case("submit-bad-choice", f"submit --dry-run --hydra-run-dir maybe {TRAIN}", "'maybe'", "auto"),
+]
+
+# Real subprocesses of the installed entry point: the no-traceback promise end to end.
+SUBPROCESS = ["nnodes-zero", "tree-cpulist-reversed", "cvd-mig-uuid", "trainer-impossible-plan", "submit-time-word"]
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Broken topology files, a plan, a snapshot with GPU UUIDs."""
+    d = tmp_path_factory.mktemp("bad")
+    from launcher.topology.discover import load_topology
+
+    snapshot = load_topology(P4D).to_json()
+    (d / "snapshot.json").write_text(snapshot)
+    (d / "empty.json").write_text("")
+    (d / "truncated.json").write_text(snapshot[: len(snapshot) // 2])
+    (d / "list.json").write_text("[1, 2, 3]\n")
+    data = json.loads(snapshot)
+    (d / "v99.json").write_text(json.dumps({**data, "schema_version": 99}))
+    for i, gpu in enumerate(data["gpus"]):
+        gpu["uuid"] = f"GPU-{i:08x}-0000-0000-0000-000000000000"
+    (d / "uuids.json").write_text(json.dumps(data))
+    (d / "binary.txt").write_bytes(bytes(range(256)) * 4)
+    (d / "truncated.xml").write_text((FIX / "hwloc" / "nvidiaDGX2.xml").read_text()[:300])
+    (d / "empty.txt").write_text("")
+    (d / "garbage.txt").write_text("this is not the output of nvidia-smi topo -m\n")
+    (d / "emptydir").mkdir()
+    from launcher.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["plan", "--json", "--topology", P4D, "--nproc-per-node", "1"]) == 0
+    (d / "plan1.json").write_text(out.getvalue())
+    return d
+
+
+@pytest.fixture(scope="module")
+def tree(h200_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Copies of the recorded H200 VM tree, each with node0's cpulist damaged."""
+    d = tmp_path_factory.mktemp("trees")
+    for name, text in [("reversed", "3-1\n"), ("words", "a-b\n"), ("huge", "0-99999999999\n")]:
+        shutil.copytree(h200_tree, d / name, symlinks=True)
+        (d / name / NODE0).write_text(text)
+    return d
+
+
+def _numarun() -> list[str]:
+    exe = Path(sys.executable).parent / "numarun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k != "CUDA_VISIBLE_DEVICES"}
+    env.update(extra)
+    return env
+
+
+def _argv(c: Case, bad: Path, tree: Path) -> list[str]:
+    return [a.replace("{bad}", str(bad)).replace("{tree}", str(tree)) for a in c.argv]
+
+
+def _check(code: int, err: str, c: Case, workdir: Path) -> None:
+    lines = err.splitlines()
+    assert code == 2, (code, err)
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("numarun")
+    for w in c.words:
+        assert w in lines[0], (w, lines[0])
+    # nothing half-written: no run dir, checkpoint or plan file in the working directory
+    assert list(workdir.iterdir()) == []
+
+
+@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from launcher.cli import main
+
+    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in c.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(_argv(c, bad, tree))
+    except SystemExit as e:  # argparse's own refusals
+        code = int(e.code or 0)
+    _check(code, capsys.readouterr().err, c, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SUBPROCESS)
+def test_bad_input_end_to_end(name: str, bad: Path, tree: Path, tmp_path: Path) -> None:
+    c = next(c for c in CASES if c.id == name)
+    r = subprocess.run([*_numarun(), *_argv(c, bad, tree)], cwd=tmp_path, env=_env(**c.env),
+                       capture_output=True, text=True, timeout=120)
+    _check(r.returncode, r.stderr, c, tmp_path)
+
+
+def test_table_is_large_and_distinct() -> None:
+    assert len(CASES) >= 40
+    assert len({c.id for c in CASES}) == len(CASES)
+    assert len({(c.argv, tuple(sorted(c.env.items()))) for c in CASES}) == len(CASES)
