@@ -124,7 +124,12 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     if not torch.cuda.is_available():
         return WorkerResult(label=label, cuda=False, torch_version=torch.__version__,
                             error="no CUDA device (torch.cuda.is_available() is False)", **where())
-    dev = torch.device("cuda", torch.cuda.current_device())
+    from ..launch.bootstrap import current_binding
+
+    binding = current_binding()
+    # The plan's CUDA index (CUDA_DEVICE_ORDER=PCI_BUS_ID is in the rank's env); raw: device 0.
+    index = binding.gpu.cuda_index if binding is not None and binding.gpu is not None else 0
+    dev = torch.device("cuda", index)
     device_buf = torch.empty(size_bytes, dtype=torch.uint8, device=dev)
     pinned = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
     pinned.fill_(1)
