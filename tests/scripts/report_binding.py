@@ -17,6 +17,17 @@ from launcher.launch import affinity  # noqa: E402
 from launcher.launch.bootstrap import current_binding  # noqa: E402
 
 
+def task_cpus() -> dict[str, list[int]]:
+    """Affinity of every live thread; a thread that exits while we look is skipped."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[tid] = sorted(os.sched_getaffinity(int(tid)))
+        except ProcessLookupError:
+            pass
+    return out
+
+
 def main() -> None:
     out_dir = sys.argv[1]
     # a thread started by the user's code inherits the binding
@@ -33,7 +44,7 @@ def main() -> None:
         "argv": sys.argv,
         "path0": sys.path[0],
         "cpus": sorted(os.sched_getaffinity(0)),
-        "task_cpus": {tid: sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir("/proc/self/task")},
+        "task_cpus": task_cpus(),
         "new_thread_cpus": seen["thread"],
         "mems_allowed": list(affinity.mems_allowed()),
         "mempolicy": [mode.name.lower(), list(nodes)],
