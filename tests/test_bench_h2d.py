@@ -95,7 +95,7 @@ def test_page_nodes_finds_a_touched_buffer_on_an_allowed_node() -> None:
 def test_ratios_and_table() -> None:
     bound = h2d.WorkerResult(label="numarun", cuda=True, size_bytes=2**30, iters=4, device="GPU X",
                              gbps={"h2d_pinned": 50.0, "d2h_pinned": 40.0, "h2d_pageable": 10.0, "d2h_pageable": 20.0},
-                             mem_policy="bind", mems=(1,), pinned_page_nodes=(1,))
+                             mem_policy="bind", mems=(1,), pinned_page_nodes=(1,), pageable_page_nodes=(1,))
     raw = h2d.WorkerResult(label="raw", cuda=True, size_bytes=2**30, iters=4,
                            gbps={"h2d_pinned": 25.0, "d2h_pinned": 40.0, "h2d_pageable": 5.0, "d2h_pageable": 40.0})
     r = h2d.ratios(bound.gbps, raw.gbps)
@@ -107,4 +107,4 @@ def test_ratios_and_table() -> None:
     assert "1 GiB x 4 on GPU X" in table[0]
     assert table[2].split() == ["h2d", "50.00", "10.00", "25.00", "5.00"]
     assert table[3].split() == ["d2h", "40.00", "20.00", "40.00", "40.00"]
-    assert "pinned pages on node(s) 1" in table[-1]
+    assert "pinned pages on node(s) 1, pageable pages on node(s) 1" in table[-1]

@@ -136,6 +136,7 @@ def test_train_ratio_and_median_after_warmup() -> None:
 def _h2d_doc(**bound: float) -> dict[str, Any]:
     gbps = {"h2d_pinned": 55.0, "d2h_pinned": 55.0, "h2d_pageable": 8.3, "d2h_pageable": 14.3}
     return {"numarun": {"gbps": {**gbps, **bound}, "mems": [0], "mem_policy": "bind", "pinned_page_nodes": [0],
+                        "pageable_page_nodes": [0],
                         "size_bytes": 2**30, "iters": 10},
             "raw": {"gbps": gbps}}
 
@@ -147,6 +148,14 @@ def test_h2d_checks() -> None:
     elsewhere = _h2d_doc()
     elsewhere["numarun"]["pinned_page_nodes"] = [1]
     assert _failed(gc.check_h2d(elsewhere)) == {"pinned_pages_on_bound_node"}
+    unknown = _h2d_doc()
+    unknown["numarun"]["pinned_page_nodes"] = []  # move_pages cannot see the driver's mapping
+    assert _failed(gc.check_h2d(unknown)) == set()
+    unbound = _h2d_doc()
+    unbound["numarun"]["pageable_page_nodes"] = [0, 1]
+    assert _failed(gc.check_h2d(unbound)) == {"pageable_pages_on_bound_node"}
+    unbound["numarun"]["pageable_page_nodes"] = []
+    assert _failed(gc.check_h2d(unbound)) == {"pageable_pages_on_bound_node"}
 
 
 def test_markdown_summary_carries_the_figures() -> None:
@@ -156,7 +165,7 @@ def test_markdown_summary_carries_the_figures() -> None:
               "h2d": _h2d_doc()}
     checks = gc.check_h2d(result["h2d"]) + [gc.Check("train", "ratio", False, "numarun | torchrun")]
     md = gc.render_markdown(result, checks)
-    assert md.startswith("### GPU check, D: FAIL (1 of 6)")
+    assert md.startswith("### GPU check, D: FAIL (1 of 7)")
     assert "NVIDIA H200, 580.159.04" in md and "2.11.0 12.8" in md
     assert "| numarun | 1234 | 1250 |" in md and "**0.995**" in md
     assert "| h2d | 55.00 | 8.30 | 55.00 | 8.30 |" in md
@@ -178,6 +187,21 @@ def test_self_test_runs_on_this_machine() -> None:
 def test_shell_scripts_parse() -> None:
     for script in ("gpu-check.sh", "fetch-gpu-wheels.sh"):
         subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], check=True, timeout=30)
+
+
+def test_results_are_written_after_each_step(tmp_path: Path) -> None:
+    """A run cut short still leaves gpu-check.json/.md; here every step but binding is skipped."""
+    env = dict(os.environ)
+    env.pop("NUMARUN_TOPOLOGY", None)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(tmp_path),
+                           "--skip", "topo", "--skip", "train", "--skip", "h2d"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert result["passed"] is True
+    assert {c["name"] for c in result["checks"]} >= {"cpus", "threads", "mem_policy", "mems"}
+    assert result["binding"]["report"]["cpus"] == result["binding"]["plan"]["ranks"][0]["cpus"]
+    assert (tmp_path / "gpu-check.md").read_text().startswith("### GPU check, ")
 
 
 def test_gpu_check_sh_refuses_a_host_without_nvidia_smi(tmp_path: Path) -> None:

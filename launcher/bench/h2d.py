@@ -65,7 +65,10 @@ class WorkerResult:
     mem_policy: str = ""
     mems: tuple[int, ...] = ()
     pinned_page_nodes: tuple[int, ...] = ()
-    """NUMA nodes of sampled pages of the pinned buffer (``move_pages(2)`` query); () unknown."""
+    """NUMA nodes of sampled pages of the pinned buffer (``move_pages(2)`` query); () unknown
+    (the driver may map pinned memory in a way the query cannot see)."""
+    pageable_page_nodes: tuple[int, ...] = ()
+    """The same for the pageable buffer (ordinary anonymous memory: always answerable)."""
     error: str = ""
 
 
@@ -136,6 +139,7 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     pageable = torch.empty(size_bytes, dtype=torch.uint8)
     pageable.fill_(1)
     nodes = page_nodes(pinned.data_ptr(), size_bytes)
+    pageable_nodes = page_nodes(pageable.data_ptr(), size_bytes)
 
     def timed(copy: Any) -> float:
         copy()  # warm-up: first use of a buffer pays for mappings
@@ -157,7 +161,7 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     return WorkerResult(label=label, cuda=True, size_bytes=size_bytes, iters=iters,
                         gbps={k: round(v, 2) for k, v in gbps.items()},
                         device=torch.cuda.get_device_name(dev), torch_version=torch.__version__,
-                        pinned_page_nodes=nodes, **where())
+                        pinned_page_nodes=nodes, pageable_page_nodes=pageable_nodes, **where())
 
 
 def worker_main(argv: Sequence[str]) -> int:
@@ -211,7 +215,9 @@ def format_table(bound: WorkerResult, raw: WorkerResult) -> str:
     r = ratios(bound.gbps, raw.gbps)
     lines.append("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     nodes = ",".join(map(str, bound.pinned_page_nodes)) or "?"
-    lines.append(f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, pinned pages on node(s) {nodes}")
+    pageable = ",".join(map(str, bound.pageable_page_nodes)) or "?"
+    lines.append(f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, "
+                 f"pinned pages on node(s) {nodes}, pageable pages on node(s) {pageable}")
     return "\n".join(lines)
 
 
@@ -226,7 +232,7 @@ def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> Worker
     if not out.exists():
         return WorkerResult(label=label, cuda=True, error=f"worker exited with code {rc} without a result")
     data = json.loads(out.read_text())
-    for key in ("cpus", "mems", "pinned_page_nodes"):
+    for key in ("cpus", "mems", "pinned_page_nodes", "pageable_page_nodes"):
         data[key] = tuple(data.get(key) or ())
     return WorkerResult(**data)
 
