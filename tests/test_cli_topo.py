@@ -9,7 +9,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 
 from launcher.topology.model import Topology
 from launcher.topology.render import NO_GPU_LINE, cpu_summary, nearest_nic, render_text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
@@ -88,25 +87,6 @@ def merge_smi(topology: Topology, smi_path: str) -> Topology:
     )
 
 
-def snapshot_json(topology: Topology) -> str:
-    """``Topology.to_json()``, keeping a re-read snapshot's own ``source``.
-
-    Loading a snapshot labels it ``json:<file>`` (useful in the text view), but the
-    snapshot already records where the machine was read; writing it out again must give
-    the same bytes, so ``topo --json --topology snap.json`` reproduces ``snap.json``.
-    """
-    prefix = "json:"
-    if topology.source.startswith(prefix):
-        path = Path(topology.source[len(prefix):]).expanduser()
-        try:
-            original = json.loads(path.read_text(encoding="utf-8")).get("source")
-        except (OSError, ValueError, AttributeError):
-            original = None
-        if isinstance(original, str):
-            topology = dataclasses.replace(topology, source=original)
-    return topology.to_json()
-
-
 def main(args: argparse.Namespace) -> int:
     from ..topology.discover import load_topology
 
@@ -130,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         log.info("wrote %s", out_svg)
 
     if args.json:
-        sys.stdout.write(snapshot_json(topology))
+        sys.stdout.write(topology.to_json())
     else:
         from ..topology.render import render_text
         import shutil

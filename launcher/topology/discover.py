@@ -59,8 +59,8 @@ def load_topology(source: str | None = None) -> Topology:
     text = _read_text(path, source)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        topo = Topology.from_json(text, origin=source)
-        return dataclasses.replace(topo, source=f"json:{source}")
+        # A snapshot keeps the source it recorded, so `topo --json` of it is byte-identical.
+        return Topology.from_json(text, origin=source)
     if suffix == ".xml":
         from .hwloc_xml import read_hwloc_xml
 

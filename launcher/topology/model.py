@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TopologyError
@@ -158,7 +158,7 @@ class Topology:
     allowed_mems: tuple[int, ...] = ()
     """NUMA nodes this process may allocate on (``Mems_allowed_list``); () = all."""
     source: str = ""
-    """Where this came from: ``live``, ``sysfs:<dir>``, ``json:<file>``, ``nvidia-smi:<file>``..."""
+    """Where this came from: ``live``, ``sysfs:<dir>``, ``hwloc:<file>``, ``nvidia-smi:<file>`` (a JSON snapshot keeps the one it recorded)"""
     gpu_source: str = "none"
     """How GPUs were found: ``nvml``, ``sysfs``, ``nvidia-smi``, ``json`` or ``none``."""
     notes: tuple[str, ...] = ()
