@@ -170,6 +170,10 @@ def test_markdown_summary_carries_the_figures() -> None:
     assert "| numarun | 1234 | 1250 |" in md and "**0.995**" in md
     assert "| h2d | 55.00 | 8.30 | 55.00 | 8.30 |" in md
     assert "numarun / torchrun |" in md  # a '|' inside a detail cannot split the table row
+    cut = dict(result, train={"warmup_steps": 12, "rounds": 3, "ratio": None,
+                              "tokens_per_s": {"numarun": [1234.0], "torchrun": []}})
+    md = gc.render_markdown(cut, checks)
+    assert "| numarun | 1234 |" in md and "| torchrun | - |" in md and "ratio numarun" not in md
 
 
 def test_self_test_runs_on_this_machine() -> None:
