@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Download, on a machine with a package registry, the wheels scripts/gpu-check.sh installs on a
 # GPU host that has none: numarun's pure-Python dependencies that such a host (torch and
-# nvidia-ml-py preinstalled) usually lacks. They land in .whl/ (ignored by git); the run tool
-# carries them along with the working tree.
+# nvidia-ml-py preinstalled) usually lacks. They land in .whl/ (ignored by git); copy .whl/ to
+# the GPU host together with the working tree.
 #
 #   bash scripts/fetch-gpu-wheels.sh            # target: CPython 3.12 on x86_64 Linux
 #   PYVER=3.11 bash scripts/fetch-gpu-wheels.sh # another Python on the GPU host
@@ -38,6 +38,6 @@ ls -l "$DEST"
 total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
 echo "total $((total / 1024)) KiB in $DEST"
 if [ "$total" -gt $((48 * 1024 * 1024)) ]; then
-  echo "fetch-gpu-wheels: $DEST holds $((total / 1048576)) MiB; the run tool carries 64 MiB in all" >&2
+  echo "fetch-gpu-wheels: $DEST holds $((total / 1048576)) MiB; expected well under 48 MiB to copy along" >&2
   exit 1
 fi

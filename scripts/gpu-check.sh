@@ -52,7 +52,7 @@ unset NUMARUN_TOPOLOGY
 "$PY" -c "import launcher.cli, hydra, omegaconf, rich, numpy" || die "numarun does not import with PYTHONPATH=$PYTHONPATH"
 numarun --help >/dev/null || die "numarun --help failed"
 
-# Under the device's 10-minute command limit; results are written after every step anyway.
+# Ends within 10 minutes even if a step hangs; results are written after every step anyway.
 LIMIT="${GPU_CHECK_TIMEOUT:-540}"
 timeout "$LIMIT" "$PY" scripts/gpu_check.py ${OUT:+--out "$OUT"} "$@"
 rc=$?

@@ -3,7 +3,7 @@
     python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
 
-Checks, in order (each is a list of named pass/fail results):
+Checks (each a list of named pass/fail results; run in the order topo, binding, h2d, train):
 
 1. ``topo``: ``numarun topo --json`` on the live machine found the GPUs through NVML, and each
    GPU's bus id, memory, NUMA and CPU affinity agree with ``nvidia-smi --query-gpu`` and
