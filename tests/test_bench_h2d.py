@@ -108,3 +108,10 @@ def test_ratios_and_table() -> None:
     assert table[2].split() == ["h2d", "50.00", "10.00", "25.00", "5.00"]
     assert table[3].split() == ["d2h", "40.00", "20.00", "40.00", "40.00"]
     assert "pinned pages on node(s) 1, pageable pages on node(s) 1" in table[-1]
+
+
+def test_launching_side_never_imports_torch() -> None:
+    """The command's own process must not create a CUDA context: it may not even import torch."""
+    code = ("import sys, launcher.cli, launcher.commands.bench, launcher.bench.h2d\n"
+            "assert 'torch' not in sys.modules, 'torch imported by the launching side'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=_env())
