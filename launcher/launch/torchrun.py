@@ -183,6 +183,14 @@ def write_plan_file(plan: LaunchPlan, run_dir: "os.PathLike[str] | str | None" =
     return path
 
 
+def options_endpoint(argv: Sequence[str]) -> str:
+    """The ``--rdzv-endpoint`` value in a torchrun argv ('' when absent)."""
+    for a in argv:
+        if a.startswith("--rdzv-endpoint="):
+            return a.split("=", 1)[1]
+    return ""
+
+
 class RunFailed(NumarunError):
     """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
 
@@ -200,6 +208,7 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
     # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
@@ -218,6 +227,14 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
         # the run's code is that of the lowest rank that exited on its own.
         codes = [e.failures[r].exitcode for r in sorted(e.failures) if e.failures[r].exitcode > 0]
         raise RunFailed("; ".join(parts), codes[0] if codes else 1) from None
+    except RendezvousError as e:
+        # A node (or the one hosting the c10d store) went away, or the endpoint is unreachable.
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise RunFailed(
+            f"rendezvous failed: {type(e).__name__}: {first} (a node was lost or the rendezvous endpoint "
+            f"{options_endpoint(argv)!r} is unreachable); expected every node to stay up and reach it",
+            1,
+        ) from None
     except SignalException as e:
         sig = signal.Signals(e.sigval)
         raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
