@@ -1,0 +1,256 @@
+"""Faults on this machine, through real ``numarun``, torchrun and worker processes.
+
+Every test injects one fault (a crashing rank, a lost node, a signal, a kill in the middle
+of a checkpoint save, a binding the kernel refuses) and then checks that no worker process
+is left behind: each worker writes its pid, and every such pid must be gone once numarun
+has exited. Timeouts guard against hangs; they are not performance bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "scripts"
+TRAIN = str(REPO / "scripts" / "train.py")
+TIMEOUT = 120  # "did not hang" guard for every wait
+
+# Faults injected by this module, by test (the counts docs/reliability.md reports).
+FAULTS = {
+    "crash_restarts_from_checkpoint": 1,
+    "crash_without_restart": 1,
+    "node_lost": 1,
+    "signal_to_numarun": 2,
+    "trainer_sigterm": 1,
+    "kill_during_save": 2,
+    "binding_refused": 2,
+}
+
+
+def _numarun() -> list[str]:
+    exe = Path(sys.executable).parent / "numarun"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pids(out: Path) -> list[int]:
+    return [int(p.read_text()) for p in out.glob("pid*") if not p.name.endswith(".tmp")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _leaked(pids: list[int]) -> list[int]:
+    """Workers still running shortly after numarun exited (waits out torchrun's last reap)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def _wait_for(cond, what: str, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
+    deadline = time.monotonic() + TIMEOUT
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"numarun exited ({proc.returncode}) before {what}")
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen]]:  # type: ignore[type-arg]
+    """Popen objects to kill (with their process groups) however the test ends."""
+    started: list[subprocess.Popen] = []  # type: ignore[type-arg]
+    yield started
+    for p in started:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=TIMEOUT)
+
+
+def _start(procs: list, args: list[str], log: Path, cwd: Path = REPO, **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
+    p = subprocess.Popen([*_numarun(), *args], cwd=cwd, env=_env(**env), stdout=open(log, "w"),
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append(p)
+    return p
+
+
+def _errors(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("numarun: error:")]
+
+
+def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
+    r = subprocess.run([*_numarun(), "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fault_counter.py"),
+                        str(tmp_path), "12", "1", "5"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"ckpt{rank}").read_text() == "12"
+        first = [int(s) for s in (tmp_path / f"steps{rank}.0").read_text().split()]
+        second = [int(s) for s in (tmp_path / f"steps{rank}.1").read_text().split()]
+        # the second attempt starts right after the last step the first one checkpointed
+        assert first and second and second[0] == first[-1] + 1 and second[-1] == 12
+        assert first == list(range(1, first[-1] + 1)) and second == list(range(second[0], 13))
+    assert (tmp_path / "steps1.0").read_text().split()[-1] == "4"  # rank 1 crashed at step 5
+    assert _leaked(_pids(tmp_path)) == []
+
+
+def test_crash_without_restart(tmp_path: Path) -> None:
+    r = subprocess.run([*_numarun(), "--nproc-per-node", "2", str(SCRIPTS / "fault_counter.py"), str(tmp_path), "400", "1", "3"],
+                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 3, r.stderr[-3000:]
+    lines = _errors(r.stderr)
+    assert len(lines) == 1 and "rank 1 (local rank 1" in lines[0] and "exited with code 3" in lines[0]
+    assert "Traceback" not in r.stderr
+    # rank 0 was stopped long before its 400 steps
+    assert int((tmp_path / "ckpt0").read_text()) < 400
+    assert not (tmp_path / "pid0.1").exists()  # no restart
+    assert _leaked(_pids(tmp_path)) == []
+
+
+def test_node_lost(tmp_path: Path, procs: list) -> None:
+    """Two numarun processes as two nodes (c10d on localhost); node 1 is SIGKILLed whole."""
+    port = _free_port()
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5,heartbeat=2"]
+    out = [tmp_path / "n0", tmp_path / "n1"]
+    for o in out:
+        o.mkdir()
+    survivor = _start(procs, [*common, "--node-rank", "0", str(SCRIPTS / "fault_allreduce.py"), str(out[0])], tmp_path / "log0")
+    lost = _start(procs, [*common, "--node-rank", "1", str(SCRIPTS / "fault_allreduce.py"), str(out[1])], tmp_path / "log1")
+    _wait_for(lambda: _pids(out[0]) and _pids(out[1]), "both nodes' workers", survivor)
+    # The whole node at once: its numarun and its workers (torchrun starts each worker in
+    # its own session, so the process group alone would not reach them).
+    node = [lost.pid] + [c.pid for c in psutil.Process(lost.pid).children(recursive=True)]
+    for pid in node:
+        os.kill(pid, signal.SIGKILL)
+    lost.wait(timeout=TIMEOUT)
+    code = survivor.wait(timeout=TIMEOUT)  # the bound: no hang
+    log = (tmp_path / "log0").read_text()
+    assert code != 0, log[-3000:]
+    lines = _errors(log)
+    assert len(lines) == 1 and "rank 0" in lines[0], log[-3000:]
+    assert _leaked(_pids(out[0]) + _pids(out[1])) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_numarun(sig: signal.Signals, tmp_path: Path, procs: list) -> None:
+    p = _start(procs, ["--nproc-per-node", "2", str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path / "log")
+    _wait_for(lambda: len(_pids(tmp_path)) == 2, "two workers", p)
+    p.send_signal(sig)
+    assert p.wait(timeout=TIMEOUT) == 128 + sig, (tmp_path / "log").read_text()[-3000:]
+    assert f"stopped by {sig.name}" in (tmp_path / "log").read_text()
+    assert _leaked(_pids(tmp_path)) == []
+
+
+def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> None:
+    run_dir = tmp_path / "run"
+    p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
+                       f"hydra.run.dir={run_dir}"], tmp_path / "log", cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
+    workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=TIMEOUT) == 128 + signal.SIGTERM, (tmp_path / "log").read_text()[-3000:]
+    saved = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert saved, (tmp_path / "log").read_text()[-3000:]
+    meta = json.loads((saved[-1] / "meta.json").read_text())
+    assert meta["step"] >= 2
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    assert _leaked(workers) == []
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_kill_during_save_keeps_the_previous_checkpoint(round_: int, tmp_path: Path, procs: list) -> None:
+    root = tmp_path / "ckpt"
+    p = _start(procs, ["--nproc-per-node", "1", str(SCRIPTS / "fault_save.py"), "save", str(root)], tmp_path / "log")
+    # Wait until at least `round_` checkpoints are complete and the next save is under way.
+    def saving() -> bool:
+        done = [d for d in root.glob("step_*") if (d / "meta.json").exists()] if root.exists() else []
+        return len(done) >= round_ and any(root.glob(".step_*.tmp"))
+    _wait_for(saving, "a save in progress", p)
+    pid = int((tmp_path / "pid0").read_text())
+    os.kill(pid, signal.SIGKILL)
+    assert p.wait(timeout=TIMEOUT) != 0
+    r = subprocess.run([sys.executable, str(SCRIPTS / "fault_save.py"), "verify", str(root)], cwd=REPO,
+                       env=_env(MASTER_PORT=str(_free_port())), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["ok"] and got["step"] >= round_
+    assert _leaked([pid]) == []
+
+
+def _plan_with(tmp_path: Path, **change: object) -> Path:
+    out = subprocess.run([*_numarun(), "plan", "--json", "--nproc-per-node", "1", "--mem-policy", "bind"], cwd=REPO,
+                         env=_env(), capture_output=True, text=True, timeout=TIMEOUT, check=True).stdout
+    plan = json.loads(out)
+    plan["ranks"][0].update(change)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["warn", "strict"])
+def test_binding_refused_by_the_kernel(strict: bool, tmp_path: Path) -> None:
+    """set_mempolicy to a node outside Mems_allowed: the kernel answers EINVAL (EPERM needs a
+    seccomp or capability setup this machine does not have; both take the same path)."""
+    mems_allowed = _mems_allowed()
+    bad_node = max(mems_allowed) + 7
+    plan = _plan_with(tmp_path, mems=[bad_node], mem_policy="bind")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--plan-file", str(plan), *(["--strict-binding"] if strict else []), str(SCRIPTS / "report_binding.py"), str(out)]
+    r = subprocess.run([*_numarun(), *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert "Traceback" not in r.stderr
+    if strict:
+        assert r.returncode == 2, r.stderr[-3000:]
+        worker, summary = _errors(r.stderr)
+        assert "set_mempolicy" in worker and str(bad_node) in worker and "exited with code 2" in summary
+        assert list(out.iterdir()) == []  # the user's script never ran
+    else:
+        assert r.returncode == 0, r.stderr[-3000:]
+        warn = [line for line in r.stderr.splitlines() if "WARNING: local rank 0" in line]
+        assert len(warn) == 1 and "set_mempolicy" in warn[0] and str(bad_node) in warn[0]
+        got = json.loads((out / "rank0.json").read_text())
+        assert got["mempolicy"][0] == "default"  # left at the kernel default, the run went on
+
+
+def _mems_allowed() -> list[int]:
+    from launcher.cpuset import parse_list
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            return sorted(parse_list(line.split(":", 1)[1].strip()))
+    raise AssertionError("no Mems_allowed_list in /proc/self/status")
