@@ -65,6 +65,8 @@ def test_hydra_run_dir_override_and_reuse(in_tmp: Path) -> None:
         ("+trainer.extra=1", "extra"),
         ("data=tokens", "data.path"),
         ("optim.name=lamb", "optim.name"),
+        ("comm.compression=int8", "comm.compression"),
+        ("comm.allreduce=ring", "comm.allreduce"),
     ],
 )
 def test_bad_overrides_fail_before_any_run_dir(in_tmp: Path, override: str, needle: str) -> None:
@@ -222,3 +224,17 @@ def test_configs_ship_inside_the_package() -> None:
     packaged = REPO / "launcher" / "configs"
     assert packaged.resolve() == (REPO / "configs").resolve()
     assert C.config_dir().resolve() == (REPO / "configs").resolve()
+
+
+def test_config_write_is_atomic_and_refuses_a_planted_link(tmp_path: Path) -> None:
+    target = tmp_path / "config.yaml"
+    C.write_text_nofollow(target, "a: 1\n")
+    C.write_text_nofollow(target, "a: 2\n")  # a second node rewriting the same file
+    assert target.read_text() == "a: 2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temp file left
+    elsewhere = tmp_path / "elsewhere"
+    link = tmp_path / "linked.yaml"
+    link.symlink_to(elsewhere)
+    with pytest.raises(ConfigError):
+        C.write_text_nofollow(link, "x\n")
+    assert not elsewhere.exists()

@@ -25,12 +25,12 @@ import ast
 import contextlib
 import datetime as _dt
 import enum
-import errno
 import itertools
 import logging
 import os
 import re
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,16 +328,28 @@ def make_run_dir(path: Path, *, explicit: bool) -> Path:
 
 
 def write_text_nofollow(path: Path, text: str) -> None:
-    """Write a file, refusing to follow a symlink planted at its name (O_NOFOLLOW)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    """Write a file atomically, refusing a symlink planted at its name.
+
+    The text goes to a fresh temp file beside it (O_EXCL) and is renamed over the name:
+    on a multi-node job every node's numarun writes the same config into the shared run
+    dir, and a rank must never read a half-written one. A rename replaces a link rather
+    than writing through it, and a planted link is refused outright.
+    """
+    if path.is_symlink():
+        raise ConfigError(f"bad run dir file {str(path)!r}: it is a symbolic link; expected a regular file")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(tmp, flags, 0o666)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise ConfigError(f"bad run dir file {str(path)!r}: it is a symbolic link; expected a regular file") from None
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
         raise ConfigError(f"bad run dir file {str(path)!r}: {e.strerror}; expected a writable path") from None
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 def _overrides_yaml(overrides: list[str]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
+from ..dist.modes import CommMode, parse_compression
 from ..plan.model import BindingMode, MemPolicy
 
 
@@ -56,15 +57,6 @@ class Precision(str, enum.Enum):
     """Plain float32."""
     BF16 = "bf16"
     """``torch.autocast`` to bfloat16 (CPU and GPU); parameters and optimizer stay float32."""
-
-
-class CommMode(str, enum.Enum):
-    """Gradient all-reduce of the DDP wrapper."""
-
-    FLAT = "flat"
-    """The backend's own all-reduce over all ranks."""
-    HIERARCHICAL = "hierarchical"
-    """Reduce-scatter in the node, all-reduce across nodes, all-gather in the node (launcher.dist)."""
 
 
 class Schedule(str, enum.Enum):
@@ -220,6 +212,7 @@ def check_values(cfg: Any) -> None:
         allowed = [m.value for m in enum_type]
         if value not in allowed:
             raise ConfigError(f"bad {key} {value!r}: expected one of {', '.join(allowed)}")
+    parse_compression(cfg.comm.compression)
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
         raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
