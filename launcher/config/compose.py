@@ -295,19 +295,19 @@ def make_run_dir(path: Path, *, explicit: bool) -> Path:
     An explicit dir may exist already (a real directory, reused as Hydra does); a default
     ``outputs/<date>/<time>`` that exists (two jobs in one second) gets a ``_N`` suffix.
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"bad run dir {str(path)!r}: {e.strerror}; expected a writable directory path") from None
     if not explicit:
         # The shared default root: an 'outputs' or 'outputs/<date>' planted as a symlink
-        # would send this run's files wherever it points.
-        for parent in (path.parent, path.parent.parent):
+        # would send this run's files wherever it points. Checked before anything is created.
+        for parent in (path.parent.parent, path.parent):
             if parent.is_symlink():
                 raise ConfigError(
                     f"bad run dir {str(path)!r}: {str(parent)!r} is a symbolic link; "
                     "expected real directories under the default outputs/ (or hydra.run.dir=DIR)"
                 )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"bad run dir {str(path)!r}: {e.strerror}; expected a writable directory path") from None
     candidate = path
     for n in range(1, 1000):
         try:
