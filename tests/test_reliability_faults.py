@@ -116,14 +116,21 @@ def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
     r = subprocess.run([*_numarun(), "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fault_counter.py"),
                         str(tmp_path), "12", "1", "5"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
+    def steps(rank: int, attempt: int) -> tuple[int, list[int]]:
+        head, *rest = (tmp_path / f"steps{rank}.{attempt}").read_text().splitlines()
+        return int(head.removeprefix("resume ")), [int(s) for s in rest]
+
     for rank in (0, 1):
         assert (tmp_path / f"ckpt{rank}").read_text() == "12"
-        first = [int(s) for s in (tmp_path / f"steps{rank}.0").read_text().split()]
-        second = [int(s) for s in (tmp_path / f"steps{rank}.1").read_text().split()]
-        # the second attempt starts right after the last step the first one checkpointed
-        assert first and second and second[0] == first[-1] + 1 and second[-1] == 12
-        assert first == list(range(1, first[-1] + 1)) and second == list(range(second[0], 13))
-    assert (tmp_path / "steps1.0").read_text().split()[-1] == "4"  # rank 1 crashed at step 5
+        start0, first = steps(rank, 0)
+        resumed, second = steps(rank, 1)
+        assert start0 == 0 and first == list(range(1, len(first) + 1))
+        # the restart resumes from the first attempt's last checkpoint: its last logged step,
+        # or the one before when the rank was stopped between logging a step and saving it
+        last = first[-1] if first else 0
+        assert resumed in (last, max(last - 1, 0))
+        assert second == list(range(resumed + 1, 13))
+    assert steps(1, 0)[1] == [1, 2, 3, 4] and steps(1, 1)[0] == 4  # rank 1 crashed at step 5
     assert _leaked(_pids(tmp_path)) == []
 
 
@@ -254,3 +261,16 @@ def _mems_allowed() -> list[int]:
         if line.startswith("Mems_allowed_list:"):
             return sorted(parse_list(line.split(":", 1)[1].strip()))
     raise AssertionError("no Mems_allowed_list in /proc/self/status")
+
+
+def test_fault_table_names_the_tests() -> None:
+    """FAULTS (the figures in docs/reliability.md) lists exactly this module's fault tests."""
+    import inspect
+
+    tests = [name for name, f in globals().items() if name.startswith("test_") and inspect.isfunction(f)]
+    faults = [t for t in tests if t != "test_fault_table_names_the_tests"]
+    assert sorted(faults) == sorted(next(t for t in faults if t.startswith(f"test_{k}")) for k in FAULTS)
+    for key, count in FAULTS.items():
+        marks = getattr(globals()[next(t for t in faults if t.startswith(f"test_{key}"))], "pytestmark", [])
+        params = [len(m.args[1]) for m in marks if m.name == "parametrize"]
+        assert count == (params[0] if params else 1), key
