@@ -32,7 +32,7 @@ TIMEOUT = 120  # "did not hang" guard for every wait
 FAULTS = {
     "crash_restarts_from_checkpoint": 1,
     "crash_without_restart": 1,
-    "node_lost": 1,
+    "node_lost": 2,
     "signal_to_numarun": 2,
     "trainer_sigterm": 1,
     "kill_during_save": 2,
@@ -147,16 +147,31 @@ def test_crash_without_restart(tmp_path: Path) -> None:
     assert _leaked(_pids(tmp_path)) == []
 
 
-def test_node_lost(tmp_path: Path, procs: list) -> None:
-    """Two numarun processes as two nodes (c10d on localhost); node 1 is SIGKILLed whole."""
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.parametrize("lost_hosts_store", [True, False], ids=["store-host-lost", "store-client-lost"])
+def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
+    """Two numarun processes as two nodes (c10d on localhost), one SIGKILLed whole.
+
+    The node started first hosts the c10d store (the other finds the port taken and
+    connects as a client), so both ways a node can be lost are covered.
+    """
     port = _free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5,heartbeat=2"]
     out = [tmp_path / "n0", tmp_path / "n1"]
     for o in out:
         o.mkdir()
-    survivor = _start(procs, [*common, "--node-rank", "0", str(SCRIPTS / "fault_allreduce.py"), str(out[0])], tmp_path / "log0")
-    lost = _start(procs, [*common, "--node-rank", "1", str(SCRIPTS / "fault_allreduce.py"), str(out[1])], tmp_path / "log1")
+    order = [1, 0] if lost_hosts_store else [0, 1]
+    nodes: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
+    for n in order:
+        nodes[n] = _start(procs, [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])], tmp_path / f"log{n}")
+        if n == order[0]:
+            _wait_for(lambda: _listening(port), "the c10d store", nodes[n])
+    survivor, lost = nodes[0], nodes[1]
     _wait_for(lambda: _pids(out[0]) and _pids(out[1]), "both nodes' workers", survivor)
     # The whole node at once: its numarun and its workers (torchrun starts each worker in
     # its own session, so the process group alone would not reach them).
@@ -168,7 +183,12 @@ def test_node_lost(tmp_path: Path, procs: list) -> None:
     log = (tmp_path / "log0").read_text()
     assert code != 0, log[-3000:]
     lines = _errors(log)
-    assert len(lines) == 1 and "rank 0" in lines[0], log[-3000:]
+    # (the worker's own traceback from its failed all-reduce is the user program's output)
+    assert len(lines) == 1, log[-3000:]
+    if lost_hosts_store:
+        assert "rendezvous failed" in lines[0] and f"127.0.0.1:{port}" in lines[0], lines[0]
+    else:  # c10d hands out global ranks by arrival, not by --node-rank
+        assert "local rank 0" in lines[0] and ("exited with code" in lines[0] or "killed by" in lines[0]), lines[0]
     assert _leaked(_pids(out[0]) + _pids(out[1])) == []
 
 
