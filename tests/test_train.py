@@ -127,3 +127,29 @@ def test_latest_checkpoint_ignores_unfinished_saves(tmp_path: Path) -> None:
             (d / "meta.json").write_text("{}")
     (tmp_path / ".step_00000016.tmp").mkdir()
     assert checkpoint.latest(tmp_path) == (8, checkpoint.step_dir(tmp_path, 8))
+
+
+def test_resaving_a_step_replaces_it_whole(tmp_path: Path) -> None:
+    """A step saved twice (a signal at a checkpoint step) ends as the second save, no leftovers."""
+    import torch
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        root = tmp_path / "ckpt"
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        checkpoint.save(root, 4, model, opt, meta={}, rank=0)
+        with torch.no_grad():
+            model.weight.fill_(2.0)
+        checkpoint.save(root, 4, model, opt, meta={}, rank=0)
+        assert sorted(p.name for p in root.iterdir()) == ["step_00000004"]
+        with torch.no_grad():
+            model.weight.zero_()
+        assert checkpoint.load(checkpoint.latest(root)[1], model, opt) == 4
+        assert torch.equal(model.weight, torch.full((2, 3), 2.0))
+    finally:
+        dist.destroy_process_group()

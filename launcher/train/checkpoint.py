@@ -59,9 +59,15 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
     dist.barrier()
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=1) + "\n")
+        # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
+        # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
+        old = root / f".{final.name}.old"
+        if old.exists():
+            shutil.rmtree(old)
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
         log.info("checkpoint saved: %s", final)
     dist.barrier()
     return final
