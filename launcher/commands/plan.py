@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-from ..errors import UsageError
+from ..fsutil import write_output
 from ..plan.options import add_plan_options, request_from_args
 
 
@@ -34,10 +33,7 @@ def main(args: argparse.Namespace) -> int:
     if args.svg:
         from ..topology.svg import render_svg
 
-        try:
-            Path(args.svg).write_text(render_svg(topology, plan))
-        except OSError as e:
-            raise UsageError(f"bad --svg {args.svg!r}: {e.strerror}; expected a writable file path") from None
+        write_output(args.svg, render_svg(topology, plan), flag="--svg")
     if args.json:
         sys.stdout.write(plan.to_json())
     else:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import TopologyError, UsageError
+from ..fsutil import write_output
 from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -39,29 +38,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--width", type=int, default=None, help="text width of the table view (default: terminal width)")
     p.set_defaults(func=main)
     return p
-
-
-def write_atomic(path: str, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same directory and a rename,
-    so a reader never sees half a file. The directory must exist."""
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"bad output path {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
-    if target.is_dir():
-        raise UsageError(f"bad output path {path!r}: it is a directory; expected a file name")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return target
 
 
 def merge_smi(topology: Topology, smi_path: str) -> Topology:
@@ -106,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
     if out_svg is not None:
         from ..topology.svg import render_svg
 
-        write_atomic(out_svg, render_svg(topology))
+        write_output(out_svg, render_svg(topology), flag="--svg")
         log.info("wrote %s", out_svg)
 
     if args.json:

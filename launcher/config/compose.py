@@ -30,13 +30,13 @@ import logging
 import os
 import re
 import stat
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..fsutil import write_atomic
 from .schema import JobConfig
 
 log = logging.getLogger(__name__)
@@ -337,18 +337,9 @@ def write_text_nofollow(path: Path, text: str) -> None:
     """
     if path.is_symlink():
         raise ConfigError(f"bad run dir file {str(path)!r}: it is a symbolic link; expected a regular file")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(tmp, flags, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
         raise ConfigError(f"bad run dir file {str(path)!r}: {e.strerror}; expected a writable path") from None
 
 

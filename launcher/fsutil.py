@@ -1,0 +1,49 @@
+"""Writing files so that no reader ever sees half of one. The only file-writing helper."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .errors import UsageError
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a fresh temp file beside ``path`` and rename it over ``path``.
+
+    The temp file is created with O_EXCL|O_NOFOLLOW and mode 0666, so the result follows
+    the user's umask like any ``open()``; a rename replaces a symlink at ``path`` rather
+    than writing through it. Raises ``OSError``; nothing is left behind on failure.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def write_output(path: str, text: str, *, flag: str) -> Path:
+    """:func:`write_atomic` for a file the user named with ``flag`` (``--svg``...).
+
+    A missing directory, a directory given as the file, or a write error is a one-line
+    :class:`UsageError` naming the flag and the value; nothing is written then.
+    """
+    target = Path(path)
+    parent = target.parent
+    if not parent.is_dir():
+        raise UsageError(f"bad {flag} {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
+    if target.is_dir():
+        raise UsageError(f"bad {flag} {path!r}: it is a directory; expected a file name")
+    try:
+        write_atomic(target, text)
+    except OSError as e:
+        raise UsageError(f"bad {flag} {path!r}: {e.strerror}; expected a writable file path") from None
+    return target
