@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..config.schema import ModelKind, ParallelKind, Precision, Schedule
 from ..errors import ConfigError
+from ..fsutil import write_atomic
 from . import checkpoint
 from .data import StepBatchSampler, build_dataset, build_loader
 from .models import build_model, loss_fn
@@ -195,8 +196,9 @@ class Trainer:
             best = size
             size *= 2
         if self.rank == 0:
-            (self.run_dir / "batch_size_search.json").write_text(
-                json.dumps({"memory_limit_mb": limit, "chosen": best, "sizes": results}, indent=1) + "\n"
+            write_atomic(
+                self.run_dir / "batch_size_search.json",
+                json.dumps({"memory_limit_mb": limit, "chosen": best, "sizes": results}, indent=1) + "\n",
             )
         if best == 0:
             raise ConfigError(
@@ -275,7 +277,7 @@ class Trainer:
                 "resumed_from": resumed_from,
                 "checkpoint": str(checkpoint.step_dir(self.ckpt_dir, step)) if step > start_step else None,
             }
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
             print(f"done: {step} steps, final loss {summary['final_loss']}, run dir {self.run_dir}", flush=True)
         return 0
 
