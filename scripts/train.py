@@ -5,9 +5,7 @@
 numarun composes configs/ once into the run dir; every rank reads that config.yaml.
 """
 
-import sys
-
-from launcher.train import main
+from launcher.train import exit_now, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "exit_now"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,3 +25,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+
+
+def exit_now(code: int) -> None:
+    """Flush and leave without interpreter teardown.
+
+    The process group is already destroyed and every file closed when ``main`` returns;
+    what is left for Python's finalisation is C++ state of torch's collectives, whose
+    destruction after the interpreter has begun to shut down can abort the process
+    (SIGABRT, "terminate called without an active exception") and turn a finished run
+    into a failed rank.
+    """
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

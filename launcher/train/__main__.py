@@ -1,5 +1,3 @@
-import sys
+from . import exit_now, main
 
-from . import main
-
-sys.exit(main())
+exit_now(main())

@@ -47,7 +47,12 @@ def run(argv: list[str]) -> int:
         run_dir = Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
         if not run_dir.is_dir():
             raise ConfigError(f"bad NUMARUN_RUN_DIR {str(run_dir)!r}: expected an existing run directory")
-        return Trainer(cfg, run_dir, ctx).run()
+        code = Trainer(cfg, run_dir, ctx).run()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # Every rank past its last collective before any rank tears its sockets down:
+            # a peer that closes while another still waits on it aborts that one (SIGABRT).
+            dist.barrier()
+        return code
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
