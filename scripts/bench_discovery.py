@@ -4,7 +4,8 @@ machine (sysfs + NVML when present). Prints the median and minimum of N runs per
 
     .venv/bin/python scripts/bench_discovery.py [--runs 20]
 
-The recorded trees are extracted once into ``tests/fixtures/_extracted/`` (ignored by git).
+The recorded trees are extracted once into ``$TMPDIR/numarun-fixture-trees`` (outside the
+checkout: their symlink cycles would trap setuptools' walk of the project).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from launcher.topology.discover import load_topology  # noqa: E402
 from launcher.topology.model import Topology  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
-CACHE = FIXTURES / "_extracted"
+CACHE = Path(tempfile.gettempdir()) / "numarun-fixture-trees"
 
 
 def _members(tarball: Path) -> int:

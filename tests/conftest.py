@@ -1,7 +1,9 @@
-"""Shared test helpers: recorded machine trees, extracted once into ``tests/fixtures/_extracted/``.
+"""Shared test helpers: recorded machine trees, extracted once into a cache outside the repo.
 
 The sysfs/procfs captures stay in the repository as tarballs (their symlinks and odd file
-names survive that way); tests extract them on first use into an ignored cache directory.
+names survive that way); tests extract them on first use into ``$TMPDIR/numarun-fixture-trees``.
+Never inside the checkout: the trees hold symlink cycles, and setuptools walks the whole
+project directory following links when it builds (``pip install -e .`` would never end).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
-EXTRACTED = FIXTURES / "_extracted"
+EXTRACTED = Path(tempfile.gettempdir()) / "numarun-fixture-trees"
 SYSFS_DIR = FIXTURES / "hwloc-linux-sysfs"
 HWLOC_XML_DIR = FIXTURES / "hwloc"
 H200_TARBALL = FIXTURES / "live-h200-vm" / "sysfs.tar.gz"

@@ -1,0 +1,42 @@
+"""The checkout stays buildable: no directory symlink points back up the tree.
+
+setuptools walks the whole project directory following links when it builds the package
+(``pip install -e .`` in scripts/setup.sh); a link to an ancestor, such as the ones inside
+recorded sysfs trees, makes that walk endless. Recorded trees are therefore extracted
+outside the checkout (tests/conftest.py).
+"""
+
+import os
+from pathlib import Path
+
+from conftest import EXTRACTED, H200_TARBALL, extract_tree
+
+REPO = Path(__file__).resolve().parents[1]
+SKIP = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis"}
+
+
+def test_fixture_trees_are_extracted_outside_the_checkout() -> None:
+    root = extract_tree(H200_TARBALL).resolve()
+    assert REPO not in root.parents and REPO not in EXTRACTED.resolve().parents
+
+
+def test_walking_the_checkout_through_links_ends() -> None:
+    """Walk as setuptools does, following links: a directory inside itself is a cycle."""
+    cycles: list[str] = []
+    budget = [200_000]
+
+    def walk(path: Path, chain: tuple[str, ...]) -> None:
+        real = os.path.realpath(path)
+        if real in chain:
+            cycles.append(str(path.relative_to(REPO)))
+            return
+        budget[0] -= 1
+        if budget[0] < 0 or len(cycles) > 5:
+            return
+        with os.scandir(path) as it:
+            subdirs = [Path(e.path) for e in it if e.name not in SKIP and e.is_dir(follow_symlinks=True)]
+        for sub in subdirs:
+            walk(sub, (*chain, real))
+
+    walk(REPO, ())
+    assert cycles == [] and budget[0] >= 0
