@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from launcher.topology.discover import load_topology  # noqa: E402
+from launcher.topology.archive import extract_tree  # noqa: E402
 from launcher.topology.model import Topology  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -35,18 +36,8 @@ def _members(tarball: Path) -> int:
 
 
 def _extract(tarball: Path) -> Path:
-    """Extract into a private cache dir (the tests use their own) and return the tree's root."""
-    dest = CACHE / f"bench__{tarball.name.split('.tar')[0]}"
-    if not (dest / ".complete").exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=CACHE))
-        with tarfile.open(tarball) as tf:
-            tf.extractall(tmp, filter="data")
-        (tmp / ".complete").write_text("ok\n")
-        tmp.rename(dest)
-    if (dest / "sys").is_dir():
-        return dest
-    return next(p for p in dest.iterdir() if p.is_dir())
+    """Extract once into the cache and return the tree's root."""
+    return extract_tree(tarball, CACHE)
 
 
 def _time(fn: Callable[[], Topology], runs: int) -> tuple[list[float], Topology]:

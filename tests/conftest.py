@@ -8,13 +8,12 @@ project directory following links when it builds (``pip install -e .`` would nev
 
 from __future__ import annotations
 
-import os
-import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from launcher.topology import archive
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXTRACTED = Path(tempfile.gettempdir()) / "numarun-fixture-trees"
@@ -26,40 +25,9 @@ H200_TARBALL = FIXTURES / "live-h200-vm" / "sysfs.tar.gz"
 collect_ignore = ["fixtures", "golden"]
 
 
-def _tar_name(tarball: Path) -> str:
-    name = tarball.name
-    for suffix in (".tar.bz2", ".tar.gz", ".tgz"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def extract_tree(tarball: Path) -> Path:
-    """Extract ``tarball`` once and return the directory standing for the machine's ``/``.
-
-    hwloc's tarballs hold one top directory (its name can differ from the file name); our
-    own captures hold ``sys/`` and ``proc/`` at the top.
-    """
-    key = tarball.parent.name + "__" + _tar_name(tarball)
-    dest = EXTRACTED / key
-    if not (dest / ".complete").exists():
-        EXTRACTED.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=key + ".", dir=EXTRACTED))
-        with tarfile.open(tarball) as tf:
-            # The "data" filter refuses members and links that would land outside tmp.
-            tf.extractall(tmp, filter="data")
-        (tmp / ".complete").write_text("ok\n")
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-    entries = [p for p in dest.iterdir() if p.name != ".complete"]
-    if (dest / "sys").is_dir():
-        return dest
-    dirs = [p for p in entries if p.is_dir()]
-    if len(dirs) == 1:
-        return dirs[0]
-    raise AssertionError(f"cannot find the root of the tree in {tarball}")
+    """Extract ``tarball`` once (into :data:`EXTRACTED`) and return the tree's ``/``."""
+    return archive.extract_tree(tarball, EXTRACTED)
 
 
 def sysfs_tarballs() -> list[Path]:

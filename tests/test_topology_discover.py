@@ -159,3 +159,33 @@ def test_bench_script_runs() -> None:
         capture_output=True, text=True, timeout=300,
     )
     assert bad.returncode == 2 and "--runs" in bad.stderr
+
+
+def test_tarball_source_reads_like_its_extracted_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, h200_tree: Path) -> None:
+    from conftest import H200_TARBALL
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    t = load_topology(str(H200_TARBALL))
+    assert t.source == f"sysfs:{H200_TARBALL}"
+    assert dataclasses.replace(t, source="x") == dataclasses.replace(load_topology(str(h200_tree)), source="x")
+    cached = list((tmp_path / "cache" / "numarun" / "trees").iterdir())
+    assert len(cached) == 1  # extracted once, keyed on content
+    load_topology(str(H200_TARBALL))
+    assert list((tmp_path / "cache" / "numarun" / "trees").iterdir()) == cached
+
+
+def test_bad_tarballs_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tarfile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.tar.bz2"
+    broken.write_bytes(b"BZh91AY&SY not really")
+    empty_dir = tmp_path / "nothing"
+    (empty_dir / "etc").mkdir(parents=True)
+    nosys = tmp_path / "nosys.tar.gz"
+    with tarfile.open(nosys, "w:gz") as tf:
+        tf.add(empty_dir, arcname="nothing")
+    for path, fragment in ((broken, "bad topology archive"), (nosys, "no sys/ directory")):
+        with pytest.raises(TopologyError) as e:
+            load_topology(str(path))
+        assert fragment in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)

@@ -6,6 +6,8 @@
   (``/`` through :mod:`launcher.topology.sysfs`, plus NVML GPUs when pynvml and a driver
   are present).
 - a directory: a machine's ``/`` (holding ``sys/`` and ``proc/``), e.g. an extracted capture.
+- a tarball of such a tree (``.tar.bz2`` as ``hwloc-gather-topology`` writes, ``.tar.gz``...):
+  extracted once into ``~/.cache/numarun/trees`` (:mod:`launcher.topology.archive`).
 - a ``.json`` file: a snapshot written by ``numarun topo --json``.
 - a ``.xml`` file: an hwloc v2 XML (``lstopo out.xml``).
 - any other file: a saved ``nvidia-smi topo -m`` text.
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 
 ENV_VAR = "NUMARUN_TOPOLOGY"
 ACCEPTED = (
-    "a directory standing for a machine's '/' (holding sys/ and proc/), a .json snapshot from "
+    "a directory standing for a machine's '/' (holding sys/ and proc/) or a tarball of one, a .json snapshot from "
     "'numarun topo --json', an hwloc .xml file, or a saved 'nvidia-smi topo -m' text"
 )
 
@@ -56,6 +58,12 @@ def load_topology(source: str | None = None) -> Topology:
             return read_live()
         topo = read_sysfs(path)
         return dataclasses.replace(topo, source=f"sysfs:{source}")
+    from .archive import extract_tree, is_tarball
+
+    if is_tarball(path):
+        from .sysfs import read_sysfs
+
+        return dataclasses.replace(read_sysfs(extract_tree(path)), source=f"sysfs:{source}")
     text = _read_text(path, source)
     suffix = path.suffix.lower()
     if suffix == ".json":
