@@ -190,3 +190,40 @@ def test_script_main_module_supports_spawn_and_exit_codes(tmp_path: Path) -> Non
     failing.write_text("raise ValueError('boom')\n")
     r = _bootstrap([str(failing)], _env(plan))
     assert r.returncode == 1 and r.stderr.rstrip().endswith("ValueError: boom")
+
+
+EXIT_SCRIPT = """
+import atexit, sys, threading, time
+out = open(sys.argv[1], "w")  # left open: its buffer must still reach the file
+out.write("buffered")
+log = sys.argv[1] + ".events"
+def note(what):
+    with open(log, "a") as f:
+        f.write(what + "\\n")
+atexit.register(note, "atexit")
+def slow():
+    time.sleep(0.3)
+    note("thread")
+threading.Thread(target=slow).start()
+mode = sys.argv[2]
+if mode == "code":
+    sys.exit(3)
+if mode == "message":
+    sys.exit("bad input: expected x")
+"""
+
+
+@pytest.mark.parametrize("mode, code", [("end", 0), ("code", 3), ("message", 1)])
+def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code: int) -> None:
+    """Threads joined, atexit run, open files flushed, exit codes and messages as python's."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXIT_SCRIPT)
+    out = tmp_path / "out.txt"
+    r = _bootstrap([str(script), str(out), mode], _env(None))
+    assert r.returncode == code, r.stderr
+    assert out.read_text() == "buffered"
+    assert (tmp_path / "out.txt.events").read_text() == "thread\natexit\n"
+    if mode == "message":
+        assert "bad input: expected x" in r.stderr
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.txt"), mode], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == code and (tmp_path / "plain.txt.events").read_text() == "thread\natexit\n"

@@ -28,16 +28,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Flush and leave without interpreter teardown.
+    """Exit as Python would, without the module teardown that can abort a finished rank.
 
-    The process group is already destroyed and every file closed when ``main`` returns;
-    what is left for Python's finalisation is C++ state of torch's collectives, whose
-    destruction after the interpreter has begun to shut down can abort the process
-    (SIGABRT, "terminate called without an active exception") and turn a finished run
-    into a failed rank.
+    See :func:`launcher.launch.bootstrap.finish`; used by the trainer's entry points so
+    that the trainer run under plain torchrun or python exits the same way.
     """
-    import os
+    from ..launch.bootstrap import finish
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    finish(code)
