@@ -64,20 +64,17 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
         f"--nodes={o.nodes}",
         "--ntasks-per-node=1",
     ]
-    if o.cpus_per_task is not None:
-        lines.append(f"--cpus-per-task={o.cpus_per_task}")
-    if o.gpus_per_node is not None:
-        lines.append(f"--gpus-per-node={o.gpus_per_node}")
-    if o.mem is not None:
-        lines.append(f"--mem={o.mem}")
-    if o.partition is not None:
-        lines.append(f"--partition={o.partition}")
-    if o.account is not None:
-        lines.append(f"--account={o.account}")
-    if o.qos is not None:
-        lines.append(f"--qos={o.qos}")
-    if o.constraint is not None:
-        lines.append(f"--constraint={o.constraint}")
+    # optional '--flag=value' lines, in this order, for the options the user set
+    optional = {
+        "cpus-per-task": o.cpus_per_task,
+        "gpus-per-node": o.gpus_per_node,
+        "mem": o.mem,
+        "partition": o.partition,
+        "account": o.account,
+        "qos": o.qos,
+        "constraint": o.constraint,
+    }
+    lines += [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
     if o.exclusive:
         lines.append("--exclusive")
     if o.time is not None:
