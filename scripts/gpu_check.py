@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(REPO))
 
-from launcher.cpuset import format_list, parse_list  # noqa: E402
+from launcher.cpuset import format_list  # noqa: E402
 from launcher.topology.model import normalize_bus_id  # noqa: E402
 from launcher.topology.smi import SmiMatrix, parse_topo_m  # noqa: E402
 
@@ -459,6 +459,7 @@ def _write(out_dir: Path | None, result: dict[str, Any], checks: Sequence[Check]
 
 def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]:
     """Check 1 on the recorded H200 VM: sysfs tree + NVML answers vs its nvidia-smi outputs."""
+    from launcher.topology.archive import safe_extract
     from launcher.topology.discover import merge_nvml
     from launcher.topology.nvml import reading_from_record
     from launcher.topology.sysfs import read_sysfs
@@ -466,7 +467,7 @@ def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]
     capture = json.loads(capture_file.read_text())
     with tempfile.TemporaryDirectory(prefix="numarun-selftest.") as d:
         with tarfile.open(sysfs_tarball) as tf:
-            tf.extractall(d, filter="data")
+            safe_extract(tf, Path(d))
         topo = merge_nvml(read_sysfs(Path(d)), reading_from_record(capture["nvml"]))
     return check_topology(topo.to_dict(), parse_smi_q(capture["smi_q"]),
                           parse_topo_m(capture["smi_topo_m"], "capture smi_topo_m"))

@@ -189,3 +189,30 @@ def test_bad_tarballs_are_clear_errors(tmp_path: Path, monkeypatch: pytest.Monke
         with pytest.raises(TopologyError) as e:
             load_topology(str(path))
         assert fragment in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("has_filter", [True, False])
+def test_archive_extraction_refuses_escapes_with_or_without_tarfile_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, has_filter: bool
+) -> None:
+    """Older Python patch releases lack tarfile's data filter: the same refusals hold."""
+    import io
+    import tarfile
+
+    from launcher.topology.archive import safe_extract
+
+    if not has_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tf:
+        info = tarfile.TarInfo("../escaped")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"x"))
+    with tarfile.open(evil) as tf, pytest.raises(tarfile.TarError):
+        safe_extract(tf, tmp_path / "out")
+    assert not (tmp_path / "escaped").exists()
+    from conftest import H200_TARBALL
+
+    with tarfile.open(H200_TARBALL) as tf:
+        safe_extract(tf, tmp_path / "good")
+    assert (tmp_path / "good" / "sys" / "devices" / "system" / "node").is_dir()

@@ -19,6 +19,29 @@ from ..errors import TopologyError
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
+def safe_extract(tf: tarfile.TarFile, dest: Path) -> None:
+    """``extractall`` that lands nothing outside ``dest``.
+
+    tarfile's ``data`` filter where Python has it (3.12, 3.11.4+, 3.10.12+); on older
+    patch releases the same refusals are checked here first: absolute or ``..`` paths,
+    links pointing out of the tree, devices.
+    """
+    if hasattr(tarfile, "data_filter"):
+        tf.extractall(dest, filter="data")
+        return
+    root = os.path.realpath(dest)
+    for m in tf.getmembers():
+        target = os.path.realpath(os.path.join(root, m.name))
+        bad = not (target == root or target.startswith(root + os.sep)) or m.isdev()
+        if m.issym() or m.islnk():
+            base = os.path.dirname(target) if m.issym() else root
+            link = os.path.realpath(os.path.join(base, m.linkname))
+            bad = bad or os.path.isabs(m.linkname) or not (link == root or link.startswith(root + os.sep))
+        if bad:
+            raise tarfile.TarError(f"member {m.name!r} would land outside the tree")
+    tf.extractall(dest)
+
+
 def is_tarball(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(TAR_SUFFIXES)
 
@@ -43,7 +66,7 @@ def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=cache))
         try:
             with tarfile.open(tarball) as tf:
-                tf.extractall(tmp, filter="data")
+                safe_extract(tf, tmp)
         except (tarfile.TarError, OSError, EOFError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             why = (str(e).splitlines() or [type(e).__name__])[0].rstrip(":")  # tarfile's can span lines

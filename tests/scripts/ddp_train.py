@@ -3,6 +3,7 @@
 Rank 0 writes the final parameters to the JSON file named by argv[1].
 """
 
+import gc
 import json
 import sys
 
@@ -33,6 +34,7 @@ def main() -> None:
     # Free DDP before tearing down: a DDP reducer left to interpreter teardown aborts a few
     # runs in a hundred under plain torchrun (torch 2.13, gloo), which would fail the baseline.
     del ddp, opt
+    gc.collect()  # the reducer sits in reference cycles: collect it while the interpreter is whole
     dist.destroy_process_group()
 
 
