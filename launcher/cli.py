@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from . import __version__
 from .errors import NumarunError
 
-# subcommand -> module under launcher.commands
+# subcommand -> module under numarun.commands
 COMMANDS: dict[str, str] = {
     "run": "run",
     "topo": "topo",
@@ -38,7 +38,7 @@ class OneLineParser(argparse.ArgumentParser):
 def _available_commands() -> dict[str, str]:
     found = {}
     for name, mod in COMMANDS.items():
-        if importlib.util.find_spec(f"launcher.commands.{mod}") is not None:
+        if importlib.util.find_spec(f"numarun.commands.{mod}") is not None:
             found[name] = mod
     return found
 
@@ -58,7 +58,7 @@ def build_parser(only: str | None = None) -> OneLineParser:
             # keep --help listing all commands without importing every module
             sub.add_parser(name, help=f"see 'numarun {name} --help'")
             continue
-        module = importlib.import_module(f"launcher.commands.{mod}")
+        module = importlib.import_module(f"numarun.commands.{mod}")
         module.add_parser(sub)
     return parser
 

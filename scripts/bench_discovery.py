@@ -22,9 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from launcher.topology.discover import load_topology  # noqa: E402
-from launcher.topology.archive import extract_tree  # noqa: E402
-from launcher.topology.model import Topology  # noqa: E402
+from numarun.topology.discover import load_topology  # noqa: E402
+from numarun.topology.archive import extract_tree  # noqa: E402
+from numarun.topology.model import Topology  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 CACHE = Path(tempfile.gettempdir()) / "numarun-fixture-trees"

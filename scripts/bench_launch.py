@@ -58,7 +58,7 @@ def main() -> int:
         noop.write_text("pass\n")
         launch = ["--nproc-per-node", str(args.nproc_per_node), "--standalone", str(noop)]
         commands = {
-            "numarun": [*_tool("numarun", [sys.executable, "-m", "launcher"]), *launch],
+            "numarun": [*_tool("numarun", [sys.executable, "-m", "numarun"]), *launch],
             "torchrun": [*_tool("torchrun", [sys.executable, "-m", "torch.distributed.run"]), *launch],
         }
         times: dict[str, list[float]] = {name: [] for name in commands}

@@ -12,9 +12,9 @@ import argparse
 import statistics
 import time
 
-from launcher.plan.binding import make_plan
-from launcher.plan.model import BindingMode, PlanRequest
-from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
+from numarun.plan.binding import make_plan
+from numarun.plan.model import BindingMode, PlanRequest
+from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
 
 
 def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int = 2, gpus_per_package: int = 4) -> Topology:

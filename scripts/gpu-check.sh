@@ -42,14 +42,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-# 'numarun' on PATH for anything that calls it by name; the checks themselves use 'python -m launcher'.
+# 'numarun' on PATH for anything that calls it by name; the checks themselves use 'python -m numarun'.
 mkdir -p "$SITE/bin"
-printf '#!/bin/sh\nexec %s -m launcher "$@"\n' "$(command -v "$PY")" > "$SITE/bin/numarun"
+printf '#!/bin/sh\nexec %s -m numarun "$@"\n' "$(command -v "$PY")" > "$SITE/bin/numarun"
 chmod +x "$SITE/bin/numarun"
 export PATH="$SITE/bin:$PATH"
 unset NUMARUN_TOPOLOGY
 
-"$PY" -c "import launcher.cli, hydra, omegaconf, rich, numpy" || die "numarun does not import with PYTHONPATH=$PYTHONPATH"
+"$PY" -c "import numarun.cli, hydra, omegaconf, rich, numpy" || die "numarun does not import with PYTHONPATH=$PYTHONPATH"
 numarun --help >/dev/null || die "numarun --help failed"
 
 # Ends within 10 minutes even if a step hangs; results are written after every step anyway.

@@ -46,12 +46,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(REPO))
 
-from launcher.cpuset import format_list  # noqa: E402
-from launcher.topology.model import normalize_bus_id  # noqa: E402
-from launcher.topology.smi import SmiMatrix, parse_topo_m  # noqa: E402
+from numarun.cpuset import format_list  # noqa: E402
+from numarun.topology.model import normalize_bus_id  # noqa: E402
+from numarun.topology.smi import SmiMatrix, parse_topo_m  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
-NUMARUN = [sys.executable, "-m", "launcher"]
+NUMARUN = [sys.executable, "-m", "numarun"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 GPU_TRAIN_OVERRIDES = (
@@ -252,8 +252,8 @@ def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> li
 
 def probe(path: Path) -> None:
     """Run as the rank of a numarun job: write what the kernel says this process got."""
-    from launcher.launch import affinity
-    from launcher.launch.bootstrap import current_binding
+    from numarun.launch import affinity
+    from numarun.launch.bootstrap import current_binding
 
     report: dict[str, Any] = {}
     binding = current_binding()
@@ -459,10 +459,10 @@ def _write(out_dir: Path | None, result: dict[str, Any], checks: Sequence[Check]
 
 def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]:
     """Check 1 on the recorded H200 VM: sysfs tree + NVML answers vs its nvidia-smi outputs."""
-    from launcher.topology.archive import safe_extract
-    from launcher.topology.discover import merge_nvml
-    from launcher.topology.nvml import reading_from_record
-    from launcher.topology.sysfs import read_sysfs
+    from numarun.topology.archive import safe_extract
+    from numarun.topology.discover import merge_nvml
+    from numarun.topology.nvml import reading_from_record
+    from numarun.topology.sysfs import read_sysfs
 
     capture = json.loads(capture_file.read_text())
     with tempfile.TemporaryDirectory(prefix="numarun-selftest.") as d:

@@ -5,7 +5,7 @@
 numarun composes configs/ once into the run dir; every rank reads that config.yaml.
 """
 
-from launcher.train import exit_now, main
+from numarun.train import exit_now, main
 
 if __name__ == "__main__":
     exit_now(main())

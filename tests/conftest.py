@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.topology import archive
+from numarun.topology import archive
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXTRACTED = Path(tempfile.gettempdir()) / "numarun-fixture-trees"

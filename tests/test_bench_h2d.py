@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.bench import h2d
-from launcher.errors import UsageError
-from launcher.launch import affinity
+from numarun.bench import h2d
+from numarun.errors import UsageError
+from numarun.launch import affinity
 
 REPO = Path(__file__).resolve().parent.parent
-NUMARUN = [sys.executable, "-m", "launcher"]
+NUMARUN = [sys.executable, "-m", "numarun"]
 
 
 def _has_cuda() -> bool:
@@ -66,7 +66,7 @@ def test_numarun_worker_runs_bound_to_the_plan(tmp_path: Path) -> None:
                           text=True, timeout=120, env=_env(), check=True)
     rank = json.loads(plan.stdout)["ranks"][0]
     cmd = h2d.worker_argv(label="numarun", out=str(out), size_bytes=4096, iters=1)
-    assert cmd[1:4] == ["-m", "launcher", "run"]
+    assert cmd[1:4] == ["-m", "numarun", "run"]
     subprocess.run(cmd, env=_env(), timeout=180, check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())
     assert result["label"] == "numarun"
@@ -79,7 +79,7 @@ def test_numarun_worker_runs_bound_to_the_plan(tmp_path: Path) -> None:
 
 def test_raw_worker_is_plain_python_without_numarun() -> None:
     cmd = h2d.worker_argv(label="raw", out="/x.json", size_bytes=8, iters=2)
-    assert cmd[:3] == [sys.executable, "-m", "launcher.bench.h2d"]
+    assert cmd[:3] == [sys.executable, "-m", "numarun.bench.h2d"]
     assert "run" not in cmd and "--worker" in cmd and "--size-bytes=8" in cmd
 
 
@@ -112,6 +112,6 @@ def test_ratios_and_table() -> None:
 
 def test_launching_side_never_imports_torch() -> None:
     """The command's own process must not create a CUDA context: it may not even import torch."""
-    code = ("import sys, launcher.cli, launcher.commands.bench, launcher.bench.h2d\n"
+    code = ("import sys, numarun.cli, numarun.commands.bench, numarun.bench.h2d\n"
             "assert 'torch' not in sys.modules, 'torch imported by the launching side'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=_env())

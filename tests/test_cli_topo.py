@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-from launcher.topology.model import Topology
-from launcher.topology.render import NO_GPU_LINE, cpu_summary, nearest_nic, render_text
+from numarun.topology.model import Topology
+from numarun.view.topo import NO_GPU_LINE, cpu_summary, nearest_nic, render_text
 
 from test_topology_svg import by_class, make_topology
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.plan.model import LaunchPlan
-from launcher.topology.discover import load_topology
-from launcher.topology.model import Topology
-from launcher.topology.render import render_text
-from launcher.topology.svg import render_svg
+from numarun.plan.model import LaunchPlan
+from numarun.topology.discover import load_topology
+from numarun.topology.model import Topology
+from numarun.view.topo import render_text
+import golden
+from numarun.view.svg import render_svg
 
 from test_topology_svg import make_topology, plan_for
 
@@ -27,13 +28,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("NUMARUN_REGEN_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        pytest.skip(f"regenerated {path}")
-    assert path.exists(), f"missing golden {path}: run with NUMARUN_REGEN_GOLDEN=1 to create it"
-    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden; see the module docstring"
+    golden.check_golden(GOLDEN / name, text)
 
 
 def rich_topology() -> Topology:

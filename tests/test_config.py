@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.config import compose as C
-from launcher.config.schema import load_job_config
-from launcher.errors import ConfigError
+from numarun.config import compose as C
+from numarun.config.schema import load_job_config
+from numarun.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "scripts" / "train.py")
@@ -47,9 +47,9 @@ def test_overrides_reach_saved_config(in_tmp: Path) -> None:
 
 def test_hydra_run_dir_override_and_reuse(in_tmp: Path) -> None:
     target = in_tmp / "runs" / "a"
-    job = C.prepare_launch("launcher.train", [f"hydra.run.dir={target}"], is_module=True)
+    job = C.prepare_launch("numarun.train", [f"hydra.run.dir={target}"], is_module=True)
     assert job is not None and job.run_dir == target
-    again = C.prepare_launch("launcher.train", [f"hydra.run.dir={target}", "trainer.steps=3"], is_module=True)
+    again = C.prepare_launch("numarun.train", [f"hydra.run.dir={target}", "trainer.steps=3"], is_module=True)
     assert again is not None and again.run_dir == target  # an explicit dir is reused, as Hydra does
     assert load_job_config(target / "config.yaml").trainer.steps == 3
 
@@ -150,11 +150,11 @@ def test_detect_app(tmp_path: Path) -> None:
     plain = tmp_path / "plain.py"
     plain.write_text("import sys\nprint(sys.argv)\n")
     mine = tmp_path / "mine.py"
-    mine.write_text("from launcher.train import main\nmain()\n")
+    mine.write_text("from numarun.train import main\nmain()\n")
     assert C.detect_app(str(plain), is_module=False) is C.AppKind.PLAIN
     assert C.detect_app(str(mine), is_module=False) is C.AppKind.TRAINER
     assert C.detect_app(TRAIN, is_module=False) is C.AppKind.TRAINER
-    assert C.detect_app("launcher.train", is_module=True) is C.AppKind.TRAINER
+    assert C.detect_app("numarun.train", is_module=True) is C.AppKind.TRAINER
     assert C.detect_app(HYDRA_APP, is_module=False) is C.AppKind.HYDRA_MAIN
     assert C.prepare_launch(str(plain), ["a=1", "--flag"], is_module=False) is None
 
@@ -172,7 +172,7 @@ def test_user_hydra_app_written_once(in_tmp: Path) -> None:
 
 
 def test_launcher_settings_fill_flags_left_at_default() -> None:
-    from launcher.plan.model import BindingMode
+    from numarun.plan.model import BindingMode
 
     defaults = {"nproc_per_node": None, "binding": BindingMode.EXCLUSIVE, "nnodes": "1:1", "master_port": 29500}
     args = argparse.Namespace(nproc_per_node=None, binding=BindingMode.EXCLUSIVE, nnodes="1:1", master_port=29600)
@@ -193,7 +193,7 @@ def test_saved_config_with_unknown_key_is_rejected(tmp_path: Path) -> None:
 
 def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", TRAIN, "trainer.steps=abc"],
+        [sys.executable, "-m", "numarun", TRAIN, "trainer.steps=abc"],
         cwd=in_tmp, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -204,7 +204,7 @@ def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
 
 def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     def dry(*args: str) -> list[str]:
-        proc = subprocess.run([sys.executable, "-m", "launcher", "--dry-run", *args], cwd=in_tmp,
+        proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", *args], cwd=in_tmp,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         return [ln for ln in proc.stdout.splitlines() if " torchrun " in ln]

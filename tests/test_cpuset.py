@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.cpuset import format_list, format_mask, parse_list, parse_mask
-from launcher.errors import CpuListError, NumarunError
+from numarun.cpuset import format_list, format_mask, parse_list, parse_mask
+from numarun.errors import CpuListError, NumarunError
 
 
 @pytest.mark.parametrize(

@@ -30,18 +30,18 @@ WORKER = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    import launcher
-    from launcher.dist.allreduce import apply_comm, hierarchical_all_reduce
-    from launcher.errors import NumarunError
+    import numarun
+    from numarun.comm.allreduce import apply_comm, hierarchical_all_reduce
+    from numarun.errors import NumarunError
 
     out_dir = sys.argv[1]
     mode = sys.argv[2]
-    ctx = launcher.init()
+    ctx = numarun.init()
     report = {
         "rank": ctx.rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size,
         "node_rank": ctx.node_rank, "num_nodes": ctx.num_nodes, "local_world_size": ctx.local_world_size,
         "backend": ctx.backend, "device": str(ctx.device), "binding": ctx.binding is not None,
-        "same_context": launcher.init() is ctx,
+        "same_context": numarun.init() is ctx,
         "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")},
         "intra": dist.get_process_group_ranks(ctx.intra_group),
         "inter": dist.get_process_group_ranks(ctx.inter_group) if ctx.inter_group is not None else None,
@@ -88,7 +88,7 @@ WORKER = textwrap.dedent(
                         fail.append(f"hier != flat: numel={numel} {dtype} {op} max|d|={(got.float()-ref.float()).abs().max().item()}")
         report["cases"] = cases
         # pipelined path (many small chunks; odd sizes, so the last chunk is short); spy that it ran
-        import launcher.dist.allreduce as A
+        import numarun.comm.allreduce as A
         real, runs = A._pipelined, []
         A._pipelined = lambda *a: (runs.append(a[1]), real(*a))
         for numel in (1001, 4099):
@@ -267,7 +267,7 @@ def test_unequal_nodes_flat_works_hierarchical_is_a_clear_error(tmp_path: Path) 
 def test_bench_cli_two_nodes(tmp_path: Path) -> None:
     port = _free_port()
     out = tmp_path / "bench.json"
-    base = [sys.executable, "-m", "launcher", "bench", "allreduce", "--nnodes", "2", "--nproc-per-node", "2",
+    base = [sys.executable, "-m", "numarun", "bench", "allreduce", "--nnodes", "2", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--sizes", "4K,1001",
             "--iters", "2", "--warmup", "1", "--link-rate", "100mbit"]
     results = _run_nodes([base + ["--node-rank", "0", "--json", str(out)], base + ["--node-rank", "1"]], tmp_path)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.fsutil import write_atomic, write_output
+from numarun.errors import UsageError
+from numarun.fsutil import write_atomic, write_output
 
 
 def test_write_atomic_follows_umask_and_leaves_no_temp(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher.topology.smi import parse_topo_m
+from numarun.topology.smi import parse_topo_m
 
 REPO = Path(__file__).resolve().parent.parent
 CAPTURE = Path(__file__).parent / "fixtures" / "live-h200-vm" / "capture.json"
@@ -65,9 +65,9 @@ def test_recorded_h200_passes_the_topology_checks() -> None:
 
 
 def test_topology_checks_catch_each_mismatch(capture: dict[str, Any]) -> None:
-    from launcher.topology.discover import merge_nvml
-    from launcher.topology.nvml import reading_from_record
-    from launcher.topology.sysfs import read_sysfs
+    from numarun.topology.discover import merge_nvml
+    from numarun.topology.nvml import reading_from_record
+    from numarun.topology.sysfs import read_sysfs
     from tests.conftest import extract_tree
 
     topo = merge_nvml(read_sysfs(extract_tree(SYSFS)), reading_from_record(capture["nvml"])).to_dict()

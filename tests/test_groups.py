@@ -7,11 +7,11 @@ import itertools
 
 import pytest
 
-from launcher.bench import allreduce as bench
-from launcher.commands import bench as bench_cmd
-from launcher.dist.allreduce import CommMode, Compression, parse_comm_mode, parse_compression
-from launcher.dist.groups import HierarchyError, RankPlace, contiguous_layout, layout_from_places
-from launcher.errors import ConfigError, NumarunError, UsageError
+from numarun.bench import allreduce as bench
+from numarun.commands import bench as bench_cmd
+from numarun.comm.allreduce import CommMode, Compression, parse_comm_mode, parse_compression
+from numarun.comm.groups import HierarchyError, RankPlace, contiguous_layout, layout_from_places
+from numarun.errors import ConfigError, NumarunError, UsageError
 
 
 @pytest.mark.parametrize("n,g", [(1, 1), (1, 4), (2, 2), (2, 3), (3, 2), (4, 8)])
@@ -142,14 +142,14 @@ def test_comm_config_parsing() -> None:
 def test_hierarchical_all_reduce_without_init_is_a_clear_error() -> None:
     import torch
 
-    from launcher.dist.allreduce import hierarchical_all_reduce
+    from numarun.comm.allreduce import hierarchical_all_reduce
 
-    with pytest.raises(NumarunError, match=r"launcher.init\(\)"):
+    with pytest.raises(NumarunError, match=r"numarun.init\(\)"):
         hierarchical_all_reduce(torch.ones(3))
 
 
 def _bench_args(argv: list[str]) -> argparse.Namespace:
-    from launcher.cli import build_parser
+    from numarun.cli import build_parser
 
     return build_parser(only="bench").parse_args(argv)
 
@@ -160,10 +160,10 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
                         "--json", "/tmp/x.json"])
     argv = bench_cmd.launch_argv(args, bench_cmd.bench_argv(args))
     i = argv.index("-m", 2)
-    assert argv[1:4] == ["-m", "launcher", "run"]  # bound ranks by default
+    assert argv[1:4] == ["-m", "numarun", "run"]  # bound ranks by default
     assert argv[4:i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
                          "--master-port=1234"]
-    assert argv[i + 1] == "launcher.bench.allreduce"
+    assert argv[i + 1] == "numarun.bench.allreduce"
     rest = argv[i + 2:]
     assert "--sizes=1M,2M" in rest and "--iters=4" in rest and "--json=/tmp/x.json" in rest
     assert not any(a.startswith(("--nnodes", "--node-rank", "--master", "--nproc")) for a in rest)
@@ -177,7 +177,7 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
 def test_bench_launchers() -> None:
     args = _bench_args(["bench", "allreduce", "--binding", "none"])
     argv = bench_cmd.launch_argv(args, [])
-    assert argv[1:4] == ["-m", "launcher", "run"] and "--binding=none" in argv
+    assert argv[1:4] == ["-m", "numarun", "run"] and "--binding=none" in argv
     args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
     argv = bench_cmd.launch_argv(args, [])
     assert argv[1:3] == ["-m", "torch.distributed.run"] and not any(a.startswith("--binding") for a in argv)

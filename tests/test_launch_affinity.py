@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cpuset import parse_list, parse_mask
-from launcher.launch import affinity
-from launcher.launch.affinity import Mpol
+from numarun.cpuset import parse_list, parse_mask
+from numarun.launch import affinity
+from numarun.launch.affinity import Mpol
 
 
 def _thread_masks() -> dict[int, set[int]]:

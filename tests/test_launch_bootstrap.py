@@ -1,4 +1,4 @@
-"""The worker bootstrap, run for real: ``python -m launcher.launch.bootstrap`` in a subprocess."""
+"""The worker bootstrap, run for real: ``python <numarun>/launch/entry.py`` in a subprocess."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import affinity
-from launcher.launch.bootstrap import apply_env, parse_argv
-from launcher.plan.model import LaunchPlan, MemPolicy, RankBinding
-from launcher.errors import BindingError
+from numarun.launch import affinity
+from numarun.launch.bootstrap import apply_env, parse_argv
+from numarun.launch.torchrun import ENTRY_FILE
+from numarun.plan.model import LaunchPlan, MemPolicy, RankBinding
+from numarun.errors import BindingError
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
@@ -48,7 +49,7 @@ def _env(plan: Path | None, **extra: str) -> dict[str, str]:
 
 def _bootstrap(args: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-u", "-m", "launcher.launch.bootstrap", *args],
+        [sys.executable, "-u", ENTRY_FILE, *args],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
     )
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from launcher.errors import PlanError, TopologyError
-from launcher.plan.model import BindingMode, GpuRef, LaunchPlan, MemPolicy, RankBinding
-from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank, normalize_bus_id
+from numarun.errors import PlanError, TopologyError
+from numarun.plan.model import BindingMode, GpuRef, LaunchPlan, MemPolicy, RankBinding
+from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank, normalize_bus_id
 
 
 def small_topology() -> Topology:

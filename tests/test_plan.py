@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from launcher.errors import PlanError
-from launcher.plan.binding import make_plan
-from launcher.plan.model import BindingMode, LaunchPlan, MemPolicy, PlanRequest
-from launcher.topology.model import Gpu, Nic, NicKind
+from numarun.errors import PlanError
+from numarun.plan.binding import make_plan
+from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, PlanRequest
+from numarun.topology.model import Gpu, Nic, NicKind
 from test_plan_helpers import build_topology, check_invariants, eth, ib
 
 MODES = list(BindingMode)

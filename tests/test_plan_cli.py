@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden" / "plan"
-NUMARUN = [sys.executable, "-m", "launcher"]
+NUMARUN = [sys.executable, "-m", "numarun"]
 SMI = "tests/fixtures/nvidia-smi"
 
 # name -> (fixture relative to the repo root, extra flags)
@@ -41,12 +41,7 @@ def run_plan(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     return subprocess.run([*NUMARUN, "plan", *args], cwd=ROOT, env=base, capture_output=True, text=True, timeout=120)
 
 
-def _check_golden(path: Path, text: str) -> None:
-    if os.environ.get("NUMARUN_REGEN_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"missing golden {path}: run with NUMARUN_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"{path.name} differs; regenerate with NUMARUN_REGEN_GOLDEN=1 if intended"
+from golden import check_golden as _check_golden  # noqa: E402
 
 
 @pytest.mark.parametrize("name", GOLDEN_CASES)

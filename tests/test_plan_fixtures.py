@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from conftest import extract_tree
-from launcher.errors import PlanError
-from launcher.plan.binding import make_plan
-from launcher.plan.model import BindingMode, MemPolicy, PlanRequest
-from launcher.topology.model import Topology
-from launcher.topology.smi import topology_from_smi
-from launcher.topology.sysfs import read_sysfs
+from numarun.errors import PlanError
+from numarun.plan.binding import make_plan
+from numarun.plan.model import BindingMode, MemPolicy, PlanRequest
+from numarun.topology.model import Topology
+from numarun.topology.smi import topology_from_smi
+from numarun.topology.sysfs import read_sysfs
 from test_plan_helpers import check_invariants
 
 FIXTURES = Path(__file__).parent / "fixtures"

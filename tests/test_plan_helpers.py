@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from launcher.plan.model import BindingMode, LaunchPlan, MemPolicy
-from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank
+from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy
+from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank
 
 
 def build_topology(

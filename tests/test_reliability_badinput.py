@@ -2,7 +2,7 @@
 
 Each row is a real user mistake (CLI flags, Hydra overrides, topology files and trees,
 ``CUDA_VISIBLE_DEVICES``, impossible plans, run dirs, SLURM options). The whole table runs
-in-process through ``launcher.cli.main`` (the same code the ``numarun`` entry point calls),
+in-process through ``numarun.cli.main`` (the same code the ``numarun`` entry point calls),
 with the working directory a fresh empty folder that must stay empty: no run dir, no
 checkpoint, no plan file. A few rows also run as real ``numarun`` subprocesses to prove
 the end-to-end promise: exit 2, one stderr line, no traceback.
@@ -127,7 +127,7 @@ SUBPROCESS = ["nnodes-zero", "tree-cpulist-reversed", "cvd-mig-uuid", "trainer-i
 def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Broken topology files, a plan, a snapshot with GPU UUIDs."""
     d = tmp_path_factory.mktemp("bad")
-    from launcher.topology.discover import load_topology
+    from numarun.topology.discover import load_topology
 
     snapshot = load_topology(P4D).to_json()
     (d / "snapshot.json").write_text(snapshot)
@@ -144,7 +144,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "empty.txt").write_text("")
     (d / "garbage.txt").write_text("this is not the output of nvidia-smi topo -m\n")
     (d / "emptydir").mkdir()
-    from launcher.cli import main
+    from numarun.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -165,7 +165,7 @@ def tree(h200_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _numarun() -> list[str]:
     exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -193,7 +193,7 @@ def _check(code: int, err: str, c: Case, workdir: Path) -> None:
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.cli import main
+    from numarun.cli import main
 
     for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
         monkeypatch.delenv(k, raising=False)

@@ -42,7 +42,7 @@ FAULTS = {
 
 def _numarun() -> list[str]:
     exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -276,7 +276,7 @@ def test_binding_refused_by_the_kernel(strict: bool, tmp_path: Path) -> None:
 
 
 def _mems_allowed() -> list[int]:
-    from launcher.cpuset import parse_list
+    from numarun.cpuset import parse_list
 
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("Mems_allowed_list:"):

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.launch.torchrun import command_line, torchrun_parser
+from numarun.launch.torchrun import command_line, torchrun_parser
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT = str(REPO / "tests" / "scripts" / "exit_rank.py")
@@ -42,7 +42,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 def _dry_run(args: list[str]) -> str:
-    from launcher.cli import main
+    from numarun.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -80,7 +80,7 @@ def test_bash_runs_the_printed_command_with_the_exact_argv(args: list[str], valu
 
 
 def _cli(*args: str) -> tuple[int, str]:
-    from launcher.cli import main
+    from numarun.cli import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -118,7 +118,7 @@ def _modes(root: Path) -> set[tuple[str, int]]:
 
 
 def test_run_dir_follows_umask_027(clean_env: Path) -> None:
-    from launcher.config.compose import prepare_launch
+    from numarun.config.compose import prepare_launch
 
     old = os.umask(0o027)
     try:
@@ -135,7 +135,7 @@ def test_checkpoint_follows_umask_027(tmp_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.train import checkpoint
+    from numarun.train import checkpoint
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     old = os.umask(0o027)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import build_parser
-from launcher.errors import UsageError
-from launcher.launch.torchrun import BOOTSTRAP_MODULE, Target, build_torchrun_argv, target_from_args, torchrun_parser, worker_env
-from launcher.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
+from numarun.cli import build_parser
+from numarun.errors import UsageError
+from golden import check_golden
+from numarun.launch.torchrun import ENTRY_FILE, Target, build_torchrun_argv, target_from_args, torchrun_parser, worker_env
+from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "run_torchrun_argv.txt"
@@ -46,10 +47,7 @@ def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
 
 def test_golden_argv() -> None:
     text = "".join(f"$ numarun {shlex.join(args)}\n{shlex.join(['torchrun', *argv_for(args)[0]])}\n\n" for args in CASES)
-    if os.environ.get("NUMARUN_REGEN_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+    check_golden(GOLDEN, text.replace(ENTRY_FILE, "<numarun>/launch/entry.py"))
 
 
 @pytest.mark.parametrize("args", CASES, ids=range(len(CASES)))
@@ -58,7 +56,7 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
     argv, target = argv_for(args, nproc=3)
     back = torchrun_parser().parse_args(argv)
     assert back.nproc_per_node == str(ns.nproc_per_node or 3)
-    assert back.module is True and back.training_script == BOOTSTRAP_MODULE and back.numa_binding is None
+    assert not back.module and back.training_script == ENTRY_FILE and back.numa_binding is None
     assert back.training_script_args == target.bootstrap_args()
     skipped = {"nproc_per_node", "module", "no_python", "numa_binding", "training_script", "training_script_args", "help"}
     for action in torchrun_parser()._actions:
@@ -106,7 +104,7 @@ def test_worker_env_lists_the_user_set_variables() -> None:
 
 
 def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
-    from launcher.launch.torchrun import write_plan_file
+    from numarun.launch.torchrun import write_plan_file
 
     plan = _plan({"OMP_NUM_THREADS": "1"})
     path = write_plan_file(plan)
@@ -118,7 +116,7 @@ def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
 
 
 def test_run_torchrun_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from launcher.launch.torchrun import run_torchrun
+    from numarun.launch.torchrun import run_torchrun
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = dict(os.environ)

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from numarun.launch.torchrun import ENTRY_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
 TIMEOUT = 240  # never hang CI; not a performance bound
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 def _numarun() -> list[str]:
     exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -145,7 +147,7 @@ def test_dry_run_prints_plan_and_command_and_runs_nothing(tmp_path: Path) -> Non
     i = words.index("torchrun")
     assert "NUMARUN_PLAN=plan.json" in words[:i]
     assert words[i + 1:] == [
-        "--nproc-per-node=2", "--max-restarts=1", "--module", "launcher.launch.bootstrap",
+        "--nproc-per-node=2", "--max-restarts=1", ENTRY_FILE,
         "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1",
     ]
 
@@ -179,7 +181,7 @@ def test_missing_script_is_one_line_exit_2() -> None:
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """numarun's own main() in this process: for mistakes caught before anything starts."""
-    from launcher.cli import main
+    from numarun.cli import main
 
     code = main(list(args))
     out, err = capsys.readouterr()

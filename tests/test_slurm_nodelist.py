@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher.errors import SlurmError
-from launcher.slurm.nodelist import expand_hostlist, head_node
+from numarun.errors import SlurmError
+from numarun.slurm.nodelist import expand_hostlist, head_node
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import SlurmError
-from launcher.slurm.options import SlurmOptions, check_env, check_output_dir, format_time, parse_time
+from numarun.errors import SlurmError
+from numarun.slurm.options import SlurmOptions, check_env, check_output_dir, format_time, parse_time
 
-NUMARUN = [sys.executable, "-m", "launcher"]
+NUMARUN = [sys.executable, "-m", "numarun"]
 
 
 @pytest.mark.parametrize(

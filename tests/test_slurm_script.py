@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.slurm.options import SlurmOptions
-from launcher.slurm.script import SlurmJob, render_sbatch
-from launcher.slurm.submit import overall_return_code, parse_scontrol_jobs
+from numarun.slurm.options import SlurmOptions
+from numarun.slurm.script import SlurmJob, render_sbatch
+from numarun.slurm.submit import overall_return_code, parse_scontrol_jobs
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
-REGEN = os.environ.get("NUMARUN_REGEN_GOLDEN") == "1"
+from golden import check_golden  # noqa: E402
 NUMARUN = ("/opt/numarun/.venv/bin/numarun",)
 
 GOLDEN_JOBS = {
@@ -63,12 +63,8 @@ GOLDEN_JOBS = {
 def test_golden_scripts(name):
     text = render_sbatch(GOLDEN_JOBS[name])
     path = GOLDEN / f"{name}.sh"
-    if REGEN:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"missing golden {path}: run with NUMARUN_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"{name}: rendered script differs from {path} (NUMARUN_REGEN_GOLDEN=1 to accept)"
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    check_golden(path, text)
 
 
 def test_header_and_runtime_pieces():
@@ -220,7 +216,7 @@ def test_submit_prints_id_run_dir_and_logs(tmp_path):
     script.write_text("print(1)\n")
     out = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", "submit", "--nodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
+        [sys.executable, "-m", "numarun", "submit", "--nodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PATH=f"{b}:{os.environ['PATH']}"),
     )
     assert proc.returncode == 0, proc.stderr
@@ -238,7 +234,7 @@ def test_dry_run_prints_script_only(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"), str(script), "x=$(touch /tmp/pwned)"],
+        [sys.executable, "-m", "numarun", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"), str(script), "x=$(touch /tmp/pwned)"],
         capture_output=True, text=True, timeout=60, env=dict(os.environ, PATH="/usr/bin:/bin"),
     )
     assert proc.returncode == 0, proc.stderr

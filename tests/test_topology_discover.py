@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, HWLOC_XML_DIR
-from launcher.errors import TopologyError
-from launcher.topology.discover import ENV_VAR, load_topology, merge_nvml
-from launcher.topology.model import Topology
-from launcher.topology.nvml import NvmlReading, reading_from_record
-from launcher.topology.sysfs import read_sysfs
+from numarun.errors import TopologyError
+from numarun.topology.discover import ENV_VAR, load_topology, merge_nvml
+from numarun.topology.model import Topology
+from numarun.topology.nvml import NvmlReading, reading_from_record
+from numarun.topology.sysfs import read_sysfs
 
 SMI = FIXTURES / "nvidia-smi" / "aws-p4d.24xlarge.txt"
 NVML_H200 = FIXTURES / "nvml" / "h200-vm.json"
@@ -199,7 +199,7 @@ def test_archive_extraction_refuses_escapes_with_or_without_tarfile_filters(
     import io
     import tarfile
 
-    from launcher.topology.archive import safe_extract
+    from numarun.topology.archive import safe_extract
 
     if not has_filter:
         monkeypatch.delattr(tarfile, "data_filter", raising=False)

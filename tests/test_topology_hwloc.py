@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import HWLOC_XML_DIR, SYSFS_DIR
-from launcher.errors import TopologyError
-from launcher.topology.hwloc_xml import parse_hwloc_set, read_hwloc_xml
-from launcher.topology.model import NicKind, Topology
+from numarun.errors import TopologyError
+from numarun.topology.hwloc_xml import parse_hwloc_set, read_hwloc_xml
+from numarun.topology.model import NicKind, Topology
 
 XMLS = sorted(HWLOC_XML_DIR.glob("*.xml")) + sorted(SYSFS_DIR.glob("*.xml"))
 

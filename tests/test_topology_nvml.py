@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import TopologyError
-from launcher.topology.nvml import (
+from numarun.errors import TopologyError
+from numarun.topology.nvml import (
     NVML_LEVEL_CODES,
     gpus_from_nvml_record,
     level_code,
@@ -133,14 +133,14 @@ def test_no_driver_gives_none() -> None:
 
 
 def test_import_does_not_load_pynvml_or_torch() -> None:
-    code = "import sys, launcher.topology.nvml; print('pynvml' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, numarun.topology.nvml; print('pynvml' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "False"]
 
 
 def test_nvml_and_smi_of_the_same_live_machine_agree() -> None:
     """The H200 VM was captured both ways; both sources must place GPU0 alike."""
-    from launcher.topology.smi import topology_from_smi
+    from numarun.topology.smi import topology_from_smi
 
     smi_path = Path(__file__).parent / "fixtures" / "nvidia-smi" / "live-h200-vm-topo-m.txt"
     smi = topology_from_smi(smi_path.read_text(), "live").gpus

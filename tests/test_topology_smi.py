@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import NumarunError, TopologyError
-from launcher.topology.model import NicKind, Topology
-from launcher.topology.smi import nic_kind, parse_topo_m, topology_from_smi
+from numarun.errors import NumarunError, TopologyError
+from numarun.topology.model import NicKind, Topology
+from numarun.topology.smi import nic_kind, parse_topo_m, topology_from_smi
 
 FIX = Path(__file__).parent / "fixtures" / "nvidia-smi"
 ALL = sorted(p.name for p in FIX.glob("*.txt"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cpuset import format_list
-from launcher.topology.model import Topology
-from launcher.topology.smi import parse_topo_m, topology_from_smi
+from numarun.cpuset import format_list
+from numarun.topology.model import Topology
+from numarun.topology.smi import parse_topo_m, topology_from_smi
 
 CODES = st.sampled_from(["PIX", "PXB", "PHB", "NODE", "SYS", "NV1", "NV4", "NV12", "NV18"])
 

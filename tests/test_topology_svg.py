@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from launcher.cpuset import format_list
-from launcher.plan.model import BindingMode, GpuRef, LaunchPlan, RankBinding
-from launcher.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
-from launcher.topology.svg import RANK_COLOURS, render_svg
+from numarun.cpuset import format_list
+from numarun.plan.model import BindingMode, GpuRef, LaunchPlan, RankBinding
+from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
+from numarun.view.svg import RANK_COLOURS, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -254,9 +254,9 @@ def test_real_plan_on_a_recorded_machine(fixture: str, mode: str) -> None:
     """What ``numarun plan --svg`` draws: the planner's own output on a real matrix."""
     from pathlib import Path
 
-    from launcher.plan.binding import make_plan
-    from launcher.plan.model import PlanRequest
-    from launcher.topology.discover import load_topology
+    from numarun.plan.binding import make_plan
+    from numarun.plan.model import PlanRequest
+    from numarun.topology.discover import load_topology
 
     topo = load_topology(str(Path(__file__).parent / "fixtures" / "nvidia-smi" / fixture))
     plan = make_plan(topo, PlanRequest(binding=BindingMode(mode)))

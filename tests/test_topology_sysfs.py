@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import SYSFS_DIR, extract_tree, sysfs_tarballs
-from launcher.topology.hwloc_xml import parse_hwloc_set
-from launcher.topology.model import NicKind, Topology
-from launcher.topology.sysfs import read_sysfs
+from numarun.topology.hwloc_xml import parse_hwloc_set
+from numarun.topology.model import NicKind, Topology
+from numarun.topology.sysfs import read_sysfs
 
 # --- hwloc's expected outputs -------------------------------------------------------
 
@@ -186,7 +186,7 @@ def test_gpu_memory_numa_nodes(sysfs_tree) -> None:
 
 
 def test_32bit_pci_domain_kept(sysfs_tree) -> None:
-    from launcher.topology.sysfs import _pci_chain, _Reader
+    from numarun.topology.sysfs import _pci_chain, _Reader
 
     root = sysfs_tree("2pa-pcidomain32bits")
     r = _Reader(root)

@@ -1,7 +1,7 @@
 """Broken trees: a copy of the real H200 VM capture with one file damaged per test.
 
 Each case must end in a TopologyError that names the file and the expected form, or in
-the default documented in ``launcher.topology.sysfs`` (recorded in ``Topology.notes``).
+the default documented in ``numarun.topology.sysfs`` (recorded in ``Topology.notes``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import NumarunError, TopologyError
-from launcher.topology.sysfs import read_sysfs
+from numarun.errors import NumarunError, TopologyError
+from numarun.topology.sysfs import read_sysfs
 
 NODE0 = "sys/devices/system/node/node0"
 CPU3 = "sys/devices/system/cpu/cpu3"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import VisibleDevicesError
-from launcher.topology.model import Topology
-from launcher.topology.nvml import gpus_from_nvml_record
-from launcher.topology.smi import topology_from_smi
-from launcher.topology.visible import pci_order, visible_gpus
+from numarun.errors import VisibleDevicesError
+from numarun.topology.model import Topology
+from numarun.topology.nvml import gpus_from_nvml_record
+from numarun.topology.smi import topology_from_smi
+from numarun.topology.visible import pci_order, visible_gpus
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -120,11 +120,11 @@ def test_warns_on_mixed_models_without_pci_order(nvml4: Topology, caplog: pytest
     mixed = dataclasses.replace(
         nvml4, gpus=tuple(dataclasses.replace(g, name="NVIDIA L4") if g.index == 3 else g for g in nvml4.gpus)
     )
-    with caplog.at_level(logging.WARNING, logger="launcher.topology.visible"):
+    with caplog.at_level(logging.WARNING, logger="numarun.topology.visible"):
         visible_gpus(mixed, "0", None)
     assert "FASTEST_FIRST" in caplog.text and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="launcher.topology.visible"):
+    with caplog.at_level(logging.WARNING, logger="numarun.topology.visible"):
         visible_gpus(mixed, "0", "PCI_BUS_ID")
         visible_gpus(nvml4, "0", None)  # identical models: orders agree
     assert caplog.text == ""
@@ -132,7 +132,7 @@ def test_warns_on_mixed_models_without_pci_order(nvml4: Topology, caplog: pytest
 
 def _numarun(args: list[str], cuda_visible_devices: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("numarun")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "launcher"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NUMARUN_"))}
     env["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     return subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=120)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from launcher.config.schema import load_job_config_text
-from launcher.errors import ConfigError
-from launcher.train import checkpoint
-from launcher.train.data import StepBatchSampler, SyntheticTokens, SyntheticVectors, TokenFile, build_loader
-from launcher.train.loop import lr_at
-from launcher.train.models import build_model, loss_fn
+from numarun.config.schema import load_job_config_text
+from numarun.errors import ConfigError
+from numarun.train import checkpoint
+from numarun.train.data import StepBatchSampler, SyntheticTokens, SyntheticVectors, TokenFile, build_loader
+from numarun.train.loop import lr_at
+from numarun.train.models import build_model, loss_fn
 
 
 def test_step_batches_split_the_global_batch_without_overlap() -> None:

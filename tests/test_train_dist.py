@@ -36,7 +36,7 @@ def _env() -> dict[str, str]:
 
 def numarun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "launcher", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT
+        [sys.executable, "-m", "numarun", *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT
     )
 
 
@@ -139,7 +139,7 @@ def test_two_by_two_layout(base: Path, mode: str) -> None:
     port = free_port()
     procs = []
     for node_rank in (0, 1):
-        cmd = [sys.executable, "-m", "launcher", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
+        cmd = [sys.executable, "-m", "numarun", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(port), TRAIN, f"parallel={mode}", "trainer.steps=4",
                f"hydra.run.dir={run_dir}", *extra, *QUIET]
         procs.append(subprocess.Popen(cmd, cwd=base, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -168,7 +168,7 @@ def _worker_pids(proc: subprocess.Popen) -> list[int]:
     found = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if any("launcher.launch.bootstrap" in part for part in child.cmdline()):
+            if any(part.endswith("launch/entry.py") for part in child.cmdline()):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             pass
@@ -177,7 +177,7 @@ def _worker_pids(proc: subprocess.Popen) -> list[int]:
 
 def test_sigusr1_saves_a_checkpoint_and_exits_0(base: Path) -> None:
     run_dir = base / "signal"
-    cmd = [sys.executable, "-m", "launcher", "--nproc-per-node", "1", TRAIN, "trainer.steps=1000000",
+    cmd = [sys.executable, "-m", "numarun", "--nproc-per-node", "1", TRAIN, "trainer.steps=1000000",
            f"hydra.run.dir={run_dir}", *QUIET]
     proc = subprocess.Popen(cmd, cwd=base, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

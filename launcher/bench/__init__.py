@@ -1,1 +1,1 @@
-"""Micro-benchmarks run by ``numarun bench NAME`` (see ``launcher.commands.bench.BENCHMARKS``)."""
+"""Micro-benchmarks run by ``numarun bench NAME`` (see ``numarun.commands.bench.BENCHMARKS``)."""

@@ -2,7 +2,7 @@
 
 Runs inside a distributed job (every rank runs it)::
 
-    numarun --nnodes 2 --node-rank 0 ... -m launcher.bench.allreduce --sizes 1M,16M
+    numarun --nnodes 2 --node-rank 0 ... -m numarun.bench.allreduce --sizes 1M,16M
     numarun bench allreduce --nproc-per-node 4 --sizes 1M,16M      # launches the job itself
 
 For each size the two modes are alternated iteration by iteration (so drift in the machine
@@ -145,8 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from ..dist.allreduce import hierarchical_all_reduce
-    from ..dist.context import init
+    from ..comm.allreduce import hierarchical_all_reduce
+    from ..comm.context import init
 
     sizes, modes, rate = _check_args(args)
     ctx = init(args.backend)
@@ -269,14 +269,14 @@ def render(report: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.bench.allreduce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m numarun.bench.allreduce", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     return run_and_report(args)
 
 
 def run_and_report(args: argparse.Namespace) -> int:
-    from ..dist.context import destroy
+    from ..comm.context import destroy
 
     report = run(args)
     if report["world_size"] and _rank0():
@@ -290,7 +290,7 @@ def run_and_report(args: argparse.Namespace) -> int:
 
 
 def _rank0() -> bool:
-    from ..dist.context import current_context
+    from ..comm.context import current_context
 
     ctx = current_context()
     return ctx is not None and ctx.rank == 0

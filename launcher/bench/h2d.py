@@ -8,7 +8,7 @@ Two workers measure, one after the other, so they never share the PCIe link:
   the rank's CPUs and set its memory policy (``bind`` to the GPU's NUMA node) before torch
   is imported; the pinned buffer (``cudaHostAlloc`` touches every page while pinning) and
   the pageable buffer are allocated after that, so their pages land on the bound node.
-- **raw**: plain ``python -m launcher.bench.h2d --worker``, no binding: what torch gives
+- **raw**: plain ``python -m numarun.bench.h2d --worker``, no binding: what torch gives
   without numarun.
 
 Each measures host->device and device->host from pinned and from pageable memory.
@@ -165,7 +165,7 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="launcher.bench.h2d --worker")
+    p = argparse.ArgumentParser(prog="numarun.bench.h2d --worker")
     p.add_argument("--worker", action="store_true")
     p.add_argument("--label", default="raw")
     p.add_argument("--out", required=True)
@@ -186,9 +186,9 @@ def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[st
     """The worker's command: under ``numarun run`` (bound) for ``numarun``, plain python for ``raw``."""
     tail = ["--worker", f"--label={label}", f"--out={out}", f"--size-bytes={size_bytes}", f"--iters={iters}"]
     if label == "raw":
-        return [sys.executable, "-m", "launcher.bench.h2d", *tail]
-    return [sys.executable, "-m", "launcher", "run", "--nproc-per-node=1", "--standalone",
-            "-m", "launcher.bench.h2d", *tail]
+        return [sys.executable, "-m", "numarun.bench.h2d", *tail]
+    return [sys.executable, "-m", "numarun", "run", "--nproc-per-node=1", "--standalone",
+            "-m", "numarun.bench.h2d", *tail]
 
 
 def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, float]:

@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 # name -> module; add a benchmark by adding a line here.
 BENCHMARKS: dict[str, str] = {
-    "allreduce": "launcher.bench.allreduce",
-    "h2d": "launcher.bench.h2d",
+    "allreduce": "numarun.bench.allreduce",
+    "h2d": "numarun.bench.h2d",
 }
 
 
@@ -72,7 +72,7 @@ def launch_argv(args: argparse.Namespace, bench_argv: list[str]) -> list[str]:
             raise UsageError(expected(f"--binding {args.binding}", "no --binding with --launcher torchrun", "option"))
         head = [sys.executable, "-m", "torch.distributed.run"]
     else:
-        head = [sys.executable, "-m", "launcher", "run"]
+        head = [sys.executable, "-m", "numarun", "run"]
         if args.binding is not None:
             job.append(f"--binding={args.binding}")
     return [*head, *job, "-m", args.bench_module, *bench_argv]

@@ -31,13 +31,13 @@ def main(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     plan = make_plan(topology, request_from_args(args, os.environ))
     if args.svg:
-        from ..topology.svg import render_svg
+        from ..view.svg import render_svg
 
         write_output(args.svg, render_svg(topology, plan), flag="--svg")
     if args.json:
         sys.stdout.write(plan.to_json())
     else:
-        from ..plan.table import render_plan
+        from ..view.plan import render_plan
 
         sys.stdout.write(render_plan(plan, width=160, color=sys.stdout.isatty()))
     return 0

@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str], run_
         log.warning("%s", w)
     argv = build_torchrun_argv(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
     if args.dry_run:
-        from ..plan.table import render_plan
+        from ..view.plan import render_plan
 
         env = {**worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding), **job_env}
         sys.stdout.write(render_plan(plan, width=160))

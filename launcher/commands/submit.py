@@ -78,7 +78,7 @@ def default_numarun() -> tuple[str, ...]:
     exe = Path(sys.executable).parent / "numarun"
     if exe.is_file() and os.access(exe, os.X_OK):
         return (str(exe),)
-    return (sys.executable, "-m", "launcher")
+    return (sys.executable, "-m", "numarun")
 
 
 def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None, dict[str, Any]]:

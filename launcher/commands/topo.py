@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
         topology = merge_smi(topology, args.smi)
 
     if out_svg is not None:
-        from ..topology.svg import render_svg
+        from ..view.svg import render_svg
 
         write_output(out_svg, render_svg(topology), flag="--svg")
         log.info("wrote %s", out_svg)
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(topology.to_json())
     else:
-        from ..topology.render import render_text
+        from ..view.topo import render_text
         import shutil
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)

@@ -2,15 +2,15 @@
 
 The only module that imports Hydra. ``numarun run`` calls :func:`prepare_sweep` (or
 :func:`prepare_launch` for one job) before any worker starts: overrides are composed and
-validated against :class:`~launcher.config.schema.JobConfig` (a wrong key or type is a
+validated against :class:`~numarun.config.schema.JobConfig` (a wrong key or type is a
 ``ConfigError``, one line, and no run dir is created), the run dir is created, the
 resolved ``config.yaml`` and ``overrides.yaml`` are saved there, and every rank reads that
 same file through ``NUMARUN_CONFIG`` — no per-rank composition, no ``${now:}`` drift.
 
 Two kinds of scripts are Hydra apps:
 
-* scripts that run numarun's trainer (their source mentions ``launcher.train``, or the
-  module ``launcher.train``): composed from numarun's ``configs/``;
+* scripts that run numarun's trainer (their source mentions ``numarun.train``, or the
+  module ``numarun.train``): composed from numarun's ``configs/``;
 * a user's own ``@hydra.main`` script: composed from the ``config_path``/``config_name``
   of its decorator; the launcher writes ``.hydra/`` once and every rank gets
   ``hydra.run.dir=<run dir> hydra.output_subdir=null``, so all ranks share one run dir
@@ -62,7 +62,7 @@ class AppKind(str, enum.Enum):
     """What kind of script numarun is about to launch."""
 
     TRAINER = "trainer"
-    """numarun's reference trainer (launcher.train): numarun's configs/ and schema."""
+    """numarun's reference trainer (numarun.train): numarun's configs/ and schema."""
     HYDRA_MAIN = "hydra-main"
     """A user's own ``@hydra.main`` script: its own config dir."""
     PLAIN = "plain"
@@ -107,7 +107,7 @@ def config_dir() -> Path:
 def detect_app(target: str, *, is_module: bool) -> AppKind:
     """TRAINER, HYDRA_MAIN or PLAIN, from the module name or the script's source."""
     if is_module:
-        if target == "launcher.train" or target.startswith("launcher.train."):
+        if target == "numarun.train" or target.startswith("numarun.train."):
             return AppKind.TRAINER
         import importlib.util
 
@@ -126,7 +126,7 @@ def detect_app(target: str, *, is_module: bool) -> AppKind:
         return AppKind.PLAIN
     if _hydra_main_args(source) is not None:
         return AppKind.HYDRA_MAIN
-    if re.search(r"\blauncher\.train\b|from\s+launcher\s+import\s+train\b", source):
+    if re.search(r"\bnumarun\.train\b|from\s+numarun\s+import\s+train\b", source):
         return AppKind.TRAINER
     return AppKind.PLAIN
 

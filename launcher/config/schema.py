@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError
-from ..dist.modes import CommMode, parse_compression
+from ..comm.modes import CommMode, parse_compression
 from ..plan.model import BindingMode, MemPolicy
 
 
@@ -164,7 +164,7 @@ class TrainerConfig:
 class CommConfig:
     allreduce: str = CommMode.FLAT.value
     compression: Optional[str] = None
-    """Compression of the inter-node step (e.g. bf16), passed to launcher.dist."""
+    """Compression of the inter-node step (e.g. bf16), passed to numarun.comm."""
 
 
 @dataclass

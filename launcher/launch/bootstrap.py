@@ -2,9 +2,9 @@
 
 torchrun starts every worker as::
 
-    python -u -m launcher.launch.bootstrap [--module | --no-python] TARGET [args...]
+    python -u <numarun>/launch/entry.py [--module | --no-python] TARGET [args...]
 
-with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
+(:mod:`numarun.launch.entry` loads this package by its own path, then calls :func:`main`) with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
 the user's code is imported, the rank's environment variables, CPU affinity (every
 thread) and memory policy are applied and read back; one INFO line per rank says what
 was bound. Then the script runs in a fresh ``__main__`` module (``runpy.run_module`` for
@@ -37,20 +37,17 @@ from pathlib import Path
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import LaunchPlan, MemPolicy, RankBinding
+from .. import envvars
+from ..worker import current_binding, finish, load_plan  # noqa: F401  (re-exported for old callers)
 from . import affinity
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
-log = logging.getLogger("launcher.launch.bootstrap")
+log = logging.getLogger("numarun.launch.bootstrap")
 
-PLAN_ENV = "NUMARUN_PLAN"
-"""Path of the LaunchPlan JSON every worker reads."""
-STRICT_ENV = "NUMARUN_STRICT_BINDING"
-"""``1``: a binding failure is fatal for the worker."""
-USER_ENV = "NUMARUN_USER_ENV"
-"""Comma-separated plan variables whose value the user set; the bootstrap keeps those.
-Unset (bootstrap started by hand): plan variables already in the environment are kept."""
-LOG_LEVEL_ENV = "NUMARUN_LOG_LEVEL"
-"""Level of the bootstrap's own log lines (default INFO)."""
+PLAN_ENV = envvars.PLAN
+STRICT_ENV = envvars.STRICT_BINDING
+USER_ENV = envvars.USER_ENV
+LOG_LEVEL_ENV = envvars.LOG_LEVEL
 
 _MPOL = {MemPolicy.BIND: affinity.Mpol.BIND, MemPolicy.PREFERRED: affinity.Mpol.PREFERRED}
 
@@ -69,31 +66,6 @@ class Applied:
     """Plan variables left at the user's value."""
     errors: tuple[str, ...]
     """Binding steps that failed; () when everything was applied."""
-
-
-def load_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
-    """The plan named by ``NUMARUN_PLAN``; None when the variable is unset."""
-    env = os.environ if environ is None else environ
-    path = env.get(PLAN_ENV)
-    if not path:
-        return None
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise BindingError(f"bad {PLAN_ENV} {path!r}: {e.strerror}; expected a plan file written by numarun") from None
-    return LaunchPlan.from_json(text, origin=path)
-
-
-def current_binding(environ: Mapping[str, str] | None = None) -> RankBinding | None:
-    """This worker's RankBinding (``NUMARUN_PLAN`` + ``LOCAL_RANK``); None outside numarun."""
-    env = os.environ if environ is None else environ
-    plan = load_plan(env)
-    if plan is None:
-        return None
-    local_rank = env.get("LOCAL_RANK", "")
-    if not local_rank.isdigit():
-        raise BindingError(f"bad LOCAL_RANK {local_rank!r}: expected a non-negative integer set by torchrun")
-    return plan.rank(int(local_rank))
 
 
 def apply_env(binding: RankBinding, environ: MutableMapping[str, str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
@@ -256,46 +228,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     finish(code)
 
 
-def finish(code: object) -> "NoReturn":  # noqa: F821
-    """Leave as Python would after the script ends, minus module teardown.
-
-    What the interpreter does at exit is done here in the same order while it is still
-    whole: wait for non-daemon threads, run atexit handlers (logging.shutdown,
-    multiprocessing's child reaping, the user's own), then drop the script's objects and
-    collect them. Only the final teardown of modules is skipped (``os._exit``): a DDP
-    reducer or gloo work object destroyed during that teardown can abort a rank that
-    finished fine (SIGABRT, "terminate called without an active exception"), a few runs
-    in a hundred with torch 2.13's gloo. ``NUMARUN_FULL_EXIT=1`` keeps the plain exit.
-    """
-    import atexit
-    import gc
-    import threading
-
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:  # sys.exit("message"): Python prints it and exits 1
-        print(code, file=sys.stderr)
-        status = 1
-    if os.environ.get("NUMARUN_FULL_EXIT") == "1":
-        sys.exit(status)
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
-    atexit._run_exitfuncs()
-    main_module = sys.modules.get("__main__")
-    if main_module is not None and main_module.__dict__ is not globals():
-        main_module.__dict__.clear()
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(status & 0xFF)
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ spelling torchrun accepts is accepted), adds numarun's, and calls
 ``torch.distributed.run.main(argv)`` with an argv whose entrypoint is this package's
 worker bootstrap::
 
-    torchrun --nproc-per-node=2 ... --module launcher.launch.bootstrap [--module] SCRIPT ARGS...
+    torchrun --nproc-per-node=2 ... <numarun>/launch/entry.py [--module] SCRIPT ARGS...
 
 Rendezvous, restarts, log redirection and signal forwarding stay torchrun's. The argv is
 built first as a value (:func:`build_torchrun_argv`) so ``--dry-run`` prints exactly
@@ -29,9 +29,12 @@ from typing import Any
 
 from ..errors import NumarunError, UsageError
 from ..plan.model import LaunchPlan
-from .bootstrap import PLAN_ENV, STRICT_ENV, USER_ENV
+from ..envvars import PLAN as PLAN_ENV
+from ..envvars import STRICT_BINDING as STRICT_ENV
+from ..envvars import USER_ENV
 
-BOOTSTRAP_MODULE = "launcher.launch.bootstrap"
+ENTRY_FILE = str(Path(__file__).resolve().with_name("entry.py"))
+"""The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
 
 # torchrun options numarun replaces or cannot honour.
 _REPLACED = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help"}
@@ -123,7 +126,8 @@ def build_torchrun_argv(
 
     An option is written, in its first long spelling, only when it differs from
     torchrun's default; ``--nproc-per-node`` is always the plan's rank count. The
-    entrypoint is the bootstrap module with the user's target behind it.
+    entrypoint is the worker entry file (:mod:`numarun.launch.entry`) with the user's
+    target behind it.
     """
     parser = parser or torchrun_parser()
     check_torchrun_options(options)
@@ -140,7 +144,7 @@ def build_torchrun_argv(
                 argv.append(spelling)
         else:
             argv.append(f"{spelling}={_option_text(value)}")
-    argv += ["--module", BOOTSTRAP_MODULE, *target.bootstrap_args()]
+    argv += [ENTRY_FILE, *target.bootstrap_args()]
     return argv
 
 

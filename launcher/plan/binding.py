@@ -3,7 +3,7 @@
 Pure: no I/O, no torch. Rules (what ``numarun plan`` documents):
 
 - Local rank i drives the i-th GPU CUDA numbers for the worker
-  (:func:`launcher.topology.visible.visible_gpus`, honouring ``CUDA_VISIBLE_DEVICES``).
+  (:func:`numarun.topology.visible.visible_gpus`, honouring ``CUDA_VISIBLE_DEVICES``).
   More ranks than visible GPUs is a :class:`PlanError`: a rank without a GPU next to
   ranks with GPUs is almost always a typo, and ``CUDA_VISIBLE_DEVICES=`` (empty) asks for
   CPU-only ranks explicitly. Without GPUs, ranks are CPU-only and spread in contiguous

@@ -1,7 +1,7 @@
 """Closest NIC per rank, and the NCCL/gloo variables that name it. Pure.
 
 Closeness of a GPU to a NIC is the nvidia-smi link code (``PIX`` < ``PXB`` < ``PHB`` <
-``NODE`` < ``SYS``, see :func:`launcher.topology.model.link_rank`), then whether both sit on
+``NODE`` < ``SYS``, see :func:`numarun.topology.model.link_rank`), then whether both sit on
 the same NUMA node. Among equally close NICs the ranks of a node are spread round-robin, so
 ranks get distinct NICs while there are enough (the multi-rail layout of DGX/HGX boards).
 """

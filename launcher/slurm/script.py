@@ -4,7 +4,7 @@ The template (``templates/sbatch.sh.in``) is data; this module fills its ``@@NAM
 Every user value (script path, arguments, overrides, environment values, paths) goes through
 :func:`shlex.quote`, so ``x=$(touch /tmp/pwned)`` reaches the job as those exact bytes.
 Header (``#SBATCH``) values are read by sbatch without a shell; they are validated in
-:mod:`launcher.slurm.options` instead.
+:mod:`numarun.slurm.options` instead.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _args_block(job: SlurmJob) -> str:
 
 
 def _template() -> str:
-    return resources.files("launcher.slurm").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
+    return resources.files("numarun.slurm").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
 
 
 def render_sbatch(job: SlurmJob) -> str:

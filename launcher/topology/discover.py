@@ -3,11 +3,11 @@
 ``load_topology(source)``:
 
 - ``None``: the path in env ``NUMARUN_TOPOLOGY`` when set, else the live machine
-  (``/`` through :mod:`launcher.topology.sysfs`, plus NVML GPUs when pynvml and a driver
+  (``/`` through :mod:`numarun.topology.sysfs`, plus NVML GPUs when pynvml and a driver
   are present).
 - a directory: a machine's ``/`` (holding ``sys/`` and ``proc/``), e.g. an extracted capture.
 - a tarball of such a tree (``.tar.bz2`` as ``hwloc-gather-topology`` writes, ``.tar.gz``...):
-  extracted once into ``~/.cache/numarun/trees`` (:mod:`launcher.topology.archive`).
+  extracted once into ``~/.cache/numarun/trees`` (:mod:`numarun.topology.archive`).
 - a ``.json`` file: a snapshot written by ``numarun topo --json``.
 - a ``.xml`` file: an hwloc v2 XML (``lstopo out.xml``).
 - any other file: a saved ``nvidia-smi topo -m`` text.

@@ -4,7 +4,7 @@ Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, wo
 parallel mode). A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
 every rank has written, so a killed job never leaves a half-written ``step_*`` behind.
 The directory must be shared by all nodes. RNG and data position need no saving: batches
-and dropout seeds are functions of the step (see ``launcher.train.data``).
+and dropout seeds are functions of the step (see ``numarun.train.data``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def install_signal_handlers() -> None:
 
 
 def init_context() -> Any:
-    """``launcher.init()``; a lone ``python scripts/train.py`` gets a one-rank environment first."""
+    """``numarun.init()``; a lone ``python scripts/train.py`` gets a one-rank environment first."""
     if "RANK" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -56,9 +56,9 @@ def init_context() -> Any:
         for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
             os.environ.setdefault(k, v)
-    import launcher
+    import numarun
 
-    return launcher.init()
+    return numarun.init()
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -1,6 +1,6 @@
 """Wrap a model for the chosen parallelism (config group ``parallel``).
 
-* ddp  - DistributedDataParallel; ``comm.allreduce=hierarchical`` registers launcher.dist's hook.
+* ddp  - DistributedDataParallel; ``comm.allreduce=hierarchical`` registers numarun.comm's hook.
 * fsdp - FSDP2 ``fully_shard`` on a 1D mesh of all ranks (each block, then the root).
 * hsdp - FSDP2 on the 2D mesh ("inter", "intra"): replicate across nodes, shard inside.
 * tp   - DTensor ``parallelize_module`` on the "intra" mesh (column-sharded up/q/k/v/fc,
@@ -36,7 +36,7 @@ class Wrapped:
 
 
 def tp_plan(model: nn.Module) -> dict[str, Any]:
-    """Column/row-parallel styles for every block of :mod:`launcher.train.models`."""
+    """Column/row-parallel styles for every block of :mod:`numarun.train.models`."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     from .models import Gpt, Mlp
@@ -74,7 +74,7 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
 
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
-            from ..dist.allreduce import apply_comm
+            from ..comm.allreduce import apply_comm
 
             apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx)
         return Wrapped(ddp, kind, ctx.rank, world)

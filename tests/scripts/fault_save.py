@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 # Imported by a built name: numarun treats a script that names the trainer package as the
 # reference trainer (Hydra overrides as arguments), and this one is a plain script.
-checkpoint = importlib.import_module("launcher." + "tr" + "ain.checkpoint")
+checkpoint = importlib.import_module("numarun." + "tr" + "ain.checkpoint")
 
 mode, root = sys.argv[1], Path(sys.argv[2])
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -13,8 +13,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 
-from launcher.launch import affinity  # noqa: E402
-from launcher.launch.bootstrap import current_binding  # noqa: E402
+from numarun.launch import affinity  # noqa: E402
+from numarun.launch.bootstrap import current_binding  # noqa: E402
 
 
 def task_cpus() -> dict[str, list[int]]:

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from launcher.launch.bootstrap import current_binding
+from numarun.launch.bootstrap import current_binding
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-rank", type=int, default=-1)

@@ -22,7 +22,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from ..cpuset import format_list
 from ..plan.model import LaunchPlan, RankBinding
-from .model import Cpu, Gpu, Nic, NumaNode, Topology
+from ..topology.model import Cpu, Gpu, Nic, NumaNode, Topology
 
 log = logging.getLogger(__name__)
 

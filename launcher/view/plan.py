@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cpuset import format_list
-from .model import LaunchPlan
+from ..plan.model import LaunchPlan
 
 
 def plan_table(plan: LaunchPlan) -> Table:

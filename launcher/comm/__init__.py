@@ -1,6 +1,6 @@
 """Distributed state inside a worker: ``init()``, hierarchical groups and all-reduce.
 
-Submodules import torch; this package itself does not, so ``launcher.dist.groups``'s
+Submodules import torch; this package itself does not, so ``numarun.comm.groups``'s
 pure rank-list logic stays usable without it.
 """
 
@@ -20,4 +20,4 @@ def __getattr__(name: str) -> Any:
         from . import allreduce
 
         return getattr(allreduce, name)
-    raise AttributeError(f"module 'launcher.dist' has no attribute {name!r}")
+    raise AttributeError(f"module 'numarun.comm' has no attribute {name!r}")

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cpuset import format_list
-from .model import Gpu, Topology, link_rank
+from ..topology.model import Gpu, Topology, link_rank
 
 log = logging.getLogger(__name__)
 

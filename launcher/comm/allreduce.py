@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def _context(context: DistContext | None) -> DistContext:
     ctx = context if context is not None else current_context()
     if ctx is None:
-        raise NumarunError("no distributed context: expected launcher.init() to be called before hierarchical_all_reduce")
+        raise NumarunError("no distributed context: expected numarun.init() to be called before hierarchical_all_reduce")
     return ctx
 
 

@@ -1,4 +1,4 @@
-"""``launcher.init()``: one call in the worker sets up the distributed state from numarun's plan.
+"""``numarun.init()``: one call in the worker sets up the distributed state from numarun's plan.
 
 Works under plain torchrun as well (no plan: no binding; groups are still built from
 torchrun's environment). Idempotent: the second call returns the first call's context.
@@ -112,7 +112,7 @@ def init(
     global _CONTEXT
     if _CONTEXT is not None:
         if backend is not None and backend != _CONTEXT.backend:
-            log.warning("launcher.init(backend=%r) ignored: already initialised with %r", backend, _CONTEXT.backend)
+            log.warning("numarun.init(backend=%r) ignored: already initialised with %r", backend, _CONTEXT.backend)
         return _CONTEXT
 
     import torch
