@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The project's test command: installs (scripts/setup.sh), then runs the whole suite.
+# The project's test command: installs (scripts/setup.sh), then runs the whole suite, which
+# includes building the sdist and wheel and running the installed wheel from a foreign
+# directory (tests/test_wheel.py, in the venv .venv-wheel/, kept between runs).
 # As root on Linux it also brings up the two-node Slurm test cluster for the cluster tests
 # (scripts/test-cluster.sh) and always tears it down.
 set -euo pipefail

@@ -90,11 +90,18 @@ class PreparedJob:
 
 
 def config_dir() -> Path:
-    """numarun's ``configs/``: ``$NUMARUN_CONFIG_DIR``, the checkout's, or the installed copy."""
+    """numarun's ``configs/``: ``$NUMARUN_CONFIG_DIR``, else the package's own copy.
+
+    The package's ``configs/`` comes first (in a checkout it is a link to the top-level
+    ``configs/``); the folder beside the package is looked at last, and only in a checkout,
+    because in an installed tree it would be ``site-packages/configs``, anybody's folder.
+    """
     env = os.environ.get("NUMARUN_CONFIG_DIR")
     candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve()
-    candidates += [here.parents[2] / "configs", here.parents[1] / "configs"]
+    package = Path(__file__).resolve().parents[1]
+    candidates.append(package / "configs")
+    if (package.parent / "pyproject.toml").is_file():
+        candidates.append(package.parent / "configs")
     for c in candidates:
         if (c / "config.yaml").is_file():
             return c
