@@ -1,4 +1,4 @@
-"""Writing files so that no reader ever sees half of one. The only file-writing helper."""
+"""Writing files so that no reader ever sees half of one (results, summaries, reports)."""
 
 from __future__ import annotations
 

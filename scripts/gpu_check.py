@@ -253,7 +253,7 @@ def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> li
 def probe(path: Path) -> None:
     """Run as the rank of a numarun job: write what the kernel says this process got."""
     from numarun.launch import affinity
-    from numarun.launch.bootstrap import current_binding
+    from numarun.worker import current_binding
 
     report: dict[str, Any] = {}
     binding = current_binding()
@@ -274,15 +274,10 @@ def probe(path: Path) -> None:
         report["torch"] = torch.__version__
     except ImportError:
         report["torch"] = None
-    mode, mems = affinity.get_mempolicy()
-    threads: dict[str, list[int]] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            threads[tid] = sorted(os.sched_getaffinity(int(tid)))
-        except OSError:
-            continue
+    got = affinity.read_back(threads=True)
     report.update(
-        cpus=sorted(os.sched_getaffinity(0)), thread_cpus=threads, mem_policy=mode.name.lower(), mems=list(mems),
+        cpus=list(got.cpus), thread_cpus={str(tid): list(c) for tid, c in got.thread_cpus.items()},
+        mem_policy=got.mem_policy, mems=list(got.mems),
         cpus_allowed_list=format_list(affinity.cpus_allowed()), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=os.environ.get("LOCAL_RANK"),
         plan_rank=json.loads(json.dumps(asdict(binding), default=str)) if binding is not None else None,

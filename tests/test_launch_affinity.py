@@ -56,6 +56,21 @@ def test_set_cpu_affinity_binds_every_existing_thread(restore_binding: set[int],
     assert affinity.cpus_allowed() == tuple(sorted(target))
 
 
+def test_read_back_reports_what_the_kernel_holds(restore_binding: set[int], sleeping_thread: threading.Thread) -> None:
+    target = {max(restore_binding)}
+    node = min(affinity.mems_allowed())
+    affinity.set_cpu_affinity(target)
+    affinity.set_mempolicy(Mpol.BIND, [node])
+    got = affinity.read_back(threads=True)
+    assert got.cpus == tuple(target)
+    assert (got.mem_policy, got.mems) == ("bind", (node,))
+    assert got.thread_cpus[sleeping_thread.native_id] == tuple(target)
+    assert set(got.thread_cpus) == set(_thread_masks())
+    affinity.set_mempolicy(Mpol.DEFAULT)
+    plain = affinity.read_back()
+    assert (plain.mem_policy, plain.mems, plain.thread_cpus) == ("default", (), {})
+
+
 def test_new_threads_inherit_the_binding(restore_binding: set[int]) -> None:
     target = {min(restore_binding)}
     affinity.set_cpu_affinity(target)

@@ -21,9 +21,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, expected
+from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +284,7 @@ def run_and_report(args: argparse.Namespace) -> int:
     if report["world_size"] and _rank0():
         render(report)
         if args.json_path:
-            with open(args.json_path, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+            write_atomic(Path(args.json_path), json.dumps(report, indent=1) + "\n")
     destroy()
     return 0 if all(report["correct"].values()) else 1
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, expected
+from ..fsutil import write_atomic
 from .allreduce import human_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ DISTRIBUTED = False
 NO_CUDA_EXIT = 2
 """Exit code when no CUDA device is visible in the worker."""
 DIRECTIONS = ("h2d", "d2h")
-KINDS = ("pinned", "pageable")
 _MOVE_PAGES = {"x86_64": 279, "amd64": 279, "aarch64": 239, "arm64": 239}
 
 
@@ -117,17 +117,13 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     from ..launch import affinity
 
     def where() -> dict[str, Any]:
-        try:
-            mode, mems = affinity.get_mempolicy()
-            policy = mode.name.lower()
-        except OSError:
-            policy, mems = "?", ()
-        return {"cpus": affinity.get_cpu_affinity(), "mem_policy": policy, "mems": mems}
+        got = affinity.read_back()
+        return {"cpus": got.cpus, "mem_policy": got.mem_policy, "mems": got.mems}
 
     if not torch.cuda.is_available():
         return WorkerResult(label=label, cuda=False, torch_version=torch.__version__,
                             error="no CUDA device (torch.cuda.is_available() is False)", **where())
-    from ..launch.bootstrap import current_binding
+    from ..worker import current_binding
 
     binding = current_binding()
     # The plan's CUDA index (CUDA_DEVICE_ORDER=PCI_BUS_ID is in the rank's env); raw: device 0.
@@ -176,7 +172,7 @@ def worker_main(argv: Sequence[str]) -> int:
         result = measure(size_bytes=a.size_bytes, iters=a.iters, label=a.label)
     except Exception as e:  # reported by the parent as one line, with the worker's reason
         result = WorkerResult(label=a.label, cuda=True, error=f"{type(e).__name__}: {e}")
-    Path(a.out).write_text(json.dumps(asdict(result)) + "\n")
+    write_atomic(Path(a.out), json.dumps(asdict(result)) + "\n")
     return 0
 
 
@@ -252,7 +248,7 @@ def run_and_report(args: argparse.Namespace) -> int:
     print(format_table(bound, raw), flush=True)
     if args.json_file:
         doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
-        Path(args.json_file).write_text(json.dumps(doc, indent=1) + "\n")
+        write_atomic(Path(args.json_file), json.dumps(doc, indent=1) + "\n")
     return 0
 
 

@@ -4,7 +4,10 @@ No numactl: ``sched_setaffinity(2)`` through :mod:`os`, ``set_mempolicy(2)`` and
 ``get_mempolicy(2)`` through ``ctypes`` ``syscall(3)``. Failures surface as
 :class:`OSError` carrying the errno (EPERM in a container without CAP_SYS_NICE,
 EINVAL for an offline or disallowed CPU/node) so the caller decides whether that
-is fatal.
+is fatal. :func:`read_back` is the one way a rank reads its binding back from the kernel.
+
+Besides syscalls this module reads only the calling process's own ``/proc/self`` (its
+thread ids, its ``Cpus_allowed_list``/``Mems_allowed_list``), never the machine's topology.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import enum
 import errno
 import os
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..cpuset import parse_list
@@ -85,15 +89,19 @@ def set_cpu_affinity(cpus: Iterable[int]) -> None:
     if not mask:
         raise OSError(errno.EINVAL, "empty CPU set")
     os.sched_setaffinity(0, mask)
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in thread_ids():
         try:
             os.sched_setaffinity(tid, mask)
         except ProcessLookupError:
             continue
+
+
+def thread_ids() -> tuple[int, ...]:
+    """Ids of this process's threads (``/proc/self/task``); () where it cannot be read."""
+    try:
+        return tuple(sorted(int(t) for t in os.listdir("/proc/self/task")))
+    except OSError:
+        return ()
 
 
 def get_cpu_affinity(pid: int = 0) -> tuple[int, ...]:
@@ -158,3 +166,38 @@ def mems_allowed(status: Path = Path("/proc/self/status")) -> tuple[int, ...]:
 def cpus_allowed(status: Path = Path("/proc/self/status")) -> tuple[int, ...]:
     """CPUs of this process's affinity as ``/proc/self/status`` reports (``Cpus_allowed_list``)."""
     return parse_list(_status_field("Cpus_allowed_list", status), "Cpus_allowed_list")
+
+
+@dataclass(frozen=True)
+class Readback:
+    """What the kernel says this process got, read after binding."""
+
+    cpus: tuple[int, ...]
+    """Affinity of the calling thread."""
+    thread_cpus: Mapping[int, tuple[int, ...]]
+    """Affinity of every live thread by tid (empty unless asked for)."""
+    mem_policy: str
+    """``bind``, ``preferred``, ``default``... (``?`` when get_mempolicy failed)."""
+    mems: tuple[int, ...]
+    """Nodes of the memory policy."""
+
+
+def read_back(*, threads: bool = False) -> Readback:
+    """This process's CPU affinity and memory policy, as the kernel reports them.
+
+    ``threads=True`` also reads every thread's affinity (a thread that exits meanwhile
+    is skipped), to show that threads started by libraries were bound too.
+    """
+    per_thread: dict[int, tuple[int, ...]] = {}
+    if threads:
+        for tid in thread_ids():
+            try:
+                per_thread[tid] = get_cpu_affinity(tid)
+            except OSError:
+                continue
+    try:
+        mode, mems = get_mempolicy()
+        policy = mode.name.lower()
+    except OSError:
+        policy, mems = "?", ()
+    return Readback(cpus=get_cpu_affinity(), thread_cpus=per_thread, mem_policy=policy, mems=mems)

@@ -109,13 +109,8 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
         except OSError as e:
             errors.append(f"set_mempolicy {binding.mem_policy.value} to nodes {format_list(binding.mems)} failed: {e.strerror}")
 
-    cpus = affinity.get_cpu_affinity()
-    try:
-        got_mode, mems = affinity.get_mempolicy()
-        mem_mode = got_mode.name.lower()
-    except OSError:
-        mem_mode, mems = "?", ()
-    return Applied(cpus=cpus, mem_mode=mem_mode, mems=mems, env=set_env, kept_env=kept, errors=tuple(errors))
+    got = affinity.read_back()
+    return Applied(cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, kept_env=kept, errors=tuple(errors))
 
 
 def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str]) -> str:

@@ -1,6 +1,7 @@
 """Read a node's topology from a Linux ``/sys`` + ``/proc`` tree.
 
-This module is the only code that reads ``/sys`` and ``/proc``. Every path goes through
+This module is the only code that reads the machine from ``/sys`` and ``/proc`` (a worker
+reads back its own binding from ``/proc/self`` in ``launch/affinity.py``). Every path goes through
 ``root`` so that tests run on recorded trees (hwloc's ``hwloc-gather-topology`` captures,
 our own ``live-h200-vm`` capture) exactly as on the live machine (``root == Path("/")``).
 

@@ -14,18 +14,7 @@ import os  # noqa: E402
 import threading  # noqa: E402
 
 from numarun.launch import affinity  # noqa: E402
-from numarun.launch.bootstrap import current_binding  # noqa: E402
-
-
-def task_cpus() -> dict[str, list[int]]:
-    """Affinity of every live thread; a thread that exits while we look is skipped."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            out[tid] = sorted(os.sched_getaffinity(int(tid)))
-        except ProcessLookupError:
-            pass
-    return out
+from numarun.worker import current_binding  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +24,7 @@ def main() -> None:
     t = threading.Thread(target=lambda: seen.setdefault("thread", sorted(os.sched_getaffinity(0))))
     t.start()
     t.join()
-    mode, nodes = affinity.get_mempolicy()
+    got = affinity.read_back(threads=True)
     binding = current_binding()
     report = {
         "torch_loaded_before_script": TORCH_LOADED_BEFORE_SCRIPT,
@@ -43,11 +32,11 @@ def main() -> None:
         "file": __file__,
         "argv": sys.argv,
         "path0": sys.path[0],
-        "cpus": sorted(os.sched_getaffinity(0)),
-        "task_cpus": task_cpus(),
+        "cpus": list(got.cpus),
+        "task_cpus": {str(tid): list(cpus) for tid, cpus in got.thread_cpus.items()},
         "new_thread_cpus": seen["thread"],
         "mems_allowed": list(affinity.mems_allowed()),
-        "mempolicy": [mode.name.lower(), list(nodes)],
+        "mempolicy": [got.mem_policy, list(got.mems)],
         "env": dict(os.environ),
         "binding_local_rank": None if binding is None else binding.local_rank,
     }
