@@ -48,3 +48,48 @@ def sysfs_tree():
         return extract_tree(SYSFS_DIR / f"{name}.tar.bz2")
 
     return get
+
+
+# -- the fast tier: `pytest -m "not slow"` ---------------------------------------------------------
+# A test that starts a process must be marked slow (decorator or module pytestmark), so that
+# the fast tier never spawns. Enforced: in a test without the mark (its fixtures' setup
+# included), every way the standard library starts a process raises.
+
+def _spawn_targets() -> list[tuple[object, str]]:
+    import _posixsubprocess
+    import os
+    import subprocess
+
+    targets = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec")]
+    targets += [(os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")]
+    return [(obj, name) for obj, name in targets if getattr(obj, name, None) is not None]
+
+
+def _forbid_spawn(item: pytest.Item):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{item.nodeid} starts a process: mark it @pytest.mark.slow (or the module's pytestmark)")
+
+    saved = [(obj, name, getattr(obj, name)) for obj, name in _spawn_targets()]
+    for obj, name, _ in saved:
+        setattr(obj, name, refuse)
+    return saved
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    saved = [] if item.get_closest_marker("slow") else _forbid_spawn(item)
+    try:
+        yield
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    saved = [] if item.get_closest_marker("slow") else _forbid_spawn(item)
+    try:
+        yield
+    finally:
+        for obj, name, original in saved:
+            setattr(obj, name, original)

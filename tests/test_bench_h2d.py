@@ -33,6 +33,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     if _has_cuda():
         pytest.skip("a CUDA device is visible: the CPU-only path does not apply")
@@ -48,6 +49,7 @@ def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     assert not out_json.exists()
 
 
+@pytest.mark.slow
 def test_bad_size_is_a_one_line_usage_error() -> None:
     proc = subprocess.run([*NUMARUN, "bench", "h2d", "--size", "lots"], capture_output=True, text=True,
                           timeout=120, env=_env())
@@ -59,6 +61,7 @@ def test_bad_size_is_a_one_line_usage_error() -> None:
     assert h2d.check_args("1GiB", 3) == 2**30
 
 
+@pytest.mark.slow
 def test_numarun_worker_runs_bound_to_the_plan(tmp_path: Path) -> None:
     """The 'numarun' worker starts under numarun run: its memory policy is bind to the plan's node."""
     out = tmp_path / "numarun.json"
@@ -110,6 +113,7 @@ def test_ratios_and_table() -> None:
     assert "pinned pages on node(s) 1, pageable pages on node(s) 1" in table[-1]
 
 
+@pytest.mark.slow
 def test_launching_side_never_imports_torch() -> None:
     """The command's own process must not create a CUDA context: it may not even import torch."""
     code = ("import sys, numarun.cli, numarun.commands.bench, numarun.bench.h2d\n"

@@ -9,6 +9,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 
 from numarun.topology.model import Topology
 from numarun.view.topo import NO_GPU_LINE, cpu_summary, nearest_nic, render_text
@@ -38,6 +39,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 
 # --- the live machine (the CI machine: no GPU) ---
 
+@pytest.mark.slow
 def test_live_json_has_the_contract_keys() -> None:
     proc = numarun("topo", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -56,6 +58,7 @@ def test_live_json_has_the_contract_keys() -> None:
         assert {"name", "pci_bus_id", "numa_node"} <= n.keys()
 
 
+@pytest.mark.slow
 def test_live_view_says_plainly_when_there_are_no_gpus() -> None:
     snapshot = json.loads(numarun("topo", "--json").stdout)
     proc = numarun("topo")
@@ -69,6 +72,7 @@ def test_live_view_says_plainly_when_there_are_no_gpus() -> None:
         assert "no GPUs found" in proc.stdout
 
 
+@pytest.mark.slow
 def test_json_round_trip_is_exact(tmp_path: Path) -> None:
     first = numarun("topo", "--json")
     assert first.returncode == 0, first.stderr
@@ -79,6 +83,7 @@ def test_json_round_trip_is_exact(tmp_path: Path) -> None:
     assert again.stdout == first.stdout
 
 
+@pytest.mark.slow
 def test_env_variable_selects_the_source(tmp_path: Path) -> None:
     snap = tmp_path / "rich.json"
     snap.write_text(make_topology(hostname="from-env").to_json())
@@ -89,6 +94,7 @@ def test_env_variable_selects_the_source(tmp_path: Path) -> None:
 
 # --- a richer machine, from a snapshot ---
 
+@pytest.mark.slow
 def test_rich_snapshot_view(tmp_path: Path) -> None:
     topo = make_topology(memory_only_nodes=1, offline=(15,))
     snap = tmp_path / "dgx.json"
@@ -105,6 +111,7 @@ def test_rich_snapshot_view(tmp_path: Path) -> None:
     assert "packages: 2   cores: 8   PUs: 16   SMT: yes   offline CPUs: 1" in out
 
 
+@pytest.mark.slow
 def test_json_of_a_snapshot_reads_back_equal(tmp_path: Path) -> None:
     topo = make_topology(memory_only_nodes=1, stray_gpu=True)
     snap = tmp_path / "t.json"
@@ -118,6 +125,7 @@ def test_json_of_a_snapshot_reads_back_equal(tmp_path: Path) -> None:
 
 # --- the picture ---
 
+@pytest.mark.slow
 def test_svg_is_written_atomically_and_parses(tmp_path: Path) -> None:
     topo = make_topology()
     snap = tmp_path / "t.json"
@@ -132,6 +140,7 @@ def test_svg_is_written_atomically_and_parses(tmp_path: Path) -> None:
     assert os.listdir(out.parent) == ["topo.svg"]  # no temp file left behind
 
 
+@pytest.mark.slow
 def test_svg_into_a_missing_directory_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "nope" / "topo.svg"
     proc = numarun("topo", "--svg", str(target))
@@ -140,6 +149,7 @@ def test_svg_into_a_missing_directory_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
 
 
+@pytest.mark.slow
 def test_svg_onto_a_directory_is_refused(tmp_path: Path) -> None:
     snap = tmp_path / "t.json"
     snap.write_text(make_topology().to_json())
@@ -149,23 +159,27 @@ def test_svg_onto_a_directory_is_refused(tmp_path: Path) -> None:
 
 # --- user mistakes ---
 
+@pytest.mark.slow
 def test_missing_topology_path_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "no-such-machine.json"
     assert_user_error(numarun("topo", "--topology", str(bad)), str(bad))
 
 
+@pytest.mark.slow
 def test_malformed_snapshot_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "broken.json"
     bad.write_text('{"schema_version": 1, "hostname": "x"')
     assert_user_error(numarun("topo", "--json", "--topology", str(bad)), str(bad))
 
 
+@pytest.mark.slow
 def test_bad_width_is_one_line() -> None:
     assert_user_error(numarun("topo", "--width", "3"), "3")
 
 
 # --- --smi: GPUs and links from a saved nvidia-smi matrix ---
 
+@pytest.mark.slow
 def test_smi_adds_gpus_when_the_source_has_none(tmp_path: Path) -> None:
     topo = make_topology(gpus_per_node=0, nics_per_node=0)
     snap = tmp_path / "t.json"
@@ -179,6 +193,7 @@ def test_smi_adds_gpus_when_the_source_has_none(tmp_path: Path) -> None:
     assert any(code.startswith("NV") for row in data["gpu_links"] for code in row)
 
 
+@pytest.mark.slow
 def test_smi_missing_file_is_one_line(tmp_path: Path) -> None:
     snap = tmp_path / "t.json"
     snap.write_text(make_topology(gpus_per_node=0).to_json())
@@ -228,6 +243,7 @@ ALTIX_XML = FIXTURES / "hwloc" / "192em64t-24n8c2t.xml"
 ZEN4_XML = FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml"
 
 
+@pytest.mark.slow
 def test_dgx_a100_matrix_view(tmp_path: Path) -> None:
     svg = tmp_path / "dgx.svg"
     proc = numarun("topo", "--topology", str(DGX_A100_SMI), "--width", "160", "--svg", str(svg))
@@ -255,6 +271,7 @@ def test_dgx_a100_matrix_view(tmp_path: Path) -> None:
     assert sorted(e.get("data-nic") for e in by_class(unknown, "nic")) == ["mlx5_8", "mlx5_9"]
 
 
+@pytest.mark.slow
 def test_altix_24_numa_nodes_picture(tmp_path: Path) -> None:
     svg = tmp_path / "altix.svg"
     proc = numarun("topo", "--topology", str(ALTIX_XML), "--svg", str(svg))
@@ -267,6 +284,7 @@ def test_altix_24_numa_nodes_picture(tmp_path: Path) -> None:
     assert float(root.get("width")) <= 1900
 
 
+@pytest.mark.slow
 def test_one_numa_node_over_two_packages(tmp_path: Path) -> None:
     # a cpuid dump of 2x EPYC 9654: no OS NUMA info, so one node holds both packages
     svg = tmp_path / "zen4.svg"

@@ -191,6 +191,7 @@ def test_saved_config_with_unknown_key_is_rejected(tmp_path: Path) -> None:
         load_job_config(bad)
 
 
+@pytest.mark.slow
 def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "numarun", TRAIN, "trainer.steps=abc"],
@@ -202,6 +203,7 @@ def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
     assert not (in_tmp / "outputs").exists()
 
 
+@pytest.mark.slow
 def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     def dry(*args: str) -> list[str]:
         proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", *args], cwd=in_tmp,

@@ -176,6 +176,7 @@ def test_markdown_summary_carries_the_figures() -> None:
     assert "| numarun | 1234 |" in md and "| torchrun | - |" in md and "ratio numarun" not in md
 
 
+@pytest.mark.slow
 def test_self_test_runs_on_this_machine() -> None:
     env = dict(os.environ)
     env.pop("NUMARUN_TOPOLOGY", None)
@@ -188,11 +189,13 @@ def test_self_test_runs_on_this_machine() -> None:
         assert any(line.startswith(f"PASS {name}:") for line in lines), name
 
 
+@pytest.mark.slow
 def test_shell_scripts_parse() -> None:
     for script in ("gpu-check.sh", "fetch-gpu-wheels.sh"):
         subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], check=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_results_are_written_after_each_step(tmp_path: Path) -> None:
     """A run cut short still leaves gpu-check.json/.md; here every step but binding is skipped."""
     env = dict(os.environ)
@@ -208,6 +211,7 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
     assert (tmp_path / "gpu-check.md").read_text().startswith("### GPU check, ")
 
 
+@pytest.mark.slow
 def test_gpu_check_sh_refuses_a_host_without_nvidia_smi(tmp_path: Path) -> None:
     if any((Path(d) / "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep) if d):
         pytest.skip("nvidia-smi is on PATH")

@@ -78,6 +78,7 @@ def test_apply_env_keeps_what_the_user_set() -> None:
     assert environ == {"NCCL_IB_HCA": "mine", "OMP_NUM_THREADS": "4"}
 
 
+@pytest.mark.slow
 def test_binds_before_the_script_and_runs_it_as_python_would(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0, cpus=(ALLOWED[0],)), _binding(1))
     plain, bound = tmp_path / "plain", tmp_path / "bound"
@@ -107,6 +108,7 @@ def test_binds_before_the_script_and_runs_it_as_python_would(tmp_path: Path) -> 
     assert lines == [f"numarun: INFO: rank 1: gpu - cpus {ALLOWED[-1]} mems {MEMS[0]} (bind) nic - OMP 3"]
 
 
+@pytest.mark.slow
 def test_module_form_matches_python_dash_m(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0, mem_policy=MemPolicy.PREFERRED))
     plain, bound = tmp_path / "plain", tmp_path / "bound"
@@ -125,6 +127,7 @@ def test_module_form_matches_python_dash_m(tmp_path: Path) -> None:
     assert got["mempolicy"] == ["preferred", [MEMS[0]]]
 
 
+@pytest.mark.slow
 def test_mem_policy_none_leaves_the_default(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0, mems=(), mem_policy=MemPolicy.NONE))
     r = _bootstrap([str(REPORT), str(tmp_path)], _env(plan))
@@ -139,6 +142,7 @@ def _impossible_cpu() -> int:
     return bad
 
 
+@pytest.mark.slow
 def test_bind_failure_warns_once_and_binds_what_it_can(tmp_path: Path) -> None:
     bad = _impossible_cpu()
     plan = _write_plan(tmp_path, _binding(0, cpus=(ALLOWED[0], bad)))
@@ -149,6 +153,7 @@ def test_bind_failure_warns_once_and_binds_what_it_can(tmp_path: Path) -> None:
     assert _report(tmp_path)["cpus"] == [ALLOWED[0]]
 
 
+@pytest.mark.slow
 def test_strict_binding_fails_with_one_line_and_runs_nothing(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0, cpus=(_impossible_cpu(),)))
     r = _bootstrap([str(REPORT), str(tmp_path)], _env(plan, NUMARUN_STRICT_BINDING="1"))
@@ -157,6 +162,7 @@ def test_strict_binding_fails_with_one_line_and_runs_nothing(tmp_path: Path) -> 
     assert not (tmp_path / "rank0.json").exists()
 
 
+@pytest.mark.slow
 def test_unreadable_plan_is_one_line(tmp_path: Path) -> None:
     r = _bootstrap([str(REPORT), str(tmp_path)], _env(tmp_path / "missing.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NUMARUN_PLAN" in r.stderr
@@ -165,6 +171,7 @@ def test_unreadable_plan_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "numarun plan --json" in r.stderr
 
 
+@pytest.mark.slow
 def test_without_a_plan_the_script_runs_unbound(tmp_path: Path) -> None:
     r = _bootstrap([str(REPORT), str(tmp_path)], _env(None))
     assert r.returncode == 0, r.stderr
@@ -172,6 +179,7 @@ def test_without_a_plan_the_script_runs_unbound(tmp_path: Path) -> None:
     assert got["cpus"] == list(ALLOWED) and got["binding_local_rank"] is None
 
 
+@pytest.mark.slow
 def test_no_python_execs_the_program_bound(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0))
     r = _bootstrap(["--no-python", "grep", "-E", "^(Cpus_allowed_list|Mems_allowed_list)", "/proc/self/status"], _env(plan))
@@ -179,6 +187,7 @@ def test_no_python_execs_the_program_bound(tmp_path: Path) -> None:
     assert r.stdout.split() == ["Cpus_allowed_list:", str(ALLOWED[-1]), "Mems_allowed_list:", str(MEMS[0])]
 
 
+@pytest.mark.slow
 def test_script_main_module_supports_spawn_and_exit_codes(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0))
     r = _bootstrap(["tests/scripts/spawn_pool.py"], _env(plan))
@@ -214,6 +223,7 @@ if mode == "message":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, code", [("end", 0), ("code", 3), ("message", 1)])
 def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code: int) -> None:
     """Threads joined, atexit run, open files flushed, exit codes and messages as python's."""

@@ -65,6 +65,7 @@ def test_dry_run_command_splits_back_to_the_argv(args: list[str], clean_env: Pat
     assert list(clean_env.iterdir()) == []  # nothing ran, nothing was written
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(args=st.lists(words, max_size=3), value=words)
 def test_bash_runs_the_printed_command_with_the_exact_argv(args: list[str], value: str, tmp_path_factory: pytest.TempPathFactory) -> None:

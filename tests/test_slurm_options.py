@@ -133,6 +133,7 @@ CLI_BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, shown", CLI_BAD)
 def test_cli_refuses_bad_options_and_submits_nothing(flags, shown, spy_path, tmp_path):
     script = tmp_path / "train.py"
@@ -150,6 +151,7 @@ def test_cli_refuses_bad_options_and_submits_nothing(flags, shown, spy_path, tmp
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_missing_script(spy_path, tmp_path):
     env = dict(os.environ, PATH=f"{spy_path}/bin:{os.environ['PATH']}")
     proc = subprocess.run(NUMARUN + ["submit", str(tmp_path / "nope.py")], capture_output=True, text=True, env=env, timeout=60)

@@ -59,6 +59,7 @@ GOLDEN_JOBS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GOLDEN_JOBS))
 def test_golden_scripts(name):
     text = render_sbatch(GOLDEN_JOBS[name])
@@ -134,6 +135,7 @@ def _job(tmp: Path, script: str, args: tuple[str, ...], probe: str) -> SlurmJob:
     )
 
 
+@pytest.mark.slow
 def test_script_runs_numarun_with_rendezvous_at_head(tmp_path):
     argv, probe = _run_script(tmp_path, _job(tmp_path, "/p/train.py", ("a=1",), "v"))
     port = 15000 + 4242 % 15000
@@ -147,6 +149,7 @@ def test_script_runs_numarun_with_rendezvous_at_head(tmp_path):
     assert (tmp_path / "out" / "4242").is_dir()
 
 
+@pytest.mark.slow
 def test_array_index_selects_its_override_set(tmp_path):
     job = SlurmJob(
         script="/p/train.py", output_dir=str(tmp_path / "out"), numarun=(str(tmp_path / "bin" / "numarun"),),
@@ -157,6 +160,7 @@ def test_array_index_selects_its_override_set(tmp_path):
     assert "--rdzv-id" in argv and argv[argv.index("--rdzv-id") + 1] == "4240_1"
 
 
+@pytest.mark.slow
 def test_no_head_node_fails_loudly(tmp_path):
     b = _fake_bin(tmp_path)
     (b / "scontrol").write_text("#!/bin/bash\nexit 0\n")
@@ -181,6 +185,7 @@ piece = st.one_of(
 user_string = st.lists(piece, max_size=6).map("".join)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=st.lists(user_string, max_size=4), script_name=user_string, probe=user_string)
 def test_any_user_value_arrives_byte_exact(tmp_path, args, script_name, probe):
@@ -206,6 +211,7 @@ def test_parse_scontrol_records():
     assert overall_return_code(array) == 3
 
 
+@pytest.mark.slow
 def test_submit_prints_id_run_dir_and_logs(tmp_path):
     """Against a recording sbatch: the script goes to sbatch on stdin, a copy is kept."""
     b = tmp_path / "bin"
@@ -230,6 +236,7 @@ def test_submit_prints_id_run_dir_and_logs(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_dry_run_prints_script_only(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")

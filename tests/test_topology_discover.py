@@ -141,6 +141,7 @@ def test_no_nvml_keeps_sysfs(h200_tree: Path) -> None:
     assert merge_nvml(empty, None).gpu_source == "none"
 
 
+@pytest.mark.slow
 def test_bench_script_runs() -> None:
     import subprocess
     import sys

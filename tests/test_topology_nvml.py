@@ -132,6 +132,7 @@ def test_no_driver_gives_none() -> None:
     assert read_nvml_gpus() is None
 
 
+@pytest.mark.slow
 def test_import_does_not_load_pynvml_or_torch() -> None:
     code = "import sys, numarun.topology.nvml; print('pynvml' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

@@ -138,6 +138,7 @@ def _numarun(args: list[str], cuda_visible_devices: str) -> subprocess.Completed
     return subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_numarun_plan_honours_cuda_visible_devices() -> None:
     smi = str(FIX / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt")
     out = _numarun(["plan", "--topology", smi, "--json"], "4,0")
@@ -147,6 +148,7 @@ def test_numarun_plan_honours_cuda_visible_devices() -> None:
     assert [(r["gpu"]["index"], r["gpu"]["cuda_index"], r["numa_node"]) for r in ranks] == [(4, 0, 7), (0, 1, 3)]
 
 
+@pytest.mark.slow
 def test_numarun_plan_rejects_bad_cuda_visible_devices() -> None:
     smi = str(FIX / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt")
     out = _numarun(["plan", "--topology", smi], "0,9")

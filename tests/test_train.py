@@ -76,6 +76,7 @@ class _Affinity(torch.utils.data.Dataset):
         return torch.tensor(sorted(os.sched_getaffinity(0)) + [torch.get_num_threads()])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 allowed CPUs to tell a pinned worker apart")
 def test_loader_workers_pin_themselves_to_the_rank_cpus() -> None:
     cpu = min(os.sched_getaffinity(0))
