@@ -16,5 +16,11 @@ if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUST
   rm -f "$NUMARUN_TEST_CLUSTER"
   bash scripts/test-cluster.sh up || echo "test cluster did not come up: cluster tests will fail" >&2
 fi
+# Lint and type check of the package (settings in pyproject.toml); NUMARUN_LINT=1 turns it on.
+# A finding fails the test command, after the tests have run.
+if [ "${NUMARUN_LINT:-0}" = 1 ]; then
+  .venv/bin/ruff check launcher || status=1
+  .venv/bin/mypy launcher || status=1
+fi
 .venv/bin/python -m pytest "$@" || status=$?
 exit $status
