@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import SYSFS_DIR, extract_tree
 from numarun.plan.binding import make_plan
 from numarun.plan.model import LaunchPlan, NicPolicy, PlanRequest

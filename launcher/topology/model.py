@@ -16,6 +16,7 @@ import enum
 import json
 import re
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import TopologyError
@@ -107,6 +108,20 @@ class Cpu:
     def core_key(self) -> tuple[int, ...]:
         """Identity of the physical core: its SMT sibling set (or the CPU alone)."""
         return self.siblings or (self.id,)
+
+
+def physical_cores(cpus: Iterable[Cpu]) -> list[tuple[Cpu, ...]]:
+    """Online CPUs grouped into physical cores by their SMT sibling set, as hwloc groups them.
+
+    ``(package, die, core_id)`` is not an identity: multi-die packages without ``die_id``
+    repeat ``core_id`` within a package, and offline CPUs have no topology at all. Offline
+    CPUs are left out (callers list them apart). Cores in order of their lowest CPU id.
+    """
+    groups: dict[tuple[int, ...], list[Cpu]] = {}
+    for c in sorted(cpus, key=lambda c: c.id):
+        if c.online:
+            groups.setdefault(c.core_key, []).append(c)
+    return [tuple(g) for g in sorted(groups.values(), key=lambda g: g[0].id)]
 
 
 @dataclass(frozen=True)
