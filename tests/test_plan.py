@@ -8,8 +8,8 @@ import pytest
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
-from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, PlanRequest
-from numarun.topology.model import Gpu, Nic, NicKind
+from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, NicPolicy, PlanRequest
+from numarun.topology.model import Gpu, Nic, NicKind, RdmaPort
 from test_plan_helpers import build_topology, check_invariants, eth, ib
 
 MODES = list(BindingMode)
@@ -206,7 +206,8 @@ def test_cuda_visible_devices_picks_gpus_in_cuda_order() -> None:
 
 
 def test_user_env_is_never_overridden_and_warned() -> None:
-    topo = build_topology(nics=(ib("mlx5_0", 0), ib("mlx5_1", 1)))
+    # node 2 holds no GPU: mlx5_2 is SYS to every GPU, so the plan wants a list
+    topo = build_topology(nodes=3, nics=(ib("mlx5_0", 0), ib("mlx5_1", 1), ib("mlx5_2", 2)))
     env = {"OMP_NUM_THREADS": "3", "NCCL_IB_HCA": "mlx5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     p = plan(topo, user_env=env, cuda_device_order="PCI_BUS_ID")
     for r in p.ranks:
@@ -216,30 +217,65 @@ def test_user_env_is_never_overridden_and_warned() -> None:
     assert sum("NCCL_IB_HCA is set by the user" in w for w in p.warnings) == 1
 
 
-def test_nics_by_pci_path_then_node_spread_over_ties() -> None:
+def _pci_topology():  # type: ignore[no-untyped-def]
     gpu_paths = [("0000:10:01.0", "0000:11:00.0"), ("0000:10:01.0", "0000:12:00.0"), ("0000:90:01.0",), ("0000:90:01.0",)]
     base = build_topology()
     gpus = tuple(Gpu(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, pci_path=gpu_paths[g.index]) for g in base.gpus)
     nics = (
         Nic("mlx5_0", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:10:01.0", "0000:11:00.0")),
         Nic("mlx5_1", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:20:01.0",)),
-        Nic("mlx5_2", numa_node=1, kind=NicKind.ROCE, pci_path=("0000:a0:01.0",)),
+        Nic("mlx5_2", numa_node=1, kind=NicKind.ROCE, pci_path=("0000:90:01.0", "0000:91:00.0"),
+            ports=(RdmaPort(1, "DOWN", "Ethernet"), RdmaPort(2, "ACTIVE", "Ethernet", 100.0))),
         Nic("mlx5_3", numa_node=1, kind=NicKind.ROCE, pci_path=("0000:b0:01.0",)),
         eth("lo", 0),
     )
-    topo = type(base)(**{**base.__dict__, "gpus": gpus, "nics": nics})
-    p = plan(topo)
-    # GPU0 shares a switch with mlx5_0 (PIX); GPU1 shares the switch too (PXB)
-    assert [r.nic for r in p.ranks] == ["mlx5_0", "mlx5_0", "mlx5_2", "mlx5_3"]
-    assert p.ranks[0].env["NCCL_IB_HCA"] == "=mlx5_0"
-    assert p.ranks[3].env["NCCL_IB_HCA"] == "=mlx5_3"
+    return type(base)(**{**base.__dict__, "gpus": gpus, "nics": nics})
+
+
+def test_nics_by_pci_path_then_node_spread_over_ties() -> None:
+    p = plan(_pci_topology())
+    # GPU0 shares a switch with mlx5_0 (PIX); GPU1 shares the switch too (PXB); GPU2/3 mlx5_2 (PXB)
+    assert [r.nic for r in p.ranks] == ["mlx5_0", "mlx5_0", "mlx5_2", "mlx5_2"]
+    # one list for the node: the NICs under a GPU's switch, not mlx5_1/mlx5_3 (PHB/NODE only)
+    assert {r.env["NCCL_IB_HCA"] for r in p.ranks} == {"=mlx5_0,mlx5_2"}
+    # the rank's own NIC goes to UCX only, with its ACTIVE port
+    assert [r.env["UCX_NET_DEVICES"] for r in p.ranks] == ["mlx5_0:1", "mlx5_0:1", "mlx5_2:2", "mlx5_2:2"]
+
+
+def test_per_rank_policy_keeps_one_hca_per_rank() -> None:
+    p = plan(_pci_topology(), nic_policy=NicPolicy.PER_RANK)
+    assert p.nic_policy is NicPolicy.PER_RANK
+    assert [r.env["NCCL_IB_HCA"] for r in p.ranks] == ["=mlx5_0", "=mlx5_0", "=mlx5_2", "=mlx5_2"]
+    assert not any("UCX_NET_DEVICES" in r.env for r in p.ranks)
+    eth_plan = plan(build_topology(nics=(eth("eth0", 0), eth("eth1", 1))), nic_policy=NicPolicy.PER_RANK)
+    assert [r.env["NCCL_SOCKET_IFNAME"] for r in eth_plan.ranks] == ["=eth0", "=eth0", "=eth1", "=eth1"]
+
+
+def test_storage_nic_and_down_ports_left_out_of_the_node_list() -> None:
+    nics = (ib("mlx5_0", 0, state="ACTIVE"), ib("mlx5_1", 1, state="DOWN"), ib("mlx5_2", 1, state="ACTIVE"),
+            ib("mlx5_3", 2, state="ACTIVE"))  # mlx5_3: node 2 has no GPU, SYS to all (storage)
+    p = plan(build_topology(nodes=3, nics=nics))
+    assert {r.env["NCCL_IB_HCA"] for r in p.ranks} == {"=mlx5_0,mlx5_2"}
+    assert [r.nic for r in p.ranks] == ["mlx5_0", "mlx5_0", "mlx5_2", "mlx5_2"]
+
+
+def test_nothing_set_when_nothing_needs_choosing() -> None:
+    # every RDMA NIC is a compute NIC: NCCL takes exactly these on its own
+    p = plan(build_topology(nics=(ib("mlx5_0", 0), ib("mlx5_1", 1))))
+    assert not any(k.startswith("NCCL_") for r in p.ranks for k in r.env)
+    assert [r.env["UCX_NET_DEVICES"] for r in p.ranks] == ["mlx5_0:1", "mlx5_0:1", "mlx5_1:1", "mlx5_1:1"]
+    # CPU-only ranks never get NCCL's variables
+    cpu = plan(build_topology(nodes=3, gpu_nodes=(), nics=(ib("mlx5_0", 0), ib("mlx5_1", 2))), nproc_per_node=2)
+    assert not any(k.startswith("NCCL_") or k.startswith("UCX_") for r in cpu.ranks for k in r.env)
 
 
 def test_ethernet_nic_and_cpu_only_rank_nics() -> None:
-    topo = build_topology(nics=(eth("eth0", 0), eth("eth1", 1), eth("lo", 1)))
+    topo = build_topology(nodes=3, nics=(eth("eth0", 0), eth("eth1", 1), eth("eth2", 2), eth("lo", 1)))
     p = plan(topo)
     assert [r.nic for r in p.ranks] == ["eth0", "eth0", "eth1", "eth1"]
-    assert p.ranks[2].env["NCCL_SOCKET_IFNAME"] == "=eth1" and p.ranks[2].env["GLOO_SOCKET_IFNAME"] == "eth1"
+    # one NCCL value per node (eth2 is SYS to every GPU); gloo per rank
+    assert {r.env["NCCL_SOCKET_IFNAME"] for r in p.ranks} == {"=eth0,eth1"}
+    assert [r.env["GLOO_SOCKET_IFNAME"] for r in p.ranks] == ["eth0", "eth0", "eth1", "eth1"]
     cpu = plan(build_topology(gpu_nodes=(), nics=(eth("eth1", 1), eth("lo", 0))), nproc_per_node=2)
     assert [r.nic for r in cpu.ranks] == [None, "eth1"]
     assert cpu.ranks[1].env.get("GLOO_SOCKET_IFNAME") == "eth1" and "NCCL_SOCKET_IFNAME" not in cpu.ranks[1].env

@@ -27,6 +27,7 @@ GOLDEN_CASES = {
     "p4d-2socket-8gpu": (f"{SMI}/aws-p4d.24xlarge.txt", []),
     "rtx4090-2socket-8gpu-node": (f"{SMI}/rtx4090-8gpu-2socket-2nic.txt", ["--binding", "node"]),
     "dgx-a100-nps4-8numa": (f"{SMI}/dgx-a100-8numa-nps4-10nic.txt", []),
+    "dgx-a100-nps4-per-rank-nic": (f"{SMI}/dgx-a100-8numa-nps4-10nic.txt", ["--nic-policy", "per-rank"]),
     "h800-9nic-preferred": (f"{SMI}/h800-8gpu-NV8-9nic-bond.txt", ["--mem-policy", "preferred", "--nproc-per-node", "6"]),
     "tesla-p4-vm-numa-unknown": (f"{SMI}/tesla-p4-1gpu-numa-NA.txt", []),
     "h100-vm-all-phb": (f"{SMI}/h100-4gpu-vm-all-PHB.txt", ["--binding", "core-complex"]),
@@ -34,7 +35,7 @@ GOLDEN_CASES = {
 }
 
 _USER_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "NCCL_IB_HCA",
-              "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NUMARUN_TOPOLOGY")
+              "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "NUMARUN_TOPOLOGY")
 
 
 def run_plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -47,11 +48,16 @@ from golden import check_golden as _check_golden  # noqa: E402
 
 
 @pytest.mark.parametrize("name", GOLDEN_CASES)
-def test_golden_table_and_json(name: str) -> None:
+def test_golden_table(name: str) -> None:
     fixture, flags = GOLDEN_CASES[name]
     table = run_plan("--topology", fixture, *flags)
     assert table.returncode == 0, table.stderr
     _check_golden(GOLDEN / f"{name}.txt", table.stdout)
+
+
+@pytest.mark.parametrize("name", GOLDEN_CASES)
+def test_golden_json(name: str) -> None:
+    fixture, flags = GOLDEN_CASES[name]
     js = run_plan("--topology", fixture, *flags, "--json")
     assert js.returncode == 0, js.stderr
     _check_golden(GOLDEN / f"{name}.json", js.stdout)
@@ -67,7 +73,8 @@ def test_json_contract() -> None:
         assert {"index", "pci_bus_id", "numa_node"} <= set(r["gpu"])
         assert r["cpus"] and all(isinstance(c, int) for c in r["cpus"])
         assert r["mems"] == [r["numa_node"]]
-        assert isinstance(r["nic"], str) and r["env"]["NCCL_IB_HCA"] == "=" + r["nic"]
+        assert isinstance(r["nic"], str) and r["env"]["UCX_NET_DEVICES"] == r["nic"] + ":1"
+        assert r["env"]["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{k}" for k in range(8))  # one per node
         assert r["env"]["OMP_NUM_THREADS"] == str(len(r["cpus"]) // 2)  # SMT 2, all siblings usable
 
 

@@ -97,4 +97,6 @@ def test_nps4_dgx_gets_one_nic_per_gpu_on_its_numa_node() -> None:
     nics = [r.nic for r in plan.ranks]
     assert len(set(nics)) == 8 and "mlx5_8" not in nics and "mlx5_9" not in nics
     assert [r.numa_node for r in plan.ranks] == [3, 3, 1, 1, 7, 7, 5, 5]
-    assert all(r.env["NCCL_IB_HCA"] == f"={r.nic}" for r in plan.ranks)
+    # one list for the node (NVIDIA/nccl#1478); the rank's own NIC goes to UCX only
+    assert {r.env["NCCL_IB_HCA"] for r in plan.ranks} == {"=" + ",".join(f"mlx5_{i}" for i in range(8))}
+    assert all(r.env["UCX_NET_DEVICES"] == f"{r.nic}:1" for r in plan.ranks)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy
-from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank
+from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, NicPolicy
+from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, RdmaPort, Topology, link_rank
 
 
 def build_topology(
@@ -65,8 +65,9 @@ def build_topology(
                     allowed_mems=tuple(allowed_mems), source="built")
 
 
-def ib(name: str, node: int, bus: str = "") -> Nic:
-    return Nic(name=name, pci_bus_id=bus, numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{name[-1]}",))
+def ib(name: str, node: int, bus: str = "", state: str = "") -> Nic:
+    ports = (RdmaPort(number=1, state=state, link_layer="InfiniBand", rate_gbps=200.0),) if state else ()
+    return Nic(name=name, pci_bus_id=bus, numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{name[-1]}",), ports=ports)
 
 
 def eth(name: str, node: int) -> Nic:
@@ -116,6 +117,7 @@ def check_invariants(topology: Topology, plan: LaunchPlan) -> None:
             assert r.mems == ()
         if r.gpu is not None and r.nic is not None:
             _check_nic(topology, r.gpu.index, r.nic)
+    _check_nic_env(topology, plan)
     if mode is BindingMode.EXCLUSIVE:
         groups: dict[int, list[int]] = defaultdict(list)
         for r in plan.ranks:
@@ -134,5 +136,27 @@ def _check_nic(topology: Topology, gpu_index: int, nic_name: str) -> None:
         return (link_rank(topology.gpu_nic_link(gpu_pos, pos)), 0 if gpu_node >= 0 and n.numa_node == gpu_node else 1)
 
     chosen = next(i for i, n in enumerate(topology.nics) if n.name == nic_name)
-    best = min(score(i) for i in range(len(topology.nics)))
+    assert topology.nics[chosen].port_up, f"GPU {gpu_index}: NIC {nic_name} has no port up"
+    best = min(score(i) for i, n in enumerate(topology.nics) if n.port_up)
     assert score(chosen) == best, f"GPU {gpu_index}: NIC {nic_name} {score(chosen)} is not among the closest {best}"
+
+
+def _check_nic_env(topology: Topology, plan: LaunchPlan) -> None:
+    """NCCL's rules: one NCCL_IB_HCA / NCCL_SOCKET_IFNAME per node (unless per-rank was
+    asked for), naming only RDMA NICs whose ports are up; per-rank devices only for UCX/gloo."""
+    by_name = {n.name: n for n in topology.nics}
+    for var in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME"):
+        values = {r.env.get(var) for r in plan.ranks if r.gpu is not None}
+        if plan.nic_policy is NicPolicy.NODE:
+            assert len(values) <= 1, f"{var} differs between ranks: {sorted(map(str, values))}"
+    for r in plan.ranks:
+        hca = r.env.get("NCCL_IB_HCA")
+        if hca is not None:
+            assert hca.startswith("=") and ":" not in hca, f"rank {r.local_rank}: NCCL_IB_HCA {hca!r} not exact-match"
+            for name in hca[1:].split(","):
+                assert by_name[name].rdma and by_name[name].port_up, f"NCCL_IB_HCA names {name}, not an RDMA NIC that is up"
+        ucx = r.env.get("UCX_NET_DEVICES")
+        if ucx is not None:
+            assert r.nic is not None and ucx == f"{r.nic}:{by_name[r.nic].port}"
+        if r.gpu is None:
+            assert "NCCL_IB_HCA" not in r.env and "NCCL_SOCKET_IFNAME" not in r.env

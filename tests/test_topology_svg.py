@@ -90,14 +90,34 @@ def test_counts_pus_gpus_nics_and_links() -> None:
     assert len(by_class(root, "package")) == 2
     assert sorted(int(e.get("data-gpu")) for e in by_class(root, "gpu")) == [0, 1, 2, 3]
     assert sorted(e.get("data-nic") for e in by_class(root, "nic")) == ["mlx5_0", "mlx5_1"]
-    labels = [e.text for e in by_class(root, "link-label")]
-    assert labels == ["NV12"] * 6  # all 4*3/2 pairs are NVLinked
-    assert len(by_class(root, "link")) == 6
-    # each label sits at its own place, so none hides another
-    spots = {(e.get("x"), e.get("y")) for e in by_class(root, "link-label")}
-    assert len(spots) == 6
+    # all 4*3/2 pairs NV12 (NVSwitch): one bus and one label, not six identical arcs
+    assert [e.text for e in by_class(root, "link-label")] == ["NV12"]
+    (bus,) = by_class(root, "link-all")
+    assert bus.get("data-code") == "NV12" and bus.get("data-gpus") == "4"
+    assert by_class(root, "link") == []
     # the link panel has one small box per GPU; they are not counted as GPU boxes
     assert sorted(int(e.get("data-gpu")) for e in by_class(root, "gpu-node")) == [0, 1, 2, 3]
+
+
+def test_nvlink_pairs_are_arcs_each_label_apart() -> None:
+    topo = make_topology(nv="NV4", stray_gpu=True)  # 4 of 5 GPUs linked: not all pairs
+    root = parse(render_svg(topo))
+    assert len(by_class(root, "link")) == 6 and by_class(root, "link-all") == []
+    spots = {(e.get("x"), e.get("y")) for e in by_class(root, "link-label")}
+    assert len(spots) == 6  # each label at its own place, so none hides another
+
+
+def test_many_differing_nvlinks_become_a_matrix() -> None:
+    topo = make_topology(packages=2, gpus_per_node=4)
+    n = len(topo.gpus)
+    # NV2 inside a board half, NV1 across, GPU 0 and 7 not linked: 27 pairs, two codes
+    links = tuple(tuple("X" if i == j else ("SYS" if {i, j} == {0, n - 1} else ("NV2" if i // 4 == j // 4 else "NV1"))
+                        for j in range(n)) for i in range(n))
+    root = parse(render_svg(Topology(**{**topo.__dict__, "gpu_links": links})))
+    (matrix,) = by_class(root, "link-matrix")
+    assert by_class(root, "link") == [] and by_class(root, "link-all") == []
+    cells = [e.text for e in by_class(matrix, "link-label")]
+    assert len(cells) == 2 * 27 and set(cells) == {"NV1", "NV2"}
 
 
 def test_pcie_level_links_are_not_drawn() -> None:
@@ -276,3 +296,97 @@ def test_real_plan_on_a_recorded_machine(fixture: str, mode: str) -> None:
     gpus = {int(e.get("data-gpu")): e.get("data-ranks") for e in by_class(root, "gpu")}
     assert gpus == {r.gpu.index: str(r.local_rank) for r in plan.ranks}
     assert len(by_class(root, "legend-rank")) == len(plan.ranks)
+
+
+# --- cores as the kernel groups them, caches, ranks on cores, GPU models, NICs ---
+
+FIXTURES_DIR = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def _pus(root: ET.Element) -> list[ET.Element]:
+    return [e for e in by_class(root, "pu") if e.tag == f"{SVG}rect"]
+
+
+def test_cores_are_sibling_sets_and_offline_cpus_sit_apart() -> None:
+    from conftest import SYSFS_DIR, extract_tree
+    from numarun.topology.sysfs import read_sysfs
+
+    # multi-die packages without die_id repeat core_id: still 48 single-thread cores
+    sparse = read_sysfs(extract_tree(SYSFS_DIR / "48amd64-4pa2n6c-sparse.tar.bz2"))
+    cores = by_class(parse(render_svg(sparse)), "core")
+    assert len(cores) == 48 and all(len(by_class(c, "pu")) == 1 for c in cores)
+    off = read_sysfs(extract_tree(SYSFS_DIR / "offline-cpu0-node0.tar.bz2"))
+    root = parse(render_svg(off))
+    assert len(by_class(root, "core")) == 17
+    boxes = by_class(root, "offline-cpus")  # one per NUMA node that has offline CPUs
+    ids = sorted(int(e.get("data-cpu")) for b in boxes for e in _pus(b))
+    assert ids == [c.id for c in off.cpus if not c.online]
+    assert all("offline" in e.get("class").split() for b in boxes for e in _pus(b))
+    assert not any(by_class(core, "offline") for core in by_class(root, "core"))
+    assert len(_pus(root)) == len(off.cpus)
+
+
+def _zen4() -> Topology:
+    from numarun.topology.hwloc_xml import read_hwloc_xml
+
+    return read_hwloc_xml(FIXTURES_DIR / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml", "AMD-19h-Zen4-2xEpyc-9654.xml")
+
+
+def test_zen4_llc_boxes_hold_one_core_complex_rank_each() -> None:
+    from numarun.plan.binding import make_plan
+    from numarun.plan.model import PlanRequest
+
+    topo = _zen4()
+    plan = make_plan(topo, PlanRequest(binding=BindingMode.CORE_COMPLEX, cuda_visible_devices="", nproc_per_node=24))
+    root = parse(render_svg(topo, plan))
+    llcs = by_class(root, "llc")
+    assert len(llcs) == 24  # 2 x 12 CCDs of 8 cores
+    seen = set()
+    for box in llcs:
+        cores = by_class(box, "core")
+        assert len(cores) == 8
+        ranks = {c.get("data-ranks") for c in cores}
+        assert len(ranks) == 1, ranks  # core-complex: one rank per cache domain
+        seen |= ranks
+    assert seen == {str(r) for r in range(24)}
+
+
+def test_rank_numbers_on_cores_beyond_the_palette() -> None:
+    from numarun.plan.binding import make_plan
+    from numarun.plan.model import PlanRequest
+
+    topo = _zen4()
+    plan = make_plan(topo, PlanRequest(binding=BindingMode.EXCLUSIVE, cuda_visible_devices="", nproc_per_node=48))
+    root = parse(render_svg(topo, plan))
+    labels = {}
+    for core in by_class(root, "core"):
+        (text,) = by_class(core, "core-rank")
+        assert text.text == "r" + core.get("data-ranks")
+        labels[core.get("data-ranks")] = text.text
+    # 48 ranks, 20 colours: the numbers still tell every rank apart
+    assert len(labels) == 48 and len(set(labels.values())) == 48
+
+
+def test_gpu_box_with_a_rank_keeps_its_model() -> None:
+    topo = make_topology()
+    svg = render_svg(topo, plan_for(topo))
+    for g in topo.gpus:
+        assert f">GPU{g.index} H100 80GB HBM3<" in svg and f">rank {g.index} {g.pci_bus_id}<" in svg
+
+
+def test_down_nics_and_the_nccl_list_are_marked() -> None:
+    import dataclasses
+
+    from numarun.plan.binding import make_plan
+    from numarun.plan.model import PlanRequest
+    from numarun.topology.discover import load_topology
+    from numarun.topology.model import RdmaPort
+
+    topo = load_topology(str(FIXTURES_DIR / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt"))
+    topo = dataclasses.replace(topo, nics=tuple(
+        dataclasses.replace(n, ports=(RdmaPort(1, "DOWN", "InfiniBand"),)) if n.name == "mlx5_7" else n for n in topo.nics))
+    root = parse(render_svg(topo, make_plan(topo, PlanRequest())))
+    nics = {e.get("data-nic"): e.get("class").split() for e in by_class(root, "nic")}
+    assert "down" in nics["mlx5_7"] and "nccl" not in nics["mlx5_7"]
+    assert all("nccl" in nics[f"mlx5_{i}"] for i in range(7))
+    assert "nccl" not in nics["mlx5_8"] and "nccl" not in nics["mlx5_9"]  # storage

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from ..errors import ConfigError
 from ..comm.modes import CommMode, parse_compression
-from ..plan.model import BindingMode, MemPolicy
+from ..plan.model import BindingMode, MemPolicy, NicPolicy
 
 
 class ModelKind(str, enum.Enum):
@@ -78,6 +78,8 @@ class LauncherConfig:
     node_rank: int = 0
     binding: str = BindingMode.EXCLUSIVE.value
     mem_policy: str = MemPolicy.BIND.value
+    nic_policy: str = NicPolicy.NODE.value
+    """``node``: one NCCL_IB_HCA per node; ``per-rank``: each rank's closest NIC (--nic-policy)."""
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
@@ -195,6 +197,7 @@ class JobConfig:
 ENUM_KEYS: dict[str, type[enum.Enum]] = {
     "launcher.binding": BindingMode,
     "launcher.mem_policy": MemPolicy,
+    "launcher.nic_policy": NicPolicy,
     "model.kind": ModelKind,
     "data.kind": DataKind,
     "parallel.kind": ParallelKind,

@@ -1,7 +1,9 @@
 """CPU affinity and NUMA memory policy of the calling process, by system call.
 
 No numactl: ``sched_setaffinity(2)`` through :mod:`os`, ``set_mempolicy(2)`` and
-``get_mempolicy(2)`` through ``ctypes`` ``syscall(3)``. Failures surface as
+``get_mempolicy(2)`` through ``ctypes`` ``syscall(3)`` by number (:data:`SYSCALLS`), or
+through libnuma's wrappers on an architecture whose numbers are not known here. With
+neither, memory calls fail with ENOSYS (logged once) and ranks run with CPU binding only. Failures surface as
 :class:`OSError` carrying the errno (EPERM in a container without CAP_SYS_NICE,
 EINVAL for an offline or disallowed CPU/node) so the caller decides whether that
 is fatal. :func:`read_back` is the one way a rank reads its binding back from the kernel.
@@ -13,24 +15,35 @@ thread ids, its ``Cpus_allowed_list``/``Mems_allowed_list``), never the machine'
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import enum
 import errno
+import logging
 import os
 import platform
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..cpuset import parse_list
 
-# syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/unistd.h)
-_SYSCALLS: dict[str, tuple[int, int]] = {
-    # machine: (set_mempolicy, get_mempolicy)
+# (set_mempolicy, get_mempolicy) by ``platform.machine()``, for every 64-bit Linux
+# architecture torch builds for. Sources: arch/x86/entry/syscalls/syscall_64.tbl,
+# include/uapi/asm-generic/unistd.h (arm64, riscv64, loongarch64),
+# arch/powerpc/kernel/syscalls/syscall.tbl, arch/s390/kernel/syscalls/syscall.tbl.
+SYSCALLS: dict[str, tuple[int, int]] = {
     "x86_64": (238, 239),
     "amd64": (238, 239),
     "aarch64": (237, 236),
     "arm64": (237, 236),
+    "riscv64": (237, 236),
+    "loongarch64": (237, 236),
+    "ppc64le": (261, 260),
+    "ppc64": (261, 260),
+    "s390x": (270, 269),
 }
+
+log = logging.getLogger(__name__)
 
 _WORD_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
 # Enough for any kernel: MAX_NUMNODES is at most 1 << NODES_SHIFT = 1024.
@@ -56,26 +69,70 @@ class Mpol(enum.IntEnum):
     """Prefer any node of the mask (Linux >= 5.15)."""
 
 
-_libc: ctypes.CDLL | None = None
+class _Mempolicy:
+    """How this process reaches set_mempolicy/get_mempolicy: a syscall number, or libnuma."""
+
+    def __init__(self, machine: str, find_library: Callable[[str], str | None] = ctypes.util.find_library) -> None:
+        self.machine = machine
+        self.numbers = SYSCALLS.get(machine)
+        self.libnuma: ctypes.CDLL | None = None
+        self.reason = ""
+        if self.numbers is None:
+            name = find_library("numa")
+            try:
+                self.libnuma = ctypes.CDLL(name, use_errno=True) if name else None
+            except OSError:
+                self.libnuma = None
+            if self.libnuma is None or not hasattr(self.libnuma, "set_mempolicy"):
+                self.libnuma = None
+                self.reason = (
+                    f"memory binding unavailable on machine {machine!r}: no set_mempolicy syscall number known "
+                    "and no libnuma (libnuma.so.1) to call; running with CPU binding only"
+                )
+
+    @property
+    def via(self) -> str:
+        """``syscall``, ``libnuma`` or ``""`` (neither)."""
+        return "syscall" if self.numbers else ("libnuma" if self.libnuma is not None else "")
+
+    def call(self, which: int, *args: object) -> int:
+        """``which`` 0: set_mempolicy, 1: get_mempolicy."""
+        global _warned
+        if self.numbers is not None:
+            fn = _libc().syscall
+            ret = fn(ctypes.c_long(self.numbers[which]), *args)
+        elif self.libnuma is not None:
+            fn = self.libnuma.set_mempolicy if which == 0 else self.libnuma.get_mempolicy
+            ret = fn(*args)
+        else:
+            if not _warned:
+                log.warning("%s", self.reason)
+                _warned = True
+            raise OSError(errno.ENOSYS, self.reason)
+        if ret == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        return int(ret)
 
 
-def _syscall(number: int, *args: object) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    ret = _libc.syscall(ctypes.c_long(number), *args)
-    if ret == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(ret)
+_libc_handle: ctypes.CDLL | None = None
+_backend: _Mempolicy | None = None
+_warned = False
 
 
-def _numbers() -> tuple[int, int]:
-    machine = platform.machine().lower()
-    try:
-        return _SYSCALLS[machine]
-    except KeyError:
-        raise OSError(errno.ENOSYS, f"set_mempolicy: no syscall number known for machine {machine!r}") from None
+def _libc() -> ctypes.CDLL:
+    global _libc_handle
+    if _libc_handle is None:
+        _libc_handle = ctypes.CDLL(None, use_errno=True)
+    return _libc_handle
+
+
+def mempolicy_backend() -> _Mempolicy:
+    """This machine's way to set_mempolicy (chosen once per process)."""
+    global _backend
+    if _backend is None:
+        _backend = _Mempolicy(platform.machine().lower())
+    return _backend
 
 
 def set_cpu_affinity(cpus: Iterable[int]) -> None:
@@ -127,25 +184,24 @@ def set_mempolicy(mode: Mpol | int, nodes: Iterable[int] = ()) -> None:
 
     ``Mpol.DEFAULT``/``Mpol.LOCAL`` take no nodes. Raises :class:`OSError` with the errno.
     """
-    set_nr, _ = _numbers()
+    backend = mempolicy_backend()
     mode = Mpol(int(mode))
     node_list = sorted(set(nodes))
     if mode in (Mpol.DEFAULT, Mpol.LOCAL):
-        _syscall(set_nr, ctypes.c_int(int(mode)), None, ctypes.c_ulong(0))
+        backend.call(0, ctypes.c_int(int(mode)), None, ctypes.c_ulong(0))
         return
     if not node_list:
         raise OSError(errno.EINVAL, f"set_mempolicy {mode.name}: empty node set")
     mask, maxnode = _nodemask(node_list)
-    _syscall(set_nr, ctypes.c_int(int(mode)), mask, ctypes.c_ulong(maxnode))
+    backend.call(0, ctypes.c_int(int(mode)), mask, ctypes.c_ulong(maxnode))
 
 
 def get_mempolicy() -> tuple[Mpol, tuple[int, ...]]:
     """The calling thread's policy: (mode without flags, nodes of its mask)."""
-    _, get_nr = _numbers()
     mode = ctypes.c_int(0)
     words = _MAX_NODES // _WORD_BITS
     mask = (ctypes.c_ulong * words)()
-    _syscall(get_nr, ctypes.byref(mode), mask, ctypes.c_ulong(_MAX_NODES + 1), None, ctypes.c_ulong(0))
+    mempolicy_backend().call(1, ctypes.byref(mode), mask, ctypes.c_ulong(_MAX_NODES + 1), None, ctypes.c_ulong(0))
     nodes = tuple(w * _WORD_BITS + b for w in range(words) for b in range(_WORD_BITS) if mask[w] >> b & 1)
     return Mpol(mode.value & ~_MPOL_MODE_FLAGS), nodes
 

@@ -40,6 +40,15 @@ class MemPolicy(str, enum.Enum):
     """Leave the kernel default (first touch)."""
 
 
+class NicPolicy(str, enum.Enum):
+    """How the NCCL NIC variables are set for the ranks of a node."""
+
+    NODE = "node"
+    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs, the same for every rank (NCCL's own advice)."""
+    PER_RANK = "per-rank"
+    """Each rank's ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` names only its closest NIC (rails that never meet; see NVIDIA/nccl#1478)."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked for."""
@@ -54,6 +63,7 @@ class PlanRequest:
     """The user's ``CUDA_DEVICE_ORDER``."""
     user_env: dict[str, str] = field(default_factory=dict)
     """Variables the user already set that the plan may want to set (never overridden)."""
+    nic_policy: NicPolicy = NicPolicy.NODE
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,7 @@ class LaunchPlan:
     topology_source: str = ""
     warnings: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
+    nic_policy: NicPolicy = NicPolicy.NODE
 
     @property
     def nproc_per_node(self) -> int:

@@ -1,9 +1,26 @@
-"""Closest NIC per rank, and the NCCL/gloo variables that name it. Pure.
+"""NICs for a node's ranks: one NCCL list per node, the closest NIC per rank. Pure.
 
-Closeness of a GPU to a NIC is the nvidia-smi link code (``PIX`` < ``PXB`` < ``PHB`` <
-``NODE`` < ``SYS``, see :func:`numarun.topology.model.link_rank`), then whether both sit on
-the same NUMA node. Among equally close NICs the ranks of a node are spread round-robin, so
-ranks get distinct NICs while there are enough (the multi-rail layout of DGX/HGX boards).
+NCCL pairs HCAs across ranks, builds rings and trees over every rail and routes through a
+peer GPU's NIC (PXN), so every rank of a node must get the same ``NCCL_IB_HCA``; a value per
+rank breaks that ("You should not set NCCL_IB_HCA differently on each rank",
+NVIDIA/nccl#1478). The node's list names its compute NICs:
+
+- a compute NIC is an RDMA NIC (InfiniBand or RoCE) whose port is not known to be down and
+  that is PIX/PXB to at least one GPU. A machine with no such NIC takes its RDMA NICs of the
+  closest link class present; when no GPU/NIC link is known at all, the RDMA NICs on a GPU's
+  NUMA node;
+- so a storage or management NIC (SYS to every GPU while closer ones exist) and a NIC whose
+  ports are all down are left out;
+- nothing is set when nothing needs choosing: no GPU rank, no compute NIC, or the compute
+  NICs are every RDMA NIC (what NCCL takes on its own).
+
+``NCCL_SOCKET_IFNAME`` follows the same rule over the plain Ethernet NICs, for nodes without
+compute RDMA NICs. The per-rank closest NIC (link code, then NUMA node, round-robin among
+ties so ranks get distinct rails while there are enough) stays in the plan and is exported
+only to transports that take a device per process: ``UCX_NET_DEVICES=<hca>:<port>`` and,
+for an Ethernet NIC, ``GLOO_SOCKET_IFNAME``. :attr:`NicPolicy.PER_RANK` restores a value of
+``NCCL_IB_HCA``/``NCCL_SOCKET_IFNAME`` per rank, for fabrics whose rails do not connect
+across (each GPU's NIC on its own switch plane).
 """
 
 from __future__ import annotations
@@ -13,24 +30,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..topology.model import Nic, NicKind, Topology, link_rank
+from .model import NicPolicy
 
 log = logging.getLogger(__name__)
 
 # Variables the plan may set for a NIC; the user's own values always win.
-NIC_VARIABLES: tuple[str, ...] = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+NIC_VARIABLES: tuple[str, ...] = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES")
 
 _UNKNOWN = link_rank("")
+_PXB = link_rank("PXB")
 
 
 @dataclass(frozen=True)
 class NicChoice:
-    """The NIC picked for one rank and why."""
+    """The NIC picked for one rank, and the variables that name it for that rank alone."""
 
     nic: Nic
-    link: str
-    """Link code GPU<->NIC ("" for CPU-only ranks, chosen by NUMA node)."""
     env: tuple[tuple[str, str], ...]
-    """Variables naming this NIC, before the user's values are taken out."""
+    """Per-rank variables, before the user's values are taken out."""
 
 
 def _is_loopback(nic: Nic) -> bool:
@@ -38,20 +55,78 @@ def _is_loopback(nic: Nic) -> bool:
     return any(n == "lo" or n.startswith("lo:") for n in names)
 
 
-def nic_env(nic: Nic, *, gpu_rank: bool) -> tuple[tuple[str, str], ...]:
-    """NCCL/gloo variables for ``nic``.
+def _ifname(nic: Nic) -> str:
+    return nic.netdevs[0] if nic.netdevs else nic.name
 
-    ``NCCL_IB_HCA`` gets a leading ``=`` (NCCL's exact-match syntax) because a bare
-    ``mlx5_1`` is a prefix that also matches ``mlx5_10``..``mlx5_17`` on 13-NIC boards;
-    no port suffix, so NCCL may use every port of the HCA. ``NCCL_SOCKET_IFNAME`` gets the
-    same ``=`` for the same reason (``eth1`` would match ``eth10``); gloo takes a plain name.
+
+def _usable(topology: Topology) -> list[tuple[int, Nic]]:
+    """(position, NIC) of every NIC that can carry traffic: not loopback, ports not all down."""
+    return [(pos, n) for pos, n in enumerate(topology.nics) if not _is_loopback(n) and n.port_up]
+
+
+def _closest_class(topology: Topology, candidates: list[tuple[int, Nic]]) -> list[tuple[int, Nic]]:
+    """The candidates a node's NCCL list should name (see the module docstring)."""
+    if not candidates or not topology.gpus:
+        return []
+    best = {pos: min(link_rank(topology.gpu_nic_link(g, pos)) for g in range(len(topology.gpus))) for pos, _ in candidates}
+    if all(b == _UNKNOWN for b in best.values()):
+        gpu_nodes = {g.numa_node for g in topology.gpus if g.numa_node >= 0}
+        return [(pos, n) for pos, n in candidates if n.numa_node in gpu_nodes]
+    # PIX and PXB are one class: a NIC under any PCIe switch shared with a GPU is a rail
+    tier = {pos: min(b, _PXB) if b <= _PXB else b for pos, b in best.items()}
+    top = min(tier.values())
+    return [(pos, n) for pos, n in candidates if tier[pos] == top]
+
+
+def compute_nics(topology: Topology) -> tuple[Nic, ...]:
+    """The node's compute RDMA NICs, in topology order."""
+    rdma = [(pos, n) for pos, n in _usable(topology) if n.rdma]
+    return tuple(n for _, n in _closest_class(topology, rdma))
+
+
+def node_nic_env(topology: Topology, *, gpu_ranks: bool) -> tuple[tuple[str, str], ...]:
+    """``NCCL_IB_HCA`` or ``NCCL_SOCKET_IFNAME`` for every rank of the node; () when nothing needs choosing.
+
+    Exact-match syntax (a leading ``=``) because a bare ``mlx5_1`` is a prefix that also
+    matches ``mlx5_10``..``mlx5_17`` on 13-NIC boards (and ``eth1`` matches ``eth10``); no port
+    suffix, so NCCL may use every port of an HCA (it skips ports that are not ACTIVE itself).
+    """
+    if not gpu_ranks:
+        return ()
+    usable = _usable(topology)
+    all_rdma = [n for n in topology.nics if n.rdma and not _is_loopback(n)]
+    compute = compute_nics(topology)
+    if compute:
+        if [n.name for n in compute] == [n.name for n in all_rdma]:
+            return ()
+        return (("NCCL_IB_HCA", "=" + ",".join(n.name for n in compute)),)
+    if all_rdma and any(n.port_up for n in all_rdma):
+        return ()  # RDMA NICs exist but none is closer than another: leave NCCL's own choice
+    eth = [(pos, n) for pos, n in usable if n.kind is NicKind.ETHERNET]
+    all_eth = [n for n in topology.nics if n.kind is NicKind.ETHERNET and not _is_loopback(n)]
+    chosen = [n for _, n in _closest_class(topology, eth)]
+    if not chosen or [n.name for n in chosen] == [n.name for n in all_eth]:
+        return ()
+    return (("NCCL_SOCKET_IFNAME", "=" + ",".join(_ifname(n) for n in chosen)),)
+
+
+def rank_nic_env(nic: Nic, *, gpu_rank: bool, policy: NicPolicy = NicPolicy.NODE) -> tuple[tuple[str, str], ...]:
+    """Variables naming ``nic`` for one rank.
+
+    ``node`` policy: ``UCX_NET_DEVICES=<hca>:<port>`` for an RDMA NIC of a GPU rank,
+    ``GLOO_SOCKET_IFNAME`` for an Ethernet NIC. ``per-rank``: ``NCCL_IB_HCA==<hca>`` or
+    ``NCCL_SOCKET_IFNAME==<if>`` + ``GLOO_SOCKET_IFNAME`` for that rank alone.
     CPU-only ranks only need gloo's variable.
     """
-    if nic.kind in (NicKind.INFINIBAND, NicKind.ROCE):
-        return (("NCCL_IB_HCA", f"={nic.name}"),) if gpu_rank else ()
+    if nic.rdma:
+        if not gpu_rank:
+            return ()
+        if policy is NicPolicy.PER_RANK:
+            return (("NCCL_IB_HCA", f"={nic.name}"),)
+        return (("UCX_NET_DEVICES", f"{nic.name}:{nic.port}"),)
     if nic.kind is NicKind.ETHERNET:
-        ifname = nic.netdevs[0] if nic.netdevs else nic.name
-        if gpu_rank:
+        ifname = _ifname(nic)
+        if gpu_rank and policy is NicPolicy.PER_RANK:
             return (("NCCL_SOCKET_IFNAME", f"={ifname}"), ("GLOO_SOCKET_IFNAME", ifname))
         return (("GLOO_SOCKET_IFNAME", ifname),)
     return ()
@@ -61,16 +136,18 @@ def choose_nics(
     topology: Topology,
     gpu_positions: Sequence[int | None],
     rank_nodes: Sequence[int],
+    policy: NicPolicy = NicPolicy.NODE,
 ) -> list[NicChoice | None]:
-    """One choice per rank (None: nothing clearly close, no variable is set).
+    """One choice per rank (None: nothing clearly close, no per-rank variable is set).
 
     ``gpu_positions[i]`` is the index into ``topology.gpus`` of rank i's GPU (None for a
     CPU-only rank); ``rank_nodes[i]`` its CPU NUMA node (-1 unknown).
     GPU ranks take the closest NIC by link code then NUMA node, round-robin among ties;
     they take none when no link or node is known. CPU-only ranks take an Ethernet NIC
     on their own NUMA node, and none otherwise (a guess would only misroute gloo).
+    NICs whose ports are all down are never chosen.
     """
-    nics = [(pos, n) for pos, n in enumerate(topology.nics) if not _is_loopback(n)]
+    nics = _usable(topology)
     uses: dict[int, int] = {}
     out: list[NicChoice | None] = []
     for gpu_pos, node in zip(gpu_positions, rank_nodes):
@@ -79,7 +156,6 @@ def choose_nics(
                 (0, pos, n) for pos, n in nics
                 if n.kind is NicKind.ETHERNET and node >= 0 and n.numa_node == node
             ]
-            link = ""
         else:
             gpu_node = topology.gpus[gpu_pos].numa_node
             scored = []
@@ -100,6 +176,5 @@ def choose_nics(
         # Least used first, then topology order: round-robin among equally close NICs.
         _, pos, nic = min(cands, key=lambda c: (uses.get(c[1], 0), c[1]))
         uses[pos] = uses.get(pos, 0) + 1
-        link = topology.gpu_nic_link(gpu_pos, pos) if gpu_pos is not None else ""
-        out.append(NicChoice(nic=nic, link=link, env=nic_env(nic, gpu_rank=gpu_pos is not None)))
+        out.append(NicChoice(nic=nic, env=rank_nic_env(nic, gpu_rank=gpu_pos is not None, policy=policy)))
     return out

@@ -1,7 +1,7 @@
 """The planning flags shared by ``numarun plan`` and ``numarun run``, and the request they make.
 
 ``add_plan_options(parser)`` registers ``--topology``, ``--nproc-per-node``, ``--binding``
-(alias ``--numa-binding``, torchrun's spelling) and ``--mem-policy``;
+(alias ``--numa-binding``, torchrun's spelling), ``--mem-policy`` and ``--nic-policy``;
 ``request_from_args(args, environ)`` turns them plus the user's environment into a
 :class:`PlanRequest`. The environment is read here, in the command layer, never in planning.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from .model import BindingMode, MemPolicy, PlanRequest
+from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 from .nic import NIC_VARIABLES
 
 # Variables the plan may set; a value the user already set is kept and reported.
@@ -49,8 +49,15 @@ def parse_mem_policy(text: str) -> MemPolicy:
         raise argparse.ArgumentTypeError(f"bad --mem-policy {text!r}: expected one of {_choices(MemPolicy)}") from None
 
 
+def parse_nic_policy(text: str) -> NicPolicy:
+    try:
+        return NicPolicy(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --nic-policy {text!r}: expected one of {_choices(NicPolicy)}") from None
+
+
 def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    """Register the planning flags on ``parser`` (dests: topology, nproc_per_node, binding, mem_policy)."""
+    """Register the planning flags on ``parser`` (dests: topology, nproc_per_node, binding, mem_policy, nic_policy)."""
     parser.add_argument(
         "--topology", metavar="PATH", default=None,
         help="topology source: a machine root holding sys/ and proc/, a 'numarun topo --json' snapshot, "
@@ -69,6 +76,11 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--mem-policy", dest="mem_policy", type=parse_mem_policy, default=MemPolicy.BIND, metavar="POLICY",
         help=f"memory policy per rank: {_choices(MemPolicy)} (default bind)",
     )
+    parser.add_argument(
+        "--nic-policy", dest="nic_policy", type=parse_nic_policy, default=NicPolicy.NODE, metavar="POLICY",
+        help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank "
+        "(default); 'per-rank' = each rank's closest NIC only",
+    )
 
 
 def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> PlanRequest:
@@ -77,6 +89,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         nproc_per_node=getattr(args, "nproc_per_node", None),
         binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
         mem_policy=getattr(args, "mem_policy", MemPolicy.BIND),
+        nic_policy=getattr(args, "nic_policy", NicPolicy.NODE),
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
         user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},

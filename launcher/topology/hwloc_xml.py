@@ -21,7 +21,8 @@ Mapping:
   vendor 0x10de/0x1002; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
   ``AMDUUID``). NUMA node and CPU affinity from the nearest non-I/O ancestor (the node only
   when that ancestor has exactly one). ``pci_path`` = bus ids of the PCI bridges and device.
-- NICs: OpenFabrics OSDevs (``mlx5_0``; RoCE when ``Port*LinkLayer`` says Ethernet) and
+- NICs: OpenFabrics OSDevs (``mlx5_0``; RoCE when ``Port*LinkLayer`` says Ethernet; ports
+  from ``Port<N>State``, an ibv_port_state number, and ``Port<N>LinkLayer``) and
   network OSDevs (``eth0``) under a PCI device; a network OSDev beside an OpenFabrics one
   is that device's netdev, not a separate NIC. ``osdev_type`` is an enum in 2.x
   (1 GPU, 2 network, 3 OpenFabrics, 5 co-processor) and a bit field in 3.x
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from ..errors import TopologyError
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, normalize_bus_id
+from .model import PORT_STATES, RdmaPort
 
 _FORM = "an hwloc 2.x/3.x XML topology as written by 'lstopo out.xml'"
 _GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd"}
@@ -330,11 +332,27 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
         layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
         kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
         st.nics.append(
-            Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)), pci_path=ctx.pci_chain)
+            Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)), pci_path=ctx.pci_chain,
+                ports=_rdma_ports(info))
         )
     if not ofed:
         for n in nets:
             st.nics.append(Nic(name=n, pci_bus_id=bus, numa_node=numa, kind=NicKind.ETHERNET, netdevs=(n,), pci_path=ctx.pci_chain))
+
+
+def _rdma_ports(info: dict[str, str]) -> tuple[RdmaPort, ...]:
+    """Ports from an OpenFabrics OSDev's ``Port<N>State`` (ibv_port_state number) and
+    ``Port<N>LinkLayer`` infos; hwloc records no rate."""
+    numbers = sorted({int(m.group(1)) for k in info if (m := re.fullmatch(r"Port(\d+)(?:State|LinkLayer|LID)", k))})
+    ports = []
+    for n in numbers:
+        state = info.get(f"Port{n}State", "").strip()
+        ports.append(RdmaPort(
+            number=n,
+            state=PORT_STATES.get(int(state), "") if state.isdigit() else "",
+            link_layer=info.get(f"Port{n}LinkLayer", "").strip(),
+        ))
+    return tuple(ports)
 
 
 def _numa_distances(root: ET.Element, node_ids: list[int]) -> dict[int, tuple[int, ...]]:

@@ -16,12 +16,15 @@ import enum
 import json
 import re
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import TopologyError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Snapshots this version still reads: version 1 had no RDMA ports (``Nic.ports`` stays ()).
+READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
 # Order of PCIe/SMP link codes from closest to farthest (nvidia-smi's legend).
 LINK_ORDER: tuple[str, ...] = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -107,6 +110,20 @@ class Cpu:
         return self.siblings or (self.id,)
 
 
+def physical_cores(cpus: Iterable[Cpu]) -> list[tuple[Cpu, ...]]:
+    """Online CPUs grouped into physical cores by their SMT sibling set, as hwloc groups them.
+
+    ``(package, die, core_id)`` is not an identity: multi-die packages without ``die_id``
+    repeat ``core_id`` within a package, and offline CPUs have no topology at all. Offline
+    CPUs are left out (callers list them apart). Cores in order of their lowest CPU id.
+    """
+    groups: dict[tuple[int, ...], list[Cpu]] = {}
+    for c in sorted(cpus, key=lambda c: c.id):
+        if c.online:
+            groups.setdefault(c.core_key, []).append(c)
+    return [tuple(g) for g in sorted(groups.values(), key=lambda g: g[0].id)]
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One GPU, in the order NVML (PCI bus order) numbers them."""
@@ -127,6 +144,30 @@ class Gpu:
     """Bus ids from the root port down to the device (sysfs ``devices/pciDDDD:BB/...``)."""
 
 
+# InfiniBand port states as ``ibv_port_state`` numbers them (hwloc's ``Port<N>State`` info).
+PORT_STATES: dict[int, str] = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device (``sys/class/infiniband/<dev>/ports/<N>``)."""
+
+    number: int
+    state: str = ""
+    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``, ...; "" when the source does not say."""
+    link_layer: str = ""
+    """``InfiniBand`` or ``Ethernet`` (RoCE); "" unknown."""
+    rate_gbps: float = 0.0
+    """Signalling rate (``rate``: ``200 Gb/sec (4X HDR)`` -> 200.0); 0 unknown or down."""
+
+    @property
+    def active(self) -> bool | None:
+        """True when ACTIVE, False when known not to be, None when unknown."""
+        if not self.state:
+            return None
+        return self.state.upper() in ("ACTIVE", "ACTIVE_DEFER")
+
+
 @dataclass(frozen=True)
 class Nic:
     """One network device: an RDMA device (``mlx5_0``) or a plain interface (``eth0``)."""
@@ -140,6 +181,26 @@ class Nic:
     speed_mbps: int = 0
     """0 when unknown."""
     pci_path: tuple[str, ...] = ()
+    ports: tuple[RdmaPort, ...] = ()
+    """RDMA ports (ascending number); () for a plain interface or a source without them."""
+
+    @property
+    def rdma(self) -> bool:
+        return self.kind in (NicKind.INFINIBAND, NicKind.ROCE)
+
+    @property
+    def port_up(self) -> bool:
+        """False only when every recorded port is known not to be ACTIVE (unknown counts as up)."""
+        states = [p.active for p in self.ports]
+        return not states or any(s is not False for s in states)
+
+    @property
+    def port(self) -> int:
+        """The port to name (``mlx5_0:1``): the first ACTIVE one, else the first, else 1."""
+        for p in self.ports:
+            if p.active:
+                return p.number
+        return self.ports[0].number if self.ports else 1
 
 
 @dataclass(frozen=True)
@@ -231,13 +292,14 @@ class Topology:
         if not isinstance(data, dict):
             raise TopologyError(f"bad topology snapshot {origin!r}: expected a JSON object from 'numarun topo --json'")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:
             raise TopologyError(
-                f"bad topology snapshot {origin!r}: schema_version {version!r}, expected {SCHEMA_VERSION} "
-                "(re-create it with 'numarun topo --json')"
+                f"bad topology snapshot {origin!r}: schema_version {version!r}, expected one of "
+                f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (re-create it with 'numarun topo --json')"
             )
         try:
-            return from_jsonable(cls, data)
+            # older versions lack only fields that have defaults; what is read is current
+            return from_jsonable(cls, {**data, "schema_version": SCHEMA_VERSION})
         except SchemaError as e:
             raise TopologyError(f"bad topology snapshot {origin!r}: {e}; expected the form 'numarun topo --json' writes") from None
 

@@ -47,7 +47,8 @@ Defaults (each one taken is recorded in ``Topology.notes`` unless marked "silent
 - ``proc/self/status`` missing or without ``Cpus_allowed_list``: every CPU allowed; without
   ``Mems_allowed_list``: ``allowed_mems = ()`` (all).
 - PCI ``numa_node`` missing, unreadable or ``-1``: -1 (unknown); ``local_cpulist`` missing: ().
-- RDMA port without ``link_layer`` (old kernels): InfiniBand. Unreadable ``rate`` / ``speed``
+- RDMA ports: ``ports/<N>/{state,link_layer,rate}``; without ``link_layer`` (old kernels): InfiniBand;
+  without ``state``: unknown (taken as up). Unreadable ``rate`` / ``speed``
   (``-1`` or EINVAL when the link is down): speed 0 (silent).
 
 Errors: an unreadable essential file (a node ``cpulist``; a CPU's ``physical_package_id`` or
@@ -68,6 +69,7 @@ from pathlib import Path
 from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, normalize_bus_id
+from .model import RdmaPort
 
 log = logging.getLogger(__name__)
 
@@ -562,6 +564,36 @@ def _read_gpus(r: _Reader, nv_numa: dict[str, int]) -> tuple[Gpu, ...]:
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
 
 
+_PORT_STATE = re.compile(r"^\s*(?:\d+\s*:\s*)?([A-Z_]+)\s*$")
+
+
+def _read_rdma_ports(r: _Reader, dev: Path) -> tuple[RdmaPort, ...]:
+    """``<dev>/ports/<N>/{state,link_layer,rate}`` (Documentation/ABI/stable/sysfs-class-infiniband).
+
+    ``state`` reads ``4: ACTIVE``; a port without one has state "" (unknown, taken as up).
+    """
+    ports = dev / "ports"
+    out: list[RdmaPort] = []
+    for port in sorted(ports.iterdir(), key=lambda p: (len(p.name), p.name)) if ports.is_dir() else ():
+        if not port.name.isdigit():
+            continue
+        ll = r.text(port / "link_layer", form="'InfiniBand' or 'Ethernet'")
+        if ll is None:
+            r.note(f"{dev.name}: port {port.name} has no link_layer; taken as InfiniBand")
+        layer = "Ethernet" if (ll or "").strip() == "Ethernet" else "InfiniBand"
+        rate = r.text(port / "rate", form="a rate such as '200 Gb/sec (4X HDR)'") or ""
+        m = _RATE.match(rate)
+        state_text = r.text(port / "state", form="a port state such as '4: ACTIVE'")
+        sm = _PORT_STATE.match(state_text or "")
+        if state_text is not None and not sm:
+            r.note(f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state unknown")
+        out.append(RdmaPort(
+            number=int(port.name), state=sm.group(1) if sm else "", link_layer=layer,
+            rate_gbps=float(m.group(1)) if m else 0.0,
+        ))
+    return tuple(out)
+
+
 def _read_nics(r: _Reader) -> tuple[Nic, ...]:
     nics: list[Nic] = []
     owned: set[str] = set()
@@ -572,18 +604,9 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             chain = _pci_chain(r, dev)
             if not chain:
                 continue  # not backed by a PCI function (e.g. scif, rxe soft-RoCE)
-            kinds: list[NicKind] = []
-            speed = 0
-            ports = d / "ports"
-            for port in sorted(ports.iterdir()) if ports.is_dir() else ():
-                ll = r.text(port / "link_layer", form="'InfiniBand' or 'Ethernet'")
-                if ll is None:
-                    r.note(f"{d.name}: port {port.name} has no link_layer; taken as InfiniBand")
-                kinds.append(NicKind.ROCE if (ll or "").strip() == "Ethernet" else NicKind.INFINIBAND)
-                rate = r.text(port / "rate", form="a rate such as '200 Gb/sec (4X HDR)'") or ""
-                m = _RATE.match(rate)
-                if m:
-                    speed = max(speed, int(float(m.group(1)) * 1000))
+            ports = _read_rdma_ports(r, d)
+            kinds = [NicKind.ROCE if p.link_layer == "Ethernet" else NicKind.INFINIBAND for p in ports]
+            speed = max((int(p.rate_gbps * 1000) for p in ports), default=0)
             kind = NicKind.INFINIBAND if not kinds or NicKind.INFINIBAND in kinds else NicKind.ROCE
             netdir = r.resolve(dev) / "net"
             netdevs = tuple(sorted(p.name for p in netdir.iterdir())) if netdir.is_dir() else ()
@@ -597,6 +620,7 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
                     netdevs=netdevs,
                     speed_mbps=speed,
                     pci_path=chain,
+                    ports=ports,
                 )
             )
     net = r.path("sys/class/net")

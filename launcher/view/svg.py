@@ -1,16 +1,22 @@
 """A self-contained SVG picture of a :class:`Topology`, in the spirit of lstopo's, plus GPU links.
 
-Packages hold NUMA nodes, NUMA nodes hold cores, cores hold PUs (logical CPUs, labelled
-with their id). GPUs and NICs hang under the NUMA node they sit on; devices whose node
-is unknown get their own box. NVLink pairs are joined by labelled arcs (PCIe-level codes
-are left out: on an 8-GPU box they would be 28 lines that say "same PCIe tree").
+Packages hold NUMA nodes, NUMA nodes hold last-level-cache domains (drawn when a node has
+several, as Zen's CCXs), those hold cores, cores hold PUs (logical CPUs, labelled with their
+id). A core is one SMT sibling set, as hwloc groups them; offline CPUs sit apart in their
+node. GPUs and NICs hang under the NUMA node they sit on; devices whose node is unknown get
+their own box. NVLink: one labelled arc per pair; "all pairs NV<n>" when every pair has the
+same link (NVSwitch: 28 identical arcs say only that); a link matrix when arcs would be too
+many to read. PCIe-level codes are left out.
 
 With a :class:`LaunchPlan`, each PU a rank is bound to is filled with that rank's colour
-(striped when ranks share a CPU, as in ``node``/``socket`` modes) and a legend lists
-rank -> GPU, CPUs, NIC.
+(striped when ranks share a CPU, as in ``node``/``socket`` modes), each core is labelled with
+its rank numbers (colours repeat past 20 ranks, numbers do not), GPU boxes keep their model
+and add their rank, NICs in the node's NCCL list are marked, and a legend lists rank -> GPU,
+CPUs, NIC.
 
 Pure: returns a string. Stable element classes for tools and tests: ``pu``, ``core``,
-``numa``, ``package``, ``gpu``, ``nic``, ``link``, ``link-label``, ``legend-rank``.
+``core-rank``, ``llc``, ``offline-cpus``, ``numa``, ``package``, ``gpu``, ``nic``, ``link``,
+``link-all``, ``link-matrix``, ``link-label``, ``legend-rank``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from ..cpuset import format_list
 from ..plan.model import LaunchPlan, RankBinding
-from ..topology.model import Cpu, Gpu, Nic, NumaNode, Topology
+from ..topology.model import Cpu, Gpu, Nic, NumaNode, Topology, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +36,15 @@ PU_W, PU_H = 30, 18
 GAP = 4
 PAD = 6
 TITLE_H = 18
-DEV_W, DEV_H = 150, 40
+DEV_W, DEV_H = 176, 40
+DEV_CHARS = 25
+"""Characters of a device label that fit in its box."""
 CORES_PER_ROW = 8
 MAX_WIDTH = 1800
-FONT = 11
+RANK_H = 12
+"""Height of the rank-number line under a core's PUs (with a plan)."""
+MAX_ARCS = 12
+"""More NVLink pairs than this (and not all alike) are drawn as a matrix."""
 
 # Distinct, print-friendly colours (Tableau 20 order); ranks beyond 20 cycle.
 RANK_COLOURS: tuple[str, ...] = (
@@ -54,8 +65,17 @@ rect.pu { fill: #ffffff; stroke: #333; }
 rect.pu.offline { fill: #9a9a9a; }
 rect.pu.disallowed { fill: #dcdcdc; stroke: #aaa; }
 text.pu-id.greyed { fill: #777; }
+text.pu-id.on-dark { fill: #fff; }
 rect.gpu { fill: #c9f2c9; stroke: #2a7a2a; }
 rect.nic { fill: #cfe3ff; stroke: #24588f; }
+rect.nic.down { fill: #eeeeee; stroke: #888; stroke-dasharray: 4 2; }
+rect.nic.nccl { stroke-width: 3; }
+.llc > rect.frame { fill: #e4dcc4; stroke: #8a7a50; }
+.offline-cpus > rect.frame { fill: #e8e8e8; stroke: #999; stroke-dasharray: 3 2; }
+text.core-rank { font-size: 10px; font-weight: bold; }
+text.nccl-tag { font-size: 9px; fill: #24588f; font-weight: bold; }
+path.link-all { fill: none; stroke: #76b900; stroke-width: 3; }
+text.link-cell { font-size: 10px; }
 rect.gpu-node { fill: #c9f2c9; stroke: #2a7a2a; }
 path.link { fill: none; stroke: #76b900; stroke-width: 2; stroke-opacity: 0.8; }
 text.link-label { fill: #3d6000; font-weight: bold; }
@@ -65,6 +85,12 @@ text.title { font-weight: bold; }
 
 def rank_colour(local_rank: int) -> str:
     return RANK_COLOURS[local_rank % len(RANK_COLOURS)]
+
+
+def _dark(colour: str) -> bool:
+    """True when black text would be hard to read on ``colour`` (``#rrggbb``)."""
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.299 * r + 0.587 * g + 0.114 * b < 100
 
 
 def _a(value: object) -> str:
@@ -90,6 +116,9 @@ class _Ctx:
     topology: Topology
     cpu_ranks: dict[int, list[int]] = field(default_factory=dict)
     gpu_ranks: dict[int, list[int]] = field(default_factory=dict)
+    planned: bool = False
+    nccl_nics: frozenset[str] = frozenset()
+    """NICs the plan names in NCCL_IB_HCA for every rank."""
 
 
 def _flow(children: Sequence[_Box], max_w: float) -> tuple[float, float, list[tuple[float, float]]]:
@@ -179,6 +208,8 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
                     f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>'
                 )
         greyed = " greyed" if not (cpu.online and cpu.allowed) else ""
+        if len(ranks) == 1 and _dark(rank_colour(ranks[0])):
+            greyed += " on-dark"
         out.append(
             f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" '
             f'text-anchor="middle">{cpu.id}</text>'
@@ -190,30 +221,77 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
 def _core_box(ctx: _Ctx, cpus: Sequence[Cpu]) -> _Box:
     pus = [_pu_box(ctx, c) for c in cpus]
     w = len(pus) * PU_W + (len(pus) - 1) * 2 + 6
-    h = PU_H + 6
+    h = PU_H + 6 + (RANK_H if ctx.planned else 0)
+    ranks = sorted({r for c in cpus for r in ctx.cpu_ranks.get(c.id, [])})
+    label = _fit("r" + format_list(ranks), w) if ranks else ""
 
     def draw(x: float, y: float, out: list[str]) -> None:
-        out.append(f'<g class="core" data-core="{cpus[0].core}">')
+        ids = ",".join(str(c.id) for c in cpus)
+        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
+        out.append(f'<g class="core" data-cpus="{ids}"{rank_attr}>')
         out.append(f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{w}" height="{h}" rx="2"/>')
         for i, p in enumerate(pus):
             p.draw(x + 3 + i * (PU_W + 2), y + 3, out)
+        if label:
+            out.append(f'<text class="core-rank" x="{x + w / 2:.0f}" y="{y + PU_H + 3 + 10:.0f}" '
+                       f'text-anchor="middle">{_t(label)}</text>')
         out.append("</g>")
 
     return _Box(w, h, draw)
 
 
-def _cores(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
-    """Group CPUs into physical cores (package, die, core id), ordered by lowest CPU id."""
-    groups: dict[tuple[int, int, int], list[Cpu]] = {}
-    for c in sorted(cpus, key=lambda c: c.id):
-        groups.setdefault((c.package, c.die, c.core), []).append(c)
-    return [_core_box(ctx, g) for g in sorted(groups.values(), key=lambda g: g[0].id)]
+def _fit(text: str, width: float, char_w: float = 6.2) -> str:
+    """``text`` cut to what fits in ``width`` pixels, with ``+`` marking a cut."""
+    room = max(1, int((width - 4) / char_w))
+    return text if len(text) <= room else text[: max(1, room - 1)] + "+"
+
+
+def _plain(children: Sequence[_Box], cols: int) -> _Box:
+    """Children in a grid, without a frame."""
+    w, h, offs = _grid(children, cols)
+
+    def draw(x: float, y: float, out: list[str]) -> None:
+        for c, (ox, oy) in zip(children, offs):
+            c.draw(x + ox, y + oy, out)
+
+    return _Box(w, h, draw)
+
+
+def _cpu_boxes(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
+    """The CPUs of one NUMA node (or package): cores by SMT sibling set, in last-level-cache
+    boxes when there are several caches, then the offline CPUs apart."""
+    cores = physical_cores(cpus)
+    llcs: dict[int, list[tuple[Cpu, ...]]] = {}
+    for core in cores:
+        llcs.setdefault(core[0].llc, []).append(core)
+    out: list[_Box] = []
+    if len(llcs) >= 2 and all(k >= 0 for k in llcs):
+        for members in llcs.values():
+            ids = [c.id for core in members for c in core]
+            boxes = [_core_box(ctx, core) for core in members]
+            out.append(_container("llc", f"LLC {format_list(ids)}", [_plain(boxes, CORES_PER_ROW // 2)],
+                                  tooltip=f"last-level cache shared by CPUs {format_list(ids)}"))
+    elif cores:
+        out.append(_plain([_core_box(ctx, core) for core in cores], CORES_PER_ROW))
+    offline = [c for c in sorted(cpus, key=lambda c: c.id) if not c.online]
+    if offline:
+        out.append(_container("offline-cpus", "offline", [_plain([_pu_box(ctx, c) for c in offline], CORES_PER_ROW)]))
+    return out
+
+
+def _short_model(name: str) -> str:
+    for prefix in ("NVIDIA ", "AMD "):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
     ranks = ctx.gpu_ranks.get(pos, [])
     name = g.name or g.vendor.upper()
     line2 = g.pci_bus_id + (f" mem@{g.memory_numa_node}" if g.memory_numa_node >= 0 else "")
+    if ranks:
+        line2 = f"rank {format_list(ranks)} {g.pci_bus_id}"
 
     def draw(x: float, y: float, out: list[str]) -> None:
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
@@ -222,24 +300,29 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
             f'<rect class="gpu" data-gpu="{g.index}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
             f'width="{DEV_W}" height="{DEV_H}" rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
         )
-        label = f"GPU{g.index} {name}"[:21]
-        if ranks:
-            label = (f"GPU{g.index} rank {format_list(ranks)}")[:21]
-        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(label)}</text>')
-        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:21])}</text>')
+        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>')
+        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
 
     return _Box(DEV_W, DEV_H, draw)
 
 
-def _nic_box(n: Nic) -> _Box:
+def _nic_box(ctx: _Ctx, n: Nic) -> _Box:
+    cls = "nic" + ("" if n.port_up else " down") + (" nccl" if n.name in ctx.nccl_nics else "")
+
     def draw(x: float, y: float, out: list[str]) -> None:
+        ports = ", ".join(f"port {p.number} {p.state or '?'}" for p in n.ports)
         out.append(
-            f'<rect class="nic" data-nic={_a(n.name)} x="{x:.0f}" y="{y:.0f}" width="{DEV_W}" '
-            f'height="{DEV_H}" rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id}")}</title></rect>'
+            f'<rect class={_a(cls)} data-nic={_a(n.name)} x="{x:.0f}" y="{y:.0f}" width="{DEV_W}" '
+            f'height="{DEV_H}" rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip())}</title></rect>'
         )
         speed = f" {n.speed_mbps // 1000}G" if n.speed_mbps >= 1000 else ""
-        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:21])}</text>')
-        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(((",".join(n.netdevs) or n.pci_bus_id) + speed)[:21])}</text>')
+        line2 = (",".join(n.netdevs) or n.pci_bus_id) + speed
+        if not n.port_up:
+            line2 = "port down " + line2
+        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:DEV_CHARS])}</text>')
+        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
+        if n.name in ctx.nccl_nics:
+            out.append(f'<text class="nccl-tag" x="{x + DEV_W - 4:.0f}" y="{y + 12:.0f}" text-anchor="end">NCCL</text>')
 
     return _Box(DEV_W, DEV_H, draw)
 
@@ -247,7 +330,7 @@ def _nic_box(n: Nic) -> _Box:
 def _devices_on(ctx: _Ctx, node_id: int) -> list[_Box]:
     t = ctx.topology
     out = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node == node_id]
-    out += [_nic_box(n) for n in t.nics if n.numa_node == node_id]
+    out += [_nic_box(ctx, n) for n in t.nics if n.numa_node == node_id]
     return out
 
 
@@ -261,16 +344,17 @@ def _layout(ctx: _Ctx) -> _Box:
     node_ids = {n.id for n in t.numa_nodes}
     cpu_node: dict[int, int] = {}
     for n in t.numa_nodes:
-        for c in n.cpus:
-            cpu_node[c] = n.id
+        for cid in n.cpus:
+            cpu_node[cid] = n.id
     cpus_by_node: dict[int, list[Cpu]] = {}
-    for c in t.cpus:
-        cpus_by_node.setdefault(cpu_node.get(c.id, -1), []).append(c)
+    for cpu in t.cpus:
+        cpus_by_node.setdefault(cpu_node.get(cpu.id, -1), []).append(cpu)
 
     cpu_nodes = [n for n in t.numa_nodes if cpus_by_node.get(n.id)]
     mem_nodes = [n for n in t.numa_nodes if not cpus_by_node.get(n.id)]
-    packages = sorted({c.package for c in t.cpus})
-    node_pkgs = {n.id: {c.package for c in cpus_by_node[n.id]} for n in cpu_nodes}
+    # offline CPUs have no package (-1): they follow their node, never make a package
+    packages = sorted({c.package for c in t.cpus if c.online}) or [-1]
+    node_pkgs = {n.id: {c.package for c in cpus_by_node[n.id] if c.online} or {packages[0]} for n in cpu_nodes}
     # lstopo nests NUMA nodes in packages, unless a node spans packages (one-NUMA cpuid dumps):
     # then packages go inside the node.
     nodes_in_packages = all(len(p) == 1 for p in node_pkgs.values())
@@ -283,34 +367,32 @@ def _layout(ctx: _Ctx) -> _Box:
             for n in cpu_nodes:
                 if p in node_pkgs[n.id]:
                     inner.append(_container(
-                        "numa", _node_title(n, n.memory_bytes), _cores(ctx, cpus_by_node[n.id]),
-                        devices=_devices_on(ctx, n.id), grid_cols=CORES_PER_ROW,
+                        "numa", _node_title(n, n.memory_bytes), _cpu_boxes(ctx, cpus_by_node[n.id]),
+                        devices=_devices_on(ctx, n.id),
                         tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
                     ))
-            pkg_unknown = [c for c in unknown_cpus if c.package == p]
+            pkg_unknown = [c for c in unknown_cpus if c.package == p or (p == packages[0] and c.package not in packages)]
             if pkg_unknown:
-                inner.append(_container("unknown-numa", "CPUs without NUMA node", _cores(ctx, pkg_unknown),
-                                        grid_cols=CORES_PER_ROW))
+                inner.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, pkg_unknown)))
             top.append(_container("package", f"Package {p}", inner, max_w=MAX_WIDTH - 2 * PAD))
     else:
         for n in cpu_nodes:
             inner = [
-                _container("package", f"Package {p}", _cores(ctx, [c for c in cpus_by_node[n.id] if c.package == p]),
-                           grid_cols=CORES_PER_ROW)
+                _container("package", f"Package {p}", _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if c.online and c.package == p]))
                 for p in sorted(node_pkgs[n.id])
             ]
+            inner += _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if not c.online])
             top.append(_container("numa", _node_title(n, n.memory_bytes), inner,
                                   devices=_devices_on(ctx, n.id), max_w=MAX_WIDTH - 2 * PAD))
         if unknown_cpus:
-            top.append(_container("unknown-numa", "CPUs without NUMA node", _cores(ctx, unknown_cpus),
-                                  grid_cols=CORES_PER_ROW))
+            top.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, unknown_cpus)))
 
     for n in mem_nodes:
         top.append(_container("numa memory-only", _node_title(n, n.memory_bytes), [],
                               devices=_devices_on(ctx, n.id)))
 
     stray = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node not in node_ids]
-    stray += [_nic_box(n) for n in t.nics if n.numa_node not in node_ids]
+    stray += [_nic_box(ctx, n) for n in t.nics if n.numa_node not in node_ids]
     if stray:
         top.append(_container("unknown-numa", "unknown NUMA node", [], devices=stray))
 
@@ -343,6 +425,11 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
     if not pairs:
         return 0.0, 0.0
     n = len(t.gpus)
+    codes = {code for _, _, code in pairs}
+    if n >= 3 and len(pairs) == n * (n - 1) // 2 and len(codes) == 1:
+        return _links_all(ctx, codes.pop(), x0, y0, out)
+    if len(pairs) > MAX_ARCS:
+        return _links_matrix(ctx, x0, y0, out)
     max_span = max(j - i for i, j, _ in pairs)
     arc_room = 26 + 22 * max_span
     base = y0 + TITLE_H + arc_room
@@ -372,7 +459,14 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
                       'height="13" style="fill:#fafff0"/>')
         labels.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 3:.0f}" text-anchor="middle">{_t(code)}</text>')
     out.extend(labels)  # labels above all arcs
-    for pos, g in enumerate(t.gpus):
+    _gpu_nodes(ctx, centre, base, out)
+    out.append("</g>")
+    return w, h
+
+
+def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list[str]) -> None:
+    node_w, node_h = 60, 22
+    for pos, g in enumerate(ctx.topology.gpus):
         ranks = ctx.gpu_ranks.get(pos, [])
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
         out.append(
@@ -380,6 +474,59 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
             f'width="{node_w}" height="{node_h}" rx="3"{style}/>'
         )
         out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
+
+
+def _links_all(ctx: _Ctx, code: str, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+    """Every pair joined by the same link (NVSwitch): one bus over all GPUs, one label."""
+    n = len(ctx.topology.gpus)
+    node_w, node_h = 60, 22
+    w = max(PAD * 2 + (n - 1) * LINK_STEP + node_w, 260)
+    bus_y = y0 + TITLE_H + 12
+    base = bus_y + 16
+    h = base - y0 + node_h + PAD
+
+    def centre(pos: int) -> float:
+        return x0 + PAD + pos * LINK_STEP + node_w / 2
+
+    title = f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else "")
+    out.append('<g class="links">')
+    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
+               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
+    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">{_t(title)}</text>')
+    d = f"M{centre(0):.0f},{bus_y:.0f} H{centre(n - 1):.0f}" + "".join(
+        f" M{centre(i):.0f},{bus_y:.0f} V{base:.0f}" for i in range(n))
+    out.append(f'<path class="link-all" data-code={_a(code)} data-gpus="{n}" d="{d}"/>')
+    out.append(f'<text class="link-label" x="{x0 + w - PAD:.0f}" y="{y0 + 13:.0f}" text-anchor="end">{_t(code)}</text>')
+    _gpu_nodes(ctx, centre, base, out)
+    out.append("</g>")
+    return w, h
+
+
+def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+    """Too many differing NVLink pairs for arcs: a GPU x GPU matrix of their codes."""
+    t = ctx.topology
+    n = len(t.gpus)
+    cell_w, cell_h, head = 40, 16, 48
+    w = PAD * 2 + head + n * cell_w
+    h = TITLE_H + PAD + (n + 1) * cell_h + PAD
+    out.append('<g class="links link-matrix">')
+    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
+               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
+    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">GPU links (NVLink)</text>')
+    top = y0 + TITLE_H + PAD
+    for j, g in enumerate(t.gpus):
+        out.append(f'<text class="link-cell" x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" y="{top + 12:.0f}" '
+                   f'text-anchor="middle">GPU{g.index}</text>')
+    for i, g in enumerate(t.gpus):
+        y = top + (i + 1) * cell_h
+        out.append(f'<text class="link-cell" x="{x0 + PAD:.0f}" y="{y + 12:.0f}">GPU{g.index}</text>')
+        for j in range(n):
+            code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
+            shown = code if code.startswith("NV") else ("X" if i == j else "")
+            if shown:
+                cls = "link-label" if code.startswith("NV") else "link-cell"
+                out.append(f'<text class={_a(cls)} x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" '
+                           f'y="{y + 12:.0f}" text-anchor="middle">{_t(shown)}</text>')
     out.append("</g>")
     return w, h
 
@@ -399,6 +546,10 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
     out.append('<g class="legend">')
     out.append(f'<text class="title" x="{x:.0f}" y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>')
     row_y = y + TITLE_H + 4
+    if ctx.nccl_nics:
+        hca = next(r.env["NCCL_IB_HCA"] for r in plan.ranks if "NCCL_IB_HCA" in r.env)
+        out.append(f'<text class="legend-nccl" x="{x:.0f}" y="{row_y + 11:.0f}">{_t(f"every rank: NCCL_IB_HCA={hca}")}</text>')
+        row_y += 18
     for r in plan.ranks:
         colour = rank_colour(r.local_rank)
         text = _legend_text(r)
@@ -413,8 +564,11 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
 
 def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     """The picture as a standalone SVG document (UTF-8 text, no external references)."""
-    ctx = _Ctx(topology)
+    ctx = _Ctx(topology, planned=plan is not None)
     if plan is not None:
+        hcas = {r.env.get("NCCL_IB_HCA", "") for r in plan.ranks if r.gpu is not None}
+        if len(hcas) == 1:
+            ctx.nccl_nics = frozenset(hcas.pop().lstrip("=").split(",")) - {""}
         # match by bus id; by NVML index when a source has no bus ids (nvidia-smi text)
         pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus) if g.pci_bus_id}
         pos_by_index = {g.index: i for i, g in enumerate(topology.gpus)}

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cpuset import format_list
-from ..topology.model import Gpu, Topology, link_rank
+from ..topology.model import Gpu, Topology, link_rank, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +41,24 @@ def nearest_nic(topology: Topology, gpu_pos: int) -> tuple[int, str] | None:
 
 
 def cpu_summary(topology: Topology) -> dict[str, int | bool]:
-    """Counts for the summary line: packages, cores, PUs, SMT, offline and disallowed CPUs."""
-    cpus = topology.cpus
-    packages = {c.package for c in cpus}
-    cores = {(c.package, c.die, c.core) for c in cpus}
-    smt = any(len(c.siblings) > 1 for c in cpus) or len(cores) < len(cpus)
+    """Counts for the summary line, over online CPUs (a core = one SMT sibling set, as hwloc
+    counts them): packages, cores, PUs, SMT; offline and disallowed CPUs apart; and the
+    same counts over the usable (online and allowed) CPUs, which is what hwloc shows by default."""
+    online = [c for c in topology.cpus if c.online]
+    usable = [c for c in online if c.allowed]
+    cores = physical_cores(online)
+    usable_cores = physical_cores(usable)
     return {
-        "packages": len(packages),
+        "packages": len({c.package for c in online}),
         "cores": len(cores),
-        "pus": len(cpus),
-        "smt": smt,
-        "offline": sum(1 for c in cpus if not c.online),
-        "disallowed": sum(1 for c in cpus if c.online and not c.allowed),
+        "pus": len(online),
+        "smt": any(len(core) > 1 for core in cores),
+        "offline": len(topology.cpus) - len(online),
+        "disallowed": len(online) - len(usable),
+        "usable_packages": len({c.package for c in usable}),
+        "usable_cores": len(usable_cores),
+        "usable_pus": len(usable),
+        "usable_smt": any(len(core) > 1 for core in usable_cores),
     }
 
 
@@ -126,6 +132,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
         f"SMT: {'yes' if s['smt'] else 'no'}   offline CPUs: {s['offline']}   "
         f"disallowed CPUs: {s['disallowed']}"
     )
+    if s["disallowed"]:
+        console.print(f"usable: {s['usable_cores']} cores, {s['usable_pus']} PUs in {s['usable_packages']} packages")
     offline = [c.id for c in t.cpus if not c.online]
     if offline:
         console.print(f"offline: {format_list(offline)}")
@@ -177,13 +185,14 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
     # --- NICs ---
     if t.nics:
         nt = _table("NICs")
-        for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed"):
+        for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports"):
             nt.add_column(col, justify="right" if col in ("NUMA", "speed") else "left")
         for n in t.nics:
             nt.add_row(
                 n.name, n.kind.value, ",".join(n.netdevs) or "-", n.pci_bus_id or "-",
                 str(n.numa_node) if n.numa_node >= 0 else "unknown",
                 _speed(n.speed_mbps),
+                " ".join(f"{p.number}:{p.state or '?'}" for p in n.ports) or "-",
             )
         console.print(nt)
     else:
