@@ -63,11 +63,14 @@ def check_pcie_links(topo: Topology) -> list[Finding]:
     for bus, what, link in devices:
         if not link.degraded:
             continue
+        narrow = link.current_width < link.max_width
         out.append(Finding(
-            Severity.WARN, "pcie-link", bus,
+            # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
+            Severity.ERROR if narrow else Severity.WARN, "pcie-link", bus,
             f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
-            f"{link.max_gts:g} GT/s x{link.max_width}: reseat the card or check the slot/riser and BIOS "
-            "link settings (a link can also train down when idle: check again under load)",
+            f"{link.max_gts:g} GT/s x{link.max_width}: "
+            + ("reseat the card or check the slot, riser and BIOS link settings" if narrow else
+               "GPUs lower the link speed when idle: check again under load; if it stays low, check the slot and BIOS"),
         ))
     return out
 
@@ -167,7 +170,7 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
     except NumarunError as e:
         nproc = request.nproc_per_node or max(len(topo.gpus), 1)
         out.append(Finding(
-            Severity.ERROR, "cpus", format_list(usable) or "-",
+            Severity.ERROR, "plan", format_list(usable) or "-",
             f"the binding cannot be planned here: {e}",
         ))
     if len(cores) < nproc:
