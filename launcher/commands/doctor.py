@@ -116,6 +116,7 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
             "facts": report.facts,
             "figures": report.figures,
             "ok": not has_error(report.findings),
+            "exclude": report.hostname if has_error(report.findings) else "",
         }
     verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
                        seconds=args.link_seconds, timeout_s=args.doctor_timeout)

@@ -49,6 +49,11 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     add_plan_options(parser)
     add_run_options(parser)
+    from .doctor import add_doctor_options
+
+    parser.add_argument("--preflight", action="store_true",
+                        help="run 'numarun doctor' on every node first and stop on errors")
+    add_doctor_options(parser)
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
     if pet:
         parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
@@ -80,6 +85,11 @@ def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
 
 def main(args: argparse.Namespace) -> int:
     target: Target = target_from_args(args)
+    if getattr(args, "preflight", False) and not args.dry_run:
+        from ..doctor.preflight import preflight
+
+        if preflight(args):
+            return 1
     # Composed without writing first: every job's plan is checked before any run dir exists,
     # so a planning mistake leaves no half-written run dir behind.
     jobs = _hydra_jobs(args, target, dry_run=True)

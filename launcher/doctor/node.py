@@ -57,9 +57,9 @@ def load_nvml_record(path: str) -> dict[str, Any]:
     return data
 
 
-def hostname() -> str:
+def hostname(topo: Topology) -> str:
     # Slurm's node name is what --exclude takes
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return os.environ.get("SLURMD_NODENAME") or (socket.gethostname() if topo.source == "live" else topo.hostname)
 
 
 def facts(topo: Topology, probe: Probe, versions: dict[str, str]) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
     figures = measure(topo) if inputs.measure and live else {}
     report = NodeReport(
         node_rank=node_rank,
-        hostname=hostname() if live else topo.hostname,
+        hostname=hostname(topo),
         findings=tuple(findings),
         facts=facts(topo, pr, versions(pr.nvml, live=live)),
         figures=figures,
