@@ -156,6 +156,9 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
             raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {STRICT_ENV}=1)")
         log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
     log.info(describe(binding, applied, env))
+    from . import watch
+
+    watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), env)
     return applied
 
 
