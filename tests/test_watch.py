@@ -99,3 +99,21 @@ def test_bad_watch_interval_is_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "numarun", "run", "--watch-interval", "-1", "--nproc-per-node", "1", REPIN],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 2 and "--watch-interval" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_trainer_writes_the_watchers_figures(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_CONFIG", "NUMARUN_RUN_DIR", "NUMARUN_TOPOLOGY"))}
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    p = subprocess.run([sys.executable, "-m", "numarun", "run", "--nproc-per-node", "1", "--watch-interval", "0.1",
+                        str(REPO / "scripts" / "train.py"), "trainer.steps=4", "trainer.progress=false",
+                        f"hydra.run.dir={run_dir}"],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(len(r["threads_repaired"]) == 1 and len(r["remote_memory_share"]) == 1 for r in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["threads_repaired"] == [0]
+    share = summary["remote_memory_share"][0]
+    assert share is not None and 0.0 <= share <= 1.0
