@@ -7,8 +7,9 @@ code that calls ``sched_setaffinity`` itself. Every ``NUMARUN_WATCH_INTERVAL`` s
 
 - re-reads the affinity of every thread of the process (``/proc/self/task``) and compares
   it with the CPUs the bootstrap bound;
-- reads ``/proc/self/numa_maps`` for the share of resident pages on NUMA nodes other than
-  the rank's memory nodes;
+- on the first check and every :data:`MEMORY_EVERY`-th after it, reads
+  ``/proc/self/numa_maps`` for the share of resident pages on NUMA nodes other than the
+  rank's memory nodes;
 
 warns once per kind of drift (``affinity``, ``remote-memory``) naming the thread, and under
 ``--strict-binding`` (``NUMARUN_STRICT_BINDING=1``) puts a drifted thread back on the bound
@@ -38,6 +39,10 @@ log = logging.getLogger("numarun.launch.bootstrap.watch")
 
 DEFAULT_INTERVAL = 30.0
 """Seconds between checks: coarse, so the cost stays out of sight (scripts/bench_watch.py)."""
+MEMORY_EVERY = 10
+"""Read numa_maps on every tenth check only: the kernel walks every resident page to answer
+(about 30 ms per GiB resident, measured by scripts/bench_watch.py), the affinity check
+costs microseconds."""
 REMOTE_WARN_SHARE = 0.25
 """Warn when more than this share of the rank's resident pages sit on other NUMA nodes."""
 
@@ -132,7 +137,7 @@ class Watcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def check_once(self) -> None:
+    def check_once(self, *, memory: bool = True) -> None:
         self.checks += 1
         drifted = affinity_drift(self.bound, read_threads())
         if drifted:
@@ -147,7 +152,7 @@ class Watcher:
             self._warn_once("affinity", "thread(s) left the bound CPUs " + format_list(sorted(self.bound)) + ": "
                             + ", ".join(f"{t.name!r} (tid {t.tid}) on {format_list(sorted(t.cpus))}" for t in drifted[:4])
                             + ("; put back (--strict-binding)" if self.strict else "; --strict-binding puts them back"))
-        if self.mems:
+        if self.mems and memory:
             try:
                 with open(self.numa_maps) as f:
                     per_node = parse_numa_maps(f.read())
@@ -167,7 +172,7 @@ class Watcher:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.check_once()
+                self.check_once(memory=self.checks % MEMORY_EVERY == 0)
             except Exception as e:  # never take the job down for a report
                 log.debug("binding watcher check failed: %s", e)
 
