@@ -106,6 +106,7 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
         request=request_from_args(args, os.environ),
         nvml_record=getattr(args, "nvml_record", None),
         measure=(nnodes > 1 and not getattr(args, "no_measure", False)) or getattr(args, "measure", False),
+        compare=nnodes > 1,
     )
     report, topo = run_node(inputs, node_rank=args.node_rank if nnodes > 1 else 0)
     if nnodes == 1:

@@ -31,6 +31,8 @@ class Inputs:
     nvml_record: str | None = None
     """A recorded NVML record (JSON) instead of asking the driver."""
     measure: bool = False
+    compare: bool = False
+    """Several nodes: read the torch/CUDA/NCCL versions they must share (imports torch)."""
 
 
 def tree_root(topo: Topology, source: str | None) -> Path | None:
@@ -118,7 +120,7 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
         node_rank=node_rank,
         hostname=hostname(topo),
         findings=tuple(findings),
-        facts=facts(topo, pr, versions(pr.nvml, live=live)),
+        facts=facts(topo, pr, versions(pr.nvml, live=live and inputs.compare)),
         figures=figures,
     )
     return report, topo

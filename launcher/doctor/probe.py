@@ -105,7 +105,8 @@ def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) 
 
 
 def versions(nvml_record: dict[str, Any] | None, *, live: bool) -> dict[str, str]:
-    """Driver, CUDA, NCCL and torch versions (what every node of a job must share)."""
+    """Driver, CUDA, NCCL and torch versions (what every node of a job must share); torch's
+    only when ``live`` (importing torch takes seconds, a one-node check does without)."""
     out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
     if not live:
         return out
