@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402  (a checkout without install)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=100, help="matmuls per workload run")
     args = ap.parse_args()
     try:
-        import torch  # noqa: F401  (its threads and mappings make the process realistic)
+        import torch
         torch.set_num_threads(os.cpu_count() or 1)
         torch.ones(1) + 1
     except ImportError:

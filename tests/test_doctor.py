@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, extract_tree, sysfs_tarballs
 from numarun.cli import main as cli_main
-from numarun.doctor.checks import Probe, RdmaPort, check_nvml, check_rdma_ports
-from numarun.doctor.model import Severity
+from numarun.doctor.checks import RdmaPort, check_nvml, check_rdma_ports
 from numarun.topology.sysfs import read_sysfs
 
 H200_GPU = "sys/bus/pci/devices/0000:00:06.0"

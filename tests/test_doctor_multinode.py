@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from numarun.doctor.compare import node_link_figures, pairwise_schedule, slow_nodes
 from numarun.doctor.model import Finding, NodeReport, Severity
 from numarun.doctor.multinode import judge

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from numarun.cli import main as cli_main
 
 NUMARUN = str(Path(sys.executable).parent / "numarun")

@@ -9,9 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES
-from numarun.launch.watch import ThreadState, Watcher, affinity_drift, parse_numa_maps, remote_share
+from numarun.launch.watch import (
+    ThreadState,
+    Watcher,
+    affinity_drift,
+    parse_numa_maps,
+    remote_share,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 MAPS = FIXTURES / "numa_maps"

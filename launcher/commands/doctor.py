@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..plan.options import add_plan_options, request_from_args
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "doctor",
         help="check the node(s) before a job: PCIe links, RDMA ports, modules, cores, GPU health, slow nodes",
@@ -129,7 +129,9 @@ def render(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(record=True, width=160, file=open(os.devnull, "w"), color_system=None)
+    import io
+
+    console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
     style = {"error": "bold red", "warn": "yellow", "info": "dim"}
     nodes = result.get("nodes")
     if nodes:

@@ -68,10 +68,13 @@ def h2d_bandwidth() -> tuple[dict[str, float], dict[str, float]]:
         return {}, {}
     if not torch.cuda.is_available():
         return {}, {}
-    h2d, d2h = {}, {}
+    h2d: dict[str, float] = {}
+    d2h: dict[str, float] = {}
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        bus = f"{getattr(p, 'pci_domain_id', 0):04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        # the properties carry the PCI location from torch 2.x on; -1 when they do not
+        dom, bus_no, dev_no = (getattr(p, k, -1) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        bus = f"{dom:04x}:{bus_no:02x}:{dev_no:02x}.0" if bus_no >= 0 else f"cuda:{i}"
         host = torch.empty(H2D_BYTES, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(H2D_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
         for label, dst, src, out in (("h2d", dev, host, h2d), ("d2h", host, dev, d2h)):

@@ -37,11 +37,11 @@ class Finding:
         return {"severity": self.severity.value, "check": self.check, "device": self.device, "message": self.message}
 
 
-def sort_findings(findings: "list[Finding] | tuple[Finding, ...]") -> tuple[Finding, ...]:
+def sort_findings(findings: list[Finding] | tuple[Finding, ...]) -> tuple[Finding, ...]:
     return tuple(sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.check, f.device)))
 
 
-def has_error(findings: "list[Finding] | tuple[Finding, ...]") -> bool:
+def has_error(findings: list[Finding] | tuple[Finding, ...]) -> bool:
     return any(f.severity is Severity.ERROR for f in findings)
 
 
@@ -67,7 +67,7 @@ class NodeReport:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "NodeReport":
+    def from_dict(cls, data: dict[str, Any]) -> NodeReport:
         return cls(
             node_rank=int(data["node_rank"]),
             hostname=str(data["hostname"]),

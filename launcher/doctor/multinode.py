@@ -26,7 +26,13 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import UsageError
-from .compare import compare_nodes, odd_nodes, node_link_figures, pairwise_schedule, slow_nodes
+from .compare import (
+    compare_nodes,
+    node_link_figures,
+    odd_nodes,
+    pairwise_schedule,
+    slow_nodes,
+)
 from .model import Finding, NodeReport, Severity, has_error, sort_findings
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import platform
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def read_nvml_health_record() -> dict[str, Any] | None:
     if not record or not record.get("gpus"):
         return record
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
 
         pynvml.nvmlInit()
     except Exception as e:  # the record was read a moment ago; a failure now only skips health
@@ -104,7 +105,7 @@ def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) 
     return Probe(rdma_ports=read_rdma_ports(root), smt_control=read_smt_control(root), nvml=nvml_record)
 
 
-def versions(nvml_record: dict[str, Any] | None, *, live: bool) -> dict[str, str]:
+def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:
     """Driver, CUDA, NCCL and torch versions (what every node of a job must share); torch's
     only when ``live`` (importing torch takes seconds, a one-node check does without)."""
     out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}

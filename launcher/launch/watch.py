@@ -98,7 +98,7 @@ def _thread_names() -> dict[int, str]:
 def read_threads() -> list[ThreadState]:
     """Every thread of this process with its name (Python's, else the kernel's ``comm``)."""
     py = _thread_names()
-    out = []
+    out: list[ThreadState] = []
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
@@ -176,7 +176,7 @@ class Watcher:
             except Exception as e:  # never take the job down for a report
                 log.debug("binding watcher check failed: %s", e)
 
-    def start(self) -> "Watcher":
+    def start(self) -> Watcher:
         self._thread = threading.Thread(target=self._loop, name="numarun-watch", daemon=True)
         self._thread.start()
         return self
