@@ -126,6 +126,16 @@ def test_port_down_is_an_error(capsys, ib_tree):
     assert rc == 1
 
 
+def test_second_port_down_beside_an_active_one_is_a_warning():
+    from numarun.topology.model import Topology
+
+    topo = Topology(hostname="x", numa_nodes=(), cpus=())
+    ports = (RdmaPort("mlx5_0", 1, "ACTIVE", "InfiniBand"), RdmaPort("mlx5_0", 2, "DOWN", "InfiniBand"),
+             RdmaPort("mlx5_1", 1, "", "InfiniBand"))
+    got = {(f.device, f.severity) for f in check_rdma_ports(topo, ports)}
+    assert got == {("mlx5_0:2", Severity.WARN), ("mlx5_1:1", Severity.INFO)}
+
+
 def test_unusable_link_layer_is_reported():
     ports = (RdmaPort("hfi1_0", 1, "ACTIVE", "OmniPath"),)
     from numarun.topology.model import Topology

@@ -87,11 +87,14 @@ def check_rdma_ports(topo: Topology, ports: Sequence[RdmaPort] | None) -> list[F
         active = [p for p in dev_ports if p.state == "ACTIVE"]
         for p in dev_ports:
             where = f"{dev}:{p.port}"
+            if not p.state:
+                out.append(Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked"))
+                continue
             if p.state != "ACTIVE":
                 sev = Severity.WARN if active else Severity.ERROR
                 out.append(Finding(
                     sev, "rdma-port", where,
-                    f"RDMA port {where} is {p.state or 'in an unknown state'}, not ACTIVE: NCCL cannot use it; "
+                    f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
                     "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
                 ))
                 continue
