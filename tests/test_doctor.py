@@ -10,6 +10,7 @@ import pytest
 from conftest import FIXTURES, extract_tree, sysfs_tarballs
 from numarun.cli import main as cli_main
 from numarun.doctor.checks import RdmaPort, check_nvml, check_rdma_ports
+from numarun.doctor.model import Severity
 from numarun.topology.sysfs import read_sysfs
 
 H200_GPU = "sys/bus/pci/devices/0000:00:06.0"
