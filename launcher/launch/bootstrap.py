@@ -156,9 +156,6 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
             raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {STRICT_ENV}=1)")
         log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
     log.info(describe(binding, applied, env))
-    from . import watch
-
-    watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), env)
     return applied
 
 
@@ -218,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     _setup_logging(os.environ)
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
-        bind_from_env()
+        applied = bind_from_env()
+        if applied is not None:
+            from . import watch
+
+            watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
