@@ -103,6 +103,21 @@ def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
     assert head["seconds"] < 60
 
 
+def test_a_node_that_never_comes_is_named_in_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    p = subprocess.run([NUMARUN, "doctor", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                        "--master-port", port, "--doctor-timeout", "3", "--no-measure"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("numarun")]
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert len(lines) == 1 and "node rank(s) 1" in lines[0] and "--doctor-timeout" in lines[0]
+    assert "Traceback" not in p.stderr
+
+
 # --- pure parts ----------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import statistics
 import struct
 import threading
 import time
@@ -33,7 +34,7 @@ from .compare import (
     pairwise_schedule,
     slow_nodes,
 )
-from .model import Finding, NodeReport, Severity, has_error, sort_findings
+from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,25 @@ def _store(master_addr: str, master_port: int, nnodes: int, node_rank: int, time
         ) from None
 
 
+def _wait(store: Any, keys: list[str], timeout_s: float) -> None:
+    """Wait for ``keys``; a timeout names the nodes whose keys are missing (one line, exit 1)."""
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except (RuntimeError, OSError) as e:
+        try:
+            missing = [k.rsplit("/", 1)[-1] for k in keys if not store.check([k])]
+        except (RuntimeError, OSError):
+            missing = []
+        who = f"node rank(s) {','.join(missing)}" if missing else "a node"
+        raise DoctorError(
+            f"{who} did not answer within --doctor-timeout {timeout_s:g} s ({type(e).__name__}); "
+            "start 'numarun doctor' on every node with the same --nnodes and --master-addr/--master-port"
+        ) from None
+
+
 def _barrier(store: Any, name: str, rank: int, nnodes: int, timeout_s: float) -> None:
     store.set(f"{PREFIX}{name}/{rank}", "1")
-    store.wait([f"{PREFIX}{name}/{i}" for i in range(nnodes)], timedelta(seconds=timeout_s))
+    _wait(store, [f"{PREFIX}{name}/{i}" for i in range(nnodes)], timeout_s)
 
 
 def exchange(
@@ -151,36 +168,45 @@ def exchange(
     server.start()
     t0 = time.perf_counter()
     try:
-        store.set(f"{PREFIX}addr/{rank}", f"{server.sock.getsockname()[0]}:{server.port}")
-        store.wait([f"{PREFIX}addr/{i}" for i in range(nnodes)], timedelta(seconds=timeout_s))
-        addrs = {i: store.get(f"{PREFIX}addr/{i}").decode() for i in range(nnodes)}
-        for r, pairs in enumerate(pairwise_schedule(nnodes)):
-            for a, b in pairs:
-                if rank == a:
-                    _stream_to(addrs[b], rank, seconds)
-                    store.set(f"{PREFIX}sent/{r}/{a}", "1")
-                elif rank == b:
-                    store.wait([f"{PREFIX}sent/{r}/{a}"], timedelta(seconds=timeout_s))
-                    _stream_to(addrs[a], rank, seconds)
-            _barrier(store, f"round{r}", rank, nnodes, timeout_s)
-        figures = {**report.figures, "recv_gbs": {str(k): v for k, v in sorted(server.received.items())}}
-        mine = replace(report, figures=figures)
-        store.set(f"{PREFIX}report/{rank}", json.dumps(mine.to_dict()))
-        if rank == 0:
-            store.wait([f"{PREFIX}report/{i}" for i in range(nnodes)], timedelta(seconds=timeout_s))
-            reports = [NodeReport.from_dict(json.loads(store.get(f"{PREFIX}report/{i}"))) for i in range(nnodes)]
-            verdict = judge(reports, min_link_fraction=min_link_fraction)
-            verdict["seconds"] = round(time.perf_counter() - t0, 2)
-            store.set(f"{PREFIX}verdict", json.dumps(verdict))
-            store.wait([f"{PREFIX}ack/{i}" for i in range(1, nnodes)], timedelta(seconds=timeout_s))
-            return verdict
-        store.wait([f"{PREFIX}verdict"], timedelta(seconds=timeout_s))
-        verdict = json.loads(store.get(f"{PREFIX}verdict"))
-        store.set(f"{PREFIX}ack/{rank}", "1")
-        return verdict
+        return _exchange(store, server, report, nnodes=nnodes, min_link_fraction=min_link_fraction,
+                         seconds=seconds, timeout_s=timeout_s, t0=t0)
+    except OSError as e:  # a stream cut or refused mid-way
+        raise DoctorError(f"node rank {rank}: a bandwidth stream failed ({e}); check the link between the nodes") from None
     finally:
         server.close()
         del store
+
+
+def _exchange(store: Any, server: _StreamServer, report: NodeReport, *, nnodes: int, min_link_fraction: float,
+              seconds: float, timeout_s: float, t0: float) -> dict[str, Any]:
+    rank = report.node_rank
+    store.set(f"{PREFIX}addr/{rank}", f"{server.sock.getsockname()[0]}:{server.port}")
+    _wait(store, [f"{PREFIX}addr/{i}" for i in range(nnodes)], timeout_s)
+    addrs = {i: store.get(f"{PREFIX}addr/{i}").decode() for i in range(nnodes)}
+    for r, pairs in enumerate(pairwise_schedule(nnodes)):
+        for a, b in pairs:
+            if rank == a:
+                _stream_to(addrs[b], rank, seconds)
+                store.set(f"{PREFIX}sent/{r}/{a}", "1")
+            elif rank == b:
+                _wait(store, [f"{PREFIX}sent/{r}/{a}"], timeout_s)
+                _stream_to(addrs[a], rank, seconds)
+        _barrier(store, f"round{r}", rank, nnodes, timeout_s)
+    figures = {**report.figures, "recv_gbs": {str(k): v for k, v in sorted(server.received.items())}}
+    mine = replace(report, figures=figures)
+    store.set(f"{PREFIX}report/{rank}", json.dumps(mine.to_dict()))
+    if rank == 0:
+        _wait(store, [f"{PREFIX}report/{i}" for i in range(nnodes)], timeout_s)
+        reports = [NodeReport.from_dict(json.loads(store.get(f"{PREFIX}report/{i}"))) for i in range(nnodes)]
+        verdict = judge(reports, min_link_fraction=min_link_fraction)
+        verdict["seconds"] = round(time.perf_counter() - t0, 2)
+        store.set(f"{PREFIX}verdict", json.dumps(verdict))
+        _wait(store, [f"{PREFIX}ack/{i}" for i in range(1, nnodes)], timeout_s)
+        return verdict
+    _wait(store, [f"{PREFIX}verdict"], timeout_s)
+    verdict = json.loads(store.get(f"{PREFIX}verdict"))
+    store.set(f"{PREFIX}ack/{rank}", "1")
+    return verdict
 
 
 def judge(reports: list[NodeReport], *, min_link_fraction: float) -> dict[str, Any]:
@@ -193,7 +219,7 @@ def judge(reports: list[NodeReport], *, min_link_fraction: float) -> dict[str, A
     link = node_link_figures(directed, n)
     slow = slow_nodes(link, min_link_fraction)
     findings: list[Finding] = list(compare_nodes(reports))
-    median = sorted(link.values())[n // 2] if link else 0.0
+    median = statistics.median(link.values()) if link else 0.0
     for s in slow:
         findings.append(Finding(
             Severity.ERROR, "slow-node", f"node {s}",
