@@ -1,4 +1,4 @@
-"""``numarun`` command line: ``numarun run|topo|plan|submit|bench``; ``numarun SCRIPT ...`` = run.
+"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor``; ``numarun SCRIPT ...`` = run.
 
 Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 ``add_parser(subparsers) -> argparse.ArgumentParser`` and ``main(args) -> int``.
@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "bench": "bench",
     "submit": "submit",
+    "doctor": "doctor",
 }
 
 

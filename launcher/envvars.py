@@ -27,4 +27,7 @@ RUN_DIR = "NUMARUN_RUN_DIR"
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY)
+WATCH_INTERVAL = "NUMARUN_WATCH_INTERVAL"
+"""Seconds between the binding watcher's checks in every worker (``0``: off; unset: 30)."""
+
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, WATCH_INTERVAL)

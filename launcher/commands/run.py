@@ -49,6 +49,14 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     add_plan_options(parser)
     add_run_options(parser)
+    from .doctor import add_doctor_options
+
+    parser.add_argument("--preflight", action="store_true",
+                        help="run 'numarun doctor' on every node first and stop on errors")
+    add_doctor_options(parser)
+    parser.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
+                        help="seconds between the binding watcher's checks in every rank (default 30)")
+    parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
     if pet:
         parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
@@ -80,6 +88,11 @@ def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
 
 def main(args: argparse.Namespace) -> int:
     target: Target = target_from_args(args)
+    if getattr(args, "preflight", False) and not args.dry_run:
+        from ..doctor.preflight import preflight
+
+        if preflight(args):
+            return 1
     # Composed without writing first: every job's plan is checked before any run dir exists,
     # so a planning mistake leaves no half-written run dir behind.
     jobs = _hydra_jobs(args, target, dry_run=True)
@@ -119,6 +132,19 @@ def _hydra_jobs(args: argparse.Namespace, target: Target, *, dry_run: bool) -> l
     return prepare_sweep(target.name, list(target.args), is_module=target.kind == "module", dry_run=dry_run)
 
 
+def _watch_env(args: argparse.Namespace) -> dict[str, str]:
+    from .. import envvars
+
+    if getattr(args, "no_watch", False):
+        return {envvars.WATCH_INTERVAL: "0"}
+    interval = getattr(args, "watch_interval", None)
+    if interval is None:
+        return {}
+    if interval < 0:
+        raise UsageError(f"bad --watch-interval {interval!r}: expected seconds >= 0 (0 turns the watcher off)")
+    return {envvars.WATCH_INTERVAL: f"{interval:g}"}
+
+
 def _plan_defaults() -> dict[str, object]:
     parser = argparse.ArgumentParser(add_help=False)
     add_plan_options(parser)
@@ -134,7 +160,7 @@ def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str], run_
     if args.dry_run:
         from ..view.plan import render_plan
 
-        env = {**worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding), **job_env}
+        env = {**worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding), **job_env, **_watch_env(args)}
         sys.stdout.write(render_plan(plan, width=160))
         if not plan_path:
             sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
@@ -142,7 +168,7 @@ def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str], run_
         return 0
     if not plan_path:
         plan_path = str(write_plan_file(plan, run_dir))
-    env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env}
+    env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env, **_watch_env(args)}
     log.info("running: %s", command_line(env, argv))
     run_torchrun(argv, env)
     return 0

@@ -64,6 +64,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
                    help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
+    r.add_argument("--preflight", action="store_true",
+                   help="every node runs 'numarun doctor' before the job and the job stops on errors, naming the nodes to --exclude")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
@@ -183,7 +185,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         arg_sets=arg_sets,
         env=check_env(args.env),
         numarun=numarun,
-        launch_opts=tuple(args.launch_opts),
+        launch_opts=tuple(args.launch_opts) + (("--preflight",) if args.preflight else ()),
         hydra_run_dir=hydra_run_dir,
     )
 

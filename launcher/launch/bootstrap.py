@@ -210,7 +210,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     _setup_logging(os.environ)
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
-        bind_from_env()
+        applied = bind_from_env()
+        if applied is not None:
+            from . import watch
+
+            watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

@@ -125,6 +125,27 @@ def physical_cores(cpus: Iterable[Cpu]) -> list[tuple[Cpu, ...]]:
 
 
 @dataclass(frozen=True)
+class PcieLink:
+    """A PCIe function's link as sysfs shows it (``current_link_*`` / ``max_link_*``); 0 unknown."""
+
+    current_gts: float = 0.0
+    """Current link speed in GT/s (``current_link_speed`` "16.0 GT/s PCIe")."""
+    current_width: int = 0
+    """Current lane count (``current_link_width``)."""
+    max_gts: float = 0.0
+    max_width: int = 0
+
+    @property
+    def known(self) -> bool:
+        return bool(self.current_gts and self.max_gts and self.current_width and self.max_width)
+
+    @property
+    def degraded(self) -> bool:
+        """True when the link trained below its maximum speed or width."""
+        return self.known and (self.current_gts < self.max_gts or self.current_width < self.max_width)
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One GPU, in the order NVML (PCI bus order) numbers them."""
 
@@ -142,6 +163,8 @@ class Gpu:
     """NUMA node holding the GPU's own memory on coherent systems (GH200, POWER9); else -1."""
     pci_path: tuple[str, ...] = ()
     """Bus ids from the root port down to the device (sysfs ``devices/pciDDDD:BB/...``)."""
+    pcie_link: PcieLink = PcieLink()
+    """The device's PCIe link; all 0 when sysfs does not show it."""
 
 
 # InfiniBand port states as ``ibv_port_state`` numbers them (hwloc's ``Port<N>State`` info).
@@ -201,6 +224,8 @@ class Nic:
             if p.active:
                 return p.number
         return self.ports[0].number if self.ports else 1
+    pcie_link: PcieLink = PcieLink()
+    """The PCI function's link; all 0 when sysfs does not show it (virtio, old kernels)."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +249,8 @@ class Topology:
     """How GPUs were found: ``nvml``, ``sysfs``, ``nvidia-smi``, ``json`` or ``none``."""
     notes: tuple[str, ...] = ()
     """Defaults taken while reading (missing files, -1 NUMA nodes...), for ``numarun topo``."""
+    kernel_modules: tuple[str, ...] | None = None
+    """Loaded kernel modules (``proc/modules``, else ``sys/module/*``), sorted; None when unknown."""
     schema_version: int = SCHEMA_VERSION
 
     # --- lookups (pure) ---

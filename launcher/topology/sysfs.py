@@ -68,8 +68,7 @@ from pathlib import Path
 
 from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
-from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, normalize_bus_id
-from .model import RdmaPort
+from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +237,7 @@ def read_sysfs(root: Path | str) -> Topology:
         source="live" if live else f"sysfs:{root}",
         gpu_source="sysfs" if gpus else "none",
         notes=tuple(r.notes),
+        kernel_modules=read_kernel_modules(r),
     )
 
 
@@ -555,6 +555,7 @@ def _read_gpus(r: _Reader, nv_numa: dict[str, int]) -> tuple[Gpu, ...]:
                 cpu_affinity=affinity,
                 memory_numa_node=nv_numa.get(bus, -1),
                 pci_path=_pci_chain(r, d) or (bus,),
+                pcie_link=read_pcie_link(r, d),
             )
         )
     found.sort(key=lambda g: _bus_sort_key(g.pci_bus_id))
@@ -621,6 +622,7 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
                     speed_mbps=speed,
                     pci_path=chain,
                     ports=ports,
+                    pcie_link=read_pcie_link(r, r.resolve(dev)),
                 )
             )
     net = r.path("sys/class/net")
@@ -649,9 +651,49 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
                     netdevs=(d.name,),
                     speed_mbps=max(speed, 0),
                     pci_path=chain,
+                    pcie_link=read_pcie_link(r, pci_dev),
                 )
             )
     return tuple(nics)
+
+
+_GTS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s")
+
+
+def read_pcie_link(r: _Reader, dev: Path) -> PcieLink:
+    """``current_link_speed``/``_width`` and ``max_link_speed``/``_width`` of a PCI function.
+
+    Speeds read "16.0 GT/s PCIe" (older kernels: "8 GT/s"); "Unknown" or a missing file
+    is 0 (silent: virtio and emulated functions have no link).
+    """
+
+    def speed(name: str) -> float:
+        m = _GTS.match(r.text(dev / name, form="a speed such as '16.0 GT/s PCIe'") or "")
+        return float(m.group(1)) if m else 0.0
+
+    def width(name: str) -> int:
+        t = (r.text(dev / name, form="a lane count such as '16'") or "").strip()
+        return int(t) if t.isdigit() else 0
+
+    return PcieLink(
+        current_gts=speed("current_link_speed"),
+        current_width=width("current_link_width"),
+        max_gts=speed("max_link_speed"),
+        max_width=width("max_link_width"),
+    )
+
+
+def read_kernel_modules(r: _Reader) -> tuple[str, ...] | None:
+    """Loaded modules: the names in ``proc/modules``, else the ``sys/module`` directories
+    that have an ``initstate`` (built-in code also appears there, without one); None when
+    neither was recorded."""
+    text = r.text(r.path("proc/modules"), form="'name size refcount ...' lines")
+    if text is not None:
+        return tuple(sorted({line.split()[0] for line in text.splitlines() if line.strip()}))
+    base = r.path("sys/module")
+    if not base.is_dir():
+        return None
+    return tuple(sorted(d.name for d in base.iterdir() if (d / "initstate").exists()))
 
 
 def _pci_parent(r: _Reader, real: Path) -> Path:

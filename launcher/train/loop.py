@@ -258,6 +258,7 @@ class Trainer:
         if step != last_saved and step > start_step:
             self._save(step)
         peaks = self._gather_peaks()
+        watched = self._gather_watch()
         if self.rank == 0:
             summary = {
                 "steps_done": step,
@@ -276,6 +277,7 @@ class Trainer:
                 "stopped_by": stopped_by,
                 "resumed_from": resumed_from,
                 "checkpoint": str(checkpoint.step_dir(self.ckpt_dir, step)) if step > start_step else None,
+                **watched,
             }
             write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
             print(f"done: {step} steps, final loss {summary['final_loss']}, run dir {self.run_dir}", flush=True)
@@ -290,6 +292,22 @@ class Trainer:
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, mine)
         return [round(float(v), 1) for v in out]
+
+    def _gather_watch(self) -> dict[str, list[Any]]:
+        """The binding watcher's figures of every rank ({} when the watcher is off)."""
+        from ..launch import watch
+
+        mine = watch.figures()
+        if not mine:
+            return {}
+        share = mine.get("remote_memory_share")
+        t = torch.tensor([-1.0 if share is None else share, float(mine["threads_repaired"])], dtype=torch.float64, device=self.ctx.device)
+        out = [torch.zeros_like(t) for _ in range(self.ctx.world_size)]
+        dist.all_gather(out, t)
+        return {
+            "remote_memory_share": [None if float(v[0]) < 0 else round(float(v[0]), 4) for v in out],
+            "threads_repaired": [int(v[1]) for v in out],
+        }
 
     def _progress(self, total: int, done: int) -> Any:
         if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
@@ -306,6 +324,7 @@ class Trainer:
 
     def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float) -> None:
         peaks = self._gather_peaks()
+        watched = self._gather_watch()
         if self.rank != 0:
             return
         row: dict[str, Any] = {
@@ -315,6 +334,7 @@ class Trainer:
             "samples_per_s": batch_size / dt,
             "step_time_s": dt,
             "peak_mem_mb": peaks,
+            **watched,
         }
         if self.tokens_per_sample:
             row["tokens_per_s"] = batch_size * self.tokens_per_sample / dt

@@ -1,0 +1,293 @@
+"""The one-node checks: a Topology plus probe answers -> findings. Pure: no I/O here.
+
+Each ``check_*`` function looks at one kind of fault and returns its findings; :func:`check_node`
+runs them all. The inputs the Topology does not carry (RDMA port states, SMT control, NVML
+health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..cpuset import format_list
+from ..errors import NumarunError
+from ..plan.model import PlanRequest
+from ..topology.model import NicKind, Topology
+from .model import Finding, Severity, sort_findings
+
+# Peer-memory modules that give NCCL GPUDirect RDMA (the current and the legacy Mellanox name).
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+# The RDMA link layers NCCL's IB transport can use (InfiniBand, RoCE on Ethernet).
+USABLE_LINK_LAYERS = ("InfiniBand", "Ethernet")
+
+# nvmlClocksEventReasons bits (nvml.h, nvmlClocksThrottleReason* in older headers).
+THROTTLE_WARN = {
+    0x8: "hardware slowdown (HW_SLOWDOWN: thermal or power brake asserted)",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power-brake slowdown",
+}
+THROTTLE_INFO = {0x4: "software power cap"}
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    """One port of an RDMA device, as ``sys/class/infiniband/<dev>/ports/<n>`` shows it."""
+
+    device: str
+    port: int
+    state: str
+    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED`` (the word after ``N: `` in ``state``); "" unknown."""
+    link_layer: str = ""
+    """``InfiniBand`` or ``Ethernet`` (RoCE); "" when the kernel does not say."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the doctor reads beside the Topology."""
+
+    rdma_ports: tuple[RdmaPort, ...] | None = None
+    """None when not read (a snapshot that is no tree); () when the node has none."""
+    smt_control: str = ""
+    """``sys/devices/system/cpu/smt/control``: on, off, forceoff, notsupported; "" unknown."""
+    nvml: Mapping[str, Any] | None = None
+    """An NVML record (:mod:`numarun.topology.nvml` shape plus the health keys); None without NVML."""
+
+
+def check_pcie_links(topo: Topology) -> list[Finding]:
+    out = []
+    devices = [(g.pci_bus_id, f"GPU {g.index}", g.pcie_link) for g in topo.gpus]
+    devices += [(n.pci_bus_id or n.name, f"NIC {n.name}", n.pcie_link) for n in topo.nics]
+    for bus, what, link in devices:
+        if not link.degraded:
+            continue
+        narrow = link.current_width < link.max_width
+        out.append(Finding(
+            # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
+            Severity.ERROR if narrow else Severity.WARN, "pcie-link", bus,
+            f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
+            f"{link.max_gts:g} GT/s x{link.max_width}: "
+            + ("reseat the card or check the slot, riser and BIOS link settings" if narrow else
+               "GPUs lower the link speed when idle: check again under load; if it stays low, check the slot and BIOS"),
+        ))
+    return out
+
+
+def check_rdma_ports(topo: Topology, ports: Sequence[RdmaPort] | None) -> list[Finding]:
+    if ports is None:
+        return []
+    out = []
+    netdevs = {n.name: n.netdevs for n in topo.nics}
+    by_dev: dict[str, list[RdmaPort]] = {}
+    for p in ports:
+        by_dev.setdefault(p.device, []).append(p)
+    for dev, dev_ports in sorted(by_dev.items()):
+        active = [p for p in dev_ports if p.state == "ACTIVE"]
+        for p in dev_ports:
+            where = f"{dev}:{p.port}"
+            if not p.state:
+                out.append(Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked"))
+                continue
+            if p.state != "ACTIVE":
+                sev = Severity.WARN if active else Severity.ERROR
+                out.append(Finding(
+                    sev, "rdma-port", where,
+                    f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
+                    "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
+                ))
+                continue
+            if p.link_layer and p.link_layer not in USABLE_LINK_LAYERS:
+                out.append(Finding(
+                    Severity.WARN, "rdma-link-layer", where,
+                    f"RDMA port {where} has link layer {p.link_layer!r}; the plan uses only InfiniBand or Ethernet "
+                    "(RoCE) ports: this device is not a compute NIC",
+                ))
+            elif p.link_layer == "Ethernet" and not netdevs.get(dev):
+                out.append(Finding(
+                    Severity.WARN, "rdma-link-layer", where,
+                    f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
+                    "bring the interface up or leave the device out with NCCL_IB_HCA",
+                ))
+    return out
+
+
+def _multi_node(topo: Topology) -> bool:
+    return sum(1 for n in topo.numa_nodes if n.cpus) > 1
+
+
+def check_numa_unknown(topo: Topology) -> list[Finding]:
+    if not _multi_node(topo):
+        return []  # -1 is what a single-node machine reports; nothing to choose
+    out = []
+    for g in topo.gpus:
+        if g.numa_node < 0:
+            out.append(Finding(
+                Severity.WARN, "numa-unknown", g.pci_bus_id,
+                f"GPU {g.index} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: its rank "
+                "cannot be placed next to it; enable ACPI SRAT/_PXM in the BIOS (or the VM's NUMA passthrough)",
+            ))
+    for n in topo.nics:
+        if n.numa_node < 0 and n.pci_bus_id:
+            out.append(Finding(
+                Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
+                "numa-unknown", n.name,
+                f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
+                "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS",
+            ))
+    return out
+
+
+def check_peermem(topo: Topology) -> list[Finding]:
+    rdma = [n.name for n in topo.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)]
+    nvidia = [g for g in topo.gpus if g.vendor == "nvidia"]
+    if not rdma or not nvidia:
+        return []
+    if topo.kernel_modules is None:
+        return [Finding(
+            Severity.INFO, "peermem", "kernel",
+            "the loaded kernel modules are unknown (no proc/modules): GPUDirect RDMA not checked",
+        )]
+    if any(m in topo.kernel_modules for m in PEERMEM_MODULES):
+        return []
+    return [Finding(
+        Severity.WARN, "peermem", ",".join(rdma),
+        "RDMA NICs and NVIDIA GPUs are present but nvidia_peermem is not loaded: NCCL falls back to "
+        "copies through host memory unless the driver and kernel support DMA-BUF; run 'modprobe nvidia_peermem'",
+    )]
+
+
+def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> list[Finding]:
+    """Usable cores against ranks, allowed memory nodes, offline CPUs, SMT state."""
+    out = []
+    from ..plan.binding import make_plan
+
+    usable = topo.usable_cpus
+    cores = {topo.cpu(c).core_key for c in usable}
+    try:
+        plan = make_plan(topo, request)
+        nproc = plan.nproc_per_node
+        for w in plan.warnings:
+            out.append(Finding(Severity.WARN, "plan", "plan", w))
+    except NumarunError as e:
+        nproc = request.nproc_per_node or max(len(topo.gpus), 1)
+        out.append(Finding(
+            Severity.ERROR, "plan", format_list(usable) or "-",
+            f"the binding cannot be planned here: {e}",
+        ))
+    if len(cores) < nproc:
+        out.append(Finding(
+            Severity.ERROR, "cpus", format_list(usable) or "-",
+            f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
+            f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks",
+        ))
+    disallowed = sorted(c.id for c in topo.cpus if c.online and not c.allowed)
+    if disallowed and len(cores) >= nproc:
+        out.append(Finding(
+            Severity.INFO, "cpus", format_list(disallowed),
+            f"{len(disallowed)} online CPUs are outside this process's cgroup/affinity; ranks are bound within the rest",
+        ))
+    offline = sorted(c.id for c in topo.cpus if not c.online)
+    if offline:
+        out.append(Finding(
+            Severity.WARN, "cpus-offline", format_list(offline),
+            f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
+            "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended",
+        ))
+    if topo.allowed_mems:
+        allowed = set(topo.allowed_mems)
+        wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)}
+        for node in sorted(wanted - allowed):
+            out.append(Finding(
+                Severity.WARN, "mems", f"node{node}",
+                f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
+                "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)",
+            ))
+    smt = smt_control.strip()
+    if smt:
+        siblings = any(len(topo.cpu(c).siblings) > 1 for c in usable)
+        out.append(Finding(
+            Severity.INFO, "smt", "cpu",
+            f"SMT is {smt}" + (" (hardware threads share cores: ranks get whole cores)" if siblings else ""),
+        ))
+    return out
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
+    """ECC errors, pending page retirement / row remapping, throttling, persistence mode.
+
+    Health keys per GPU in the record (missing or ``"ERR ..."``: not checked):
+    ``ecc_uncorrected_volatile``, ``ecc_uncorrected_aggregate``, ``retired_pages_pending`` (0/1),
+    ``remapped_rows`` ``[correctable, uncorrectable, pending, failure]``,
+    ``throttle_reasons`` (nvmlClocksEventReasons bitmask), ``persistence_mode`` (0/1).
+    """
+    if not record or not isinstance(record.get("gpus"), list):
+        return []
+    out = []
+    for pos, g in enumerate(record["gpus"]):
+        if not isinstance(g, Mapping):
+            continue
+        dev = str(g.get("pci_bus_id", f"GPU {pos}"))
+        try:
+            from ..topology.model import normalize_bus_id
+
+            dev = normalize_bus_id(dev)
+        except NumarunError:
+            pass
+        name = f"GPU {g.get('index', pos)}"
+        vol = _int(g.get("ecc_uncorrected_volatile"))
+        if vol:
+            out.append(Finding(Severity.ERROR, "nvml-ecc", dev,
+                               f"{name} has {vol} uncorrected ECC errors since the driver loaded: results may be wrong; "
+                               "drain the node and reset the GPU (nvidia-smi -r), replace it if they return"))
+        agg = _int(g.get("ecc_uncorrected_aggregate"))
+        if agg and not vol:
+            out.append(Finding(Severity.WARN, "nvml-ecc", dev,
+                               f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it"))
+        if _int(g.get("retired_pages_pending")):
+            out.append(Finding(Severity.ERROR, "nvml-retirement", dev,
+                               f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running"))
+        rows = g.get("remapped_rows")
+        if isinstance(rows, list) and len(rows) >= 4 and all(_int(x) is not None for x in rows[:4]):
+            _corr, uncorr, pending, failure = rows[:4]
+            if failure:
+                out.append(Finding(Severity.ERROR, "nvml-row-remap", dev,
+                                   f"{name}: row remapping failed (no spare rows left): replace the GPU"))
+            elif pending:
+                out.append(Finding(Severity.ERROR, "nvml-row-remap", dev,
+                                   f"{name} has a row remapping pending: reset the GPU (nvidia-smi -r) before running"))
+            elif uncorr:
+                out.append(Finding(Severity.INFO, "nvml-row-remap", dev,
+                                   f"{name} has {uncorr} rows remapped after uncorrectable errors"))
+        reasons = _int(g.get("throttle_reasons"))
+        if reasons:
+            bad = [text for bit, text in THROTTLE_WARN.items() if reasons & bit]
+            if bad:
+                out.append(Finding(Severity.WARN, "nvml-throttle", dev,
+                                   f"{name} clocks are held down: {', '.join(bad)}; check cooling and power"))
+            soft = [text for bit, text in THROTTLE_INFO.items() if reasons & bit]
+            if soft:
+                out.append(Finding(Severity.INFO, "nvml-throttle", dev, f"{name} clocks limited by {', '.join(soft)}"))
+        if _int(g.get("persistence_mode")) == 0:
+            out.append(Finding(Severity.WARN, "nvml-persistence", dev,
+                               f"{name} has persistence mode off: every job start re-initialises the driver "
+                               "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'"))
+    return out
+
+
+def check_node(topo: Topology, probe: Probe, request: PlanRequest) -> tuple[Finding, ...]:
+    """Every one-node check, errors first."""
+    findings = (
+        check_pcie_links(topo)
+        + check_rdma_ports(topo, probe.rdma_ports)
+        + check_numa_unknown(topo)
+        + check_peermem(topo)
+        + check_cpus(topo, request, probe.smt_control)
+        + check_nvml(probe.nvml)
+    )
+    return sort_findings(findings)

@@ -1,0 +1,115 @@
+"""Bounded bandwidth measurements of one node, run in a child process.
+
+``python -m numarun.doctor.measure NODE[,NODE...]`` prints one JSON object:
+
+- ``mem_bw_gbs``: ``{"<numa node>": GB/s}``: a CPU copy (numpy) on a thread bound to the
+  node's CPUs with memory bound to the node (``set_mempolicy``), best of the copies that fit
+  in :data:`MEM_SECONDS`; memory-only nodes are read from the first CPU node.
+- ``h2d_gbs`` / ``d2h_gbs``: ``{"<pci bus id>": GB/s}`` per visible CUDA GPU, pinned memory,
+  best within :data:`H2D_SECONDS`; empty without CUDA.
+
+A child process because the launcher itself must not initialise CUDA, and its own
+affinity and memory policy stay as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+MEM_BYTES = 64 << 20
+MEM_SECONDS = 0.25
+H2D_BYTES = 256 << 20
+H2D_SECONDS = 0.5
+
+
+def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
+    import numpy as np
+
+    from ..launch import affinity
+
+    old_cpus = os.sched_getaffinity(0)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    try:
+        affinity.set_mempolicy(affinity.Mpol.BIND, [node])
+    except OSError:
+        pass  # no NUMA syscalls here (container): the figure is for wherever the pages land
+    try:
+        src = np.ones(MEM_BYTES // 8, dtype=np.float64)
+        dst = np.empty_like(src)
+        dst.fill(0.0)
+        best = 0.0
+        end = time.perf_counter() + MEM_SECONDS
+        while True:
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            dt = time.perf_counter() - t0
+            # a copy reads and writes every byte once
+            best = max(best, 2 * src.nbytes / dt / 1e9)
+            if time.perf_counter() > end:
+                break
+        return best
+    finally:
+        try:
+            affinity.set_mempolicy(affinity.Mpol.DEFAULT)
+        except OSError:
+            pass
+        os.sched_setaffinity(0, old_cpus)
+
+
+def h2d_bandwidth() -> tuple[dict[str, float], dict[str, float]]:
+    try:
+        import torch
+    except ImportError:
+        return {}, {}
+    if not torch.cuda.is_available():
+        return {}, {}
+    h2d: dict[str, float] = {}
+    d2h: dict[str, float] = {}
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        # the properties carry the PCI location from torch 2.x on; -1 when they do not
+        dom, bus_no, dev_no = (getattr(p, k, -1) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        bus = f"{dom:04x}:{bus_no:02x}:{dev_no:02x}.0" if bus_no >= 0 else f"cuda:{i}"
+        host = torch.empty(H2D_BYTES, dtype=torch.uint8, pin_memory=True)
+        dev = torch.empty(H2D_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
+        for label, dst, src, out in (("h2d", dev, host, h2d), ("d2h", host, dev, d2h)):
+            best = 0.0
+            end = time.perf_counter() + H2D_SECONDS
+            while time.perf_counter() < end:
+                torch.cuda.synchronize(i)
+                t0 = time.perf_counter()
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize(i)
+                best = max(best, H2D_BYTES / (time.perf_counter() - t0) / 1e9)
+            out[bus] = round(best, 2)
+        del host, dev
+    return h2d, d2h
+
+
+def measure(nodes: dict[int, set[int]]) -> dict[str, Any]:
+    cpu_nodes = [n for n, c in nodes.items() if c]
+    mem = {}
+    for node, cpus in sorted(nodes.items()):
+        use = cpus or (nodes[cpu_nodes[0]] if cpu_nodes else None)
+        allowed = os.sched_getaffinity(0)
+        use = (use & allowed) if use else None
+        mem[str(node)] = round(mem_bandwidth(node, use or None), 2)
+    h2d, d2h = h2d_bandwidth()
+    return {"mem_bw_gbs": mem, "h2d_gbs": h2d, "d2h_gbs": d2h}
+
+
+def main(argv: list[str]) -> int:
+    # argv[0]: JSON {"<node>": [cpus]}
+    spec = json.loads(argv[0]) if argv else {}
+    nodes = {int(k): set(v) for k, v in spec.items()}
+    print(json.dumps(measure(nodes)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

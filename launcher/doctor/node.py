@@ -1,0 +1,126 @@
+"""One node's doctor run: load the Topology as ``plan`` does, probe, check, measure."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..plan.model import PlanRequest
+from ..topology.model import NicKind, Topology
+from .checks import Probe, check_node
+from .model import Finding, NodeReport, Severity
+
+log = logging.getLogger(__name__)
+
+MEASURE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    topology: str | None
+    """As ``--topology``: None for the live machine."""
+    request: PlanRequest
+    nvml_record: str | None = None
+    """A recorded NVML record (JSON) instead of asking the driver."""
+    measure: bool = False
+    compare: bool = False
+    """Several nodes: read the torch/CUDA/NCCL versions they must share (imports torch)."""
+
+
+def tree_root(topo: Topology, source: str | None) -> Path | None:
+    """The machine root the Topology was read from (None for a snapshot that is not a tree)."""
+    if topo.source == "live":
+        return Path("/")
+    if not topo.source.startswith("sysfs:") or source is None:
+        return None
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    from ..topology.archive import extract_tree
+
+    return extract_tree(path)
+
+
+def load_nvml_record(path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"bad --nvml-record {path!r}: {e}; expected a JSON NVML record (tests/fixtures/nvml/ shape)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+        raise UsageError(f"bad --nvml-record {path!r}: expected a JSON object with a 'gpus' list")
+    return data
+
+
+def hostname(topo: Topology) -> str:
+    # Slurm's node name is what --exclude takes
+    return os.environ.get("SLURMD_NODENAME") or (socket.gethostname() if topo.source == "live" else topo.hostname)
+
+
+def facts(topo: Topology, probe: Probe, versions: dict[str, str]) -> dict[str, Any]:
+    return {
+        "gpu_count": len(topo.gpus),
+        "gpu_models": sorted({g.name for g in topo.gpus}),
+        "compute_nics": sorted(n.name for n in topo.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)),
+        **{k: v for k, v in versions.items() if v},
+    }
+
+
+def measure(topo: Topology) -> dict[str, Any]:
+    """Bandwidths from a child process (the launcher must not initialise CUDA)."""
+    spec = {str(n.id): [c for c in n.cpus if topo.cpu(c).online and topo.cpu(c).allowed] for n in topo.numa_nodes}
+    if topo.allowed_mems:
+        spec = {k: v for k, v in spec.items() if int(k) in topo.allowed_mems}
+    entry = Path(__file__).resolve().parent / "measure.py"
+    code = (
+        "import importlib.util,sys,os;p=sys.argv[1];"
+        "s=importlib.util.spec_from_file_location('numarun',os.path.join(p,'__init__.py'),submodule_search_locations=[p]);"
+        "m=importlib.util.module_from_spec(s);sys.modules['numarun']=m;s.loader.exec_module(m);"
+        "from numarun.doctor.measure import main;sys.exit(main(sys.argv[2:]))"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
+            capture_output=True, text=True, timeout=MEASURE_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"measurement took over {MEASURE_TIMEOUT_S:g} s"}
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["measurement failed"])[-1]}
+    try:
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {"error": "measurement printed no result"}
+
+
+def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topology]:
+    from ..topology.discover import load_topology
+    from .probe import probe, versions
+
+    topo = load_topology(inputs.topology)
+    live = topo.source == "live"
+    record = load_nvml_record(inputs.nvml_record) if inputs.nvml_record else None
+    root = tree_root(topo, inputs.topology)
+    pr = probe(root, live=live, nvml_record=record) if root is not None else Probe(nvml=record)
+    findings = list(check_node(topo, pr, inputs.request))
+    if root is None:
+        findings.append(Finding(Severity.INFO, "source", topo.source,
+                                "not a machine tree: RDMA ports, SMT and kernel modules not checked"))
+    if live and pr.nvml is None and any(g.vendor == "nvidia" for g in topo.gpus):
+        findings.append(Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked"))
+    figures = measure(topo) if inputs.measure and live else {}
+    report = NodeReport(
+        node_rank=node_rank,
+        hostname=hostname(topo),
+        findings=tuple(findings),
+        facts=facts(topo, pr, versions(pr.nvml, live=live and inputs.compare)),
+        figures=figures,
+    )
+    return report, topo

@@ -1,0 +1,60 @@
+"""``numarun run --preflight`` / ``numarun submit --preflight``: the doctor before the job.
+
+Every node runs the doctor with the job's own flags (topology, ranks, binding, rendezvous);
+node 0's store listens one port above the job's rendezvous port, so that it is closed and
+out of the way before torchrun's own store starts. On any error the job stops on every
+node (exit 1) with the report; under Slurm the report names the nodes to leave out as an
+``--exclude`` list for the resubmission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import sys
+
+log = logging.getLogger(__name__)
+
+DEFAULTS = {
+    "nvml_record": None, "measure": False, "no_measure": False, "min_link_fraction": 0.5,
+    "doctor_timeout": 120.0, "link_seconds": 0.5, "nnodes": "1", "node_rank": 0,
+    "master_addr": None, "master_port": None, "rdzv_endpoint": "",
+}
+PORT_OFFSET = 1
+
+
+def preflight(args: argparse.Namespace) -> int:
+    """0 when the doctor found no error (the job may start), else 1 after printing why."""
+    from ..commands.doctor import diagnose, render
+
+    ns = copy.copy(args)
+    for key, value in DEFAULTS.items():
+        if getattr(ns, key, None) is None:
+            setattr(ns, key, value)
+    if str(getattr(ns, "rdzv_backend", "")) == "static":
+        ns.rdzv_endpoint = ""  # static rendezvous: --master-addr/--master-port name node 0
+    if ns.node_rank is None or int(ns.node_rank) < 0:
+        ns.node_rank = 0
+    result = diagnose(ns, port_offset=PORT_OFFSET)
+    node0 = result.get("node_rank", 0) == 0
+    counts = {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
+    if result["ok"]:
+        print(f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)", file=sys.stderr, flush=True)
+        return 0
+    if node0:
+        sys.stderr.write(render(result))
+    exclude = result.get("exclude") or ""
+    if os.environ.get("SLURM_JOB_ID") and exclude:
+        print(f"numarun: preflight: leave out node(s) {exclude}: resubmit with "
+              f"'numarun submit --sbatch-option=--exclude={exclude} ...'", file=sys.stderr, flush=True)
+    print(f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started", file=sys.stderr, flush=True)
+    return 1
+
+
+def _all_findings(result: dict) -> list[dict]:
+    out = list(result.get("findings", []))
+    for n in result.get("nodes") or ():
+        out += n["findings"]
+    return out

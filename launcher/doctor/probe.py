@@ -1,0 +1,126 @@
+"""The doctor's I/O beside topology discovery: RDMA port states, SMT control, NVML health,
+software versions. Every file is read below ``root`` so that recorded trees work as the
+live machine does."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .checks import Probe, RdmaPort
+
+log = logging.getLogger(__name__)
+
+
+def read_rdma_ports(root: Path) -> tuple[RdmaPort, ...] | None:
+    """``sys/class/infiniband/<dev>/ports/<n>/{state,link_layer}``; None when the tree has no ``sys/class``.
+
+    ``state`` reads ``4: ACTIVE``; the word is kept.
+    """
+    cls = root / "sys/class"
+    if not cls.is_dir():
+        return None
+    base = cls / "infiniband"
+    out: list[RdmaPort] = []
+    if not base.is_dir():
+        return ()
+    for dev in sorted(base.iterdir(), key=lambda p: p.name):
+        ports = dev / "ports"
+        if not ports.is_dir():
+            continue
+        for port in sorted(ports.iterdir(), key=lambda p: p.name):
+            if not port.name.isdigit():
+                continue
+            state = _text(port / "state")
+            m = re.match(r"^\s*\d+\s*:\s*(\S+)", state)
+            link_layer = _text(port / "link_layer").strip() or "InfiniBand"  # absent on old kernels: IB
+            out.append(RdmaPort(dev.name, int(port.name), m.group(1) if m else state.strip(), link_layer))
+    return tuple(out)
+
+
+def _text(p: Path) -> str:
+    try:
+        return p.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_smt_control(root: Path) -> str:
+    return _text(root / "sys/devices/system/cpu/smt/control").strip()
+
+
+# Health queries added to an NVML record, each answered or "ERR <message>" on its own.
+def nvml_health(pynvml: Any, handle: Any) -> dict[str, Any]:
+    from ..topology.nvml import _call
+
+    def ecc(counter: int) -> Any:
+        return _call(pynvml.nvmlDeviceGetTotalEccErrors, handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)
+
+    rows = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
+    pending = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    return {
+        "ecc_uncorrected_volatile": ecc(pynvml.NVML_VOLATILE_ECC),
+        "ecc_uncorrected_aggregate": ecc(pynvml.NVML_AGGREGATE_ECC),
+        "retired_pages_pending": pending if isinstance(pending, str) else int(pending),
+        "remapped_rows": rows if isinstance(rows, str) else [int(x) for x in rows],
+        "throttle_reasons": _call(reasons_fn, handle),
+        "persistence_mode": _call(pynvml.nvmlDeviceGetPersistenceMode, handle),
+    }
+
+
+def read_nvml_health_record() -> dict[str, Any] | None:
+    """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` plus the health keys; None without NVML."""
+    from ..topology.nvml import read_nvml_record
+
+    record = read_nvml_record()
+    if not record or not record.get("gpus"):
+        return record
+    try:
+        import pynvml  # type: ignore[import-untyped]
+
+        pynvml.nvmlInit()
+    except Exception as e:  # the record was read a moment ago; a failure now only skips health
+        log.debug("NVML health not read: %s", e)
+        return record
+    try:
+        for i, g in enumerate(record["gpus"]):
+            g.update(nvml_health(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)))
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return record
+
+
+def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) -> Probe:
+    """Everything the checks need beside the Topology, from the tree at ``root``."""
+    if live and nvml_record is None:
+        nvml_record = read_nvml_health_record()
+    return Probe(rdma_ports=read_rdma_ports(root), smt_control=read_smt_control(root), nvml=nvml_record)
+
+
+def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:
+    """Driver, CUDA, NCCL and torch versions (what every node of a job must share); torch's
+    only when ``live`` (importing torch takes seconds, a one-node check does without)."""
+    out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
+    if not live:
+        return out
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = str(torch.version.cuda or "")
+        try:
+            nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else ()
+            out["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
+        except Exception:
+            out["nccl"] = ""
+    except ImportError:
+        pass
+    return out
