@@ -27,4 +27,14 @@ RUN_DIR = "NUMARUN_RUN_DIR"
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY)
+TAR_MAX_BYTES = "NUMARUN_TAR_MAX_BYTES"
+"""Cap on the bytes a topology tarball may extract to (default 1 GiB)."""
+TAR_MAX_MEMBERS = "NUMARUN_TAR_MAX_MEMBERS"
+"""Cap on the members of a topology tarball (default 200,000)."""
+LAUNCHER_PID = "NUMARUN_LAUNCHER_PID"
+"""Pid of the numarun process that started the worker; a worker whose parent is not it ends."""
+STATE_DIR = "NUMARUN_STATE_DIR"
+"""numarun's private directory for this run (0700, removed on every exit): workers record their exit there."""
+
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY,
+       TAR_MAX_BYTES, TAR_MAX_MEMBERS, LAUNCHER_PID, STATE_DIR)
