@@ -211,7 +211,9 @@ def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> Non
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
     workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=TIMEOUT) == 128 + signal.SIGTERM, (tmp_path / "log").read_text()[-3000:]
+    # every rank checkpointed and exited 0 on its own: a clean stop, not a failure
+    assert p.wait(timeout=TIMEOUT) == 0, (tmp_path / "log").read_text()[-3000:]
+    assert "stopped by SIGTERM: every worker finished cleanly" in (tmp_path / "log").read_text()
     saved = sorted((run_dir / "checkpoints").glob("step_*"))
     assert saved, (tmp_path / "log").read_text()[-3000:]
     meta = json.loads((saved[-1] / "meta.json").read_text())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import shlex
 import shutil
@@ -31,7 +32,11 @@ from ..errors import NumarunError, UsageError
 from ..plan.model import LaunchPlan
 from ..envvars import PLAN as PLAN_ENV
 from ..envvars import STRICT_BINDING as STRICT_ENV
+from ..envvars import LAUNCHER_PID
+from ..envvars import STATE_DIR as STATE_ENV
 from ..envvars import USER_ENV
+
+log = logging.getLogger(__name__)
 
 ENTRY_FILE = str(Path(__file__).resolve().with_name("entry.py"))
 """The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
@@ -168,19 +173,70 @@ def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
     return " ".join([*prefix, shlex.join(["torchrun", *argv])])
 
 
+# Removes numarun's private directory, and ends the workers' process groups, once numarun
+# is gone however it went (SIGKILL included): it blocks reading a pipe whose only writer is
+# numarun, so EOF means numarun has exited. Started with -I -S: nothing of the user's loads.
+_CLEANER = r"""
+import os, shutil, signal, sys
+sys.stdin.buffer.read()
+d = sys.argv[1]
+try:
+    names = os.listdir(d)
+except OSError:
+    names = []
+for n in names:
+    if n.startswith("pid."):
+        try:
+            os.killpg(int(open(os.path.join(d, n)).read()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+shutil.rmtree(d, ignore_errors=True)
+"""
+
+_state: dict[str, Any] = {}
+
+
+def state_dir() -> Path:
+    """numarun's private directory (0700) for this process: the plan file when there is no run
+    dir, and what workers record (their pid, their exit). Removed on every exit path: by an
+    atexit handler, and by a small cleaner process when numarun dies without running it
+    (SIGKILL, a signal with no handler)."""
+    if "dir" not in _state:
+        import subprocess
+        import sys
+
+        directory = tempfile.mkdtemp(prefix="numarun-")
+        cleaner = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _CLEANER, directory],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        _state.update(dir=directory, cleaner=cleaner)
+
+        def _cleanup() -> None:
+            shutil.rmtree(directory, ignore_errors=True)  # first: the cleaner then finds no pids
+            assert cleaner.stdin is not None
+            cleaner.stdin.close()
+            try:
+                cleaner.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                cleaner.kill()
+
+        atexit.register(_cleanup)
+    return Path(_state["dir"])
+
+
 def write_plan_file(plan: LaunchPlan, run_dir: "os.PathLike[str] | str | None" = None) -> Path:
     """The plan as a file (mode 0600) for the workers.
 
     In ``run_dir`` when the job has one (kept there as the record of how it ran), else in
-    a fresh private directory (0700) removed when numarun exits.
+    numarun's private directory (0700, :func:`state_dir`), removed when numarun exits.
     """
     if run_dir is not None:
         path = Path(run_dir) / "numarun_plan.json"
         path.unlink(missing_ok=True)  # a restarted job: write it afresh with our mode
     else:
-        directory = tempfile.mkdtemp(prefix="numarun-")
-        atexit.register(shutil.rmtree, directory, True)
-        path = Path(directory) / "plan.json"
+        path = state_dir() / "plan.json"
+        path.unlink(missing_ok=True)  # the next job of a sweep
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(plan.to_json())
@@ -203,22 +259,155 @@ class RunFailed(NumarunError):
         self.exit_code = exit_code
 
 
+# torchrun's death signals (its --signals-to-handle default). torchrun installs its handler
+# only when the workers start; numarun installs the same one first, so a signal during
+# rendezvous ends the run the same way (one line, 128+N, the private directory removed).
+DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+FORWARDED = ("SIGUSR1", "SIGUSR2")
+"""Sent on to every worker (the trainer checkpoints and exits 0); numarun waits for the workers."""
+
+
+def _argv_value(argv: Sequence[str], spelling: str, default: str) -> str:
+    for a in argv:
+        if a.startswith(spelling + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def live_workers(state: Path) -> list[int]:
+    """Pids of this numarun's workers (recorded by the bootstrap, still our children)."""
+    import psutil
+
+    children = {c.pid for c in psutil.Process().children()}
+    pids = []
+    for f in state.glob("pid.*"):
+        try:
+            pid = int(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if pid in children:
+            pids.append(pid)
+    return sorted(pids)
+
+
+def _forward(signum: int, frame: Any) -> None:
+    state = _state.get("dir")
+    pids = live_workers(Path(state)) if state else []
+    log.warning("got %s: sending it to %d worker(s)", signal.Signals(signum).name, len(pids))
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def stopped_cleanly(state: Path, nproc: int) -> bool:
+    """Whether every local rank of the latest worker group recorded exit code 0."""
+    records = []
+    for f in state.glob("exit.*"):
+        try:
+            restart, code = (int(x) for x in f.read_text().split())
+        except (OSError, ValueError):
+            return False
+        records.append((restart, code))
+    if not records:
+        return False
+    latest = max(r for r, _ in records)
+    return sum(1 for r, c in records if r == latest and c == 0) == nproc
+
+
+SIGNAL_GRACE_S = 5.0
+"""How long a death signal may wait for Python code to see it before numarun ends anyway."""
+
+
+def _watch_signals(death: set[int], state: Path) -> Any:
+    """End numarun when a death signal arrives while its main thread is stuck in C++.
+
+    Python runs signal handlers only between bytecodes of the main thread; torch's rendezvous
+    waits inside C++ (a TCPStore wait) and would not see SIGTERM until its own timeout. The
+    signal module's wakeup fd is written by the C-level handler at once, so a thread reading
+    it learns of the signal; if no worker is running and run_torchrun has not reported the
+    signal within :data:`SIGNAL_GRACE_S`, it prints the same line and exits 128 + N.
+    Returns a function that stops the watch.
+    """
+    import sys
+    import threading
+    import time
+
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def loop() -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum not in death:
+                    continue
+                time.sleep(SIGNAL_GRACE_S)
+                if _state.get("reported") or live_workers(state):
+                    continue
+                print(f"numarun: error: stopped by {signal.Signals(signum).name}; no worker was running",
+                      file=sys.stderr, flush=True)
+                shutil.rmtree(state, ignore_errors=True)
+                os._exit(128 + signum)
+
+    threading.Thread(target=loop, name="numarun-signals", daemon=True).start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(old)
+        os.close(w)
+
+    return stop
+
+
 def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
 
     A failed run exits with the exit code of the lowest global rank that exited non-zero
-    (1 when every failed rank died from a signal); SIGTERM/SIGINT/... to numarun stops every worker
-    (torchrun's own handling) and exits 128 + the signal number.
+    (1 when every failed rank died from a signal). Signals to numarun:
+
+    * SIGTERM, SIGINT, SIGHUP, SIGQUIT (``--signals-to-handle``): sent on to every worker,
+      which gets torchrun's 30 s (``--shutdown-timeout``) before SIGKILL. When every worker
+      then exits 0 on its own (the trainer's checkpoint-and-stop) the run is a clean stop:
+      one line, exit 0. Otherwise one error line and exit 128 + N. During rendezvous: 128 + N.
+    * SIGUSR1, SIGUSR2: sent on to every worker; numarun keeps waiting, and the run's result is
+      the workers' (the trainer checkpoints and exits 0; a script without a handler dies).
+    * SIGKILL: workers die with it (each has a parent-death signal), their process groups are
+      ended and the private directory is removed by the cleaner process.
     """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    import sys
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
+    state = state_dir()
+    for f in [*state.glob("exit.*"), *state.glob("pid.*")]:
+        f.unlink(missing_ok=True)  # the previous job of a sweep
+    nproc = int(_argv_value(argv, "--nproc-per-node", "1"))
+    death = [n.strip() for n in _argv_value(argv, "--signals-to-handle", ",".join(DEATH_SIGNALS)).split(",") if n.strip()]
+    previous = {}
+    for name in {*death, *FORWARDED}:
+        sig = getattr(signal, name)
+        previous[sig] = signal.signal(sig, _terminate_process_handler if name in death else _forward)
+    _state["reported"] = False
+    stop_watch = _watch_signals({int(getattr(signal, n)) for n in death}, state)
     # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
     # by one job (torchrun's OMP_NUM_THREADS too) must not look user-set to the next.
     saved = dict(os.environ)
     os.environ.update(env)
+    os.environ.update({LAUNCHER_PID: str(os.getpid()), STATE_ENV: str(state)})
+    # torchrun's default log dir (torchelastic_*, the workers' error files) goes inside the
+    # private directory, so it is removed with it.
+    saved_tempdir = tempfile.tempdir
+    tempfile.tempdir = str(state)
     try:
         torchrun_main(list(argv))
     except ChildFailedError as e:
@@ -240,8 +429,33 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
             1,
         ) from None
     except SignalException as e:
+        _state["reported"] = True
         sig = signal.Signals(e.sigval)
+        if stopped_cleanly(state, nproc):
+            print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
+            return
         raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
+    except (RuntimeError, ValueError, OSError) as e:
+        # torchrun's own runtime failures (a taken port, a store that cannot be reached...):
+        # one line naming the cause instead of its traceback.
+        raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
     finally:
+        stop_watch()
+        tempfile.tempdir = saved_tempdir
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         os.environ.clear()
         os.environ.update(saved)
+
+
+def runtime_cause(e: BaseException) -> str:
+    """``Type: first line`` of an exception, with the endpoint a network error names."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    # c10d's errors put the cause last: "... The server socket has failed to listen on any local
+    # network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    for line in lines:
+        if "EADDRINUSE" in line or "address already in use" in line:
+            text = f"{text} (address already in use)"
+            break
+    return f"{type(e).__name__}: {text}"

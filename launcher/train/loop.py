@@ -42,8 +42,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def install_signal_handlers() -> None:
-    """SIGUSR1 (SLURM's warning before the time limit) and SIGTERM: finish the step, save, exit 0."""
-    for s in (signal.SIGUSR1, signal.SIGTERM):
+    """SIGUSR1 (SLURM's warning before the time limit), SIGUSR2 and SIGTERM: finish the step, save, exit 0."""
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         signal.signal(s, _on_signal)
 
 
