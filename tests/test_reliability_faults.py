@@ -161,7 +161,7 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     """
     port = _free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5,heartbeat=2"]
+              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5"]
     out = [tmp_path / "n0", tmp_path / "n1"]
     for o in out:
         o.mkdir()

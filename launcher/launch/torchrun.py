@@ -88,6 +88,7 @@ def target_from_args(args: argparse.Namespace) -> Target:
     if args.module and args.no_python:
         raise UsageError("bad options '--module' with '--no-python': expected at most one of them")
     if args.module:
+        check_module(name)
         return Target("module", name, script_args)
     if args.no_python:
         if shutil.which(name) is None:
@@ -98,12 +99,179 @@ def target_from_args(args: argparse.Namespace) -> Target:
     return Target("script", name, script_args)
 
 
+def check_module(name: str) -> None:
+    """``-m MODULE`` must be importable as the workers will import it (the working directory
+    first on the path, as ``python -m`` puts it)."""
+    import importlib.util
+    import sys
+
+    form = "an importable module name (python -m MODULE), e.g. pkg.train"
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"bad module {name!r}: {e}; expected {form}") from None
+    finally:
+        sys.path.remove(os.getcwd())  # the first occurrence: the one just added
+    if spec is None:
+        raise UsageError(f"bad module {name!r}: no module of that name; expected {form}")
+
+
 # torch's registered rendezvous backends (torch.distributed.elastic.rendezvous.registry).
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# --rdzv-conf keys torch's rendezvous backends read, by the type they read them as.
+RDZV_INT_KEYS = ("timeout", "join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
+                 "read_timeout", "keep_alive_interval", "keep_alive_max_attempt")
+RDZV_BOOL_KEYS = ("is_host",)
+RDZV_STR_KEYS = ("store_type", "protocol", "cert", "key", "cacert", "ssl_cert", "ssl_cert_key", "ca_cert", "etcd_prefix")
+_BOOL_WORDS = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
+# torch.distributed.elastic.events handlers
+EVENT_LOG_HANDLERS = ("console", "dynamic_rendezvous", "null")
 
 
-def check_torchrun_options(options: Mapping[str, Any]) -> None:
-    """Refuse values torchrun would only reject later with a traceback (``--nnodes 0``...)."""
+def _int_option(options: Mapping[str, Any], dest: str, flag: str, *, low: int, high: int | None = None) -> int | None:
+    value = options.get(dest)
+    if value is None:
+        return None
+    text = str(value).strip()
+    form = f"a whole number >= {low}" if high is None else f"a whole number from {low} to {high}"
+    if not text.lstrip("-").isdigit() or not (low <= int(text) and (high is None or int(text) <= high)):
+        raise UsageError(f"bad {flag} {text!r}: expected {form}")
+    return int(text)
+
+
+def parse_endpoint(endpoint: str, *, flag: str = "--rdzv-endpoint") -> tuple[str, int | None]:
+    """``host[:port]`` / ``[v6]:port`` -> (host, port or None); refuses a port that is not 1-65535."""
+    text = endpoint.strip()
+    form = "HOST or HOST:PORT with PORT from 1 to 65535 (IPv6 as [ADDR]:PORT), e.g. node0:29400"
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise UsageError(f"bad {flag} {endpoint!r}: expected {form}")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif ":" in text:  # a bare IPv6 address
+        host, port_text = text, None
+    else:
+        host, port_text = text, None
+    if not host or any(c.isspace() for c in host):
+        raise UsageError(f"bad {flag} {endpoint!r}: expected {form}")
+    if port_text is None:
+        return host, None
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise UsageError(f"bad {flag} {endpoint!r}: port {port_text!r} is not a number from 1 to 65535; expected {form}")
+    return host, int(port_text)
+
+
+def check_rdzv_conf(conf: str) -> dict[str, str]:
+    """``key=value,...`` with the keys torch reads and values of their type."""
+    form = "KEY=VALUE,... with KEY one of " + ", ".join((*RDZV_INT_KEYS, *RDZV_BOOL_KEYS, *RDZV_STR_KEYS))
+    out: dict[str, str] = {}
+    if not conf.strip():
+        return out
+    for item in conf.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise UsageError(f"bad --rdzv-conf {conf!r}: {item!r} is not KEY=VALUE; expected {form}")
+        if key in RDZV_INT_KEYS:
+            if not value.isdigit() or int(value) < 1:
+                raise UsageError(f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds >= 1; expected {key}=N")
+        elif key in RDZV_BOOL_KEYS:
+            if value.lower() not in _BOOL_WORDS:
+                raise UsageError(f"bad --rdzv-conf {conf!r}: {key}={value!r}; expected {key}=true or {key}=false")
+        elif key not in RDZV_STR_KEYS:
+            raise UsageError(f"bad --rdzv-conf {conf!r}: unknown key {key!r}; expected {form}")
+        out[key] = value
+    return out
+
+
+def check_signals(text: str) -> tuple[str, ...]:
+    """``SIGTERM,SIGINT,...``: names of signals a handler can be installed for."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    form = "a comma-separated list of signal names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    if not names:
+        raise UsageError(f"bad --signals-to-handle {text!r}: expected {form}")
+    for n in names:
+        sig = getattr(signal, n, None) if n.startswith("SIG") and not n.startswith("SIG_") else None
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise UsageError(f"bad --signals-to-handle {text!r}: {n!r} is not a signal that can be handled; expected {form}")
+    return names
+
+
+def check_log_dir(path: str) -> None:
+    """An existing writable directory, or a path whose nearest existing parent is one."""
+    p = Path(path)
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"bad --log-dir {path!r}: it exists and is not a directory; expected a directory path")
+    what = "is not writable" if probe == p else f"cannot be created in {str(probe)!r}"
+    if not probe.is_dir():
+        raise UsageError(f"bad --log-dir {path!r}: it {what}; expected a writable directory")
+    try:  # a real probe: root passes access(2) on a read-only filesystem and under /proc
+        os.rmdir(tempfile.mkdtemp(prefix=".numarun-probe-", dir=probe))
+    except OSError as e:
+        raise UsageError(f"bad --log-dir {path!r}: it {what} ({e.strerror}); expected a writable directory") from None
+
+
+def check_redirects(options: Mapping[str, Any], *, nproc: int | None) -> None:
+    from torch.distributed.elastic.multiprocessing.api import Std
+
+    for dest, flag in (("redirects", "--redirects"), ("tee", "--tee")):
+        value = options.get(dest)
+        if value is None or value == "0":
+            continue
+        try:
+            Std.from_str(str(value))
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(
+                f"bad {flag} {value!r}: expected 0-3 (none, stdout, stderr, both) or LOCAL_RANK:0-3,... e.g. 3 or 0:1,1:2"
+            ) from None
+    ranks = str(options.get("local_ranks_filter") or "")
+    if ranks:
+        parts = [r.strip() for r in ranks.split(",")]
+        if not all(r.isdigit() for r in parts) or (nproc is not None and any(int(r) >= nproc for r in parts)):
+            below = f" below {nproc}" if nproc is not None else ""
+            raise UsageError(f"bad --local-ranks-filter {ranks!r}: expected comma-separated local ranks{below}, e.g. 0,1")
+
+
+def check_port_free(port: int) -> None:
+    """The store of a static rendezvous listens on --master-port on node 0: is it free here?"""
+    import errno
+    import socket
+
+    for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        with s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((addr, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise UsageError(
+                        f"bad --master-port {port}: another program listens on it on this host; "
+                        "expected a free port (or leave it out to pick one)"
+                    ) from None
+
+
+def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | None = None) -> None:
+    """Refuse every value torchrun would only reject later with a traceback, or ignore.
+
+    Types, ranges and names of every torchrun option numarun passes on: ``--nnodes``,
+    ``--node-rank`` (below the node count), ``--rdzv-backend``, ``--rdzv-endpoint``,
+    ``--rdzv-conf`` (known keys, typed values), ``--max-restarts``, ``--monitor-interval``,
+    ``--master-port`` (and free on node 0 of a static rendezvous), ``--local-addr``,
+    ``--log-dir``, ``--redirects``/``--tee``, ``--local-ranks-filter``, ``--signals-to-handle``,
+    ``--shutdown-timeout``, ``--event-log-handler``, ``--logs-specs``, ``--role``.
+    """
     nnodes = str(options.get("nnodes", "1"))
     parts = nnodes.split(":")
     form = "N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4"
@@ -115,6 +283,50 @@ def check_torchrun_options(options: Mapping[str, Any]) -> None:
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
+    node_rank = _int_option(options, "node_rank", "--node-rank", low=0)
+    if node_rank is not None and node_rank >= high:
+        raise UsageError(f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {high - 1})")
+    _int_option(options, "max_restarts", "--max-restarts", low=0)
+    _int_option(options, "shutdown_timeout", "--shutdown-timeout", low=1)
+    port = _int_option(options, "master_port", "--master-port", low=1, high=65535)
+    interval = options.get("monitor_interval")
+    if interval is not None:
+        try:
+            ok = float(interval) > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise UsageError(f"bad --monitor-interval {interval!r}: expected a number of seconds > 0, e.g. 0.1")
+    endpoint = str(options.get("rdzv_endpoint") or "")
+    if endpoint:
+        parse_endpoint(endpoint)
+    check_rdzv_conf(str(options.get("rdzv_conf") or ""))
+    for dest, flag in (("master_addr", "--master-addr"), ("role", "--role")):
+        value = options.get(dest)
+        if value is not None and (not str(value).strip() or any(c.isspace() for c in str(value))):
+            raise UsageError(f"bad {flag} {value!r}: expected a non-empty name without spaces")
+    handler = options.get("event_log_handler")
+    if handler is not None and handler not in EVENT_LOG_HANDLERS:
+        raise UsageError(f"bad --event-log-handler {handler!r}: expected one of {', '.join(EVENT_LOG_HANDLERS)}")
+    specs = options.get("logs_specs")
+    if specs:
+        from importlib import metadata
+
+        names = sorted(ep.name for ep in metadata.entry_points().select(group="torchrun.logs_specs"))
+        if specs not in names:
+            raise UsageError(f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' entry point ({', '.join(names) or 'none installed'})")
+    signals = options.get("signals_to_handle")
+    if signals is not None:
+        check_signals(str(signals))
+    if options.get("log_dir"):
+        check_log_dir(str(options["log_dir"]))
+    check_redirects(options, nproc=nproc_per_node)
+    if options.get("local_addr"):
+        from .net import resolve
+
+        resolve(str(options["local_addr"]), flag="--local-addr")
+    if port is not None and backend == "static" and not options.get("standalone") and (node_rank or 0) == 0:
+        check_port_free(port)
 
 
 def _option_text(value: Any) -> str:
@@ -135,7 +347,7 @@ def build_torchrun_argv(
     target behind it.
     """
     parser = parser or torchrun_parser()
-    check_torchrun_options(options)
+    check_torchrun_options(options, nproc_per_node=nproc_per_node)
     argv = [f"--nproc-per-node={nproc_per_node}"]
     for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
         if not action.option_strings or action.dest in _REPLACED or action.dest not in options:
