@@ -29,5 +29,14 @@ TOPOLOGY = "NUMARUN_TOPOLOGY"
 
 WATCH_INTERVAL = "NUMARUN_WATCH_INTERVAL"
 """Seconds between the binding watcher's checks in every worker (``0``: off; unset: 30)."""
+TAR_MAX_BYTES = "NUMARUN_TAR_MAX_BYTES"
+"""Cap on the bytes a topology tarball may extract to (default 1 GiB)."""
+TAR_MAX_MEMBERS = "NUMARUN_TAR_MAX_MEMBERS"
+"""Cap on the members of a topology tarball (default 200,000)."""
+LAUNCHER_PID = "NUMARUN_LAUNCHER_PID"
+"""Pid of the numarun process that started the worker; a worker whose parent is not it ends."""
+STATE_DIR = "NUMARUN_STATE_DIR"
+"""numarun's private directory for this run (0700, removed on every exit): workers record their exit there."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, WATCH_INTERVAL)
+ALL: tuple[str, ...] = tuple(v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_"))
+"""Every variable above."""

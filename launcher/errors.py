@@ -42,6 +42,14 @@ class ConfigError(NumarunError):
     """A Hydra config or override is wrong (unknown key, bad type, bad value)."""
 
 
+class CheckpointError(NumarunError):
+    """A checkpoint must not be loaded (damaged, not trusted: exit 2) or cannot be written (disk full: exit 1)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class SlurmError(NumarunError):
     """A SLURM option is malformed or sbatch/squeue failed."""
 

@@ -161,7 +161,7 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     """
     port = _free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5,heartbeat=2"]
+              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5"]
     out = [tmp_path / "n0", tmp_path / "n1"]
     for o in out:
         o.mkdir()
@@ -211,7 +211,9 @@ def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> Non
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
     workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=TIMEOUT) == 128 + signal.SIGTERM, (tmp_path / "log").read_text()[-3000:]
+    # every rank checkpointed and exited 0 on its own: a clean stop, not a failure
+    assert p.wait(timeout=TIMEOUT) == 0, (tmp_path / "log").read_text()[-3000:]
+    assert "stopped by SIGTERM: every worker finished cleanly" in (tmp_path / "log").read_text()
     saved = sorted((run_dir / "checkpoints").glob("step_*"))
     assert saved, (tmp_path / "log").read_text()[-3000:]
     meta = json.loads((saved[-1] / "meta.json").read_text())

@@ -30,7 +30,7 @@ CASES: list[list[str]] = [
     ["--start_method", "fork", "--role", "trainer", "--log_dir", "/tmp/logs", "-r", "3", "-t", "2",
      "--local_ranks_filter", "0", "--local-addr", "127.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1",
      "--shutdown-timeout", "5", "--duplicate-stdout-filters", "loss,step", SCRIPT],
-    ["--binding", "node", "--mem-policy", "preferred", "--strict-binding", "--dry-run", "-m", "pkg.train", "--config", "a.yaml"],
+    ["--binding", "node", "--mem-policy", "preferred", "--strict-binding", "--dry-run", "-m", "json.tool", "--config", "a.yaml"],
     ["--numa-binding", "socket", "--no-python", "true", "--flag"],
 ]
 
@@ -68,7 +68,7 @@ def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
     ns = parse(CASES[5])
     assert ns.binding is BindingMode.NODE and ns.mem_policy is MemPolicy.PREFERRED
     assert ns.strict_binding and ns.dry_run and ns.module
-    assert (ns.training_script, ns.training_script_args) == ("pkg.train", ["--config", "a.yaml"])
+    assert (ns.training_script, ns.training_script_args) == ("json.tool", ["--config", "a.yaml"])
     ns = parse(CASES[1])
     assert ns.nproc_per_node == 2 and ns.training_script_args == ["--lr=3", "x=1", "--nproc-per-node", "9"]
     assert parse(CASES[6]).binding is BindingMode.SOCKET  # torchrun's spelling of --binding

@@ -9,7 +9,8 @@ Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one 
 when a rank fails, the exit code of the lowest global rank that exited non-zero (1 when
 every failed rank was killed by a signal), after one line naming every failed rank;
 128 + N when numarun itself got signal N (SIGTERM, SIGINT...), after torchrun has ended
-all workers.
+all workers, or 0 when every worker then exited 0 on its own (a clean checkpoint-and-stop).
+SIGUSR1/SIGUSR2 are sent on to the workers (see :func:`numarun.launch.torchrun.run_torchrun`).
 """
 
 from __future__ import annotations

@@ -420,7 +420,10 @@ def _compose_trainer(overrides: list[str]) -> tuple[Any, str, str | None]:
     text = _job_yaml(cfg, resolve=True)
     from .schema import load_job_config_text
 
-    load_job_config_text(text, origin="composed config")  # value checks the types cannot express
+    job = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
+    from ..train.preflight import check_job
+
+    check_job(job, run_dir=_run_dir_from(cfg)[0])  # checkpoint dir, checkpoints, data: before any run dir
     return cfg, text, None
 
 

@@ -38,7 +38,7 @@ from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import LaunchPlan, MemPolicy, RankBinding
 from .. import envvars
-from ..worker import current_binding, finish, load_plan  # noqa: F401  (re-exported for old callers)
+from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
 from . import affinity
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
@@ -206,8 +206,38 @@ def parse_argv(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     return kind, argv[0], argv[1:]
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def guard_launcher(environ: Mapping[str, str]) -> None:
+    """Die with the launcher: a parent-death signal, then a check that it is still there.
+
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this worker when its parent
+    (numarun, which runs torchrun's agent in its main thread) exits, however it exits; the
+    signal survives ``execve`` (``--no-python``). The launcher may have died before the call:
+    then the parent is already someone else (init or a subreaper) and the worker ends now.
+    """
+    pid = environ.get(envvars.LAUNCHER_PID, "")
+    if not pid.isdigit():
+        return  # started by plain torchrun or by hand
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as e:  # not Linux
+        log.warning("no parent-death signal: %s", e)
+    if os.getppid() != int(pid):
+        print(f"numarun: error: the launcher (pid {pid}) is gone; this worker ends", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     _setup_logging(os.environ)
+    guard_launcher(os.environ)
+    record(os.environ, "pid", str(os.getpid()))
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         applied = bind_from_env()

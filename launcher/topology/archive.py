@@ -3,6 +3,12 @@
 A tarball is extracted once into a cache directory keyed on its content, then read like any
 directory standing for a machine's ``/``. Members are extracted with tarfile's ``data``
 filter, so nothing lands outside the cache (no absolute paths, no links leaving it).
+
+Extraction is bounded: a small compressed file can expand to gigabytes (a "tar bomb"), so
+the member headers are read first and the archive is refused when its members would
+exceed :data:`MAX_BYTES` in total or :data:`MAX_MEMBERS` in number (``NUMARUN_TAR_MAX_BYTES``
+and ``NUMARUN_TAR_MAX_MEMBERS`` raise the caps for real large trees). The tarball is hashed
+while streaming it, never read into memory whole.
 """
 
 from __future__ import annotations
@@ -14,7 +20,13 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .. import envvars
 from ..errors import TopologyError
+
+MAX_BYTES = 1 << 30
+"""Default cap on the extracted size: a recorded tree of a 384-CPU, 8-GPU machine is tens of MB."""
+MAX_MEMBERS = 200_000
+"""Default cap on the member count: such a tree has about 60,000 files."""
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
@@ -42,6 +54,45 @@ def safe_extract(tf: tarfile.TarFile, dest: Path) -> None:
     tf.extractall(dest)
 
 
+def _cap(name: str, default: int) -> int:
+    text = os.environ.get(name, "")
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise TopologyError(f"bad {name} {text!r}: expected a positive whole number")
+    return int(text)
+
+
+def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> tuple[int, int]:
+    """(members, bytes) of ``tf`` from its headers; raises TarError past either cap.
+
+    Reads headers only (decompressing, writing nothing), and stops at the first member
+    past a cap, so a bomb costs at most ``max_members`` headers of memory.
+    """
+    count = total = 0
+    for m in tf:
+        count += 1
+        total += max(m.size, 0)
+        if count > max_members:
+            raise tarfile.TarError(
+                f"more than {max_members} members (set {envvars.TAR_MAX_MEMBERS} to allow more)"
+            )
+        if total > max_bytes:
+            raise tarfile.TarError(
+                f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)"
+            )
+    return count, total
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def is_tarball(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(TAR_SUFFIXES)
 
@@ -59,13 +110,19 @@ def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
     directory (hwloc's captures wrap the tree in one, named after the machine).
     """
     cache = cache or default_cache()
-    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:16]
+    max_bytes = _cap(envvars.TAR_MAX_BYTES, MAX_BYTES)
+    max_members = _cap(envvars.TAR_MAX_MEMBERS, MAX_MEMBERS)
+    try:
+        digest = file_digest(tarball)[:16]
+    except OSError as e:
+        raise TopologyError(f"bad topology archive {str(tarball)!r}: {e.strerror}; expected a readable tarball") from None
     dest = cache / f"{tarball.name.split('.tar')[0]}-{digest}"
     if not (dest / ".complete").exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=cache))
         try:
             with tarfile.open(tarball) as tf:
+                check_size(tf, max_bytes=max_bytes, max_members=max_members)
                 safe_extract(tf, tmp)
         except (tarfile.TarError, OSError, EOFError) as e:
             shutil.rmtree(tmp, ignore_errors=True)

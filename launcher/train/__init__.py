@@ -16,14 +16,18 @@ __all__ = ["main", "exit_now"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Train; returns the exit code (2 and one line on stderr for a configuration mistake)."""
-    from ..errors import NumarunError
+    import os
+
+    from ..errors import CheckpointError, NumarunError
 
     try:
         from .run import run
 
         return run(list(sys.argv[1:] if argv is None else argv))
     except NumarunError as e:
-        print(f"numarun: error: {e}", file=sys.stderr, flush=True)
+        # a checkpoint fault is the same on every rank: rank 0 says it once
+        if not isinstance(e, CheckpointError) or os.environ.get("RANK", "0") == "0":
+            print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
 
 

@@ -1,10 +1,15 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (sharded: works for DDP, FSDP2, HSDP, TP).
 
 Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, world size,
-parallel mode). A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
+parallel mode, the model config, and the size of every file, so a truncated file is found
+before torch reads it). A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
 every rank has written, so a killed job never leaves a half-written ``step_*`` behind.
 The directory must be shared by all nodes. RNG and data position need no saving: batches
 and dropout seeds are functions of the step (see ``numarun.train.data``).
+
+A checkpoint is code: torch's loader unpickles ``.metadata``. :func:`check_trusted` refuses to
+load from a directory, a ``step_*`` or a file in it that is a symbolic link, is owned by
+someone other than the running user or root, or is writable by others.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ import logging
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+
+from ..errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +34,111 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
+
+
+def check_trusted(root: Path) -> None:
+    """Refuse a checkpoint tree someone else could have planted (see the module doc)."""
+    uid = os.getuid()
+    paths = [root]
+    if root.is_dir() and not root.is_symlink():
+        for child in root.iterdir():
+            if _STEP_DIR.match(child.name):
+                paths.append(child)
+                if child.is_dir() and not child.is_symlink():
+                    paths.extend(child.iterdir())
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        why = ""
+        if stat.S_ISLNK(st.st_mode):
+            why = "it is a symbolic link"
+        elif st.st_uid not in (uid, 0):
+            why = f"it is owned by uid {st.st_uid}, not by this user ({uid}) or root"
+        elif st.st_mode & stat.S_IWOTH:
+            why = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+        if why:
+            raise CheckpointError(
+                f"bad checkpoint {str(path)!r}: {why}; a checkpoint is loaded as code, so it must be a real file or "
+                "directory owned by you (or root) and not writable by others (chmod o-w, or a private trainer.checkpoint_dir)"
+            )
+
+
+def model_config(model_cfg: Any) -> dict[str, Any]:
+    """The model config as plain JSON values (what meta.json records)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(model_cfg, DictConfig):
+        return json.loads(json.dumps(OmegaConf.to_container(model_cfg, resolve=True, enum_to_str=True), default=str))
+    return dict(model_cfg)
+
+
+def check_model(meta: dict[str, Any], model_cfg: Any, path: Path) -> None:
+    """Refuse to load a checkpoint of another model, naming the keys that differ."""
+    saved = meta.get("model")
+    if saved is None:
+        return  # written before the model was recorded
+    now = model_config(model_cfg)
+    keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if keys:
+        diff = ", ".join(f"model.{k}={saved.get(k)!r} in the checkpoint but {now.get(k)!r} now" for k in keys)
+        raise ConfigError(
+            f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
+            "config, or a new trainer.checkpoint_dir"
+        )
+
+
+def damage(path: Path) -> str:
+    """Why the checkpoint at ``path`` cannot be loaded ('' when it looks intact)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"meta.json unreadable ({getattr(e, 'strerror', None) or e})"
+    for name, size in (meta.get("files") or {}).items():
+        try:
+            got = (path / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if got != size:
+            return f"{name} has {got} bytes, expected {size}"
+    return ""
+
+
+def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
+    """The newest checkpoint under ``root`` that is complete and undamaged, or None.
+
+    A damaged newer one (a truncated ``.distcp``, a missing file) is skipped and named
+    through ``report(line)``, so the run says which step it falls back from.
+    """
+    if not root.is_dir():
+        return None
+    found = sorted(
+        ((int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()),
+        reverse=True,
+    )
+    skipped = []
+    for step, path in found:
+        why = damage(path)
+        if not why:
+            if skipped and report is not None:
+                report(f"checkpoint {skipped[0][0]} is damaged ({skipped[0][1]}); resuming from the newest intact one, {path}")
+            return step, path
+        skipped.append((str(path), why))
+    if skipped:
+        raise CheckpointError(
+            f"bad checkpoint {skipped[0][0]!r}: damaged ({skipped[0][1]}) and no older intact one; "
+            "expected a complete step_* (or trainer.resume=false)"
+        )
+    return None
+
+
+def remove_stale(root: Path) -> None:
+    """Remove ``.step_*.tmp``/``.old`` left by a save that was killed or failed."""
+    if root.is_dir():
+        for child in root.iterdir():
+            if child.name.startswith(".step_") and child.name.endswith((".tmp", ".old")) and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
 
 
 def latest(root: Path) -> tuple[int, Path] | None:
@@ -55,10 +168,33 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
             shutil.rmtree(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    dist.barrier()
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        dist.barrier()
+        if rank == 0:
+            files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
+            (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "files": files}, indent=1) + "\n")
+    except (Exception, BaseException) as e:  # dcp's CheckpointException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest(root)
+        kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
+        cause = _cause(e)
+        try:
+            st = os.statvfs(root)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        if free is not None and "space" not in cause:
+            # torch's zip writer reports a short write as "unexpected pos ..." and loses ENOSPC
+            need = sum(f.stat().st_size for f in previous[1].iterdir() if f.is_file()) if previous else 1 << 20
+            if free < need:
+                cause = f"No space left on device ({free} bytes free; torch said: {cause})"
+        raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
+                              "trainer.checkpoint_dir with room for a checkpoint", exit_code=1) from None
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({"step": step, **meta}, indent=1) + "\n")
         # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
         # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
         old = root / f".{final.name}.old"
@@ -71,6 +207,28 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
         log.info("checkpoint saved: %s", final)
     dist.barrier()
     return final
+
+
+def _cause(e: BaseException) -> str:
+    """The root OSError of a dcp failure ('No space left on device'...), else its first line."""
+    seen: list[BaseException] = [e]
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict):
+        for f in failures.values():
+            seen.append(f[0] if isinstance(f, tuple) else f)
+    text = str(e)
+    for x in seen:
+        while x is not None:
+            if isinstance(x, OSError) and x.strerror:
+                return x.strerror
+            x = x.__cause__ or x.__context__  # type: ignore[assignment]
+    if len(seen) > 1 and isinstance(seen[1], BaseException):
+        text = str(seen[1])
+    for marker in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
+        if marker in text:
+            return marker
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(e).__name__
 
 
 def load(path: Path, model: Any, optimizer: Any) -> int:

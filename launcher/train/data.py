@@ -74,14 +74,11 @@ class TokenFile(Dataset):
         import numpy as np
 
         self.path, self.seq_len, self.seed, self.vocab_size = path, seq_len, seed, vocab_size
+        from .preflight import check_token_file
+
         self.np_dtype = np.dtype(np.uint16 if dtype == "uint16" else np.int32)
-        try:
-            size = Path(path).stat().st_size
-        except OSError as e:
-            raise ConfigError(f"bad data.path {path!r}: {e.strerror}; expected a readable token file") from None
-        self.num_tokens = size // self.np_dtype.itemsize
-        if self.num_tokens < seq_len + 2:
-            raise ConfigError(f"bad data.path {path!r}: {self.num_tokens} tokens; expected at least model.seq_len+2 = {seq_len + 2}")
+        # type, whole tokens and length here in every rank; the id scan ran once in the launcher
+        self.num_tokens = check_token_file(path, dtype=dtype, seq_len=seq_len, vocab_size=vocab_size, scan=False)
         self._map: Any = None
 
     def __len__(self) -> int:

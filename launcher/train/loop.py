@@ -42,8 +42,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 
 def install_signal_handlers() -> None:
-    """SIGUSR1 (SLURM's warning before the time limit) and SIGTERM: finish the step, save, exit 0."""
-    for s in (signal.SIGUSR1, signal.SIGTERM):
+    """SIGUSR1 (SLURM's warning before the time limit), SIGUSR2 and SIGTERM: finish the step, save, exit 0."""
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         signal.signal(s, _on_signal)
 
 
@@ -212,9 +212,14 @@ class Trainer:
         t = self.cfg.trainer
         start_step = 0
         resumed_from = None
+        if self.rank == 0:
+            checkpoint.remove_stale(self.ckpt_dir)  # a save killed or failed in an earlier run
         if t.resume:
-            found = checkpoint.latest(self.ckpt_dir)
+            checkpoint.check_trusted(self.ckpt_dir)  # before torch unpickles anything from it
+            report = (lambda line: print(line, flush=True)) if self.rank == 0 else None
+            found = checkpoint.newest_intact(self.ckpt_dir, report=report)
             if found is not None:
+                checkpoint.check_model(json.loads((found[1] / "meta.json").read_text()), self.cfg.model, found[1])
                 start_step = checkpoint.load(found[1], self.model, self.optimizer)
                 resumed_from = str(found[1])
                 if self.rank == 0:
@@ -284,7 +289,8 @@ class Trainer:
         return 0
 
     def _save(self, step: int) -> None:
-        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind}
+        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind,
+                "model": checkpoint.model_config(self.cfg.model)}
         checkpoint.save(self.ckpt_dir, step, self.model, self.optimizer, meta=meta, rank=self.rank)
 
     def _gather_peaks(self) -> list[float]:

@@ -1,0 +1,32 @@
+"""Network look-ups with a deadline: a name that does not resolve must not stall a launch."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from ..errors import UsageError
+
+RESOLVE_TIMEOUT_S = 10.0
+"""getaddrinfo has no timeout of its own; a resolver that does not answer is given this long."""
+
+
+def resolve(host: str, *, flag: str, timeout: float = RESOLVE_TIMEOUT_S) -> str:
+    """The first address of ``host``; one-line :class:`UsageError` when it does not resolve in time."""
+    result: list[object] = []
+
+    def look_up() -> None:
+        try:
+            result.append(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+        except (OSError, UnicodeError) as e:
+            result.append(e)
+
+    t = threading.Thread(target=look_up, name="numarun-resolve", daemon=True)
+    t.start()
+    t.join(timeout)
+    if not result:
+        raise UsageError(f"bad {flag} {host!r}: the name did not resolve within {timeout:.0f} s; expected a host name or address of this machine")
+    if isinstance(result[0], BaseException):
+        why = getattr(result[0], "strerror", None) or str(result[0])
+        raise UsageError(f"bad {flag} {host!r}: {why}; expected a host name or address that resolves")
+    return str(result[0])

@@ -1,0 +1,99 @@
+"""Checks of the trainer's inputs and outputs made in the launcher, before any rank starts.
+
+Everything a run would otherwise discover after training (a read-only checkpoint dir) or
+halfway (a bad token file) is checked once here, in one line, before a run dir exists:
+
+* ``trainer.checkpoint_dir`` (or the run dir's ``checkpoints/``) can be written: a real probe
+  (root passes ``access(2)`` on a read-only filesystem);
+* with ``trainer.resume=true``: the checkpoints are trusted (:func:`checkpoint.check_trusted`),
+  the newest intact one is for the same model (:func:`checkpoint.check_model`);
+* ``data=tokens``: ``data.path`` is a regular file of whole tokens, long enough, and every
+  token id is below ``model.vocab_size``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def check_writable_dir(path: Path, *, what: str) -> None:
+    """``path`` is, or can be created as, a directory this process can write; creates nothing."""
+    probe = path
+    while not probe.exists() and not probe.is_symlink():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe == path and path.is_symlink():
+        raise ConfigError(f"bad {what} {str(path)!r}: it is a symbolic link; expected a real directory")
+    if not probe.is_dir():
+        raise ConfigError(f"bad {what} {str(path)!r}: {str(probe)!r} is not a directory; expected a writable directory path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".numarun-probe-", dir=probe))
+    except OSError as e:
+        where = "it" if probe == path else f"it cannot be created in {str(probe)!r}:"
+        raise ConfigError(f"bad {what} {str(path)!r}: {where} {e.strerror}; expected a writable directory") from None
+
+
+def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, scan: bool = True) -> int:
+    """The number of tokens of a valid token file; one-line ConfigError otherwise."""
+    import numpy as np
+
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"bad data.path {path!r}: {e.strerror}; expected a readable token file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"bad data.path {path!r}: not a regular file; expected a file of {dtype} token ids")
+    item = np.dtype(np.uint16 if dtype == "uint16" else np.int32).itemsize
+    if st.st_size % item:
+        raise ConfigError(
+            f"bad data.path {path!r}: {st.st_size} bytes is not a whole number of {dtype} tokens; "
+            f"expected a size that is a multiple of {item} (or data.dtype=int32/uint16 to match the file)"
+        )
+    tokens = st.st_size // item
+    if tokens < seq_len + 2:
+        raise ConfigError(f"bad data.path {path!r}: {tokens} tokens; expected at least model.seq_len+2 = {seq_len + 2}")
+    if scan:
+        data = np.memmap(path, dtype=np.uint16 if dtype == "uint16" else np.int32, mode="r")
+        chunk = 1 << 24
+        for start in range(0, tokens, chunk):
+            part = data[start : start + chunk]
+            high, low = int(part.max()), int(part.min())
+            if high >= vocab_size or low < 0:
+                bad = high if high >= vocab_size else low
+                at = start + int(np.argmax(part == bad))
+                raise ConfigError(
+                    f"bad token id {bad} at position {at} of data.path {path!r}: expected ids from 0 to "
+                    f"model.vocab_size-1 = {vocab_size - 1}"
+                )
+        del data
+    return tokens
+
+
+def check_job(cfg: Any, *, run_dir: Path) -> None:
+    """All the checks above for one composed trainer config (see the module doc)."""
+    from ..config.schema import DataKind
+    from . import checkpoint
+
+    t = cfg.trainer
+    ckpt = Path(os.path.abspath(t.checkpoint_dir)) if t.checkpoint_dir else run_dir / "checkpoints"
+    if t.resume and (ckpt.exists() or ckpt.is_symlink()):
+        checkpoint.check_trusted(ckpt)  # first: a planted link or file is named as such
+    check_writable_dir(ckpt, what="trainer.checkpoint_dir" if t.checkpoint_dir else "checkpoint dir")
+    if t.resume and ckpt.exists():
+        found = checkpoint.newest_intact(ckpt, report=lambda line: log.warning("%s", line))
+        if found is not None:
+            meta = json.loads((found[1] / "meta.json").read_text())
+            checkpoint.check_model(meta, cfg.model, found[1])
+    if cfg.data.kind == DataKind.TOKENS:
+        check_token_file(cfg.data.path, dtype=cfg.data.dtype, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)

@@ -1,0 +1,245 @@
+"""No training lost to a fault that could be seen before it, and no code from a planted checkpoint.
+
+Before any rank starts, the launcher checks the checkpoint dir (a real write probe: root
+passes access(2) on a read-only mount), the checkpoints a resume would load (owner, mode,
+symlinks, the model they were saved for) and the token file (type, whole tokens, ids below
+the vocabulary). Each mistake is one line, exit 2, and no run dir. During training a full
+disk is one line, the previous checkpoint stays loadable and no ``.step_*.tmp`` is left; a
+damaged newest checkpoint is skipped for the newest intact one, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_reliability_badinput import TRAIN, Case, _check, _env, _numarun, case
+
+TIMEOUT = 180
+
+
+def _in_process(c: Case, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    from numarun.cli import main
+
+    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        code = main(list(c.argv))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    return code, capsys.readouterr().err
+
+
+def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_numarun(), "--nproc-per-node", "1", TRAIN, "trainer.progress=false", *args], cwd=cwd, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint dir with steps 1 and 2 of the default model (one real trainer run)."""
+    d = tmp_path_factory.mktemp("saved")
+    r = _train(["trainer.steps=2", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}", f"hydra.run.dir={d / 'run'}"], d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in (d / "ck").iterdir()) == ["step_00000001", "step_00000002"]
+    return d / "ck"
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    ck = tmp_path.parent / f"{tmp_path.name}-ck"
+    shutil.copytree(saved, ck)
+    return ck
+
+
+# ------------------------------------------------------------------ checked before launch
+
+@pytest.fixture
+def readonly(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A read-only bind mount (root ignores mode bits, not a read-only mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("bind mounts need root")
+    src, mnt = tmp_path.parent / f"{tmp_path.name}-src", tmp_path.parent / f"{tmp_path.name}-ro"
+    src.mkdir()
+    mnt.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(mnt)], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("mount --bind is not allowed here")
+    try:
+        r = subprocess.run(["mount", "-o", "remount,bind,ro", str(mnt)], capture_output=True, timeout=30)
+        if r.returncode != 0:
+            pytest.skip("a read-only remount is not allowed here")
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
+
+
+def test_read_only_checkpoint_dir_is_refused_before_training(readonly: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for target in (readonly, readonly / "sub"):  # the dir itself, or one to be created in it
+        c = case("ro", [TRAIN, f"trainer.checkpoint_dir={target}"], str(target), "Read-only file system", "writable directory")
+        code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+        _check(code, err, c, tmp_path)  # exit 2, one line, no run dir
+
+
+def _tokens(path: Path, ids: list[int] | np.ndarray, dtype: type = np.uint16) -> str:
+    np.asarray(ids, dtype=dtype).tofile(path)
+    return str(path)
+
+
+def test_bad_data_files_fail_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    files = tmp_path.parent / f"{tmp_path.name}-data"
+    files.mkdir()
+    odd = files / "odd.bin"
+    odd.write_bytes(b"\x01" * 201)
+    high = _tokens(files / "high.bin", [1] * 100 + [300] + [2] * 99)  # vocab_size 256
+    gpt = [TRAIN, "data=tokens", "model=gpt"]
+    cases = [
+        case("odd-length", [*gpt, f"data.path={odd}"], str(odd), "201 bytes", "multiple of 2"),
+        case("a-directory", [*gpt, f"data.path={files}"], str(files), "not a regular file"),
+        case("id-past-vocab", [*gpt, f"data.path={high}"], "300", "position 100", "model.vocab_size-1 = 255"),
+    ]
+    for c in cases:
+        code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+        _check(code, err, c, tmp_path)
+
+
+def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    c = case("model", [TRAIN, f"trainer.checkpoint_dir={saved}", "trainer.resume=true", "model.hidden_dim=128"],
+             "model.hidden_dim=64 in the checkpoint but 128 now", "step_00000002")
+    code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+    _check(code, err, c, tmp_path)
+
+
+@pytest.mark.parametrize("plant", ["world-writable-dir", "world-writable-step", "foreign-owner", "symlinked-step", "symlinked-dir",
+                                   "foreign-metadata"])
+def test_a_planted_checkpoint_is_not_loaded(plant: str, saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    ck = _copy(saved, tmp_path)
+    step = ck / "step_00000002"
+    if plant == "world-writable-dir":
+        ck.chmod(0o777)
+        bad, why = ck, "writable by others"
+    elif plant == "world-writable-step":
+        step.chmod(0o757)
+        bad, why = step, "writable by others"
+    elif plant == "foreign-owner":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(step, 12345, 12345)
+        bad, why = step, "owned by uid 12345"
+    elif plant == "foreign-metadata":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(step / ".metadata", 12345, 12345)
+        bad, why = step / ".metadata", "owned by uid 12345"
+    elif plant == "symlinked-step":
+        elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+        step.rename(elsewhere)
+        step.symlink_to(elsewhere)
+        bad, why = step, "symbolic link"
+    else:
+        link = tmp_path.parent / f"{tmp_path.name}-link"
+        link.symlink_to(ck)
+        ck, bad, why = link, link, "symbolic link"
+    c = case(plant, [TRAIN, f"trainer.checkpoint_dir={ck}", "trainer.resume=true"], f"'{bad}'", why, "loaded as code")
+    code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+    _check(code, err, c, tmp_path)
+
+
+def test_the_workers_check_trust_too(saved: Path, tmp_path: Path) -> None:
+    """Under plain torchrun (no numarun launcher) the trainer itself refuses before loading."""
+    import torch  # noqa: F401  (the checkpoint module needs it)
+
+    from numarun.errors import CheckpointError
+    from numarun.train import checkpoint
+
+    ck = _copy(saved, tmp_path)
+    (ck / "step_00000001").chmod(0o777)
+    with pytest.raises(CheckpointError, match="writable by others"):
+        checkpoint.check_trusted(ck)
+    (ck / "step_00000001").chmod(0o755)
+    checkpoint.check_trusted(ck)
+
+
+# ------------------------------------------------------------------ faults during the run
+
+@pytest.mark.slow
+def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact(saved: Path, tmp_path: Path) -> None:
+    ck = _copy(saved, tmp_path)
+    shard = next((ck / "step_00000002").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "step_00000002" in out and "is damaged" in out and "has " in out and "resuming from the newest intact one" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["start_step"] == 1 and summary["steps_done"] == 3
+    assert summary["resumed_from"].endswith("step_00000001")
+
+
+@pytest.mark.slow
+def test_only_damaged_checkpoints_is_one_line(saved: Path, tmp_path: Path) -> None:
+    ck = _copy(saved, tmp_path)
+    for shard in ck.glob("step_*/*.distcp"):
+        shard.write_bytes(b"")
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]
+    assert len(lines) == 1 and "damaged" in lines[0] and "no older intact one" in lines[0], r.stderr[-3000:]
+    assert not (tmp_path / "outputs").exists()  # refused in the launcher: no run dir
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 2.5 MB tmpfs: room for two checkpoints of the default model (about 1 MB each)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mnt)], capture_output=True, timeout=30).returncode:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous(small_disk: Path, tmp_path: Path) -> None:
+    ck = small_disk / "ck"
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.checkpoint_interval=1", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]
+    # the cause once (rank 0), then numarun's line naming the failed rank
+    assert len(errors) == 2 and "No space left on device" in errors[0] and "is kept" in errors[0], r.stderr[-3000:]
+    assert "exited with code 1" in errors[1]
+    assert not list(ck.glob(".step_*")), list(ck.iterdir())  # no stale .tmp
+    from numarun.train import checkpoint
+
+    found = checkpoint.newest_intact(ck)
+    assert found is not None and checkpoint.damage(found[1]) == ""
+    # the previous checkpoint loads: resuming at its step trains nothing and saves nothing
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", f"trainer.steps={found[0]}",
+                f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "run2" / "summary.json").read_text())["start_step"] == found[0]
+
+
+def test_a_stale_tmp_is_removed(saved: Path, tmp_path: Path) -> None:
+    from numarun.train import checkpoint
+
+    ck = _copy(saved, tmp_path)
+    (ck / ".step_00000003.tmp").mkdir()
+    (ck / ".step_00000003.tmp" / "__0_0.distcp").write_bytes(b"half")
+    checkpoint.remove_stale(ck)
+    assert sorted(p.name for p in ck.iterdir()) == ["step_00000001", "step_00000002"]
