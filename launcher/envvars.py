@@ -26,5 +26,7 @@ RUN_DIR = "NUMARUN_RUN_DIR"
 """The job's run directory, shared by every rank (and every node of a Slurm job)."""
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
+REPORT = "NUMARUN_REPORT"
+"""File that ``numarun.report(samples=N)`` appends one JSON line to per call (set by ``numarun tune``)."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY)
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, REPORT)
