@@ -11,7 +11,7 @@
 # Usage:  sudo scripts/netns-train.sh
 # Knobs (env): SHAPES="2x2 3x2" (nodes x ranks per node), MODES="flat hier-bf16 hier"
 #              (also hier-bf16-sync: the hook without overlap), ROUNDS=3, STEPS=8,
-#              BATCH=16, RATE=200mbit, MODEL="model=gpt model.d_model=256 model.n_layers=4",
+#              BATCH_PER_RANK=4 (global batch = ranks x this), RATE=200mbit, MODEL="model=gpt model.d_model=256 model.n_layers=4",
 #              EXTRA="" (more trainer overrides, e.g. comm.bucket_mb=4), OUT=/tmp/netns-train
 # Ranks run unbound (--binding none): all "nodes" share this host's CPUs.
 # Output: per run, the median tokens/s after the first step (metrics.jsonl); then, per
@@ -23,7 +23,7 @@ SHAPES=${SHAPES:-"2x2 3x2"}
 MODES=${MODES:-"flat hier-bf16 hier"}
 ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-8}
-BATCH=${BATCH:-16}
+BATCH_PER_RANK=${BATCH_PER_RANK:-4}
 RATE=${RATE:-200mbit}
 MODEL=${MODEL:-"model=gpt model.d_model=256 model.n_layers=4"}
 EXTRA=${EXTRA:-}
@@ -105,7 +105,7 @@ for shape in $SHAPES; do
       # shellcheck disable=SC2046
       common=(--nnodes "$N" --nproc-per-node "$G" --master-addr 10.231.9.1 --master-port "$port" --binding none
               "$HERE/scripts/train.py" parallel=ddp $MODEL $(mode_args "$mode") trainer.steps="$STEPS"
-              trainer.batch_size="$BATCH" trainer.log_interval=1 trainer.progress=false "hydra.run.dir=$dir" $EXTRA)
+              trainer.batch_size="$((N * G * BATCH_PER_RANK))" trainer.log_interval=1 trainer.progress=false "hydra.run.dir=$dir" $EXTRA)
       node_pids=()
       for i in $(seq 1 $((N - 1))); do
         in_ns "tune-n$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
