@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.2.0"
-__all__ = ["init", "hierarchical_all_reduce", "current_binding", "__version__"]
+__all__ = ["init", "hierarchical_all_reduce", "current_binding", "report", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from .worker import current_binding
 
         return current_binding
+    if name == "report":
+        from .worker import report
+
+        return report
     raise AttributeError(f"module 'numarun' has no attribute {name!r}")

@@ -1,14 +1,17 @@
-"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor``; ``numarun SCRIPT ...`` = run.
+"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor|tune``; ``numarun SCRIPT ...`` = run.
 
 Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 ``add_parser(subparsers) -> argparse.ArgumentParser`` and ``main(args) -> int``.
-Modules are imported only when their subcommand runs, so ``numarun topo`` never
-imports torch.
+Only the named subcommand's module is imported; ``numarun --help`` lists the others
+from the first line of their module docstrings, read without importing them. Help
+screens and ``--version`` never import torch (``numarun run --help`` shows torchrun's
+options from their record in ``launch/torchrun_options.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.util
 import logging
@@ -26,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "submit": "submit",
     "doctor": "doctor",
+    "tune": "tune",
 }
 
 
@@ -44,7 +48,28 @@ def _available_commands() -> dict[str, str]:
     return found
 
 
-def build_parser(only: str | None = None) -> OneLineParser:
+def _summary(mod: str) -> str:
+    """The first line of a command module's docstring, read from source (no import)."""
+    spec = importlib.util.find_spec(f"numarun.commands.{mod}")
+    try:
+        with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr, arg-type]
+            doc = ast.get_docstring(ast.parse(f.read())) or ""
+    except (OSError, SyntaxError, TypeError):
+        doc = ""
+    line = doc.strip().splitlines()[0] if doc.strip() else ""
+    if line.startswith("``") and "``: " in line:  # "``numarun plan``: show ..." -> "show ..."
+        line = line.split("``: ", 1)[1]
+    line = line.split(". ", 1)[0].rstrip(".")  # the first sentence
+    return line or f"see 'numarun {mod} --help'"
+
+
+def _help_only(argv: list[str], command: str) -> bool:
+    """argv asks only for the subcommand's help: options after it, no script named."""
+    rest = argv[argv.index(command) + 1:] if command in argv else []
+    return any(a in ("-h", "--help") for a in rest) and all(a.startswith("-") for a in rest)
+
+
+def build_parser(only: str | None = None, *, for_help: bool = False) -> OneLineParser:
     parser = OneLineParser(
         prog="numarun",
         description="Topology-aware launcher for PyTorch distributed training. "
@@ -54,10 +79,14 @@ def build_parser(only: str | None = None) -> OneLineParser:
     parser.add_argument("--version", action="version", version=f"numarun {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="logging level of numarun itself (default WARNING)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    if for_help:
+        from .launch import torchrun
+
+        torchrun._FOR_HELP = True  # noqa: SLF001
     for name, mod in _available_commands().items():
-        if only is not None and name != only:
-            # keep --help listing all commands without importing every module
-            sub.add_parser(name, help=f"see 'numarun {name} --help'")
+        if name != only:
+            # list every command without importing its module (and torch with it)
+            sub.add_parser(name, help=_summary(mod))
             continue
         module = importlib.import_module(f"numarun.commands.{mod}")
         module.add_parser(sub)
@@ -90,7 +119,7 @@ def _split_command(argv: list[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = _split_command(args_list)
-    parser = build_parser(only=command)
+    parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
     args = parser.parse_args(args_list)
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):

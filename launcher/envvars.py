@@ -26,6 +26,8 @@ RUN_DIR = "NUMARUN_RUN_DIR"
 """The job's run directory, shared by every rank (and every node of a Slurm job)."""
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
+REPORT = "NUMARUN_REPORT"
+"""File that ``numarun.report(samples=N)`` appends one JSON line to per call (set by ``numarun tune``)."""
 
 WATCH_INTERVAL = "NUMARUN_WATCH_INTERVAL"
 """Seconds between the binding watcher's checks in every worker (``0``: off; unset: 30)."""

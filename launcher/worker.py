@@ -1,14 +1,17 @@
 """The worker-side API: what a rank started by numarun can ask about itself.
 
 ``numarun.current_binding()`` is this rank's :class:`~numarun.plan.model.RankBinding`
-(None outside numarun); :func:`finish` leaves the process as Python would, without the
+(None outside numarun); :func:`report` tells ``numarun tune`` how much work a run did;
+:func:`finish` leaves the process as Python would, without the
 module teardown that can abort a finished gloo rank. No torch import.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
@@ -57,6 +60,29 @@ def record(environ: Mapping[str, str], name: str, text: str) -> None:
         os.replace(tmp, path)
     except OSError:  # the launcher is gone and took its directory: nothing to tell it
         pass
+
+
+_last_report = time.monotonic()  # the bootstrap imports this module before the user's script
+
+
+def report(*, samples: float, seconds: float | None = None) -> None:
+    """Record that this rank processed ``samples`` samples in ``seconds`` (default: since the
+    previous call, or since the worker started). ``numarun tune`` ranks candidates by the job's
+    samples/s (each rank's samples over its seconds, summed over ranks); outside a tune this
+    does nothing. One ``O_APPEND`` write per call, so ranks never interleave a line."""
+    global _last_report
+    now = time.monotonic()
+    elapsed = now - _last_report if seconds is None else float(seconds)
+    _last_report = now
+    path = os.environ.get(envvars.REPORT)
+    if not path:
+        return
+    line = json.dumps({"rank": os.environ.get("RANK", "0"), "samples": float(samples), "seconds": elapsed}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def finish(code: object) -> NoReturn:

@@ -167,6 +167,10 @@ class CommConfig:
     allreduce: str = CommMode.FLAT.value
     compression: Optional[str] = None
     """Compression of the inter-node step (e.g. bf16), passed to numarun.comm."""
+    overlap: bool = True
+    """Hierarchical DDP: reduce each bucket while backward goes on (false: inside the hook)."""
+    bucket_mb: Optional[float] = None
+    """DDP's bucket_cap_mb (None: DDP's default, 25)."""
 
 
 @dataclass

@@ -45,8 +45,18 @@ ENTRY_FILE = str(Path(__file__).resolve().with_name("entry.py"))
 _REPLACED = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help"}
 
 
+_FOR_HELP = False
+"""Set by the CLI for a help screen: :func:`torchrun_parser` may then skip importing torch."""
+
+
 def torchrun_parser() -> argparse.ArgumentParser:
-    """torchrun's own parser (imports torch)."""
+    """torchrun's own parser (imports torch); for a help screen, its recorded copy when it fits."""
+    if _FOR_HELP:
+        from .torchrun_options import help_parser
+
+        recorded = help_parser()
+        if recorded is not None:
+            return recorded
     from torch.distributed.run import get_args_parser
 
     return get_args_parser()

@@ -72,11 +72,12 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
     if kind is ParallelKind.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        bucket = {"bucket_cap_mb": comm_cfg.bucket_mb} if getattr(comm_cfg, "bucket_mb", None) is not None else {}
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
         if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
             from ..comm.allreduce import apply_comm
 
-            apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx)
+            apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)))
         return Wrapped(ddp, kind, ctx.rank, world)
     if comm_cfg.allreduce != CommMode.FLAT.value:
         raise ConfigError(f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: expected flat (hierarchical is for ddp)")

@@ -1,0 +1,230 @@
+"""``numarun tune``: measure the plan options (and Hydra override lists) on your own job and keep the fastest.
+
+    numarun tune [--binding exclusive,node,none] [--mem-policy bind,preferred] [--omp plan,4,8]
+                 [--trials K] [--json FILE] [--save PLAN.json] [--svg FILE] SCRIPT|-m MODULE [args...]
+
+Runs the job once per candidate, alternated over K rounds (every round runs each candidate
+once, rotated), each with ``numarun run --standalone``. Throughput: the trainer's
+``metrics.jsonl``, else ``numarun.report(samples=N)``, else wall time. Prints a table
+(median, range, peak memory, ratio to the default); ``--save`` writes the winner's plan
+for ``numarun --plan-file``. Exit 2 for bad input, 1 when a candidate's run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .. import envvars
+from ..errors import NumarunError, UsageError
+from ..fsutil import write_output
+from ..tune import candidates as cand
+from ..tune.measure import Measured, from_metrics, from_reports
+from ..tune.schedule import alternate
+from ..tune.stats import Run, best, summarize, table, to_json
+
+
+class TuneRunFailed(NumarunError):
+    """A candidate's run exited non-zero."""
+
+    exit_code = 1
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"bad --trials {text!r}: expected a positive integer")
+    return int(text)
+
+
+def _axis(parse):  # type: ignore[no-untyped-def]
+    def wrapped(text: str) -> cand.Axis:
+        try:
+            return parse(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return wrapped
+
+
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "tune",
+        help="measure binding/memory/OMP choices (and Hydra override lists) on your job; keep the fastest",
+        description="Run a short job once per candidate setting, alternated over --trials rounds, and report "
+        "each candidate's median throughput (metrics.jsonl, numarun.report(samples=N), else wall time).",
+    )
+    parser.add_argument("--binding", "--numa-binding", type=_axis(cand.binding_axis), default=None, metavar="LIST",
+                        help="binding modes to try, e.g. exclusive,node,none")
+    parser.add_argument("--mem-policy", type=_axis(cand.mem_policy_axis), default=None, metavar="LIST",
+                        help="memory policies to try, e.g. bind,preferred")
+    parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
+                        help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
+    parser.add_argument("--trials", type=_positive, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)")
+    parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
+    parser.add_argument("--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'")
+    parser.add_argument("--svg", metavar="FILE", default=None, help="write a bar chart of the results")
+    parser.add_argument("--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default=None, metavar="N",
+                        help="local ranks of every run (passed to numarun run)")
+    parser.add_argument("--topology", metavar="PATH", default=None, help="topology source for planning (passed to numarun run)")
+    parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")
+    parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments; key=a,b,c lists are swept for Hydra jobs")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
+    """(axes, the script's other args, app kind) from the parsed options."""
+    from ..config.compose import detect_app
+
+    kind = detect_app(args.script, is_module=args.module).name
+    axes = [a for a in (args.binding, args.mem_policy, args.omp) if a is not None]
+    rest = list(args.script_args)
+    if kind != "PLAIN":
+        override, rest = cand.override_axes(rest)
+        axes += override
+    if not axes:
+        raise UsageError("bad numarun tune: nothing to compare; expected --binding, --mem-policy, --omp lists "
+                         "(or key=a,b,c overrides for a Hydra job)")
+    return axes, rest, kind
+
+
+def _command(args: argparse.Namespace, c: cand.Candidate, rest: list[str], run_dir: Path | None) -> list[str]:
+    cmd = [sys.executable, "-m", "numarun", "run", "--standalone"]
+    if args.nproc_per_node:
+        cmd += ["--nproc-per-node", str(args.nproc_per_node)]
+    if args.topology:
+        cmd += ["--topology", args.topology]
+    for flag in ("binding", "mem-policy"):
+        if c.get(flag) is not None:
+            cmd += [f"--{flag}", str(c.get(flag))]
+    if args.module:
+        cmd.append("-m")
+    cmd.append(args.script)
+    cmd += c.overrides() + rest
+    if run_dir is not None:
+        cmd.append(f"hydra.run.dir={run_dir}")
+    return cmd
+
+
+def _run_once(cmd: list[str], env: dict[str, str], log_path: Path) -> tuple[int, float, float]:
+    """(exit code, wall seconds, peak RSS MiB of the largest process in the tree)."""
+    start = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.perf_counter() - start, usage.ru_maxrss / 1024
+
+
+def _measure(run_dir: Path | None, report_file: Path) -> Measured | None:
+    if run_dir is not None and (run_dir / "metrics.jsonl").exists():
+        m = from_metrics((run_dir / "metrics.jsonl").read_text())
+        if m is not None:
+            return m
+    if report_file.exists():
+        return from_reports(report_file.read_text())
+    return None
+
+
+def _save_plan(args: argparse.Namespace, winner: cand.Candidate) -> str:
+    from ..plan.binding import make_plan
+    from ..plan.model import BindingMode, MemPolicy
+    from ..plan.options import parse_nproc, request_from_args
+    from ..topology.discover import load_topology
+
+    ns = argparse.Namespace(
+        nproc_per_node=parse_nproc(str(args.nproc_per_node)) if args.nproc_per_node else None,
+        binding=BindingMode(winner.get("binding") or cand.DEFAULTS["binding"]),
+        mem_policy=MemPolicy(winner.get("mem-policy") or cand.DEFAULTS["mem-policy"]),
+    )
+    plan = make_plan(load_topology(args.topology), request_from_args(ns, os.environ))
+    omp = winner.get("omp")
+    if omp and omp != cand.OMP_FROM_PLAN:
+        ranks = tuple(dataclasses.replace(r, env={**r.env, "OMP_NUM_THREADS": omp}) for r in plan.ranks)
+        plan = dataclasses.replace(plan, ranks=ranks)
+    return plan.to_json()
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --json/--save/--svg before minutes of runs, not after."""
+    for flag in ("json", "save", "svg"):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        path = Path(value)
+        if path.is_dir() or not (path.parent if str(path.parent) else Path(".")).is_dir():
+            raise UsageError(f"bad --{flag} {value!r}: expected a file path in an existing directory")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.module and not Path(args.script).is_file():
+        raise UsageError(f"bad script {args.script!r}: no such file; expected a path to a Python script (or -m MODULE)")
+    _check_outputs(args)
+    axes, rest, kind = _axes(args)
+    cands = cand.candidates(axes)
+    default = cand.default_index(cands, axes)
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="numarun-tune-"))
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"bad --work-dir {args.work_dir!r}: {e.strerror}; expected a writable directory") from None
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    runs: list[list[Run]] = [[] for _ in cands]
+    order = alternate(len(cands), args.trials)
+    try:
+        for n, (rnd, i) in enumerate(order, start=1):
+            c = cands[i]
+            tag = f"c{i}-r{rnd}"
+            run_dir = work / tag if kind != "PLAIN" else None
+            report_file = work / f"{tag}.report.jsonl"
+            env = {**base_env, envvars.REPORT: str(report_file)}
+            omp = c.get("omp")
+            if omp and omp != cand.OMP_FROM_PLAN:
+                env["OMP_NUM_THREADS"] = omp  # a value the user set wins over the plan's
+            cmd = _command(args, c, rest, run_dir)
+            code, wall, rss = _run_once(cmd, env, work / f"{tag}.log")
+            if code != 0:
+                tail = (work / f"{tag}.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                where = f"log {work / (tag + '.log')}" if args.work_dir else "rerun with --work-dir to keep its log"
+                raise TuneRunFailed(f"candidate {c.label()!r} failed with exit code {code} ({where}): {tail[0][:300]}")
+            m = _measure(run_dir, report_file)
+            runs[i].append(Run(seconds=wall, throughput=m.throughput if m else None, unit=m.unit if m else "s",
+                               peak_mem_mb=(m.peak_mem_mb if m and m.peak_mem_mb is not None else rss)))
+            shown = f"{m.throughput:.4g} {m.unit}" if m and m.throughput is not None else "no throughput reported"
+            print(f"run {n}/{len(order)}  {c.label()}: {wall:.2f} s, {shown}", file=sys.stderr, flush=True)
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    units = {r.unit for rs in runs for r in rs}
+    if len(units) > 1:  # e.g. one candidate's runs reported and another's did not: compare times only
+        runs = [[dataclasses.replace(r, throughput=None, unit="s") for r in rs] for rs in runs]
+    summaries = summarize(cands, runs, default)
+    winner = best(summaries)
+    sys.stdout.write(table(summaries, default=default, winner=winner))
+    print(f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)")
+    if args.json:
+        write_output(args.json, json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n", flag="--json")
+    if args.svg:
+        from ..tune.chart import render_chart
+
+        write_output(args.svg, render_chart(summaries, default=default, winner=winner), flag="--svg")
+    if args.save:
+        write_output(args.save, _save_plan(args, cands[winner]), flag="--save")
+        overrides = cands[winner].overrides()
+        if overrides:
+            print(f"the plan holds no Hydra overrides: pass {' '.join(overrides)} to the job yourself", file=sys.stderr)
+    return 0

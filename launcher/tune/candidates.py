@@ -1,0 +1,120 @@
+"""The settings ``numarun tune`` tries: plan options as lists and Hydra override lists.
+
+A candidate is one value per axis, the cartesian product of the axes in the order given
+(the first axis varies slowest). Plan axes: ``binding``, ``mem-policy`` and ``omp``
+(``plan`` = the plan's own OMP_NUM_THREADS); Hydra axes: every ``key=a,b,c`` argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from ..plan.model import BindingMode, MemPolicy
+
+PLAN_AXES = ("binding", "mem-policy", "omp")
+OMP_FROM_PLAN = "plan"
+DEFAULTS: dict[str, str] = {"binding": BindingMode.EXCLUSIVE.value, "mem-policy": MemPolicy.BIND.value, "omp": OMP_FROM_PLAN}
+"""What ``numarun run`` uses when no option is given: the candidate that ratios are taken against."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    """``binding``, ``mem-policy``, ``omp``, or a Hydra key such as ``trainer.batch_size``."""
+    values: tuple[str, ...]
+
+    @property
+    def is_override(self) -> bool:
+        return self.name not in PLAN_AXES
+
+
+@dataclass(frozen=True)
+class Candidate:
+    options: tuple[tuple[str, str], ...]
+    """(axis name, value) in axis order."""
+
+    def get(self, name: str) -> str | None:
+        return dict(self.options).get(name)
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.options)
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.options if k not in PLAN_AXES]
+
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.options) or "default"
+
+
+def _split(flag: str, text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(","))
+    if not text.strip() or any(not v for v in values):
+        raise UsageError(f"bad {flag} {text!r}: expected a comma-separated list such as a,b,c")
+    if len(set(values)) != len(values):
+        raise UsageError(f"bad {flag} {text!r}: a value is repeated; expected distinct values")
+    return values
+
+
+def binding_axis(text: str) -> Axis:
+    values = _split("--binding", text)
+    allowed = [m.value for m in BindingMode]
+    for v in values:
+        if v not in allowed:
+            raise UsageError(f"bad --binding value {v!r} in {text!r}: expected a list of {', '.join(allowed)}")
+    return Axis("binding", values)
+
+
+def mem_policy_axis(text: str) -> Axis:
+    values = _split("--mem-policy", text)
+    allowed = [m.value for m in MemPolicy]
+    for v in values:
+        if v not in allowed:
+            raise UsageError(f"bad --mem-policy value {v!r} in {text!r}: expected a list of {', '.join(allowed)}")
+    return Axis("mem-policy", values)
+
+
+def omp_axis(text: str) -> Axis:
+    values = _split("--omp", text)
+    for v in values:
+        if v != OMP_FROM_PLAN and not (v.isdigit() and int(v) >= 1):
+            raise UsageError(f"bad --omp value {v!r} in {text!r}: expected a list of positive integers or 'plan'")
+    return Axis("omp", values)
+
+
+def _top_level_commas(value: str) -> bool:
+    """A plain ``a,b,c`` list: no brackets, braces, parentheses or quotes that Hydra parses itself."""
+    return "," in value and not any(c in value for c in "[]{}()'\"")
+
+
+def override_axes(script_args: Sequence[str]) -> tuple[list[Axis], list[str]]:
+    """(axes from ``key=a,b,c`` arguments, the other arguments unchanged, in order)."""
+    axes: list[Axis] = []
+    rest: list[str] = []
+    for a in script_args:
+        key, eq, value = a.partition("=")
+        if eq and key and not a.startswith("-") and _top_level_commas(value):
+            if any(ax.name == key for ax in axes):
+                raise UsageError(f"bad override {a!r}: {key} is swept twice; expected one list per key")
+            axes.append(Axis(key, _split(f"override {key}", value)))
+        else:
+            rest.append(a)
+    return axes, rest
+
+
+def candidates(axes: Sequence[Axis]) -> list[Candidate]:
+    """Every combination of the axes' values, the first axis varying slowest."""
+    combos = itertools.product(*[[(ax.name, v) for v in ax.values] for ax in axes])
+    return [Candidate(tuple(c)) for c in combos]
+
+
+def default_index(cands: Sequence[Candidate], axes: Sequence[Axis]) -> int:
+    """The candidate ``numarun run`` would use (plan axes at their defaults, each override at
+    its first value); the first candidate when none matches."""
+    want = {ax.name: DEFAULTS.get(ax.name, ax.values[0]) for ax in axes}
+    for i, c in enumerate(cands):
+        if c.as_dict() == want:
+            return i
+    return 0

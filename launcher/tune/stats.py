@@ -1,0 +1,109 @@
+"""Per-candidate statistics, the winner, and the table and JSON ``numarun tune`` prints."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .candidates import Candidate
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of one candidate."""
+
+    seconds: float
+    """Wall time of the whole command."""
+    throughput: float | None
+    unit: str
+    peak_mem_mb: float | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    candidate: Candidate
+    runs: tuple[Run, ...]
+    median_s: float
+    throughput: float | None
+    """Median throughput over the runs; None when a run reported none (then time decides)."""
+    throughput_range: tuple[float, float] | None
+    unit: str
+    peak_mem_mb: float | None
+    ratio: float
+    """Speed relative to the default candidate (> 1: faster), by throughput, else by 1/time."""
+
+
+def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default: int) -> list[Summary]:
+    """One Summary per candidate; throughput is used only when every run of every candidate has one."""
+    with_tp = all(r.throughput is not None for rs in runs for r in rs)
+    med_s = [statistics.median(r.seconds for r in rs) for rs in runs]
+    med_tp = [statistics.median(r.throughput for r in rs) if with_tp else None for rs in runs]  # type: ignore[type-var]
+    out = []
+    for i, (c, rs) in enumerate(zip(cands, runs)):
+        tp = med_tp[i]
+        base_tp = med_tp[default]
+        if tp is not None and base_tp:
+            ratio = tp / base_tp
+        else:
+            ratio = med_s[default] / med_s[i] if med_s[i] > 0 else float("inf")
+        peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
+        out.append(Summary(
+            candidate=c, runs=tuple(rs), median_s=med_s[i], throughput=tp,
+            throughput_range=(min(r.throughput for r in rs), max(r.throughput for r in rs)) if tp is not None else None,  # type: ignore[type-var]
+            unit=rs[0].unit if with_tp else "s", peak_mem_mb=max(peaks) if peaks else None, ratio=ratio,
+        ))
+    return out
+
+
+def best(summaries: Sequence[Summary]) -> int:
+    """Index of the fastest candidate (highest ratio); ties go to the earlier candidate."""
+    return max(range(len(summaries)), key=lambda i: (summaries[i].ratio, -i))
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.0f}"
+
+
+def table(summaries: Sequence[Summary], *, default: int, winner: int) -> str:
+    """Text table: candidate, median and range (throughput, else seconds), peak memory, ratio."""
+    by_tp = summaries[0].throughput is not None
+    unit = summaries[0].unit
+    head = ["candidate", f"median {unit}", "range", "median s", "peak MiB", "vs default"]
+    rows = []
+    for i, s in enumerate(summaries):
+        times = [r.seconds for r in s.runs]
+        if by_tp and s.throughput_range is not None:
+            med, rng = _num(s.throughput), f"{_num(s.throughput_range[0])}-{_num(s.throughput_range[1])}"  # type: ignore[arg-type]
+        else:
+            med, rng = f"{s.median_s:.3f}", f"{min(times):.3f}-{max(times):.3f}"
+        mark = " (default)" if i == default else ""
+        mark += " *best*" if i == winner else ""
+        rows.append([s.candidate.label() + mark, med, rng, f"{s.median_s:.3f}",
+                     f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-", f"{s.ratio:.3f}x"])
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))) for r in [head, *rows]]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(summaries: Sequence[Summary], *, default: int, winner: int, trials: int) -> dict[str, Any]:
+    """``{"candidates": [{"options", "runs_s", "median_s", "throughput", ...}], "best": {"options"}}``."""
+    return {
+        "trials": trials,
+        "unit": summaries[0].unit,
+        "candidates": [
+            {
+                "options": s.candidate.as_dict(),
+                "runs_s": [round(r.seconds, 4) for r in s.runs],
+                "median_s": round(s.median_s, 4),
+                "throughput": s.throughput,
+                "runs_throughput": [r.throughput for r in s.runs] if s.throughput is not None else None,
+                "peak_mem_mb": s.peak_mem_mb,
+                "ratio_to_default": round(s.ratio, 4),
+                "default": i == default,
+            }
+            for i, s in enumerate(summaries)
+        ],
+        "best": {"options": summaries[winner].candidate.as_dict(), "ratio_to_default": round(summaries[winner].ratio, 4)},
+    }
