@@ -60,6 +60,7 @@ def _roundtrip(backend: _Mempolicy) -> tuple[int, tuple[int, ...]]:
         affinity._backend = old
 
 
+@pytest.mark.slow
 def test_unknown_architecture_falls_back_to_libnuma() -> None:
     if not ctypes.util.find_library("numa"):
         pytest.skip("libnuma is not installed here")

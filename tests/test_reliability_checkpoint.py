@@ -21,6 +21,8 @@ import pytest
 
 from test_reliability_badinput import TRAIN, Case, _check, _env, _numarun, case
 
+pytestmark = pytest.mark.slow  # every test starts numarun or a trainer
+
 TIMEOUT = 180
 
 

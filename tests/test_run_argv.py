@@ -103,6 +103,7 @@ def test_worker_env_lists_the_user_set_variables() -> None:
     assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "OMP_NUM_THREADS"}
 
 
+@pytest.mark.slow
 def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
     from numarun.launch.torchrun import write_plan_file
 
@@ -115,6 +116,7 @@ def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
     assert write_plan_file(plan, tmp_path) == kept  # a second job in the same dir
 
 
+@pytest.mark.slow
 def test_run_torchrun_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from numarun.launch.torchrun import run_torchrun
 

@@ -100,6 +100,7 @@ def test_no_watch_turns_it_off(tmp_path):
     assert "binding drift" not in p.stderr
 
 
+@pytest.mark.slow
 def test_bad_watch_interval_is_exit_2(tmp_path):
     p = subprocess.run([sys.executable, "-m", "numarun", "run", "--watch-interval", "-1", "--nproc-per-node", "1", REPIN],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
