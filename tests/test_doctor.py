@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, extract_tree, sysfs_tarballs
 from numarun.cli import main as cli_main
-from numarun.doctor.checks import RdmaPort, check_nvml, check_rdma_ports
+from numarun.doctor.checks import check_nvml, check_rdma_ports
 from numarun.doctor.model import Severity
+from numarun.topology.model import Nic, NicKind, RdmaPort
 from numarun.topology.sysfs import read_sysfs
 
 H200_GPU = "sys/bus/pci/devices/0000:00:06.0"
@@ -127,22 +128,26 @@ def test_port_down_is_an_error(capsys, ib_tree):
     assert rc == 1
 
 
+def ib_nic(name: str, *ports: RdmaPort) -> Nic:
+    return Nic(name=name, kind=NicKind.INFINIBAND, numa_node=0, ports=ports)
+
+
 def test_second_port_down_beside_an_active_one_is_a_warning():
     from numarun.topology.model import Topology
 
-    topo = Topology(hostname="x", numa_nodes=(), cpus=())
-    ports = (RdmaPort("mlx5_0", 1, "ACTIVE", "InfiniBand"), RdmaPort("mlx5_0", 2, "DOWN", "InfiniBand"),
-             RdmaPort("mlx5_1", 1, "", "InfiniBand"))
-    got = {(f.device, f.severity) for f in check_rdma_ports(topo, ports)}
+    topo = Topology(hostname="x", numa_nodes=(), cpus=(), nics=(
+        ib_nic("mlx5_0", RdmaPort(1, "ACTIVE", "InfiniBand"), RdmaPort(2, "DOWN", "InfiniBand")),
+        ib_nic("mlx5_1", RdmaPort(1, "", "InfiniBand")),
+    ))
+    got = {(f.device, f.severity) for f in check_rdma_ports(topo)}
     assert got == {("mlx5_0:2", Severity.WARN), ("mlx5_1:1", Severity.INFO)}
 
 
 def test_unusable_link_layer_is_reported():
-    ports = (RdmaPort("hfi1_0", 1, "ACTIVE", "OmniPath"),)
     from numarun.topology.model import Topology
 
-    topo = Topology(hostname="x", numa_nodes=(), cpus=())
-    (f,) = check_rdma_ports(topo, ports)
+    topo = Topology(hostname="x", numa_nodes=(), cpus=(), nics=(ib_nic("hfi1_0", RdmaPort(1, "ACTIVE", "OmniPath")),))
+    (f,) = check_rdma_ports(topo)
     assert f.check == "rdma-link-layer" and f.device == "hfi1_0:1"
 
 

@@ -7,7 +7,7 @@ health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,23 +33,9 @@ THROTTLE_INFO = {0x4: "software power cap"}
 
 
 @dataclass(frozen=True)
-class RdmaPort:
-    """One port of an RDMA device, as ``sys/class/infiniband/<dev>/ports/<n>`` shows it."""
-
-    device: str
-    port: int
-    state: str
-    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED`` (the word after ``N: `` in ``state``); "" unknown."""
-    link_layer: str = ""
-    """``InfiniBand`` or ``Ethernet`` (RoCE); "" when the kernel does not say."""
-
-
-@dataclass(frozen=True)
 class Probe:
     """What the doctor reads beside the Topology."""
 
-    rdma_ports: tuple[RdmaPort, ...] | None = None
-    """None when not read (a snapshot that is no tree); () when the node has none."""
     smt_control: str = ""
     """``sys/devices/system/cpu/smt/control``: on, off, forceoff, notsupported; "" unknown."""
     nvml: Mapping[str, Any] | None = None
@@ -75,22 +61,19 @@ def check_pcie_links(topo: Topology) -> list[Finding]:
     return out
 
 
-def check_rdma_ports(topo: Topology, ports: Sequence[RdmaPort] | None) -> list[Finding]:
-    if ports is None:
-        return []
+def check_rdma_ports(topo: Topology) -> list[Finding]:
+    """The RDMA ports the Topology carries (sysfs ``ports/<N>/{state,link_layer}``, hwloc, snapshots)."""
     out = []
     netdevs = {n.name: n.netdevs for n in topo.nics}
-    by_dev: dict[str, list[RdmaPort]] = {}
-    for p in ports:
-        by_dev.setdefault(p.device, []).append(p)
-    for dev, dev_ports in sorted(by_dev.items()):
-        active = [p for p in dev_ports if p.state == "ACTIVE"]
+    for nic in sorted(topo.nics, key=lambda n: n.name):
+        dev, dev_ports = nic.name, nic.ports
+        active = [p for p in dev_ports if p.active]
         for p in dev_ports:
-            where = f"{dev}:{p.port}"
+            where = f"{dev}:{p.number}"
             if not p.state:
                 out.append(Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked"))
                 continue
-            if p.state != "ACTIVE":
+            if not p.active:
                 sev = Severity.WARN if active else Severity.ERROR
                 out.append(Finding(
                     sev, "rdma-port", where,
@@ -284,7 +267,7 @@ def check_node(topo: Topology, probe: Probe, request: PlanRequest) -> tuple[Find
     """Every one-node check, errors first."""
     findings = (
         check_pcie_links(topo)
-        + check_rdma_ports(topo, probe.rdma_ports)
+        + check_rdma_ports(topo)
         + check_numa_unknown(topo)
         + check_peermem(topo)
         + check_cpus(topo, request, probe.smt_control)

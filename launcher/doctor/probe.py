@@ -1,4 +1,4 @@
-"""The doctor's I/O beside topology discovery: RDMA port states, SMT control, NVML health,
+"""The doctor's I/O beside topology discovery: SMT control, NVML health,
 software versions. Every file is read below ``root`` so that recorded trees work as the
 live machine does."""
 
@@ -6,40 +6,13 @@ from __future__ import annotations
 
 import logging
 import platform
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .checks import Probe, RdmaPort
+from .checks import Probe
 
 log = logging.getLogger(__name__)
-
-
-def read_rdma_ports(root: Path) -> tuple[RdmaPort, ...] | None:
-    """``sys/class/infiniband/<dev>/ports/<n>/{state,link_layer}``; None when the tree has no ``sys/class``.
-
-    ``state`` reads ``4: ACTIVE``; the word is kept.
-    """
-    cls = root / "sys/class"
-    if not cls.is_dir():
-        return None
-    base = cls / "infiniband"
-    out: list[RdmaPort] = []
-    if not base.is_dir():
-        return ()
-    for dev in sorted(base.iterdir(), key=lambda p: p.name):
-        ports = dev / "ports"
-        if not ports.is_dir():
-            continue
-        for port in sorted(ports.iterdir(), key=lambda p: p.name):
-            if not port.name.isdigit():
-                continue
-            state = _text(port / "state")
-            m = re.match(r"^\s*\d+\s*:\s*(\S+)", state)
-            link_layer = _text(port / "link_layer").strip() or "InfiniBand"  # absent on old kernels: IB
-            out.append(RdmaPort(dev.name, int(port.name), m.group(1) if m else state.strip(), link_layer))
-    return tuple(out)
 
 
 def _text(p: Path) -> str:
@@ -102,7 +75,7 @@ def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) 
     """Everything the checks need beside the Topology, from the tree at ``root``."""
     if live and nvml_record is None:
         nvml_record = read_nvml_health_record()
-    return Probe(rdma_ports=read_rdma_ports(root), smt_control=read_smt_control(root), nvml=nvml_record)
+    return Probe(smt_control=read_smt_control(root), nvml=nvml_record)
 
 
 def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:

@@ -581,7 +581,7 @@ def _read_rdma_ports(r: _Reader, dev: Path) -> tuple[RdmaPort, ...]:
         ll = r.text(port / "link_layer", form="'InfiniBand' or 'Ethernet'")
         if ll is None:
             r.note(f"{dev.name}: port {port.name} has no link_layer; taken as InfiniBand")
-        layer = "Ethernet" if (ll or "").strip() == "Ethernet" else "InfiniBand"
+        layer = (ll or "").strip() or "InfiniBand"  # kept as written: the doctor flags layers the plan cannot use
         rate = r.text(port / "rate", form="a rate such as '200 Gb/sec (4X HDR)'") or ""
         m = _RATE.match(rate)
         state_text = r.text(port / "state", form="a port state such as '4: ACTIVE'")
