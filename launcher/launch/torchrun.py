@@ -588,6 +588,46 @@ def _watch_signals(death: set[int], state: Path) -> Any:
     return stop
 
 
+RDZV_MARGIN_S = 15
+"""Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
+
+
+def rendezvous_deadline(argv: Sequence[str]) -> tuple[int, str]:
+    """(seconds, what they come from) that the first rendezvous may take: torch's own timeout
+    (``join_timeout`` for c10d/etcd, ``timeout`` for static) plus :data:`RDZV_MARGIN_S`."""
+    conf = check_rdzv_conf(_argv_value(argv, "--rdzv-conf", ""))
+    backend = _argv_value(argv, "--rdzv-backend", "static")
+    if "--standalone" in argv:
+        backend = "c10d"
+    key, default = ("timeout", 900) if backend == "static" else ("join_timeout", 600)
+    base = int(conf.get(key, default))
+    return base + RDZV_MARGIN_S, f"{key}={base} + {RDZV_MARGIN_S} s"
+
+
+def _watch_rendezvous(argv: Sequence[str], state: Path) -> Any:
+    """A deadline on the first rendezvous: torch's c10d client waits without end on an endpoint
+    where another program listens. When no worker has started by the deadline, numarun
+    prints one line naming it and exits 1. Returns a function that disarms it."""
+    import sys
+    import threading
+
+    seconds, source = rendezvous_deadline(argv)
+    done = threading.Event()
+
+    def wait() -> None:
+        if done.wait(seconds) or list(state.glob("pid.*")):
+            return
+        endpoint = options_endpoint(argv) or _argv_value(argv, "--master-addr", "127.0.0.1")
+        print(f"numarun: error: rendezvous did not complete within {seconds} s ({source}) at {endpoint!r}; "
+              "expected every node to join and the rendezvous store at that endpoint (is another program "
+              "listening on it?)", file=sys.stderr, flush=True)
+        shutil.rmtree(state, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=wait, name="numarun-rendezvous", daemon=True).start()
+    return done.set
+
+
 def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
 
@@ -621,6 +661,7 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
         previous[sig] = signal.signal(sig, _terminate_process_handler if name in death else _forward)
     _state["reported"] = False
     stop_watch = _watch_signals({int(getattr(signal, n)) for n in death}, state)
+    stop_rdzv = _watch_rendezvous(argv, state)
     # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
     # by one job (torchrun's OMP_NUM_THREADS too) must not look user-set to the next.
     saved = dict(os.environ)
@@ -662,6 +703,7 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
         # one line naming the cause instead of its traceback.
         raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
     finally:
+        stop_rdzv()
         stop_watch()
         tempfile.tempdir = saved_tempdir
         for sig, handler in previous.items():

@@ -42,9 +42,17 @@ class JobRecord:
         return 0 if self.state == "COMPLETED" else 1
 
 
+COMMAND_TIMEOUT_S = 120
+"""The longest a Slurm command (sbatch, squeue, scontrol) may take before numarun gives up."""
+
+
 def _run(argv: Sequence[str], *, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False)
+        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(
+            f"{' '.join(argv[:2])!r} did not answer within {COMMAND_TIMEOUT_S} s; expected a responsive Slurm controller"
+        ) from None
     except FileNotFoundError:
         raise SlurmError(f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)") from None
 

@@ -81,8 +81,10 @@ def load_topology(source: str | None = None) -> Topology:
 
 
 def _read_text(path: Path, source: str) -> str:
+    from .fileio import read_bounded
+
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, shown=source)
     except OSError as e:
         raise TopologyError(f"topology source {source!r} cannot be read ({e.strerror}): expected {ACCEPTED}") from None
     try:

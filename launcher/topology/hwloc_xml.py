@@ -104,8 +104,10 @@ def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
     if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("<")):
         path = Path(source)
         origin = origin or str(path)
+        from .fileio import read_bounded
+
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_bounded(path, shown=origin).decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise TopologyError(f"hwloc XML {origin!r} cannot be read ({e}): expected {_FORM}") from None
     else:

@@ -68,6 +68,7 @@ from pathlib import Path
 
 from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
+from .fileio import read_bounded
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class _Reader:
     def text(self, p: Path, *, form: str) -> str | None:
         """File content as text, None when absent or unreadable (sysfs EINVAL/EIO)."""
         try:
-            data = p.read_bytes()
+            data = read_bounded(p, shown=self.show(p))
         except FileNotFoundError:
             return None
         except IsADirectoryError:
@@ -214,7 +215,7 @@ def read_sysfs(root: Path | str) -> Topology:
     links_file = r.path("links.json")
     if not live and links_file.is_file():
         try:
-            data = json.loads(links_file.read_text())
+            data = json.loads(read_bounded(links_file, shown=str(links_file)))
             if isinstance(data, dict):
                 r.links = {str(k): str(v) for k, v in data.items()}
         except (ValueError, UnicodeDecodeError):
