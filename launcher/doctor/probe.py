@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import TopologyError
+from ..topology.fileio import read_bounded
 from .checks import Probe
 
 log = logging.getLogger(__name__)
@@ -17,8 +19,8 @@ log = logging.getLogger(__name__)
 
 def _text(p: Path) -> str:
     try:
-        return p.read_text(errors="replace")
-    except OSError:
+        return read_bounded(p).decode(errors="replace")
+    except (OSError, TopologyError):  # absent, or not a file a recorded tree should hold
         return ""
 
 
