@@ -6,16 +6,17 @@
 #
 #   bash scripts/fetch-gpu-wheels.sh            # target: CPython 3.12 on x86_64 Linux
 #   PYVER=3.11 bash scripts/fetch-gpu-wheels.sh # another Python on the GPU host
+#   NUMARUN_WHEELS=DIR ...                      # into DIR instead of .whl/ (gpu-check.sh reads the same variable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER="${PYVER:-3.12}"
 PIP="${PIP:-python3 -m pip}"
-DEST=.whl
+DEST="${NUMARUN_WHEELS:-.whl}"
 mkdir -p "$DEST"
 
 # Versions are the ones the test suite runs with (the project's .venv).
-PURE=(hydra-core==1.3.8 omegaconf==2.3.1 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0)
-BINARY=(PyYAML==6.0.4 numpy==2.4.6)
+PURE=(hydra-core==1.3.8 omegaconf==2.3.1 packaging==26.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0)
+BINARY=(PyYAML==6.0.4 numpy==2.4.6 psutil==7.2.2)
 
 download() {
   $PIP download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \

@@ -3,14 +3,18 @@
     python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
 
-Checks (each a list of named pass/fail results; run in the order topo, binding, h2d, train):
+Checks (each a list of named pass/fail results; run in the order topo, binding, doctor, h2d, train):
 
 1. ``topo``: ``numarun topo --json`` on the live machine found the GPUs through NVML, and each
    GPU's bus id, memory, NUMA and CPU affinity agree with ``nvidia-smi --query-gpu`` and
    ``nvidia-smi topo -m``.
 2. ``binding``: a 1-GPU job under ``numarun run --strict-binding`` whose rank (this script with
    ``--probe``) reports its real CPU affinity (every thread, after importing torch), memory
-   policy, OMP_NUM_THREADS and GPU, equal to ``numarun plan --json``.
+   policy, OMP_NUM_THREADS and GPU, equal to ``numarun plan --json``; and NCCL's NIC rule on
+   the plan of one rank per GPU: every rank of the node has the same ``NCCL_IB_HCA``.
+   ``doctor``: ``numarun doctor --json`` on the live node (NVML health, PCIe links, the
+   peer-memory module), when this build has the command (``numarun doctor --help``); each
+   error finding is a failed check.
 3. ``train``: the reference trainer (scripts/train.py, same GPU config and steps) under
    ``numarun`` and under plain ``torchrun``, alternated round by round; tokens/s is the median
    of the steps after warm-up, the ratio numarun/torchrun is the median over rounds.
@@ -43,10 +47,28 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a plain script from a checkout
-    sys.path.insert(0, str(REPO))
+
+
+def _importable_numarun() -> None:
+    """Run from a checkout without numarun installed: import it from ``launcher/``.
+
+    The source folder is named ``launcher``, the package ``numarun``; a temporary folder
+    holding a ``numarun`` link to ``launcher/`` goes first on sys.path and PYTHONPATH, so
+    that ``python -m numarun`` in the subprocesses finds the same code.
+    """
+    try:
+        import numarun  # noqa: F401
+    except ImportError:
+        link_dir = Path(tempfile.mkdtemp(prefix="numarun-src."))
+        (link_dir / "numarun").symlink_to(REPO / "launcher", target_is_directory=True)
+        sys.path.insert(0, str(link_dir))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(link_dir), os.environ.get("PYTHONPATH")]))
+
+
+_importable_numarun()
 
 from numarun.cpuset import format_list  # noqa: E402
+from numarun.fsutil import write_atomic  # noqa: E402
 from numarun.topology.model import normalize_bus_id  # noqa: E402
 from numarun.topology.smi import SmiMatrix, parse_topo_m  # noqa: E402
 
@@ -215,6 +237,27 @@ def check_binding(rank: Mapping[str, Any], report: Mapping[str, Any]) -> list[Ch
     return out
 
 
+def check_nic_rule(ranks: Sequence[Mapping[str, Any]]) -> list[Check]:
+    """NCCL pairs HCAs across ranks: every rank of a node gets the same NCCL_IB_HCA (NVIDIA/nccl#1478)."""
+    values = {r.get("env", {}).get("NCCL_IB_HCA") for r in ranks}
+    shown = ", ".join(sorted(repr(v) if v is not None else "unset" for v in values))
+    return [Check("binding", "nic_rule", len(ranks) > 0 and len(values) == 1,
+                  f"{len(ranks)} ranks, NCCL_IB_HCA: {shown or 'no ranks'}")]
+
+
+def check_doctor(doc: Mapping[str, Any], exit_code: int) -> list[Check]:
+    """``numarun doctor --json``: it ran and reported, and no finding is an error."""
+    findings = doc.get("findings")
+    if not isinstance(findings, list):
+        return [Check("doctor", "ran", False, f"exit {exit_code}, no findings list in its JSON")]
+    errors = [f for f in findings if str(f.get("severity", "")).lower() == "error"]
+    out = [Check("doctor", "ran", exit_code == (1 if errors else 0),
+                 f"exit {exit_code}, {len(findings)} findings, {len(errors)} errors")]
+    for i, f in enumerate(errors):
+        out.append(Check("doctor", f"error{i}.{f.get('check', '?')}", False, f"{f.get('device', '-')}: {f.get('message', '')}"))
+    return out
+
+
 def check_train(numarun_rates: Sequence[float], torchrun_rates: Sequence[float], *,
                 min_ratio: float = MIN_TRAIN_RATIO) -> tuple[list[Check], float]:
     """Median tokens/s over rounds for each launcher and their ratio."""
@@ -282,7 +325,7 @@ def probe(path: Path) -> None:
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=os.environ.get("LOCAL_RANK"),
         plan_rank=json.loads(json.dumps(asdict(binding), default=str)) if binding is not None else None,
     )
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(path, json.dumps(report, indent=1) + "\n")
 
 
 # -- the checks, live -----------------------------------------------------------------------------
@@ -315,8 +358,27 @@ def step_binding(result: dict[str, Any], work: Path) -> list[Check]:
     _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", "--strict-binding",
           str(Path(__file__).resolve()), "--probe", str(report_file)], timeout=180, cwd=work)
     report = json.loads(report_file.read_text())
-    result["binding"] = {"plan": plan, "report": report}
-    return check_binding(plan["ranks"][0], report)
+    per_gpu = json.loads(_run([*NUMARUN, "plan", "--json"], timeout=120))  # one rank per GPU (1 without)
+    result["binding"] = {"plan": plan, "report": report, "plan_per_gpu": per_gpu}
+    return check_binding(plan["ranks"][0], report) + check_nic_rule(per_gpu["ranks"])
+
+
+def step_doctor(result: dict[str, Any]) -> list[Check]:
+    """``numarun doctor --json`` where this build has it; otherwise noted as skipped, not failed."""
+    probe = subprocess.run([*NUMARUN, "doctor", "--help"], capture_output=True, text=True, timeout=120, env=_env())
+    if probe.returncode != 0:
+        result.setdefault("skipped", []).append("doctor: this build has no 'numarun doctor'")
+        print("skip doctor: 'numarun doctor --help' failed", flush=True)
+        return []
+    print("+ " + " ".join([*NUMARUN, "doctor", "--json"]), flush=True)
+    proc = subprocess.run([*NUMARUN, "doctor", "--json"], capture_output=True, text=True, timeout=180, env=_env())
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        result["doctor"] = {"exit": proc.returncode, "stdout": proc.stdout[-4000:], "stderr": proc.stderr[-4000:]}
+        return [Check("doctor", "ran", False, f"exit {proc.returncode}, output is not JSON: {proc.stderr.strip()[-300:]}")]
+    result["doctor"] = {"exit": proc.returncode, "report": doc}
+    return check_doctor(doc, proc.returncode)
 
 
 def step_train(result: dict[str, Any], work: Path, *, rounds: int, steps: int, min_ratio: float,
@@ -397,6 +459,9 @@ def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
                   "| direction | numarun pinned | numarun pageable | raw pinned | raw pageable |", "|---|---|---|---|---|"]
         for d in ("h2d", "d2h"):
             lines.append(f"| {d} | {b[f'{d}_pinned']:.2f} | {b[f'{d}_pageable']:.2f} | {r[f'{d}_pinned']:.2f} | {r[f'{d}_pageable']:.2f} |")
+    skipped = result.get("skipped")
+    if skipped:
+        lines += ["", "Skipped:", ""] + [f"- {x}" for x in skipped]
     errors = result.get("errors")
     if errors:
         lines += ["", "Errors:", ""] + [f"- {e}" for e in errors]
@@ -414,6 +479,7 @@ def run_all(args: argparse.Namespace) -> int:
         steps = {
             "topo": lambda: step_topo(result),
             "binding": lambda: step_binding(result, work),
+            "doctor": lambda: step_doctor(result),
             # h2d before train: it is short, and a time limit hitting the long step keeps its figures.
             "h2d": lambda: step_h2d(result, work, size=args.h2d_size, iters=args.h2d_iters),
             "train": lambda: step_train(result, work, rounds=args.rounds, steps=args.steps, min_ratio=args.min_ratio,
@@ -445,8 +511,8 @@ def _write(out_dir: Path | None, result: dict[str, Any], checks: Sequence[Check]
     md = render_markdown(result, checks)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "gpu-check.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-        (out_dir / "gpu-check.md").write_text(md)
+        write_atomic(out_dir / "gpu-check.json", json.dumps(result, indent=1, default=str) + "\n")
+        write_atomic(out_dir / "gpu-check.md", md)
     return md
 
 
@@ -473,6 +539,8 @@ def self_test(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="numarun-selftest.") as d:
         result: dict[str, Any] = {}
         checks += step_binding(result, Path(d))
+        if "doctor" not in args.skip:
+            checks += step_doctor(result)
     for c in checks:
         print(f"{'PASS' if c.ok else 'FAIL'} {c.step}.{c.name}: {c.detail}")
     ok = all(c.ok for c in checks)
@@ -492,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="trainer overrides replacing the GPU config (repeat; for trying the script on a CPU)")
     p.add_argument("--h2d-size", default="1GiB")
     p.add_argument("--h2d-iters", type=int, default=10)
-    p.add_argument("--skip", action="append", default=[], choices=("topo", "binding", "train", "h2d"))
+    p.add_argument("--skip", action="append", default=[], choices=("topo", "binding", "doctor", "train", "h2d"))
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
     args = p.parse_args(argv)

@@ -176,6 +176,41 @@ def test_markdown_summary_carries_the_figures() -> None:
     assert "| numarun | 1234 |" in md and "| torchrun | - |" in md and "ratio numarun" not in md
 
 
+def test_nic_rule_wants_one_hca_list_per_node() -> None:
+    same = [{"env": {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}}, {"env": {"NCCL_IB_HCA": "=mlx5_0,mlx5_1"}}]
+    assert _failed(gc.check_nic_rule(same)) == set()
+    assert _failed(gc.check_nic_rule([{"env": {}}, {"env": {}}])) == set()
+    each = [{"env": {"NCCL_IB_HCA": "=mlx5_0"}}, {"env": {"NCCL_IB_HCA": "=mlx5_1"}}]
+    (check,) = gc.check_nic_rule(each)
+    assert not check.ok and "'=mlx5_0', '=mlx5_1'" in check.detail
+    assert _failed(gc.check_nic_rule([{"env": {"NCCL_IB_HCA": "=mlx5_0"}}, {"env": {}}])) == {"nic_rule"}
+    assert _failed(gc.check_nic_rule([])) == {"nic_rule"}
+
+
+def test_doctor_checks() -> None:
+    healthy = {"findings": [{"severity": "warning", "check": "persistence", "device": "gpu0", "message": "off"}]}
+    assert _failed(gc.check_doctor(healthy, 0)) == set()
+    sick = {"findings": [{"severity": "error", "check": "pcie_link", "device": "0000:00:06.0", "message": "x8 of x16"}]}
+    checks = gc.check_doctor(sick, 1)
+    assert _failed(checks) == {"error0.pcie_link"}
+    assert "x8 of x16" in checks[1].detail
+    assert _failed(gc.check_doctor(sick, 0)) == {"ran", "error0.pcie_link"}  # an error must set exit 1
+    assert _failed(gc.check_doctor({"no": "findings"}, 0)) == {"ran"}
+
+
+@pytest.mark.slow
+def test_gpu_check_sh_self_test_imports_numarun_from_this_tree(tmp_path: Path) -> None:
+    """The wrapper's set-up (link, PYTHONPATH, import check) with this venv's Python, no wheels needed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMARUN_TOPOLOGY")}
+    env.update(PYTHON=sys.executable, NUMARUN_GPU_SITE=str(tmp_path / "site"), NUMARUN_WHEELS=str(tmp_path / "none"))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--self-test", "--skip", "doctor"],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "numarun").resolve() == (REPO / "launcher").resolve()
+    assert proc.stdout.splitlines()[-1].startswith("self-test: PASS")
+    assert "PASS binding.nic_rule:" in proc.stdout
+
+
 @pytest.mark.slow
 def test_self_test_runs_on_this_machine() -> None:
     env = dict(os.environ)
@@ -201,7 +236,7 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.pop("NUMARUN_TOPOLOGY", None)
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(tmp_path),
-                           "--skip", "topo", "--skip", "train", "--skip", "h2d"],
+                           "--skip", "topo", "--skip", "train", "--skip", "h2d", "--skip", "doctor"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "gpu-check.json").read_text())
