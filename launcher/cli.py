@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "bench": "bench",
     "submit": "submit",
+    "slurm-node": "slurm_node",
 }
 
 

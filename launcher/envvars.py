@@ -26,5 +26,8 @@ RUN_DIR = "NUMARUN_RUN_DIR"
 """The job's run directory, shared by every rank (and every node of a Slurm job)."""
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
+VISIBLE_GPUS = "NUMARUN_VISIBLE_GPUS"
+"""The node's GPU indices that ``CUDA_VISIBLE_DEVICES``'s entries stand for, for planning only: under
+Slurm's ConstrainDevices, ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* GPU, which may be GPU 1."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY)
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, VISIBLE_GPUS)

@@ -12,7 +12,7 @@ if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUST
   # file) instead of being skipped, so a broken cluster never passes as green.
   export NUMARUN_TEST_CLUSTER=/tmp/numarun-cluster/env
   rm -f "$NUMARUN_TEST_CLUSTER"
-  bash scripts/test-cluster.sh up || echo "test cluster did not come up: cluster tests will fail" >&2
+  bash scripts/test-cluster.sh up --nodes 4 || echo "test cluster did not come up: cluster tests will fail" >&2
 fi
 .venv/bin/python -m pytest "$@" || status=$?
 exit $status

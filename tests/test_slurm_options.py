@@ -49,8 +49,8 @@ def test_format_time_round_trips():
 
 
 BAD_OPTIONS = [
-    (dict(nodes=0), "--nodes", "0"),
-    (dict(nodes=-1), "--nodes", "-1"),
+    (dict(nodes=0), "--nnodes", "0"),
+    (dict(nodes=-1), "--nnodes", "-1"),
     (dict(nproc_per_node=0), "--nproc-per-node", "0"),
     (dict(cpus_per_task=0), "--cpus-per-task", "0"),
     (dict(gpus_per_node="four"), "--gpus-per-node", "'four'"),
@@ -122,7 +122,8 @@ def spy_path(tmp_path):
 
 CLI_BAD = [
     (["--time", "1:2:3:4"], "'1:2:3:4'"),
-    (["--nodes", "0"], "--nodes 0"),
+    (["--nodes", "0"], "--nnodes 0"),
+    (["--nnodes", "0"], "--nnodes 0"),
     (["--nodes", "two"], "'two'"),
     (["--partition", "gpu$(id)"], "gpu$(id)"),
     (["--env", "not a var=1"], "--env"),

@@ -36,16 +36,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument("--nodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument("--nnodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument("--nodes", dest="nnodes", type=int, default=None, help=argparse.SUPPRESS)  # sbatch's spelling
     g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
-    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node")
+    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
     g.add_argument("--partition", default=None)
     g.add_argument("--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
     g.add_argument("--account", default=None)
     g.add_argument("--qos", default=None)
     g.add_argument("--constraint", default=None)
-    g.add_argument("--exclusive", action="store_true", help="whole nodes only")
-    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node")
+    g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
+                   help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
+                   "--no-exclusive: share nodes, with Slurm's default CPUs")
+    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node (default: every CPU of a whole node)")
     g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
     g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
@@ -54,9 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     r.add_argument("--output-dir", default=None, metavar="DIR",
                    help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default 3; 0 with slurm.requeue=false)")
+    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)")
     r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
-                   help="seconds before the time limit at which the job checkpoints and requeues (default 120, or a quarter of a shorter limit)")
+                   help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
+                   "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)")
     r.add_argument("--numarun", default=None, metavar="COMMAND",
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
@@ -103,11 +107,11 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
         "time": slurm.time,
         "account": slurm.account,
         "gpus_per_node": None if slurm.gpus_per_node is None else str(slurm.gpus_per_node),
-        "signal_before": slurm.signal_seconds,
-        "requeue_limit": None if slurm.requeue else 0,
+        "signal_before": slurm.signal_before,
+        "requeue_limit": slurm.requeue_limit,
     }
     if cfg.launcher.get("nnodes") is not None:
-        settings["nodes"] = int(cfg.launcher.nnodes)
+        settings["nnodes"] = int(cfg.launcher.nnodes)
     if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
         settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
     return kind, settings
@@ -123,6 +127,17 @@ def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
     if not multirun:
         return (tuple(user_args),)
     return tuple(tuple(job) + tuple(other) for job in cc.expand_sweep(overrides))
+
+
+def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
+    """A whole-node job asks for every GPU: how many the partition's nodes have (sinfo)."""
+    if not options.whole_nodes or options.gpus_per_node is not None:
+        return options
+    from dataclasses import replace
+
+    from ..slurm import submit as slurm
+
+    return replace(options, node_gpus=slurm.partition_gpus(options.partition))
 
 
 def build_job(args: argparse.Namespace) -> SlurmJob:
@@ -141,8 +156,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         value = from_config.get(name)
         return default if value is None else value
 
-    options = SlurmOptions(
-        nodes=pick("nodes", 1),
+    options = _with_node_gpus(SlurmOptions(
+        nodes=pick("nnodes", 1),
         nproc_per_node=pick("nproc_per_node"),
         gpus_per_node=pick("gpus_per_node"),
         partition=pick("partition"),
@@ -157,7 +172,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         requeue_limit=pick("requeue_limit", 3),
         signal_before=pick("signal_before"),
         extra_sbatch=tuple(args.extra_sbatch),
-    ).validate()
+    ).validate())
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
     if kind is not None and kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):

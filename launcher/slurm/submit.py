@@ -42,11 +42,45 @@ class JobRecord:
         return 0 if self.state == "COMPLETED" else 1
 
 
-def _run(argv: Sequence[str], *, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+COMMAND_TIMEOUT_S = 60.0
+"""Bound on every Slurm client call: a slurmctld that never answers must not hang submit."""
+
+
+def _run(argv: Sequence[str], *, input_text: str | None = None, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    limit = COMMAND_TIMEOUT_S if timeout is None else timeout
     try:
-        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False)
+        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"'{' '.join(argv[:3])}' did not answer within {limit:g} s: expected a reachable slurmctld") from None
     except FileNotFoundError:
         raise SlurmError(f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)") from None
+
+
+def parse_gres_gpus(text: str) -> int:
+    """``sinfo -h -o %G`` lines (``gpu:4``, ``gpu:a100:8(S:0-1)``, ``(null)``) -> the fewest GPUs of a node."""
+    counts = []
+    for line in text.split():
+        n = 0
+        for item in re.split(r",(?![^(]*\))", line):
+            m = re.fullmatch(r"gpu(?::[^:(]+)?:(\d+)(?:\(.*\))?", item)
+            if m:
+                n += int(m.group(1))
+        counts.append(n)
+    return min(counts) if counts else 0
+
+
+def partition_gpus(partition: str | None) -> int:
+    """GPUs per node of the partition (the fewest of its nodes); 0 when sinfo cannot say."""
+    argv = ["sinfo", "-h", "-o", "%G"] + ([] if partition is None else ["-p", partition])
+    try:
+        proc = _run(argv)
+    except SlurmError as e:
+        log.info("no GPU count for the partition: %s", e)
+        return 0
+    if proc.returncode != 0:
+        log.info("no GPU count for the partition: sinfo: %s", " ".join(proc.stderr.split()))
+        return 0
+    return parse_gres_gpus(proc.stdout)
 
 
 def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
