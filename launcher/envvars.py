@@ -29,5 +29,7 @@ TOPOLOGY = "NUMARUN_TOPOLOGY"
 VISIBLE_GPUS = "NUMARUN_VISIBLE_GPUS"
 """The node's GPU indices that ``CUDA_VISIBLE_DEVICES``'s entries stand for, for planning only: under
 Slurm's ConstrainDevices, ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* GPU, which may be GPU 1."""
+SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"
+"""Seconds each Slurm client call of ``numarun submit`` may take (default 60)."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, VISIBLE_GPUS)
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY, VISIBLE_GPUS, SLURM_TIMEOUT)

@@ -102,6 +102,20 @@ def test_two_nodes_two_ranks_each_bound(cluster, tmp_path):
     assert "Requested: 2 whole nodes (--exclusive): every CPU, no GPUs" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
 
 
+def test_four_nodes_under_two_switches_get_adjacent_node_ranks(cluster, tmp_path):
+    """topology/tree: s1 holds node1 and node3, s2 node2 and node4 (names interleave)."""
+    nodes = cluster["NUMARUN_CLUSTER_NODES"].split()
+    if len(nodes) < 4:
+        pytest.fail("this test needs 'scripts/test-cluster.sh up --nodes 4'")
+    proc = submit(cluster, tmp_path, "--nnodes", "4", "--nproc-per-node", "1", str(SCRIPTS / "slurm_ranks.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = printed(proc.stdout, "run dir")
+    reports = [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("rank-*.json"))]
+    by_rank = {r["rank"]: r["node"] for r in reports}
+    assert by_rank == {0: "node1", 1: "node3", 2: "node2", 3: "node4"}, by_rank
+    assert {r["world_size"] for r in reports} == {4} and {r["all_reduce_sum"] for r in reports} == {6.0}
+
+
 def test_partial_node_job_gets_that_part_and_plans_inside_it(cluster, tmp_path):
     proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--cpus-per-task", "1", str(SCRIPTS / "slurm_ranks.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -42,6 +42,14 @@ def test_bad_times(text):
     assert repr(text) in str(e.value) and "D-HH:MM:SS" in str(e.value)
 
 
+@pytest.mark.parametrize("text", ["99999999999999999999", "366-00", "525601", "9000:00:00"])
+def test_times_beyond_a_year_are_refused(text):
+    with pytest.raises(SlurmError) as e:
+        parse_time(text)
+    assert repr(text) in str(e.value) and "365-00:00:00" in str(e.value)
+    assert parse_time("365-00") == 365 * 86400
+
+
 def test_format_time_round_trips():
     for seconds in (59, 3600, 86400 + 61, 3 * 86400 + 3599):
         assert parse_time(format_time(seconds)) == seconds

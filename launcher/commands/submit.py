@@ -96,6 +96,8 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
     except ImportError:  # Hydra missing: plain flags only
         return None, {}
     kind = cc.detect_app(script, is_module=False)
+    # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
+    cc.prepare_sweep(script, list(user_args), is_module=False, dry_run=True)
     if kind is not cc.AppKind.TRAINER:
         return kind, {}
     overrides, _, multirun = cc.split_args(user_args)
@@ -115,6 +117,42 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
     if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
         settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
     return kind, settings
+
+
+# 'numarun run' options the job sets on each node itself, from Slurm's allocation
+_SET_BY_JOB = {
+    "--nnodes", "--node-rank", "--node_rank", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
+    "--rdzv-id", "--rdzv_id", "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr",
+    "--local_addr", "--standalone",
+}
+
+
+class _LaunchOptParser(argparse.ArgumentParser):
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]  # noqa: F821
+        raise SlurmError(f"bad --launch-opt: {message}; expected 'numarun run' options (see 'numarun run --help')")
+
+
+def check_launch_opts(opts: list[str], script: str) -> tuple[str, ...]:
+    """Parse the ``--launch-opt`` values with ``numarun run``'s own parser and checks, as on a node."""
+    for opt in opts:
+        name = opt.split("=", 1)[0]
+        if name in _SET_BY_JOB:
+            raise SlurmError(expected(opt, "an option the job does not set itself (node count and rank, rendezvous and "
+                                      "addresses come from Slurm's allocation)", "--launch-opt"))
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            raise SlurmError(expected(opt, "--nproc-per-node as a 'numarun submit' option", "--launch-opt"))
+    if not opts:
+        return ()
+    from ..launch.torchrun import check_torchrun_options
+    from . import run as run_command
+
+    sub = _LaunchOptParser(prog="numarun").add_subparsers(parser_class=_LaunchOptParser)
+    parser = run_command.add_parser(sub)
+    ns = parser.parse_args([*opts, script])
+    if ns.training_script != script or ns.training_script_args:
+        raise SlurmError(expected(" ".join(opts), "options only (the script is SCRIPT)", "--launch-opt"))
+    check_torchrun_options(vars(ns))
+    return tuple(opts)
 
 
 def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
@@ -198,29 +236,52 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         arg_sets=arg_sets,
         env=check_env(args.env),
         numarun=numarun,
-        launch_opts=tuple(args.launch_opts),
+        launch_opts=check_launch_opts(list(args.launch_opts), str(script)),
         hydra_run_dir=hydra_run_dir,
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    from ..slurm import submit as slurm
+def _made_dirs(path: Path) -> list[Path]:
+    """The directories ``mkdir(parents=True)`` would create for ``path``, outermost first."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing[::-1]
 
+
+def main(args: argparse.Namespace) -> int:
+    from ..slurm.scheduler import SlurmScheduler, return_code
+
+    scheduler = SlurmScheduler()
     job = build_job(args)
-    text = render_sbatch(job)
+    text = scheduler.render(job)
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     out = Path(job.output_dir)
+    created = _made_dirs(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SlurmError(expected(job.output_dir, f"a directory you can create ({e.strerror})", "--output-dir")) from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
-    job_id = slurm.sbatch(text)
+    try:
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
+        job_id = scheduler.submit(text)
+    except BaseException:
+        # a failed submit leaves nothing behind: remove the (empty) directories made for it
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
     # keep what was submitted next to its logs
-    (out / f"sbatch-{job_id}.sh").write_text(text, encoding="utf-8")
+    from ..fsutil import write_atomic
+
+    write_atomic(out / f"sbatch-{job_id}.sh", text)
     if job.is_array:
         keys = [f"{job_id}_{i}" for i in range(len(job.arg_sets))]
         logs = [f"{out}/slurm-{k}.out" for k in keys]
@@ -238,7 +299,7 @@ def main(args: argparse.Namespace) -> int:
     def report(state: str) -> None:
         print(f"job {job_id}: {state}", file=sys.stderr, flush=True)
 
-    records = slurm.wait_for_job(job_id, poll_seconds=args.poll_seconds, on_state=report)
+    records = scheduler.status(job_id, poll_seconds=args.poll_seconds, on_state=report)
     for r in records:
         print(f"job {r.job_id}: {r.state} exit code {r.exit_code}:{r.signal}", flush=True)
-    return slurm.overall_return_code(records)
+    return return_code(records)
