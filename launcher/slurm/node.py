@@ -193,8 +193,22 @@ def _cpulist(cpus: Sequence[int]) -> str:
     return format_list(cpus)
 
 
+_child: subprocess.Popen[bytes] | None = None
+_forwarded: set[int] = set()
+
+
 def _pass_signal(signum: int, frame: object) -> None:
-    """The task outlives every signal Slurm sends the step: numarun and its ranks must checkpoint."""
+    """Forward a signal to numarun; this task outlives it, to collect numarun's exit code.
+
+    Slurm (proctrack/cgroup) signals only the step's task process; numarun's agent passes the
+    signal to its ranks and gives them the shutdown grace before it kills them.
+    """
+    if _child is not None and _child.poll() is None:
+        try:
+            _child.send_signal(signum)
+            _forwarded.add(signum)
+        except ProcessLookupError:
+            pass
 
 
 def task_main(opts: argparse.Namespace) -> int:
@@ -224,14 +238,15 @@ def task_main(opts: argparse.Namespace) -> int:
         flush=True,
     )
     argv = [sys.executable, "-m", "numarun", *opts.command[:1], *task.run_options(), *opts.command[1:]]
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-        # a handler, not SIG_IGN: an ignored disposition would survive exec into numarun
-        signal.signal(sig, _pass_signal)
     child_env = dict(env)
     physical = physical_gpus(env.get("CUDA_VISIBLE_DEVICES"), env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS"))
     if physical is not None:
         child_env[VISIBLE_GPUS] = physical
-    proc = subprocess.Popen(argv, env=child_env)
+    global _child
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        # a handler, not SIG_IGN: an ignored disposition would survive exec into numarun
+        signal.signal(sig, _pass_signal)
+    proc = _child = subprocess.Popen(argv, env=child_env)
     while True:
         try:
             rc = proc.wait()
@@ -240,6 +255,12 @@ def task_main(opts: argparse.Namespace) -> int:
             continue
     if rc < 0:
         rc = 128 - rc
+    if rc - 128 in _forwarded:
+        # numarun ended because it was told to (preemption, requeue, scancel), after its ranks
+        # finished their checkpoint: not a failure, or srun's --kill-on-bad-exit would stop the
+        # other nodes while their ranks still save
+        print(f"numarun: node {task.node_name}: numarun stopped by signal {rc - 128}, as asked", flush=True)
+        rc = 0
     if rc != 0:
         path = run_dir / EXIT_FILE.format(rank=task.node_rank)
         path.write_text(f"{time.time_ns()} {rc}\n", encoding="utf-8")
