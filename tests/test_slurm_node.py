@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from numarun.errors import SlurmError
 from numarun.slurm.node import (
     first_failure,

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from numarun.slurm.submit import parse_gres_gpus, parse_sacct
 
 pytestmark = pytest.mark.slow

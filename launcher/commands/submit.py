@@ -11,11 +11,11 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import SlurmError, expected
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
-from ..slurm.script import SlurmJob, render_sbatch
+from ..slurm.script import SlurmJob
 
 if TYPE_CHECKING:
     from ..config.compose import AppKind
@@ -128,7 +128,7 @@ _SET_BY_JOB = {
 
 
 class _LaunchOptParser(argparse.ArgumentParser):
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         raise SlurmError(f"bad --launch-opt: {message}; expected 'numarun run' options (see 'numarun run --help')")
 
 
@@ -146,7 +146,9 @@ def check_launch_opts(opts: list[str], script: str) -> tuple[str, ...]:
     from ..launch.torchrun import check_torchrun_options
     from . import run as run_command
 
-    sub = _LaunchOptParser(prog="numarun").add_subparsers(parser_class=_LaunchOptParser)
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = _LaunchOptParser(prog="numarun").add_subparsers(
+        parser_class=_LaunchOptParser
+    )
     parser = run_command.add_parser(sub)
     ns = parser.parse_args([*opts, script])
     if ns.training_script != script or ns.training_script_args:

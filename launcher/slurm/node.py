@@ -247,12 +247,7 @@ def task_main(opts: argparse.Namespace) -> int:
         # a handler, not SIG_IGN: an ignored disposition would survive exec into numarun
         signal.signal(sig, _pass_signal)
     proc = _child = subprocess.Popen(argv, env=child_env)
-    while True:
-        try:
-            rc = proc.wait()
-            break
-        except InterruptedError:
-            continue
+    rc = proc.wait()  # PEP 475: the wait resumes after each forwarded signal
     if rc < 0:
         rc = 128 - rc
     if rc - 128 in _forwarded:

@@ -20,7 +20,9 @@ MAX_HOSTS = 1_000_000
 
 def _split_top(text: str, original: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "[":
             depth += 1

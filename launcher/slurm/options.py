@@ -105,7 +105,7 @@ class SlurmOptions:
     extra_sbatch: tuple[str, ...] = field(default=())
     """Further ``--flag=value`` lines for the header, checked for newlines only."""
 
-    def validate(self) -> "SlurmOptions":
+    def validate(self) -> SlurmOptions:
         """Raise SlurmError for the first bad value; return self so calls chain."""
         _positive("--nnodes", self.nodes, "an integer >= 1")
         if self.nproc_per_node is not None:
