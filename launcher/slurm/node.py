@@ -286,7 +286,9 @@ def finish_main(opts: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("slurm-node", help=argparse.SUPPRESS, description="per-node entry of numarun's sbatch script")
+    p = subparsers.add_parser("slurm-node", description="per-node entry of numarun's sbatch script")
+    # not a user command: keep it out of 'numarun --help' (argparse lists every subparser)
+    subparsers._choices_actions = [a for a in subparsers._choices_actions if a.dest != "slurm-node"]
     sub = p.add_subparsers(dest="step", required=True)
     t = sub.add_parser("task", help="run numarun on this node of the job")
     t.add_argument("--run-dir", required=True)
