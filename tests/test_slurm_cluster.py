@@ -280,8 +280,9 @@ def _metric_steps(run_dir: Path) -> list[int]:
 def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path):
     """numarun's trainer (scripts/train.py) under submit: requeue, then every step exactly once."""
     steps = 300
+    # a 30 min limit: the 5 min of the other jobs can end a slow run by the real pre-timeout signal
     proc = submit(
-        cluster, tmp_path, "--nproc-per-node", "1", str(REPO / "scripts" / "train.py"),
+        cluster, tmp_path, "--nproc-per-node", "1", "--time", "30", str(REPO / "scripts" / "train.py"),
         f"trainer.steps={steps}", "trainer.progress=false", wait=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

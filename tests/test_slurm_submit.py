@@ -103,11 +103,16 @@ def test_launch_opts_are_checked_like_numarun_run(tmp_path, opt, shown):
 
 
 def test_a_whole_node_job_asks_for_every_gpu_sinfo_reports(tmp_path):
-    env = _fake(tmp_path, sinfo='echo "gpu:h100:8(S:0-1)"; echo "gpu:4,nic:1"')
+    env = _fake(tmp_path, sinfo='echo "cpu|(null)"; echo "big*|gpu:h100:8(S:0-1)"; echo "big*|gpu:4,nic:1"; echo "small|gpu:1"')
     proc = _submit(env, tmp_path, "--dry-run", "--nnodes", "2", _script(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --exclusive" in proc.stdout and "#SBATCH --gpus-per-node=4" in proc.stdout
     assert "# Requested: 2 whole nodes (--exclusive): every CPU, 4 GPUs" in proc.stdout
+    # a named partition: its own nodes
+    small = _submit(env, tmp_path, "--dry-run", "--partition", "small", _script(tmp_path))
+    assert "#SBATCH --gpus-per-node=1" in small.stdout
+    cpu = _submit(env, tmp_path, "--dry-run", "--partition", "cpu", _script(tmp_path))
+    assert "#SBATCH --exclusive" in cpu.stdout and "gpus-per-node" not in cpu.stdout
     part = _submit(env, tmp_path, "--dry-run", "--cpus-per-task", "4", _script(tmp_path))
     assert "#SBATCH --exclusive" not in part.stdout and "gpus-per-node" not in part.stdout
 

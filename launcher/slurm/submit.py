@@ -88,17 +88,22 @@ def parse_gres_gpus(text: str) -> int:
 
 
 def partition_gpus(partition: str | None) -> int:
-    """GPUs per node of the partition (the fewest of its nodes); 0 when sinfo cannot say."""
-    argv = ["sinfo", "-h", "-o", "%G"] + ([] if partition is None else ["-p", partition])
+    """GPUs per node of the partition (the fewest of its nodes; without one: the default
+    partition, which sinfo marks with '*'); 0 when sinfo cannot say."""
     try:
-        proc = _run(argv)
+        proc = _run(["sinfo", "-h", "-o", "%P|%G"])
     except SlurmError as e:
         log.info("no GPU count for the partition: %s", e)
         return 0
     if proc.returncode != 0:
         log.info("no GPU count for the partition: sinfo: %s", " ".join(proc.stderr.split()))
         return 0
-    return parse_gres_gpus(proc.stdout)
+    lines = []
+    for line in proc.stdout.splitlines():
+        name, _, gres = line.strip().partition("|")
+        if (partition is None and name.endswith("*")) or (partition is not None and name.rstrip("*") in partition.split(",")):
+            lines.append(gres)
+    return parse_gres_gpus("\n".join(lines))
 
 
 def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
