@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "submit": "submit",
     "doctor": "doctor",
     "tune": "tune",
+    "slurm-node": "slurm_node",
 }
 
 

@@ -14,7 +14,7 @@ if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUST
   # file) instead of being skipped, so a broken cluster never passes as green.
   export NUMARUN_TEST_CLUSTER=/tmp/numarun-cluster/env
   rm -f "$NUMARUN_TEST_CLUSTER"
-  bash scripts/test-cluster.sh up || echo "test cluster did not come up: cluster tests will fail" >&2
+  bash scripts/test-cluster.sh up --nodes 4 || echo "test cluster did not come up: cluster tests will fail" >&2
 fi
 # Lint and type check of the package (settings in pyproject.toml); NUMARUN_LINT=1 turns it on.
 # A finding fails the test command, after the tests have run.

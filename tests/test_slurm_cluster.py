@@ -46,7 +46,7 @@ def slurm(cluster, *argv, timeout=60, check=True) -> subprocess.CompletedProcess
 
 def submit(cluster, out: Path, *args, wait=True, timeout=300) -> subprocess.CompletedProcess:
     argv = [
-        *NUMARUN, "submit", "--nodes", "2", "--time", "5", "--output-dir", str(out),
+        *NUMARUN, "submit", "--nnodes", "2", "--time", "5", "--output-dir", str(out),
         "--env", f"GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}", "--poll-seconds", "0.5",
         *(["--wait"] if wait else []), *args,
     ]
@@ -63,6 +63,7 @@ def job_fields(cluster, job_id: str) -> dict[str, str]:
 
 
 def test_two_nodes_two_ranks_each_bound(cluster, tmp_path):
+    """A default job (no resource options): whole nodes, every rank on its own CPUs, ranks in Slurm's node order."""
     proc = submit(cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
@@ -80,12 +81,81 @@ def test_two_nodes_two_ranks_each_bound(cluster, tmp_path):
         # the worker ran with exactly the CPUs its node's plan gave it
         assert r["plan_cpus"] is not None and r["affinity"] == r["plan_cpus"], r
         assert r["omp_num_threads"] == str(len(r["plan_cpus"]))
-    assert sorted(by_node) == cluster["NUMARUN_CLUSTER_NODES"].split()
+    assert len(by_node) == 2 and set(by_node) <= set(cluster["NUMARUN_CLUSTER_NODES"].split())
     for node, ranks in by_node.items():
         assert sorted(r["local_rank"] for r in ranks) == [0, 1]
         assert len({r["group_rank"] for r in ranks}) == 1
         # exclusive binding: the node's two ranks share no CPU
         assert not set(ranks[0]["affinity"]) & set(ranks[1]["affinity"]), node
+        # whole node: the step's cgroup holds every CPU of the node, and the plan stayed inside it
+        for r in ranks:
+            assert len(r["cgroup_cpus"]) == int(cluster["NUMARUN_CLUSTER_CPUS_PER_NODE"]), r
+            assert set(r["affinity"]) <= set(r["cgroup_cpus"]), r
+    # ranks follow Slurm's node order, although the nodes' addresses sort the other way
+    for r in reports:
+        assert r["rank"] == r["slurm_nodeid"] * r["nproc_per_node"] + r["local_rank"], r
+    fields = job_fields(cluster, job_id)
+    assert fields["OverSubscribe"] == "NO", fields  # --exclusive
+    nodes = slurm(cluster, "scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
+    addr = dict(zip(cluster["NUMARUN_CLUSTER_NODES"].split(), cluster["NUMARUN_CLUSTER_ADDRS"].split()))
+    assert sorted(nodes, key=addr.__getitem__) == nodes[::-1], "the test needs addresses sorting against the node order"
+    assert "Requested: 2 whole nodes (--exclusive): every CPU, no GPUs" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
+
+
+def test_four_nodes_under_two_switches_get_adjacent_node_ranks(cluster, tmp_path):
+    """topology/tree: s1 holds node1 and node3, s2 node2 and node4 (names interleave)."""
+    nodes = cluster["NUMARUN_CLUSTER_NODES"].split()
+    if len(nodes) < 4:
+        pytest.fail("this test needs 'scripts/test-cluster.sh up --nodes 4'")
+    proc = submit(cluster, tmp_path, "--nnodes", "4", "--nproc-per-node", "1", str(SCRIPTS / "slurm_ranks.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = printed(proc.stdout, "run dir")
+    reports = [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("rank-*.json"))]
+    by_rank = {r["rank"]: r["node"] for r in reports}
+    assert by_rank == {0: "node1", 1: "node3", 2: "node2", 3: "node4"}, by_rank
+    assert {r["world_size"] for r in reports} == {4} and {r["all_reduce_sum"] for r in reports} == {6.0}
+
+
+def test_partial_node_job_gets_that_part_and_plans_inside_it(cluster, tmp_path):
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--cpus-per-task", "1", str(SCRIPTS / "slurm_ranks.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    (run_dir,) = printed(proc.stdout, "run dir")
+    fields = job_fields(cluster, job_id)
+    assert fields["OverSubscribe"] != "NO" and fields["NumCPUs"] == "2", fields
+    reports = [json.loads(p.read_text()) for p in sorted(Path(run_dir).glob("rank-*.json"))]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    for r in reports:
+        # one CPU per node: Slurm's cgroup holds one, and the rank runs on exactly it
+        assert len(r["cgroup_cpus"]) == 1 and r["affinity"] == r["cgroup_cpus"] == r["plan_cpus"], r
+        assert r["rank"] == r["slurm_nodeid"], r
+
+
+PLAN_ROW = re.compile(r"^\s+(\d+)\s+(\d+) \(cuda:(\d+)\)", re.M)
+
+
+def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
+    """Slurm allocates fake GPUs (device files); a --dry-run inside the job plans on exactly those."""
+    part = cluster["NUMARUN_CLUSTER_GPU_PARTITION"]
+    node = slurm(cluster, "sinfo", "-h", "-N", "-p", part, "-o", "%N").stdout.split()[0]
+    # hold one GPU of the node so that the job gets the other one
+    holder = slurm(cluster, "sbatch", "--parsable", "-p", part, "-w", node, "--gpus-per-node=1", "-o", "/dev/null",
+                   "--wrap", "sleep 120").stdout.strip()
+    try:
+        _wait_until("the holder job to run", lambda: job_fields(cluster, holder).get("JobState") == "RUNNING", 60)
+        fixture = REPO / "tests" / "fixtures" / "nvidia-smi" / "consumer-2gpu-pcie-PHB.txt"
+        proc = submit(cluster, tmp_path, "--nnodes", "1", "--partition", part, f"--sbatch-option=--nodelist={node}",
+                      "--gpus-per-node", "1", "--launch-opt=--dry-run", f"--launch-opt=--topology={fixture}",
+                      str(SCRIPTS / "slurm_ranks.py"))
+    finally:
+        slurm(cluster, "scancel", holder, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = Path(printed(proc.stdout, "log")[0]).read_text()
+    visible, step = re.search(r"CUDA_VISIBLE_DEVICES=(\S+) SLURM_STEP_GPUS=(\S+)", log).groups()
+    # ConstrainDevices: CUDA sees one device, cuda:0, which is the node's GPU the holder left
+    assert visible == "0" and step == "1", log
+    rows = PLAN_ROW.findall(log)
+    assert [(gpu, cuda) for _, gpu, cuda in rows] == [("1", "0")], log
 
 
 def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):
@@ -163,6 +233,36 @@ def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(clust
     assert "requeueing job" in log and log.count(f"numarun: job {job_id} (restart") == 3
 
 
+def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(cluster, tmp_path):
+    """torchrun's agent kills ranks 30 s after TERM by default; with --signal-before 120 a 45 s
+    save after the pre-timeout signal completes, the job requeues and resumes at that step."""
+    steps, save_s = 14, 45
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--signal-before", "120",
+                  str(SCRIPTS / "slurm_counter.py"), str(steps), "0.3", str(save_s), wait=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (job_id,) = printed(proc.stdout, "job id")
+    run_dir = Path(printed(proc.stdout, "run dir")[0])
+    assert "--shutdown-timeout 105" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
+    try:
+        _wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
+        pid = _wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
+        os.kill(pid, 10)  # SIGUSR1, as Slurm sends it --signal-before seconds before the limit
+        _start_requeued_now(cluster, job_id)
+        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240)
+    finally:
+        slurm(cluster, "scancel", job_id, check=False)
+    text = (run_dir / "progress.txt").read_text()
+    started = [int(line.split()[2]) for line in text.splitlines() if line.startswith("save start")]
+    done = [int(line.split()[2]) for line in text.splitlines() if line.startswith("save done")]
+    assert started and done == started, text  # the slow save was not killed midway
+    fields = job_fields(cluster, job_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", fields
+    history = json.loads((run_dir / "counter.json").read_text())["history"]
+    assert [s for s, _ in history] == list(range(steps)), "a step was lost or repeated"
+    # the restarted run began exactly at the step the save recorded
+    assert [s for s, r in history if r == 1][0] == done[0]
+
+
 def _metric_steps(run_dir: Path) -> list[int]:
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -180,8 +280,9 @@ def _metric_steps(run_dir: Path) -> list[int]:
 def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path):
     """numarun's trainer (scripts/train.py) under submit: requeue, then every step exactly once."""
     steps = 300
+    # a 30 min limit: the 5 min of the other jobs can end a slow run by the real pre-timeout signal
     proc = submit(
-        cluster, tmp_path, "--nproc-per-node", "1", str(REPO / "scripts" / "train.py"),
+        cluster, tmp_path, "--nproc-per-node", "1", "--time", "30", str(REPO / "scripts" / "train.py"),
         f"trainer.steps={steps}", "trainer.progress=false", wait=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

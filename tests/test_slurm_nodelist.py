@@ -3,7 +3,7 @@
 import pytest
 
 from numarun.errors import SlurmError
-from numarun.slurm.nodelist import expand_hostlist, head_node
+from numarun.slurm.nodelist import expand_hostlist
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,3 @@ def test_bad_hostlists_name_the_value(text):
 def test_huge_range_is_refused_not_allocated():
     with pytest.raises(SlurmError):
         expand_hostlist("n[0-99999999]")
-
-
-def test_head_node_is_first():
-    assert head_node("node[03-04],node01") == "node03"

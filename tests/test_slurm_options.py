@@ -42,6 +42,14 @@ def test_bad_times(text):
     assert repr(text) in str(e.value) and "D-HH:MM:SS" in str(e.value)
 
 
+@pytest.mark.parametrize("text", ["99999999999999999999", "366-00", "525601", "9000:00:00"])
+def test_times_beyond_a_year_are_refused(text):
+    with pytest.raises(SlurmError) as e:
+        parse_time(text)
+    assert repr(text) in str(e.value) and "365-00:00:00" in str(e.value)
+    assert parse_time("365-00") == 365 * 86400
+
+
 def test_format_time_round_trips():
     for seconds in (59, 3600, 86400 + 61, 3 * 86400 + 3599):
         assert parse_time(format_time(seconds)) == seconds
@@ -49,8 +57,8 @@ def test_format_time_round_trips():
 
 
 BAD_OPTIONS = [
-    (dict(nodes=0), "--nodes", "0"),
-    (dict(nodes=-1), "--nodes", "-1"),
+    (dict(nodes=0), "--nnodes", "0"),
+    (dict(nodes=-1), "--nnodes", "-1"),
     (dict(nproc_per_node=0), "--nproc-per-node", "0"),
     (dict(cpus_per_task=0), "--cpus-per-task", "0"),
     (dict(gpus_per_node="four"), "--gpus-per-node", "'four'"),
@@ -122,7 +130,8 @@ def spy_path(tmp_path):
 
 CLI_BAD = [
     (["--time", "1:2:3:4"], "'1:2:3:4'"),
-    (["--nodes", "0"], "--nodes 0"),
+    (["--nodes", "0"], "--nnodes 0"),
+    (["--nnodes", "0"], "--nnodes 0"),
     (["--nodes", "two"], "'two'"),
     (["--partition", "gpu$(id)"], "gpu$(id)"),
     (["--env", "not a var=1"], "--env"),

@@ -74,18 +74,53 @@ def test_header_and_runtime_pieces():
     assert "#SBATCH --nodes=2" in header and "#SBATCH --ntasks-per-node=1" in header
     assert "#SBATCH --signal=B:USR1@120" in header and "#SBATCH --requeue" in header
     assert "#SBATCH --output=/scratch/ada/runs/slurm-%j.out" in header
-    # evaluated on each node at run time, never expanded by the batch shell
-    assert "--node-rank \"$SLURM_NODEID\"" in text
-    assert "scontrol show hostnames \"${SLURM_JOB_NODELIST:-}\" | head -n1" in text
-    assert "--rdzv-id \"$job_key\"" in text and "--nnodes \"$SLURM_NNODES\"" in text
+    # no resource options: whole nodes
+    assert "#SBATCH --exclusive" in header
+    assert "# Requested: 2 whole nodes (--exclusive): every CPU, no GPUs" in text
+    # the per-node logic runs on each node, in Python
+    assert '"${numarun[@]}" slurm-node task --run-dir "$run_dir" --job-key "$job_key"' in text
+    # srun of 22.05-23.02 does not inherit --cpus-per-task: restated
+    assert '--cpus-per-task="$cpus"' in text
+
+
+def test_whole_nodes_by_default_and_parts_on_request():
+    def header(**kw):
+        return [line for line in render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw))).splitlines()
+                if line.startswith("#SBATCH") or line.startswith("# Requested")]
+
+    default = header(nodes=2, node_gpus=4)
+    assert "#SBATCH --exclusive" in default and "#SBATCH --gpus-per-node=4" in default
+    assert "# Requested: 2 whole nodes (--exclusive): every CPU, 4 GPUs" in default
+    part = header(nodes=2, cpus_per_task=8, node_gpus=4)
+    assert "#SBATCH --exclusive" not in part and "#SBATCH --cpus-per-task=8" in part
+    assert not any("gpus-per-node" in line for line in part)
+    assert "# Requested: 2 nodes, part of each: 8 CPUs, no GPUs" in part
+    gpus = header(nodes=1, gpus_per_node="2", node_gpus=4)
+    assert "#SBATCH --exclusive" not in gpus and "#SBATCH --gpus-per-node=2" in gpus
+    shared = header(nodes=1, exclusive=False, node_gpus=4)
+    assert "#SBATCH --exclusive" not in shared and not any("gpus-per-node" in line for line in shared)
+    both = header(nodes=1, exclusive=True, cpus_per_task=4)
+    assert "#SBATCH --exclusive" in both and "#SBATCH --cpus-per-task=4" in both
+
+
+def test_grace_follows_signal_before():
+    def opts(**kw):
+        text = render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw)))
+        return next(line for line in text.splitlines() if line.startswith("launch_opts="))
+
+    assert opts(signal_before=120) == "launch_opts=(--shutdown-timeout 105)"
+    assert opts(signal_before=20) == "launch_opts=(--shutdown-timeout 15)"
+    # the user's own --shutdown-timeout wins
+    text = render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", launch_opts=("--shutdown-timeout=7",)))
+    assert "launch_opts=(--shutdown-timeout=7)" in text
 
 
 # ----------------------------------------------------------------------------- executing it
 
 
 def _fake_bin(tmp: Path) -> Path:
-    """srun runs its command once as node 0; scontrol answers like a one-node cluster;
-    numarun writes its argv NUL-separated (byte exact) and one env value."""
+    """srun runs its command once as node 0; numarun writes the argv of its per-node task
+    NUL-separated (byte exact) and one env value, and the arguments of 'finish'."""
     b = tmp / "bin"
     b.mkdir(exist_ok=True)
     (b / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexport SLURM_NODEID=0\n"$@"\n')
@@ -97,7 +132,10 @@ def _fake_bin(tmp: Path) -> Path:
         f'  requeue*) echo "$*" >> {tmp}/requeued ;;\n'
         "esac\n"
     )
-    (b / "numarun").write_text('#!/bin/bash\nprintf "%s\\0" "$@" > "$ARGV_OUT"\nprintf "%s" "${PROBE-unset}" > "$ENV_OUT"\n')
+    (b / "numarun").write_text(
+        '#!/bin/bash\nif [ "$2" = task ]; then printf "%s\\0" "$@" > "$ARGV_OUT"; printf "%s" "${PROBE-unset}" > "$ENV_OUT";'
+        ' else echo "$*" > "$ARGV_OUT.finish"; fi\n'
+    )
     for f in b.iterdir():
         f.chmod(0o755)
     return b
@@ -136,17 +174,18 @@ def _job(tmp: Path, script: str, args: tuple[str, ...], probe: str) -> SlurmJob:
 
 
 @pytest.mark.slow
-def test_script_runs_numarun_with_rendezvous_at_head(tmp_path):
+def test_script_runs_the_node_task_then_finish(tmp_path):
     argv, probe = _run_script(tmp_path, _job(tmp_path, "/p/train.py", ("a=1",), "v"))
-    port = 15000 + 4242 % 15000
+    run_dir = f"{tmp_path}/out/4242"
     assert argv == [
-        "run", "--nproc-per-node", "2", "--nnodes", "1", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "4242",
-        "--node-rank", "0", "--rdzv-conf", "is_host=true", "--local-addr", "127.0.0.1",
-        "/p/train.py", "a=1",
+        "slurm-node", "task", "--run-dir", run_dir, "--job-key", "4242",
+        "run", "--nproc-per-node", "2", "--shutdown-timeout", "105", "/p/train.py", "a=1",
     ]
     assert probe == "v"
     assert (tmp_path / "out" / "4242").is_dir()
+    finish = (tmp_path / "argv.finish").read_text().split()
+    assert finish == ["slurm-node", "finish", "--run-dir", run_dir, "--rc", "0", "--preempted", "0",
+                      "--restart-count", "0", "--requeue-limit", "3"]
 
 
 @pytest.mark.slow
@@ -157,20 +196,7 @@ def test_array_index_selects_its_override_set(tmp_path):
     )
     argv, _ = _run_script(tmp_path, job, array_index=1)
     assert argv[-3:] == ["lr=2", "x=$(y)", f"hydra.run.dir={tmp_path}/out/4240_1"]
-    assert "--rdzv-id" in argv and argv[argv.index("--rdzv-id") + 1] == "4240_1"
-
-
-@pytest.mark.slow
-def test_no_head_node_fails_loudly(tmp_path):
-    b = _fake_bin(tmp_path)
-    (b / "scontrol").write_text("#!/bin/bash\nexit 0\n")
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(_job(tmp_path, "/p/t.py", (), "")))
-    proc = subprocess.run(["bash", str(script)], env={"PATH": f"{b}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_NNODES": "1",
-                          "SLURM_JOB_NODELIST": "", "ARGV_OUT": str(tmp_path / "argv"), "ENV_OUT": str(tmp_path / "env")},
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "no head node" in proc.stderr
-    assert not (tmp_path / "argv").exists()
+    assert argv[argv.index("--job-key") + 1] == "4240_1"
 
 
 CANARY = "/tmp/numarun-quoting-canary"
@@ -222,7 +248,7 @@ def test_submit_prints_id_run_dir_and_logs(tmp_path):
     script.write_text("print(1)\n")
     out = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "numarun", "submit", "--nodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
+        [sys.executable, "-m", "numarun", "submit", "--nnodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PATH=f"{b}:{os.environ['PATH']}"),
     )
     assert proc.returncode == 0, proc.stderr

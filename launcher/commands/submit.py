@@ -11,11 +11,11 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import SlurmError, expected
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
-from ..slurm.script import SlurmJob, render_sbatch
+from ..slurm.script import SlurmJob
 
 if TYPE_CHECKING:
     from ..config.compose import AppKind
@@ -36,16 +36,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument("--nodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument("--nnodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument("--nodes", dest="nnodes", type=int, default=None, help=argparse.SUPPRESS)  # sbatch's spelling
     g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
-    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node")
+    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
     g.add_argument("--partition", default=None)
     g.add_argument("--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
     g.add_argument("--account", default=None)
     g.add_argument("--qos", default=None)
     g.add_argument("--constraint", default=None)
-    g.add_argument("--exclusive", action="store_true", help="whole nodes only")
-    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node")
+    g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
+                   help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
+                   "--no-exclusive: share nodes, with Slurm's default CPUs")
+    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node (default: every CPU of a whole node)")
     g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
     g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
@@ -54,9 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     r.add_argument("--output-dir", default=None, metavar="DIR",
                    help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default 3; 0 with slurm.requeue=false)")
+    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)")
     r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
-                   help="seconds before the time limit at which the job checkpoints and requeues (default 120, or a quarter of a shorter limit)")
+                   help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
+                   "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
     r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)")
     r.add_argument("--numarun", default=None, metavar="COMMAND",
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
@@ -94,6 +98,8 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
     except ImportError:  # Hydra missing: plain flags only
         return None, {}
     kind = cc.detect_app(script, is_module=False)
+    # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
+    cc.prepare_sweep(script, list(user_args), is_module=False, dry_run=True)
     if kind is not cc.AppKind.TRAINER:
         return kind, {}
     overrides, _, multirun = cc.split_args(user_args)
@@ -105,14 +111,52 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
         "time": slurm.time,
         "account": slurm.account,
         "gpus_per_node": None if slurm.gpus_per_node is None else str(slurm.gpus_per_node),
-        "signal_before": slurm.signal_seconds,
-        "requeue_limit": None if slurm.requeue else 0,
+        "signal_before": slurm.signal_before,
+        "requeue_limit": slurm.requeue_limit,
     }
     if cfg.launcher.get("nnodes") is not None:
-        settings["nodes"] = int(cfg.launcher.nnodes)
+        settings["nnodes"] = int(cfg.launcher.nnodes)
     if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
         settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
     return kind, settings
+
+
+# 'numarun run' options the job sets on each node itself, from Slurm's allocation
+_SET_BY_JOB = {
+    "--nnodes", "--node-rank", "--node_rank", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
+    "--rdzv-id", "--rdzv_id", "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr",
+    "--local_addr", "--standalone",
+}
+
+
+class _LaunchOptParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise SlurmError(f"bad --launch-opt: {message}; expected 'numarun run' options (see 'numarun run --help')")
+
+
+def check_launch_opts(opts: list[str], script: str) -> tuple[str, ...]:
+    """Parse the ``--launch-opt`` values with ``numarun run``'s own parser and checks, as on a node."""
+    for opt in opts:
+        name = opt.split("=", 1)[0]
+        if name in _SET_BY_JOB:
+            raise SlurmError(expected(opt, "an option the job does not set itself (node count and rank, rendezvous and "
+                                      "addresses come from Slurm's allocation)", "--launch-opt"))
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            raise SlurmError(expected(opt, "--nproc-per-node as a 'numarun submit' option", "--launch-opt"))
+    if not opts:
+        return ()
+    from ..launch.torchrun import check_torchrun_options
+    from . import run as run_command
+
+    sub: argparse._SubParsersAction[argparse.ArgumentParser] = _LaunchOptParser(prog="numarun").add_subparsers(
+        parser_class=_LaunchOptParser
+    )
+    parser = run_command.add_parser(sub)
+    ns = parser.parse_args([*opts, script])
+    if ns.training_script != script or ns.training_script_args:
+        raise SlurmError(expected(" ".join(opts), "options only (the script is SCRIPT)", "--launch-opt"))
+    check_torchrun_options(vars(ns))
+    return tuple(opts)
 
 
 def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
@@ -125,6 +169,17 @@ def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
     if not multirun:
         return (tuple(user_args),)
     return tuple(tuple(job) + tuple(other) for job in cc.expand_sweep(overrides))
+
+
+def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
+    """A whole-node job asks for every GPU: how many the partition's nodes have (sinfo)."""
+    if not options.whole_nodes or options.gpus_per_node is not None:
+        return options
+    from dataclasses import replace
+
+    from ..slurm import submit as slurm
+
+    return replace(options, node_gpus=slurm.partition_gpus(options.partition))
 
 
 def build_job(args: argparse.Namespace) -> SlurmJob:
@@ -143,8 +198,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         value = from_config.get(name)
         return default if value is None else value
 
-    options = SlurmOptions(
-        nodes=pick("nodes", 1),
+    options = _with_node_gpus(SlurmOptions(
+        nodes=pick("nnodes", 1),
         nproc_per_node=pick("nproc_per_node"),
         gpus_per_node=pick("gpus_per_node"),
         partition=pick("partition"),
@@ -159,7 +214,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         requeue_limit=pick("requeue_limit", 3),
         signal_before=pick("signal_before"),
         extra_sbatch=tuple(args.extra_sbatch),
-    ).validate()
+    ).validate())
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
     if kind is not None and kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
@@ -185,29 +240,52 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         arg_sets=arg_sets,
         env=check_env(args.env),
         numarun=numarun,
-        launch_opts=tuple(args.launch_opts) + (("--preflight",) if args.preflight else ()),
+        launch_opts=check_launch_opts(list(args.launch_opts) + (["--preflight"] if args.preflight else []), str(script)),
         hydra_run_dir=hydra_run_dir,
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    from ..slurm import submit as slurm
+def _made_dirs(path: Path) -> list[Path]:
+    """The directories ``mkdir(parents=True)`` would create for ``path``, outermost first."""
+    missing = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing[::-1]
 
+
+def main(args: argparse.Namespace) -> int:
+    from ..slurm.scheduler import SlurmScheduler, return_code
+
+    scheduler = SlurmScheduler()
     job = build_job(args)
-    text = render_sbatch(job)
+    text = scheduler.render(job)
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     out = Path(job.output_dir)
+    created = _made_dirs(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SlurmError(expected(job.output_dir, f"a directory you can create ({e.strerror})", "--output-dir")) from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
-    job_id = slurm.sbatch(text)
+    try:
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
+        job_id = scheduler.submit(text)
+    except BaseException:
+        # a failed submit leaves nothing behind: remove the (empty) directories made for it
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
     # keep what was submitted next to its logs
-    (out / f"sbatch-{job_id}.sh").write_text(text, encoding="utf-8")
+    from ..fsutil import write_atomic
+
+    write_atomic(out / f"sbatch-{job_id}.sh", text)
     if job.is_array:
         keys = [f"{job_id}_{i}" for i in range(len(job.arg_sets))]
         logs = [f"{out}/slurm-{k}.out" for k in keys]
@@ -225,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
     def report(state: str) -> None:
         print(f"job {job_id}: {state}", file=sys.stderr, flush=True)
 
-    records = slurm.wait_for_job(job_id, poll_seconds=args.poll_seconds, on_state=report)
+    records = scheduler.status(job_id, poll_seconds=args.poll_seconds, on_state=report)
     for r in records:
         print(f"job {r.job_id}: {r.state} exit code {r.exit_code}:{r.signal}", flush=True)
-    return slurm.overall_return_code(records)
+    return return_code(records)

@@ -179,9 +179,11 @@ class SlurmConfig:
     time: str = "01:00:00"
     account: Optional[str] = None
     gpus_per_node: Optional[int] = None
-    requeue: bool = True
-    signal_seconds: int = 120
-    """Seconds before the time limit that SIGUSR1 is sent (the trainer checkpoints and exits 0)."""
+    requeue_limit: int = 3
+    """How often the job requeues itself near its time limit (``--requeue-limit``; 0: never)."""
+    signal_before: int = 120
+    """Seconds before the time limit that the job is signalled (``--signal-before``): the ranks get
+    this minus a margin to checkpoint before they are killed, then the job requeues."""
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from ..envvars import VISIBLE_GPUS
 from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 from .nic import NIC_VARIABLES
 
@@ -90,7 +91,8 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
         mem_policy=getattr(args, "mem_policy", MemPolicy.BIND),
         nic_policy=getattr(args, "nic_policy", NicPolicy.NODE),
-        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        # the node's own GPU indices when a scheduler's device cgroup renumbered CUDA's view
+        cuda_visible_devices=environ.get(VISIBLE_GPUS, environ.get("CUDA_VISIBLE_DEVICES")),
         cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
         user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
     )

@@ -1,7 +1,8 @@
 """Slurm hostlist expressions (``node[01-03,07]``, ``a[1-2]b[3-4]``) -> host names. Pure.
 
-The batch script itself resolves the head node with ``scontrol show hostnames``; this
-module is for the submit side (printing where a job ran, tests) and follows the same rules:
+Each node of a job expands ``SLURM_JOB_NODELIST`` with it (:mod:`numarun.slurm.node`) to
+find the node order and its own rank, without asking slurmctld. It follows ``scontrol show
+hostnames``' rules:
 comma-separated items at top level, each a mix of text and ``[ranges]``; several bracket
 groups in one item give their cartesian product; zero padding of a range's start is kept.
 """
@@ -19,7 +20,9 @@ MAX_HOSTS = 1_000_000
 
 def _split_top(text: str, original: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in text:
         if ch == "[":
             depth += 1
@@ -93,8 +96,3 @@ def expand_hostlist(text: str) -> list[str]:
         if len(hosts) > MAX_HOSTS:
             raise SlurmError(expected(text, f"at most {MAX_HOSTS} hosts", "hostlist"))
     return hosts
-
-
-def head_node(text: str) -> str:
-    """The first host of a hostlist: where the job's rendezvous runs."""
-    return expand_hostlist(text)[0]

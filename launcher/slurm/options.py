@@ -14,6 +14,9 @@ from ..errors import SlurmError, expected
 TIME_FORM = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
 # sbatch --signal=[B:]SIG@TIME takes TIME in 0..65535 seconds.
 MAX_SIGNAL_SECONDS = 0xFFFF
+# Slurm stores a time limit in minutes as a 32-bit value (INFINITE is 0xffffffff); a year is
+# far beyond any partition's MaxTime and keeps every value sbatch can parse.
+MAX_TIME_SECONDS = 365 * 86400
 
 _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
 _NAME_LIST = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
@@ -56,6 +59,8 @@ def parse_time(text: str) -> int | None:
         total = int(a) * 60
     if total <= 0:
         return None
+    if total > MAX_TIME_SECONDS:
+        raise SlurmError(expected(text, f"a limit up to {format_time(MAX_TIME_SECONDS)} (or UNLIMITED)", "--time"))
     return total
 
 
@@ -84,9 +89,12 @@ class SlurmOptions:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
-    exclusive: bool = False
+    exclusive: bool | None = None
+    """True/False as asked; None: whole nodes unless a part was asked for (see :attr:`whole_nodes`)."""
     cpus_per_task: int | None = None
-    """CPUs of the one task per node; None: Slurm's default (with --exclusive: the whole node)."""
+    """CPUs of the one task per node; None: the whole node (whole-node jobs) or Slurm's default."""
+    node_gpus: int = 0
+    """GPUs of each node of the partition, as found at submit time; a whole-node job asks for them all."""
     mem: str | None = None
     job_name: str = "numarun"
     requeue_limit: int = 3
@@ -97,9 +105,9 @@ class SlurmOptions:
     extra_sbatch: tuple[str, ...] = field(default=())
     """Further ``--flag=value`` lines for the header, checked for newlines only."""
 
-    def validate(self) -> "SlurmOptions":
+    def validate(self) -> SlurmOptions:
         """Raise SlurmError for the first bad value; return self so calls chain."""
-        _positive("--nodes", self.nodes, "an integer >= 1")
+        _positive("--nnodes", self.nodes, "an integer >= 1")
         if self.nproc_per_node is not None:
             _positive("--nproc-per-node", self.nproc_per_node, "an integer >= 1")
         if self.cpus_per_task is not None:
@@ -131,6 +139,34 @@ class SlurmOptions:
             if not line.startswith("--") or any(c in line for c in "\n\r\0"):
                 raise SlurmError(expected(line, "one sbatch option such as --mail-type=END", "extra sbatch option"))
         return self
+
+    @property
+    def whole_nodes(self) -> bool:
+        """Whole nodes by default; a request for part of a node (or --no-exclusive) opts out."""
+        if self.exclusive is not None:
+            return self.exclusive
+        return self.cpus_per_task is None and self.gpus_per_node is None
+
+    @property
+    def effective_gpus_per_node(self) -> str | None:
+        """The GPUs asked for: the user's, else every GPU of a whole node, else none."""
+        if self.gpus_per_node is not None:
+            return self.gpus_per_node
+        if self.whole_nodes and self.node_gpus > 0:
+            return str(self.node_gpus)
+        return None
+
+    def requested(self) -> str:
+        """One line saying what each node of the job gets, for the script and --dry-run."""
+        cpus = "every CPU" if self.whole_nodes and self.cpus_per_task is None else (
+            f"{self.cpus_per_task} CPUs" if self.cpus_per_task is not None else "Slurm's default CPUs (1)")
+        gpus = self.effective_gpus_per_node
+        gpu_text = f"{gpus} GPUs" if gpus is not None else "no GPUs"
+        if self.whole_nodes and self.gpus_per_node is None and self.node_gpus == 0:
+            gpu_text += " (none found on the partition's nodes)"
+        nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
+        kind = f"{self.nodes} whole node{'s' if self.nodes != 1 else ''} (--exclusive)" if self.whole_nodes else f"{nodes}, part of each"
+        return f"{kind}: {cpus}, {gpu_text}"
 
     @property
     def time_limit_seconds(self) -> int | None:

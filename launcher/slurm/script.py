@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from ..errors import SlurmError, expected
+from .node import shutdown_grace
 from .options import SlurmOptions, check_output_dir, format_time
 
 TEMPLATE = "sbatch.sh.in"
@@ -67,7 +68,7 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
     # optional '--flag=value' lines, in this order, for the options the user set
     optional = {
         "cpus-per-task": o.cpus_per_task,
-        "gpus-per-node": o.gpus_per_node,
+        "gpus-per-node": o.effective_gpus_per_node,
         "mem": o.mem,
         "partition": o.partition,
         "account": o.account,
@@ -75,7 +76,8 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
         "constraint": o.constraint,
     }
     lines += [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
-    if o.exclusive:
+    if o.whole_nodes:
+        # every CPU (and, with --gpus-per-node above, every GPU) of each node
         lines.append("--exclusive")
     if o.time is not None:
         lines.append(f"--time={format_time(o.time_limit_seconds)}")
@@ -106,6 +108,16 @@ def _args_block(job: SlurmJob) -> str:
     return "\n".join(out)
 
 
+def _launch_opts(job: SlurmJob) -> tuple[str, ...]:
+    opts = job.launch_opts
+    if job.options.nproc_per_node is not None:
+        opts += ("--nproc-per-node", str(job.options.nproc_per_node))
+    if not any(o.split("=", 1)[0] in ("--shutdown-timeout", "--shutdown_timeout") for o in opts):
+        # torchrun's agent sends KILL this long after TERM: the ranks' checkpoint must fit
+        opts += ("--shutdown-timeout", str(shutdown_grace(job.options.effective_signal_before)))
+    return opts
+
+
 def _template() -> str:
     return resources.files("numarun.slurm").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
 
@@ -124,7 +136,8 @@ def render_sbatch(job: SlurmJob) -> str:
         "NUMARUN": _q(job.numarun),
         "SCRIPT": shlex.quote(job.script),
         "ARGS": _args_block(job),
-        "LAUNCH_OPTS": _q(job.launch_opts + (() if job.options.nproc_per_node is None else ("--nproc-per-node", str(job.options.nproc_per_node)))),
+        "LAUNCH_OPTS": _q(_launch_opts(job)),
+        "REQUESTED": f"# Requested: {job.options.requested()}",
         "REQUEUE_LIMIT": str(job.options.requeue_limit),
         "OUTPUT_ROOT": shlex.quote(output_dir),
         "HYDRA_RUN_DIR": "1" if job.hydra_run_dir else "0",

@@ -1,20 +1,23 @@
-"""Talk to Slurm: ``sbatch --parsable``, then follow a job with ``squeue`` and ``scontrol``.
+"""Talk to Slurm: ``sbatch --parsable``, then follow a job with ``squeue``, ``scontrol`` and ``sacct``.
 
-The only module here that runs Slurm commands. Without accounting (``sacct``) a finished
-job's state and exit code come from ``scontrol show job``, which keeps the record for
-``MinJobAge`` seconds (300 by default) after the job ends.
+The only submit-side module that runs Slurm commands, each bounded by COMMAND_TIMEOUT_S (named in
+the error). A finished job's state and exit code come from ``scontrol show job``, which keeps
+the record for ``MinJobAge`` seconds (300 by default) after the job ends, then from ``sacct``
+where the site has accounting, else the last state seen in the queue, said to be that.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import SlurmError
+from ..envvars import SLURM_TIMEOUT
+from ..errors import SlurmError, expected
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +45,65 @@ class JobRecord:
         return 0 if self.state == "COMPLETED" else 1
 
 
-COMMAND_TIMEOUT_S = 120
-"""The longest a Slurm command (sbatch, squeue, scontrol) may take before numarun gives up."""
+COMMAND_TIMEOUT_S = 60.0
+"""Bound on every Slurm client call: a slurmctld that never answers must not hang submit."""
 
 
-def _run(argv: Sequence[str], *, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+def command_timeout() -> float:
+    """COMMAND_TIMEOUT_S, or the seconds in $NUMARUN_SLURM_TIMEOUT (a slow controller)."""
+    raw = os.environ.get(SLURM_TIMEOUT, "")
     try:
-        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False, timeout=COMMAND_TIMEOUT_S)
+        value = float(raw) if raw else COMMAND_TIMEOUT_S
+    except ValueError:
+        raise SlurmError(expected(raw, "seconds, e.g. 60", SLURM_TIMEOUT)) from None
+    if not value > 0:
+        raise SlurmError(expected(raw, "seconds > 0", SLURM_TIMEOUT))
+    return value
+
+
+def _run(argv: Sequence[str], *, input_text: str | None = None, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    limit = command_timeout() if timeout is None else timeout
+    try:
+        return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False, timeout=limit)
     except subprocess.TimeoutExpired:
         raise SlurmError(
-            f"{' '.join(argv[:2])!r} did not answer within {COMMAND_TIMEOUT_S} s; expected a responsive Slurm controller"
+            f"'{' '.join(argv[:3])}' did not answer within {limit:g} s: expected a reachable slurmctld "
+            f"(or a longer {SLURM_TIMEOUT})"
         ) from None
     except FileNotFoundError:
         raise SlurmError(f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)") from None
+
+
+def parse_gres_gpus(text: str) -> int:
+    """``sinfo -h -o %G`` lines (``gpu:4``, ``gpu:a100:8(S:0-1)``, ``(null)``) -> the fewest GPUs of a node."""
+    counts = []
+    for line in text.split():
+        n = 0
+        for item in re.split(r",(?![^(]*\))", line):
+            m = re.fullmatch(r"gpu(?::[^:(]+)?:(\d+)(?:\(.*\))?", item)
+            if m:
+                n += int(m.group(1))
+        counts.append(n)
+    return min(counts) if counts else 0
+
+
+def partition_gpus(partition: str | None) -> int:
+    """GPUs per node of the partition (the fewest of its nodes; without one: the default
+    partition, which sinfo marks with '*'); 0 when sinfo cannot say."""
+    try:
+        proc = _run(["sinfo", "-h", "-o", "%P|%G"])
+    except SlurmError as e:
+        log.info("no GPU count for the partition: %s", e)
+        return 0
+    if proc.returncode != 0:
+        log.info("no GPU count for the partition: sinfo: %s", " ".join(proc.stderr.split()))
+        return 0
+    lines = []
+    for line in proc.stdout.splitlines():
+        name, _, gres = line.strip().partition("|")
+        if (partition is None and name.endswith("*")) or (partition is not None and name.rstrip("*") in partition.split(",")):
+            lines.append(gres)
+    return parse_gres_gpus("\n".join(lines))
 
 
 def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
@@ -103,14 +152,53 @@ def queued_states(job_id: str) -> list[str] | None:
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
 
-def job_records(job_id: str) -> list[JobRecord]:
+def parse_sacct(text: str) -> list[JobRecord]:
+    """``sacct -n -P -o JobID,State,ExitCode`` lines -> one record per job or array task (steps dropped)."""
+    records = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or "." in parts[0] or not parts[0]:
+            continue
+        code, _, sig = parts[2].partition(":")
+        # 'CANCELLED by 0' -> CANCELLED
+        records.append(JobRecord(job_id=parts[0], state=parts[1].split()[0] if parts[1] else "UNKNOWN",
+                                 exit_code=int(code) if code.isdigit() else 1, signal=int(sig) if sig.isdigit() else 0))
+    return records
+
+
+def job_records(job_id: str, *, last_state: str = "") -> list[JobRecord]:
+    """The job's final records: ``scontrol show job``, else ``sacct``, else its last known state.
+
+    slurmctld forgets a finished job after ``MinJobAge`` (300 s by default); accounting, where a
+    site has it, keeps it. Without either, the last state seen in the queue is all there is.
+    """
     proc = _run(["scontrol", "show", "job", job_id])
+    if proc.returncode == 0:
+        records = parse_scontrol_jobs(proc.stdout)
+        if records:
+            return records
+    why_scontrol = " ".join(proc.stderr.split()) or "no record"
+    try:
+        acct = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"])
+    except SlurmError as e:
+        why_sacct = str(e)
+    else:
+        records = parse_sacct(acct.stdout) if acct.returncode == 0 else []
+        if records:
+            return records
+        why_sacct = " ".join(acct.stderr.split()) or "no record (is accounting enabled?)"
+    state = last_state or "UNKNOWN"
+    log.warning(
+        "job %s: final state unknown: slurmctld forgot it (scontrol: %s; see MinJobAge) and sacct has no record (%s); "
+        "last seen %s", job_id, why_scontrol, why_sacct, state,
+    )
+    return [JobRecord(job_id=job_id, state=f"{state} (last seen; final state unknown)", exit_code=1, signal=0)]
+
+
+def cancel(job_id: str) -> None:
+    proc = _run(["scancel", job_id])
     if proc.returncode != 0:
-        raise SlurmError(
-            f"job {job_id!r} is no longer known to slurmctld ({' '.join(proc.stderr.split())}); "
-            "expected its record within MinJobAge of its end"
-        )
-    return parse_scontrol_jobs(proc.stdout)
+        raise SlurmError(f"scancel refused job {job_id!r}: {' '.join(proc.stderr.split()) or proc.returncode}")
 
 
 def wait_for_job(
@@ -124,7 +212,11 @@ def wait_for_job(
     last = ""
     failures = 0
     while True:
-        states = queued_states(job_id)
+        try:
+            states = queued_states(job_id)
+        except SlurmError as e:  # squeue timed out: as a failure to answer
+            log.info("%s", e)
+            states = None
         if states is None:
             failures += 1
             if failures > max_squeue_failures:
@@ -138,10 +230,7 @@ def wait_for_job(
                 on_state(summary)
             last = summary
         time.sleep(poll_seconds)
-    records = job_records(job_id)
-    if not records:
-        raise SlurmError(f"no record for job {job_id!r} in 'scontrol show job': expected its final state")
-    return records
+    return job_records(job_id, last_state=last)
 
 
 def overall_return_code(records: Sequence[JobRecord]) -> int:

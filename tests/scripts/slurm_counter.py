@@ -3,7 +3,9 @@
 Each step all-reduces a stop flag so that every rank stops after the same step. The state
 (steps done, with the restart count each ran in) is written by rank 0 only when stopping
 and at the end, so a requeued job continues exactly where it stopped only if the signal
-path worked.  Usage: slurm_counter.py STEPS STEP_SECONDS
+path worked.  Usage: slurm_counter.py STEPS STEP_SECONDS [SAVE_SECONDS]
+SAVE_SECONDS: a save after a signal takes that long (a large checkpoint); progress.txt
+records 'save start' and 'save done' around it.
 """
 
 import json
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 steps, step_seconds = int(sys.argv[1]), float(sys.argv[2])
+save_seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 stop = False
 
 
@@ -59,6 +62,13 @@ while step < steps:
     if flag.item() > 0:
         break
 if rank == 0:
+    if stop and save_seconds:
+        with open(progress_path, "a") as f:
+            f.write(f"save start {step}\n")
+        time.sleep(save_seconds)
     save()
+    if stop and save_seconds:
+        with open(progress_path, "a") as f:
+            f.write(f"save done {step}\n")
 dist.barrier()
 dist.destroy_process_group()

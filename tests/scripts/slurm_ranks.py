@@ -21,6 +21,26 @@ parser.add_argument("--fail-rank", type=int, default=-1)
 parser.add_argument("--exit-code", type=int, default=3)
 opts = parser.parse_args()
 
+
+
+def cgroup_cpus():
+    """The CPUs of this process's cpuset cgroup (v1 or v2): what Slurm's task/cgroup allowed."""
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for base, name in (("/sys/fs/cgroup/cpuset", "cpuset.cpus"), ("/sys/fs/cgroup", "cpuset.cpus.effective")):
+            if ("cpuset" in controllers.split(",") or (controllers == "" and base == "/sys/fs/cgroup")):
+                try:
+                    text = open(f"{base}{path}/{name}").read().strip()
+                except OSError:
+                    continue
+                cpus = []
+                for part in text.split(","):
+                    a, _, b = part.partition("-")
+                    cpus += range(int(a), int(b or a) + 1)
+                return cpus
+    return None
+
+
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 dist.barrier()
@@ -40,6 +60,10 @@ report = {
     "group_rank": int(os.environ["GROUP_RANK"]),
     "node": os.environ.get("SLURMD_NODENAME", socket.gethostname()),
     "job_id": os.environ.get("SLURM_JOB_ID"),
+    "slurm_nodeid": int(os.environ.get("SLURM_NODEID", "-1")),
+    "nproc_per_node": int(os.environ["LOCAL_WORLD_SIZE"]),
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "cgroup_cpus": cgroup_cpus(),
     "affinity": sorted(os.sched_getaffinity(0)),
     "plan_cpus": None if binding is None else list(binding.cpus),
     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
