@@ -60,6 +60,7 @@ def test_run_preflight_on_a_healthy_node_runs_the_job(tmp_path):
     assert "preflight: no errors" in out.stderr
 
 
+@pytest.mark.slow
 def test_submit_preflight_runs_the_doctor_on_every_node(tmp_path, capsys):
     script, _ = _script(tmp_path)
     rc = cli_main(["submit", "--dry-run", "--nodes", "2", "--preflight", "--output-dir", str(tmp_path / "o"), str(script)])
