@@ -24,7 +24,10 @@ CONFIG_DIR = "NUMARUN_CONFIG_DIR"
 """A config directory to compose from instead of the packaged one."""
 RUN_DIR = "NUMARUN_RUN_DIR"
 """The job's run directory, shared by every rank (and every node of a Slurm job)."""
+HYDRA_NOW = "NUMARUN_HYDRA_NOW"
+"""ISO time behind Hydra's ``${now:}`` in every rank of a user's Hydra app (set once by the
+launcher unless already set, e.g. once for every node by a job script): one run dir for all ranks."""
 TOPOLOGY = "NUMARUN_TOPOLOGY"
 """A topology source (recorded tree, tarball, JSON, hwloc XML, nvidia-smi text) instead of the live machine."""
 
-ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, TOPOLOGY)
+ALL = (PLAN, STRICT_BINDING, USER_ENV, LOG_LEVEL, FULL_EXIT, CONFIG, CONFIG_DIR, RUN_DIR, HYDRA_NOW, TOPOLOGY)

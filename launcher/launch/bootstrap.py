@@ -39,7 +39,7 @@ from ..errors import BindingError, NumarunError
 from ..plan.model import LaunchPlan, MemPolicy, RankBinding
 from .. import envvars
 from ..worker import current_binding, finish, load_plan  # noqa: F401  (re-exported for old callers)
-from . import affinity
+from . import affinity, hydra_pin
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.launch.bootstrap")
@@ -216,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         bind_from_env()
+        hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
