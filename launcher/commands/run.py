@@ -46,9 +46,12 @@ from ..launch.torchrun import (
 )
 from ..errors import UsageError
 from ..plan.model import LaunchPlan
-from ..plan.options import add_plan_options, request_from_args
+from ..plan.options import add_plan_options, request_for
 
 log = logging.getLogger(__name__)
+
+REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
+"""torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -63,6 +66,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     add_plan_options(parser)
     add_run_options(parser)
+    for action in parser._actions:  # noqa: SLF001  torchrun options numarun refuses: not offered
+        if action.dest in REFUSED_OPTIONS:
+            action.help = argparse.SUPPRESS
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
     if pet:
         parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
@@ -139,7 +145,7 @@ class _Planner:
             except OSError as e:
                 raise UsageError(f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
             plan = LaunchPlan.from_json(text, origin=args.plan_file)
-            if args.nproc_per_node is not None and args.nproc_per_node != plan.nproc_per_node:
+            if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
                     f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
                     f"{plan.nproc_per_node} ranks; expected {plan.nproc_per_node} or no --nproc-per-node"
@@ -150,7 +156,7 @@ class _Planner:
 
         if self._topology is None:
             self._topology = load_topology(args.topology)
-        return make_plan(self._topology, request_from_args(args, os.environ)), ""
+        return make_plan(self._topology, request_for(args, os.environ, self._topology)), ""
 
 
 def main(args: argparse.Namespace) -> int:
