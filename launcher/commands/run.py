@@ -148,7 +148,7 @@ class _Planner:
             if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
                     f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
-                    f"{plan.nproc_per_node} ranks; expected {plan.nproc_per_node} or no --nproc-per-node"
+                    f"{plan.nproc_per_node} rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no --nproc-per-node"
                 )
             return plan, os.path.abspath(args.plan_file)
         from ..plan.binding import make_plan
@@ -215,6 +215,11 @@ def _run(
     plan, plan_path = planner.plan(args)
     for w in plan.warnings:
         log.warning("%s", w)
+    # The binding line of each rank is logged at INFO on purpose: it is the run's record of
+    # what each rank got, so it shows by default although numarun's own level is WARNING;
+    # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+    if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
+        job_env = {envvars.LOG_LEVEL: str(args.log_level).upper(), **job_env}
     argv = build_torchrun_argv(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
     if args.dry_run:
         from ..view.plan import render_plan

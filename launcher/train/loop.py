@@ -209,10 +209,15 @@ class Trainer:
                 break
             best = size
             size *= 2
+        capped = bool(results) and results[-1]["fits"]  # every size tried fitted: the cap stopped it
         if self.rank == 0:
+            if capped:
+                print(f"batch size search stopped at trainer.auto_max_batch={t.auto_max_batch}: chose {best}, "
+                      "larger sizes may fit (raise trainer.auto_max_batch to try them)", flush=True)
             write_atomic(
                 self.run_dir / "batch_size_search.json",
-                json.dumps({"memory_limit_mb": limit, "chosen": best, "sizes": results}, indent=1) + "\n",
+                json.dumps({"memory_limit_mb": limit, "chosen": best, "auto_max_batch": t.auto_max_batch,
+                            "stopped_by": "auto_max_batch" if capped else "memory", "sizes": results}, indent=1) + "\n",
             )
         if best == 0:
             raise ConfigError(
