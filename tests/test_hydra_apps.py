@@ -33,7 +33,7 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=_env())
+    proc = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -79,7 +79,7 @@ def compare(tmp_path: Path, app: Path, *args: str) -> tuple[Path, dict[str, str]
 
 
 def test_structured_config_app_takes_overrides(tmp_path: Path) -> None:
-    ours, files = compare(tmp_path, APPS / "structured_minimal" / "my_app.py", "port=1")
+    _, files = compare(tmp_path, APPS / "structured_minimal" / "my_app.py", "port=1")
     (cfg,) = [t for k, t in files.items() if k.endswith(".hydra/config.yaml")]
     assert yaml.safe_load(cfg) == {"host": "localhost", "port": 1}
 
@@ -107,12 +107,12 @@ def test_run_dir_from_the_config_file_is_reused(tmp_path: Path) -> None:
 
 
 def test_run_dir_dot_writes_into_the_working_dir(tmp_path: Path) -> None:
-    ours, files = compare(tmp_path, APPS / "job_name" / "with_config_file_override.py", "hydra.run.dir=./")
+    ours, _ = compare(tmp_path, APPS / "job_name" / "with_config_file_override.py", "hydra.run.dir=./")
     assert (ours / ".hydra" / "config.yaml").is_file() and not (ours / "outputs").exists()
 
 
 def test_sweep_runs_hydras_sweeper_with_its_layout(tmp_path: Path) -> None:
-    ours, files = compare(
+    _, files = compare(
         tmp_path, APPS / "workdir" / "my_app.py", "-m", "a=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"
     )
     assert "sweep_dir/multirun.yaml" in files
@@ -135,7 +135,7 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
     sweep = ["-m", "a=1,2", "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
     env = {**_env(), "NUMARUN_HYDRA_NOW": "2020-01-02T03:04:05"}
     for rank in ("1", "0"):
-        proc = subprocess.run([sys.executable, str(ENTRY), str(app), *sweep], cwd=tmp_path, env={**env, "RANK": rank},
+        proc = subprocess.run([sys.executable, str(ENTRY), str(app), *sweep], check=False, cwd=tmp_path, env={**env, "RANK": rank},
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         sweep_dir = tmp_path / "multirun" / "2020-01-02" / "03-04-05"

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import envvars
+from ..errors import UsageError
 from ..launch.torchrun import (
     Target,
     add_run_options,
@@ -44,7 +45,6 @@ from ..launch.torchrun import (
     worker_env,
     write_plan_file,
 )
-from ..errors import UsageError
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_for
 
@@ -54,7 +54,7 @@ REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
 """torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run",
         parents=[torchrun_parser()],
@@ -66,7 +66,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     )
     add_plan_options(parser)
     add_run_options(parser)
-    for action in parser._actions:  # noqa: SLF001  torchrun options numarun refuses: not offered
+    for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
@@ -123,7 +123,7 @@ def _flag_defaults() -> dict[str, object]:
     parser = argparse.ArgumentParser(add_help=False)
     add_plan_options(parser)
     add_run_options(parser)
-    return {**vars(torchrun_parser().parse_args(["x"])), **{a.dest: a.default for a in parser._actions}}  # noqa: SLF001
+    return {**vars(torchrun_parser().parse_args(["x"])), **{a.dest: a.default for a in parser._actions}}
 
 
 # ----------------------------------------------------------------------------- one run request
@@ -210,7 +210,7 @@ def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) ->
 
 
 def _run(
-    args: argparse.Namespace, target: Target, planner: _Planner, job_env: dict[str, str], run_dir: "os.PathLike[str] | None" = None
+    args: argparse.Namespace, target: Target, planner: _Planner, job_env: dict[str, str], run_dir: os.PathLike[str] | None = None
 ) -> int:
     plan, plan_path = planner.plan(args)
     for w in plan.warnings:

@@ -164,7 +164,6 @@ def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any]) 
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     parser, args = _parse(script_args)
@@ -174,7 +173,7 @@ def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any]) 
     def task(cfg: Any) -> Any:
         hc = HydraConfig.get()
         run_dir = Path(hc.runtime.output_dir)
-        job = prepare_job(cfg, run_dir, list(OmegaConf.to_container(hc.overrides.task)), write=True)
+        job = prepare_job(cfg, run_dir, [str(o) for o in hc.overrides.task], write=True)
         try:
             value = on_job(job)
         except NumarunError as e:
@@ -265,22 +264,22 @@ def _every_job(hydra: Any, config_name: str, overrides: list[str], *, multirun: 
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict, read_write
+    from omegaconf import open_dict, read_write
 
     loader = hydra.config_loader
     mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     base = loader.load_configuration(config_name=config_name, overrides=overrides + [f"hydra.mode={mode.name}"], run_mode=mode)
+    configs: list[tuple[Any, int | None]] = []
     if mode == RunMode.RUN:
-        configs = [(base, None)]
+        configs.append((base, None))
     else:
         parsed = OverridesParser.create().parse_overrides(overrides)
-        configs = []
-        for num, job_overrides in enumerate(BasicSweeper.split_arguments(parsed, None)[0]):
-            cfg = loader.load_sweep_config(base, list(job_overrides))
-            with read_write(cfg.hydra), open_dict(cfg.hydra):
-                cfg.hydra.job.num = num
-                cfg.hydra.job.id = str(num)
-            configs.append((cfg, num))
+        for i, job_overrides in enumerate(BasicSweeper.split_arguments(parsed, None)[0]):
+            job_cfg = loader.load_sweep_config(base, list(job_overrides))
+            with read_write(job_cfg.hydra), open_dict(job_cfg.hydra):
+                job_cfg.hydra.job.num = i
+                job_cfg.hydra.job.id = str(i)
+            configs.append((job_cfg, i))
     saved = HydraConfig.instance().cfg
     jobs = []
     try:
@@ -291,7 +290,7 @@ def _every_job(hydra: Any, config_name: str, overrides: list[str], *, multirun: 
             with read_write(cfg.hydra), open_dict(cfg.hydra):
                 cfg.hydra.runtime.output_dir = str(run_dir)
             HydraConfig.instance().set_config(cfg)
-            overrides_task = list(OmegaConf.to_container(cfg.hydra.overrides.task))
+            overrides_task = [str(o) for o in cfg.hydra.overrides.task]
             jobs.append((run_dir, prepare_job(cfg, run_dir, overrides_task, write=False)))
     finally:
         HydraConfig.instance().cfg = saved

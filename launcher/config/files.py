@@ -56,7 +56,7 @@ def resolved_yaml(cfg: Any) -> str:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]) if "hydra" in cfg else cfg
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
     try:
         return OmegaConf.to_yaml(job, resolve=True)
     except OmegaConfBaseException as e:

@@ -7,6 +7,7 @@ reads them back from the run directory's ``config.yaml`` with :func:`load_job_co
 No Hydra import here: workers only need OmegaConf.
 """
 
+# ruff: noqa: UP045  (Optional[...] kept: OmegaConf reads these annotations at runtime)
 from __future__ import annotations
 
 import enum
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ConfigError
 from ..comm.modes import CommMode, parse_compression
+from ..errors import ConfigError
 from ..plan.model import BindingMode, MemPolicy
 
 
