@@ -300,3 +300,26 @@ def test_adamw_takes_the_fast_path_except_under_tp() -> None:
     assert adamw_path(ParallelKind.TP, "cuda") == {"foreach": False} == adamw_path(ParallelKind.TP, "cpu")
     assert adamw_path(ParallelKind.DDP, "cuda") == {"fused": True} == adamw_path(ParallelKind.FSDP, "cuda")
     assert adamw_path(ParallelKind.DDP, "cpu") == {}
+
+
+def test_check_sees_every_job_before_any_run_dir(in_tmp: Path) -> None:
+    from numarun.errors import UsageError
+
+    ran: list[object] = []
+    seen: list[str] = []
+
+    def check(job: C.PreparedJob) -> None:
+        seen.append(job.run_dir.name)
+        if len(seen) == 2:
+            raise UsageError("bad plan: impossible")
+
+    with pytest.raises(UsageError):
+        C.run_hydra(["-m", "trainer.steps=1,2"], ran.append, check)
+    assert seen == ["0", "1"] and ran == [] and list(in_tmp.iterdir()) == []
+
+    def refuse(job: C.PreparedJob) -> None:
+        raise UsageError("bad plan: impossible")
+
+    with pytest.raises(UsageError):
+        C.run_hydra(["trainer.steps=1"], ran.append, refuse)
+    assert ran == [] and list(in_tmp.iterdir()) == []

@@ -199,20 +199,35 @@ def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) ->
             _run(job_args, Target(target.kind, target.name, ()), planner, dict(job.env))
         return 0
 
-    def on_job(job: Any) -> int:
-        job_args = settled(job.launcher)
-        print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
-        # the workers read the saved config: no arguments after the script
-        return _run(job_args, Target(target.kind, target.name, ()), planner, dict(job.env), run_dir=job.run_dir)
+    # the workers read the saved config: no arguments after the script
+    job_target = Target(target.kind, target.name, ())
+    planned: dict[tuple[str, str], tuple[argparse.Namespace, tuple[LaunchPlan, str]]] = {}
 
-    compose.run_hydra(script_args, on_job)
+    def check(job: Any) -> None:
+        """Before Hydra makes any run dir: the job's flags, plan and torchrun options are sound."""
+        job_args = settled(job.launcher)
+        plan = planner.plan(job_args)
+        build_torchrun_argv(vars(job_args), nproc_per_node=plan[0].nproc_per_node, target=job_target)
+        planned[(str(job.run_dir), job.config_text)] = (job_args, plan)
+
+    def on_job(job: Any) -> int:
+        job_args, plan = planned.pop((str(job.run_dir), job.config_text), None) or (settled(job.launcher), None)
+        print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
+        return _run(job_args, job_target, planner, dict(job.env), run_dir=job.run_dir, planned=plan)
+
+    compose.run_hydra(script_args, on_job, check)
     return 0
 
 
 def _run(
-    args: argparse.Namespace, target: Target, planner: _Planner, job_env: dict[str, str], run_dir: os.PathLike[str] | None = None
+    args: argparse.Namespace,
+    target: Target,
+    planner: _Planner,
+    job_env: dict[str, str],
+    run_dir: os.PathLike[str] | None = None,
+    planned: tuple[LaunchPlan, str] | None = None,
 ) -> int:
-    plan, plan_path = planner.plan(args)
+    plan, plan_path = planned or planner.plan(args)
     for w in plan.warnings:
         log.warning("%s", w)
     # The binding line of each rank is logged at INFO on purpose: it is the run's record of

@@ -66,6 +66,10 @@ def is_info_command(script_args: Sequence[str]) -> bool:
     return any(a in _INFO_FLAGS or a.startswith(("--cfg=", "--info=")) for a in script_args)
 
 
+_checks: list[Callable[[PreparedJob], Any]] = []
+"""The check of the :func:`run_hydra` call under way (plans the job): run before Hydra makes a run dir."""
+
+
 class _Stopped(BaseException):
     """Carries an error through Hydra's ``except Exception`` (per job, per callback): a refused
     run dir or value, or a signal stop, ends the command there."""
@@ -150,15 +154,21 @@ class RunDirGuard(_callback_base()):  # type: ignore[misc]
         saved = HydraConfig.instance().cfg
         HydraConfig.instance().set_config(probe)
         try:
-            prepare_job(probe, run_dir, [], write=False)  # a bad value: no run dir yet
+            job = prepare_job(probe, run_dir, [str(o) for o in config.hydra.overrides.task], write=False)
+            for check in _checks:  # a bad value or an impossible plan: no run dir yet
+                check(job)
         finally:
             if saved is not None:
                 HydraConfig.instance().cfg = saved
 
 
-def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any]) -> Any:
+def run_hydra(
+    script_args: Sequence[str], on_job: Callable[[PreparedJob], Any], check_job: Callable[[PreparedJob], Any] | None = None
+) -> Any:
     """Run Hydra's command for ``script_args``; ``on_job`` runs each composed, saved job.
 
+    ``check_job`` sees every job (not yet written) before Hydra creates the first run dir,
+    so that a job that cannot run (an impossible plan) leaves nothing behind.
     Returns the last job's ``on_job`` value (None for --cfg/--info/--help).
     """
     from hydra.core.hydra_config import HydraConfig
@@ -216,17 +226,27 @@ def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any]) 
             if mode is None or (args.multirun and mode == RunMode.RUN):
                 mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
                 overrides.append(f"hydra.mode={mode.name}")
+            _checks[:] = [check_job] if check_job is not None else []
             if mode == RunMode.RUN:
                 hydra.run(config_name=config_name, task_function=task, overrides=overrides)
             else:
-                _every_job(hydra, config_name, list(args.overrides), multirun=True)
+                for _, job in _every_job(hydra, config_name, list(args.overrides), multirun=True):
+                    for check in _checks:
+                        check(job)
+                _checks.clear()  # checked whole; Hydra's own per-job run needs no second check
                 hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
     except _Stopped as s:
         raise s.error from None
     except NumarunError:
         raise
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
+    except (HydraException, OmegaConfBaseException, ValueError) as e:  # before OSError: MissingConfigException is one
         raise ConfigError(explain(e, list(args.overrides))) from None
+    except OSError as e:  # Hydra's mkdir of the run dir
+        if e.filename is None:
+            raise
+        raise ConfigError(f"bad run dir {e.filename!r}: {e.strerror}; expected a writable directory path") from None
+    finally:
+        _checks.clear()
     return results[-1] if results else None
 
 
