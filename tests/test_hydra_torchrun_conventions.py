@@ -60,7 +60,9 @@ def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
     proc = _numarun(tmp_path, "--nproc-per-node", "2", str(script))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"numarun: error: rank 1 \(local rank 1, pid \d+\) failed: ValueError: boom \(exited with code 1\)", last), last
+    # rank 0 may have ended on its own or been stopped by torchrun after rank 1 failed
+    assert last.startswith("numarun: error: rank "), last
+    assert re.search(r"rank 1 \(local rank 1, pid \d+\) failed: ValueError: boom \(exited with code 1\)", last), last
     # the user's traceback starts at the user's code, as 'python boom.py' prints it
     tb = proc.stderr[proc.stderr.index("Traceback (most recent call last):"):].splitlines()
     assert tb[1] == f'  File "{script}", line 7, in <module>'
