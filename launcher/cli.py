@@ -78,7 +78,11 @@ def build_parser(only: str | None = None, *, for_help: bool = False) -> OneLineP
         "to its GPU, CPU cores, memory and NIC.",
     )
     parser.add_argument("--version", action="version", version=f"numarun {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="logging level of numarun itself (default WARNING)")
+    parser.add_argument(
+        "--log-level", default=None,
+        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
+        "bootstrap, whose default INFO shows the one binding line per rank",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     if for_help:
         from .launch import torchrun
@@ -122,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _split_command(args_list)
     parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
     args = parser.parse_args(args_list)
-    level = getattr(logging, str(args.log_level).upper(), None)
+    level = getattr(logging, str(args.log_level or "WARNING").upper(), None)
     if not isinstance(level, int):
         parser.error(f"bad --log-level {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
     logging.basicConfig(level=level, format="numarun: %(levelname)s: %(message)s")

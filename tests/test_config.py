@@ -1,4 +1,4 @@
-"""Job configs: composition, validation, run dirs, sweeps (in-process, no workers)."""
+"""numarun's trainer config: composed by Hydra once per job, Hydra's commands and files, run dirs, sweeps."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from numarun.config import compose as C
+from numarun.config import rundir
+from numarun.config.detect import AppKind, detect_app
 from numarun.config.schema import load_job_config
 from numarun.errors import ConfigError
 
@@ -28,30 +29,41 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_overrides_reach_saved_config(in_tmp: Path) -> None:
     ov = ["parallel=fsdp", "model=gpt", "trainer.batch_size=32", "launcher.binding=core-complex", "optim.lr=0.01"]
-    job = C.prepare_launch(TRAIN, ov, is_module=False)
-    assert job is not None and job.kind is C.AppKind.TRAINER
+    job = C.prepare_launch(ov)
     assert job.run_dir.parent.parent == in_tmp / "outputs"  # outputs/<date>/<time>
     saved = yaml.safe_load((job.run_dir / "config.yaml").read_text())
     assert saved["parallel"]["kind"] == "fsdp"
     assert saved["model"]["kind"] == "gpt" and saved["model"]["d_model"] == 64
-    assert saved["trainer"]["batch_size"] == 32
-    assert saved["optim"]["lr"] == 0.01
+    assert saved["trainer"]["batch_size"] == 32 and saved["optim"]["lr"] == 0.01
     assert "hydra" not in saved
-    assert yaml.safe_load((job.run_dir / "overrides.yaml").read_text()) == ov
+    # Hydra's own record, as any Hydra app has it
+    hydra_dir = job.run_dir / ".hydra"
+    assert sorted(p.name for p in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert yaml.safe_load((hydra_dir / "overrides.yaml").read_text()) == ov
+    hydra_node = yaml.safe_load((hydra_dir / "hydra.yaml").read_text())["hydra"]
+    assert hydra_node["job"]["name"] == "train" and hydra_node["mode"] == "RUN"
+    assert hydra_node["runtime"]["output_dir"] == str(job.run_dir)
     assert job.launcher["binding"] == "core-complex"
     assert job.env == {"NUMARUN_RUN_DIR": str(job.run_dir), "NUMARUN_CONFIG": str(job.run_dir / "config.yaml")}
-    assert job.script_args == ()
     cfg = load_job_config(job.config_file)  # what every rank reads
     assert cfg.trainer.batch_size == 32 and cfg.launcher.binding == "core-complex"
 
 
+def test_hydra_interpolations_resolve_in_the_saved_config(in_tmp: Path) -> None:
+    job = C.prepare_launch(["trainer.checkpoint_dir=${hydra:runtime.output_dir}/ck", "data.path=${hydra:job.name}.bin"])
+    cfg = load_job_config(job.config_file)
+    assert cfg.trainer.checkpoint_dir == f"{job.run_dir}/ck" and cfg.data.path == "train.bin"
+
+
 def test_hydra_run_dir_override_and_reuse(in_tmp: Path) -> None:
     target = in_tmp / "runs" / "a"
-    job = C.prepare_launch("numarun.train", [f"hydra.run.dir={target}"], is_module=True)
-    assert job is not None and job.run_dir == target
-    again = C.prepare_launch("numarun.train", [f"hydra.run.dir={target}", "trainer.steps=3"], is_module=True)
-    assert again is not None and again.run_dir == target  # an explicit dir is reused, as Hydra does
+    job = C.prepare_launch([f"hydra.run.dir={target}"])
+    assert job.run_dir == target
+    again = C.prepare_launch([f"hydra.run.dir={target}", "trainer.steps=3"])
+    assert again.run_dir == target  # an existing dir is reused, as Hydra does
     assert load_job_config(target / "config.yaml").trainer.steps == 3
+    here = C.prepare_launch(["hydra.run.dir=./"])
+    assert here.run_dir == in_tmp and (in_tmp / ".hydra" / "config.yaml").is_file()
 
 
 @pytest.mark.parametrize(
@@ -64,23 +76,31 @@ def test_hydra_run_dir_override_and_reuse(in_tmp: Path) -> None:
         ("trainer.batch_size=-4", "trainer.batch_size"),
         ("+trainer.extra=1", "extra"),
         ("data=tokens", "data.path"),
-        ("optim.name=lamb", "optim.name"),
+        ("optim.kind=lamb", "optim.kind"),
+        ("optim.name=adamw", "optim.name"),  # the old spelling is gone: kind, as in every group
         ("comm.compression=int8", "comm.compression"),
         ("comm.allreduce=ring", "comm.allreduce"),
     ],
 )
 def test_bad_overrides_fail_before_any_run_dir(in_tmp: Path, override: str, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
-        C.prepare_launch(TRAIN, [override], is_module=False)
+        C.prepare_launch([override])
     msg = str(e.value)
     assert "\n" not in msg and needle in msg and "expected" in msg
-    assert not (in_tmp / "outputs").exists()
+    assert list(in_tmp.iterdir()) == []
 
 
-def test_bad_override_in_one_sweep_job_stops_all(in_tmp: Path) -> None:
-    with pytest.raises(ConfigError):
-        C.prepare_sweep(TRAIN, ["-m", "trainer.batch_size=8,-1"], is_module=False)
-    assert not (in_tmp / "outputs").exists() and not (in_tmp / "multirun").exists()
+def test_bad_value_in_one_sweep_job_runs_nothing(in_tmp: Path) -> None:
+    ran: list[object] = []
+    for bad in (["-m", "trainer.batch_size=8,-1"], ["-m", "trainer.steps=1,x"]):
+        with pytest.raises(ConfigError):
+            C.run_hydra(bad, ran.append)
+    assert ran == [] and list(in_tmp.iterdir()) == []
+
+
+def test_sweep_parameter_of_hydra_itself_is_one_line(in_tmp: Path) -> None:
+    with pytest.raises(ConfigError, match="hydra.sweeper.params.a"):
+        C.run_hydra(["-m", "+hydra.sweeper.params.a=1,2"], lambda job: None)
 
 
 def test_expand_sweep_is_the_cartesian_product_in_order() -> None:
@@ -90,23 +110,68 @@ def test_expand_sweep_is_the_cartesian_product_in_order() -> None:
     assert C.expand_sweep([]) == [[]]
 
 
-def test_multirun_gives_one_run_dir_per_job(in_tmp: Path) -> None:
-    jobs = C.prepare_sweep(TRAIN, ["-m", "trainer.batch_size=8,16", "model=mlp,gpt"], is_module=False)
-    assert jobs is not None and len(jobs) == 4
-    dirs = {j.run_dir for j in jobs}
-    assert len(dirs) == 4 and all(d.parent == jobs[0].run_dir.parent for d in dirs)
-    seen = {(load_job_config(j.config_file).trainer.batch_size, load_job_config(j.config_file).model.kind) for j in jobs}
-    assert seen == {(8, "mlp"), (8, "gpt"), (16, "mlp"), (16, "gpt")}
-    with pytest.raises(ConfigError, match="sweep of 2 jobs"):
-        C.prepare_launch(TRAIN, ["-m", "trainer.batch_size=8,16"], is_module=False)
+def test_multirun_is_hydras_sweep(in_tmp: Path) -> None:
+    jobs: list[C.PreparedJob] = []
+    C.run_hydra(["-m", "trainer.batch_size=8,16", "model=mlp,gpt"], jobs.append)
+    assert len(jobs) == 4
+    sweep_dir = jobs[0].run_dir.parent
+    assert [j.run_dir for j in jobs] == [sweep_dir / str(n) for n in range(4)]  # hydra.job.num
+    assert (sweep_dir / "multirun.yaml").is_file()
+    seen = [(load_job_config(j.config_file).trainer.batch_size, load_job_config(j.config_file).model.kind) for j in jobs]
+    assert seen == [(8, "mlp"), (8, "gpt"), (16, "mlp"), (16, "gpt")]
+    hydra_node = yaml.safe_load((jobs[3].run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert hydra_node["mode"] == "MULTIRUN" and hydra_node["job"]["num"] == 3
+    with pytest.raises(ConfigError, match="sweep"):
+        C.prepare_launch(["-m", "trainer.batch_size=8,16"])
+
+
+def test_sweep_subdir_override_dirname(in_tmp: Path) -> None:
+    jobs: list[C.PreparedJob] = []
+    C.run_hydra(["-m", "trainer.steps=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"], jobs.append)
+    assert [j.run_dir.name for j in jobs] == ["trainer.steps=1", "trainer.steps=2"]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--cfg", "job"], "trainer:"),
+        (["--cfg", "hydra"], "run:"),
+        (["--cfg", "all", "-p", "optim"], "kind: adamw"),
+        (["--info"], "Config search path"),
+        (["--help"], "Configuration groups"),
+        (["-cn", "config", "--cfg", "job", "optim=sgd"], "kind: sgd"),
+    ],
+)
+def test_hydra_commands_print_and_create_no_run_dir(in_tmp: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str) -> None:
+    C.run_hydra(flags, lambda job: pytest.fail("no job runs"))
+    assert needle in capsys.readouterr().out
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_config_path_and_dir_flags(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    extra = in_tmp / "extra" / "optim"
+    extra.mkdir(parents=True)
+    (extra / "mine.yaml").write_text("kind: sgd\nlr: 0.5\n")
+    C.run_hydra(["-cd", str(in_tmp / "extra"), "optim=mine", "--cfg", "job", "-p", "optim"], lambda job: None)
+    assert "lr: 0.5" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="nosuch"):
+        C.run_hydra(["-cp", "nosuch", "--cfg", "job"], lambda job: None)
+    with pytest.raises(ConfigError, match="alt"):
+        C.run_hydra(["-cn", "alt"], lambda job: None)
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["extra"]
 
 
 def test_dry_run_validates_and_writes_nothing(in_tmp: Path) -> None:
-    jobs = C.prepare_sweep(TRAIN, ["trainer.steps=2"], is_module=False, dry_run=True)
-    assert jobs is not None and len(jobs) == 1
-    assert not (in_tmp / "outputs").exists()
+    jobs = C.compose_dry(["trainer.steps=2", "trainer.checkpoint_dir=${hydra:runtime.output_dir}/ck"])
+    ((run_dir, job),) = jobs
+    assert run_dir.parent.parent == in_tmp / "outputs"
+    assert f"checkpoint_dir: {run_dir}/ck" in job.config_text
+    assert list(in_tmp.iterdir()) == []
+    sweep = C.compose_dry(["-m", "trainer.steps=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"])
+    assert [d.name for d, _ in sweep] == ["trainer.steps=1", "trainer.steps=2"]
     with pytest.raises(ConfigError):
-        C.prepare_sweep(TRAIN, ["trainer.steps=x"], is_module=False, dry_run=True)
+        C.compose_dry(["trainer.steps=x"])
+    assert list(in_tmp.iterdir()) == []
 
 
 def test_planted_symlink_is_not_followed(in_tmp: Path) -> None:
@@ -115,7 +180,12 @@ def test_planted_symlink_is_not_followed(in_tmp: Path) -> None:
     link = in_tmp / "run"
     link.symlink_to(victim)
     with pytest.raises(ConfigError, match="symbolic link"):
-        C.prepare_launch(TRAIN, [f"hydra.run.dir={link}"], is_module=False)
+        C.prepare_launch([f"hydra.run.dir={link}"])
+    assert list(victim.iterdir()) == []
+    # a link planted as the default outputs/ root
+    (in_tmp / "outputs").symlink_to(victim)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        C.prepare_launch([])
     assert list(victim.iterdir()) == []
     # a symlink planted at a file name inside a real run dir is not followed either
     real = in_tmp / "real"
@@ -124,26 +194,18 @@ def test_planted_symlink_is_not_followed(in_tmp: Path) -> None:
     target_file.write_text("keep\n")
     (real / "config.yaml").symlink_to(target_file)
     with pytest.raises(ConfigError, match="symbolic link"):
-        C.prepare_launch(TRAIN, [f"hydra.run.dir={real}"], is_module=False)
+        C.prepare_launch([f"hydra.run.dir={real}"])
     assert target_file.read_text() == "keep\n"
 
 
 def test_run_dir_follows_the_umask(in_tmp: Path) -> None:
     old = os.umask(0o077)
     try:
-        job = C.prepare_launch(TRAIN, [], is_module=False)
+        job = C.prepare_launch([])
     finally:
         os.umask(old)
-    assert job is not None
     assert (job.run_dir.stat().st_mode & 0o777) == 0o700
     assert (job.config_file.stat().st_mode & 0o777) == 0o600
-
-
-def test_same_second_default_dirs_do_not_collide(in_tmp: Path) -> None:
-    base = in_tmp / "outputs" / "d" / "t"
-    first = C.make_run_dir(base, explicit=False)
-    second = C.make_run_dir(base, explicit=False)
-    assert first == base and second == base.with_name("t_1")
 
 
 def test_detect_app(tmp_path: Path) -> None:
@@ -151,34 +213,20 @@ def test_detect_app(tmp_path: Path) -> None:
     plain.write_text("import sys\nprint(sys.argv)\n")
     mine = tmp_path / "mine.py"
     mine.write_text("from numarun.train import main\nmain()\n")
-    assert C.detect_app(str(plain), is_module=False) is C.AppKind.PLAIN
-    assert C.detect_app(str(mine), is_module=False) is C.AppKind.TRAINER
-    assert C.detect_app(TRAIN, is_module=False) is C.AppKind.TRAINER
-    assert C.detect_app("numarun.train", is_module=True) is C.AppKind.TRAINER
-    assert C.detect_app(HYDRA_APP, is_module=False) is C.AppKind.HYDRA_MAIN
-    assert C.prepare_launch(str(plain), ["a=1", "--flag"], is_module=False) is None
-
-
-def test_user_hydra_app_written_once(in_tmp: Path) -> None:
-    job = C.prepare_launch(HYDRA_APP, ["lr=0.5", "optim.momentum=0.25"], is_module=False)
-    assert job is not None and job.kind is C.AppKind.HYDRA_MAIN
-    saved = yaml.safe_load((job.run_dir / ".hydra" / "config.yaml").read_text())
-    assert saved == {"lr": 0.5, "name": "demo", "optim": {"momentum": 0.25}}
-    hydra_node = yaml.safe_load((job.run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
-    assert hydra_node["run"]["dir"] == str(job.run_dir)
-    assert job.script_args == ("lr=0.5", "optim.momentum=0.25", f"hydra.run.dir={job.run_dir}", "hydra.output_subdir=null")
-    with pytest.raises(ConfigError, match="nosuch"):
-        C.prepare_launch(HYDRA_APP, ["nosuch=1"], is_module=False)
+    assert detect_app(str(plain), is_module=False) is AppKind.PLAIN
+    assert detect_app(str(mine), is_module=False) is AppKind.TRAINER
+    assert detect_app(TRAIN, is_module=False) is AppKind.TRAINER
+    assert detect_app("numarun.train", is_module=True) is AppKind.TRAINER
+    assert detect_app(HYDRA_APP, is_module=False) is AppKind.HYDRA_MAIN
 
 
 def test_launcher_settings_fill_flags_left_at_default() -> None:
+    from numarun.commands.run import apply_launcher_settings
     from numarun.plan.model import BindingMode
 
     defaults = {"nproc_per_node": None, "binding": BindingMode.EXCLUSIVE, "nnodes": "1:1", "master_port": 29500}
     args = argparse.Namespace(nproc_per_node=None, binding=BindingMode.EXCLUSIVE, nnodes="1:1", master_port=29600)
-    applied = C.apply_launcher_settings(
-        args, {"nproc_per_node": 2, "binding": "socket", "nnodes": 1, "master_port": 29999}, defaults
-    )
+    applied = apply_launcher_settings(args, {"nproc_per_node": 2, "binding": "socket", "nnodes": 1, "master_port": 29999}, defaults)
     assert args.nproc_per_node == 2 and args.binding is BindingMode.SOCKET and args.nnodes == "1"
     assert args.master_port == 29600  # given on the command line: the flag wins
     assert sorted(applied) == ["binding", "nnodes", "nproc_per_node"]
@@ -191,34 +239,37 @@ def test_saved_config_with_unknown_key_is_rejected(tmp_path: Path) -> None:
         load_job_config(bad)
 
 
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "numarun", *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.slow
-def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "numarun", TRAIN, "trainer.steps=abc"],
-        cwd=in_tmp, capture_output=True, text=True, timeout=120,
-    )
+@pytest.mark.parametrize("args", [["trainer.steps=abc"], ["-m", "+hydra.sweeper.params.a=1,2"], ["-cn", "nosuch"]])
+def test_cli_bad_override_exits_2_with_one_line(in_tmp: Path, args: list[str]) -> None:
+    proc = _cli(in_tmp, TRAIN, *args)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("numarun: error: bad override 'trainer.steps=abc'")
-    assert not (in_tmp / "outputs").exists()
+    assert len(lines) == 1 and lines[0].startswith("numarun: error: bad "), proc.stderr
+    assert list(in_tmp.iterdir()) == []
 
 
 @pytest.mark.slow
 def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
-    def dry(*args: str) -> list[str]:
-        proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", *args], cwd=in_tmp,
-                              capture_output=True, text=True, timeout=120)
+    def dry(*args: str) -> str:
+        proc = _cli(in_tmp, "--dry-run", *args)
         assert proc.returncode == 0, proc.stderr
-        return [ln for ln in proc.stdout.splitlines() if " torchrun " in ln]
+        return proc.stdout
 
-    sweep = dry(TRAIN, "-m", "launcher.nproc_per_node=2", "trainer.steps=1,2")
-    assert len(sweep) == 2
-    assert all("--nproc-per-node=2" in ln for ln in sweep)
+    out = dry(TRAIN, "-m", "launcher.nproc_per_node=2", "trainer.steps=1,2")
+    sweep = [ln for ln in out.splitlines() if " torchrun " in ln]
+    assert len(sweep) == 2 and all("--nproc-per-node=2" in ln for ln in sweep)
     assert "/0/config.yaml" in sweep[0] and "/1/config.yaml" in sweep[1]
+    # the dry run says what a real run would create, and shows the composed config
+    assert out.count("# a real run would create ") == 2 and "#     steps: 2" in out
     # a flag on the command line wins over the config's launcher group
-    (line,) = dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2")
+    (line,) = [ln for ln in dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2").splitlines() if " torchrun " in ln]
     assert "--nproc-per-node=1" in line
-    assert not (in_tmp / "outputs").exists() and not (in_tmp / "multirun").exists()  # dry run: nothing written
+    assert list(in_tmp.iterdir()) == []  # dry run: nothing written
 
 
 def test_configs_ship_inside_the_package() -> None:
@@ -230,13 +281,45 @@ def test_configs_ship_inside_the_package() -> None:
 
 def test_config_write_is_atomic_and_refuses_a_planted_link(tmp_path: Path) -> None:
     target = tmp_path / "config.yaml"
-    C.write_text_nofollow(target, "a: 1\n")
-    C.write_text_nofollow(target, "a: 2\n")  # a second node rewriting the same file
+    rundir.write_text_nofollow(target, "a: 1\n")
+    rundir.write_text_nofollow(target, "a: 2\n")  # a second node rewriting the same file
     assert target.read_text() == "a: 2\n"
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temp file left
     elsewhere = tmp_path / "elsewhere"
     link = tmp_path / "linked.yaml"
     link.symlink_to(elsewhere)
     with pytest.raises(ConfigError):
-        C.write_text_nofollow(link, "x\n")
+        rundir.write_text_nofollow(link, "x\n")
     assert not elsewhere.exists()
+
+
+def test_adamw_takes_the_fast_path_except_under_tp() -> None:
+    from numarun.config.schema import ParallelKind
+    from numarun.train.loop import adamw_path
+
+    assert adamw_path(ParallelKind.TP, "cuda") == {"foreach": False} == adamw_path(ParallelKind.TP, "cpu")
+    assert adamw_path(ParallelKind.DDP, "cuda") == {"fused": True} == adamw_path(ParallelKind.FSDP, "cuda")
+    assert adamw_path(ParallelKind.DDP, "cpu") == {}
+
+
+def test_check_sees_every_job_before_any_run_dir(in_tmp: Path) -> None:
+    from numarun.errors import UsageError
+
+    ran: list[object] = []
+    seen: list[str] = []
+
+    def check(job: C.PreparedJob) -> None:
+        seen.append(job.run_dir.name)
+        if len(seen) == 2:
+            raise UsageError("bad plan: impossible")
+
+    with pytest.raises(UsageError):
+        C.run_hydra(["-m", "trainer.steps=1,2"], ran.append, check)
+    assert seen == ["0", "1"] and ran == [] and list(in_tmp.iterdir()) == []
+
+    def refuse(job: C.PreparedJob) -> None:
+        raise UsageError("bad plan: impossible")
+
+    with pytest.raises(UsageError):
+        C.run_hydra(["trainer.steps=1"], ran.append, refuse)
+    assert ran == [] and list(in_tmp.iterdir()) == []

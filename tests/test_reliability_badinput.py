@@ -66,7 +66,7 @@ CASES: list[Case] = [
     case("missing-program", "--no-python no-such-program-xyz", "no-such-program-xyz", "on PATH"),
     case("plan-file-missing", f"--plan-file {{bad}}/nope.json {EXIT} 0 0", "nope.json", "numarun plan --json"),
     case("plan-file-not-a-plan", f"--plan-file {{bad}}/snapshot.json {EXIT} 0 0", "snapshot.json", "numarun plan --json"),
-    case("plan-file-rank-count", f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0", "plan1.json", "1 ranks"),
+    case("plan-file-rank-count", f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0", "plan1.json", "has 1 rank;"),
     # --- impossible plans
     case("more-ranks-than-gpus", f"plan --topology {P4D} --nproc-per-node 9", "9", "at most 8"),
     case("more-ranks-than-cores", f"plan --topology {P4} --nproc-per-node 9 --binding exclusive", "9", "at least one core per rank", CUDA_VISIBLE_DEVICES=""),

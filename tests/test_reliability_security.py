@@ -123,7 +123,7 @@ def test_run_dir_follows_umask_027(clean_env: Path) -> None:
 
     old = os.umask(0o027)
     try:
-        job = prepare_launch(TRAIN, ["trainer.steps=1"], is_module=False)
+        job = prepare_launch(["trainer.steps=1"])
     finally:
         os.umask(old)
     assert job is not None

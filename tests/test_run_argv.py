@@ -132,4 +132,4 @@ def test_pet_environment_sets_the_rank_count(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
     assert parse([SCRIPT]).nproc_per_node == 3
     monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")
-    assert parse([SCRIPT]).nproc_per_node is None
+    assert parse([SCRIPT]).nproc_per_node == "gpu"  # torchrun's word, resolved on the topology

@@ -199,7 +199,7 @@ def test_user_mistakes_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Captur
     assert code == 0
     plan_file.write_text(out)
     code, _, err = _cli(capsys, "--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0")
-    assert code == 2 and err.count("\n") == 1 and "1 ranks" in err
+    assert code == 2 and err.count("\n") == 1 and "has 1 rank;" in err
     code, _, err = _cli(capsys, "--plan-file", str(tmp_path / "nope.json"), "tests/scripts/exit_rank.py", "0", "0")
     assert code == 2 and err.count("\n") == 1 and "nope.json" in err
     code, _, err = _cli(capsys, "--run-path", str(SCRIPTS / "exit_rank.py"), "0", "0")

@@ -108,12 +108,16 @@ def test_uuid_on_a_source_without_uuids(smi8: Topology) -> None:
         visible_gpus(smi8, "GPU-381924f5", None)
 
 
-def test_no_gpus_at_all() -> None:
+def test_no_gpus_at_all(caplog: pytest.LogCaptureFixture) -> None:
     t = topology_from_smi((FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt").read_text(), "p4")
     t = dataclasses.replace(t, gpus=(), gpu_links=())
     assert visible_gpus(t, None, None) == ()
-    with pytest.raises(VisibleDevicesError, match="no GPUs"):
-        visible_gpus(t, "0", None)
+    # as under torchrun: a CUDA_VISIBLE_DEVICES naming GPUs on a machine without any runs CPU ranks
+    for value in ("0", "GPU-abc", "0,1"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="numarun.topology.visible"):
+            assert visible_gpus(t, value, None) == ()
+        assert "has none: running CPU-only ranks" in caplog.text and "0--1" not in caplog.text
 
 
 def test_warns_on_mixed_models_without_pci_order(nvml4: Topology, caplog: pytest.LogCaptureFixture) -> None:

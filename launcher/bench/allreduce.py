@@ -81,12 +81,18 @@ def node_bytes(*, size_bytes: int, num_nodes: int, local_world_size: int, hierar
     return 2.0 * (n - 1) / n * size_bytes if num_nodes > 1 else 0.0
 
 
-def bound_ratio(*, num_nodes: int, local_world_size: int) -> float:
-    """hierarchical/flat ratio of inter-node bytes: (N-1)/N / ((NG-1)/(NG))."""
+def bound_ratio(*, num_nodes: int, local_world_size: int) -> float | None:
+    """hierarchical/flat ratio of inter-node bytes: (N-1)/N / ((NG-1)/(NG)); None on one node (no inter-node bytes)."""
     n = num_nodes * local_world_size
     if num_nodes < 2:
-        return float("nan")
+        return None
     return ((num_nodes - 1) / num_nodes) / ((n - 1) / n)
+
+
+ONE_NODE_NOTE = (
+    "note: one node: hierarchical all-reduce only helps across nodes (it cuts the bytes each node "
+    "sends to the others); inside one node it adds steps and is expected to be slower than flat"
+)
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,8 @@ def render(report: dict[str, Any]) -> None:
     console.print(table)
     if report.get("bound_ratio"):
         console.print(f"byte-count bound for hier/flat: {report['bound_ratio']:.3f}")
+    if report["num_nodes"] < 2 and any(r["mode"] == "hierarchical" for r in report["results"]):
+        console.print(ONE_NODE_NOTE)
     bad = [k for k, v in report["correct"].items() if not v]
     console.print("results: flat == hierarchical" if not bad else f"results DIFFER for sizes {bad}")
 
@@ -284,7 +292,8 @@ def run_and_report(args: argparse.Namespace) -> int:
     if report["world_size"] and _rank0():
         render(report)
         if args.json_path:
-            write_atomic(Path(args.json_path), json.dumps(report, indent=1) + "\n")
+            # allow_nan=False: NaN/Infinity are not JSON; a value that cannot be measured is null
+            write_atomic(Path(args.json_path), json.dumps(report, indent=1, allow_nan=False) + "\n")
     destroy()
     return 0 if all(report["correct"].values()) else 1
 

@@ -28,6 +28,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _rs_single(output: Any, input: Any, **kwargs: Any) -> Any:
+    """``reduce_scatter_single`` where torch has it (2.13 deprecates ``reduce_scatter_tensor``)."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, **kwargs)
+
+
+def _ag_single(output: Any, input: Any, **kwargs: Any) -> Any:
+    """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
+    import torch.distributed as dist
+
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, **kwargs)
+
+
 def _context(context: DistContext | None) -> DistContext:
     ctx = context if context is not None else current_context()
     if ctx is None:
@@ -55,7 +71,7 @@ def _reduce_scatter(out: "torch.Tensor", full: "torch.Tensor", op: Any, group: A
 
     if not _NO_RS_TENSOR:
         try:
-            dist.reduce_scatter_tensor(out, full, op=op, group=group)
+            _rs_single(out, full, op=op, group=group)
             return
         except (RuntimeError, NotImplementedError) as e:
             if not _unsupported(e):
@@ -76,7 +92,7 @@ def _all_gather(full: "torch.Tensor", shard: "torch.Tensor", group: Any) -> None
 
     if not _NO_AG_TENSOR:
         try:
-            dist.all_gather_into_tensor(full, shard, group=group)
+            _ag_single(full, shard, group=group)
             return
         except (RuntimeError, NotImplementedError) as e:
             if not _unsupported(e):
@@ -162,7 +178,7 @@ def _pipelined(full: "torch.Tensor", step: int, op: Any, ctx: DistContext, inter
     def reduce_scatter(c: int) -> Any:
         if g == 1:
             return None
-        return dist.reduce_scatter_tensor(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
+        return _rs_single(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
 
     def cross(c: int) -> Any:
         if ctx.num_nodes == 1:
@@ -180,7 +196,7 @@ def _pipelined(full: "torch.Tensor", step: int, op: Any, ctx: DistContext, inter
             shards[c].div_(divisor)
         if g == 1:
             return None
-        return dist.all_gather_into_tensor(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
+        return _ag_single(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
 
     def wait(w: Any) -> None:
         if w is not None:

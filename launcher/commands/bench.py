@@ -102,5 +102,8 @@ def main(args: argparse.Namespace) -> int:
     cmd = launch_argv(args, bench_argv(args))
     log.info("launching: %s", " ".join(cmd))
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+    if args.launcher == "torchrun":
+        # torchrun would set 1 and warn; numarun sets each rank's own value (so never here:
+        # a value set here would look like the user's own and be kept)
+        env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)

@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..fsutil import write_output
-from ..plan.options import add_plan_options, request_from_args
+from ..plan.options import add_plan_options, request_for
 
 
 def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from ..topology.discover import load_topology
 
     topology = load_topology(args.topology)
-    plan = make_plan(topology, request_from_args(args, os.environ))
+    plan = make_plan(topology, request_for(args, os.environ, topology))
     if args.svg:
         from ..view.svg import render_svg
 

@@ -5,21 +5,35 @@ Accepts every torchrun option in torchrun's spellings, plus the planning options
 rank per visible GPU, or 1 without GPUs) and ``--dry-run``, ``--strict-binding``,
 ``--plan-file``.
 
+Three kinds of program (:mod:`numarun.config.detect`):
+
+* numarun's trainer: Hydra composes each job once, here (:func:`numarun.config.compose.run_hydra`);
+  each job's ``launcher`` group fills the flags the user left out, then the job is planned
+  once and run; a sweep (``-m``) runs Hydra's sweeper, one job after another;
+* a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
+  app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
+  Hydra picks the same run dir (:mod:`numarun.launch.hydra_pin`).
+
 Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one line);
 when a rank fails, the exit code of the lowest global rank that exited non-zero (1 when
 every failed rank was killed by a signal), after one line naming every failed rank;
 128 + N when numarun itself got signal N (SIGTERM, SIGINT...), after torchrun has ended
-all workers, or 0 when every worker then exited 0 on its own (a clean checkpoint-and-stop).
-SIGUSR1/SIGUSR2 are sent on to the workers (see :func:`numarun.launch.torchrun.run_torchrun`).
+all workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import datetime as _dt
 import logging
 import os
 import sys
+from collections.abc import Mapping
+from typing import Any
 
+from .. import envvars
+from ..errors import UsageError
 from ..launch.torchrun import (
     Target,
     add_run_options,
@@ -31,14 +45,16 @@ from ..launch.torchrun import (
     worker_env,
     write_plan_file,
 )
-from ..errors import UsageError
 from ..plan.model import LaunchPlan
-from ..plan.options import add_plan_options, request_from_args
+from ..plan.options import add_plan_options, request_for
 
 log = logging.getLogger(__name__)
 
+REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
+"""torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "run",
         parents=[torchrun_parser()],
@@ -58,6 +74,9 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     parser.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
                         help="seconds between the binding watcher's checks in every rank (default 30)")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
+    for action in parser._actions:  # torchrun options numarun refuses are not offered
+        if action.dest in REFUSED_OPTIONS:
+            action.help = argparse.SUPPRESS
     pet = os.environ.get("PET_NPROC_PER_NODE")  # torchrun reads its options from PET_* too
     if pet:
         parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
@@ -65,26 +84,87 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     return parser
 
 
-def _load_plan(args: argparse.Namespace) -> tuple[LaunchPlan, str]:
-    """(plan, path) from --plan-file, or a fresh plan written to a private file."""
-    if args.plan_file:
-        try:
-            with open(args.plan_file) as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
-        plan = LaunchPlan.from_json(text, origin=args.plan_file)
-        if args.nproc_per_node is not None and args.nproc_per_node != plan.nproc_per_node:
-            raise UsageError(
-                f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
-                f"{plan.nproc_per_node} ranks; expected {plan.nproc_per_node} or no --nproc-per-node"
-            )
-        return plan, os.path.abspath(args.plan_file)
-    from ..plan.binding import make_plan
-    from ..topology.discover import load_topology
+# ----------------------------------------------------------------------------- flags from the config
 
-    plan = make_plan(load_topology(args.topology), request_from_args(args, os.environ))
-    return plan, ""
+# the config's launcher keys -> the run command's option dests
+_FLAG_DESTS = {
+    "nproc_per_node": "nproc_per_node",
+    "nnodes": "nnodes",
+    "node_rank": "node_rank",
+    "binding": "binding",
+    "mem_policy": "mem_policy",
+    "master_addr": "master_addr",
+    "master_port": "master_port",
+    "rdzv_endpoint": "rdzv_endpoint",
+    "rdzv_id": "rdzv_id",
+    "strict_binding": "strict_binding",
+}
+
+
+def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+    """Copy the config's ``launcher`` values into ``args`` where the flag was left at its default.
+
+    A flag given with its default value counts as not given (argparse cannot tell them apart).
+    Returns the names set from the config.
+    """
+    from ..plan.options import parse_binding, parse_mem_policy
+
+    applied = []
+    for key, dest in _FLAG_DESTS.items():
+        value = settings.get(key)
+        if value is None or not hasattr(args, dest):
+            continue
+        if getattr(args, dest) != defaults.get(dest):
+            continue  # the user's flag wins
+        if key == "binding":
+            value = parse_binding(str(value))
+        elif key == "mem_policy":
+            value = parse_mem_policy(str(value))
+        elif key == "nnodes":
+            value = str(value)
+        setattr(args, dest, value)
+        applied.append(key)
+    return applied
+
+
+def _flag_defaults() -> dict[str, object]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_plan_options(parser)
+    add_run_options(parser)
+    return {**vars(torchrun_parser().parse_args(["x"])), **{a.dest: a.default for a in parser._actions}}
+
+
+# ----------------------------------------------------------------------------- one run request
+
+
+class _Planner:
+    """Plans from one topology read: a sweep reads the machine once, plans each job once."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._topology: Any = None
+
+    def plan(self, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
+        """(plan, path) from --plan-file, or a fresh plan (path '')."""
+        if args.plan_file:
+            try:
+                with open(args.plan_file) as f:
+                    text = f.read()
+            except OSError as e:
+                raise UsageError(f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+            plan = LaunchPlan.from_json(text, origin=args.plan_file)
+            if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
+                raise UsageError(
+                    f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
+                    f"{plan.nproc_per_node} rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no --nproc-per-node"
+                )
+            return plan, os.path.abspath(args.plan_file)
+        from ..plan.binding import make_plan
+        from ..topology.discover import load_topology
+
+        if self._topology is None:
+            self._topology = load_topology(args.topology)
+        return make_plan(self._topology, request_for(args, os.environ, self._topology)), ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,48 +174,65 @@ def main(args: argparse.Namespace) -> int:
 
         if preflight(args):
             return 1
-    # Composed without writing first: every job's plan is checked before any run dir exists,
-    # so a planning mistake leaves no half-written run dir behind.
-    jobs = _hydra_jobs(args, target, dry_run=True)
-    if jobs is None:
-        return _run(args, target, {})
-    # a Hydra app: each job (several with -m) composed once, run one after another
-    import copy
+    planner = _Planner(args)
+    if target.kind != "exec":
+        from ..config.detect import AppKind, detect_app
 
-    from ..config.compose import apply_launcher_settings
+        kind = detect_app(target.name, is_module=target.kind == "module")
+        if kind is AppKind.TRAINER:
+            return _run_trainer(args, target, planner)
+        if kind is AppKind.HYDRA_MAIN:
+            # Hydra's ${now:} fixed once here: every rank's Hydra picks the same run dir
+            when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
+            return _run(args, target, planner, {envvars.HYDRA_NOW: when})
+    return _run(args, target, planner, {})
 
-    defaults = {**vars(torchrun_parser().parse_args(["x"])), **_plan_defaults()}
 
-    def settled(job: object) -> argparse.Namespace:
+def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) -> int:
+    """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
+    from ..config import compose
+
+    defaults = _flag_defaults()
+    script_args = list(target.args)
+
+    def settled(launcher: Mapping[str, Any]) -> argparse.Namespace:
         job_args = copy.copy(args)
-        apply_launcher_settings(job_args, job.launcher, defaults)  # type: ignore[attr-defined]
+        apply_launcher_settings(job_args, launcher, defaults)
         return job_args
 
-    for job in jobs:
-        job_args = settled(job)
-        plan, _ = _load_plan(job_args)
-        build_torchrun_argv(vars(job_args), nproc_per_node=plan.nproc_per_node, target=target)
-    if not args.dry_run:
-        jobs = _hydra_jobs(args, target, dry_run=False) or []
-    for job in jobs:
-        job_args = settled(job)
+    if args.dry_run and not compose.is_info_command(script_args):
+        jobs = compose.compose_dry(script_args)
+        for run_dir, job in jobs:
+            job_args = settled(job.launcher)
+            sys.stdout.write(
+                f"# a real run would create {run_dir}/ holding .hydra/{{config,hydra,overrides}}.yaml, "
+                "config.yaml (below, what every rank reads) and numarun_plan.json\n"
+            )
+            sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
+            _run(job_args, Target(target.kind, target.name, ()), planner, dict(job.env))
+        return 0
+
+    # the workers read the saved config: no arguments after the script
+    job_target = Target(target.kind, target.name, ())
+    planned: dict[tuple[str, str], tuple[argparse.Namespace, tuple[LaunchPlan, str]]] = {}
+
+    def check(job: Any) -> None:
+        """Before Hydra makes any run dir: the job's flags, plan and torchrun options are sound."""
+        job_args = settled(job.launcher)
+        plan = planner.plan(job_args)
+        build_torchrun_argv(vars(job_args), nproc_per_node=plan[0].nproc_per_node, target=job_target)
+        planned[(str(job.run_dir), job.config_text)] = (job_args, plan)
+
+    def on_job(job: Any) -> int:
+        job_args, plan = planned.pop((str(job.run_dir), job.config_text), None) or (settled(job.launcher), None)
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
-        _run(job_args, Target(target.kind, target.name, job.script_args), dict(job.env), run_dir=job.run_dir)
+        return _run(job_args, job_target, planner, dict(job.env), run_dir=job.run_dir, planned=plan)
+
+    compose.run_hydra(script_args, on_job, check)
     return 0
 
 
-def _hydra_jobs(args: argparse.Namespace, target: Target, *, dry_run: bool) -> list | None:
-    """The jobs of a Hydra app (config composed, and saved unless ``dry_run``); None for any other program."""
-    if target.kind == "exec":
-        return None
-    from ..config.compose import prepare_sweep
-
-    return prepare_sweep(target.name, list(target.args), is_module=target.kind == "module", dry_run=dry_run)
-
-
 def _watch_env(args: argparse.Namespace) -> dict[str, str]:
-    from .. import envvars
-
     if getattr(args, "no_watch", False):
         return {envvars.WATCH_INTERVAL: "0"}
     interval = getattr(args, "watch_interval", None)
@@ -146,17 +243,22 @@ def _watch_env(args: argparse.Namespace) -> dict[str, str]:
     return {envvars.WATCH_INTERVAL: f"{interval:g}"}
 
 
-def _plan_defaults() -> dict[str, object]:
-    parser = argparse.ArgumentParser(add_help=False)
-    add_plan_options(parser)
-    add_run_options(parser)
-    return {a.dest: a.default for a in parser._actions}  # noqa: SLF001
-
-
-def _run(args: argparse.Namespace, target: Target, job_env: dict[str, str], run_dir: "os.PathLike[str] | None" = None) -> int:
-    plan, plan_path = _load_plan(args)
+def _run(
+    args: argparse.Namespace,
+    target: Target,
+    planner: _Planner,
+    job_env: dict[str, str],
+    run_dir: os.PathLike[str] | None = None,
+    planned: tuple[LaunchPlan, str] | None = None,
+) -> int:
+    plan, plan_path = planned or planner.plan(args)
     for w in plan.warnings:
         log.warning("%s", w)
+    # The binding line of each rank is logged at INFO on purpose: it is the run's record of
+    # what each rank got, so it shows by default although numarun's own level is WARNING;
+    # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+    if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
+        job_env = {envvars.LOG_LEVEL: str(args.log_level).upper(), **job_env}
     argv = build_torchrun_argv(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
     if args.dry_run:
         from ..view.plan import render_plan

@@ -92,7 +92,8 @@ def main(args: argparse.Namespace) -> int:
         import shutil
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
-        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty()))
+        snapshot = args.topology if args.topology and str(args.topology).endswith(".json") else None
+        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot))
         if out_svg is not None:
             sys.stdout.write(f"picture written to {out_svg}\n")
     return 0

@@ -39,7 +39,7 @@ from ..errors import BindingError, NumarunError
 from ..plan.model import LaunchPlan, MemPolicy, RankBinding
 from .. import envvars
 from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
-from . import affinity
+from . import affinity, hydra_pin
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.launch.bootstrap")
@@ -240,11 +240,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     record(os.environ, "pid", str(os.getpid()))
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
-        applied = bind_from_env()
-        if applied is not None:
-            from . import watch
-
-            watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
+from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
+from . import affinity, hydra_pin
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
@@ -252,8 +249,39 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_target(kind, target, args)
     except SystemExit as e:
         code = e.code
+    except Exception as e:  # as an uncaught exception in 'python script.py' (KeyboardInterrupt is left alone)
+        report_failure(e, os.environ)
+        code = 1
     else:
         code = 0
     finish(code)
+
+
+_OWN_FILES = (os.path.abspath(__file__), os.path.join(os.path.dirname(os.path.abspath(__file__)), "entry.py"), runpy.__file__)
+
+
+def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
+    """Print the traceback from the user's first frame, as Python would, and name the exception
+    in torchelastic's error file so the launcher's last line can say what failed."""
+    import json
+    import time
+    import traceback
+
+    tb = e.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FILES:
+        tb = tb.tb_next  # the bootstrap's and runpy's frames: not the user's code
+    text = "".join(traceback.format_exception(type(e), e, tb))
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    path = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    # the layout of torch.distributed.elastic's ErrorHandler.record_exception
+    data = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
 
 

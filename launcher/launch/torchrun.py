@@ -473,6 +473,16 @@ def options_endpoint(argv: Sequence[str]) -> str:
     return ""
 
 
+def failure_cause(failure: Any) -> str:
+    """``ValueError: boom`` from a failed worker's torchelastic error file ('' when it wrote none)."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    if not isinstance(message, str) or not message or message.startswith(("To enable traceback", "Signal ")):
+        return ""  # torchelastic's own placeholder: the worker wrote no error file
+    return message.splitlines()[0]
+
+
 class RunFailed(NumarunError):
     """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
 
@@ -678,7 +688,9 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
         for rank in sorted(e.failures):
             f = e.failures[rank]
             how = f"exited with code {f.exitcode}" if f.exitcode >= 0 else f"was killed by {f.signal_name()}"
-            parts.append(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}")
+            cause = failure_cause(f)
+            who = f"rank {rank} (local rank {f.local_rank}, pid {f.pid})"
+            parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")
         # Ranks torchrun itself stopped after the first failure show up killed by a signal:
         # the run's code is that of the lowest rank that exited on its own.
         codes = [e.failures[r].exitcode for r in sorted(e.failures) if e.failures[r].exitcode > 0]

@@ -9,10 +9,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
+from dataclasses import replace
+
+from ..errors import UsageError
+
+from typing import TYPE_CHECKING
 
 from ..envvars import VISIBLE_GPUS
 from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
+
+if TYPE_CHECKING:
+    from ..topology.model import Topology
 from .nic import NIC_VARIABLES
 
 # Variables the plan may set; a value the user already set is kept and reported.
@@ -23,17 +32,50 @@ def _choices(enum_cls: type) -> str:
     return ", ".join(m.value for m in enum_cls)
 
 
-def parse_nproc(text: str) -> int | None:
-    """``"4"`` -> 4; ``"auto"``/``"gpu"`` -> None (one rank per visible GPU, or 1)."""
-    if text in ("auto", "gpu"):
-        return None
+NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
+"""torchrun's words for ``--nproc-per-node`` (torch.distributed.run.determine_local_world_size)."""
+
+
+def parse_nproc(text: str) -> int | str | None:
+    """``"4"`` -> 4; torchrun's ``auto``/``cpu``/``gpu``/``xpu`` kept as words (see :func:`resolve_nproc`)."""
+    if text in NPROC_KEYWORDS:
+        return text
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"bad --nproc-per-node {text!r}: expected a positive integer or 'auto'")
+        raise argparse.ArgumentTypeError(f"bad --nproc-per-node {text!r}: expected a positive integer or one of {', '.join(NPROC_KEYWORDS)}")
     return value
+
+
+def cpu_count() -> int:
+    """CPUs this process may use, as torch counts them for ``--nproc-per-node cpu``."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int = 0) -> PlanRequest:
+    """The request with torchrun's word for ``--nproc-per-node`` turned into a rank count.
+
+    As torchrun defines them: ``gpu`` one rank per visible GPU (an error without one);
+    ``auto`` one per visible GPU, else one per usable CPU; ``cpu`` one per usable CPU (ranks
+    bound to CPUs only); ``xpu`` one per XPU torch sees (numarun binds those ranks to CPUs
+    and memory only). ``num_gpus`` counts the visible GPUs.
+    """
+    word = request.nproc_per_node
+    if not isinstance(word, str):
+        return request
+    if word == "gpu":
+        if not num_gpus:
+            raise UsageError("bad --nproc-per-node 'gpu': no GPU is visible here; expected a number, cpu or auto")
+        return replace(request, nproc_per_node=num_gpus)
+    if word == "auto":
+        return replace(request, nproc_per_node=num_gpus or cpus)
+    if word == "xpu":
+        if not xpus:
+            raise UsageError("bad --nproc-per-node 'xpu': torch sees no XPU here; expected a number, cpu, gpu or auto")
+        return replace(request, nproc_per_node=xpus, cuda_visible_devices="")
+    return replace(request, nproc_per_node=cpus, cuda_visible_devices="")  # cpu
 
 
 def parse_binding(text: str) -> BindingMode:
@@ -66,7 +108,8 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=parse_nproc, default=None, metavar="N",
-        help="local ranks (default: one per visible GPU, or 1 without GPUs)",
+        help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu "
+        "(default: one per visible GPU, or 1 without GPUs)",
     )
     parser.add_argument(
         "--binding", "--numa-binding", "--numa_binding", dest="binding", type=parse_binding,
@@ -96,3 +139,25 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
         user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
     )
+
+
+def request_for(args: argparse.Namespace, environ: Mapping[str, str], topology: "Topology") -> PlanRequest:
+    """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``."""
+    from ..topology.visible import visible_gpus
+
+    request = request_from_args(args, environ)
+    word = request.nproc_per_node
+    if not isinstance(word, str):
+        return request
+    num_gpus = 0
+    if word in ("gpu", "auto"):
+        num_gpus = len(visible_gpus(topology, request.cuda_visible_devices, request.cuda_device_order or "PCI_BUS_ID"))
+    xpus = _xpu_count() if word == "xpu" else 0
+    return resolve_nproc(request, num_gpus, cpus=len(topology.usable_cpus) or cpu_count(), xpus=xpus)
+
+
+def _xpu_count() -> int:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return int(xpu.device_count()) if xpu is not None and xpu.is_available() else 0

@@ -57,6 +57,10 @@ def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_devi
     text = cuda_visible_devices.strip()
     if text in ("", "-1"):
         return ()
+    if not gpus:
+        # as torchrun: the variable names devices CUDA will not find, and the ranks run on CPUs
+        log.warning("CUDA_VISIBLE_DEVICES=%r names GPUs, but this machine has none: running CPU-only ranks", cuda_visible_devices)
+        return ()
     chosen: list[Gpu] = []
     for raw in text.split(","):
         entry = raw.strip()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config.schema import ModelKind, ParallelKind, Precision, Schedule
+from ..config.schema import ModelKind, OptimKind, ParallelKind, Precision, Schedule
 from ..errors import ConfigError
 from ..fsutil import write_atomic
 from . import checkpoint
@@ -78,12 +78,26 @@ def lr_at(step: int, optim_cfg: Any, total_steps: int) -> float:
     return optim_cfg.lr
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any) -> torch.optim.Optimizer:
+def adamw_path(kind: ParallelKind, device_type: str) -> dict[str, bool]:
+    """AdamW's implementation flags: the fast path unless tensor parallelism needs the slow one.
+
+    TP mixes DTensor and plain parameters in one group, which the multi-tensor (foreach)
+    and fused kernels do not take: per-tensor there. Elsewhere fused on GPU, and torch's
+    default (foreach) on CPU, where no fused kernel is faster.
+    """
+    if kind is ParallelKind.TP:
+        return {"foreach": False}
+    if device_type == "cuda":
+        return {"fused": True}
+    return {}
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Any, *, kind: ParallelKind = ParallelKind.DDP) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.name == "sgd":
+    if cfg.kind == OptimKind.SGD:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    # foreach=False: the per-tensor path works for every mix of DTensor and plain parameters
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    device_type = params[0].device.type if params else "cpu"
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **adamw_path(kind, device_type))
 
 
 class Trainer:
@@ -100,7 +114,7 @@ class Trainer:
             # oversubscribe them (and was seen to hang in a sandboxed VM); compile in-process
             os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
             self.model.compile()
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.optimizer = build_optimizer(self.model, cfg.optim, kind=self.wrapped.kind)
         self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints"
         self.autocast = (
@@ -195,10 +209,15 @@ class Trainer:
                 break
             best = size
             size *= 2
+        capped = bool(results) and results[-1]["fits"]  # every size tried fitted: the cap stopped it
         if self.rank == 0:
+            if capped:
+                print(f"batch size search stopped at trainer.auto_max_batch={t.auto_max_batch}: chose {best}, "
+                      "larger sizes may fit (raise trainer.auto_max_batch to try them)", flush=True)
             write_atomic(
                 self.run_dir / "batch_size_search.json",
-                json.dumps({"memory_limit_mb": limit, "chosen": best, "sizes": results}, indent=1) + "\n",
+                json.dumps({"memory_limit_mb": limit, "chosen": best, "auto_max_batch": t.auto_max_batch,
+                            "stopped_by": "auto_max_batch" if capped else "memory", "sizes": results}, indent=1) + "\n",
             )
         if best == 0:
             raise ConfigError(

@@ -20,9 +20,7 @@ def _config_without_numarun(overrides: list[str], rank: int) -> Path:
     if rank == 0:
         from ..config.compose import prepare_launch
 
-        job = prepare_launch("numarun.train", overrides, is_module=True)
-        assert job is not None
-        path = [str(job.config_file)]
+        path = [str(prepare_launch(overrides).config_file)]
     if dist.get_world_size() > 1:
         dist.broadcast_object_list(path, src=0)
     return Path(path[0])

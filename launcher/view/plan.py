@@ -19,7 +19,8 @@ def _nic_cell(r: RankBinding) -> str:
 
 def plan_table(plan: LaunchPlan) -> Table:
     """One row per local rank: GPU, bus id, NUMA node, CPUs, memory nodes, NIC, OMP threads, fallback."""
-    title = f"{plan.hostname or 'this node'}: {plan.nproc_per_node} ranks, binding {plan.binding.value}, memory {plan.mem_policy.value}"
+    ranks = f"{plan.nproc_per_node} rank" + ("" if plan.nproc_per_node == 1 else "s")
+    title = f"{plan.hostname or 'this node'}: {ranks}, binding {plan.binding.value}, memory {plan.mem_policy.value}"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
     for name, justify in (
         ("rank", "right"), ("GPU", "left"), ("bus id", "left"), ("NUMA", "right"), ("CPUs", "left"),

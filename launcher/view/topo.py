@@ -63,7 +63,12 @@ def cpu_summary(topology: Topology) -> dict[str, int | bool]:
 
 
 def no_gpu_reason(topology: Topology) -> str:
-    """The plain sentence shown when a topology has no GPUs."""
+    """The plain sentence shown when a topology has no GPUs (naming where they were looked for)."""
+    kind = (topology.source or "").split(":", 1)[0]
+    if kind == "hwloc":
+        return "no GPUs found (the hwloc XML lists no GPU)"
+    if kind == "nvidia-smi":
+        return "no GPUs found (the nvidia-smi text lists no GPU)"
     if topology.gpu_source in ("none", "", "nvml", "sysfs"):
         return NO_GPU_LINE
     return f"no GPUs found (GPU source: {topology.gpu_source})"
@@ -84,8 +89,12 @@ def _gpu_label(g: Gpu) -> str:
     return f"GPU{g.index}"
 
 
-def render_text(topology: Topology, *, width: int = 120, color: bool = False) -> str:
-    """The whole ``numarun topo`` view as one string (fixed ``width`` so output is stable)."""
+def render_text(topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None) -> str:
+    """The whole ``numarun topo`` view as one string (fixed ``width`` so output is stable).
+
+    ``snapshot``: the JSON file the topology was read from (its recorded source is where
+    it was captured, not where it is read now).
+    """
     buf = io.StringIO()
     console = Console(
         file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
@@ -95,7 +104,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False) ->
 
     header = Text()
     header.append(f"host: {t.hostname or '?'}", style="bold")
-    header.append(f"   source: {t.source or '?'}   GPU source: {t.gpu_source or 'none'}")
+    source = f"snapshot {snapshot} (recorded from {t.source or '?'})" if snapshot else (t.source or "?")
+    header.append(f"   source: {source}   GPU source: {t.gpu_source or 'none'}")
     console.print(header)
     if not t.gpus:
         console.print(no_gpu_reason(t))

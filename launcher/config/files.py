@@ -1,0 +1,99 @@
+"""Writing a trainer job's files into its run dir: the resolved ``config.yaml`` every rank reads.
+
+Hydra itself writes ``.hydra/{config,hydra,overrides}.yaml`` (and ``multirun.yaml``); numarun
+adds the resolved config (``${now:}``, ``${hydra:...}`` and every other interpolation
+evaluated once, in the launcher) so that no rank composes or resolves again.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import envvars
+from ..errors import ConfigError
+from .rundir import write_text_nofollow
+
+log = logging.getLogger(__name__)
+
+# the config's ``launcher`` group: settings for ``numarun run`` (a flag the user gave wins)
+LAUNCHER_KEYS = (
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "binding",
+    "mem_policy",
+    "master_addr",
+    "master_port",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "strict_binding",
+)
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """One trainer job composed by the launcher, ready for ``numarun run``."""
+
+    run_dir: Path
+    config_file: Path
+    """``<run dir>/config.yaml``: the resolved config every rank reads."""
+    overrides: tuple[str, ...]
+    launcher: Mapping[str, Any] = field(default_factory=dict)
+    """Settings from the ``launcher`` group (plain str/int/bool; None = unset)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for every worker."""
+    config_text: str = ""
+    """The resolved job config (YAML)."""
+
+
+def resolved_yaml(cfg: Any) -> str:
+    """The job config (no ``hydra`` node) with every interpolation resolved; ConfigError otherwise."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]) if "hydra" in cfg else cfg
+    try:
+        return OmegaConf.to_yaml(job, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad config value: {_first_line(e)}; expected every ??? value given as an override and every interpolation resolvable") from None
+
+
+def prepare_job(cfg: Any, run_dir: Path, overrides: list[str], *, write: bool) -> PreparedJob:
+    """Validate the resolved config and (unless ``write`` is false) save it as ``<run dir>/config.yaml``."""
+    from .schema import load_job_config_text
+
+    text = resolved_yaml(cfg)
+    checked = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
+    if not write:  # checked before Hydra makes the run dir: checkpoint dir, checkpoints, data
+        from ..train.preflight import check_job
+
+        check_job(checked, run_dir=run_dir)
+    config_file = run_dir / "config.yaml"
+    if write:
+        write_text_nofollow(config_file, text)
+        log.info("job config saved in %s", run_dir)
+    launcher = {k: _plain(checked.launcher[k]) for k in LAUNCHER_KEYS}
+    return PreparedJob(
+        run_dir=run_dir,
+        config_file=config_file,
+        overrides=tuple(overrides),
+        launcher=launcher,
+        env={envvars.RUN_DIR: str(run_dir), envvars.CONFIG: str(config_file)},
+        config_text=text,
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _first_line(e: BaseException) -> str:
+    for line in str(e).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(e).__name__

@@ -1,0 +1,126 @@
+"""Worker side of a user's Hydra app under numarun: one run dir for every rank, Hydra's files once.
+
+A ``@hydra.main`` app runs in every rank exactly as Hydra runs it: the script is imported
+as its author wrote it and Hydra composes, picks the run dir (``hydra.run.dir``, or
+``hydra.sweep.dir``/``subdir`` with ``-m``), runs its own sweeper and configures logging.
+Under plain torchrun the ranks disagree on one input only, the clock behind ``${now:}``: two
+ranks started a second apart get two timestamped run dirs. numarun fixes the clock once, in
+the launcher (``NUMARUN_HYDRA_NOW``), so every rank's Hydra computes the same dirs from the
+same config. Rank 0 alone writes ``.hydra/`` and ``multirun.yaml``; the other ranks' Hydra
+skips those writes, so a file is never written by two processes at once. Hydra's job log
+(``<job>.log``) keeps every rank's lines, as under torchrun.
+
+The hooks are installed when Hydra's modules are first imported, so a script that never
+imports Hydra pays nothing, and one that imports it indirectly is covered too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .. import envvars
+
+_UTILS = "hydra.core.utils"
+
+
+def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
+    """A ``datetime`` class whose ``now()`` is always ``when``."""
+
+    class Pinned(_dt.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return when if tz is None else when.astimezone(tz)
+
+    return Pinned
+
+
+def _skip_multirun_yaml(omegaconf_cls: Any) -> None:
+    """``OmegaConf.save`` that leaves out Hydra's ``multirun.yaml`` (a sweep config holding ``hydra``).
+
+    Patched on the class, not in Hydra's sweeper module: Hydra loads its plugins straight
+    from their files (past the import system), re-running the module each time.
+    """
+    real = omegaconf_cls.save
+
+    def save(config: Any, f: Any, resolve: bool = False) -> None:
+        name = getattr(f, "name", f)
+        if str(name).endswith("multirun.yaml") and "hydra" in config:
+            return None
+        return real(config, f, resolve=resolve)
+
+    omegaconf_cls.save = staticmethod(save)
+
+
+def _hooks(when: _dt.datetime, writer: bool) -> dict[str, Callable[[types.ModuleType], None]]:
+    def utils(module: types.ModuleType) -> None:
+        # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
+        module.datetime = pinned_datetime(when)  # type: ignore[attr-defined]
+        if not writer:
+            module._save_config = lambda *_a, **_k: None  # type: ignore[attr-defined]  # .hydra/*.yaml
+            _skip_multirun_yaml(module.OmegaConf)  # type: ignore[attr-defined]
+
+    return {_UTILS: utils}
+
+
+class _HookedLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, hook: Callable[[types.ModuleType], None]) -> None:
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._hook(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... for tracebacks
+        return getattr(self._loader, name)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a hook right after a named module is executed, before anyone can use it."""
+
+    def __init__(self, hooks: Mapping[str, Callable[[types.ModuleType], None]]) -> None:
+        self._hooks = dict(hooks)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None) -> Any:
+        hook = self._hooks.get(fullname)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None:
+            return None
+        spec.loader = _HookedLoader(spec.loader, hook)
+        return spec
+
+
+def install(environ: Mapping[str, str]) -> bool:
+    """Pin Hydra's clock (and, off rank 0, its file writes) when the launcher asked for it."""
+    value = environ.get(envvars.HYDRA_NOW)
+    if not value:
+        return False
+    try:
+        when = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    hooks = _hooks(when, writer=environ.get("RANK", "0") == "0")
+    for name, hook in list(hooks.items()):
+        if name in sys.modules:  # already imported (a sitecustomize, say): patch it in place
+            hook(sys.modules[name])
+            del hooks[name]
+    if hooks:
+        sys.meta_path.insert(0, _AfterImport(hooks))
+    return True

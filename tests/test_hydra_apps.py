@@ -1,0 +1,147 @@
+"""Users' own public Hydra apps under numarun, compared with the same apps under plain torchrun.
+
+Each case runs ``python -m torch.distributed.run --nproc-per-node 2 APP ARGS`` in one
+directory and ``numarun --nproc-per-node 2 APP ARGS`` in another, then compares what each
+rank printed and every file Hydra wrote (timestamps and the working directory normalised).
+The apps are copied from facebookresearch/hydra (tests/fixtures/hydra_apps/SOURCES.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+APPS = REPO / "tests" / "fixtures" / "hydra_apps"
+ENTRY = REPO / "launcher" / "launch" / "entry.py"
+STAMP = re.compile(r"\d{4}-\d{2}-\d{2}/\d{2}-\d{2}-\d{2}|\[\d{4}-\d{2}-\d{2} [\d:,]+\]")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("NUMARUN_HYDRA_NOW", None)
+    env["PYTHONWARNINGS"] = "ignore"  # the upstream apps leave version_base unset: Hydra warns
+    return env
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, check=False, cwd=cwd, capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def torchrun(cwd: Path, app: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(app), *args], cwd)
+
+
+def numarun(cwd: Path, app: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "numarun", "--nproc-per-node", "2", str(app), *args], cwd)
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` -> its text, with timestamps and ``root`` normalised."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.suffix != ".log" and "numarun" not in p.name:
+            rel = STAMP.sub("<ts>", str(p.relative_to(root)))
+            out[rel] = STAMP.sub("<ts>", p.read_text().replace(str(root), "<cwd>"))
+    return out
+
+
+def run_dirs(root: Path) -> set[Path]:
+    return {p.parent.parent for p in root.rglob(".hydra/config.yaml")}
+
+
+def stdout_lines(proc: subprocess.CompletedProcess[str], root: Path) -> list[str]:
+    return sorted(STAMP.sub("<ts>", ln.replace(str(root), "<cwd>")) for ln in proc.stdout.splitlines() if ln.strip())
+
+
+def compare(tmp_path: Path, app: Path, *args: str) -> tuple[Path, dict[str, str]]:
+    plain, ours = tmp_path / "torchrun", tmp_path / "numarun"
+    plain.mkdir()
+    ours.mkdir()
+    expected = torchrun(plain, app, *args)
+    got = numarun(ours, app, *args)
+    assert stdout_lines(got, ours) == stdout_lines(expected, plain)
+    files = tree(ours)
+    if len(run_dirs(plain)) == 1:  # torchrun's ranks can straddle a second: two run dirs
+        assert files == tree(plain)
+    assert len(run_dirs(ours)) <= 1 or "multirun.yaml" in "".join(files)
+    return ours, files
+
+
+def test_structured_config_app_takes_overrides(tmp_path: Path) -> None:
+    _, files = compare(tmp_path, APPS / "structured_minimal" / "my_app.py", "port=1")
+    (cfg,) = [t for k, t in files.items() if k.endswith(".hydra/config.yaml")]
+    assert yaml.safe_load(cfg) == {"host": "localhost", "port": 1}
+
+
+def test_structured_defaults_app_with_group_choice(tmp_path: Path) -> None:
+    _, files = compare(tmp_path, APPS / "structured_defaults" / "my_app.py", "db=postgresql", "db.timeout=5")
+    (cfg,) = [t for k, t in files.items() if k.endswith(".hydra/config.yaml")]
+    assert yaml.safe_load(cfg)["db"]["timeout"] == 5 and yaml.safe_load(cfg)["db"]["driver"] == "postgresql"
+
+
+def test_config_name_flag_is_recorded(tmp_path: Path) -> None:
+    _, files = compare(tmp_path, APPS / "job_name" / "with_config_file_override.py", "-cn", "alt")
+    (cfg,) = [t for k, t in files.items() if k.endswith(".hydra/config.yaml")]
+    assert yaml.safe_load(cfg) == {"which": "alt"}
+    (hydra_yaml,) = [t for k, t in files.items() if k.endswith(".hydra/hydra.yaml")]
+    assert yaml.safe_load(hydra_yaml)["hydra"]["job"]["config_name"] == "alt"
+
+
+def test_run_dir_from_the_config_file_is_reused(tmp_path: Path) -> None:
+    app = APPS / "workdir" / "my_app.py"
+    ours, files = compare(tmp_path, app)
+    assert {k.split("/")[0] for k in files} == {"run_dir"}
+    numarun(ours, app)  # again: the same dir, as Hydra does (no run_dir_1)
+    assert sorted(p.name for p in ours.iterdir()) == ["run_dir"]
+
+
+def test_run_dir_dot_writes_into_the_working_dir(tmp_path: Path) -> None:
+    ours, _ = compare(tmp_path, APPS / "job_name" / "with_config_file_override.py", "hydra.run.dir=./")
+    assert (ours / ".hydra" / "config.yaml").is_file() and not (ours / "outputs").exists()
+
+
+def test_sweep_runs_hydras_sweeper_with_its_layout(tmp_path: Path) -> None:
+    _, files = compare(
+        tmp_path, APPS / "workdir" / "my_app.py", "-m", "a=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"
+    )
+    assert "sweep_dir/multirun.yaml" in files
+    for num, sub in enumerate(("a=1", "a=2")):
+        hydra_node = yaml.safe_load(files[f"sweep_dir/{sub}/.hydra/hydra.yaml"])["hydra"]
+        assert hydra_node["mode"] == "MULTIRUN" and hydra_node["job"]["num"] == num
+        assert hydra_node["overrides"]["hydra"] == ["hydra.sweep.subdir=${hydra.job.override_dirname}", "hydra.mode=MULTIRUN"]
+
+
+@pytest.mark.parametrize("flags", [["--cfg", "job"], ["--help"], ["--info"]])
+def test_info_commands_create_no_run_dir(tmp_path: Path, flags: list[str]) -> None:
+    proc = numarun(tmp_path, APPS / "job_name" / "with_config_file_override.py", *flags)
+    assert proc.stdout.strip()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path: Path) -> None:
+    """The worker side alone: the bootstrap with a pinned clock, as rank 1 then rank 0."""
+    app = APPS / "workdir" / "my_app.py"
+    sweep = ["-m", "a=1,2", "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
+    env = {**_env(), "NUMARUN_HYDRA_NOW": "2020-01-02T03:04:05"}
+    for rank in ("1", "0"):
+        proc = subprocess.run([sys.executable, str(ENTRY), str(app), *sweep], check=False, cwd=tmp_path, env={**env, "RANK": rank},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        sweep_dir = tmp_path / "multirun" / "2020-01-02" / "03-04-05"
+        assert (sweep_dir / "0").is_dir()  # the pinned time, in every rank
+        written = sorted(str(p.relative_to(sweep_dir)) for p in sweep_dir.rglob("*.yaml"))
+        if rank == "1":
+            assert written == []  # neither .hydra/ nor multirun.yaml
+        else:
+            assert "multirun.yaml" in written and "1/.hydra/hydra.yaml" in written
