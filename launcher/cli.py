@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .errors import NumarunError
@@ -37,7 +38,7 @@ COMMANDS: dict[str, str] = {
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line on stderr and exit 2 (no usage dump)."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

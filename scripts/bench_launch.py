@@ -10,7 +10,8 @@ stays meaningful on a busy machine where wall times swing by seconds.
     .venv/bin/python scripts/bench_launch.py [--runs 5] [--nproc-per-node 2] [--json FILE]
 
 ``--cli`` times the help screens instead (``numarun --help``, ``--version``, ``run --help``,
-``tune --help``; median of --runs each), which must not import torch.
+``tune --help``; median of --runs each), which must not import torch; ``--baseline CMD``
+alternates them with another numarun command line (e.g. an older checkout's) for a ratio.
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def _cli(args: argparse.Namespace) -> int:
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
         **{f"numarun {' '.join(c)}": [*numarun, *c] for c in (["--help"], ["--version"], ["run", "--help"], ["tune", "--help"])},
     }
+    if args.baseline:
+        import shlex
+
+        base = shlex.split(args.baseline)
+        cases.update({f"baseline {' '.join(c)}": [*base, *c] for c in (["--help"], ["--version"], ["run", "--help"])})
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.runs):  # alternated: every round runs every case once
         for name, cmd in cases.items():
@@ -74,6 +80,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds before one launch counts as hung")
     parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
     parser.add_argument("--cli", action="store_true", help="time numarun's help screens and --version instead")
+    parser.add_argument("--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line")
     args = parser.parse_args()
     if args.cli:
         return _cli(args)

@@ -37,9 +37,10 @@ class Summary:
 
 def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default: int) -> list[Summary]:
     """One Summary per candidate; throughput is used only when every run of every candidate has one."""
-    with_tp = all(r.throughput is not None for rs in runs for r in rs)
+    tps = [[r.throughput for r in rs if r.throughput is not None] for rs in runs]
+    with_tp = all(len(t) == len(rs) for t, rs in zip(tps, runs))
     med_s = [statistics.median(r.seconds for r in rs) for rs in runs]
-    med_tp = [statistics.median(r.throughput for r in rs) if with_tp else None for rs in runs]  # type: ignore[type-var]
+    med_tp = [statistics.median(t) if with_tp else None for t in tps]
     out = []
     for i, (c, rs) in enumerate(zip(cands, runs)):
         tp = med_tp[i]
@@ -51,7 +52,7 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
         peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
         out.append(Summary(
             candidate=c, runs=tuple(rs), median_s=med_s[i], throughput=tp,
-            throughput_range=(min(r.throughput for r in rs), max(r.throughput for r in rs)) if tp is not None else None,  # type: ignore[type-var]
+            throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
             unit=rs[0].unit if with_tp else "s", peak_mem_mb=max(peaks) if peaks else None, ratio=ratio,
         ))
     return out
