@@ -9,10 +9,8 @@ and review the diff under ``tests/golden/topo/`` before committing it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
 
 from numarun.plan.model import LaunchPlan
 from numarun.topology.discover import load_topology

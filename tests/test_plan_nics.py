@@ -188,14 +188,16 @@ def test_unknown_port_state_counts_as_up() -> None:
 def test_config_key_nic_policy_feeds_the_flag_and_is_checked() -> None:
     import argparse
 
+    from numarun.commands.run import apply_launcher_settings
     from numarun.config import compose as C
+    from numarun.config.files import LAUNCHER_KEYS
     from numarun.config.schema import check_values
     from numarun.errors import ConfigError
 
     cfg = C.compose(["launcher.nic_policy=per-rank"])
-    assert "nic_policy" in C.LAUNCHER_KEYS and cfg.launcher.nic_policy == "per-rank"
+    assert "nic_policy" in LAUNCHER_KEYS and cfg.launcher.nic_policy == "per-rank"
     args = argparse.Namespace(nic_policy=NicPolicy.NODE)
-    assert C.apply_launcher_settings(args, {"nic_policy": "per-rank"}, {"nic_policy": NicPolicy.NODE}) == ["nic_policy"]
+    assert apply_launcher_settings(args, {"nic_policy": "per-rank"}, {"nic_policy": NicPolicy.NODE}) == ["nic_policy"]
     assert args.nic_policy is NicPolicy.PER_RANK
     with pytest.raises(ConfigError, match="launcher.nic_policy 'rail'"):
         check_values(C.compose(["launcher.nic_policy=rail"]))

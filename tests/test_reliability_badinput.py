@@ -190,7 +190,9 @@ def _check(code: int, err: str, c: Case, workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
 
 
-@pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
+# submit cases may ask sinfo what a node holds (a process): they run in the slow tier
+@pytest.mark.parametrize("c", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id.startswith("submit-") else [])
+                               for c in CASES])
 def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from numarun.cli import main

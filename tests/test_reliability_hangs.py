@@ -88,6 +88,7 @@ def test_the_bounded_read_reads_regular_files_whole(tmp_path: Path) -> None:
         read_bounded(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_a_slurm_command_that_never_answers_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from numarun.errors import SlurmError
     from numarun.slurm import submit

@@ -4,7 +4,6 @@ with exit 2, one line naming the value, and nothing submitted."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -5,7 +5,6 @@ and `numarun submit` against a recording sbatch.
 Regenerate the golden scripts with ``NUMARUN_REGEN_GOLDEN=1 pytest tests/test_slurm_script.py``.
 """
 
-import json
 import os
 import shlex
 import subprocess

@@ -81,7 +81,7 @@ def test_wait_without_accounting_reports_the_last_known_state_and_why(tmp_path):
 
 def test_every_job_of_a_sweep_is_checked_before_submitting(tmp_path):
     env = _fake(tmp_path, sbatch=f"touch {tmp_path}/submitted; echo 1", sinfo="exit 1")
-    for bad, shown in ((["trainer.steps=1,-5"], "-5"), (["trainer.steps=1", "model=mlp,nope"], "model=nope")):
+    for bad, shown in ((["trainer.steps=1,-5"], "-5"), (["trainer.steps=1", "model=mlp,nope"], "nope")):
         proc = _submit(env, tmp_path, "--output-dir", str(tmp_path / "out"), TRAIN, "-m", *bad)
         assert proc.returncode == 2 and shown in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1

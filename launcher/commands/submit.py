@@ -98,10 +98,10 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
     except ImportError:  # Hydra missing: plain flags only
         return None, {}
     kind = cc.detect_app(script, is_module=False)
-    # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
-    cc.prepare_sweep(script, list(user_args), is_module=False, dry_run=True)
     if kind is not cc.AppKind.TRAINER:
-        return kind, {}
+        return kind, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
+    # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
+    cc.compose_dry(list(user_args))
     overrides, _, multirun = cc.split_args(user_args)
     first = cc.expand_sweep(overrides)[0] if multirun else overrides
     cfg = cc.compose(first)

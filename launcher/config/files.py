@@ -27,6 +27,7 @@ LAUNCHER_KEYS = (
     "node_rank",
     "binding",
     "mem_policy",
+    "nic_policy",
     "master_addr",
     "master_port",
     "rdzv_endpoint",

@@ -32,11 +32,10 @@ import sys
 import types
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
-from ..plan.model import LaunchPlan, MemPolicy, RankBinding
+from ..plan.model import MemPolicy, RankBinding
 from .. import envvars
 from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
 from . import affinity, hydra_pin
@@ -240,8 +239,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     record(os.environ, "pid", str(os.getpid()))
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
-from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
-from . import affinity, hydra_pin
+        applied = bind_from_env()
+        if applied is not None:
+            from . import watch
+
+            watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
+        hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
