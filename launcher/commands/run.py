@@ -93,6 +93,7 @@ _FLAG_DESTS = {
     "node_rank": "node_rank",
     "binding": "binding",
     "mem_policy": "mem_policy",
+    "nic_policy": "nic_policy",
     "master_addr": "master_addr",
     "master_port": "master_port",
     "rdzv_endpoint": "rdzv_endpoint",
@@ -107,7 +108,7 @@ def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Ma
     A flag given with its default value counts as not given (argparse cannot tell them apart).
     Returns the names set from the config.
     """
-    from ..plan.options import parse_binding, parse_mem_policy
+    from ..plan.options import parse_binding, parse_mem_policy, parse_nic_policy
 
     applied = []
     for key, dest in _FLAG_DESTS.items():
@@ -120,6 +121,8 @@ def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Ma
             value = parse_binding(str(value))
         elif key == "mem_policy":
             value = parse_mem_policy(str(value))
+        elif key == "nic_policy":
+            value = parse_nic_policy(str(value))
         elif key == "nnodes":
             value = str(value)
         setattr(args, dest, value)
