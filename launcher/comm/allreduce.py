@@ -64,7 +64,7 @@ def _unsupported(e: BaseException) -> bool:
     return any(k in text for k in ("not supported", "unsupported", "not implemented", "does not support"))
 
 
-def _reduce_scatter(out: "torch.Tensor", full: "torch.Tensor", op: Any, group: Any) -> None:
+def _reduce_scatter(out: torch.Tensor, full: torch.Tensor, op: Any, group: Any) -> None:
     """out = this rank's 1/G slice of the group's reduction of ``full`` (len G * len(out))."""
     global _NO_RS_TENSOR
     import torch.distributed as dist
@@ -86,7 +86,7 @@ def _reduce_scatter(out: "torch.Tensor", full: "torch.Tensor", op: Any, group: A
     out.copy_(tmp.view(g, -1)[me])
 
 
-def _all_gather(full: "torch.Tensor", shard: "torch.Tensor", group: Any) -> None:
+def _all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any) -> None:
     global _NO_AG_TENSOR
     import torch.distributed as dist
 
@@ -126,7 +126,7 @@ def _chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) ->
     return max(g, (b // elem_size) // g * g)
 
 
-def _one_shot(full: "torch.Tensor", shard_len: int, op: Any, ctx: DistContext, inter_dtype: "torch.dtype | None",
+def _one_shot(full: torch.Tensor, shard_len: int, op: Any, ctx: DistContext, inter_dtype: torch.dtype | None,
               divisor: int | None = None) -> None:
     """Reduce-scatter, inter-node all-reduce, all-gather of the whole (padded) tensor.
     ``divisor``: divide the reduced shard before the all-gather (AVG), 1/G of the work of
@@ -155,7 +155,7 @@ def _one_shot(full: "torch.Tensor", shard_len: int, op: Any, ctx: DistContext, i
     _PROBED = True
 
 
-def _pipelined(full: "torch.Tensor", step: int, op: Any, ctx: DistContext, inter_dtype: "torch.dtype | None",
+def _pipelined(full: torch.Tensor, step: int, op: Any, ctx: DistContext, inter_dtype: torch.dtype | None,
                divisor: int | None = None) -> None:
     """The same three steps per chunk, overlapped: while chunk c crosses nodes (inter group),
     chunk c+1 is reduce-scattered and chunk c-1 all-gathered inside the node (intra group).
@@ -220,13 +220,13 @@ def _pipelined(full: "torch.Tensor", step: int, op: Any, ctx: DistContext, inter
 
 
 def hierarchical_all_reduce(
-    tensor: "torch.Tensor",
-    op: "dist.ReduceOp.RedOpType | Any" = None,
+    tensor: torch.Tensor,
+    op: dist.ReduceOp.RedOpType | Any = None,
     *,
     context: DistContext | None = None,
-    inter_dtype: "torch.dtype | None" = None,
+    inter_dtype: torch.dtype | None = None,
     chunk_bytes: int | None = None,
-) -> "torch.Tensor":
+) -> torch.Tensor:
     """All-reduce ``tensor`` in place over the whole job, one node at a time; returns it.
 
     ``op``: SUM (default), AVG, MAX, MIN or PRODUCT. AVG is computed as SUM then a division by
@@ -289,11 +289,11 @@ class CommThread:
     """
 
     def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[tuple[Callable[[], Any], Any]]" = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, fn: "Callable[[], torch.Tensor]") -> "torch.futures.Future[torch.Tensor]":
+    def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
         import torch
 
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -320,7 +320,7 @@ class HookState:
     """State of the hierarchical DDP comm hook."""
 
     context: DistContext
-    inter_dtype: "torch.dtype | None" = None
+    inter_dtype: torch.dtype | None = None
     overlap: bool = True
     """Reduce buckets on a :class:`CommThread` while backward continues (False: in the hook)."""
     chunk_bytes: int | None = None
@@ -328,7 +328,7 @@ class HookState:
     comm_thread: CommThread = field(default_factory=CommThread, repr=False)
 
 
-def hierarchical_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket with :func:`hierarchical_all_reduce`.
 
     With ``state.overlap`` (default) the reduction runs on the state's communication thread
@@ -340,7 +340,7 @@ def hierarchical_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.fut
 
     buf = bucket.buffer()
 
-    def reduce() -> "torch.Tensor":
+    def reduce() -> torch.Tensor:
         return hierarchical_all_reduce(buf, dist.ReduceOp.AVG, context=state.context, inter_dtype=state.inter_dtype,
                                        chunk_bytes=state.chunk_bytes)
 
@@ -351,7 +351,7 @@ def hierarchical_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.fut
     return fut
 
 
-def flat_compressed_hook(state: HookState, bucket: "dist.GradBucket") -> "torch.futures.Future[torch.Tensor]":
+def flat_compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: flat all-reduce of the bucket cast to ``state.inter_dtype`` (every hop compressed).
 
     torch's own bf16 hook refuses non-NCCL backends; this one works on gloo too.

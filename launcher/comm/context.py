@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CONTEXT: "DistContext | None" = None
+_CONTEXT: DistContext | None = None
 
 
 class DistInitError(NumarunError):
@@ -42,13 +42,13 @@ class DistContext:
     local_world_size: int
     """Ranks on this node."""
     backend: str
-    device: "torch.device"
-    binding: "RankBinding | None"
+    device: torch.device
+    binding: RankBinding | None
     """This rank's binding from the launch plan (None under plain torchrun)."""
     layout: GroupLayout
-    intra_group: "dist.ProcessGroup | None"
+    intra_group: dist.ProcessGroup | None
     """This node's ranks."""
-    inter_group: "dist.ProcessGroup | None"
+    inter_group: dist.ProcessGroup | None
     """The ranks with this local rank on every node (None when nodes differ in size)."""
     mesh: Any
     """2D ``DeviceMesh`` with dims ("inter", "intra") = (num_nodes, local_world_size); None when nodes differ."""
@@ -78,7 +78,7 @@ def _env_int(name: str, default: int | None = None) -> int:
         raise DistInitError(expected(raw, "an integer", what=name)) from None
 
 
-def _current_binding() -> "RankBinding | None":
+def _current_binding() -> RankBinding | None:
     # The bootstrap belongs to the launch side; plain torchrun has none, so tolerate its absence.
     try:
         from ..launch.bootstrap import current_binding
@@ -93,7 +93,7 @@ def _current_binding() -> "RankBinding | None":
         return None
 
 
-def current_context() -> "DistContext | None":
+def current_context() -> DistContext | None:
     """The context made by :func:`init` in this process, or None before it."""
     return _CONTEXT
 
@@ -208,7 +208,7 @@ def init(
     return _CONTEXT
 
 
-def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: "torch.device") -> Any:
+def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: torch.device) -> Any:
     """A 2D DeviceMesh over our own groups (no second set of communicators)."""
     import torch
     from torch.distributed.device_mesh import DeviceMesh

@@ -134,8 +134,8 @@ class HierarchicalGroups:
     """This rank's groups (None where the job shape does not allow them)."""
 
     layout: GroupLayout
-    intra: "dist.ProcessGroup | None"
-    inter: "dist.ProcessGroup | None"
+    intra: dist.ProcessGroup | None
+    inter: dist.ProcessGroup | None
 
 
 def create_groups(layout: GroupLayout, rank: int, *, backend: str | None = None) -> HierarchicalGroups:

@@ -33,7 +33,7 @@ class Compression(str, enum.Enum):
     FP16 = "fp16"
     """Cast to float16 for the inter-node step (more mantissa, smaller range)."""
 
-    def dtype(self) -> "torch.dtype | None":
+    def dtype(self) -> torch.dtype | None:
         import torch
 
         return {Compression.NONE: None, Compression.BF16: torch.bfloat16, Compression.FP16: torch.float16}[self]

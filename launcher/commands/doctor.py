@@ -126,10 +126,10 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
 
 
 def render(result: dict[str, Any]) -> str:
+    import io
+
     from rich.console import Console
     from rich.table import Table
-
-    import io
 
     console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
     style = {"error": "bold red", "warn": "yellow", "info": "dim"}

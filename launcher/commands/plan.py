@@ -10,7 +10,7 @@ from ..fsutil import write_output
 from ..plan.options import add_plan_options, request_for
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan",
         help="show the per-rank binding plan (table, --json, --svg)",

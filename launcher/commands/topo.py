@@ -88,8 +88,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(topology.to_json())
     else:
-        from ..view.topo import render_text
         import shutil
+
+        from ..view.topo import render_text
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
         snapshot = args.topology if args.topology and str(args.topology).endswith(".json") else None

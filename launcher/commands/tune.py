@@ -53,7 +53,7 @@ def _axis(parse):  # type: ignore[no-untyped-def]
     return wrapped
 
 
-def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "tune",
         help="measure binding/memory/OMP choices (and Hydra override lists) on your job; keep the fastest",

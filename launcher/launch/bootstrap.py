@@ -33,10 +33,10 @@ import types
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
+from .. import envvars
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import MemPolicy, RankBinding
-from .. import envvars
 from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
 from . import affinity, hydra_pin
 

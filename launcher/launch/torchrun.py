@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..envvars import LAUNCHER_PID, USER_ENV
+from ..envvars import PLAN as PLAN_ENV
+from ..envvars import STATE_DIR as STATE_ENV
+from ..envvars import STRICT_BINDING as STRICT_ENV
 from ..errors import NumarunError, UsageError
 from ..plan.model import LaunchPlan
-from ..envvars import PLAN as PLAN_ENV
-from ..envvars import STRICT_BINDING as STRICT_ENV
-from ..envvars import LAUNCHER_PID
-from ..envvars import STATE_DIR as STATE_ENV
-from ..envvars import USER_ENV
 
 log = logging.getLogger(__name__)
 
@@ -447,7 +446,7 @@ def state_dir() -> Path:
     return Path(_state["dir"])
 
 
-def write_plan_file(plan: LaunchPlan, run_dir: "os.PathLike[str] | str | None" = None) -> Path:
+def write_plan_file(plan: LaunchPlan, run_dir: os.PathLike[str] | str | None = None) -> Path:
     """The plan as a file (mode 0600) for the workers.
 
     In ``run_dir`` when the job has one (kept there as the record of how it ran), else in

@@ -131,7 +131,7 @@ class LaunchPlan:
         return json.dumps(self.to_dict(), indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, origin: str = "plan") -> "LaunchPlan":
+    def from_json(cls, text: str, origin: str = "plan") -> LaunchPlan:
         try:
             data = json.loads(text)
             if not isinstance(data, dict) or data.get("schema_version") != PLAN_SCHEMA_VERSION:

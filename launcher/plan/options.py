@@ -12,12 +12,10 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-
-from ..errors import UsageError
-
 from typing import TYPE_CHECKING
 
 from ..envvars import VISIBLE_GPUS
+from ..errors import UsageError
 from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 
 if TYPE_CHECKING:
@@ -141,7 +139,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
     )
 
 
-def request_for(args: argparse.Namespace, environ: Mapping[str, str], topology: "Topology") -> PlanRequest:
+def request_for(args: argparse.Namespace, environ: Mapping[str, str], topology: Topology) -> PlanRequest:
     """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``."""
     from ..topology.visible import visible_gpus
 

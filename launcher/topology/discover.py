@@ -104,7 +104,7 @@ def read_live() -> Topology:
     return merge_nvml(topo, reading)
 
 
-def _nvml_reading() -> "tuple[NvmlReading | None, str]":
+def _nvml_reading() -> tuple[NvmlReading | None, str]:
     try:
         from .nvml import read_nvml_gpus
     except ImportError:
@@ -118,7 +118,7 @@ def _nvml_reading() -> "tuple[NvmlReading | None, str]":
         return None, f"NVML failed ({type(e).__name__}: {e}); GPUs from sysfs"
 
 
-def merge_nvml(topo: Topology, reading: "NvmlReading | None") -> Topology:
+def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
     """Pure: replace sysfs PCI GPUs by NVML's, matched by bus id; sets ``gpu_source``.
 
     A GPU that NVML reports keeps sysfs's NUMA node, CPU affinity and PCI path where NVML has

@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TopologyError
-from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, normalize_bus_id
-from .model import PORT_STATES, RdmaPort
+from .model import PORT_STATES, Cpu, Gpu, Nic, NicKind, NumaNode, RdmaPort, Topology, normalize_bus_id
 
 _FORM = "an hwloc 2.x/3.x XML topology as written by 'lstopo out.xml'"
 _GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd"}

@@ -15,8 +15,8 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TopologyError
@@ -315,7 +315,7 @@ class Topology:
         return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any, origin: str = "snapshot") -> "Topology":
+    def from_dict(cls, data: Any, origin: str = "snapshot") -> Topology:
         if not isinstance(data, dict):
             raise TopologyError(f"bad topology snapshot {origin!r}: expected a JSON object from 'numarun topo --json'")
         version = data.get("schema_version")
@@ -331,7 +331,7 @@ class Topology:
             raise TopologyError(f"bad topology snapshot {origin!r}: {e}; expected the form 'numarun topo --json' writes") from None
 
     @classmethod
-    def from_json(cls, text: str, origin: str = "snapshot") -> "Topology":
+    def from_json(cls, text: str, origin: str = "snapshot") -> Topology:
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
