@@ -48,5 +48,7 @@ Slurm's ConstrainDevices, ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* G
 SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"
 """Seconds each Slurm client call of ``numarun submit`` may take (default 60)."""
 
-ALL: tuple[str, ...] = tuple(v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_"))
+ALL: tuple[str, ...] = tuple(
+    v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")
+)
 """Every variable above."""

@@ -39,7 +39,9 @@ def write_output(path: str, text: str, *, flag: str) -> Path:
     target = Path(path)
     parent = target.parent
     if not parent.is_dir():
-        raise UsageError(f"bad {flag} {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
+        raise UsageError(
+            f"bad {flag} {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory"
+        )
     if target.is_dir():
         raise UsageError(f"bad {flag} {path!r}: it is a directory; expected a file name")
     try:

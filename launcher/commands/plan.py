@@ -19,7 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     add_plan_options(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
-    parser.add_argument("--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured")
+    parser.add_argument(
+        "--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured"
+    )
     parser.set_defaults(func=main)
     return parser
 

@@ -154,7 +154,9 @@ class _Planner:
                 with open(args.plan_file) as f:
                     text = f.read()
             except OSError as e:
-                raise UsageError(f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+                raise UsageError(
+                    f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'"
+                ) from None
             plan = LaunchPlan.from_json(text, origin=args.plan_file)
             if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
@@ -266,7 +268,11 @@ def _run(
     if args.dry_run:
         from ..view.plan import render_plan
 
-        env = {**worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding), **job_env, **_watch_env(args)}
+        env = {
+            **worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding),
+            **job_env,
+            **_watch_env(args),
+        }
         sys.stdout.write(render_plan(plan, width=160))
         if not plan_path:
             sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")

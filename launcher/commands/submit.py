@@ -36,19 +36,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument("--nnodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument(
+        "--nnodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)"
+    )
     g.add_argument("--nodes", dest="nnodes", type=int, default=None, help=argparse.SUPPRESS)  # sbatch's spelling
     g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
-    g.add_argument("--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
+    g.add_argument(
+        "--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
+    )
     g.add_argument("--partition", default=None)
-    g.add_argument("--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    g.add_argument(
+        "--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+    )
     g.add_argument("--account", default=None)
     g.add_argument("--qos", default=None)
     g.add_argument("--constraint", default=None)
     g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
                    help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
                    "--no-exclusive: share nodes, with Slurm's default CPUs")
-    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs of the single task per node (default: every CPU of a whole node)")
+    g.add_argument(
+        "--cpus-per-task", type=int, default=None, help="CPUs of the single task per node (default: every CPU of a whole node)"
+    )
     g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
     g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
@@ -57,24 +65,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     r.add_argument("--output-dir", default=None, metavar="DIR",
                    help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument("--requeue-limit", type=int, default=None, help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)")
+    r.add_argument(
+        "--requeue-limit",
+        type=int,
+        default=None,
+        help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)",
+    )
     r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
                    help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
                    "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
-    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)")
+    r.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)"
+    )
     r.add_argument("--numarun", default=None, metavar="COMMAND",
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
     r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
                    help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
-    r.add_argument("--preflight", action="store_true",
-                   help="every node runs 'numarun doctor' before the job and the job stops on errors, naming the nodes to --exclude")
+    r.add_argument(
+        "--preflight",
+        action="store_true",
+        help="every node runs 'numarun doctor' before the job and the job stops on errors, naming the nodes to --exclude",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
     p.add_argument("script", metavar="SCRIPT", help="the training script (Python file)")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="OVERRIDES", help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array")
+    p.add_argument(
+        "args",
+        nargs=argparse.REMAINDER,
+        metavar="OVERRIDES",
+        help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -217,7 +240,11 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     ).validate())
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
-    if kind is not None and kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
+    if (
+        kind is not None
+        and kind.value == "trainer"
+        and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args)
+    ):
         # a requeued job must continue from its checkpoint in the (job-id) run dir
         arg_sets = tuple(s + ("trainer.resume=true",) for s in arg_sets)
     if args.hydra_run_dir == "auto":

@@ -71,7 +71,9 @@ def main(args: argparse.Namespace) -> int:
         # refuse before doing any work, so nothing is half-done
         parent = Path(out_svg).parent
         if not parent.is_dir():
-            raise UsageError(f"bad --svg {out_svg!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory")
+            raise UsageError(
+                f"bad --svg {out_svg!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory"
+            )
     if args.width is not None and args.width < 40:
         raise UsageError(f"bad --width {args.width!r}: expected an integer of at least 40")
 

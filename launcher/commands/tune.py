@@ -66,17 +66,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="memory policies to try, e.g. bind,preferred")
     parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
                         help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
-    parser.add_argument("--trials", type=_positive, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)")
+    parser.add_argument(
+        "--trials", type=_positive, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
+    )
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     parser.add_argument("--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'")
     parser.add_argument("--svg", metavar="FILE", default=None, help="write a bar chart of the results")
-    parser.add_argument("--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)")
+    parser.add_argument(
+        "--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)"
+    )
     parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default=None, metavar="N",
                         help="local ranks of every run (passed to numarun run)")
     parser.add_argument("--topology", metavar="PATH", default=None, help="topology source for planning (passed to numarun run)")
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments; key=a,b,c lists are swept for Hydra jobs")
+    parser.add_argument(
+        "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments; key=a,b,c lists are swept for Hydra jobs"
+    )
     parser.set_defaults(func=main)
     return parser
 
@@ -217,7 +223,11 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(table(summaries, default=default, winner=winner))
     print(f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)")
     if args.json:
-        write_output(args.json, json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n", flag="--json")
+        write_output(
+            args.json,
+            json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
+            flag="--json",
+        )
     if args.svg:
         from ..tune.chart import render_chart
 

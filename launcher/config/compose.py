@@ -93,7 +93,9 @@ def _parse(script_args: Sequence[str]) -> Any:
     parser = get_args_parser()
 
     def refuse(message: str) -> None:
-        raise ConfigError(f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)")
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)"
+        )
 
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser, parser.parse_args(list(script_args))
@@ -210,7 +212,9 @@ def run_hydra(
                 hydra.hydra_help(config_name=config_name, args_parser=parser, args=args)
                 return None
             if args.cfg:
-                hydra.show_cfg(config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve)
+                hydra.show_cfg(
+                    config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve
+                )
                 return None
             if args.info:
                 # Hydra gives the info its own stdout handler on the root logger: ours would double it
@@ -261,9 +265,13 @@ def run_hydra(
 def prepare_launch(script_args: Sequence[str]) -> PreparedJob:
     """One trainer job composed, its run dir made and its files written, nothing run (``-m`` refused)."""
     if any(a in MULTIRUN_FLAGS for a in script_args):
-        raise ConfigError(f"bad trainer arguments {' '.join(script_args)!r}: a sweep; expected one job (sweeps run through numarun)")
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: a sweep; expected one job (sweeps run through numarun)"
+        )
     if is_info_command(script_args):
-        raise ConfigError(f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value overrides")
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value overrides"
+        )
     return run_hydra(script_args, lambda job: job)
 
 
@@ -382,7 +390,11 @@ def _first_line(e: BaseException) -> str:
 
 def explain(e: BaseException, overrides: list[str]) -> str:
     """One line: which override, what Hydra/OmegaConf said, what was expected."""
-    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type")))
+    text = " ".join(
+        line.strip()
+        for line in str(e).splitlines()
+        if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type"))
+    )
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause).strip():
         detail = _first_line(cause)

@@ -61,7 +61,9 @@ def resolved_yaml(cfg: Any) -> str:
     try:
         return OmegaConf.to_yaml(job, resolve=True)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"bad config value: {_first_line(e)}; expected every ??? value given as an override and every interpolation resolvable") from None
+        raise ConfigError(
+            f"bad config value: {_first_line(e)}; expected every ??? value given as an override and every interpolation resolvable"
+        ) from None
 
 
 def prepare_job(cfg: Any, run_dir: Path, overrides: list[str], *, write: bool) -> PreparedJob:

@@ -30,7 +30,9 @@ def check_run_dir(path: Path, *, root: Path | None = None) -> None:
                 "(or hydra.run.dir=DIR naming one)"
             )
         if p.exists() and not p.is_dir():
-            raise ConfigError(f"bad run dir {str(path)!r}: {str(p)!r} exists and is not a directory; expected a writable directory path")
+            raise ConfigError(
+                f"bad run dir {str(path)!r}: {str(p)!r} exists and is not a directory; expected a writable directory path"
+            )
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
         raise ConfigError(f"bad run dir {str(path)!r}: {str(existing)!r} is not a directory; expected a writable directory path")

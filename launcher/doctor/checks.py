@@ -180,7 +180,9 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         ))
     if topo.allowed_mems:
         allowed = set(topo.allowed_mems)
-        wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)}
+        wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {
+            n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)
+        }
         for node in sorted(wanted - allowed):
             out.append(Finding(
                 Severity.WARN, "mems", f"node{node}",

@@ -77,7 +77,7 @@ def h2d_bandwidth() -> tuple[dict[str, float], dict[str, float]]:
         bus = f"{dom:04x}:{bus_no:02x}:{dev_no:02x}.0" if bus_no >= 0 else f"cuda:{i}"
         host = torch.empty(H2D_BYTES, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(H2D_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
-        for label, dst, src, out in (("h2d", dev, host, h2d), ("d2h", host, dev, d2h)):
+        for dst, src, out in ((dev, host, h2d), (host, dev, d2h)):
             best = 0.0
             end = time.perf_counter() + H2D_SECONDS
             while time.perf_counter() < end:

@@ -41,7 +41,9 @@ def preflight(args: argparse.Namespace) -> int:
     node0 = result.get("node_rank", 0) == 0
     counts = {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
     if result["ok"]:
-        print(f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)", file=sys.stderr, flush=True)
+        print(
+            f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)", file=sys.stderr, flush=True
+        )
         return 0
     if node0:
         sys.stderr.write(render(result))
@@ -49,7 +51,11 @@ def preflight(args: argparse.Namespace) -> int:
     if os.environ.get("SLURM_JOB_ID") and exclude:
         print(f"numarun: preflight: leave out node(s) {exclude}: resubmit with "
               f"'numarun submit --sbatch-option=--exclude={exclude} ...'", file=sys.stderr, flush=True)
-    print(f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started", file=sys.stderr, flush=True)
+    print(
+        f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 

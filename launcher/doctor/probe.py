@@ -37,7 +37,9 @@ def nvml_health(pynvml: Any, handle: Any) -> dict[str, Any]:
 
     rows = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
     pending = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    reasons_fn = (
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     return {
         "ecc_uncorrected_volatile": ecc(pynvml.NVML_VOLATILE_ECC),
         "ecc_uncorrected_aggregate": ecc(pynvml.NVML_AGGREGATE_ECC),

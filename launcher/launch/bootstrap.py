@@ -280,7 +280,12 @@ def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
     if not path:
         return
     # the layout of torch.distributed.elastic's ErrorHandler.record_exception
-    data = {"message": {"message": f"{type(e).__name__}: {e}", "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    data = {
+        "message": {
+            "message": f"{type(e).__name__}: {e}",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        }
+    }
     try:
         with open(path, "w") as f:
             json.dump(data, f)

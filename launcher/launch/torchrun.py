@@ -69,7 +69,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--strict-binding", action="store_true",
         help=f"a rank whose binding cannot be applied fails instead of running unbound (sets {STRICT_ENV}=1)",
     )
-    group.add_argument("--plan-file", metavar="PATH", default=None, help="use this saved plan ('numarun plan --json' output) instead of planning")
+    group.add_argument(
+        "--plan-file", metavar="PATH", default=None, help="use this saved plan ('numarun plan --json' output) instead of planning"
+    )
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,9 @@ def check_rdzv_conf(conf: str) -> dict[str, str]:
             raise UsageError(f"bad --rdzv-conf {conf!r}: {item!r} is not KEY=VALUE; expected {form}")
         if key in RDZV_INT_KEYS:
             if not value.isdigit() or int(value) < 1:
-                raise UsageError(f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds >= 1; expected {key}=N")
+                raise UsageError(
+                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds >= 1; expected {key}=N"
+                )
         elif key in RDZV_BOOL_KEYS:
             if value.lower() not in _BOOL_WORDS:
                 raise UsageError(f"bad --rdzv-conf {conf!r}: {key}={value!r}; expected {key}=true or {key}=false")
@@ -323,7 +327,9 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
 
         names = sorted(ep.name for ep in metadata.entry_points().select(group="torchrun.logs_specs"))
         if specs not in names:
-            raise UsageError(f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' entry point ({', '.join(names) or 'none installed'})")
+            raise UsageError(
+                f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' entry point ({', '.join(names) or 'none installed'})"
+            )
     signals = options.get("signals_to_handle")
     if signals is not None:
         check_signals(str(signals))

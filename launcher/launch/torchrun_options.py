@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 TORCH_VERSION = "2.13.0+cpu"
-OPTIONS: tuple[dict[str, Any], ...] = tuple(json.loads(r'''
+OPTIONS: tuple[dict[str, Any], ...] = tuple(
+    json.loads(r"""
 [
  {
   "option_strings": [
@@ -438,7 +439,8 @@ OPTIONS: tuple[dict[str, Any], ...] = tuple(json.loads(r'''
   "required": true
  }
 ]
-'''))
+""")
+)
 
 
 def installed_torch_version() -> str | None:

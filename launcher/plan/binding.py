@@ -66,7 +66,9 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     warnings: list[str] = []
     usable = topology.usable_cpus
     if not usable:
-        raise PlanError(f"bad topology {topology.source or topology.hostname!r}: no online and allowed CPUs; expected at least one")
+        raise PlanError(
+            f"bad topology {topology.source or topology.hostname!r}: no online and allowed CPUs; expected at least one"
+        )
     by_id = {c.id: c for c in topology.cpus}
     node_cpus: dict[int, tuple[int, ...]] = defaultdict(tuple)
     for cid in usable:
@@ -148,7 +150,9 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         gpu_ref = None
         if r.gpu is not None:
             g = r.gpu
-            gpu_ref = GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=r.cuda_index)
+            gpu_ref = GpuRef(
+                index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=r.cuda_index
+            )
         bindings.append(
             RankBinding(
                 local_rank=r.local_rank,
@@ -174,7 +178,9 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     )
 
 
-def _spread_cpu_ranks(by_id: dict[int, Cpu], node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], nproc: int) -> list[int]:
+def _spread_cpu_ranks(
+    by_id: dict[int, Cpu], node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], nproc: int
+) -> list[int]:
     """Home node of each CPU-only rank: contiguous blocks in node order, sized in proportion
     to each node's usable physical cores (largest remainder), so a node cut down by a cgroup
     gets fewer ranks. Equal nodes get equal shares."""
@@ -214,7 +220,9 @@ def _place_gpu_rank(
         nearest = _nearest_cpu_node(topology, node, cpu_nodes)
         if nearest is not None:
             r.home = nearest
-            why = "is memory-only" if _is_memory_only(topology, node) else "has no usable CPUs (offline or outside the allowed set)"
+            why = (
+                "is memory-only" if _is_memory_only(topology, node) else "has no usable CPUs (offline or outside the allowed set)"
+            )
             r.fallback.append(f"GPU {g.index} NUMA node {node} {why}: using nearest node {nearest}")
             return
     # Unknown node, but the GPU's memory is a NUMA node (POWER9/GH200): its distance row
@@ -263,14 +271,18 @@ def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_c
     for r in ranks:
         if r.home != _POOL or r.pool not in clash:
             continue
-        nodes = sorted({by_id[c].numa_node for c in r.pool if by_id[c].numa_node >= 0 and c in set(node_cpus.get(by_id[c].numa_node, ()))})
+        nodes = sorted(
+            {by_id[c].numa_node for c in r.pool if by_id[c].numa_node >= 0 and c in set(node_cpus.get(by_id[c].numa_node, ()))}
+        )
         if not nodes:
             continue
         r.home = max(nodes, key=lambda n: (len(node_cpus[n]) / (load[n] + 1), -n))
         load[r.home] += 1
         r.pool = ()
         g = r.gpu
-        r.fallback = [f"GPU {g.index if g else '?'} NUMA node unknown (-1): placed on node {r.home}, the one with most usable CPUs per rank"]
+        r.fallback = [
+            f"GPU {g.index if g else '?'} NUMA node unknown (-1): placed on node {r.home}, the one with most usable CPUs per rank"
+        ]
 
 
 def _is_memory_only(topology: Topology, node: int) -> bool:

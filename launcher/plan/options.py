@@ -43,7 +43,9 @@ def parse_nproc(text: str) -> int | str | None:
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"bad --nproc-per-node {text!r}: expected a positive integer or one of {', '.join(NPROC_KEYWORDS)}")
+        raise argparse.ArgumentTypeError(
+            f"bad --nproc-per-node {text!r}: expected a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
+        )
     return value
 
 

@@ -130,7 +130,9 @@ def physical_gpus(cuda_visible: str | None, step_gpus: str | None) -> str | None
         return None
     if sorted(visible) == list(range(len(step))):
         return ",".join(str(step[c]) for c in visible)
-    log.warning("CUDA_VISIBLE_DEVICES=%s does not match SLURM_STEP_GPUS=%s: planning on CUDA_VISIBLE_DEVICES", cuda_visible, step_gpus)
+    log.warning(
+        "CUDA_VISIBLE_DEVICES=%s does not match SLURM_STEP_GPUS=%s: planning on CUDA_VISIBLE_DEVICES", cuda_visible, step_gpus
+    )
     return None
 
 
@@ -162,7 +164,9 @@ def plan_node_task(env: Mapping[str, str], *, topology_text: str, node_addrs: Ma
     nodes = expand_hostlist(nodelist) if nodelist else []
     me = env.get("SLURMD_NODENAME", "")
     if not nodes or me not in nodes:
-        raise SlurmError(expected(f"{me}@{nodelist}", "SLURMD_NODENAME one of the nodes of SLURM_JOB_NODELIST", "Slurm environment"))
+        raise SlurmError(
+            expected(f"{me}@{nodelist}", "SLURMD_NODENAME one of the nodes of SLURM_JOB_NODELIST", "Slurm environment")
+        )
     order = node_order(nodes, parse_leaf_switches(topology_text) if topology_text else None)
     head = order[0]
     head_addr = node_addrs.get(head) or head
@@ -273,14 +277,21 @@ def finish_main(opts: argparse.Namespace) -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if opts.preempted:
         if should_requeue(True, opts.restart_count, opts.requeue_limit):
-            print(f"numarun: time limit near: requeueing job {job_id} (restart {opts.restart_count + 1} of {opts.requeue_limit})", flush=True)
+            print(
+                f"numarun: time limit near: requeueing job {job_id} (restart {opts.restart_count + 1} of {opts.requeue_limit})",
+                flush=True,
+            )
             try:
                 subprocess.run(["scontrol", "requeue", job_id], timeout=SCONTROL_TIMEOUT_S, check=False)
             except (subprocess.TimeoutExpired, FileNotFoundError) as e:
                 print(f"numarun: error: 'scontrol requeue {job_id}' failed ({e})", file=sys.stderr, flush=True)
                 return 1
             return 0
-        print(f"numarun: time limit near and requeue limit {opts.requeue_limit} reached: not requeueing", file=sys.stderr, flush=True)
+        print(
+            f"numarun: time limit near and requeue limit {opts.requeue_limit} reached: not requeueing",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"numarun: step finished with exit code {rc}", flush=True)
     return rc
 

@@ -115,7 +115,9 @@ class SlurmOptions:
         if self.gpus_per_node is not None and not _GPUS.fullmatch(self.gpus_per_node):
             raise SlurmError(expected(self.gpus_per_node, "N or TYPE:N, e.g. 4 or a100:4", "--gpus-per-node"))
         if self.partition is not None and not _NAME_LIST.fullmatch(self.partition):
-            raise SlurmError(expected(self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition"))
+            raise SlurmError(
+                expected(self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition")
+            )
         for flag, value in (("--account", self.account), ("--qos", self.qos)):
             if value is not None and not _NAME.fullmatch(value):
                 raise SlurmError(expected(value, "a name of letters, digits and _.+-", flag))
@@ -165,7 +167,11 @@ class SlurmOptions:
         if self.whole_nodes and self.gpus_per_node is None and self.node_gpus == 0:
             gpu_text += " (none found on the partition's nodes)"
         nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
-        kind = f"{self.nodes} whole node{'s' if self.nodes != 1 else ''} (--exclusive)" if self.whole_nodes else f"{nodes}, part of each"
+        kind = (
+            f"{self.nodes} whole node{'s' if self.nodes != 1 else ''} (--exclusive)"
+            if self.whole_nodes
+            else f"{nodes}, part of each"
+        )
         return f"{kind}: {cpus}, {gpu_text}"
 
     @property

@@ -103,7 +103,9 @@ def _args_block(job: SlurmJob) -> str:
     out = ['case "${SLURM_ARRAY_TASK_ID:-}" in']
     for i, arg_set in enumerate(job.arg_sets):
         out.append(f"  {i}) args=({_q(arg_set)}) ;;")
-    out.append('  *) echo "numarun: error: array index \'${SLURM_ARRAY_TASK_ID:-}\' not in 0-' f'{len(job.arg_sets) - 1}" >&2; exit 2 ;;')
+    out.append(
+        f"  *) echo \"numarun: error: array index '${{SLURM_ARRAY_TASK_ID:-}}' not in 0-{len(job.arg_sets) - 1}\" >&2; exit 2 ;;"
+    )
     out.append("esac")
     return "\n".join(out)
 

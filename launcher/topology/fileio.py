@@ -47,7 +47,9 @@ def read_bounded(path: Path | str, *, shown: str | None = None, limit: int = MAX
             chunks.append(chunk)
             total += len(chunk)
             if total > limit:
-                raise TopologyError(f"bad topology file {name!r}: larger than {limit} bytes; expected a topology file of at most that size")
+                raise TopologyError(
+                    f"bad topology file {name!r}: larger than {limit} bytes; expected a topology file of at most that size"
+                )
         return b"".join(chunks)
     finally:
         os.close(fd)

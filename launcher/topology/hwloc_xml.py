@@ -179,7 +179,16 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
         c = st.cpus.get(cid)
         if c is None:
             in_allowed = allowed is None or cid in allowed
-            cpus.append(Cpu(id=cid, package=st.package_of.get(cid, -1), core=-1, numa_node=cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
+            cpus.append(
+                Cpu(
+                    id=cid,
+                    package=st.package_of.get(cid, -1),
+                    core=-1,
+                    numa_node=cpu_node.get(cid, -1),
+                    online=not in_allowed,
+                    allowed=False,
+                )
+            )
             continue
         cpus.append(
             Cpu(
@@ -333,12 +342,21 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
         layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
         kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
         st.nics.append(
-            Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)), pci_path=ctx.pci_chain,
-                ports=_rdma_ports(info))
+            Nic(
+                name=o.get("name", ""),
+                pci_bus_id=bus,
+                numa_node=numa,
+                kind=kind,
+                netdevs=tuple(sorted(nets)),
+                pci_path=ctx.pci_chain,
+                ports=_rdma_ports(info),
+            )
         )
     if not ofed:
         for n in nets:
-            st.nics.append(Nic(name=n, pci_bus_id=bus, numa_node=numa, kind=NicKind.ETHERNET, netdevs=(n,), pci_path=ctx.pci_chain))
+            st.nics.append(
+                Nic(name=n, pci_bus_id=bus, numa_node=numa, kind=NicKind.ETHERNET, netdevs=(n,), pci_path=ctx.pci_chain)
+            )
 
 
 def _rdma_ports(info: dict[str, str]) -> tuple[RdmaPort, ...]:

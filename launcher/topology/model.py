@@ -328,12 +328,16 @@ class Topology:
             # older versions lack only fields that have defaults; what is read is current
             return from_jsonable(cls, {**data, "schema_version": SCHEMA_VERSION})
         except SchemaError as e:
-            raise TopologyError(f"bad topology snapshot {origin!r}: {e}; expected the form 'numarun topo --json' writes") from None
+            raise TopologyError(
+                f"bad topology snapshot {origin!r}: {e}; expected the form 'numarun topo --json' writes"
+            ) from None
 
     @classmethod
     def from_json(cls, text: str, origin: str = "snapshot") -> Topology:
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TopologyError(f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line {e.lineno}); expected the output of 'numarun topo --json'") from None
+            raise TopologyError(
+                f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line {e.lineno}); expected the output of 'numarun topo --json'"
+            ) from None
         return cls.from_dict(data, origin)

@@ -111,11 +111,15 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
             index = int(g.get("index", pos))
             bus = normalize_bus_id(str(g["pci_bus_id"]))
         except (KeyError, ValueError) as e:
-            raise TopologyError(f"bad NVML record for GPU {pos}: {e}; expected 'index' and 'pci_bus_id' such as '00000000:18:00.0'") from None
+            raise TopologyError(
+                f"bad NVML record for GPU {pos}: {e}; expected 'index' and 'pci_bus_id' such as '00000000:18:00.0'"
+            ) from None
         mem_nodes = _bits(g.get("memory_affinity_words"))
         node = mem_nodes[0] if len(mem_nodes) == 1 else -1
         numa_id = g.get("numa_node_id")
-        mem_node = numa_id if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node else -1
+        mem_node = (
+            numa_id if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node else -1
+        )
         total = g.get("memory_total")
         out.append(
             Gpu(

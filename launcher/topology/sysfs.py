@@ -252,7 +252,9 @@ def _cpu_universe(r: _Reader) -> tuple[int, ...]:
     if present is not None:
         ids.update(present)
     if not ids:
-        raise TopologyError(f"bad topology tree {str(r.root)!r}: no CPUs under sys/devices/system/cpu; expected cpu<N> directories")
+        raise TopologyError(
+            f"bad topology tree {str(r.root)!r}: no CPUs under sys/devices/system/cpu; expected cpu<N> directories"
+        )
     return tuple(sorted(ids))
 
 
@@ -276,7 +278,9 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
             # Kernels before 2.6.27 have only the hex cpumap.
             cl = r.cpumask(d / "cpumap")
         if cl is None:
-            raise TopologyError(f"bad topology tree: {r.show(d / 'cpulist')!r} missing; expected a cpu list such as '0-3,8' (empty for a CPU-less node)")
+            raise TopologyError(
+                f"bad topology tree: {r.show(d / 'cpulist')!r} missing; expected a cpu list such as '0-3,8' (empty for a CPU-less node)"
+            )
         cpus = tuple(c for c in cl if c in universe)
         for c in cpus:
             cpu_node.setdefault(c, nid)
@@ -349,7 +353,9 @@ def _read_cpus(r: _Reader, cpu_ids: tuple[int, ...], cpu_node: dict[int, int], *
         pkg = r.integer(topo / "physical_package_id")
         core = r.integer(topo / "core_id")
         if pkg is None:
-            raise TopologyError(f"bad topology tree: {r.show(topo / 'physical_package_id')!r} missing; expected an integer package id")
+            raise TopologyError(
+                f"bad topology tree: {r.show(topo / 'physical_package_id')!r} missing; expected an integer package id"
+            )
         if core is None:
             raise TopologyError(f"bad topology tree: {r.show(topo / 'core_id')!r} missing; expected an integer core id")
         die = r.integer(topo / "die_id")
@@ -406,7 +412,9 @@ def _parse_status_list(r: _Reader, name: str) -> tuple[int, ...] | None:
     try:
         return parse_list(value)
     except CpuListError:
-        raise TopologyError(f"bad topology file '/proc/self/status': {name} {value[:80]!r}; expected a list such as '0-3,8'") from None
+        raise TopologyError(
+            f"bad topology file '/proc/self/status': {name} {value[:80]!r}; expected a list such as '0-3,8'"
+        ) from None
 
 
 def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
@@ -588,7 +596,9 @@ def _read_rdma_ports(r: _Reader, dev: Path) -> tuple[RdmaPort, ...]:
         state_text = r.text(port / "state", form="a port state such as '4: ACTIVE'")
         sm = _PORT_STATE.match(state_text or "")
         if state_text is not None and not sm:
-            r.note(f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state unknown")
+            r.note(
+                f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state unknown"
+            )
         out.append(RdmaPort(
             number=int(port.name), state=sm.group(1) if sm else "", link_layer=layer,
             rate_gbps=float(m.group(1)) if m else 0.0,

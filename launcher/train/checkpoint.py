@@ -114,7 +114,11 @@ def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
     if not root.is_dir():
         return None
     found = sorted(
-        ((int(m.group(1)), child) for child in root.iterdir() if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()),
+        (
+            (int(m.group(1)), child)
+            for child in root.iterdir()
+            if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
+        ),
         reverse=True,
     )
     skipped = []

@@ -146,13 +146,21 @@ def rank_cpus() -> tuple[int, ...]:
 
 def build_dataset(data_cfg: Any, model_cfg: Any, *, seed: int) -> Dataset:
     if data_cfg.kind == DataKind.TOKENS:
-        return TokenFile(data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size, seed=seed)
+        return TokenFile(
+            data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size, seed=seed
+        )
     if model_cfg.kind == ModelKind.GPT:
-        return SyntheticTokens(vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples, seed=seed)
-    return SyntheticVectors(input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples, seed=seed)
+        return SyntheticTokens(
+            vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples, seed=seed
+        )
+    return SyntheticVectors(
+        input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples, seed=seed
+    )
 
 
-def build_loader(dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int, cpus: tuple[int, ...] | None = None) -> DataLoader:
+def build_loader(
+    dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int, cpus: tuple[int, ...] | None = None
+) -> DataLoader:
     """A DataLoader over ``sampler``'s micro-batches; workers pinned to ``cpus`` (default: the rank's)."""
     cpus = rank_cpus() if cpus is None else cpus
     return DataLoader(

@@ -176,12 +176,16 @@ class Trainer:
         if limit is None and self.ctx.device.type == "cpu":
             import psutil
 
-            limit = (psutil.Process().memory_info().rss + psutil.virtual_memory().available / self.ctx.local_world_size) * 0.8 / 2**20
+            limit = (
+                (psutil.Process().memory_info().rss + psutil.virtual_memory().available / self.ctx.local_world_size) * 0.8 / 2**20
+            )
         results: list[dict[str, Any]] = []
         best = 0
         size = dp * accum
         while size <= t.auto_max_batch:
-            sampler = StepBatchSampler(start_step=0, steps=2, global_batch=size, dp_rank=self.wrapped.dp_rank, dp_size=dp, grad_accum=accum)
+            sampler = StepBatchSampler(
+                start_step=0, steps=2, global_batch=size, dp_rank=self.wrapped.dp_rank, dp_size=dp, grad_accum=accum
+            )
             fits, rate = True, 0.0
             try:
                 start = time.perf_counter()
@@ -204,7 +208,10 @@ class Trainer:
             fits = bool(flag.item())
             results.append({"batch_size": size, "fits": fits, "samples_per_s": round(rate, 2), "peak_mem_mb": round(peak, 1)})
             if self.rank == 0:
-                print(f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB", flush=True)
+                print(
+                    f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB",
+                    flush=True,
+                )
             if not fits:
                 break
             best = size
@@ -295,7 +302,9 @@ class Trainer:
                 "parallel": self.cfg.parallel.kind,
                 "model": self.cfg.model.kind,
                 "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
-                "tokens_per_s_mean": (sum(rates) / len(rates) * self.tokens_per_sample) if rates and self.tokens_per_sample else None,
+                "tokens_per_s_mean": (sum(rates) / len(rates) * self.tokens_per_sample)
+                if rates and self.tokens_per_sample
+                else None,
                 "peak_mem_mb_per_rank": peaks,
                 "wall_s": time.perf_counter() - t_run,
                 "stopped_by": stopped_by,
@@ -326,7 +335,9 @@ class Trainer:
         if not mine:
             return {}
         share = mine.get("remote_memory_share")
-        t = torch.tensor([-1.0 if share is None else share, float(mine["threads_repaired"])], dtype=torch.float64, device=self.ctx.device)
+        t = torch.tensor(
+            [-1.0 if share is None else share, float(mine["threads_repaired"])], dtype=torch.float64, device=self.ctx.device
+        )
         out = [torch.zeros_like(t) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, t)
         return {

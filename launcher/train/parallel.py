@@ -61,7 +61,9 @@ def _check_tp(model: nn.Module, tp_size: int) -> None:
     if isinstance(model, Gpt):
         heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim if len(model.blocks) else tp_size
         if heads % tp_size:
-            raise ConfigError(f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) with parallel=tp")
+            raise ConfigError(
+                f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) with parallel=tp"
+            )
 
 
 def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrapped:
@@ -80,7 +82,9 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
             apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)))
         return Wrapped(ddp, kind, ctx.rank, world)
     if comm_cfg.allreduce != CommMode.FLAT.value:
-        raise ConfigError(f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: expected flat (hierarchical is for ddp)")
+        raise ConfigError(
+            f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: expected flat (hierarchical is for ddp)"
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 

@@ -67,7 +67,9 @@ def nic_lines(plan: LaunchPlan) -> list[str]:
 def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> str:
     """The table and the warnings as text; without colour it is stable (golden files)."""
     buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system="auto" if color else None, force_terminal=color, highlight=False, soft_wrap=False)
+    console = Console(
+        file=buf, width=width, color_system="auto" if color else None, force_terminal=color, highlight=False, soft_wrap=False
+    )
     console.print(plan_table(plan))
     for line in nic_lines(plan):
         console.print(line, markup=False)

@@ -300,7 +300,9 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
             f'<rect class="gpu" data-gpu="{g.index}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
             f'width="{DEV_W}" height="{DEV_H}" rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
         )
-        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>')
+        out.append(
+            f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>'
+        )
         out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
 
     return _Box(DEV_W, DEV_H, draw)
@@ -378,7 +380,9 @@ def _layout(ctx: _Ctx) -> _Box:
     else:
         for n in cpu_nodes:
             inner = [
-                _container("package", f"Package {p}", _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if c.online and c.package == p]))
+                _container(
+                    "package", f"Package {p}", _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if c.online and c.package == p])
+                )
                 for p in sorted(node_pkgs[n.id])
             ]
             inner += _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if not c.online])
@@ -544,7 +548,9 @@ def _legend_chars(plan: LaunchPlan) -> int:
 def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
     out.append('<g class="legend">')
-    out.append(f'<text class="title" x="{x:.0f}" y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>')
+    out.append(
+        f'<text class="title" x="{x:.0f}" y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
+    )
     row_y = y + TITLE_H + 4
     if ctx.nccl_nics:
         hca = next(r.env["NCCL_IB_HCA"] for r in plan.ranks if "NCCL_IB_HCA" in r.env)
