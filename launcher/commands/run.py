@@ -161,7 +161,8 @@ class _Planner:
             if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
                     f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
-                    f"{plan.nproc_per_node} rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no --nproc-per-node"
+                    f"{plan.nproc_per_node} rank{'' if plan.nproc_per_node == 1 else 's'}; "
+                    f"expected {plan.nproc_per_node} or no --nproc-per-node"
                 )
             return plan, os.path.abspath(args.plan_file)
         from ..plan.binding import make_plan

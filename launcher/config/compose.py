@@ -94,7 +94,8 @@ def _parse(script_args: Sequence[str]) -> Any:
 
     def refuse(message: str) -> None:
         raise ConfigError(
-            f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)"
+            f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected "
+            "key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)"
         )
 
     parser.error = refuse  # type: ignore[method-assign,assignment]

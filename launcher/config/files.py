@@ -62,7 +62,8 @@ def resolved_yaml(cfg: Any) -> str:
         return OmegaConf.to_yaml(job, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(
-            f"bad config value: {_first_line(e)}; expected every ??? value given as an override and every interpolation resolvable"
+            f"bad config value: {_first_line(e)}; expected every ??? "
+            "value given as an override and every interpolation resolvable"
         ) from None
 
 

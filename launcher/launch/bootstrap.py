@@ -4,7 +4,8 @@ torchrun starts every worker as::
 
     python -u <numarun>/launch/entry.py [--module | --no-python] TARGET [args...]
 
-(:mod:`numarun.launch.entry` loads this package by its own path, then calls :func:`main`) with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
+(:mod:`numarun.launch.entry` loads this package by its own path, then calls :func:`main`)
+with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
 the user's code is imported, the rank's environment variables, CPU affinity (every
 thread) and memory policy are applied and read back; one INFO line per rank says what
 was bound. Then the script runs in a fresh ``__main__`` module (``runpy.run_module`` for

@@ -26,7 +26,8 @@ def resolve(host: str, *, flag: str, timeout: float = RESOLVE_TIMEOUT_S) -> str:
     t.join(timeout)
     if not result:
         raise UsageError(
-            f"bad {flag} {host!r}: the name did not resolve within {timeout:.0f} s; expected a host name or address of this machine"
+            f"bad {flag} {host!r}: the name did not resolve within "
+            f"{timeout:.0f} s; expected a host name or address of this machine"
         )
     if isinstance(result[0], BaseException):
         why = getattr(result[0], "strerror", None) or str(result[0])

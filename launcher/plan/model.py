@@ -44,9 +44,11 @@ class NicPolicy(str, enum.Enum):
     """How the NCCL NIC variables are set for the ranks of a node."""
 
     NODE = "node"
-    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs, the same for every rank (NCCL's own advice)."""
+    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs,
+    the same for every rank (NCCL's own advice)."""
     PER_RANK = "per-rank"
-    """Each rank's ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` names only its closest NIC (rails that never meet; see NVIDIA/nccl#1478)."""
+    """Each rank's ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` names only its closest NIC
+    (rails that never meet; see NVIDIA/nccl#1478)."""
 
 
 @dataclass(frozen=True)

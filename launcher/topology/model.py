@@ -244,7 +244,8 @@ class Topology:
     allowed_mems: tuple[int, ...] = ()
     """NUMA nodes this process may allocate on (``Mems_allowed_list``); () = all."""
     source: str = ""
-    """Where this came from: ``live``, ``sysfs:<dir>``, ``hwloc:<file>``, ``nvidia-smi:<file>`` (a JSON snapshot keeps the one it recorded)"""
+    """Where this came from: ``live``, ``sysfs:<dir>``, ``hwloc:<file>``, ``nvidia-smi:<file>``
+    (a JSON snapshot keeps the one it recorded)"""
     gpu_source: str = "none"
     """How GPUs were found: ``nvml``, ``sysfs``, ``nvidia-smi``, ``json`` or ``none``."""
     notes: tuple[str, ...] = ()
@@ -338,6 +339,7 @@ class Topology:
             data = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise TopologyError(
-                f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line {e.lineno}); expected the output of 'numarun topo --json'"
+                f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line "
+                f"{e.lineno}); expected the output of 'numarun topo --json'"
             ) from None
         return cls.from_dict(data, origin)

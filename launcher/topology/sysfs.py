@@ -279,7 +279,8 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
             cl = r.cpumask(d / "cpumap")
         if cl is None:
             raise TopologyError(
-                f"bad topology tree: {r.show(d / 'cpulist')!r} missing; expected a cpu list such as '0-3,8' (empty for a CPU-less node)"
+                f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
+                "expected a cpu list such as '0-3,8' (empty for a CPU-less node)"
             )
         cpus = tuple(c for c in cl if c in universe)
         for c in cpus:

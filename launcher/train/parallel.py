@@ -110,7 +110,8 @@ def _mesh(ctx: Any) -> Any:
     mesh = getattr(ctx, "mesh", None)
     if mesh is None:
         raise ConfigError(
-            "bad layout for parallel=hsdp/tp: nodes run different numbers of ranks; expected the same --nproc-per-node on every node"
+            "bad layout for parallel=hsdp/tp: nodes run different numbers "
+            "of ranks; expected the same --nproc-per-node on every node"
         )
     return mesh
 

@@ -549,7 +549,8 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
     out.append('<g class="legend">')
     out.append(
-        f'<text class="title" x="{x:.0f}" y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
+        f'<text class="title" x="{x:.0f}" '
+        f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
     )
     row_y = y + TITLE_H + 4
     if ctx.nccl_nics:
