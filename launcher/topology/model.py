@@ -337,9 +337,14 @@ class Topology:
     def from_json(cls, text: str, origin: str = "snapshot") -> Topology:
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except json.JSONDecodeError as e:
             raise TopologyError(
                 f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line "
                 f"{e.lineno}); expected the output of 'numarun topo --json'"
+            ) from None
+        except UnicodeDecodeError as e:
+            raise TopologyError(
+                f"bad topology snapshot {origin!r}: not UTF-8 text ({e.reason}); "
+                "expected the output of 'numarun topo --json'"
             ) from None
         return cls.from_dict(data, origin)
