@@ -121,7 +121,7 @@ def _launch_opts(job: SlurmJob) -> tuple[str, ...]:
 
 
 def _template() -> str:
-    return resources.files("numarun.slurm").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
+    return resources.files("numarun.slurm").joinpath("templates").joinpath(TEMPLATE).read_text(encoding="utf-8")
 
 
 def render_sbatch(job: SlurmJob) -> str:
