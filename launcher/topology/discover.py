@@ -134,7 +134,7 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
     for g in topo.gpus:
         by_bus[normalize_bus_id(g.pci_bus_id)] = g
     merged: list[Gpu] = []
-    notes = list(topo.notes) + list(reading.notes)
+    merged_notes = list(topo.notes) + list(reading.notes)
     for g in reading.gpus:
         bus = normalize_bus_id(g.pci_bus_id)
         s = by_bus.pop(bus, None)
@@ -152,7 +152,7 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
             )
         )
     for bus in by_bus:
-        notes.append(f"PCI GPU {bus} not listed by NVML; left out")
+        merged_notes.append(f"PCI GPU {bus} not listed by NVML; left out")
     return dataclasses.replace(
-        topo, gpus=tuple(merged), gpu_links=reading.gpu_links, gpu_source="nvml", notes=tuple(notes)
+        topo, gpus=tuple(merged), gpu_links=reading.gpu_links, gpu_source="nvml", notes=tuple(merged_notes)
     )

@@ -172,8 +172,8 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
     node_ids = sorted(st.nodes)
     cpu_node: dict[int, int] = {}
     for nid in node_ids:
-        for c in st.nodes[nid][0]:
-            cpu_node.setdefault(c, nid)
+        for cpu_id in st.nodes[nid][0]:
+            cpu_node.setdefault(cpu_id, nid)
     cpus: list[Cpu] = []
     for cid in sorted(set(complete) | set(st.cpus)):
         c = st.cpus.get(cid)

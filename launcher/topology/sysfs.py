@@ -424,9 +424,9 @@ def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
     mounts = r.text(r.path("proc/mounts"), form="mount table lines")
     if mounts:
         for line in mounts.splitlines():
-            f = line.split()
-            if len(f) >= 3 and f[2] == "cgroup2":
-                mount = f[1]
+            fields = line.split()
+            if len(fields) >= 3 and fields[2] == "cgroup2":
+                mount = fields[1]
                 break
     rel = "/"
     cg = r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines")
@@ -444,9 +444,9 @@ def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
     d = r.path(mount) / rel.lstrip("/")
     top = r.path(mount)
     while True:
-        f = d / f"cpuset.{name}.effective"
-        if f.is_file():
-            return r.cpulist(f)
+        eff = d / f"cpuset.{name}.effective"
+        if eff.is_file():
+            return r.cpulist(eff)
         if d == top or top not in d.parents:
             return None
         d = d.parent

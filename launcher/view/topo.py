@@ -183,8 +183,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
         if t.nics:
             nl = _table("GPU to NIC links")
             nl.add_column("")
-            for n in t.nics:
-                nl.add_column(n.name, justify="center", no_wrap=True)
+            for nic in t.nics:
+                nl.add_column(nic.name, justify="center", no_wrap=True)
             for i, g in enumerate(t.gpus):
                 nl.add_row(_gpu_label(g), *((t.gpu_nic_link(i, k) or "?") for k in range(len(t.nics))))
             console.print(nl)
@@ -197,12 +197,12 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
         nt = _table("NICs")
         for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports"):
             nt.add_column(col, justify="right" if col in ("NUMA", "speed") else "left")
-        for n in t.nics:
+        for nic in t.nics:
             nt.add_row(
-                n.name, n.kind.value, ",".join(n.netdevs) or "-", n.pci_bus_id or "-",
-                str(n.numa_node) if n.numa_node >= 0 else "unknown",
-                _speed(n.speed_mbps),
-                " ".join(f"{p.number}:{p.state or '?'}" for p in n.ports) or "-",
+                nic.name, nic.kind.value, ",".join(nic.netdevs) or "-", nic.pci_bus_id or "-",
+                str(nic.numa_node) if nic.numa_node >= 0 else "unknown",
+                _speed(nic.speed_mbps),
+                " ".join(f"{p.number}:{p.state or '?'}" for p in nic.ports) or "-",
             )
         console.print(nt)
     else:
