@@ -121,7 +121,7 @@ def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
         ),
         reverse=True,
     )
-    skipped = []
+    skipped: list[tuple[str, str]] = []
     for step, path in found:
         why = damage(path)
         if not why:
@@ -242,7 +242,7 @@ def load(path: Path, model: Any, optimizer: Any) -> int:
 
     meta = json.loads((path / "meta.json").read_text())
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(meta["step"])

@@ -78,7 +78,7 @@ def lr_at(step: int, optim_cfg: Any, total_steps: int) -> float:
     return optim_cfg.lr
 
 
-def adamw_path(kind: ParallelKind, device_type: str) -> dict[str, bool]:
+def adamw_path(kind: ParallelKind, device_type: str) -> dict[str, Any]:
     """AdamW's implementation flags: the fast path unless tensor parallelism needs the slow one.
 
     TP mixes DTensor and plain parameters in one group, which the multi-tensor (foreach)
@@ -135,9 +135,9 @@ class Trainer:
             last = i == n - 1
             sync = nullcontext()
             if n > 1 and kind is ParallelKind.DDP and not last:
-                sync = self.model.no_sync()
+                sync = self.model.no_sync()  # type: ignore[operator]  # DDP's method, typed via nn.Module.__getattr__
             elif n > 1 and kind in (ParallelKind.FSDP, ParallelKind.HSDP):
-                self.model.set_requires_gradient_sync(last)
+                self.model.set_requires_gradient_sync(last)  # type: ignore[operator]  # FSDP2's method, likewise
             with sync:
                 with self.autocast:
                     loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device)) / n

@@ -59,7 +59,8 @@ def _check_tp(model: nn.Module, tp_size: int) -> None:
     from .models import Gpt
 
     if isinstance(model, Gpt):
-        heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim if len(model.blocks) else tp_size
+        # submodules reached through nn.Module.__getattr__ are typed Tensor | Module
+        heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim if len(model.blocks) else tp_size  # type: ignore[union-attr,operator]
         if heads % tp_size:
             raise ConfigError(
                 f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) with parallel=tp"
@@ -153,6 +154,7 @@ def grad_norm_clip(model: nn.Module, max_norm: float, kind: ParallelKind) -> flo
     group = None
     for p in params:
         g = p.grad
+        assert g is not None  # params holds only parameters with a gradient
         if isinstance(g, DTensor):
             sq = g.to_local().double().pow(2).sum()
             if any(isinstance(pl, Shard) for pl in g.placements):
@@ -164,9 +166,10 @@ def grad_norm_clip(model: nn.Module, max_norm: float, kind: ParallelKind) -> flo
             replicated += g.double().pow(2).sum()
     if group is not None:
         dist.all_reduce(sharded, group=group)
-    norm = float((sharded + replicated).sqrt())
-    if max_norm > 0 and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
+    total = float((sharded + replicated).sqrt())
+    if max_norm > 0 and total > max_norm:
+        scale = max_norm / (total + 1e-6)
         for p in params:
+            assert p.grad is not None
             p.grad.mul_(scale)
-    return norm
+    return total
