@@ -66,7 +66,7 @@ def _convert(tp: Any, data: Any, path: str) -> Any:
                 kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{path}.{f.name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SchemaError(f"{path}: missing key {f.name!r}")
-        return tp(**kwargs)
+        return tp(**kwargs)  # type: ignore[operator]  # is_dataclass also admits instances; tp is always a class here
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(data)

@@ -44,7 +44,7 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _axis(parse):  # type: ignore[no-untyped-def]
+def _axis(parse):
     def wrapped(text: str) -> cand.Axis:
         try:
             return parse(text)

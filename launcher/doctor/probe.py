@@ -58,7 +58,7 @@ def read_nvml_health_record() -> dict[str, Any] | None:
     if not record or not record.get("gpus"):
         return record
     try:
-        import pynvml  # type: ignore[import-untyped]
+        import pynvml
 
         pynvml.nvmlInit()
     except Exception as e:  # the record was read a moment ago; a failure now only skips health

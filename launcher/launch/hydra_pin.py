@@ -34,7 +34,7 @@ def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
 
     class Pinned(_dt.datetime):
         @classmethod
-        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+        def now(cls, tz: Any = None) -> Any:
             return when if tz is None else when.astimezone(tz)
 
     return Pinned
@@ -63,7 +63,7 @@ def _hooks(when: _dt.datetime, writer: bool) -> dict[str, Callable[[types.Module
         module.datetime = pinned_datetime(when)  # type: ignore[attr-defined]
         if not writer:
             module._save_config = lambda *_a, **_k: None  # type: ignore[attr-defined]  # .hydra/*.yaml
-            _skip_multirun_yaml(module.OmegaConf)  # type: ignore[attr-defined]
+            _skip_multirun_yaml(module.OmegaConf)
 
     return {_UTILS: utils}
 

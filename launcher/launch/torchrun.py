@@ -692,10 +692,10 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     except ChildFailedError as e:
         parts = []
         for rank in sorted(e.failures):
-            f = e.failures[rank]
-            how = f"exited with code {f.exitcode}" if f.exitcode >= 0 else f"was killed by {f.signal_name()}"
-            cause = failure_cause(f)
-            who = f"rank {rank} (local rank {f.local_rank}, pid {f.pid})"
+            failure = e.failures[rank]
+            how = f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else f"was killed by {failure.signal_name()}"
+            cause = failure_cause(failure)
+            who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
             parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")
         # Ranks torchrun itself stopped after the first failure show up killed by a signal:
         # the run's code is that of the lowest rank that exited on its own.

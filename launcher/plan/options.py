@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -26,7 +27,7 @@ from .nic import NIC_VARIABLES
 USER_ENV_VARIABLES: tuple[str, ...] = ("OMP_NUM_THREADS", "CUDA_DEVICE_ORDER", *NIC_VARIABLES)
 
 
-def _choices(enum_cls: type) -> str:
+def _choices(enum_cls: type[enum.Enum]) -> str:
     return ", ".join(m.value for m in enum_cls)
 
 
