@@ -54,6 +54,13 @@ def test_topology_bad_snapshot(text, fragment):
     assert "snap.json" in str(e.value) and fragment in str(e.value)
 
 
+def test_topology_snapshot_bytes_not_utf8():
+    # json.loads decodes bytes itself; its UnicodeDecodeError carries no .msg/.lineno
+    with pytest.raises(TopologyError) as e:
+        Topology.from_json(b'{"hostname": "\xc3"}', "snap.json")  # type: ignore[arg-type]
+    assert "snap.json" in str(e.value) and "not UTF-8" in str(e.value)
+
+
 @pytest.mark.parametrize(
     "raw, norm",
     [("00000000:18:00.0", "0000:18:00.0"), ("18:00.0", "0000:18:00.0"), ("0000:3B:00.1", "0000:3b:00.1"), ("10000:00:04.0", "10000:00:04.0")],
