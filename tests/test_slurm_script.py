@@ -272,3 +272,20 @@ def test_dry_run_prints_script_only(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash") and shlex.quote("x=$(touch /tmp/pwned)") in proc.stdout
     assert not (tmp_path / "o").exists()
+
+
+def test_a_module_job_runs_numarun_run_dash_m(tmp_path):
+    job = SlurmJob(script="numarun.train", module=True, output_dir=str(tmp_path / "out"), arg_sets=(("trainer.steps=3",),))
+    text = render_sbatch(job)
+    assert "script=numarun.train\n" in text
+    opts = next(line for line in text.splitlines() if line.startswith("launch_opts=("))
+    assert shlex.split(opts[len("launch_opts=("):-1])[-1] == "--module"  # right before "$script"
+    assert render_sbatch(SlurmJob(script="/p/t.py", output_dir=str(tmp_path / "out"))).count("--module") == 0
+
+
+@pytest.mark.slow
+def test_submit_refuses_a_module_that_does_not_import(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "numarun", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"),
+                           "-m", "no_such_module_here"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'no_such_module_here'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -219,7 +219,6 @@ def test_submit_dry_run_renders_the_packaged_template(venv, workdir):
     assert not (workdir / "outputs" / "slurm").exists(), "a dry run writes nothing"
 
 
-@pytest.mark.xfail(strict=True, reason="numarun submit takes a script path; -m MODULE is not accepted yet")
 def test_submit_dry_run_module_trainer(venv, workdir):
     out = _run(["numarun", "submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "-m", "numarun.train",
                 "trainer.steps=3"], cwd=workdir, env=_user_env())

@@ -91,7 +91,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.add_argument("script", metavar="SCRIPT", help="the training script (Python file)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module run as 'python -m' (e.g. numarun.train), as 'numarun run -m' takes it")
+    p.add_argument("script", metavar="SCRIPT", help="the training script (Python file), or a module with -m")
     p.add_argument(
         "args",
         nargs=argparse.REMAINDER,
@@ -110,7 +112,7 @@ def default_numarun() -> tuple[str, ...]:
     return (sys.executable, "-m", "numarun")
 
 
-def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None, dict[str, Any]]:
+def _config_settings(script: str, user_args: list[str], *, is_module: bool = False) -> tuple[AppKind | None, dict[str, Any]]:
     """(kind of script, sbatch settings from the job config's ``slurm``/``launcher`` groups).
 
     Only numarun's trainer composes numarun's configs/; composing also validates the
@@ -120,7 +122,7 @@ def _config_settings(script: str, user_args: list[str]) -> tuple[AppKind | None,
         from ..config import compose as cc
     except ImportError:  # Hydra missing: plain flags only
         return None, {}
-    kind = cc.detect_app(script, is_module=False)
+    kind = cc.detect_app(script, is_module=is_module)
     if kind is not cc.AppKind.TRAINER:
         return kind, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
     # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
@@ -157,7 +159,7 @@ class _LaunchOptParser(argparse.ArgumentParser):
         raise SlurmError(f"bad --launch-opt: {message}; expected 'numarun run' options (see 'numarun run --help')")
 
 
-def check_launch_opts(opts: list[str], script: str) -> tuple[str, ...]:
+def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) -> tuple[str, ...]:
     """Parse the ``--launch-opt`` values with ``numarun run``'s own parser and checks, as on a node."""
     for opt in opts:
         name = opt.split("=", 1)[0]
@@ -175,7 +177,7 @@ def check_launch_opts(opts: list[str], script: str) -> tuple[str, ...]:
         parser_class=_LaunchOptParser
     )
     parser = run_command.add_parser(sub)
-    ns = parser.parse_args([*opts, script])
+    ns = parser.parse_args([*opts, *(["--module"] if is_module else []), script])
     if ns.training_script != script or ns.training_script_args:
         raise SlurmError(expected(" ".join(opts), "options only (the script is SCRIPT)", "--launch-opt"))
     check_torchrun_options(vars(ns))
@@ -207,11 +209,21 @@ def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
 
 def build_job(args: argparse.Namespace) -> SlurmJob:
     """argparse namespace -> validated SlurmJob (raises NumarunError; touches nothing)."""
+    module = bool(getattr(args, "module", False))
     script = Path(args.script)
-    if not script.is_file():
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(args.script) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise SlurmError(expected(args.script, "a module importable here, e.g. numarun.train", "-m MODULE"))
+    elif not script.is_file():
         raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     user_args = list(args.args)
-    kind, from_config = _config_settings(str(script), user_args)
+    kind, from_config = _config_settings(args.script if module else str(script), user_args, is_module=module)
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
@@ -261,13 +273,18 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     else:
         numarun = default_numarun()
     return SlurmJob(
-        script=str(script.resolve()),
+        script=args.script if module else str(script.resolve()),
+        module=module,
         output_dir=output_dir,
         options=options,
         arg_sets=arg_sets,
         env=check_env(args.env),
         numarun=numarun,
-        launch_opts=check_launch_opts(list(args.launch_opts) + (["--preflight"] if args.preflight else []), str(script)),
+        launch_opts=check_launch_opts(
+            list(args.launch_opts) + (["--preflight"] if args.preflight else []),
+            args.script if module else str(script),
+            is_module=module,
+        ),
         hydra_run_dir=hydra_run_dir,
     )
 

@@ -27,7 +27,8 @@ class SlurmJob:
     """Everything the batch script needs; built by ``numarun submit``, rendered by :func:`render_sbatch`."""
 
     script: str
-    """The training script, as an absolute path (the job may start in another directory)."""
+    """The training script, as an absolute path (the job may start in another directory), or the
+    module name when ``module`` is set."""
     output_dir: str
     """Absolute root for run dirs (``<output_dir>/<job id>``) and Slurm logs."""
     options: SlurmOptions = field(default_factory=SlurmOptions)
@@ -41,6 +42,8 @@ class SlurmJob:
     """Extra ``numarun run`` flags (``--binding exclusive`` ...), passed before the script."""
     hydra_run_dir: bool = False
     """Append ``hydra.run.dir=<run dir>`` to the arguments (for Hydra scripts)."""
+    module: bool = False
+    """``script`` is a module run as ``numarun run -m MODULE`` (e.g. ``numarun.train``)."""
     workdir: str | None = None
     """Directory the job starts in (``#SBATCH --chdir``); None: sbatch's default (submit dir)."""
 
@@ -117,6 +120,8 @@ def _launch_opts(job: SlurmJob) -> tuple[str, ...]:
     if not any(o.split("=", 1)[0] in ("--shutdown-timeout", "--shutdown_timeout") for o in opts):
         # torchrun's agent sends KILL this long after TERM: the ranks' checkpoint must fit
         opts += ("--shutdown-timeout", str(shutdown_grace(job.options.effective_signal_before)))
+    if job.module:
+        opts += ("--module",)  # last, right before the module name
     return opts
 
 
