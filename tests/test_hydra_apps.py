@@ -38,12 +38,23 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def torchrun(cwd: Path, app: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(app), *args], cwd)
+def _logs(cwd: Path) -> Path:
+    return cwd.parent / f"{cwd.name}-logs"
 
 
-def numarun(cwd: Path, app: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "numarun", "--nproc-per-node", "2", str(app), *args], cwd)
+def _redirect(cwd: Path) -> list[str]:
+    # each rank's stdout in its own file: two ranks printing at once can share a line on a pipe
+    return ["--log-dir", str(_logs(cwd)), "--redirects", "1"]
+
+
+def torchrun(cwd: Path, app: Path, *args: str, redirect: bool = False) -> subprocess.CompletedProcess[str]:
+    extra = _redirect(cwd) if redirect else []
+    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *extra, str(app), *args], cwd)
+
+
+def numarun(cwd: Path, app: Path, *args: str, redirect: bool = False) -> subprocess.CompletedProcess[str]:
+    extra = _redirect(cwd) if redirect else []
+    return _run([sys.executable, "-m", "numarun", "--nproc-per-node", "2", *extra, str(app), *args], cwd)
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -61,15 +72,16 @@ def run_dirs(root: Path) -> set[Path]:
 
 
 def stdout_lines(proc: subprocess.CompletedProcess[str], root: Path) -> list[str]:
-    return sorted(STAMP.sub("<ts>", ln.replace(str(root), "<cwd>")) for ln in proc.stdout.splitlines() if ln.strip())
+    text = proc.stdout + "".join(p.read_text() for p in sorted(_logs(root).rglob("stdout.log")))
+    return sorted(STAMP.sub("<ts>", ln.replace(str(root), "<cwd>")) for ln in text.splitlines() if ln.strip())
 
 
 def compare(tmp_path: Path, app: Path, *args: str) -> tuple[Path, dict[str, str]]:
     plain, ours = tmp_path / "torchrun", tmp_path / "numarun"
     plain.mkdir()
     ours.mkdir()
-    expected = torchrun(plain, app, *args)
-    got = numarun(ours, app, *args)
+    expected = torchrun(plain, app, *args, redirect=True)
+    got = numarun(ours, app, *args, redirect=True)
     assert stdout_lines(got, ours) == stdout_lines(expected, plain)
     files = tree(ours)
     if len(run_dirs(plain)) == 1:  # torchrun's ranks can straddle a second: two run dirs
