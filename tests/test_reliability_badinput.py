@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,19 +196,26 @@ def _check(code: int, err: str, c: Case, workdir: Path) -> None:
                                for c in CASES])
 def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    code, err = run_in_process(_argv(c, bad, tree), tmp_path, capsys, monkeypatch, env=c.env)
+    _check(code, err, c, tmp_path)
+
+
+def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                   env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """``numarun ARGV`` in this process, from ``cwd``, without the caller's numarun/Slurm variables: (exit code, stderr)."""
     from numarun.cli import main
 
     for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
         monkeypatch.delenv(k, raising=False)
-    for k, v in c.env.items():
+    for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(cwd)
     capsys.readouterr()
     try:
-        code = main(_argv(c, bad, tree))
+        code = main(list(argv))
     except SystemExit as e:  # argparse's own refusals
         code = int(e.code or 0)
-    _check(code, capsys.readouterr().err, c, tmp_path)
+    return code, capsys.readouterr().err
 
 
 @pytest.mark.slow

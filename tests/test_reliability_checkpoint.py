@@ -19,25 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_reliability_badinput import TRAIN, Case, _check, _env, _numarun, case
+from test_reliability_badinput import run_in_process, TRAIN, _check, _env, _numarun, case
 
 pytestmark = pytest.mark.slow  # every test starts numarun or a trainer
 
 TIMEOUT = 180
 
 
-def _in_process(c: Case, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    from numarun.cli import main
-
-    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        code = main(list(c.argv))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, capsys.readouterr().err
 
 
 def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -86,7 +74,7 @@ def test_read_only_checkpoint_dir_is_refused_before_training(readonly: Path, tmp
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     for target in (readonly, readonly / "sub"):  # the dir itself, or one to be created in it
         c = case("ro", [TRAIN, f"trainer.checkpoint_dir={target}"], str(target), "Read-only file system", "writable directory")
-        code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+        code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
         _check(code, err, c, tmp_path)  # exit 2, one line, no run dir
 
 
@@ -108,7 +96,7 @@ def test_bad_data_files_fail_before_training(tmp_path: Path, capsys: pytest.Capt
         case("id-past-vocab", [*gpt, f"data.path={high}"], "300", "position 100", "model.vocab_size-1 = 255"),
     ]
     for c in cases:
-        code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+        code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
         _check(code, err, c, tmp_path)
 
 
@@ -116,7 +104,7 @@ def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     c = case("model", [TRAIN, f"trainer.checkpoint_dir={saved}", "trainer.resume=true", "model.hidden_dim=128"],
              "model.hidden_dim=64 in the checkpoint but 128 now", "step_00000002")
-    code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+    code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     _check(code, err, c, tmp_path)
 
 
@@ -152,7 +140,7 @@ def test_a_planted_checkpoint_is_not_loaded(plant: str, saved: Path, tmp_path: P
         link.symlink_to(ck)
         ck, bad, why = link, link, "symbolic link"
     c = case(plant, [TRAIN, f"trainer.checkpoint_dir={ck}", "trainer.resume=true"], f"'{bad}'", why, "loaded as code")
-    code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+    code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     _check(code, err, c, tmp_path)
 
 

@@ -17,24 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from test_reliability_badinput import EXIT, Case, _check, case
+from test_reliability_badinput import run_in_process, EXIT, _check, case
 from test_reliability_faults import _env, _errors, _numarun
 
 NODE0 = "sys/devices/system/node/node0/cpulist"
 
 
-def _in_process(c: Case, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    from numarun.cli import main
-
-    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        code = main(list(c.argv))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, capsys.readouterr().err
 
 
 @pytest.fixture
@@ -68,7 +56,7 @@ def test_a_topology_that_never_ends_is_refused(source: str, words: tuple[str, ..
     path = str(odd_files.get(source, source))
     for command in (["plan", "--topology", path], ["--topology", path, "--dry-run", EXIT, "0", "0"]):
         c = case(source, command, *words)
-        code, err = _in_process(c, tmp_path, capsys, monkeypatch)
+        code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
         _check(code, err, c, tmp_path)
 
 

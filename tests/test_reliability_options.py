@@ -8,14 +8,13 @@ stay empty; a few run again as real subprocesses.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_reliability_badinput import EXIT, TRAIN, Case, _check, _env, _numarun, case
+from test_reliability_badinput import run_in_process, EXIT, TRAIN, Case, _check, _env, _numarun, case
 
 CASES: list[Case] = [
     case("max-restarts-negative", f"--max-restarts -5 {EXIT} 0 0", "'-5'", ">= 0"),
@@ -51,23 +50,11 @@ CASES: list[Case] = [
 SUBPROCESS = ["max-restarts-negative", "signals-unknown", "rdzv-conf-timeout-word", "node-rank-past-nnodes", "module-missing"]
 
 
-def _run(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
-    from numarun.cli import main
-
-    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    try:
-        code = main(list(c.argv))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_torchrun_option_is_checked(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, err = _run(c, tmp_path, capsys, monkeypatch)
+    code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     _check(code, err, c, tmp_path)
 
 
@@ -78,7 +65,7 @@ def test_a_taken_master_port_is_refused_before_launch(tmp_path: Path, capsys: py
         s.listen()
         port = s.getsockname()[1]
         c = case("taken-port", f"--master-port {port} {EXIT} 0 0", str(port), "free port")
-        code, err = _run(c, tmp_path, capsys, monkeypatch)
+        code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     _check(code, err, c, tmp_path)
 
 
