@@ -8,6 +8,7 @@ project directory following links when it builds (``pip install -e .`` would nev
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -75,21 +76,23 @@ def _forbid_spawn(item: pytest.Item):
     return saved
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
+@contextlib.contextmanager
+def _spawn_guard(item: pytest.Item):
     saved = [] if item.get_closest_marker("slow") else _forbid_spawn(item)
     try:
         yield
     finally:
         for obj, name, original in saved:
             setattr(obj, name, original)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with _spawn_guard(item):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    saved = [] if item.get_closest_marker("slow") else _forbid_spawn(item)
-    try:
+    with _spawn_guard(item):
         yield
-    finally:
-        for obj, name, original in saved:
-            setattr(obj, name, original)
