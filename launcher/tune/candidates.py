@@ -7,6 +7,7 @@ A candidate is one value per axis, the cartesian product of the axes in the orde
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,22 +59,21 @@ def _split(flag: str, text: str) -> tuple[str, ...]:
     return values
 
 
-def binding_axis(text: str) -> Axis:
-    values = _split("--binding", text)
-    allowed = [m.value for m in BindingMode]
+def _choice_axis(flag: str, choices: type[enum.Enum], text: str) -> Axis:
+    values = _split(flag, text)
+    allowed = [m.value for m in choices]
     for v in values:
         if v not in allowed:
-            raise UsageError(f"bad --binding value {v!r} in {text!r}: expected a list of {', '.join(allowed)}")
-    return Axis("binding", values)
+            raise UsageError(f"bad {flag} value {v!r} in {text!r}: expected a list of {', '.join(allowed)}")
+    return Axis(flag.removeprefix("--"), values)
+
+
+def binding_axis(text: str) -> Axis:
+    return _choice_axis("--binding", BindingMode, text)
 
 
 def mem_policy_axis(text: str) -> Axis:
-    values = _split("--mem-policy", text)
-    allowed = [m.value for m in MemPolicy]
-    for v in values:
-        if v not in allowed:
-            raise UsageError(f"bad --mem-policy value {v!r} in {text!r}: expected a list of {', '.join(allowed)}")
-    return Axis("mem-policy", values)
+    return _choice_axis("--mem-policy", MemPolicy, text)
 
 
 def omp_axis(text: str) -> Axis:
