@@ -56,9 +56,9 @@ def torchrun_parser() -> argparse.ArgumentParser:
         recorded = help_parser()
         if recorded is not None:
             return recorded
-    from torch.distributed.run import get_args_parser
+    from .startup import import_torchrun
 
-    return get_args_parser()
+    return import_torchrun().get_args_parser()
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -666,6 +666,9 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import main as torchrun_main
 
+    from . import startup
+
+    startup.install()
     state = state_dir()
     for f in [*state.glob("exit.*"), *state.glob("pid.*")]:
         f.unlink(missing_ok=True)  # the previous job of a sweep

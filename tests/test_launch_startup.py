@@ -1,0 +1,90 @@
+"""The launcher's start-up savings (numarun.launch.startup) change cost, never behaviour."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from numarun.launch import startup
+
+
+def _stack_name(depth: int) -> str:
+    # the reference: torchrun's own get_method_name, as torch writes it
+    if len(inspect.stack()) > depth:
+        return inspect.stack()[depth].function
+    return "no_method_name"
+
+
+def _caller_of_record(lookup, depth: int) -> str:  # type: ignore[no-untyped-def]
+    def _record() -> str:  # called the way torchrun's rendezvous calls it
+        return lookup(depth)
+
+    return _record()
+
+
+def _one_frame_down(fn):  # type: ignore[no-untyped-def]
+    def lookup(d: int) -> str:  # one name for both, so that depth 0 compares alike
+        return fn(d + 1)
+
+    return lookup
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 3, 5])
+def test_method_name_is_what_inspect_stack_gives(depth: int) -> None:
+    expected = _caller_of_record(_one_frame_down(_stack_name), depth)
+    assert _caller_of_record(_one_frame_down(startup.method_name), depth) == expected
+
+
+def test_method_name_past_the_outermost_frame() -> None:
+    assert startup.method_name(10_000) == "no_method_name"
+    assert _stack_name(10_000) == "no_method_name"
+
+
+def test_install_replaces_torchs_lookup_and_keeps_the_event_names() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+    try:
+        assert startup.install() is True
+        assert dynamic_rendezvous.get_method_name is startup.method_name
+
+        def record(lookup):  # type: ignore[no-untyped-def]  # torchrun's _record(): lookup() at depth 2
+            return lookup()
+
+        def next_rendezvous(lookup):  # type: ignore[no-untyped-def]  # the method the event is named after
+            return record(lookup)
+
+        assert next_rendezvous(dynamic_rendezvous.get_method_name) == next_rendezvous(original) == "next_rendezvous"
+    finally:
+        dynamic_rendezvous.get_method_name = original
+
+
+def test_install_leaves_a_torch_without_the_function_alone() -> None:
+    module = types.ModuleType("fake_rendezvous")
+    assert startup.install(module) is False
+    assert not hasattr(module, "get_method_name")
+
+
+@pytest.mark.slow
+def test_the_launcher_imports_torch_through_the_paused_collector(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Nothing on the run path imports torch before :func:`startup.import_torchrun` does (it
+    would then find torch imported and freeze nothing), and the collector is on afterwards."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    code = (
+        "import gc, json, sys\n"
+        "from numarun import cli\n"
+        f"rc = cli.main(['--dry-run', '--nproc-per-node', '1', {str(script)!r}])\n"
+        "print(json.dumps({'rc': rc, 'frozen': gc.get_freeze_count(), 'enabled': gc.isenabled(),"
+        " 'torch': 'torch' in sys.modules}))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["rc"] == 0 and report["torch"] and report["enabled"]
+    assert report["frozen"] > 10_000, report  # torch's objects sit in the permanent generation
