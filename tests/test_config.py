@@ -220,6 +220,25 @@ def test_detect_app(tmp_path: Path) -> None:
     assert detect_app(HYDRA_APP, is_module=False) is AppKind.HYDRA_MAIN
 
 
+@pytest.mark.parametrize(("source", "trainer"), [
+    ("from numarun.train import exit_now, main\nexit_now(main())\n", True),
+    ("import numarun.train\nnumarun.train.main()\n", True),
+    ("import numarun.train as t\nt.main()\n", True),
+    ("from numarun import train\ntrain.main()\n", True),
+    ("from numarun.train import *\nmain()\n", True),
+    ("from numarun.train import main\nmain(\n", True),  # unparsable: read as text
+    # borrowing parts of the trainer makes a script of one's own
+    ("from numarun.train.models import Gpt\nimport numarun\nnumarun.init()\n", False),
+    ("import numarun.train.models\nprint(numarun.train.models.Gpt)\n", False),
+    ("from numarun.train import models\n", False),
+    ("# see numarun.train for the trainer\nprint('hi')\n", False),
+])
+def test_only_a_script_that_runs_the_trainer_is_the_trainer(tmp_path: Path, source: str, trainer: bool) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    assert (detect_app(str(script), is_module=False) is AppKind.TRAINER) is trainer
+
+
 def test_launcher_settings_fill_flags_left_at_default() -> None:
     from numarun.commands.run import apply_launcher_settings
     from numarun.plan.model import BindingMode

@@ -120,12 +120,12 @@ WORKER = textwrap.dedent(
         # DDP: the hierarchical hook ends where plain DDP ends
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        def train(comm, compression):
+        def train(comm, compression, **options):
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(13, 17), torch.nn.Tanh(), torch.nn.Linear(17, 3))
             ddp = DDP(model, bucket_cap_mb=0.001)  # several buckets, one with an odd element count
             if comm is not None:
-                apply_comm(ddp, comm, compression, ctx)
+                apply_comm(ddp, comm, compression, ctx, **options)
             opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
             g = torch.Generator().manual_seed(50 + rank)
             for _ in range(5):
@@ -140,6 +140,19 @@ WORKER = textwrap.dedent(
         hier = train("hierarchical", None)
         comp = train("hierarchical", "bf16")
         flat_bf16 = train("flat", "bf16")
+        # the backward pass's buckets in one pipeline, several chunks per bucket (64 bytes),
+        # with and without compression; and each bucket reduced inside the hook
+        streamed = train("hierarchical", None, chunk_bytes=64)
+        streamed_bf16 = train("hierarchical", "bf16", chunk_bytes=64)
+        in_hook = train("hierarchical", None, overlap=False)
+        report["ddp_streamed_max_diff"] = (streamed - plain).abs().max().item()
+        report["ddp_in_hook_max_diff"] = (in_hook - plain).abs().max().item()
+        if not torch.allclose(streamed, plain, rtol=1e-5, atol=1e-6):
+            fail.append(f"DDP hierarchical, 64-byte chunks != plain: {report['ddp_streamed_max_diff']}")
+        if not torch.allclose(streamed_bf16, comp, rtol=0, atol=1e-6):
+            fail.append("DDP hierarchical+bf16 depends on the chunk size")
+        if not torch.allclose(in_hook, plain, rtol=1e-5, atol=1e-6):
+            fail.append(f"DDP hierarchical in the hook != plain: {report['ddp_in_hook_max_diff']}")
         report["ddp_hier_max_diff"] = (hier - plain).abs().max().item()
         report["ddp_bf16_max_diff"] = (comp - plain).abs().max().item()
         report["ddp_flat_bf16_max_diff"] = (flat_bf16 - plain).abs().max().item()

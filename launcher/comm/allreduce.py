@@ -11,15 +11,13 @@ see the topology, and with compression of the inter-node step only.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NumarunError
 from .context import DistContext, current_context
 from .modes import CommMode, Compression, parse_comm_mode, parse_compression
+from .stream import BucketStream
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _rs_single(output: Any, input: Any, **kwargs: Any) -> Any:
+def rs_single(output: Any, input: Any, **kwargs: Any) -> Any:
     """``reduce_scatter_single`` where torch has it (2.13 deprecates ``reduce_scatter_tensor``)."""
     import torch.distributed as dist
 
@@ -36,7 +34,7 @@ def _rs_single(output: Any, input: Any, **kwargs: Any) -> Any:
     return fn(output, input, **kwargs)
 
 
-def _ag_single(output: Any, input: Any, **kwargs: Any) -> Any:
+def ag_single(output: Any, input: Any, **kwargs: Any) -> Any:
     """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
     import torch.distributed as dist
 
@@ -71,7 +69,7 @@ def _reduce_scatter(out: torch.Tensor, full: torch.Tensor, op: Any, group: Any) 
 
     if not _NO_RS_TENSOR:
         try:
-            _rs_single(out, full, op=op, group=group)
+            rs_single(out, full, op=op, group=group)
             return
         except (RuntimeError, NotImplementedError) as e:
             if not _unsupported(e):
@@ -92,7 +90,7 @@ def _all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any) -> None:
 
     if not _NO_AG_TENSOR:
         try:
-            _ag_single(full, shard, group=group)
+            ag_single(full, shard, group=group)
             return
         except (RuntimeError, NotImplementedError) as e:
             if not _unsupported(e):
@@ -115,11 +113,17 @@ more, until per-collective overhead dominates."""
 _PROBED = False
 
 
+def stream_ready() -> bool:
+    """The backend has shown the async tensor forms of reduce-scatter / all-gather that
+    pipelining needs (a first one-shot call probes them)."""
+    return _PROBED and not (_NO_RS_TENSOR or _NO_AG_TENSOR)
+
+
 def default_chunk_bytes(total_bytes: int) -> int:
     return max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, total_bytes // PIPELINE_DEPTH))
 
 
-def _chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> int:
+def chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> int:
     b = default_chunk_bytes(numel * elem_size) if chunk_bytes is None else chunk_bytes
     if b <= 0:
         return 1 << 62
@@ -178,7 +182,7 @@ def _pipelined(full: torch.Tensor, step: int, op: Any, ctx: DistContext, inter_d
     def reduce_scatter(c: int) -> Any:
         if g == 1:
             return None
-        return _rs_single(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
+        return rs_single(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
 
     def cross(c: int) -> Any:
         if ctx.num_nodes == 1:
@@ -196,7 +200,7 @@ def _pipelined(full: torch.Tensor, step: int, op: Any, ctx: DistContext, inter_d
             shards[c].div_(divisor)
         if g == 1:
             return None
-        return _ag_single(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
+        return ag_single(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
 
     def wait(w: Any) -> None:
         if w is not None:
@@ -263,9 +267,9 @@ def hierarchical_all_reduce(
         full[:n].copy_(flat)
 
     if n:
-        step = _chunk_elems(chunk_bytes, full.element_size(), g, full.numel())
+        step = chunk_elems(chunk_bytes, full.element_size(), g, full.numel())
         divisor = ctx.world_size if average else None
-        if _NO_RS_TENSOR or _NO_AG_TENSOR or not _PROBED or step >= full.numel():
+        if not stream_ready() or step >= full.numel():
             _one_shot(full, shard_len, op, ctx, inter_dtype, divisor)
         else:
             _pipelined(full, step, op, ctx, inter_dtype, divisor)
@@ -276,45 +280,6 @@ def hierarchical_all_reduce(
     return tensor
 
 
-class CommThread:
-    """One daemon thread that runs submitted calls in submission order, completing a Future each.
-
-    DDP calls its comm hook from the autograd thread as each bucket becomes ready and waits
-    for the returned futures only at the end of backward. A hook that reduces synchronously
-    stalls backward for the whole reduction, while DDP's own all-reduce overlaps it; on a slow
-    link that alone cost hierarchical DDP a third of its lead. Running the buckets here, one
-    after another, keeps every rank issuing its collectives in the same order (DDP hands
-    buckets to the hook in the same order on every rank) and lets backward go on; gloo and
-    NCCL release the GIL while they wait.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Any]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
-        import torch
-
-        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="numarun-comm", daemon=True)
-                self._thread.start()
-        self._jobs.put((fn, fut))
-        return fut
-
-    def _loop(self) -> None:
-        while True:
-            fn, fut = self._jobs.get()
-            try:
-                result = fn()
-            except BaseException as e:  # handed to the rank's backward, which raises it
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-
-
 @dataclass(frozen=True, eq=False)
 class HookState:
     """State of the hierarchical DDP comm hook."""
@@ -322,32 +287,40 @@ class HookState:
     context: DistContext
     inter_dtype: torch.dtype | None = None
     overlap: bool = True
-    """Reduce buckets on a :class:`CommThread` while backward continues (False: in the hook)."""
+    """Reduce buckets on a communication thread while backward continues (False: in the hook)."""
     chunk_bytes: int | None = None
-    """Pipelining chunk of :func:`hierarchical_all_reduce` (None: its default)."""
-    comm_thread: CommThread = field(default_factory=CommThread, repr=False)
+    """Pipelining chunk of each bucket (None: :func:`default_chunk_bytes` of the bucket; 0: one shot)."""
+    stream: BucketStream | None = field(default=None, repr=False)
+    """With ``overlap``: the pipeline all of a backward pass's buckets go through."""
+
+    def __post_init__(self) -> None:
+        if self.overlap and self.stream is None:
+            stream = BucketStream(self.context, inter_dtype=self.inter_dtype, chunk_bytes=self.chunk_bytes,
+                                  one_bucket=self.reduce)
+            object.__setattr__(self, "stream", stream)
+
+    def reduce(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Average one bucket by itself, in place."""
+        import torch.distributed as dist
+
+        return hierarchical_all_reduce(buffer, dist.ReduceOp.AVG, context=self.context, inter_dtype=self.inter_dtype,
+                                       chunk_bytes=self.chunk_bytes)
 
 
 def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket with :func:`hierarchical_all_reduce`.
 
-    With ``state.overlap`` (default) the reduction runs on the state's communication thread
-    and the returned Future completes when it is done; otherwise it runs here and the Future
-    is already complete.
+    With ``state.overlap`` (default) the bucket goes to the state's :class:`BucketStream`,
+    which reduces every bucket of the backward pass in one pipeline on its communication
+    thread while backward goes on; the returned Future completes when the bucket is done.
+    Otherwise it is reduced here and the Future is already complete.
     """
     import torch
-    import torch.distributed as dist
 
-    buf = bucket.buffer()
-
-    def reduce() -> torch.Tensor:
-        return hierarchical_all_reduce(buf, dist.ReduceOp.AVG, context=state.context, inter_dtype=state.inter_dtype,
-                                       chunk_bytes=state.chunk_bytes)
-
-    if state.overlap:
-        return state.comm_thread.submit(reduce)
+    if state.stream is not None:
+        return state.stream.submit(bucket.buffer(), bucket.is_last())
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(reduce())
+    fut.set_result(state.reduce(bucket.buffer()))
     return fut
 
 
@@ -386,6 +359,7 @@ def apply_comm(
     context: DistContext | None,
     *,
     overlap: bool = True,
+    chunk_bytes: int | None = None,
 ) -> CommMode:
     """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model; returns the mode used.
 
@@ -404,14 +378,17 @@ def apply_comm(
     ctx = _context(context)
     ctx.require_hierarchical()
     _real_hook_annotations()
-    model_ddp.register_comm_hook(HookState(context=ctx, inter_dtype=c.dtype(), overlap=overlap), hierarchical_hook)
+    if chunk_bytes is not None and chunk_bytes < 0:
+        raise NumarunError(f"bad chunk size {chunk_bytes} bytes: expected 0 (one shot) or more")
+    model_ddp.register_comm_hook(HookState(context=ctx, inter_dtype=c.dtype(), overlap=overlap, chunk_bytes=chunk_bytes),
+                                 hierarchical_hook)
     return m
 
 
 __all__ = [
     "CommMode",
     "Compression",
-    "CommThread",
+    "BucketStream",
     "HookState",
     "apply_comm",
     "hierarchical_all_reduce",

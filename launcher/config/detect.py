@@ -51,9 +51,32 @@ def detect_app(target: str, *, is_module: bool) -> AppKind:
         return AppKind.PLAIN
     if hydra_main_args(source) is not None:
         return AppKind.HYDRA_MAIN
-    if re.search(r"\bnumarun\.train\b|from\s+numarun\s+import\s+train\b", source):
+    if runs_trainer(source):
         return AppKind.TRAINER
     return AppKind.PLAIN
+
+
+def runs_trainer(source: str) -> bool:
+    """The script runs numarun's trainer: it imports ``main`` from ``numarun.train`` or calls
+    ``numarun.train.main`` / ``train.main``. A script that only borrows parts of the trainer
+    (``from numarun.train.models import Gpt``) is a script of its own."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return re.search(r"from\s+numarun\.train\s+import\s[^\n]*\bmain\b|\bnumarun\.train\.main\b", source) is not None
+    trainer_modules = {"numarun.train"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "numarun.train":
+            if any(a.name in ("main", "*") for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom) and node.module == "numarun":
+            trainer_modules.update(a.asname or a.name for a in node.names if a.name == "train")
+        elif isinstance(node, ast.Import):
+            trainer_modules.update(a.asname for a in node.names if a.name == "numarun.train" and a.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "main" and ast.unparse(node.value) in trainer_modules:
+            return True
+    return False
 
 
 def hydra_main_args(source: str) -> dict[str, Any] | None:

@@ -181,6 +181,9 @@ class CommConfig:
     """Hierarchical DDP: reduce each bucket while backward goes on (false: inside the hook)."""
     bucket_mb: Optional[float] = None
     """DDP's bucket_cap_mb (None: DDP's default, 25)."""
+    chunk_mb: Optional[float] = None
+    """Hierarchical: pipelining chunk of each bucket's reduction in MiB (None: about 16 chunks
+    of 0.25-2 MiB; 0: one shot)."""
 
 
 @dataclass

@@ -143,12 +143,14 @@ class Trainer:
                     loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device)) / n
                 loss.backward()
             total += loss.detach()
+        # the mean loss crosses the job while the gradients are clipped and applied
+        mean_loss = dist.all_reduce(total, async_op=True)
         if kind is ParallelKind.TP:
             sync_tp_grads(self.wrapped)
         grad_norm_clip(self.model, self.cfg.optim.grad_clip, kind)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(total)
+        mean_loss.wait()
         return float(total) / self.ctx.world_size
 
     def _batches(self, loader: Any) -> Any:

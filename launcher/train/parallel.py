@@ -80,7 +80,9 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
         if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
             from ..comm.allreduce import apply_comm
 
-            apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)))
+            chunk_mb = getattr(comm_cfg, "chunk_mb", None)
+            apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)),
+                       chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
         return Wrapped(ddp, kind, ctx.rank, world)
     if comm_cfg.allreduce != CommMode.FLAT.value:
         raise ConfigError(
