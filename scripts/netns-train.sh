@@ -13,6 +13,9 @@
 #              (also hier-bf16-sync: the hook without overlap), ROUNDS=3, STEPS=8,
 #              BATCH_PER_RANK=4 (global batch = ranks x this), RATE=200mbit, MODEL="model=gpt model.d_model=256 model.n_layers=4",
 #              EXTRA="" (more trainer overrides, e.g. comm.bucket_mb=4), OUT=/tmp/netns-train
+#              PHASES=1: run scripts/ddp_phases.py instead of the trainer and print where each
+#              step's time goes (forward, backward, optimizer, link busy); PHASES_ARGS="" passes
+#              more of its options (e.g. --bucket-mb 4 --chunk-mb 1)
 # Ranks run unbound (--binding none): all "nodes" share this host's CPUs.
 # Output: per run, the median tokens/s after the first step (metrics.jsonl); then, per
 # shape, each mode's median over the rounds and its ratio to flat.
@@ -27,6 +30,8 @@ BATCH_PER_RANK=${BATCH_PER_RANK:-4}
 RATE=${RATE:-200mbit}
 MODEL=${MODEL:-"model=gpt model.d_model=256 model.n_layers=4"}
 EXTRA=${EXTRA:-}
+PHASES=${PHASES:-}
+PHASES_ARGS=${PHASES_ARGS:-}
 OUT=${OUT:-/tmp/netns-train}
 NUMARUN=${NUMARUN:-$HERE/.venv/bin/numarun}
 PYTHON=${PYTHON:-$HERE/.venv/bin/python}
@@ -43,6 +48,9 @@ for m in $MODES; do
   case $m in flat|hier|hier-bf16|hier-bf16-sync|flat-bf16) ;;
     *) echo "netns-train: bad mode '$m' in MODES: expected flat, flat-bf16, hier, hier-bf16 or hier-bf16-sync" >&2; exit 2;;
   esac
+  if [ -n "$PHASES" ] && [ "$m" = hier-bf16-sync ]; then
+    echo "netns-train: bad mode 'hier-bf16-sync' with PHASES=1: expected flat, flat-bf16, hier or hier-bf16" >&2; exit 2
+  fi
 done
 
 PIDS=()
@@ -90,6 +98,14 @@ mode_args() {
     hier-bf16-sync) echo "comm=hierarchical comm.compression=bf16 comm.overlap=false" ;;
   esac
 }
+phase_args() {
+  case $1 in
+    flat) echo "--comm flat" ;;
+    flat-bf16) echo "--comm flat --compression bf16" ;;
+    hier) echo "--comm hierarchical" ;;
+    hier-bf16) echo "--comm hierarchical --compression bf16" ;;
+  esac
+}
 
 port=29700
 for shape in $SHAPES; do
@@ -102,10 +118,15 @@ for shape in $SHAPES; do
       port=$((port + 1))
       dir="$OUT/$shape/$mode.r$r"
       rm -rf "$dir"
-      # shellcheck disable=SC2046
-      common=(--nnodes "$N" --nproc-per-node "$G" --master-addr 10.231.9.1 --master-port "$port" --binding none
-              "$HERE/scripts/train.py" parallel=ddp $MODEL $(mode_args "$mode") trainer.steps="$STEPS"
-              trainer.batch_size="$((N * G * BATCH_PER_RANK))" trainer.log_interval=1 trainer.progress=false "hydra.run.dir=$dir" $EXTRA)
+      common=(--nnodes "$N" --nproc-per-node "$G" --master-addr 10.231.9.1 --master-port "$port" --binding none)
+      if [ -n "$PHASES" ]; then
+        # shellcheck disable=SC2046
+        common+=("$HERE/scripts/ddp_phases.py" $(phase_args "$mode") --steps "$STEPS" --batch-per-rank "$BATCH_PER_RANK" $PHASES_ARGS)
+      else
+        # shellcheck disable=SC2046
+        common+=("$HERE/scripts/train.py" parallel=ddp $MODEL $(mode_args "$mode") trainer.steps="$STEPS"
+                 trainer.batch_size="$((N * G * BATCH_PER_RANK))" trainer.log_interval=1 trainer.progress=false "hydra.run.dir=$dir" $EXTRA)
+      fi
       node_pids=()
       for i in $(seq 1 $((N - 1))); do
         in_ns "tune-n$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
@@ -117,12 +138,17 @@ for shape in $SHAPES; do
         "$NUMARUN" --node-rank 0 "${common[@]}" >"$OUT/$shape.$mode.r$r.node0.log" 2>&1 || rc=$?
       for p in "${node_pids[@]}"; do wait "$p" || rc=$?; done
       [ "$rc" = 0 ] || { echo "netns-train: $shape $mode failed (rc $rc); logs in $OUT" >&2; tail -n 20 "$OUT/$shape.$mode.r$r".node*.log >&2; exit 1; }
+      if [ -n "$PHASES" ]; then
+        echo "$shape round $r $(grep -h '^PHASES' "$OUT/$shape.$mode.r$r".node*.log)"
+        continue
+      fi
       "$PYTHON" -c 'import sys; from numarun.tune.measure import from_metrics; m = from_metrics(open(sys.argv[1]).read()); print(f"{sys.argv[2]} round {sys.argv[3]} {sys.argv[4]:15s} {m.throughput:8.0f} {m.unit}")' \
         "$dir/metrics.jsonl" "$shape" "$r" "$mode"
     done
   done
 done
 
+[ -z "$PHASES" ] || exit 0
 "$PYTHON" - "$OUT" "$MODES" $SHAPES <<'EOF2'
 import statistics, sys
 from pathlib import Path

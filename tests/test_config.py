@@ -342,3 +342,23 @@ def test_check_sees_every_job_before_any_run_dir(in_tmp: Path) -> None:
     with pytest.raises(UsageError):
         C.run_hydra(["trainer.steps=1"], ran.append, refuse)
     assert ran == [] and list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("comm.bucket_mb=0", "bad comm.bucket_mb 0"),
+    ("comm.bucket_mb=-4", "bad comm.bucket_mb -4"),
+    ("comm.chunk_mb=-1", "bad comm.chunk_mb -1"),
+])
+def test_comm_sizes_are_checked(override: str, message: str) -> None:
+    from numarun.config.schema import check_values
+
+    with pytest.raises(ConfigError, match=message):
+        check_values(C.compose([override]))
+
+
+def test_comm_chunk_mb_zero_means_one_shot_and_is_accepted() -> None:
+    from numarun.config.schema import check_values
+
+    cfg = C.compose(["comm=hierarchical", "comm.chunk_mb=0", "comm.bucket_mb=2.5"])
+    check_values(cfg)
+    assert cfg.comm.chunk_mb == 0 and cfg.comm.bucket_mb == 2.5

@@ -253,6 +253,10 @@ def check_values(cfg: Any) -> None:
             raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
     if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node < 1:
         raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer >= 1 or null")
+    if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
+        raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
+    if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:
+        raise ConfigError(f"bad comm.chunk_mb {cfg.comm.chunk_mb!r}: expected a size in MiB >= 0 (0: one shot), or null")
     if cfg.trainer.checkpoint_interval < 0:
         raise ConfigError(f"bad trainer.checkpoint_interval {cfg.trainer.checkpoint_interval!r}: expected an integer >= 0")
     if cfg.model.d_model % cfg.model.n_heads:
