@@ -318,7 +318,30 @@ def test_adamw_takes_the_fast_path_except_under_tp() -> None:
 
     assert adamw_path(ParallelKind.TP, "cuda") == {"foreach": False} == adamw_path(ParallelKind.TP, "cpu")
     assert adamw_path(ParallelKind.DDP, "cuda") == {"fused": True} == adamw_path(ParallelKind.FSDP, "cuda")
-    assert adamw_path(ParallelKind.DDP, "cpu") == {}
+    assert adamw_path(ParallelKind.DDP, "cpu") == {"fused": True}
+    assert adamw_path(ParallelKind.FSDP, "cpu") == {}
+
+
+def test_the_fused_cpu_adamw_trains_like_torchs_default() -> None:
+    import torch
+
+    from numarun.config.schema import ParallelKind
+    from numarun.train.loop import adamw_path
+
+    def train(options: dict[str, bool]) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, **options)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(20):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.randn(8, 7, generator=g)), torch.randn(8, 2, generator=g)).backward()
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    fast = adamw_path(ParallelKind.DDP, "cpu")
+    assert fast == {"fused": True}
+    assert torch.allclose(train(fast), train({}), rtol=1e-5, atol=1e-6)
 
 
 def test_check_sees_every_job_before_any_run_dir(in_tmp: Path) -> None:

@@ -82,12 +82,14 @@ def adamw_path(kind: ParallelKind, device_type: str) -> dict[str, Any]:
     """AdamW's implementation flags: the fast path unless tensor parallelism needs the slow one.
 
     TP mixes DTensor and plain parameters in one group, which the multi-tensor (foreach)
-    and fused kernels do not take: per-tensor there. Elsewhere fused on GPU, and torch's
-    default (foreach) on CPU, where no fused kernel is faster.
+    and fused kernels do not take: per-tensor there. Elsewhere fused on GPU, and fused on
+    CPU for DDP's plain tensors: torch's CPU default runs a loop over the tensors, about 4x
+    slower for the 3.3 M-parameter GPT (16 ms against 4 ms a step on one core), time that
+    sits between two steps where no communication can hide it.
     """
     if kind is ParallelKind.TP:
         return {"foreach": False}
-    if device_type == "cuda":
+    if device_type == "cuda" or (device_type == "cpu" and kind is ParallelKind.DDP):
         return {"fused": True}
     return {}
 
@@ -97,7 +99,13 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, *, kind: ParallelKind = Pa
     if cfg.kind == OptimKind.SGD:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     device_type = params[0].device.type if params else "cpu"
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **adamw_path(kind, device_type))
+    path = adamw_path(kind, device_type)
+    try:
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **path)
+    except RuntimeError:  # a torch or dtype without the fused kernel: its default then
+        if not path.get("fused"):
+            raise
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 class Trainer:
