@@ -6,7 +6,8 @@ Builds the reference trainer's GPT (``--d-model 256 --layers 4`` by default, seq
 prints rank 0's medians over the steps after the first, one line starting ``PHASES``:
 
 * F: forward and loss; B: ``loss.backward()``, which returns when every bucket is reduced;
-  O: gradient clipping (1.0), AdamW step and the mean-loss all-reduce, as the trainer does;
+  O: gradient clipping (1.0), AdamW step (the trainer's implementation) and the mean-loss
+  all-reduce, as the trainer does;
 * for the hierarchical hook, from numarun's bucket stream: ``first_cross`` (seconds from the
   start of backward until the first chunk is sent across nodes) and ``link`` (first chunk sent
   to last chunk back: the time the inter-node link is in use), with ``bytes`` crossing per
@@ -29,6 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import numarun
 from numarun.comm import stream as stream_mod
 from numarun.comm.allreduce import apply_comm
+from numarun.config.schema import ParallelKind
+from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
 
 
@@ -54,6 +57,8 @@ def main() -> None:
     p.add_argument("--comm", choices=["flat", "hierarchical"], default="hierarchical")
     p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none")
     p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's)")
+    p.add_argument("--bucket-list", default=None, metavar="MB,MB,...",
+                   help="DDP's bucket_cap_mb_list: a size per bucket, the first bucket first (torch >= 2.13)")
     p.add_argument("--chunk-mb", type=float, default=None, help="pipelining chunk (default: numarun's)")
     p.add_argument("--batch-per-rank", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
@@ -64,12 +69,15 @@ def main() -> None:
     ctx = numarun.init()
     torch.manual_seed(0)
     model = Gpt(vocab_size=256, seq_len=32, d_model=args.d_model, n_heads=4, n_layers=args.layers, dropout=0.0)
-    ddp = DDP(model, **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
+    buckets: dict[str, Any] = {} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}
+    if args.bucket_list:
+        buckets["bucket_cap_mb_list"] = [float(v) for v in args.bucket_list.split(",")]
+    ddp = DDP(model, **buckets)
     compression = None if args.compression == "none" else args.compression
     if args.comm != "flat" or compression:
         chunk = None if args.chunk_mb is None else int(args.chunk_mb * 2**20)
         apply_comm(ddp, args.comm, compression, ctx, chunk_bytes=chunk)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **adamw_path(ParallelKind.DDP, "cpu"))  # as the trainer
     events: list[tuple[str, float, int]] = []
     _record_stream(events)
     g = torch.Generator().manual_seed(ctx.rank)
@@ -98,7 +106,8 @@ def main() -> None:
         rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0, first, link, sum(e[2] for e in crosses)))
     if ctx.rank == 0:
         med = [statistics.median(r[i] for r in rows[1:]) for i in range(7)]
-        label = f"{args.comm}{'-' + compression if compression else ''} bucket_mb={args.bucket_mb} chunk_mb={args.chunk_mb}"
+        label = (f"{args.comm}{'-' + compression if compression else ''} bucket_mb={args.bucket_mb}"
+                 f"{' bucket_list=' + args.bucket_list if args.bucket_list else ''} chunk_mb={args.chunk_mb}")
         print(f"PHASES {label}: F {med[0]:.3f} B {med[1]:.3f} O {med[2]:.3f} step {med[3]:.3f} s"
               f" | first_cross {med[4]:.3f} s link {med[5]:.3f} s bytes {med[6] / 1e6:.2f} MB per rank", flush=True)
     dist.destroy_process_group()
