@@ -98,6 +98,9 @@ def test_wheel_holds_configs_template_and_entry_as_real_files(dist_dir):
     links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
     assert links == []
     assert not any(n.startswith(("launcher/", "configs/", "tests/")) for n in infos), "only the numarun package"
+    licenses = [n for n in infos if ".dist-info/licenses/" in n]
+    assert [n.rsplit("/", 1)[1] for n in licenses] == ["LICENSE"], licenses  # the Apache-2.0 text pyproject names
+    assert "Apache License" in wheel.read(licenses[0]).decode()
     templ = wheel.read("numarun/slurm/templates/sbatch.sh.in").decode()
     assert templ == (REPO / "launcher/slurm/templates/sbatch.sh.in").read_text()
 
@@ -112,7 +115,7 @@ def test_sdist_holds_configs_as_real_files(dist_dir):
     assert all(m.isfile() for n, m in members.items() if n.startswith("launcher/configs/") and n.endswith(".yaml"))
     assert not [n for n, m in members.items() if m.issym() or m.islnk()]
     assert "launcher/slurm/templates/sbatch.sh.in" in members
-    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "tests/conftest.py", "scripts/test.sh", "configs/config.yaml"):
+    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "tests/conftest.py", "scripts/test.sh", "configs/config.yaml"):
         assert name in members, f"{name} missing from the sdist"
 
 
