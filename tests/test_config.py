@@ -318,8 +318,9 @@ def test_adamw_takes_the_fast_path_except_under_tp() -> None:
 
     assert adamw_path(ParallelKind.TP, "cuda") == {"foreach": False} == adamw_path(ParallelKind.TP, "cpu")
     assert adamw_path(ParallelKind.DDP, "cuda") == {"fused": True} == adamw_path(ParallelKind.FSDP, "cuda")
-    assert adamw_path(ParallelKind.DDP, "cpu") == {"fused": True}
-    assert adamw_path(ParallelKind.FSDP, "cpu") == {}
+    assert adamw_path(ParallelKind.DDP, "cpu") == {"fused": True} == adamw_path(ParallelKind.FSDP, "cpu")
+    assert adamw_path(ParallelKind.HSDP, "cpu") == {"fused": True}
+    assert adamw_path(ParallelKind.DDP, "mps") == {}
 
 
 def test_the_fused_cpu_adamw_trains_like_torchs_default() -> None:
