@@ -113,6 +113,20 @@ more, until per-collective overhead dominates."""
 _PROBED = False
 
 
+def padded(flat: torch.Tensor, g: int) -> torch.Tensor:
+    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy. The ops
+    are elementwise, so the pad never mixes with the data; the caller copies ``[:n]`` back."""
+    import torch
+
+    n = flat.numel()
+    shard_len = -(-n // g)
+    if shard_len * g == n:
+        return flat
+    full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
+    full[:n].copy_(flat)
+    return full
+
+
 def stream_ready() -> bool:
     """The backend has shown the async tensor forms of reduce-scatter / all-gather that
     pipelining needs (a first one-shot call probes them)."""
@@ -240,7 +254,6 @@ def hierarchical_all_reduce(
     chunk crosses nodes while the next is reduced inside the node (default None: about
     ``PIPELINE_DEPTH`` chunks of 256 KiB..2 MiB; 0 = one shot). Chunking never changes the result.
     """
-    import torch
     import torch.distributed as dist
 
     ctx = _context(context)
@@ -259,12 +272,8 @@ def hierarchical_all_reduce(
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
     n = flat.numel()
-    shard_len = -(-n // g) if n else 0
-    if shard_len * g == n:
-        full = flat
-    else:  # pad to a multiple of G; ops are elementwise, so the pad never mixes with data and is dropped
-        full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
-        full[:n].copy_(flat)
+    full = padded(flat, g)
+    shard_len = full.numel() // g
 
     if n:
         step = chunk_elems(chunk_bytes, full.element_size(), g, full.numel())

@@ -125,16 +125,10 @@ class BucketStream:
         g = self.context.local_world_size
         for b in buckets:
             flat = b.buffer.view(-1)
-            n = flat.numel()
-            if n == 0:
+            if flat.numel() == 0:
                 b.future.set_result(b.buffer)
                 continue
-            shard_len = -(-n // g)
-            if shard_len * g == n:
-                b.full = flat
-            else:  # pad: ops are elementwise, so the pad never mixes with data and is dropped
-                b.full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
-                b.full[:n].copy_(flat)
+            b.full = ar.padded(flat, g)
             step = ar.chunk_elems(self.chunk_bytes, b.full.element_size(), g, b.full.numel())
             bounds = [(s, min(s + step, b.full.numel())) for s in range(0, b.full.numel(), step)]
             b.pending = len(bounds)
@@ -203,7 +197,7 @@ class BucketStream:
             b.gathers.clear()
             assert b.full is not None
             flat = b.buffer.view(-1)
-            if b.full.data_ptr() != flat.data_ptr():
+            if b.full.data_ptr() != flat.data_ptr():  # padded: copy the data back
                 flat.copy_(b.full[: flat.numel()])
             b.full = None
             b.future.set_result(b.buffer)
