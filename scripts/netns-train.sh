@@ -98,13 +98,15 @@ mode_args() {
     hier-bf16-sync) echo "comm=hierarchical comm.compression=bf16 comm.overlap=false" ;;
   esac
 }
+# the same mode as ddp_phases.py options, read off the trainer overrides above
 phase_args() {
-  case $1 in
-    flat) echo "--comm flat" ;;
-    flat-bf16) echo "--comm flat --compression bf16" ;;
-    hier) echo "--comm hierarchical" ;;
-    hier-bf16) echo "--comm hierarchical --compression bf16" ;;
-  esac
+  local w
+  for w in $(mode_args "$1"); do
+    case $w in
+      comm=*) echo -n " --comm ${w#comm=}" ;;
+      comm.compression=*) echo -n " --compression ${w#comm.compression=}" ;;
+    esac
+  done
 }
 
 port=29700

@@ -1,0 +1,59 @@
+"""The DDP measuring scripts run: ddp_phases.py under numarun, netns-train.sh's input checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = re.compile(r"^PHASES (\S+) .*: F ([\d.]+) B ([\d.]+) O ([\d.]+) step ([\d.]+) s \| first_cross (\S+) s link (\S+) s "
+                    r"bytes ([\d.]+) MB per rank$", re.M)
+
+pytestmark = pytest.mark.slow
+
+
+def _phases(tmp_path: Path, *options: str) -> re.Match[str]:
+    r = subprocess.run([sys.executable, "-m", "numarun", "--nproc-per-node", "2", "--standalone", "--binding", "none",
+                        str(REPO / "scripts" / "ddp_phases.py"), "--d-model", "64", "--layers", "1", "--steps", "3", *options],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = PHASES.search(r.stdout)
+    assert found, r.stdout[-2000:]
+    return found
+
+
+def test_ddp_phases_times_the_hierarchical_stream(tmp_path: Path) -> None:
+    m = _phases(tmp_path, "--comm", "hierarchical", "--compression", "bf16", "--chunk-mb", "0.01")
+    assert m.group(1) == "hierarchical-bf16"
+    f, b, o, step = (float(m.group(i)) for i in range(2, 6))
+    # each step is at least each of its phases, so the medians are ordered the same way
+    assert min(f, b, o) > 0 and step >= max(f, b, o)
+    assert m.group(6) != "nan" and m.group(7) != "nan"  # the stream's chunks were seen
+    # one node: nothing crosses nodes, but each chunk goes through the step (bf16 bytes counted)
+    assert float(m.group(8)) > 0
+
+
+def test_ddp_phases_flat_has_no_stream(tmp_path: Path) -> None:
+    m = _phases(tmp_path, "--comm", "flat")
+    assert m.group(1) == "flat" and (m.group(6), m.group(7), m.group(8)) == ("nan", "nan", "0.00")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="netns-train.sh needs root and iproute2")
+@pytest.mark.parametrize(("env", "message"), [
+    ({"PHASES": "1", "MODES": "hier-bf16-sync"}, "bad mode 'hier-bf16-sync' with PHASES=1"),
+    ({"MODES": "hier-fp8"}, "bad mode 'hier-fp8' in MODES"),
+    ({"SHAPES": "4x2"}, "bad shape '4x2' in SHAPES"),
+])
+def test_netns_train_refuses_bad_knobs_before_making_namespaces(env: dict[str, str], message: str) -> None:
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    r = subprocess.run(["bash", str(REPO / "scripts" / "netns-train.sh")], env={**os.environ, **env},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
