@@ -55,16 +55,22 @@ def test_kill_minus_9_of_numarun_ends_every_worker(tmp_path: Path, procs: list) 
     assert _private_dirs(tmp_path) == []
 
 
-def test_usr1_is_forwarded_and_the_trainer_checkpoints_and_ends(tmp_path: Path, procs: list) -> None:
+def _signal_a_training_run(tmp_path: Path, procs: list, sig: signal.Signals) -> tuple[int, str, Path, list[int]]:
+    """Start a long trainer run with 2 ranks, send ``sig`` to numarun once two steps are logged;
+    returns (exit code, log, run dir, the worker pids)."""
     run_dir = tmp_path / "run"
     p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
                        f"hydra.run.dir={run_dir}"], tmp_path)
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
     workers = _workers(p)
-    p.send_signal(signal.SIGUSR1)
+    p.send_signal(sig)
     code = p.wait(timeout=TIMEOUT)
-    log = (tmp_path / "log").read_text()
+    return code, (tmp_path / "log").read_text(), run_dir, workers
+
+
+def test_usr1_is_forwarded_and_the_trainer_checkpoints_and_ends(tmp_path: Path, procs: list) -> None:
+    code, log, run_dir, workers = _signal_a_training_run(tmp_path, procs, signal.SIGUSR1)
     assert code == 0, log[-3000:]
     assert "got SIGUSR1: sending it to 2 worker(s)" in log
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -88,15 +94,7 @@ def test_usr2_to_a_script_without_a_handler_ends_its_workers(tmp_path: Path, pro
 
 
 def test_sigterm_to_the_trainer_is_a_clean_stop(tmp_path: Path, procs: list) -> None:
-    run_dir = tmp_path / "run"
-    p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
-                       f"hydra.run.dir={run_dir}"], tmp_path)
-    metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
-    workers = _workers(p)
-    p.send_signal(signal.SIGTERM)
-    code = p.wait(timeout=TIMEOUT)
-    log = (tmp_path / "log").read_text()
+    code, log, run_dir, workers = _signal_a_training_run(tmp_path, procs, signal.SIGTERM)
     assert code == 0, log[-3000:]
     assert "numarun: stopped by SIGTERM: every worker finished cleanly" in log and not _errors(log)
     assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "SIGTERM"
