@@ -6,6 +6,8 @@
 # (scripts/test-cluster.sh) and always tears it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The cluster's daemons, runuser, ip and tc live in sbin, which a minimal PATH can leave out.
+export PATH="$PATH:/usr/sbin:/sbin"
 bash scripts/setup.sh
 status=0
 if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUSTER:-}" != 1 ]; then

@@ -44,7 +44,8 @@ def test_ddp_phases_flat_has_no_stream(tmp_path: Path) -> None:
     assert m.group(1) == "flat" and (m.group(6), m.group(7), m.group(8)) == ("nan", "nan", "0.00")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="netns-train.sh needs root and iproute2")
+@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+                    reason="netns-train.sh needs root and iproute2 (ip, tc)")
 @pytest.mark.parametrize(("env", "message"), [
     ({"PHASES": "1", "MODES": "hier-bf16-sync"}, "bad mode 'hier-bf16-sync' with PHASES=1"),
     ({"MODES": "hier-fp8"}, "bad mode 'hier-fp8' in MODES"),
