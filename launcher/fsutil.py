@@ -9,15 +9,15 @@ from pathlib import Path
 from .errors import UsageError
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
     """Write ``text`` to a fresh temp file beside ``path`` and rename it over ``path``.
 
-    The temp file is created with O_EXCL|O_NOFOLLOW and mode 0666, so the result follows
+    The temp file is created with O_EXCL|O_NOFOLLOW and ``mode`` (0666), so the result follows
     the user's umask like any ``open()``; a rename replaces a symlink at ``path`` rather
     than writing through it. Raises ``OSError``; nothing is left behind on failure.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

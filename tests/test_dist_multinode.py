@@ -300,3 +300,27 @@ def test_bench_cli_two_nodes(tmp_path: Path) -> None:
     assert rep["rank0_cpus"] and all(isinstance(c, int) for c in rep["rank0_cpus"])
     for c in rep["comparisons"]:
         assert c["hierarchical_link_bound_s"] == pytest.approx(c["size_bytes"] * 8 / 100e6)
+
+
+_ON_CPU = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
+
+
+def test_nodes_sharing_a_run_dir_bind_by_their_own_plans(tmp_path: Path) -> None:
+    """Two nodes of a trainer job write one run dir (a shared filesystem): each node's ranks
+    get the CPUs of their own node's plan, and the run dir keeps both plans."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one per node")
+    port = _free_port()
+    run = tmp_path / "run"
+    base = ["-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--binding", "none", "-m", "numarun.train", "parallel=ddp",
+            "trainer.steps=1", "trainer.batch_size=2", "trainer.progress=false", f"hydra.run.dir={run}"]
+    cmds = [[sys.executable, "-c", _ON_CPU, str(cpus[i]), *base[:1], *base[1:2], "--node-rank", str(i), *base[2:]]
+            for i in range(2)]
+    results = _run_nodes(cmds, tmp_path)
+    for i, r in enumerate(results):
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert f": gpu - cpus {cpus[i]} " in r.stdout, r.stdout[-4000:]  # the rank's binding line, read back
+        plan = json.loads((run / f"numarun_plan.node{i}.json").read_text())
+        assert [rank["cpus"] for rank in plan["ranks"]] == [[cpus[i]]]

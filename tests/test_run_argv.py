@@ -111,9 +111,36 @@ def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
     path = write_plan_file(plan)
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     assert LaunchPlan.from_json(path.read_text()) == plan
-    kept = write_plan_file(plan, tmp_path)
-    assert kept == tmp_path / "numarun_plan.json" and kept.stat().st_mode & 0o777 == 0o600
-    assert write_plan_file(plan, tmp_path) == kept  # a second job in the same dir
+    used = write_plan_file(plan, tmp_path)
+    assert used.parent == path.parent  # the workers' copy stays private, also with a run dir
+    kept = tmp_path / "numarun_plan.json"  # the record of the job
+    assert kept.stat().st_mode & 0o777 == 0o600 and LaunchPlan.from_json(kept.read_text()) == plan
+    assert write_plan_file(plan, tmp_path) == used and kept.exists()  # a second job in the same dir
+
+
+@pytest.mark.slow
+def test_nodes_sharing_a_run_dir_keep_their_own_plans(tmp_path: Path) -> None:
+    """On a shared filesystem every node of a job writes into one run dir: a node's workers
+    must read that node's plan, never the plan of the node that wrote last."""
+    from numarun.launch.torchrun import write_plan_file
+
+    plans = [_plan({"OMP_NUM_THREADS": str(n)}) for n in (1, 2)]
+    used = [write_plan_file(p, tmp_path, node=f"node{i}") for i, p in enumerate(plans)]
+    assert LaunchPlan.from_json(used[0].read_text()) == plans[1]  # one numarun: one private file
+    for i, p in enumerate(plans):
+        assert LaunchPlan.from_json((tmp_path / f"numarun_plan.node{i}.json").read_text()) == p
+    assert not (tmp_path / "numarun_plan.json").exists()
+
+
+def test_node_label_names_a_node_only_on_a_multi_node_job() -> None:
+    from numarun.launch.torchrun import node_label
+
+    assert node_label({"nnodes": "1", "node_rank": 0}) is None
+    assert node_label({"nnodes": "1:1"}) is None
+    assert node_label({"nnodes": "2", "node_rank": 1, "rdzv_backend": "static"}) == "node1"
+    assert node_label({"nnodes": "2", "node_rank": 0}) == "node0"
+    elastic = node_label({"nnodes": "1:4", "node_rank": 0, "rdzv_backend": "c10d"})
+    assert elastic is not None and elastic.endswith(f".{os.getpid()}")
 
 
 @pytest.mark.slow

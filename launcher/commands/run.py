@@ -39,6 +39,7 @@ from ..launch.torchrun import (
     add_run_options,
     build_torchrun_argv,
     command_line,
+    node_label,
     run_torchrun,
     target_from_args,
     torchrun_parser,
@@ -280,7 +281,7 @@ def _run(
         sys.stdout.write(command_line(env, argv) + "\n")
         return 0
     if not plan_path:
-        plan_path = str(write_plan_file(plan, run_dir))
+        plan_path = str(write_plan_file(plan, run_dir, node=node_label(vars(args))))
     env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env, **_watch_env(args)}
     log.info("running: %s", command_line(env, argv))
     run_torchrun(argv, env)

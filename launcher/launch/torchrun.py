@@ -22,6 +22,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -453,22 +454,39 @@ def state_dir() -> Path:
     return Path(_state["dir"])
 
 
-def write_plan_file(plan: LaunchPlan, run_dir: os.PathLike[str] | str | None = None) -> Path:
-    """The plan as a file (mode 0600) for the workers.
+def write_plan_file(plan: LaunchPlan, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
+    """The plan as a file (mode 0600) for this node's workers; returns its path.
 
-    In ``run_dir`` when the job has one (kept there as the record of how it ran), else in
-    numarun's private directory (0700, :func:`state_dir`), removed when numarun exits.
+    Always in numarun's private directory (0700, :func:`state_dir`, removed when numarun
+    exits): a run dir is shared by every node of a job on a shared filesystem, and a plan
+    there would be read by the workers of whichever node wrote it last. With ``run_dir``
+    a copy is kept there as the record of how the job ran: ``numarun_plan.json``, or
+    ``numarun_plan.<node>.json`` on a job of several nodes.
     """
-    if run_dir is not None:
-        path = Path(run_dir) / "numarun_plan.json"
-        path.unlink(missing_ok=True)  # a restarted job: write it afresh with our mode
-    else:
-        path = state_dir() / "plan.json"
-        path.unlink(missing_ok=True)  # the next job of a sweep
+    from ..fsutil import write_atomic
+
+    text = plan.to_json()
+    path = state_dir() / "plan.json"
+    path.unlink(missing_ok=True)  # the next job of a sweep
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(plan.to_json())
+        f.write(text)
+    if run_dir is not None:
+        record = Path(run_dir) / ("numarun_plan.json" if node is None else f"numarun_plan.{node}.json")
+        write_atomic(record, text, mode=0o600)
     return path
+
+
+def node_label(options: Mapping[str, Any]) -> str | None:
+    """This node's name in a multi-node job's run dir (None for one node): ``node<rank>``
+    under a static rendezvous, where the rank is fixed; else host and pid (ranks are
+    assigned only at rendezvous)."""
+    nnodes = str(options.get("nnodes") or "1")
+    if nnodes in ("1", "1:1"):
+        return None
+    if options.get("rdzv_backend", "static") == "static" and options.get("node_rank") is not None:
+        return f"node{options['node_rank']}"
+    return f"{socket.gethostname()}.{os.getpid()}"
 
 
 def options_endpoint(argv: Sequence[str]) -> str:
