@@ -102,6 +102,11 @@ def _all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any) -> None:
     dist.all_gather(parts, shard.contiguous(), group=group)
 
 
+HIERARCHICAL_BUCKET_MB = 2.0
+"""DDP's ``bucket_cap_mb`` the trainer uses with the hierarchical hook unless told: the
+stream pipelines across buckets, so small buckets cost little and let the link start early
+in backward instead of waiting for one big bucket at its end."""
+
 MAX_CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_BYTES = 256 * 2**10
 PIPELINE_DEPTH = 16
@@ -144,6 +149,20 @@ def chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> 
     return max(g, (b // elem_size) // g * g)
 
 
+def chunk_bounds(numel: int, step: int, g: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ceil(numel / step) chunks of near-equal length, each a multiple of
+    ``g`` (``numel`` is one): no short tail chunk paying a collective's fixed cost on its own."""
+    n = max(1, -(-numel // step))
+    base, extra = divmod(numel // g, n)
+    bounds, s = [], 0
+    for i in range(n):
+        e = s + (base + (i < extra)) * g
+        if e > s:
+            bounds.append((s, e))
+        s = e
+    return bounds
+
+
 def _one_shot(full: torch.Tensor, shard_len: int, op: Any, ctx: DistContext, inter_dtype: torch.dtype | None,
               divisor: int | None = None) -> None:
     """Reduce-scatter, inter-node all-reduce, all-gather of the whole (padded) tensor.
@@ -182,8 +201,7 @@ def _pipelined(full: torch.Tensor, step: int, op: Any, ctx: DistContext, inter_d
     import torch.distributed as dist
 
     g = ctx.local_world_size
-    total = full.numel()
-    bounds = [(s, min(s + step, total)) for s in range(0, total, step)]
+    bounds = chunk_bounds(full.numel(), step, g)
     k = len(bounds)
     chunks = [full[s:e] for s, e in bounds]
     if g > 1:
@@ -298,7 +316,8 @@ class HookState:
     overlap: bool = True
     """Reduce buckets on a communication thread while backward continues (False: in the hook)."""
     chunk_bytes: int | None = None
-    """Pipelining chunk of each bucket (None: :func:`default_chunk_bytes` of the bucket; 0: one shot)."""
+    """Pipelining chunk of each bucket (None: the stream's 1 MiB, or :func:`default_chunk_bytes`
+    of the bucket without ``overlap``; 0: one shot)."""
     stream: BucketStream | None = field(default=None, repr=False)
     """With ``overlap``: the pipeline all of a backward pass's buckets go through."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -129,8 +130,9 @@ class BucketStream:
                 b.future.set_result(b.buffer)
                 continue
             b.full = ar.padded(flat, g)
-            step = ar.chunk_elems(self.chunk_bytes, b.full.element_size(), g, b.full.numel())
-            bounds = [(s, min(s + step, b.full.numel())) for s in range(0, b.full.numel(), step)]
+            chunk = STREAM_CHUNK_BYTES if self.chunk_bytes is None else self.chunk_bytes
+            step = ar.chunk_elems(chunk, b.full.element_size(), g, b.full.numel())
+            bounds = ar.chunk_bounds(b.full.numel(), step, g)
             b.pending = len(bounds)
             for s, e in bounds:
                 data = b.full[s:e]
@@ -138,26 +140,40 @@ class BucketStream:
                 yield _Chunk(b, data, shard)
 
     def _pipeline(self, chunks: Iterator[_Chunk]) -> None:
-        """RS(c0); then per chunk c: cross(c), gather(c-1), RS(c+1). Per group the order is
-        fixed by the chunk sequence alone: intra RS(c0), AG(c0-1)... ; inter cross(c) in order."""
-        c = next(chunks, None)
-        if c is None:
-            return
-        rs = self._reduce_scatter(c)
-        prev: _Chunk | None = None
-        crossing_prev: Any = None
-        while c is not None:
+        """Per chunk c, in this order: cross(c) once RS(c) is done; RS of the chunks up to
+        c + PREFETCH; gather(c - CROSSING + 1) once its crossing is done. So PREFETCH chunks are
+        reduce-scattered ahead of the link and CROSSING chunks are on it at once, and the order
+        per group follows from the chunk sequence alone. Taking the next chunk may wait for
+        the next bucket; the chunks already crossing keep the link busy meanwhile."""
+        ahead: deque[tuple[_Chunk, Any]] = deque()  # reduce-scattered (or being), not yet crossing
+        crossing: deque[tuple[_Chunk, Any]] = deque()
+        done: list[_Bucket] = []  # all chunks gathered; waiting for their all-gathers to finish
+
+        def fill() -> None:
+            while len(ahead) < PREFETCH:
+                c = next(chunks, None)
+                if c is None:
+                    return
+                ahead.append((c, self._reduce_scatter(c)))
+
+        fill()
+        while ahead:
+            c, rs = ahead.popleft()
             _wait(rs)
-            crossing = self._cross(c)
-            if prev is not None:
-                _wait(crossing_prev)
-                self._gather(prev)
-            nxt = next(chunks, None)  # may wait for the next bucket; c is crossing meanwhile
-            rs = self._reduce_scatter(nxt) if nxt is not None else None
-            prev, crossing_prev, c = c, crossing, nxt
-        if prev is not None:
-            _wait(crossing_prev)
-            self._gather(prev)
+            crossing.append((c, self._cross(c)))
+            fill()
+            while len(crossing) >= CROSSING:
+                self._land(*crossing.popleft(), done)
+            _finish(done, block=False)
+        while crossing:
+            self._land(*crossing.popleft(), done)
+        _finish(done, block=True)
+
+    def _land(self, c: _Chunk, cross: Any, done: list[_Bucket]) -> None:
+        _wait(cross)
+        self._gather(c)
+        if c.bucket.pending == 0:
+            done.append(c.bucket)
 
     # -------------------------------------------------------------------------- the three steps
 
@@ -191,16 +207,39 @@ class BucketStream:
         if self.context.local_world_size > 1:
             b.gathers.append(ar.ag_single(c.data, c.shard, group=self.context.intra_group, async_op=True))
         b.pending -= 1
-        if b.pending == 0:
-            for w in b.gathers:
-                _wait(w)
-            b.gathers.clear()
-            assert b.full is not None
-            flat = b.buffer.view(-1)
-            if b.full.data_ptr() != flat.data_ptr():  # padded: copy the data back
-                flat.copy_(b.full[: flat.numel()])
-            b.full = None
-            b.future.set_result(b.buffer)
+
+
+STREAM_CHUNK_BYTES = 2**20
+"""Default chunk: the same for every bucket, so small buckets (which start the link early
+in backward) are not cut into chunks too small to keep the link busy between collectives."""
+PREFETCH = 2
+"""Chunks reduce-scattered ahead of the one about to cross: the link need not wait for the
+in-node step of the next chunk, which shares the CPU with backward."""
+CROSSING = 2
+"""Chunks on the inter-node link at once: one starts while the other finishes."""
+
+
+def _finish(done: list[_Bucket], *, block: bool) -> None:
+    """Complete the futures of buckets whose all-gathers have finished (all of them with
+    ``block``), first bucket first, so DDP sees buckets complete in order."""
+    while done:
+        b = done[0]
+        if not block and not all(_completed(w) for w in b.gathers):
+            return
+        for w in b.gathers:
+            _wait(w)
+        b.gathers.clear()
+        assert b.full is not None
+        flat = b.buffer.view(-1)
+        if b.full.data_ptr() != flat.data_ptr():  # padded: copy the data back
+            flat.copy_(b.full[: flat.numel()])
+        b.full = None
+        done.pop(0)
+        b.future.set_result(b.buffer)
+
+
+def _completed(work: Any) -> bool:
+    return work is None or bool(work.is_completed())
 
 
 def _wait(work: Any) -> None:

@@ -180,10 +180,9 @@ class CommConfig:
     overlap: bool = True
     """Hierarchical DDP: reduce each bucket while backward goes on (false: inside the hook)."""
     bucket_mb: Optional[float] = None
-    """DDP's bucket_cap_mb (None: DDP's default, 25)."""
+    """DDP's bucket_cap_mb (None: DDP's default, 25, with flat; 2 with hierarchical)."""
     chunk_mb: Optional[float] = None
-    """Hierarchical: pipelining chunk of each bucket's reduction in MiB (None: about 16 chunks
-    of 0.25-2 MiB; 0: one shot)."""
+    """Hierarchical: pipelining chunk of the buckets' reduction in MiB (None: 1; 0: one shot per bucket)."""
 
 
 @dataclass

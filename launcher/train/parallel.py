@@ -75,7 +75,12 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
     if kind is ParallelKind.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        bucket = {"bucket_cap_mb": comm_cfg.bucket_mb} if getattr(comm_cfg, "bucket_mb", None) is not None else {}
+        from ..comm.allreduce import HIERARCHICAL_BUCKET_MB
+
+        bucket_mb = getattr(comm_cfg, "bucket_mb", None)
+        if bucket_mb is None and comm_cfg.allreduce != CommMode.FLAT.value:
+            bucket_mb = HIERARCHICAL_BUCKET_MB
+        bucket = {"bucket_cap_mb": bucket_mb} if bucket_mb is not None else {}
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
         if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
             from ..comm.allreduce import apply_comm
