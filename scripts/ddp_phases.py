@@ -3,7 +3,8 @@
 Run under numarun (or torchrun) on every node, e.g. by ``PHASES=1 sudo scripts/netns-train.sh``.
 Builds the reference trainer's GPT (``--d-model 256 --layers 4`` by default, seq 32, vocab
 256), wraps it in DDP with the chosen reduction, and times each step's phases after a barrier;
-prints rank 0's medians over the steps after the first, one line starting ``PHASES``:
+prints rank 0's medians over the steps after the first, one line starting ``PHASES`` (and
+one starting ``CPUS``: every rank's CPU affinity, ``rank:cpu,cpu``):
 
 * F: forward and loss; B: ``loss.backward()``, which returns when every bucket is reduced;
   O: gradient clipping (1.0), AdamW step (the trainer's implementation) and the mean-loss
@@ -19,6 +20,7 @@ prints rank 0's medians over the steps after the first, one line starting ``PHAS
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -29,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import numarun
 from numarun.comm import stream as stream_mod
-from numarun.comm.allreduce import apply_comm
+from numarun.comm.allreduce import HIERARCHICAL_BUCKET_MB, apply_comm
 from numarun.config.schema import ParallelKind
 from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
@@ -56,9 +58,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--comm", choices=["flat", "hierarchical"], default="hierarchical")
     p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none")
-    p.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's)")
+    p.add_argument("--bucket-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb (default: the trainer's, DDP's 25 for flat, 2 for hierarchical)")
     p.add_argument("--bucket-list", default=None, metavar="MB,MB,...",
                    help="DDP's bucket_cap_mb_list: a size per bucket, the first bucket first (torch >= 2.13)")
+    p.add_argument("--bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--chunk-mb", type=float, default=None, help="pipelining chunk (default: numarun's)")
     p.add_argument("--batch-per-rank", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
@@ -69,10 +73,12 @@ def main() -> None:
     ctx = numarun.init()
     torch.manual_seed(0)
     model = Gpt(vocab_size=256, seq_len=32, d_model=args.d_model, n_heads=4, n_layers=args.layers, dropout=0.0)
+    if args.bucket_mb is None and args.comm == "hierarchical" and not args.bucket_list:
+        args.bucket_mb = HIERARCHICAL_BUCKET_MB  # as the trainer
     buckets: dict[str, Any] = {} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}
     if args.bucket_list:
         buckets["bucket_cap_mb_list"] = [float(v) for v in args.bucket_list.split(",")]
-    ddp = DDP(model, **buckets)
+    ddp = DDP(model, gradient_as_bucket_view=args.bucket_view, **buckets)
     compression = None if args.compression == "none" else args.compression
     if args.comm != "flat" or compression:
         chunk = None if args.chunk_mb is None else int(args.chunk_mb * 2**20)
@@ -104,7 +110,10 @@ def main() -> None:
         link = gathers[-1][1] - crosses[0][1] if crosses and gathers else float("nan")
         first = crosses[0][1] - t1 if crosses else float("nan")
         rows.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0, first, link, sum(e[2] for e in crosses)))
+    cpus: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(cpus, sorted(os.sched_getaffinity(0)))
     if ctx.rank == 0:
+        print("CPUS " + " ".join(f"{r}:{','.join(map(str, c))}" for r, c in enumerate(cpus)), flush=True)
         med = [statistics.median(r[i] for r in rows[1:]) for i in range(7)]
         label = (f"{args.comm}{'-' + compression if compression else ''} bucket_mb={args.bucket_mb}"
                  f"{' bucket_list=' + args.bucket_list if args.bucket_list else ''} chunk_mb={args.chunk_mb}")

@@ -13,10 +13,14 @@
 #              (also hier-bf16-sync: the hook without overlap), ROUNDS=3, STEPS=8,
 #              BATCH_PER_RANK=4 (global batch = ranks x this), RATE=200mbit, MODEL="model=gpt model.d_model=256 model.n_layers=4",
 #              EXTRA="" (more trainer overrides, e.g. comm.bucket_mb=4), OUT=/tmp/netns-train
+#              (OUT/<shape> is replaced by each run)
 #              PHASES=1: run scripts/ddp_phases.py instead of the trainer and print where each
 #              step's time goes (forward, backward, optimizer, link busy); PHASES_ARGS="" passes
 #              more of its options (e.g. --bucket-mb 4 --chunk-mb 1)
-# Ranks run unbound (--binding none): all "nodes" share this host's CPUs.
+#              NODE_CPUS=split: each node's ranks run on CPUs of their own (host CPUs // N each, as
+#              separate machines would; all share when there are fewer CPUs than nodes);
+#              NODE_CPUS=shared: every node on all of the host's CPUs
+# Ranks run unbound inside their node's CPUs (--binding none).
 # Output: per run, the median tokens/s after the first step (metrics.jsonl); then, per
 # shape, each mode's median over the rounds and its ratio to flat.
 set -euo pipefail
@@ -36,6 +40,7 @@ OUT=${OUT:-/tmp/netns-train}
 NUMARUN=${NUMARUN:-$HERE/.venv/bin/numarun}
 PYTHON=${PYTHON:-$HERE/.venv/bin/python}
 TIMEOUT=${TIMEOUT:-600}
+NODE_CPUS=${NODE_CPUS:-split}
 SW=tune-sw
 MAXN=3
 
@@ -44,6 +49,9 @@ command -v ip >/dev/null && command -v tc >/dev/null || { echo "netns-train: nee
 for s in $SHAPES; do
   [[ $s =~ ^[23]x[1-9]$ ]] || { echo "netns-train: bad shape '$s' in SHAPES: expected NxG with N 2 or 3, e.g. 2x2" >&2; exit 2; }
 done
+case $NODE_CPUS in split|shared) ;;
+  *) echo "netns-train: bad NODE_CPUS '$NODE_CPUS': expected split or shared" >&2; exit 2;;
+esac
 for m in $MODES; do
   case $m in flat|hier|hier-bf16|hier-bf16-sync|flat-bf16) ;;
     *) echo "netns-train: bad mode '$m' in MODES: expected flat, flat-bf16, hier, hier-bf16 or hier-bf16-sync" >&2; exit 2;;
@@ -109,9 +117,19 @@ phase_args() {
   done
 }
 
+# the CPUs this script may use, and those node $1 of $2 runs on (a taskset list)
+read -r -a CPUS <<<"$("$PYTHON" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+node_cpus() {
+  local k=$((${#CPUS[@]} / $2))
+  local IFS=,
+  if [ "$NODE_CPUS" = shared ] || [ "$k" -lt 1 ]; then echo "${CPUS[*]}"; else echo "${CPUS[*]:$(($1 * k)):$k}"; fi
+}
+
 port=29700
 for shape in $SHAPES; do
   N=${shape%x*}; G=${shape#*x}
+  rm -rf "${OUT:?}/$shape"  # this run's rounds only in the summary below
+  echo "$shape: node CPUs $(for i in $(seq 0 $((N - 1))); do echo -n "n$i=$(node_cpus "$i" "$N") "; done)"
   read -r -a modes <<<"$MODES"
   k=${#modes[@]}
   for r in $(seq 0 $((ROUNDS - 1))); do
@@ -131,17 +149,18 @@ for shape in $SHAPES; do
       fi
       node_pids=()
       for i in $(seq 1 $((N - 1))); do
-        in_ns "tune-n$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
+        in_ns "tune-n$i" env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 taskset -c "$(node_cpus "$i" "$N")" timeout "$TIMEOUT" \
           "$NUMARUN" --node-rank "$i" "${common[@]}" >"$OUT/$shape.$mode.r$r.node$i.log" 2>&1 &
         PIDS+=($!); node_pids+=($!)
       done
       rc=0
-      in_ns tune-n0 env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
+      in_ns tune-n0 env GLOO_SOCKET_IFNAME=eth0 OMP_NUM_THREADS=1 taskset -c "$(node_cpus 0 "$N")" timeout "$TIMEOUT" \
         "$NUMARUN" --node-rank 0 "${common[@]}" >"$OUT/$shape.$mode.r$r.node0.log" 2>&1 || rc=$?
       for p in "${node_pids[@]}"; do wait "$p" || rc=$?; done
       [ "$rc" = 0 ] || { echo "netns-train: $shape $mode failed (rc $rc); logs in $OUT" >&2; tail -n 20 "$OUT/$shape.$mode.r$r".node*.log >&2; exit 1; }
       if [ -n "$PHASES" ]; then
         echo "$shape round $r $(grep -h '^PHASES' "$OUT/$shape.$mode.r$r".node*.log)"
+        echo "$shape round $r $(grep -h '^CPUS' "$OUT/$shape.$mode.r$r".node*.log)"
         continue
       fi
       "$PYTHON" -c 'import sys; from numarun.tune.measure import from_metrics; m = from_metrics(open(sys.argv[1]).read()); print(f"{sys.argv[2]} round {sys.argv[3]} {sys.argv[4]:15s} {m.throughput:8.0f} {m.unit}")' \

@@ -44,12 +44,16 @@ def test_ddp_phases_flat_has_no_stream(tmp_path: Path) -> None:
     assert m.group(1) == "flat" and (m.group(6), m.group(7), m.group(8)) == ("nan", "nan", "0.00")
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                    reason="netns-train.sh needs root and iproute2 (ip, tc)")
+NETNS = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
+                           reason="netns-train.sh needs root and iproute2 (ip, tc)")
+
+
+@NETNS
 @pytest.mark.parametrize(("env", "message"), [
     ({"PHASES": "1", "MODES": "hier-bf16-sync"}, "bad mode 'hier-bf16-sync' with PHASES=1"),
     ({"MODES": "hier-fp8"}, "bad mode 'hier-fp8' in MODES"),
     ({"SHAPES": "4x2"}, "bad shape '4x2' in SHAPES"),
+    ({"NODE_CPUS": "half"}, "bad NODE_CPUS 'half'"),
 ])
 def test_netns_train_refuses_bad_knobs_before_making_namespaces(env: dict[str, str], message: str) -> None:
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -58,3 +62,24 @@ def test_netns_train_refuses_bad_knobs_before_making_namespaces(env: dict[str, s
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+
+
+@NETNS
+def test_netns_train_gives_each_node_its_own_cpus(tmp_path: Path) -> None:
+    """Two namespace nodes, one tiny PHASES run: node 0's ranks on the first half of the
+    host's CPUs, node 1's on the second (all of them with NODE_CPUS=shared)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs: one per node")
+    half = len(cpus) // 2
+    for mode, node0, node1 in (("split", cpus[:half], cpus[half:2 * half]), ("shared", cpus, cpus)):
+        env = {**os.environ, "PHASES": "1", "SHAPES": "2x2", "MODES": "hier-bf16", "ROUNDS": "1", "STEPS": "2",
+               "PHASES_ARGS": "--d-model 64 --layers 1", "NODE_CPUS": mode, "OUT": str(tmp_path / mode)}
+        r = subprocess.run(["bash", str(REPO / "scripts" / "netns-train.sh")], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert PHASES.search(r.stdout.replace("2x2 round 0 ", "")), r.stdout
+        line = next(ln for ln in r.stdout.splitlines() if " CPUS " in ln)
+        got = dict(item.split(":") for item in line.split(" CPUS ")[1].split())
+        want = [node0, node0, node1, node1]  # ranks 0, 1 on node 0; 2, 3 on node 1
+        assert got == {str(i): ",".join(map(str, c)) for i, c in enumerate(want)}, line
