@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,16 @@ _stop_signal: int | None = None
 def _on_signal(signum: int, frame: Any) -> None:
     global _stop_signal
     _stop_signal = signum
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every rank learns of all ranks after a step."""
+
+    stop: int
+    """The signal a rank received (0: none): every rank stops after this step."""
+    peaks: list[float]
+    watched: dict[str, list[Any]]
 
 
 def install_signal_handlers() -> None:
@@ -281,12 +292,11 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 losses.append(loss)
                 rates.append(batch_size / dt)
-                stop = torch.tensor([_stop_signal or 0], device=self.ctx.device)
-                dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # all ranks stop after the same step
-                if step % t.log_interval == 0 or step == t.steps or stop.item():
-                    self._log(metrics, progress, step, loss, batch_size, dt)
-                if stop.item():
-                    stopped_by = signal.Signals(int(stop.item())).name
+                shared = self._exchange()  # one collective a step: every rank's stop signal and figures
+                if step % t.log_interval == 0 or step == t.steps or shared.stop:
+                    self._log(metrics, progress, step, loss, batch_size, dt, shared)
+                if shared.stop:
+                    stopped_by = signal.Signals(shared.stop).name  # all ranks stop after the same step
                     break
                 if t.checkpoint_interval and step % t.checkpoint_interval == 0 and step != t.steps:
                     self._save(step)
@@ -298,8 +308,7 @@ class Trainer:
                 metrics.close()
         if step != last_saved and step > start_step:
             self._save(step)
-        peaks = self._gather_peaks()
-        watched = self._gather_watch()
+        shared = self._exchange()
         if self.rank == 0:
             summary = {
                 "steps_done": step,
@@ -315,12 +324,12 @@ class Trainer:
                 "tokens_per_s_mean": (sum(rates) / len(rates) * self.tokens_per_sample)
                 if rates and self.tokens_per_sample
                 else None,
-                "peak_mem_mb_per_rank": peaks,
+                "peak_mem_mb_per_rank": shared.peaks,
                 "wall_s": time.perf_counter() - t_run,
                 "stopped_by": stopped_by,
                 "resumed_from": resumed_from,
                 "checkpoint": str(checkpoint.step_dir(self.ckpt_dir, step)) if step > start_step else None,
-                **watched,
+                **shared.watched,
             }
             write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
             print(f"done: {step} steps, final loss {summary['final_loss']}, run dir {self.run_dir}", flush=True)
@@ -331,29 +340,27 @@ class Trainer:
                 "model": checkpoint.model_config(self.cfg.model)}
         checkpoint.save(self.ckpt_dir, step, self.model, self.optimizer, meta=meta, rank=self.rank)
 
-    def _gather_peaks(self) -> list[float]:
-        mine = torch.tensor([peak_memory_mb(self.ctx.device)], dtype=torch.float64, device=self.ctx.device)
-        out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
-        dist.all_gather(out, mine)
-        return [round(float(v), 1) for v in out]
-
-    def _gather_watch(self) -> dict[str, list[Any]]:
-        """The binding watcher's figures of every rank ({} when the watcher is off)."""
+    def _exchange(self) -> _Shared:
+        """All ranks' stop signal, peak memory and binding-watcher figures, in one all-gather."""
         from ..launch import watch
 
-        mine = watch.figures()
-        if not mine:
-            return {}
-        share = mine.get("remote_memory_share")
-        t = torch.tensor(
-            [-1.0 if share is None else share, float(mine["threads_repaired"])], dtype=torch.float64, device=self.ctx.device
+        figures = watch.figures()
+        share = figures.get("remote_memory_share")
+        mine = torch.tensor(
+            [float(_stop_signal or 0), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
+             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0],
+            dtype=torch.float64, device=self.ctx.device,
         )
-        out = [torch.zeros_like(t) for _ in range(self.ctx.world_size)]
-        dist.all_gather(out, t)
-        return {
-            "remote_memory_share": [None if float(v[0]) < 0 else round(float(v[0]), 4) for v in out],
-            "threads_repaired": [int(v[1]) for v in out],
-        }
+        out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
+        dist.all_gather(out, mine)
+        rows = [[float(v) for v in t.tolist()] for t in out]
+        watched: dict[str, list[Any]] = {}
+        if all(r[4] for r in rows):  # {} when the watcher is off
+            watched = {
+                "remote_memory_share": [None if r[2] < 0 else round(r[2], 4) for r in rows],
+                "threads_repaired": [int(r[3]) for r in rows],
+            }
+        return _Shared(stop=int(max(r[0] for r in rows)), peaks=[round(r[1], 1) for r in rows], watched=watched)
 
     def _progress(self, total: int, done: int) -> Any:
         if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
@@ -368,9 +375,9 @@ class Trainer:
         self._task = progress.add_task("train", total=total, completed=done, info="")
         return progress
 
-    def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float) -> None:
-        peaks = self._gather_peaks()
-        watched = self._gather_watch()
+    def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float,
+             shared: _Shared) -> None:
+        peaks = shared.peaks
         if self.rank != 0:
             return
         row: dict[str, Any] = {
@@ -380,7 +387,7 @@ class Trainer:
             "samples_per_s": batch_size / dt,
             "step_time_s": dt,
             "peak_mem_mb": peaks,
-            **watched,
+            **shared.watched,
         }
         if self.tokens_per_sample:
             row["tokens_per_s"] = batch_size * self.tokens_per_sample / dt
