@@ -157,3 +157,52 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
             assert written == []  # neither .hydra/ nor multirun.yaml
         else:
             assert "multirun.yaml" in written and "1/.hydra/hydra.yaml" in written
+
+
+RUN_DIR_APP = '''
+import os
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+
+@hydra.main(version_base=None, config_path=None)
+def main(cfg):
+    print("RUNDIR", os.environ["RANK"], HydraConfig.get().runtime.output_dir, flush=True)
+
+
+main()
+'''
+
+
+def test_nodes_started_seconds_apart_share_one_run_dir(tmp_path: Path) -> None:
+    """Two launchers, the second started after the first's clock has moved to another second,
+    no clock handed to them: the ranks agree through the job's store on one run dir."""
+    import socket
+    import time
+
+    app = tmp_path / "app.py"
+    app.write_text(RUN_DIR_APP)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = [sys.executable, "-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--binding", "none"]
+    env = {**_env(), "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [subprocess.Popen([*base, "--node-rank", "0", str(app)], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+    time.sleep(1.5)  # node 1's launcher fixes its clock in a later second than node 0's
+    procs.append(subprocess.Popen([*base, "--node-rank", "1", str(app)], cwd=tmp_path, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+        outs.append(out)
+    dirs = {}
+    for out in outs:
+        for line in out.splitlines():
+            if line.startswith("RUNDIR "):
+                _, rank, path = line.split(" ", 2)
+                dirs[rank] = path
+    assert sorted(dirs) == ["0", "1"] and dirs["0"] == dirs["1"], outs
+    assert run_dirs(tmp_path / "outputs") == {Path(dirs["0"])}  # .hydra/ written once, by rank 0
