@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import numarun
 from numarun.comm import stream as stream_mod
-from numarun.comm.allreduce import HIERARCHICAL_BUCKET_MB, apply_comm
+from numarun.comm.allreduce import apply_comm, ddp_bucket_mb
 from numarun.config.schema import ParallelKind
 from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
@@ -73,8 +73,8 @@ def main() -> None:
     ctx = numarun.init()
     torch.manual_seed(0)
     model = Gpt(vocab_size=256, seq_len=32, d_model=args.d_model, n_heads=4, n_layers=args.layers, dropout=0.0)
-    if args.bucket_mb is None and args.comm == "hierarchical" and not args.bucket_list:
-        args.bucket_mb = HIERARCHICAL_BUCKET_MB  # as the trainer
+    if not args.bucket_list:
+        args.bucket_mb = ddp_bucket_mb(args.bucket_mb, args.comm)  # as the trainer
     buckets: dict[str, Any] = {} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}
     if args.bucket_list:
         buckets["bucket_cap_mb_list"] = [float(v) for v in args.bucket_list.split(",")]

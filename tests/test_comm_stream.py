@@ -167,3 +167,9 @@ def test_chunk_bounds_are_near_equal_multiples_of_the_ranks_per_node() -> None:
         assert b[0][0] == 0 and b[-1][1] == n and all(e == s2 for (_, e), (s2, _) in zip(b, b[1:]))
         lens = [e - s for s, e in b]
         assert all(ln % g == 0 for ln in lens) and max(lens) - min(lens) <= g
+
+
+def test_ddp_buckets_default_small_for_the_hierarchical_hook_only() -> None:
+    assert allreduce.ddp_bucket_mb(None, "hierarchical") == allreduce.HIERARCHICAL_BUCKET_MB == 2.0
+    assert allreduce.ddp_bucket_mb(None, "flat") is None  # DDP's own default
+    assert allreduce.ddp_bucket_mb(8.0, "hierarchical") == 8.0 and allreduce.ddp_bucket_mb(3.0, "flat") == 3.0

@@ -107,6 +107,14 @@ HIERARCHICAL_BUCKET_MB = 2.0
 stream pipelines across buckets, so small buckets cost little and let the link start early
 in backward instead of waiting for one big bucket at its end."""
 
+
+def ddp_bucket_mb(bucket_mb: float | None, mode: str | CommMode) -> float | None:
+    """DDP's ``bucket_cap_mb`` for ``comm.bucket_mb`` under ``mode``: the value given, else
+    :data:`HIERARCHICAL_BUCKET_MB` for the hierarchical hook, else None (DDP's default)."""
+    if bucket_mb is None and parse_comm_mode(mode) is not CommMode.FLAT:
+        return HIERARCHICAL_BUCKET_MB
+    return bucket_mb
+
 MAX_CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_BYTES = 256 * 2**10
 PIPELINE_DEPTH = 16

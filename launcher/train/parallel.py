@@ -75,16 +75,12 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
     if kind is ParallelKind.DDP:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        from ..comm.allreduce import HIERARCHICAL_BUCKET_MB
+        from ..comm.allreduce import apply_comm, ddp_bucket_mb
 
-        bucket_mb = getattr(comm_cfg, "bucket_mb", None)
-        if bucket_mb is None and comm_cfg.allreduce != CommMode.FLAT.value:
-            bucket_mb = HIERARCHICAL_BUCKET_MB
-        bucket = {"bucket_cap_mb": bucket_mb} if bucket_mb is not None else {}
+        bucket_mb = ddp_bucket_mb(getattr(comm_cfg, "bucket_mb", None), comm_cfg.allreduce)
+        bucket: dict[str, Any] = {"bucket_cap_mb": bucket_mb} if bucket_mb is not None else {}
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
         if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
-            from ..comm.allreduce import apply_comm
-
             chunk_mb = getattr(comm_cfg, "chunk_mb", None)
             apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)),
                        chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
