@@ -353,7 +353,7 @@ class Trainer:
         )
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, mine)
-        rows = [[float(v) for v in t.tolist()] for t in out]
+        rows = torch.stack(out).tolist()  # one copy to the host (one sync on a GPU), not one per rank
         watched: dict[str, list[Any]] = {}
         if all(r[4] for r in rows):  # {} when the watcher is off
             watched = {
