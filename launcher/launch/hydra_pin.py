@@ -7,8 +7,9 @@ Under plain torchrun the ranks disagree on one input only, the clock behind ``${
 ranks started a second apart get two timestamped run dirs. numarun fixes the clock once, in
 the launcher (``NUMARUN_HYDRA_NOW``), so every rank's Hydra computes the same dirs from the
 same config; on several nodes, whose launchers start apart, the ranks take the first rank's
-value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra/`` and ``multirun.yaml``; the other ranks' Hydra
-skips those writes, so a file is never written by two processes at once. Hydra's job log
+value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra/`` and
+``multirun.yaml``; the other ranks' Hydra skips those writes, so a file is never written by
+two processes at once. Hydra's job log
 (``<job>.log``) keeps every rank's lines, as under torchrun.
 
 The hooks are installed when Hydra's modules are first imported, so a script that never
@@ -20,6 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,8 @@ from typing import Any
 from .. import envvars
 
 _UTILS = "hydra.core.utils"
+# under the bootstrap's logger, which has the worker's "numarun: LEVEL:" handler
+log = logging.getLogger("numarun.launch.bootstrap.hydra_pin")
 
 
 def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
@@ -128,7 +132,6 @@ def agreed_now(value: str, environ: Mapping[str, str]) -> str:
     host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
     if nodes <= 1 or not host or not port:
         return value
-    import logging
     from datetime import timedelta
 
     try:
@@ -141,7 +144,7 @@ def agreed_now(value: str, environ: Mapping[str, str]) -> str:
         got = store.compare_set(key, "", value)
         return got.decode() if isinstance(got, bytes) else str(got)
     except Exception as e:  # the job still runs; nodes may then pick different run dirs
-        logging.getLogger("numarun").warning(
+        log.warning(
             "could not agree on Hydra's clock with the other nodes through %s:%s (%s); using this node's", host, port, e)
         return value
 
