@@ -127,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _split_command(args_list)
     parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
     args = parser.parse_args(args_list)
+    if command is not None:
+        # what the subcommand was given, as typed: an option given with its default value still counts
+        args.argv = args_list[args_list.index(command) + 1:]
     level = getattr(logging, str(args.log_level or "WARNING").upper(), None)
     if not isinstance(level, int):
         parser.error(f"bad --log-level {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")

@@ -42,11 +42,15 @@ LAUNCHER_PID = "NUMARUN_LAUNCHER_PID"
 """Pid of the numarun process that started the worker; a worker whose parent is not it ends."""
 STATE_DIR = "NUMARUN_STATE_DIR"
 """numarun's private directory for this run (0700, removed on every exit): workers record their exit there."""
-VISIBLE_GPUS = "NUMARUN_VISIBLE_GPUS"
-"""The node's GPU indices that ``CUDA_VISIBLE_DEVICES``'s entries stand for, for planning only: under
-Slurm's ConstrainDevices, ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* GPU, which may be GPU 1."""
 SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"
 """Seconds each Slurm client call of ``numarun submit`` may take (default 60)."""
+SLURM_INFO = "NUMARUN_SLURM_INFO"
+"""A directory holding the job's ``scontrol show topology`` (``topology``) and ``scontrol -o show node``
+(``nodes``) answers, written once by ``numarun submit``'s batch script for every node's task."""
+DETECT = "NUMARUN_DETECT"
+"""``0``: do not read the job's shape from a scheduler's environment (Slurm step, mpirun); ``--no-detect``."""
+PLAN_JSON = "NUMARUN_PLAN_JSON"
+"""The plan itself (JSON) when there is no plan file: a rank started by the scheduler (per-rank mode)."""
 
 ALL: tuple[str, ...] = tuple(
     v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")

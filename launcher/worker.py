@@ -22,11 +22,13 @@ from .plan.model import LaunchPlan, RankBinding
 
 
 def load_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
-    """The plan named by ``NUMARUN_PLAN``; None when the variable is unset."""
+    """The plan named by ``NUMARUN_PLAN`` (a file), else held by ``NUMARUN_PLAN_JSON`` (a rank the
+    scheduler started, per-rank mode); None when neither is set."""
     env = os.environ if environ is None else environ
     path = env.get(envvars.PLAN)
     if not path:
-        return None
+        inline = env.get(envvars.PLAN_JSON)
+        return LaunchPlan.from_json(inline, origin=envvars.PLAN_JSON) if inline else None
     try:
         text = Path(path).read_text()
     except OSError as e:

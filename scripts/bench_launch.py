@@ -9,6 +9,10 @@ stays meaningful on a busy machine where wall times swing by seconds.
 
     .venv/bin/python scripts/bench_launch.py [--runs 5] [--nproc-per-node 2] [--json FILE]
 
+``--per-rank`` times per-rank mode instead: ``numarun script.py`` as one rank a scheduler started
+(mpirun's variables for one rank), against ``python script.py``, alternated, for a script that
+imports torch as training scripts do (and for an empty one, for scale); target <= 1.05.
+
 ``--cli`` times the help screens instead (``numarun --help``, ``--version``, ``run --help``,
 ``tune --help``; median of --runs each), which must not import torch; ``--baseline CMD``
 alternates them with another numarun command line (e.g. an older checkout's) for a ratio.
@@ -87,6 +91,45 @@ def _cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_rank(args: argparse.Namespace) -> int:
+    _compile_numarun()
+    numarun = _tool("numarun", [sys.executable, "-m", "numarun"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_", "SLURM_", "OMPI_", "PMI"))}
+    # one rank as mpirun starts it: per-rank mode, no agent, the script runs in numarun's interpreter
+    env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1", OMPI_COMM_WORLD_LOCAL_RANK="0",
+               OMPI_COMM_WORLD_LOCAL_SIZE="1")
+    report: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="numarun-bench-") as tmp:
+        scripts = {"imports torch": "import torch\n", "empty": "pass\n"}
+        for label, text in scripts.items():
+            script = Path(tmp) / f"{label.replace(' ', '_')}.py"
+            script.write_text(text)
+            cases = {"python script.py": [sys.executable, str(script)], "numarun script.py": [*numarun, str(script)]}
+            times: dict[str, list[float]] = {name: [] for name in cases}
+            cpu: dict[str, list[float]] = {name: [] for name in cases}
+            _time(cases["python script.py"], env, args.timeout)  # warm-up, not counted
+            for i in range(args.runs):
+                for name in cases if i % 2 == 0 else reversed(list(cases)):
+                    wall, used = _time(cases[name], env, args.timeout)
+                    times[name].append(wall)
+                    cpu[name].append(used)
+            med = {n: statistics.median(t) for n, t in times.items()}
+            med_cpu = {n: statistics.median(t) for n, t in cpu.items()}
+            print(f"per-rank mode, script that {label if label != 'empty' else 'is empty'}, {args.runs} alternated runs:")
+            for n in cases:
+                print(f"  {n:18s} wall median {med[n]:.3f} s (min {min(times[n]):.3f}, max {max(times[n]):.3f})"
+                      f"  cpu median {med_cpu[n]:.3f} s")
+            ratio = med["numarun script.py"] / med["python script.py"]
+            ratio_cpu = med_cpu["numarun script.py"] / med_cpu["python script.py"]
+            extra = med["numarun script.py"] - med["python script.py"]
+            target = "  (target <= 1.05)" if label == "imports torch" else ""
+            print(f"  ratio numarun/python wall {ratio:.3f}  cpu {ratio_cpu:.3f}  (+{extra * 1000:.0f} ms){target}")
+            report[label] = {"wall_s": times, "cpu_s": cpu}  # type: ignore[dict-item]
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each launcher (default 5)")
@@ -95,9 +138,13 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
     parser.add_argument("--cli", action="store_true", help="time numarun's help screens and --version instead")
     parser.add_argument("--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line")
+    parser.add_argument("--per-rank", action="store_true",
+                        help="time per-rank mode (one rank a scheduler started) against python script.py")
     args = parser.parse_args()
     if args.cli:
         return _cli(args)
+    if args.per_rank:
+        return _per_rank(args)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_"))}
     _compile_numarun()

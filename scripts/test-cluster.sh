@@ -12,8 +12,11 @@
 #
 # Like production: TaskPlugin=task/cgroup,task/affinity, ProctrackType=proctrack/cgroup,
 # ConstrainCores and ConstrainDevices, and two GPUs per node as a gres on device files
-# (character devices 195:N, NVIDIA's major, made with mknod under the cluster dir), so Slurm
-# allocates them, confines the devices cgroup and sets CUDA_VISIBLE_DEVICES. Only the second
+# (character devices 195:N, NVIDIA's major, made with mknod), so Slurm allocates them, confines
+# the devices cgroup and sets CUDA_VISIBLE_DEVICES. The device files sit in a machine tree
+# ($W/gputree, from tests/fixtures/constructed/2gpu-minors-reversed.tar.gz: two GPUs whose
+# minor numbers run against the PCI order), so 'numarun --topology $W/gputree' sees the GPUs
+# Slurm hands out, by minor number, and finds a task's own GPU by opening them. Only the second
 # half of the nodes has them (partition 'gpu'); the default partition 'debug' holds all nodes,
 # so a whole-node job there asks for no GPUs (the fewest of its nodes: none), and CPU-only
 # jobs plan on this machine's live topology.
@@ -29,6 +32,7 @@
 set -uo pipefail
 
 W=${NUMARUN_CLUSTER_DIR:-/tmp/numarun-cluster}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 NSPREFIX=nrc
 SWNS=nrcsw
 IFNAME=nrc0
@@ -118,10 +122,11 @@ cgroup_plugin() {  # prints cgroup/v1 or cgroup/v2; fails with the reason when n
   fi
 }
 
-make_gpus() {  # fake GPU device files: Slurm only stats them (major:minor) for the devices cgroup
-  local g
-  mkdir -p "$W/dev"
-  for g in $(seq 0 $((GPUS - 1))); do mknod "$W/dev/nvidia$g" c 195 "$g" || return 1; done
+make_gpus() {  # fake GPU device files in a machine tree: Slurm stats them (major:minor) for the devices cgroup
+  local g tree=$W/gputree
+  mkdir -p "$tree/dev" || return 1
+  tar -xzf "$REPO/tests/fixtures/constructed/2gpu-minors-reversed.tar.gz" -C "$tree" || return 1
+  for g in $(seq 0 $((GPUS - 1))); do mknod "$tree/dev/nvidia$g" c 195 "$g" || return 1; done
 }
 
 write_conf() {  # N cgroup-plugin
@@ -180,7 +185,7 @@ ConstrainRAMSpace=no
 CONF
   cat >"$W/etc/gres.conf" <<CONF
 AutoDetect=off
-NodeName=${gpu_nodes[*]} Name=gpu File=$W/dev/nvidia[0-$((GPUS - 1))]
+NodeName=${gpu_nodes[*]} Name=gpu File=$W/gputree/dev/nvidia[0-$((GPUS - 1))]
 CONF
   cat >"$W/etc/topology.conf" <<CONF
 SwitchName=s1 Nodes=${odd[*]}
@@ -214,7 +219,7 @@ up() {  # N
   install_packages || return 1
   start_munge || return 1
   make_namespaces "$n" || { say "could not create network namespaces"; return 1; }
-  make_gpus || { say "cannot come up: mknod of the fake GPU device files under $W/dev failed"; return 1; }
+  make_gpus || { say "cannot come up: the GPU tree or the mknod of its device files under $W/gputree failed"; return 1; }
   write_conf "$n" "$plugin"
   echo "$n" >"$W/run/nodes"
   start_daemon "${NSPREFIX}1" slurmctld slurmctld -D -f "$W/etc/slurm.conf"
@@ -244,6 +249,7 @@ export NUMARUN_CLUSTER_PARTITION=debug
 export NUMARUN_CLUSTER_CPUS_PER_NODE=$CPUS
 export NUMARUN_CLUSTER_GPUS_PER_NODE=$GPUS
 export NUMARUN_CLUSTER_GPU_PARTITION=gpu
+export NUMARUN_CLUSTER_GPU_TREE=$W/gputree
 export NUMARUN_CLUSTER_CGROUP=$plugin
 export NUMARUN_CLUSTER_LOGS=$W/log
 ENV

@@ -18,6 +18,17 @@ if [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUST
   rm -f "$NUMARUN_TEST_CLUSTER"
   bash scripts/test-cluster.sh up --nodes 4 || echo "test cluster did not come up: cluster tests will fail" >&2
 fi
+# MPI launchers for the tests that start ranks with mpirun/mpiexec (Debian's openmpi-bin and mpich,
+# installed here as the cluster script installs Slurm). Exported even when the install fails: those
+# tests then fail naming the missing launcher instead of being skipped.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${NUMARUN_NO_MPI:-}" != 1 ]; then
+  export NUMARUN_TEST_MPI=1
+  if ! command -v mpirun.openmpi >/dev/null || ! command -v mpiexec.mpich >/dev/null; then
+    apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin mpich)
+    { "${apt[@]}" || { apt-get update -qq && "${apt[@]}"; }; } >/tmp/numarun-apt-mpi.log 2>&1 \
+      || echo "could not install openmpi-bin and mpich (see /tmp/numarun-apt-mpi.log): MPI tests will fail" >&2
+  fi
+fi
 # Lint and type check of the package (settings in pyproject.toml; ruff and mypy come with the
 # [test] extras that setup.sh installs); NUMARUN_LINT=0 skips it.
 # A finding fails the test command, after the tests have run.

@@ -135,7 +135,11 @@ PLAN_ROW = re.compile(r"^\s+(\d+)\s+(\d+) \(cuda:(\d+)\)", re.M)
 
 
 def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
-    """Slurm allocates fake GPUs (device files); a --dry-run inside the job plans on exactly those."""
+    """Slurm allocates fake GPUs (device files); a --dry-run inside the job plans on exactly those.
+
+    The GPU tree's minor numbers run against the PCI order: Slurm's GPU 1 is /dev/nvidia1, the GPU
+    at 0000:3b:00.0, which is GPU 0 in PCI order (taking Slurm's index as the PCI position picks
+    the other GPU, on the other NUMA node)."""
     part = cluster["NUMARUN_CLUSTER_GPU_PARTITION"]
     node = slurm(cluster, "sinfo", "-h", "-N", "-p", part, "-o", "%N").stdout.split()[0]
     # hold one GPU of the node so that the job gets the other one
@@ -143,9 +147,9 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
                    "--wrap", "sleep 120").stdout.strip()
     try:
         _wait_until("the holder job to run", lambda: job_fields(cluster, holder).get("JobState") == "RUNNING", 60)
-        fixture = REPO / "tests" / "fixtures" / "nvidia-smi" / "consumer-2gpu-pcie-PHB.txt"
+        tree = cluster["NUMARUN_CLUSTER_GPU_TREE"]
         proc = submit(cluster, tmp_path, "--nnodes", "1", "--partition", part, f"--sbatch-option=--nodelist={node}",
-                      "--gpus-per-node", "1", "--launch-opt=--dry-run", f"--launch-opt=--topology={fixture}",
+                      "--gpus-per-node", "1", "--launch-opt=--dry-run", f"--launch-opt=--topology={tree}",
                       str(SCRIPTS / "slurm_ranks.py"))
     finally:
         slurm(cluster, "scancel", holder, check=False)
@@ -155,7 +159,8 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
     # ConstrainDevices: CUDA sees one device, cuda:0, which is the node's GPU the holder left
     assert visible == "0" and step == "1", log
     rows = PLAN_ROW.findall(log)
-    assert [(gpu, cuda) for _, gpu, cuda in rows] == [("1", "0")], log
+    assert [(gpu, cuda) for _, gpu, cuda in rows] == [("0", "0")], log
+    assert "0000:3b:00.0" in log, log
 
 
 def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):

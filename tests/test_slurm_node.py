@@ -1,5 +1,5 @@
-"""The per-node side of a Slurm job (numarun.slurm.node), without Slurm: node order, head and
-port, the node rank under topology/tree, the exit code and the requeue decision; and the
+"""The per-node side of a Slurm job (numarun.slurm.node and numarun.jobenv.slurm), without Slurm:
+node order, the node rank under topology/tree, the exit code and the requeue decision; and the
 per-node entry run for real (a fake scontrol on PATH, numarun's own 'run --dry-run')."""
 
 import os
@@ -8,18 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from numarun.errors import SlurmError
-from numarun.slurm.node import (
-    first_failure,
-    node_order,
-    parse_leaf_switches,
-    parse_node_addr,
-    physical_gpus,
-    plan_node_task,
-    rendezvous_port,
-    should_requeue,
-    shutdown_grace,
-)
+from numarun.jobenv.slurm import node_order, parse_leaf_switches, rendezvous_port
+from numarun.slurm.node import first_failure, should_requeue, shutdown_grace
 
 TOPOLOGY = (
     "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=node[1,3]\n"
@@ -44,58 +34,6 @@ def test_nodes_under_one_leaf_switch_are_adjacent():
     assert node_order(["node1", "node3"], leaf) == ["node1", "node3"]
 
 
-def _env(me: str, nodelist: str = "node[1-2]", job: str = "4242") -> dict[str, str]:
-    return {"SLURM_JOB_NODELIST": nodelist, "SLURMD_NODENAME": me, "SLURM_JOB_ID": job}
-
-
-def test_node_rank_is_slurms_node_index_whatever_the_addresses():
-    for rank, me in enumerate(["node1", "node2"]):
-        task = plan_node_task(_env(me), topology_text="", node_addrs=ADDRS)
-        assert task.node_rank == rank and task.nnodes == 2
-        assert task.head_addr == "10.231.0.9" and task.local_addr == ADDRS[me]
-        assert task.port == rendezvous_port(4242) == 15000 + 4242
-        opts = task.run_options()
-        assert opts[opts.index("--rdzv-backend") + 1] == "static"
-        assert opts[opts.index("--node-rank") + 1] == str(rank)
-        assert opts[opts.index("--master-addr") + 1] == "10.231.0.9"
-
-
-def test_node_rank_groups_by_switch_on_four_nodes():
-    ranks = {me: plan_node_task(_env(me, "node[1-4]"), topology_text=TOPOLOGY, node_addrs=ADDRS).node_rank
-             for me in ADDRS}
-    assert ranks == {"node1": 0, "node3": 1, "node2": 2, "node4": 3}
-
-
-def test_port_stays_below_the_ephemeral_range():
-    assert all(15000 <= rendezvous_port(j) < 30000 for j in (0, 1, 14999, 15000, 10**9 + 7))
-
-
-def test_bad_slurm_environment_is_one_line():
-    with pytest.raises(SlurmError, match="SLURMD_NODENAME one of the nodes"):
-        plan_node_task(_env("other"), topology_text="", node_addrs={})
-    with pytest.raises(SlurmError, match="SLURM_JOB_NODELIST"):
-        plan_node_task({"SLURMD_NODENAME": "n1"}, topology_text="", node_addrs={})
-    with pytest.raises(SlurmError, match="numeric job id"):
-        plan_node_task(_env("node1", job="x"), topology_text="", node_addrs={})
-
-
-def test_node_addr_from_scontrol_show_node():
-    text = "NodeName=node2 Arch=x86_64 CoresPerSocket=2\n   NodeAddr=10.231.0.10 NodeHostName=vm Version=22.05.8\n"
-    assert parse_node_addr(text) == "10.231.0.10"
-    assert parse_node_addr("") is None
-
-
-def test_gpus_renumbered_by_constrain_devices_map_back_to_the_nodes_indices():
-    # ConstrainDevices: the step holds GPUs 1 and 3; CUDA sees them as 0 and 1
-    assert physical_gpus("0,1", "1,3") == "1,3"
-    assert physical_gpus("1,0", "3,1") == "3,1"
-    assert physical_gpus("0", "1") == "1"
-    # no confinement: Slurm's indices are CUDA's
-    assert physical_gpus("1,3", "1,3") is None and physical_gpus("0", "0") is None
-    assert physical_gpus(None, "1") is None and physical_gpus("0", None) is None
-    assert physical_gpus("GPU-1234", "1") is None and physical_gpus("5", "1") is None
-
-
 def test_first_failure_by_time_not_by_size():
     assert first_failure(["200 143\n", "100 3\n"]) == 3
     assert first_failure(["garbage", ""]) is None
@@ -114,12 +52,21 @@ def test_grace_is_signal_before_minus_a_margin():
 # ----------------------------------------------------------------------------- run for real
 
 FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$FAKE_CALLS"
 case "$1 $2" in
   "show topology") printf '%s' "$FAKE_TOPOLOGY" ;;
   "show node") echo "NodeName=$3 Arch=x86_64"; echo "   NodeAddr=$(grep "^$3 " "$FAKE_ADDRS" | cut -d' ' -f2) NodeHostName=h" ;;
   "requeue "*) echo "$*" >> "$FAKE_REQUEUED" ;;
 esac
 """
+
+
+def _step(me: str) -> dict[str, str]:
+    """The variables of one task of a 4-node step with one task per node (as srun sets them)."""
+    i = ["node1", "node2", "node3", "node4"].index(me)
+    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_STEP_NODELIST": "node[1-4]",
+            "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "1(x4)",
+            "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "SLURMD_NODENAME": me}
 
 
 @pytest.fixture
@@ -130,8 +77,9 @@ def fake_slurm(tmp_path):
     (b / "scontrol").chmod(0o755)
     addrs = tmp_path / "addrs"
     addrs.write_text("".join(f"{n} {a}\n" for n, a in ADDRS.items()))
-    env = dict(os.environ, PATH=f"{b}:{os.environ['PATH']}", FAKE_ADDRS=str(addrs), FAKE_TOPOLOGY=TOPOLOGY,
-               FAKE_REQUEUED=str(tmp_path / "requeued"), SLURM_JOB_NODELIST="node[1-4]", SLURM_JOB_ID="77")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "NUMARUN", "OMPI", "PMI"))}
+    env.update(PATH=f"{b}:{os.environ['PATH']}", FAKE_ADDRS=str(addrs), FAKE_TOPOLOGY=TOPOLOGY,
+               FAKE_REQUEUED=str(tmp_path / "requeued"), FAKE_CALLS=str(tmp_path / "calls"), SLURM_JOB_ID="77")
     return env
 
 
@@ -140,23 +88,66 @@ def _node(env, *args, cwd=None):
                           text=True, timeout=120, cwd=cwd)
 
 
+def _calls(tmp_path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 @pytest.mark.slow
 def test_node_task_runs_numarun_with_static_rendezvous_at_the_head(fake_slurm, tmp_path):
+    """The batch script's answers handed over: no node asks Slurm anything."""
     script = Path(__file__).parent / "scripts" / "slurm_ranks.py"
-    env = dict(fake_slurm, SLURMD_NODENAME="node2")
+    info = tmp_path / "info"
+    info.mkdir()
+    (info / "topology").write_text(TOPOLOGY)
+    (info / "nodes").write_text("".join(f"NodeName={n} Arch=x86_64 NodeAddr={a} NodeHostName=h\n" for n, a in ADDRS.items()))
+    env = dict(fake_slurm, **_step("node2"), NUMARUN_SLURM_INFO=str(info))
     proc = _node(env, "task", "--run-dir", str(tmp_path), "--job-key", "77", "run", "--dry-run", "--nproc-per-node", "2", str(script), "--x")
     assert proc.returncode == 0, proc.stderr
     cmd = next(line for line in proc.stdout.splitlines() if " torchrun " in line)
     # node2 sits under switch s2, after node1 and node3 of s1; the head is node1's NodeAddr
-    for part in ("--nnodes=4", "--node-rank=2", "--master-addr=10.231.0.9", "--master-port=15077", "--local-addr=10.231.0.10"):
+    for part in ("--nnodes=4", "--node-rank=2", "--master-addr=10.231.0.9", f"--master-port={rendezvous_port(77, 0)}",
+                 "--local-addr=10.231.0.10"):
         assert part in cmd, cmd
     assert cmd.endswith(f"{script} --x")
+    assert "Slurm step 77.0: node 1 of 4, 1 task on this node: per-node mode" in proc.stderr
+    assert "node rank 2 of 4: rendezvous 10.231.0.9" in proc.stderr and "node order node1,node3,node2,node4" in proc.stderr
+    assert _calls(tmp_path) == []
     assert not list(tmp_path.glob(".numarun-node*.exit"))
 
 
 @pytest.mark.slow
+def test_users_own_srun_asks_slurm_at_most_twice_per_node(fake_slurm, tmp_path):
+    """No handed-over answers (a user's own sbatch): the switch map and the head's NodeAddr, once each."""
+    script = Path(__file__).parent / "scripts" / "slurm_ranks.py"
+    env = dict(fake_slurm, **_step("node4"))
+    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", "--nproc-per-node", "1", str(script)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    cmd = next(line for line in proc.stdout.splitlines() if " torchrun " in line)
+    for part in ("--nnodes=4", "--node-rank=3", "--master-addr=10.231.0.9", f"--master-port={rendezvous_port(77, 0)}"):
+        assert part in cmd, cmd
+    assert _calls(tmp_path) == ["show topology", "show node node1"]
+
+
+@pytest.mark.slow
+def test_an_unanswered_switch_map_is_an_error_not_a_different_order_on_some_nodes(fake_slurm, tmp_path):
+    (tmp_path / "bin" / "scontrol").write_text('#!/bin/bash\necho "$*" >> "$FAKE_CALLS"\nexit 1\n')
+    env = dict(fake_slurm, **_step("node2"))
+    script = Path(__file__).parent / "scripts" / "slurm_ranks.py"
+    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "'scontrol show topology' did not answer" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # an explicit, quoted --node-rank uses Slurm's order and needs no switch map
+    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", "--node-rank", "1", "--master-addr", "h0",
+                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
 def test_node_task_records_a_failure_and_finish_reports_the_first(fake_slurm, tmp_path):
-    env = dict(fake_slurm, SLURMD_NODENAME="node1")
+    env = dict(fake_slurm, **_step("node1"))
     proc = _node(env, "task", "--run-dir", str(tmp_path), "--job-key", "77", "run", "/no/such/script.py")
     assert proc.returncode == 2
     assert (tmp_path / ".numarun-node0.exit").read_text().split()[1] == "2"

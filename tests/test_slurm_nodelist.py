@@ -3,7 +3,7 @@
 import pytest
 
 from numarun.errors import SlurmError
-from numarun.slurm.nodelist import expand_hostlist
+from numarun.jobenv.hostlist import expand_hostlist
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     g.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static")
     g.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
     g.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="")
+    p.add_argument("--no-detect", action="store_true",
+                   help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
     p.set_defaults(func=main)
+    global _PARSER
+    _PARSER = p
     return p
 
 
@@ -168,7 +172,36 @@ def render(result: dict[str, Any]) -> str:
     return console.export_text()
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def _detected(args: argparse.Namespace) -> argparse.Namespace:
+    """Under ``srun`` on every node (one task each), the nodes and node 0's store come from the step,
+    as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
+    from ..jobenv import Mode
+    from ..jobenv.settle import JobConflict
+    from .detected import announce, detect_job, refuse, settle_node_args
+
+    job, given = detect_job(args, _PARSER)
+    if job is None:
+        return args
+    announce(args, job.describe())
+    if job.mode is Mode.PER_RANK:
+        raise UsageError(
+            f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task per "
+            "node (srun --ntasks-per-node=1 numarun doctor)"
+        )
+    try:
+        settled, rendezvous = settle_node_args(args, job, given)
+    except JobConflict as e:
+        raise SystemExit(refuse(job, e, given)) from None
+    if rendezvous.own_rendezvous:
+        return args
+    return settled
+
+
 def main(args: argparse.Namespace) -> int:
+    args = _detected(args)
     result = diagnose(args)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")

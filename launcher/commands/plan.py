@@ -19,6 +19,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     add_plan_options(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
+    parser.add_argument("--no-detect", action="store_true",
+                        help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)")
     parser.add_argument(
         "--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured"
     )
@@ -27,11 +29,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..jobenv import Mode
     from ..plan.binding import make_plan
     from ..topology.discover import load_topology
+    from .detected import announce, detect_job, rank_setup, step_gpu_minors
 
+    job, _ = detect_job(args, None)
     topology = load_topology(args.topology)
-    plan = make_plan(topology, request_for(args, os.environ, topology))
+    if job is not None:
+        # stderr, so that --json output stays the plan alone
+        announce(args, job.describe())
+    if job is not None and job.mode is Mode.PER_RANK:
+        from ..plan.scheduled import task_plan
+
+        setup = rank_setup(args, job)  # the node's plan, as every task of it makes it
+        plan = task_plan(setup.plan, setup.binding)
+    else:
+        allowed = step_gpu_minors(topology, args.topology, job) if job is not None else None
+        plan = make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=allowed))
     if args.svg:
         from ..view.svg import render_svg
 

@@ -34,6 +34,8 @@ from typing import Any
 
 from .. import envvars
 from ..errors import UsageError
+from ..jobenv import JobShape, Mode
+from ..jobenv.settle import Given, JobConflict
 from ..launch.torchrun import (
     Target,
     add_run_options,
@@ -48,6 +50,7 @@ from ..launch.torchrun import (
 )
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_for
+from .detected import step_gpu_minors
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,31 @@ REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
 """torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
 
 
+_PARSER: argparse.ArgumentParser | None = None
+"""The run command's parser, to tell which options were given (:func:`numarun.commands.detected.given_dests`)."""
+
+
+def _scheduler_started_ranks() -> bool:
+    """Whether a scheduler seems to have started one process per rank: then no torchrun runs, and the
+    run command's parser is rebuilt from its record instead of importing torch for torchrun's."""
+    from ..jobenv import Mode, detection_enabled, scheduler_in
+
+    if not detection_enabled(os.environ) or scheduler_in(os.environ) is None:
+        return False
+    try:
+        from ..jobenv import detect
+
+        job = detect(os.environ)
+    except Exception:  # a malformed environment is reported once the options are parsed
+        return False
+    return job is not None and job.mode is Mode.PER_RANK
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    global _PARSER
     parser = subparsers.add_parser(
         "run",
-        parents=[torchrun_parser()],
+        parents=[torchrun_parser(recorded=_scheduler_started_ranks())],
         add_help=False,
         # the planning options take over torchrun's --nproc-per-node and --numa-binding
         conflict_handler="resolve",
@@ -75,6 +99,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
                         help="seconds between the binding watcher's checks in every rank (default 30)")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
+    parser.add_argument(
+        "--no-detect", action="store_true",
+        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
+    )
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
@@ -82,6 +110,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     if pet:
         parser.set_defaults(nproc_per_node=pet)  # a string default goes through parse_nproc
     parser.set_defaults(func=main)
+    _PARSER = parser
     return parser
 
 
@@ -142,10 +171,12 @@ def _flag_defaults() -> dict[str, object]:
 
 
 class _Planner:
-    """Plans from one topology read: a sweep reads the machine once, plans each job once."""
+    """Plans from one topology read: a sweep reads the machine once, plans each job once.
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self._args = args
+    In a Slurm step, the ranks plan on the GPUs the step may open (:meth:`_step_gpus`)."""
+
+    def __init__(self, job: JobShape | None = None) -> None:
+        self._job = job
         self._topology: Any = None
 
     def plan(self, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
@@ -171,17 +202,33 @@ class _Planner:
 
         if self._topology is None:
             self._topology = load_topology(args.topology)
-        return make_plan(self._topology, request_for(args, os.environ, self._topology)), ""
+        allowed = step_gpu_minors(self._topology, args.topology, self._job) if self._job is not None else None
+        return make_plan(self._topology, request_for(args, os.environ, self._topology, allowed_gpu_minors=allowed)), ""
 
 
 def main(args: argparse.Namespace) -> int:
     target: Target = target_from_args(args)
+    from .detected import announce, detect_job, refuse, settle_node_args
+
+    job, given = detect_job(args, _PARSER)
+    if job is not None:
+        announce(args, job.describe())
+        try:
+            if job.mode is Mode.PER_RANK:
+                return _run_rank(args, target, job, given)
+            args, rendezvous = settle_node_args(args, job, given)
+        except JobConflict as e:
+            return refuse(job, e, given)
+        if not rendezvous.own_rendezvous and job.nnodes > 1:
+            order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
+            announce(args, f"node rank {rendezvous.node_rank} of {job.nnodes}: rendezvous {args.master_addr}:"
+                           f"{args.master_port} (static{order})")
     if getattr(args, "preflight", False) and not args.dry_run:
         from ..doctor.preflight import preflight
 
         if preflight(args):
             return 1
-    planner = _Planner(args)
+    planner = _Planner(job)
     if target.kind != "exec":
         from ..config.detect import AppKind, detect_app
 
@@ -193,6 +240,60 @@ def main(args: argparse.Namespace) -> int:
             when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
             return _run(args, target, planner, {envvars.HYDRA_NOW: when})
     return _run(args, target, planner, {})
+
+
+def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Given) -> int:
+    """Per-rank mode: bind this process as its rank of the node's plan, then run the script here."""
+    from ..jobenv.settle import check_rank, rank_env, rank_master
+    from .detected import rank_setup
+
+    check_rank(job, given)
+    if getattr(args, "preflight", False):
+        raise JobConflict(
+            f"bad option '--preflight': {job.describe()}; the pre-flight runs once per node: expected it left out, or "
+            "one task per node (srun --ntasks-per-node=1)"
+        )
+    if target.kind != "exec":
+        from ..config.detect import AppKind, detect_app
+
+        if detect_app(target.name, is_module=target.kind == "module") is AppKind.TRAINER:
+            raise UsageError(
+                f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config and "
+                "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
+                "the node's ranks"
+            )
+    addr, port = rank_master(job, given, os.environ)
+    if addr is None:
+        from ..slurm.controller import gather, head_address
+
+        head = job.nodes[0]
+        addr = "127.0.0.1" if job.nnodes == 1 else head_address(gather(os.environ, need_switches=False, head=head), head)
+    setup = rank_setup(args, job)
+    for note in (*setup.plan.warnings, *setup.notes):
+        log.warning("%s", note)
+    env = rank_env(job, master_addr=addr, master_port=port, environ=os.environ)
+    from ..plan.scheduled import task_plan
+
+    plan_text = task_plan(setup.plan, setup.binding).to_json()
+    env.update(worker_env(setup.plan, os.environ, plan_path="", strict=args.strict_binding))
+    env.pop(envvars.PLAN, None)
+    env[envvars.PLAN_JSON] = plan_text
+    env.update(_watch_env(args))
+    if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
+        env[envvars.LOG_LEVEL] = str(args.log_level).upper()
+    if args.dry_run:
+        import shlex
+
+        from ..view.plan import render_plan
+
+        sys.stdout.write(render_plan(task_plan(setup.plan, setup.binding), width=160))
+        sys.stdout.write(f"# this task is local rank {job.local_rank}: it would bind itself as that row and run, with\n")
+        shown = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
+        sys.stdout.write(" ".join([*shown, shlex.join([target.name, *target.args])]) + "\n")
+        return 0
+    from ..launch.rank import become_rank
+
+    become_rank(target, env)
 
 
 def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) -> int:

@@ -130,7 +130,8 @@ def agreed_now(value: str, environ: Mapping[str, str]) -> str:
     except ValueError:
         nodes = 1
     host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
-    if nodes <= 1 or not host or not port:
+    if nodes <= 1 or not host or not port or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
+        # no agent's store to agree through (a rank the scheduler started): the value is the job's own
         return value
     from datetime import timedelta
 

@@ -33,3 +33,24 @@ def resolve(host: str, *, flag: str, timeout: float = RESOLVE_TIMEOUT_S) -> str:
         why = getattr(result[0], "strerror", None) or str(result[0])
         raise UsageError(f"bad {flag} {host!r}: {why}; expected a host name or address that resolves")
     return str(result[0])
+
+
+def route_address(host: str, port: int) -> str | None:
+    """The address of this machine's interface that reaches ``host`` (no packet is sent); None when
+    there is no route or ``host`` does not resolve."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return str(s.getsockname()[0])
+    except (OSError, UnicodeError, IndexError):
+        return None
+
+
+def resolves(host: str, *, timeout: float = 2.0) -> bool:
+    """Whether ``host`` resolves within ``timeout`` seconds."""
+    try:
+        resolve(host, flag="host", timeout=timeout)
+    except UsageError:
+        return False
+    return True

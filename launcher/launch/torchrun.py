@@ -49,14 +49,15 @@ _FOR_HELP = False
 """Set by the CLI for a help screen: :func:`torchrun_parser` may then skip importing torch."""
 
 
-def torchrun_parser() -> argparse.ArgumentParser:
-    """torchrun's own parser (imports torch); for a help screen, its recorded copy when it fits."""
-    if _FOR_HELP:
+def torchrun_parser(*, recorded: bool = False) -> argparse.ArgumentParser:
+    """torchrun's own parser (imports torch); for a help screen, its recorded copy when it fits;
+    ``recorded``: the recorded copy whatever torch is installed (per-rank mode starts no torchrun)."""
+    if _FOR_HELP or recorded:
         from .torchrun_options import help_parser
 
-        recorded = help_parser()
-        if recorded is not None:
-            return recorded
+        parser = help_parser(any_version=recorded)
+        if parser is not None:
+            return parser
     from .startup import import_torchrun
 
     return import_torchrun().get_args_parser()
@@ -662,6 +663,36 @@ def _watch_rendezvous(argv: Sequence[str], state: Path) -> Any:
     return done.set
 
 
+def rendezvous_store(argv: Sequence[str]) -> tuple[str, int] | None:
+    """(host, port) of the store a multi-node rendezvous creates on the head; None for one node."""
+    nnodes = _argv_value(argv, "--nnodes", "1")
+    if nnodes.split(":")[-1] in ("", "1") or "--standalone" in argv:
+        return None
+    endpoint = options_endpoint(argv)
+    if endpoint and _argv_value(argv, "--rdzv-backend", "static") != "static":
+        host, port = parse_endpoint(endpoint)
+        return host, port or 29400
+    master_port = _argv_value(argv, "--master-port", "")
+    return _argv_value(argv, "--master-addr", "127.0.0.1"), int(master_port) if master_port.isdigit() else 29500
+
+
+def _watch_abort(argv: Sequence[str], state: Path) -> Any:
+    """Stop this node when another node of the job refused to start (:mod:`numarun.launch.abort`)."""
+    import sys
+
+    where = rendezvous_store(argv)
+    if where is None:
+        return lambda: None
+    from . import abort
+
+    def on_abort(message: str) -> None:
+        print(f"numarun: error: {message}; this node stops too", file=sys.stderr, flush=True)
+        shutil.rmtree(state, ignore_errors=True)
+        os._exit(2)
+
+    return abort.watch(where[0], where[1], until=lambda: bool(list(state.glob("pid.*"))), on_abort=on_abort)
+
+
 def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
 
@@ -699,6 +730,7 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
     _state["reported"] = False
     stop_watch = _watch_signals({int(getattr(signal, n)) for n in death}, state)
     stop_rdzv = _watch_rendezvous(argv, state)
+    stop_abort = _watch_abort(argv, state)
     # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
     # by one job (torchrun's OMP_NUM_THREADS too) must not look user-set to the next.
     saved = dict(os.environ)
@@ -742,6 +774,7 @@ def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
         # one line naming the cause instead of its traceback.
         raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
     finally:
+        stop_abort()
         stop_rdzv()
         stop_watch()
         tempfile.tempdir = saved_tempdir

@@ -484,9 +484,11 @@ def render_module(parser: argparse.ArgumentParser, torch_version: str) -> str:
     return source[:start] + table + source[end:]
 
 
-def help_parser() -> argparse.ArgumentParser | None:
-    """A parser with torchrun's options for help screens; None when the record does not fit the installed torch."""
-    if not OPTIONS or installed_torch_version() != TORCH_VERSION:
+def help_parser(*, any_version: bool = False) -> argparse.ArgumentParser | None:
+    """A parser with torchrun's options, rebuilt from the record; None when the record does not fit the
+    installed torch, unless ``any_version`` (per-rank mode: the options that matter there are numarun's
+    and a few rendezvous ones that torchrun has kept for years; any agent option is refused anyway)."""
+    if not OPTIONS or (not any_version and installed_torch_version() != TORCH_VERSION):
         return None
     parser = argparse.ArgumentParser(description="Torch Distributed Elastic Training Launcher", add_help=True)
     for o in OPTIONS:
@@ -495,6 +497,8 @@ def help_parser() -> argparse.ArgumentParser | None:
             kw["action"] = "store_true" if o["default"] is not True else "store_false"
         else:
             kw.update(nargs=o["nargs"], metavar=o["metavar"], choices=o["choices"])
+            if isinstance(o["default"], int) and not isinstance(o["default"], bool):
+                kw["type"] = int  # as torchrun declares them (--node-rank, --master-port, --max-restarts...)
         if o["option_strings"]:
             parser.add_argument(*o["option_strings"], dest=o["dest"], required=o["required"], **kw)
         else:

@@ -78,7 +78,7 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     user_env = dict(request.user_env)
     order_set_by_user = request.cuda_device_order is not None or "CUDA_DEVICE_ORDER" in user_env
     device_order = request.cuda_device_order or user_env.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID"
-    gpus = visible_gpus(topology, request.cuda_visible_devices, device_order)
+    gpus = visible_gpus(topology, request.cuda_visible_devices, device_order, request.allowed_gpu_minors)
     nproc = request.nproc_per_node
     if nproc is not None and nproc < 1:
         raise PlanError(f"bad --nproc-per-node {nproc!r}: expected a positive integer")

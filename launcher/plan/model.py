@@ -66,6 +66,9 @@ class PlanRequest:
     user_env: dict[str, str] = field(default_factory=dict)
     """Variables the user already set that the plan may want to set (never overridden)."""
     nic_policy: NicPolicy = NicPolicy.NODE
+    allowed_gpu_minors: tuple[int, ...] | None = None
+    """GPUs the scheduler's device cgroup lets the ranks open, by minor number (None: all); CUDA
+    numbers only those, and ``cuda_visible_devices`` indexes into them."""
 
 
 @dataclass(frozen=True)

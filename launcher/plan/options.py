@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..envvars import VISIBLE_GPUS
 from ..errors import UsageError
 from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 
@@ -135,24 +134,29 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
         binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
         mem_policy=getattr(args, "mem_policy", MemPolicy.BIND),
         nic_policy=getattr(args, "nic_policy", NicPolicy.NODE),
-        # the node's own GPU indices when a scheduler's device cgroup renumbered CUDA's view
-        cuda_visible_devices=environ.get(VISIBLE_GPUS, environ.get("CUDA_VISIBLE_DEVICES")),
+        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
         user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
     )
 
 
-def request_for(args: argparse.Namespace, environ: Mapping[str, str], topology: Topology) -> PlanRequest:
-    """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``."""
+def request_for(
+    args: argparse.Namespace, environ: Mapping[str, str], topology: Topology, *,
+    allowed_gpu_minors: tuple[int, ...] | None = None,
+) -> PlanRequest:
+    """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.
+
+    ``allowed_gpu_minors``: the GPUs a scheduler's device cgroup lets the ranks open (by minor number)."""
     from ..topology.visible import visible_gpus
 
-    request = request_from_args(args, environ)
+    request = replace(request_from_args(args, environ), allowed_gpu_minors=allowed_gpu_minors)
     word = request.nproc_per_node
     if not isinstance(word, str):
         return request
     num_gpus = 0
     if word in ("gpu", "auto"):
-        num_gpus = len(visible_gpus(topology, request.cuda_visible_devices, request.cuda_device_order or "PCI_BUS_ID"))
+        num_gpus = len(visible_gpus(topology, request.cuda_visible_devices, request.cuda_device_order or "PCI_BUS_ID",
+                                    request.allowed_gpu_minors))
     xpus = _xpu_count() if word == "xpu" else 0
     return resolve_nproc(request, num_gpus, cpus=len(topology.usable_cpus) or cpu_count(), xpus=xpus)
 

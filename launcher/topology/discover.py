@@ -149,6 +149,7 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
                 cpu_affinity=g.cpu_affinity or s.cpu_affinity,
                 memory_numa_node=g.memory_numa_node if g.memory_numa_node >= 0 else s.memory_numa_node,
                 pci_path=g.pci_path or s.pci_path,
+                minor=g.minor if g.minor >= 0 else s.minor,
             )
         )
     for bus in by_bus:
@@ -156,3 +157,14 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
     return dataclasses.replace(
         topo, gpus=tuple(merged), gpu_links=reading.gpu_links, gpu_source="nvml", notes=tuple(merged_notes)
     )
+
+
+def device_root(source: str | None = None) -> Path | None:
+    """The directory whose ``dev/`` and ``proc/`` stand for the machine ``source`` names: ``/`` for
+    the live machine, the tree itself for a recorded tree; None for files (JSON, XML, text)."""
+    if source is None:
+        source = os.environ.get(ENV_VAR, "").strip() or None
+    if source is None:
+        return Path("/")
+    path = Path(source).expanduser()
+    return path if path.is_dir() else None

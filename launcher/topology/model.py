@@ -165,6 +165,9 @@ class Gpu:
     """Bus ids from the root port down to the device (sysfs ``devices/pciDDDD:BB/...``)."""
     pcie_link: PcieLink = PcieLink()
     """The device's PCIe link; all 0 when sysfs does not show it."""
+    minor: int = -1
+    """The device's minor number (``/dev/nvidia<minor>``), which is how Slurm numbers GPUs
+    (``SLURM_STEP_GPUS``, gres ``File=``); it need not follow the PCI order. -1 unknown."""
 
 
 # InfiniBand port states as ``ibv_port_state`` numbers them (hwloc's ``Port<N>State`` info).

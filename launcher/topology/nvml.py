@@ -17,6 +17,7 @@ Record shape (``tests/fixtures/nvml/h200-vm.json`` is a real one)::
                "cpu_affinity_words": [int, ...],     # 64-bit words, CPU 0 = bit 0 of word 0
                "memory_affinity_words": [int, ...],  # same, NUMA nodes (scope NODE)
                "numa_node_id": int | "ERR ...",     # node holding the GPU memory (GH200)
+               "minor_number": int | "ERR ...",     # N of /dev/nvidiaN: how Slurm numbers GPUs
                "nvlinks": [[link, active(0/1) | "ERR ...", remote_bus_id | "ERR ..."], ...],
                "common_ancestor": {"<peer index>": level | "ERR ..."}}, ...]}
 
@@ -132,9 +133,15 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
                 cpu_affinity=_bits(g.get("cpu_affinity_words")),
                 memory_bytes=total if isinstance(total, int) and total > 0 else 0,
                 memory_numa_node=mem_node,
+                minor=_minor(g.get("minor_number")),
             )
         )
     return tuple(out)
+
+
+def _minor(value: Any) -> int:
+    """``nvmlDeviceGetMinorNumber``'s answer, -1 when missing or an error."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
 
 
 def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -244,6 +251,7 @@ def read_nvml_record() -> dict[str, Any] | None:
                     _call(pynvml.nvmlDeviceGetMemoryAffinity, h, CPU_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE)
                 ),
                 "numa_node_id": _call(pynvml.nvmlDeviceGetNumaNodeId, h),
+                "minor_number": _call(pynvml.nvmlDeviceGetMinorNumber, h),
                 "nvlinks": _nvlinks(pynvml, h),
                 "common_ancestor": {
                     str(j): _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)

@@ -225,8 +225,8 @@ def read_sysfs(root: Path | str) -> Topology:
     nodes, cpu_node = _read_nodes(r, cpu_ids)
     cpus = _read_cpus(r, cpu_ids, cpu_node, live=live)
     allowed_mems = _allowed_mems(r, [n.id for n in nodes])
-    nv_numa = _nvidia_gpu_memory_nodes(r)
-    gpus = _read_gpus(r, nv_numa)
+    nv_driver = _nvidia_driver_gpus(r)
+    gpus = _read_gpus(r, nv_driver)
     nics = _read_nics(r)
     return Topology(
         hostname=_hostname(r, live),
@@ -505,9 +505,14 @@ def _pci_numa(r: _Reader, dev: Path) -> int:
     return n if n is not None and n >= 0 else -1
 
 
-def _nvidia_gpu_memory_nodes(r: _Reader) -> dict[str, int]:
+def _nvidia_driver_gpus(r: _Reader) -> dict[str, tuple[int, int]]:
+    """The NVIDIA driver's per-GPU files: bus id -> (memory NUMA node, device minor), -1 when unknown.
+
+    ``numa_status`` names the GPU memory's own NUMA node on coherent systems (GH200);
+    ``information`` has ``Device Minor:``, the N of ``/dev/nvidiaN``.
+    """
     base = r.path("proc/driver/nvidia/gpus")
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
     if not base.is_dir():
         return out
     for d in sorted(base.iterdir()):
@@ -515,12 +520,20 @@ def _nvidia_gpu_memory_nodes(r: _Reader) -> dict[str, int]:
             bus = normalize_bus_id(d.name)
         except TopologyError:
             continue
-        out[bus] = -1
+        node = minor = -1
         text = r.text(d / "numa_status", form="'Node: N' lines")
         if text:
             m = re.search(r"^Node:\s*(-?\d+)", text, re.M)
             if m and int(m.group(1)) >= 0:
-                out[bus] = int(m.group(1))
+                node = int(m.group(1))
+        info = r.text(d / "information", form="'Key: value' lines with 'Device Minor: N'")
+        if info:
+            m = re.search(r"^Device Minor:\s*(\d+)\s*$", info, re.M)
+            if m:
+                minor = int(m.group(1))
+            else:
+                r.note(f"{r.show(d / 'information')}: no 'Device Minor: N' line; the GPU's minor number is unknown")
+        out[bus] = (node, minor)
     return out
 
 
@@ -530,7 +543,7 @@ def _bus_sort_key(bus: str) -> tuple[int, ...]:
     return (int(dom, 16), int(b, 16), int(dev, 16), int(fn))
 
 
-def _read_gpus(r: _Reader, nv_numa: dict[str, int]) -> tuple[Gpu, ...]:
+def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, ...]:
     base = r.path("sys/bus/pci/devices")
     if not base.is_dir():
         return ()
@@ -544,7 +557,7 @@ def _read_gpus(r: _Reader, nv_numa: dict[str, int]) -> tuple[Gpu, ...]:
         if cls is None:
             continue
         vendor_id = r.hexint(d / "vendor", form="a PCI vendor id such as '0x10de'")
-        if vendor_id is None and bus in nv_numa:
+        if vendor_id is None and bus in nv_driver:
             vendor_id = 0x10DE
         vendor = GPU_VENDORS.get(vendor_id or 0)
         sub = cls >> 8
@@ -563,7 +576,8 @@ def _read_gpus(r: _Reader, nv_numa: dict[str, int]) -> tuple[Gpu, ...]:
                 name=name,
                 vendor=vendor,
                 cpu_affinity=affinity,
-                memory_numa_node=nv_numa.get(bus, -1),
+                memory_numa_node=nv_driver.get(bus, (-1, -1))[0],
+                minor=nv_driver.get(bus, (-1, -1))[1],
                 pci_path=_pci_chain(r, d) or (bus,),
                 pcie_link=read_pcie_link(r, d),
             )

@@ -37,13 +37,44 @@ def pci_order(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 
-def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None) -> tuple[Gpu, ...]:
+def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | None) -> tuple[Gpu, ...]:
+    """The GPUs a process whose device cgroup lets it open only ``minors`` can use (None: all).
+
+    CUDA enumerates only the devices it can open, so under Slurm's ConstrainDevices
+    ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* GPU. Slurm numbers GPUs by minor
+    number (``/dev/nvidia<minor>``), which need not follow the PCI order.
+    """
+    if minors is None:
+        return gpus
+    known = all(g.minor >= 0 for g in gpus)
+    if not known:
+        log.warning(
+            "this topology source records no GPU minor numbers: taking GPU index N as /dev/nvidiaN for the scheduler's "
+            "GPUs %s (a live machine, or a recorded tree with /proc/driver/nvidia/gpus/*/information, knows them)",
+            ",".join(str(m) for m in sorted(minors)),
+        )
+    number = {id(g): (g.minor if known else g.index) for g in gpus}
+    missing = set(minors) - set(number.values())
+    if missing:
+        raise VisibleDevicesError(
+            f"bad GPU selection: the scheduler gave this task GPU minor number(s) {sorted(missing)}, which this topology "
+            f"does not have (its minors: {sorted(number.values())}); expected the node's own topology"
+        )
+    return tuple(g for g in gpus if number[id(g)] in minors)
+
+
+def visible_gpus(
+    topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None,
+    allowed_minors: frozenset[int] | tuple[int, ...] | None = None,
+) -> tuple[Gpu, ...]:
     """GPUs of ``topology`` as CUDA device 0, 1, ... of a process with this environment.
 
     ``cuda_visible_devices`` None (unset) -> all GPUs; ``""`` or ``"-1"`` -> none.
+    ``allowed_minors``: the device cgroup lets the process open only these (see :func:`openable`);
+    ``cuda_visible_devices`` then indexes into them.
     Raises :class:`VisibleDevicesError` for anything CUDA would truncate or reject.
     """
-    gpus = pci_order(tuple(topology.gpus))
+    gpus = pci_order(openable(tuple(topology.gpus), allowed_minors))
     if (cuda_device_order or "").strip() != PCI_BUS_ID and len({g.name for g in gpus}) > 1:
         log.warning(
             "CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "

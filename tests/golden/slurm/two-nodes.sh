@@ -1,8 +1,8 @@
 #!/bin/bash
 # Rendered by 'numarun submit' from launcher/slurm/templates/sbatch.sh.in.
-# One srun task per node owns that node's CPUs and GPUs; 'numarun slurm-node task' there picks
-# the node rank (Slurm's node order), the head's NodeAddr and the port, and runs numarun, which
-# discovers the node's own topology inside the job's cgroup and binds its ranks.
+# One srun task per node owns that node's CPUs and GPUs; 'numarun slurm-node task' runs numarun
+# there, which finds the step it is part of (node rank in Slurm's node order, the head's NodeAddr,
+# the port), discovers the node's own topology inside the job's cgroup and binds its ranks.
 # Every user value is shell-quoted.
 # Requested: 2 whole nodes (--exclusive): every CPU, no GPUs (none found on the partition's nodes)
 #SBATCH --job-name=numarun
@@ -37,6 +37,14 @@ mkdir -p -- "$run_dir" || { echo "numarun: error: cannot create run dir '$run_di
 export NUMARUN_RUN_DIR="$run_dir"
 [ "$hydra_run_dir" = 1 ] && args+=("hydra.run.dir=$run_dir")
 rm -f -- "$run_dir"/.numarun-node*.exit
+
+# Ask Slurm once for the whole job (the leaf switches, every node's NodeAddr) and hand the answers
+# to every node's task: two controller calls per job start, whatever the node count.
+info="$run_dir/.numarun-slurm"
+if mkdir -p -- "$info" && timeout 60 scontrol -o show node "$SLURM_JOB_NODELIST" >"$info/nodes.tmp" 2>/dev/null; then
+  timeout 60 scontrol show topology >"$info/topology" 2>/dev/null || : >"$info/topology"
+  mv -f -- "$info/nodes.tmp" "$info/nodes" && export NUMARUN_SLURM_INFO="$info"
+fi
 
 # Slurm 22.05-23.02 srun does not inherit --cpus-per-task from sbatch: restate it (a whole-node
 # job: the smallest node's CPU count, from SLURM_JOB_CPUS_PER_NODE such as '64(x2),32').

@@ -1,7 +1,7 @@
 """Slurm hostlist expressions (``node[01-03,07]``, ``a[1-2]b[3-4]``) -> host names. Pure.
 
-Each node of a job expands ``SLURM_JOB_NODELIST`` with it (:mod:`numarun.slurm.node`) to
-find the node order and its own rank, without asking slurmctld. It follows ``scontrol show
+Every task of a Slurm step expands the step's node list with it (:mod:`numarun.jobenv.slurm`)
+to find the node order and its own place in it, without asking slurmctld. It follows ``scontrol show
 hostnames``' rules:
 comma-separated items at top level, each a mix of text and ``[ranges]``; several bracket
 groups in one item give their cartesian product; zero padding of a range's start is kept.

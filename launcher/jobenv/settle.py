@@ -1,0 +1,235 @@
+"""The user's launch options against the job found in the environment. Pure.
+
+What the user left out is taken from the scheduler; what the user gave is used as given when it
+agrees, and is one line naming both values when it does not (:class:`JobConflict`). Per-node
+mode settles torchrun's rendezvous (:func:`settle_node`); per-rank mode checks that no option
+asks for what only torchrun's agent does, and builds the environment torchrun gives its workers
+(:func:`rank_env`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ..errors import UsageError
+from .model import JobShape, Mode, Scheduler
+from .slurm import node_order, rendezvous_port
+
+TORCHRUN_DEFAULT_PORT = 29500
+
+
+class JobConflict(UsageError):
+    """An explicit option contradicts the job the scheduler started.
+
+    ``node_varying``: the conflict may hold on some nodes only (``--node-rank``), so the other
+    nodes, which see nothing wrong, must be told to stop."""
+
+    def __init__(self, message: str, *, node_varying: bool = False) -> None:
+        super().__init__(message)
+        self.node_varying = node_varying
+
+
+@dataclass(frozen=True)
+class Given:
+    """The launch options the user gave explicitly (None / False: not given)."""
+
+    nnodes: str | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    standalone: bool = False
+    nproc_per_node: int | str | None = None
+    agent_options: tuple[str, ...] = ()
+    """Other torchrun options given (``--max-restarts``...), as typed: they configure torchrun's agent."""
+
+
+@dataclass(frozen=True)
+class NodeRendezvous:
+    """Per-node mode: torchrun's rendezvous for this node."""
+
+    nnodes: int
+    node_rank: int
+    head: str
+    """The node that gets node rank 0 ('' when the scheduler does not name nodes)."""
+    master_addr: str | None
+    """None: the head's address is still to be found (its NodeAddr)."""
+    master_port: int | None
+    own_rendezvous: bool
+    """The user's own rendezvous (``--rdzv-endpoint``, c10d, ``--standalone``) is kept: only --nnodes is set."""
+    order: tuple[str, ...] = ()
+
+    def options(self, master_addr: str | None = None) -> dict[str, object]:
+        """torchrun option dests to set (``master_addr`` fills a head address found since)."""
+        if self.own_rendezvous:
+            return {"nnodes": str(self.nnodes)}
+        addr = self.master_addr or master_addr
+        if addr is None:
+            raise UsageError(f"no address for the head node {self.head!r}: expected --master-addr HOST")
+        return {
+            "nnodes": str(self.nnodes), "node_rank": self.node_rank, "rdzv_backend": "static",
+            "master_addr": addr, "master_port": self.master_port, "rdzv_endpoint": "",
+        }
+
+
+def _who(shape: JobShape) -> str:
+    if shape.scheduler is Scheduler.SLURM:
+        return f"Slurm step {shape.job}"
+    return shape.describe().split(":")[0]
+
+
+def _nnodes_range(text: str) -> tuple[int, int] | None:
+    parts = text.split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts):
+        return None
+    return int(parts[0]), int(parts[-1])
+
+
+def _check_nnodes(shape: JobShape, given: Given) -> None:
+    if given.nnodes is None:
+        return
+    span = _nnodes_range(given.nnodes)
+    if span is not None and span[0] <= shape.nnodes <= span[1]:
+        return
+    tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
+    raise JobConflict(
+        f"bad --nnodes {given.nnodes!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
+        f"({tasks}); expected --nnodes {shape.nnodes} or no --nnodes (numarun reads it from the scheduler)"
+    )
+
+
+def _check_node_rank(shape: JobShape, given: Given) -> None:
+    if given.node_rank is None or given.node_rank == shape.node_index:
+        return
+    if shape.scheduler is Scheduler.SLURM:
+        hint = (
+            "; was $SLURM_NODEID expanded by the batch shell before srun? Quote it "
+            "(srun bash -c '... --node-rank $SLURM_NODEID ...') or leave --node-rank out: numarun reads it from Slurm"
+        )
+        where = f"this task runs on {shape.node_name} (SLURM_NODEID {shape.node_index} of {_who(shape)})"
+    else:
+        hint = "; leave --node-rank out: numarun reads it from the scheduler"
+        where = f"this process is on node {shape.node_index} of {_who(shape)}"
+    raise JobConflict(f"bad --node-rank {given.node_rank}: {where}{hint}", node_varying=True)
+
+
+def _check_standalone(shape: JobShape, given: Given) -> None:
+    if given.standalone and shape.nnodes > 1:
+        raise JobConflict(
+            f"bad option '--standalone': {_who(shape)} spans {shape.nnodes} nodes, and --standalone runs a job of one "
+            "node; expected it left out (numarun joins the nodes of the step)"
+        )
+
+
+def settle_node(
+    shape: JobShape, given: Given, environ: Mapping[str, str], *, leaf_switch: Mapping[str, str] | None = None
+) -> NodeRendezvous:
+    """Per-node mode: the rendezvous of this node, from what the user gave and the scheduler's job.
+
+    The node rank is the node's index in Slurm's order, regrouped by leaf switch (``leaf_switch``,
+    from ``scontrol show topology``) unless the user gave ``--node-rank`` (checked against
+    ``SLURM_NODEID``). The head is node rank 0, the port derives from the job and step ids.
+    ``MASTER_ADDR``/``MASTER_PORT`` in the environment count as given.
+    """
+    _check_nnodes(shape, given)
+    _check_standalone(shape, given)
+    _check_node_rank(shape, given)
+    own = bool(given.rdzv_endpoint) or given.standalone or (given.rdzv_backend not in (None, "static"))
+    if own:
+        return NodeRendezvous(nnodes=shape.nnodes, node_rank=shape.node_index, head="", master_addr=None,
+                              master_port=None, own_rendezvous=True)
+    if shape.nodes:
+        order = shape.nodes if given.node_rank is not None else tuple(node_order(shape.nodes, leaf_switch))
+        node_rank = order.index(shape.node_name)
+    else:  # MPI: the rank of a one-process-per-node job is its node
+        order, node_rank = (), shape.node_index
+    head = order[0] if order else ""
+    addr = given.master_addr or environ.get("MASTER_ADDR") or None
+    if addr is None and not order:
+        addr = _mpi_head_addr(shape)
+    port = given.master_port or _env_port(environ) or _derived_port(shape)
+    return NodeRendezvous(nnodes=shape.nnodes, node_rank=node_rank, head=head, master_addr=addr, master_port=port,
+                          own_rendezvous=False, order=order)
+
+
+def _env_port(environ: Mapping[str, str]) -> int | None:
+    text = environ.get("MASTER_PORT", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise UsageError(f"bad MASTER_PORT {text!r}: expected a port from 1 to 65535")
+    return int(text)
+
+
+def _derived_port(shape: JobShape) -> int:
+    if shape.job_id is not None:
+        return rendezvous_port(shape.job_id, shape.step_id or 0)
+    return TORCHRUN_DEFAULT_PORT
+
+
+def _mpi_head_addr(shape: JobShape) -> str:
+    if shape.nnodes == 1:
+        return "127.0.0.1"
+    raise UsageError(
+        f"no address for rank 0's node: {shape.describe().split(':')[0]} spans {shape.nnodes} nodes and the MPI launcher "
+        "does not say where rank 0 runs; expected --master-addr HOST or MASTER_ADDR in the environment "
+        "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)"
+    )
+
+
+# Options of numarun run that make sense when the scheduler starts every rank (no torchrun agent).
+PER_RANK_OPTIONS = frozenset({
+    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone", "training_script",
+    "training_script_args", "module", "no_python", "topology", "binding", "mem_policy", "nic_policy", "dry_run",
+    "strict_binding", "plan_file", "watch_interval", "no_watch", "no_detect", "log_level", "command", "func", "argv",
+})
+
+
+def check_rank(shape: JobShape, given: Given) -> None:
+    """Per-rank mode: the options must not contradict the scheduler nor ask for torchrun's agent."""
+    if given.nproc_per_node is not None and given.nproc_per_node != 1:
+        raise JobConflict(
+            f"bad --nproc-per-node {given.nproc_per_node}: {_who(shape)} already starts {shape.local_world_size} "
+            f"task{'s' if shape.local_world_size != 1 else ''} on this node, each one rank (per-rank mode); expected no "
+            "--nproc-per-node, or one task per node (srun --ntasks-per-node=1) for numarun to start the node's ranks"
+        )
+    _check_nnodes(shape, given)
+    _check_standalone(shape, given)
+    _check_node_rank(shape, given)
+    if given.agent_options:
+        flag = given.agent_options[0]
+        raise JobConflict(
+            f"bad option {flag!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no torchrun "
+            "agent, which that option configures; expected it left out, or one task per node for numarun to start the ranks"
+        )
+
+
+def rank_master(shape: JobShape, given: Given, environ: Mapping[str, str]) -> tuple[str | None, int]:
+    """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
+    addr = given.master_addr or environ.get("MASTER_ADDR") or None
+    if addr is None and not shape.nodes:
+        addr = _mpi_head_addr(shape)
+    port = given.master_port or _env_port(environ) or _derived_port(shape)
+    return addr, port
+
+
+def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables torchrun gives each worker, from the scheduler's numbering (per-rank mode)."""
+    if shape.mode is not Mode.PER_RANK:
+        raise ValueError("rank_env is for per-rank mode")
+    return {
+        "RANK": str(shape.rank), "LOCAL_RANK": str(shape.local_rank), "WORLD_SIZE": str(shape.world_size),
+        "LOCAL_WORLD_SIZE": str(shape.local_world_size), "GROUP_RANK": str(shape.node_index),
+        "GROUP_WORLD_SIZE": str(shape.nnodes), "ROLE_NAME": "default", "ROLE_RANK": str(shape.rank),
+        "ROLE_WORLD_SIZE": str(shape.world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": shape.job or "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+
+
+def agent_options(given_dests: Iterable[str], spelling: Mapping[str, str]) -> tuple[str, ...]:
+    """The given options outside :data:`PER_RANK_OPTIONS`, spelled as typed (``spelling``: dest -> flag)."""
+    return tuple(spelling.get(d, "--" + d.replace("_", "-")) for d in sorted(given_dests) if d not in PER_RANK_OPTIONS)

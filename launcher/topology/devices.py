@@ -1,0 +1,88 @@
+"""What this process may use, as the kernel enforces it: GPU device files and the cgroup's CPUs.
+
+A scheduler confines a task with cgroups. Slurm's ConstrainDevices lets a task open only its
+GPUs' ``/dev/nvidiaN`` (with ``--gpus-per-task`` each task its own, while ``SLURM_STEP_GPUS`` and
+``CUDA_VISIBLE_DEVICES`` read ``0`` in every task), and its ConstrainCores gives the step a
+cpuset while ``--cpu-bind`` narrows each task's affinity inside it. Both are read here, under a
+``root`` (``/`` for the live machine; a recorded tree has its own ``dev/`` and ``proc/``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..cpuset import parse_list
+from ..errors import CpuListError
+
+DENIED = (errno.EPERM, errno.EACCES)
+
+
+def gpu_device_access(root: Path, minors: Iterable[int]) -> dict[int, bool | None]:
+    """Minor number -> whether ``<root>/dev/nvidia<minor>`` may be opened (None: no such file).
+
+    An open refused with EPERM/EACCES is the device cgroup saying no. Any other outcome (the
+    device opens, or the driver answers ENXIO/ENODEV) means the cgroup let it through.
+    """
+    out: dict[int, bool | None] = {}
+    for minor in sorted(set(minors)):
+        if minor < 0:
+            continue
+        path = root / "dev" / f"nvidia{minor}"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        except FileNotFoundError:
+            out[minor] = None
+            continue
+        except OSError as e:
+            out[minor] = e.errno not in DENIED
+            continue
+        os.close(fd)
+        out[minor] = True
+    return out
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def cgroup_cpus(root: Path = Path("/")) -> tuple[int, ...] | None:
+    """The CPUs of this process's cpuset cgroup (v2 ``cpuset.cpus.effective``, v1
+    ``cpuset.effective_cpus``), the nearest ancestor that has the file; None when unknown.
+
+    This is what the scheduler gave the whole step, before any per-task ``--cpu-bind``.
+    """
+    text = _read(root / "proc/self/cgroup")
+    if not text:
+        return None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        names: tuple[str, ...]
+        if controllers == "":
+            base, names = root / "sys/fs/cgroup", ("cpuset.cpus.effective",)
+        elif "cpuset" in controllers.split(","):
+            base, names = root / "sys/fs/cgroup/cpuset", ("cpuset.effective_cpus", "cpuset.cpus")
+        else:
+            continue
+        d = base / rel.strip().lstrip("/")
+        while True:
+            for name in names:
+                value = _read(d / name)
+                if value is not None and value.strip():
+                    try:
+                        return parse_list(value.strip())
+                    except CpuListError:
+                        return None
+            if d == base or base not in d.parents:
+                break
+            d = d.parent
+    return None
