@@ -123,13 +123,32 @@ def _split_command(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except NumarunError as e:
+        print(f"numarun: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(args_list: list[str]) -> int:
     command = _split_command(args_list)
+    supervisor = None
+    if command == "run" and not _help_only(args_list, command):
+        from .launch.supervisor import Supervisor
+
+        # numarun owns its signals from its first moment: one that arrives while torch is imported
+        # for the parser is held for the workers (or ends the run), never lost
+        supervisor = Supervisor()
+        supervisor.hold_signals()
     parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
     args = parser.parse_args(args_list)
     if command is not None:
         # what the subcommand was given, as typed: an option given with its default value still counts
         args.argv = args_list[args_list.index(command) + 1:]
+    if supervisor is not None:
+        args.supervisor = supervisor
     level = getattr(logging, str(args.log_level or "WARNING").upper(), None)
     if not isinstance(level, int):
         parser.error(f"bad --log-level {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
@@ -137,13 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except NumarunError as e:
-        print(f"numarun: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"
 SLURM_INFO = "NUMARUN_SLURM_INFO"
 """A directory holding the job's ``scontrol show topology`` (``topology``) and ``scontrol -o show node``
 (``nodes``) answers, written once by ``numarun submit``'s batch script for every node's task."""
+RDZV_MARGIN = "NUMARUN_RDZV_MARGIN"
+"""Seconds numarun waits past torch's rendezvous timeout before it ends a rendezvous that hangs (default 15)."""
+READY_FD = "NUMARUN_READY_FD"
+"""A pipe (file descriptor) numarun writes one byte to once its signal handlers are in place: the Slurm
+node task holds the signals it gets until then."""
 DETECT = "NUMARUN_DETECT"
 """``0``: do not read the job's shape from a scheduler's environment (Slurm step, mpirun); ``--no-detect``."""
 PLAN_JSON = "NUMARUN_PLAN_JSON"

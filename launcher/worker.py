@@ -48,22 +48,6 @@ def current_binding(environ: Mapping[str, str] | None = None) -> RankBinding | N
     return plan.rank(int(local_rank))
 
 
-def record(environ: Mapping[str, str], name: str, text: str) -> None:
-    """A small file in numarun's private directory (``NUMARUN_STATE_DIR``) for the launcher:
-    ``pid.<local rank>`` and ``exit.<local rank>``. Nothing outside numarun."""
-    state = environ.get(envvars.STATE_DIR)
-    if not state:
-        return
-    rank = environ.get("LOCAL_RANK", "0")
-    path, tmp = os.path.join(state, f"{name}.{rank}"), os.path.join(state, f".{name}.{rank}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:  # the launcher is gone and took its directory: nothing to tell it
-        pass
-
-
 _last_report = time.monotonic()  # the bootstrap imports this module before the user's script
 
 
@@ -110,7 +94,9 @@ def finish(code: object) -> NoReturn:
         print(code, file=sys.stderr)
         status = 1
     # Read by numarun after a SIGTERM: every rank ending with 0 on its own is a clean stop.
-    record(os.environ, "exit", f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')} {status & 0xFF}")
+    from .launch.ledger import record_exit
+
+    record_exit(os.environ, status)
     if os.environ.get(envvars.FULL_EXIT) == "1":
         sys.exit(status)
     for t in threading.enumerate():

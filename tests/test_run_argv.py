@@ -1,4 +1,5 @@
-"""``numarun run`` options -> torchrun argv, as data (golden file + round trip through torchrun's parser).
+"""``numarun run`` options -> the launch spec -> torchrun argv, as data (golden file + round trip
+through torchrun's parser), and the supervisor's plan file and environment.
 
 Regenerate the golden file with ``NUMARUN_REGEN_GOLDEN=1 pytest tests/test_run_argv.py``.
 """
@@ -14,7 +15,8 @@ import pytest
 from numarun.cli import build_parser
 from numarun.errors import UsageError
 from golden import check_golden
-from numarun.launch.torchrun import ENTRY_FILE, Target, build_torchrun_argv, target_from_args, torchrun_parser, worker_env
+from numarun.launch.spec import LaunchSpec, launch_spec
+from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, torchrun_parser, worker_env
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,10 +41,14 @@ def parse(args: list[str]):
     return build_parser(only="run").parse_args(["run", *args])
 
 
-def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
+def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
     ns = parse(args)
-    target = target_from_args(ns)
-    return build_torchrun_argv(vars(ns), nproc_per_node=ns.nproc_per_node or nproc, target=target), target
+    return launch_spec(vars(ns), nproc_per_node=ns.nproc_per_node or nproc, target=target_from_args(ns))
+
+
+def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
+    spec = spec_for(args, nproc)
+    return spec.argv(), spec.target
 
 
 def test_golden_argv() -> None:
@@ -62,6 +68,23 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
     for action in torchrun_parser()._actions:
         if action.dest not in skipped:
             assert getattr(back, action.dest) == getattr(ns, action.dest), action.dest
+
+
+def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
+    spec = spec_for(CASES[3])  # c10d, 1:4 nodes, rdzv conf
+    assert spec.nnodes == "1:4" and spec.multi_node and spec.max_restarts == 3
+    assert spec.rendezvous_deadline() == (615, "join_timeout=600 + 15 s")
+    assert spec.store_address() == ("head", 29400) and spec.node_label().endswith(f".{os.getpid()}")
+    spec = spec_for(CASES[2])  # static, node 1 of 2
+    assert spec.store_address() == ("10.0.0.1", 29501) and spec.node_label() == "node1"
+    assert spec.rendezvous_deadline() == (915, "timeout=900 + 15 s")
+    spec = spec_for(CASES[4])
+    assert spec.death_signals == ("SIGTERM", "SIGUSR1") and spec.shutdown_timeout == 5 and spec.log_dir == "/tmp/logs"
+    assert ("--role", "trainer") in spec.passthrough and spec.store_address() is None and spec.node_label() is None
+    # the private log dir only where the user gave none
+    assert "--log-dir=/tmp/logs" in spec.argv(log_dir="/private") and "--log-dir=/private" in spec_for(CASES[0]).argv(log_dir="/private")
+    standalone = spec_for(CASES[1])
+    assert standalone.backend == "c10d" and not standalone.multi_node
 
 
 def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
@@ -105,53 +128,60 @@ def test_worker_env_lists_the_user_set_variables() -> None:
 
 @pytest.mark.slow
 def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
-    from numarun.launch.torchrun import write_plan_file
+    from numarun.launch.supervisor import Supervisor
 
+    sup = Supervisor()
     plan = _plan({"OMP_NUM_THREADS": "1"})
-    path = write_plan_file(plan)
-    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
-    assert LaunchPlan.from_json(path.read_text()) == plan
-    used = write_plan_file(plan, tmp_path)
-    assert used.parent == path.parent  # the workers' copy stays private, also with a run dir
-    kept = tmp_path / "numarun_plan.json"  # the record of the job
-    assert kept.stat().st_mode & 0o777 == 0o600 and LaunchPlan.from_json(kept.read_text()) == plan
-    assert write_plan_file(plan, tmp_path) == used and kept.exists()  # a second job in the same dir
+    try:
+        path = sup.write_plan(plan.to_json())
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert LaunchPlan.from_json(path.read_text()) == plan
+        used = sup.write_plan(plan.to_json(), tmp_path)
+        assert used.parent == path.parent  # the workers' copy stays private, also with a run dir
+        kept = tmp_path / "numarun_plan.json"  # the record of the job
+        assert kept.stat().st_mode & 0o777 == 0o600 and LaunchPlan.from_json(kept.read_text()) == plan
+        assert sup.write_plan(plan.to_json(), tmp_path) == used and kept.exists()  # a second job in the same dir
+    finally:
+        sup.close()
+    assert not path.parent.exists()
 
 
 @pytest.mark.slow
 def test_nodes_sharing_a_run_dir_keep_their_own_plans(tmp_path: Path) -> None:
     """On a shared filesystem every node of a job writes into one run dir: a node's workers
     must read that node's plan, never the plan of the node that wrote last."""
-    from numarun.launch.torchrun import write_plan_file
+    from numarun.launch.supervisor import Supervisor
 
+    sup = Supervisor()
     plans = [_plan({"OMP_NUM_THREADS": str(n)}) for n in (1, 2)]
-    used = [write_plan_file(p, tmp_path, node=f"node{i}") for i, p in enumerate(plans)]
-    assert LaunchPlan.from_json(used[0].read_text()) == plans[1]  # one numarun: one private file
+    try:
+        used = [sup.write_plan(p.to_json(), tmp_path, node=f"node{i}") for i, p in enumerate(plans)]
+        assert LaunchPlan.from_json(used[0].read_text()) == plans[1]  # one numarun: one private file
+    finally:
+        sup.close()
     for i, p in enumerate(plans):
         assert LaunchPlan.from_json((tmp_path / f"numarun_plan.node{i}.json").read_text()) == p
     assert not (tmp_path / "numarun_plan.json").exists()
 
 
-def test_node_label_names_a_node_only_on_a_multi_node_job() -> None:
-    from numarun.launch.torchrun import node_label
-
-    assert node_label({"nnodes": "1", "node_rank": 0}) is None
-    assert node_label({"nnodes": "1:1"}) is None
-    assert node_label({"nnodes": "2", "node_rank": 1, "rdzv_backend": "static"}) == "node1"
-    assert node_label({"nnodes": "2", "node_rank": 0}) == "node0"
-    elastic = node_label({"nnodes": "1:4", "node_rank": 0, "rdzv_backend": "c10d"})
-    assert elastic is not None and elastic.endswith(f".{os.getpid()}")
-
-
 @pytest.mark.slow
-def test_run_torchrun_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from numarun.launch.torchrun import run_torchrun
+def test_a_run_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from numarun.launch.supervisor import Supervisor, scoped_environ
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     before = dict(os.environ)
-    # a run that fails at once: torchrun refuses a min > max --nnodes range before starting workers
-    with pytest.raises(AssertionError, match="min_nodes"):
-        run_torchrun(["--nnodes=2:1", "--nproc-per-node=2", "--module", "x"], {"NUMARUN_PLAN": "/nowhere", "OMP_NUM_THREADS": "3"})
+    with scoped_environ({"NUMARUN_PLAN": "/nowhere", "OMP_NUM_THREADS": "3"}):
+        os.environ["SET_INSIDE"] = "1"  # as torchrun sets OMP_NUM_THREADS for its workers
+        os.environ["HOME"] = "/elsewhere"
+    assert dict(os.environ) == before
+    sup = Supervisor()
+    spec = LaunchSpec(target=Target("module", "x"), nproc_per_node=2, nnodes="2:1")
+    try:
+        # a run that fails at once: torchrun refuses a min > max --nnodes range before starting workers
+        with pytest.raises(AssertionError, match="min_nodes"):
+            sup.run(spec, {"NUMARUN_PLAN": "/nowhere", "OMP_NUM_THREADS": "3"})
+    finally:
+        sup.close()
     assert dict(os.environ) == before
 
 

@@ -3,6 +3,7 @@ node order, the node rank under topology/tree, the exit code and the requeue dec
 per-node entry run for real (a fake scontrol on PATH, numarun's own 'run --dry-run')."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,48 @@ def test_finish_requeues_after_the_signal_until_the_limit(fake_slurm, tmp_path):
     fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--restart-count", "2", "--requeue-limit", "2")
     assert fin.returncode == 0 and "requeue limit 2 reached" in fin.stderr
     assert (tmp_path / "requeued").read_text().count("requeue") == 1
+
+
+@pytest.mark.slow
+def test_finish_reports_a_node_whose_ranks_were_killed_even_when_srun_says_0(fake_slurm, tmp_path):
+    """After a signal the node task tells srun 0 (so no other node's save is cut short) and records
+    numarun's code; the job's exit code is that record."""
+    (tmp_path / ".numarun-node1.exit").write_text("5 143\n")
+    fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0")
+    assert fin.returncode == 143 and "step finished with exit code 143" in fin.stdout
+    # a preempted job still requeues
+    fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--requeue-limit", "1")
+    assert fin.returncode == 0 and "requeueing job 77" in fin.stdout
+
+
+def test_node_outcome_records_the_code_and_spares_srun_after_a_signal(tmp_path):
+    from numarun.slurm.node import node_outcome
+
+    record = tmp_path / "rec"
+    assert node_outcome(0, {15}, record=record, node="n1") == 0 and not record.exists()
+    assert node_outcome(143, {15}, record=record, node="n1") == 0 and record.read_text().split()[1] == "143"
+    assert node_outcome(3, set(), record=record, node="n1") == 3 and record.read_text().split()[1] == "3"
+
+
+@pytest.mark.slow
+def test_a_signal_the_node_task_gets_before_numarun_is_ready_is_held(fake_slurm, tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node1", "SLURM_STEP_NODELIST": "node1",
+            "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
+            "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node1"}
+    p = subprocess.Popen([sys.executable, "-m", "numarun", "slurm-node", "task", "--run-dir", str(tmp_path), "--job-key", "77",
+                          "run", "--nproc-per-node", "1", str(script)], env=dict(fake_slurm, **step),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()  # the task's first line: its handlers are in, numarun is only starting
+    assert line.startswith("numarun: job 77"), line
+    p.send_signal(signal.SIGUSR2)
+    try:
+        out = line + p.communicate(timeout=240)[0]
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the signal was lost: numarun and its worker kept running")
+    # the held USR2 reached the worker once numarun was ready: it died of it, numarun ended with 1
+    assert p.returncode == 0 and "killed by SIGUSR2" in out, out[-3000:]
+    assert (tmp_path / ".numarun-node0.exit").read_text().split()[1] == "1"

@@ -81,7 +81,7 @@ def _env_int(name: str, default: int | None = None) -> int:
 def _current_binding() -> RankBinding | None:
     # The bootstrap belongs to the launch side; plain torchrun has none, so tolerate its absence.
     try:
-        from ..launch.bootstrap import current_binding
+        from ..worker import current_binding
     except ImportError:
         return None
     try:

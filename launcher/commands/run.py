@@ -36,18 +36,9 @@ from .. import envvars
 from ..errors import UsageError
 from ..jobenv import JobShape, Mode
 from ..jobenv.settle import Given, JobConflict
-from ..launch.torchrun import (
-    Target,
-    add_run_options,
-    build_torchrun_argv,
-    command_line,
-    node_label,
-    run_torchrun,
-    target_from_args,
-    torchrun_parser,
-    worker_env,
-    write_plan_file,
-)
+from ..launch.spec import LaunchSpec, launch_spec
+from ..launch.supervisor import Supervisor
+from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_for
 from .detected import step_gpu_minors
@@ -211,11 +202,15 @@ def main(args: argparse.Namespace) -> int:
     from .detected import announce, detect_job, refuse, settle_node_args
 
     job, given = detect_job(args, _PARSER)
+    supervisor = getattr(args, "supervisor", None)
+    if supervisor is None:
+        supervisor = Supervisor()
+        supervisor.hold_signals()
     if job is not None:
         announce(args, job.describe())
         try:
             if job.mode is Mode.PER_RANK:
-                return _run_rank(args, target, job, given)
+                return _run_rank(args, target, job, given, supervisor)
             args, rendezvous = settle_node_args(args, job, given)
         except JobConflict as e:
             return refuse(job, e, given)
@@ -228,21 +223,21 @@ def main(args: argparse.Namespace) -> int:
 
         if preflight(args):
             return 1
-    planner = _Planner(job)
+    run = _Runner(supervisor, _Planner(job))
     if target.kind != "exec":
         from ..config.detect import AppKind, detect_app
 
         kind = detect_app(target.name, is_module=target.kind == "module")
         if kind is AppKind.TRAINER:
-            return _run_trainer(args, target, planner)
+            return _run_trainer(args, target, run)
         if kind is AppKind.HYDRA_MAIN:
             # Hydra's ${now:} fixed once here: every rank's Hydra picks the same run dir
             when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
-            return _run(args, target, planner, {envvars.HYDRA_NOW: when})
-    return _run(args, target, planner, {})
+            return run(args, target, {envvars.HYDRA_NOW: when})
+    return run(args, target, {})
 
 
-def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Given) -> int:
+def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Given, supervisor: Supervisor) -> int:
     """Per-rank mode: bind this process as its rank of the node's plan, then run the script here."""
     from ..jobenv.settle import check_rank, rank_env, rank_master
     from .detected import rank_setup
@@ -293,10 +288,11 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
         return 0
     from ..launch.rank import become_rank
 
+    supervisor.release()  # the rank handles its own signals, as under plain python
     become_rank(target, env)
 
 
-def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) -> int:
+def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
     """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
     from ..config import compose
 
@@ -317,24 +313,22 @@ def _run_trainer(args: argparse.Namespace, target: Target, planner: _Planner) ->
                 "config.yaml (below, what every rank reads) and numarun_plan.json\n"
             )
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
-            _run(job_args, Target(target.kind, target.name, ()), planner, dict(job.env))
+            run(job_args, Target(target.kind, target.name, ()), dict(job.env))
         return 0
 
     # the workers read the saved config: no arguments after the script
     job_target = Target(target.kind, target.name, ())
-    planned: dict[tuple[str, str], tuple[argparse.Namespace, tuple[LaunchPlan, str]]] = {}
+    prepared: dict[tuple[str, str], tuple[argparse.Namespace, _Prepared]] = {}
 
     def check(job: Any) -> None:
         """Before Hydra makes any run dir: the job's flags, plan and torchrun options are sound."""
         job_args = settled(job.launcher)
-        plan = planner.plan(job_args)
-        build_torchrun_argv(vars(job_args), nproc_per_node=plan[0].nproc_per_node, target=job_target)
-        planned[(str(job.run_dir), job.config_text)] = (job_args, plan)
+        prepared[(str(job.run_dir), job.config_text)] = (job_args, run.prepare(job_args, job_target))
 
     def on_job(job: Any) -> int:
-        job_args, plan = planned.pop((str(job.run_dir), job.config_text), None) or (settled(job.launcher), None)
+        job_args, ready = prepared.pop((str(job.run_dir), job.config_text), None) or (settled(job.launcher), None)
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
-        return _run(job_args, job_target, planner, dict(job.env), run_dir=job.run_dir, planned=plan)
+        return run(job_args, job_target, dict(job.env), run_dir=job.run_dir, prepared=ready)
 
     compose.run_hydra(script_args, on_job, check)
     return 0
@@ -351,39 +345,49 @@ def _watch_env(args: argparse.Namespace) -> dict[str, str]:
     return {envvars.WATCH_INTERVAL: f"{interval:g}"}
 
 
-def _run(
-    args: argparse.Namespace,
-    target: Target,
-    planner: _Planner,
-    job_env: dict[str, str],
-    run_dir: os.PathLike[str] | None = None,
-    planned: tuple[LaunchPlan, str] | None = None,
-) -> int:
-    plan, plan_path = planned or planner.plan(args)
-    for w in plan.warnings:
-        log.warning("%s", w)
-    # The binding line of each rank is logged at INFO on purpose: it is the run's record of
-    # what each rank got, so it shows by default although numarun's own level is WARNING;
-    # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
-    if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
-        job_env = {envvars.LOG_LEVEL: str(args.log_level).upper(), **job_env}
-    argv = build_torchrun_argv(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
-    if args.dry_run:
-        from ..view.plan import render_plan
+_Prepared = tuple[LaunchPlan, str, LaunchSpec]
+"""(plan, plan file path or '', launch spec) of one job, built once."""
 
-        env = {
-            **worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding),
-            **job_env,
-            **_watch_env(args),
-        }
-        sys.stdout.write(render_plan(plan, width=160))
+
+class _Runner:
+    """Runs jobs of one numarun: each job planned and its launch spec built once, then run under the supervisor."""
+
+    def __init__(self, supervisor: Supervisor, planner: _Planner) -> None:
+        self.supervisor = supervisor
+        self.planner = planner
+
+    def prepare(self, args: argparse.Namespace, target: Target) -> _Prepared:
+        plan, plan_path = self.planner.plan(args)
+        spec = launch_spec(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
+        return plan, plan_path, spec
+
+    def __call__(self, args: argparse.Namespace, target: Target, job_env: dict[str, str],
+                 run_dir: os.PathLike[str] | None = None, prepared: _Prepared | None = None) -> int:
+        plan, plan_path, spec = prepared or self.prepare(args, target)
+        for w in plan.warnings:
+            log.warning("%s", w)
+        # The binding line of each rank is logged at INFO on purpose: it is the run's record of
+        # what each rank got, so it shows by default although numarun's own level is WARNING;
+        # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+        if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
+            job_env = {envvars.LOG_LEVEL: str(args.log_level).upper(), **job_env}
+        if args.dry_run:
+            from ..view.plan import render_plan
+
+            env = {
+                **worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding),
+                **job_env,
+                **_watch_env(args),
+            }
+            sys.stdout.write(render_plan(plan, width=160))
+            if not plan_path:
+                sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
+            sys.stdout.write(command_line(env, spec.argv()) + "\n")
+            return 0
         if not plan_path:
-            sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
-        sys.stdout.write(command_line(env, argv) + "\n")
+            plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
+        env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env,
+               **_watch_env(args)}
+        log.info("running: %s", command_line(env, spec.argv()))
+        self.supervisor.run(spec, env)
         return 0
-    if not plan_path:
-        plan_path = str(write_plan_file(plan, run_dir, node=node_label(vars(args))))
-    env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env, **_watch_env(args)}
-    log.info("running: %s", command_line(env, argv))
-    run_torchrun(argv, env)
-    return 0

@@ -184,6 +184,7 @@ PER_RANK_OPTIONS = frozenset({
     "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone", "training_script",
     "training_script_args", "module", "no_python", "topology", "binding", "mem_policy", "nic_policy", "dry_run",
     "strict_binding", "plan_file", "watch_interval", "no_watch", "no_detect", "log_level", "command", "func", "argv",
+    "supervisor",
 })
 
 

@@ -38,8 +38,8 @@ from .. import envvars
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import MemPolicy, RankBinding
-from ..worker import current_binding, finish, load_plan, record  # noqa: F401  (re-exported for old callers)
-from . import affinity, hydra_pin
+from ..worker import current_binding, finish
+from . import affinity, hydra_pin, ledger
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.launch.bootstrap")
@@ -237,7 +237,8 @@ def guard_launcher(environ: Mapping[str, str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     _setup_logging(os.environ)
     guard_launcher(os.environ)
-    record(os.environ, "pid", str(os.getpid()))
+    # known to numarun from here on; a signal it forwarded before now is delivered here
+    ledger.register(os.environ)
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         applied = bind_from_env()

@@ -1,48 +1,39 @@
-"""A LaunchPlan handed to torchrun: the option parser, the argv as data, and the run.
+"""torchrun's options as numarun takes them: the parser, the program to run, every check.
 
 ``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` parses torchrun's own
 options with torchrun's own parser (``torch.distributed.run.get_args_parser``, so every
-spelling torchrun accepts is accepted), adds numarun's, and calls
-``torch.distributed.run.main(argv)`` with an argv whose entrypoint is this package's
-worker bootstrap::
+spelling torchrun accepts is accepted) and adds numarun's. :func:`check_torchrun_options`
+refuses, in one line, every value torchrun would only reject later with a traceback, or
+ignore; :mod:`numarun.launch.spec` turns the checked options into the launch spec whose argv
+torchrun runs, with this package's worker bootstrap as its entrypoint::
 
     torchrun --nproc-per-node=2 ... <numarun>/launch/entry.py [--module] SCRIPT ARGS...
-
-Rendezvous, restarts, log redirection and signal forwarding stay torchrun's. The argv is
-built first as a value (:func:`build_torchrun_argv`) so ``--dry-run`` prints exactly
-what would run.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
 import os
 import shlex
 import shutil
 import signal
-import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..envvars import LAUNCHER_PID, USER_ENV
 from ..envvars import PLAN as PLAN_ENV
-from ..envvars import STATE_DIR as STATE_ENV
 from ..envvars import STRICT_BINDING as STRICT_ENV
-from ..errors import NumarunError, UsageError
+from ..envvars import USER_ENV
+from ..errors import UsageError
 from ..plan.model import LaunchPlan
 
 log = logging.getLogger(__name__)
 
 ENTRY_FILE = str(Path(__file__).resolve().with_name("entry.py"))
 """The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
-
-# torchrun options numarun replaces or cannot honour.
-_REPLACED = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help"}
 
 
 _FOR_HELP = False
@@ -58,7 +49,7 @@ def torchrun_parser(*, recorded: bool = False) -> argparse.ArgumentParser:
         parser = help_parser(any_version=recorded)
         if parser is not None:
             return parser
-    from .startup import import_torchrun
+    from .torch_private import import_torchrun
 
     return import_torchrun().get_args_parser()
 
@@ -347,42 +338,6 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
         check_port_free(port)
 
 
-def _option_text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        # torchrun's comma_separated_list reads ",," as a literal comma
-        return ",".join(str(v).replace(",", ",,") for v in value)
-    return str(value)
-
-
-def build_torchrun_argv(
-    options: Mapping[str, Any], *, nproc_per_node: int, target: Target, parser: argparse.ArgumentParser | None = None
-) -> list[str]:
-    """torchrun's argv (without the program name) for ``options`` (torchrun dests -> values).
-
-    An option is written, in its first long spelling, only when it differs from
-    torchrun's default; ``--nproc-per-node`` is always the plan's rank count. The
-    entrypoint is the worker entry file (:mod:`numarun.launch.entry`) with the user's
-    target behind it.
-    """
-    parser = parser or torchrun_parser()
-    check_torchrun_options(options, nproc_per_node=nproc_per_node)
-    argv = [f"--nproc-per-node={nproc_per_node}"]
-    for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
-        if not action.option_strings or action.dest in _REPLACED or action.dest not in options:
-            continue
-        value = options[action.dest]
-        if value == action.default or value is None:
-            continue
-        spelling = next(s for s in action.option_strings if s.startswith("--"))
-        if action.nargs == 0:
-            if value:
-                argv.append(spelling)
-        else:
-            argv.append(f"{spelling}={_option_text(value)}")
-    argv += [ENTRY_FILE, *target.bootstrap_args()]
-    return argv
-
-
 def worker_env(plan: LaunchPlan, environ: Mapping[str, str], *, plan_path: str, strict: bool) -> dict[str, str]:
     """Variables numarun adds to its own environment for torchrun to pass to every worker."""
     planned = {k for r in plan.ranks for k in r.env}
@@ -403,395 +358,3 @@ def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
     return " ".join([*prefix, shlex.join(["torchrun", *argv])])
 
 
-# Removes numarun's private directory, and ends the workers' process groups, once numarun
-# is gone however it went (SIGKILL included): it blocks reading a pipe whose only writer is
-# numarun, so EOF means numarun has exited. Started with -I -S: nothing of the user's loads.
-_CLEANER = r"""
-import os, shutil, signal, sys
-sys.stdin.buffer.read()
-d = sys.argv[1]
-try:
-    names = os.listdir(d)
-except OSError:
-    names = []
-for n in names:
-    if n.startswith("pid."):
-        try:
-            os.killpg(int(open(os.path.join(d, n)).read()), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-shutil.rmtree(d, ignore_errors=True)
-"""
-
-_state: dict[str, Any] = {}
-
-
-def state_dir() -> Path:
-    """numarun's private directory (0700) for this process: the plan file when there is no run
-    dir, and what workers record (their pid, their exit). Removed on every exit path: by an
-    atexit handler, and by a small cleaner process when numarun dies without running it
-    (SIGKILL, a signal with no handler)."""
-    if "dir" not in _state:
-        import subprocess
-        import sys
-
-        directory = tempfile.mkdtemp(prefix="numarun-")
-        cleaner = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _CLEANER, directory],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        _state.update(dir=directory, cleaner=cleaner)
-
-        def _cleanup() -> None:
-            shutil.rmtree(directory, ignore_errors=True)  # first: the cleaner then finds no pids
-            assert cleaner.stdin is not None
-            cleaner.stdin.close()
-            try:
-                cleaner.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                cleaner.kill()
-
-        atexit.register(_cleanup)
-    return Path(_state["dir"])
-
-
-def write_plan_file(plan: LaunchPlan, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
-    """The plan as a file (mode 0600) for this node's workers; returns its path.
-
-    Always in numarun's private directory (0700, :func:`state_dir`, removed when numarun
-    exits): a run dir is shared by every node of a job on a shared filesystem, and a plan
-    there would be read by the workers of whichever node wrote it last. With ``run_dir``
-    a copy is kept there as the record of how the job ran: ``numarun_plan.json``, or
-    ``numarun_plan.<node>.json`` on a job of several nodes.
-    """
-    from ..fsutil import write_atomic
-
-    text = plan.to_json()
-    path = state_dir() / "plan.json"
-    path.unlink(missing_ok=True)  # the next job of a sweep
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    if run_dir is not None:
-        record = Path(run_dir) / ("numarun_plan.json" if node is None else f"numarun_plan.{node}.json")
-        write_atomic(record, text, mode=0o600)
-    return path
-
-
-def node_label(options: Mapping[str, Any]) -> str | None:
-    """This node's name in a multi-node job's run dir (None for one node): ``node<rank>``
-    under a static rendezvous, where the rank is fixed; else host and pid (ranks are
-    assigned only at rendezvous)."""
-    nnodes = str(options.get("nnodes") or "1")
-    if nnodes in ("1", "1:1"):
-        return None
-    if options.get("rdzv_backend", "static") == "static" and options.get("node_rank") is not None:
-        return f"node{options['node_rank']}"
-    return f"{socket.gethostname()}.{os.getpid()}"
-
-
-def options_endpoint(argv: Sequence[str]) -> str:
-    """The ``--rdzv-endpoint`` value in a torchrun argv ('' when absent)."""
-    for a in argv:
-        if a.startswith("--rdzv-endpoint="):
-            return a.split("=", 1)[1]
-    return ""
-
-
-def failure_cause(failure: Any) -> str:
-    """``ValueError: boom`` from a failed worker's torchelastic error file ('' when it wrote none)."""
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    if not isinstance(message, str) or not message or message.startswith(("To enable traceback", "Signal ")):
-        return ""  # torchelastic's own placeholder: the worker wrote no error file
-    return message.splitlines()[0]
-
-
-class RunFailed(NumarunError):
-    """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-# torchrun's death signals (its --signals-to-handle default). torchrun installs its handler
-# only when the workers start; numarun installs the same one first, so a signal during
-# rendezvous ends the run the same way (one line, 128+N, the private directory removed).
-DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-FORWARDED = ("SIGUSR1", "SIGUSR2")
-"""Sent on to every worker (the trainer checkpoints and exits 0); numarun waits for the workers."""
-
-
-def _argv_value(argv: Sequence[str], spelling: str, default: str) -> str:
-    for a in argv:
-        if a.startswith(spelling + "="):
-            return a.split("=", 1)[1]
-    return default
-
-
-def live_workers(state: Path) -> list[int]:
-    """Pids of this numarun's workers (recorded by the bootstrap, still our children)."""
-    import psutil
-
-    children = {c.pid for c in psutil.Process().children()}
-    pids = []
-    for f in state.glob("pid.*"):
-        try:
-            pid = int(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if pid in children:
-            pids.append(pid)
-    return sorted(pids)
-
-
-def _forward(signum: int, frame: Any) -> None:
-    state = _state.get("dir")
-    pids = live_workers(Path(state)) if state else []
-    log.warning("got %s: sending it to %d worker(s)", signal.Signals(signum).name, len(pids))
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
-def stopped_cleanly(state: Path, nproc: int) -> bool:
-    """Whether every local rank of the latest worker group recorded exit code 0."""
-    records = []
-    for f in state.glob("exit.*"):
-        try:
-            restart, code = (int(x) for x in f.read_text().split())
-        except (OSError, ValueError):
-            return False
-        records.append((restart, code))
-    if not records:
-        return False
-    latest = max(r for r, _ in records)
-    return sum(1 for r, c in records if r == latest and c == 0) == nproc
-
-
-SIGNAL_GRACE_S = 5.0
-"""How long a death signal may wait for Python code to see it before numarun ends anyway."""
-
-
-def _watch_signals(death: set[int], state: Path) -> Any:
-    """End numarun when a death signal arrives while its main thread is stuck in C++.
-
-    Python runs signal handlers only between bytecodes of the main thread; torch's rendezvous
-    waits inside C++ (a TCPStore wait) and would not see SIGTERM until its own timeout. The
-    signal module's wakeup fd is written by the C-level handler at once, so a thread reading
-    it learns of the signal; if no worker is running and run_torchrun has not reported the
-    signal within :data:`SIGNAL_GRACE_S`, it prints the same line and exits 128 + N.
-    Returns a function that stops the watch.
-    """
-    import sys
-    import threading
-    import time
-
-    r, w = os.pipe()
-    os.set_blocking(w, False)
-    old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-
-    def loop() -> None:
-        while True:
-            try:
-                data = os.read(r, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                if signum not in death:
-                    continue
-                time.sleep(SIGNAL_GRACE_S)
-                if _state.get("reported") or live_workers(state):
-                    continue
-                print(f"numarun: error: stopped by {signal.Signals(signum).name}; no worker was running",
-                      file=sys.stderr, flush=True)
-                shutil.rmtree(state, ignore_errors=True)
-                os._exit(128 + signum)
-
-    threading.Thread(target=loop, name="numarun-signals", daemon=True).start()
-
-    def stop() -> None:
-        signal.set_wakeup_fd(old)
-        os.close(w)
-
-    return stop
-
-
-RDZV_MARGIN_S = 15
-"""Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
-
-
-def rendezvous_deadline(argv: Sequence[str]) -> tuple[int, str]:
-    """(seconds, what they come from) that the first rendezvous may take: torch's own timeout
-    (``join_timeout`` for c10d/etcd, ``timeout`` for static) plus :data:`RDZV_MARGIN_S`."""
-    conf = check_rdzv_conf(_argv_value(argv, "--rdzv-conf", ""))
-    backend = _argv_value(argv, "--rdzv-backend", "static")
-    if "--standalone" in argv:
-        backend = "c10d"
-    key, default = ("timeout", 900) if backend == "static" else ("join_timeout", 600)
-    base = int(conf.get(key, default))
-    return base + RDZV_MARGIN_S, f"{key}={base} + {RDZV_MARGIN_S} s"
-
-
-def _watch_rendezvous(argv: Sequence[str], state: Path) -> Any:
-    """A deadline on the first rendezvous: torch's c10d client waits without end on an endpoint
-    where another program listens. When no worker has started by the deadline, numarun
-    prints one line naming it and exits 1. Returns a function that disarms it."""
-    import sys
-    import threading
-
-    seconds, source = rendezvous_deadline(argv)
-    done = threading.Event()
-
-    def wait() -> None:
-        if done.wait(seconds) or list(state.glob("pid.*")):
-            return
-        endpoint = options_endpoint(argv) or _argv_value(argv, "--master-addr", "127.0.0.1")
-        print(f"numarun: error: rendezvous did not complete within {seconds} s ({source}) at {endpoint!r}; "
-              "expected every node to join and the rendezvous store at that endpoint (is another program "
-              "listening on it?)", file=sys.stderr, flush=True)
-        shutil.rmtree(state, ignore_errors=True)
-        os._exit(1)
-
-    threading.Thread(target=wait, name="numarun-rendezvous", daemon=True).start()
-    return done.set
-
-
-def rendezvous_store(argv: Sequence[str]) -> tuple[str, int] | None:
-    """(host, port) of the store a multi-node rendezvous creates on the head; None for one node."""
-    nnodes = _argv_value(argv, "--nnodes", "1")
-    if nnodes.split(":")[-1] in ("", "1") or "--standalone" in argv:
-        return None
-    endpoint = options_endpoint(argv)
-    if endpoint and _argv_value(argv, "--rdzv-backend", "static") != "static":
-        host, port = parse_endpoint(endpoint)
-        return host, port or 29400
-    master_port = _argv_value(argv, "--master-port", "")
-    return _argv_value(argv, "--master-addr", "127.0.0.1"), int(master_port) if master_port.isdigit() else 29500
-
-
-def _watch_abort(argv: Sequence[str], state: Path) -> Any:
-    """Stop this node when another node of the job refused to start (:mod:`numarun.launch.abort`)."""
-    import sys
-
-    where = rendezvous_store(argv)
-    if where is None:
-        return lambda: None
-    from . import abort
-
-    def on_abort(message: str) -> None:
-        print(f"numarun: error: {message}; this node stops too", file=sys.stderr, flush=True)
-        shutil.rmtree(state, ignore_errors=True)
-        os._exit(2)
-
-    return abort.watch(where[0], where[1], until=lambda: bool(list(state.glob("pid.*"))), on_abort=on_abort)
-
-
-def run_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> None:
-    """``torch.distributed.run.main(argv)`` with ``env`` added; failures become :class:`RunFailed`.
-
-    A failed run exits with the exit code of the lowest global rank that exited non-zero
-    (1 when every failed rank died from a signal). Signals to numarun:
-
-    * SIGTERM, SIGINT, SIGHUP, SIGQUIT (``--signals-to-handle``): sent on to every worker,
-      which gets torchrun's 30 s (``--shutdown-timeout``) before SIGKILL. When every worker
-      then exits 0 on its own (the trainer's checkpoint-and-stop) the run is a clean stop:
-      one line, exit 0. Otherwise one error line and exit 128 + N. During rendezvous: 128 + N.
-    * SIGUSR1, SIGUSR2: sent on to every worker; numarun keeps waiting, and the run's result is
-      the workers' (the trainer checkpoints and exits 0; a script without a handler dies).
-    * SIGKILL: workers die with it (each has a parent-death signal), their process groups are
-      ended and the private directory is removed by the cleaner process.
-    """
-    import sys
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException, _terminate_process_handler
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.run import main as torchrun_main
-
-    from . import startup
-
-    startup.install()
-    state = state_dir()
-    for f in [*state.glob("exit.*"), *state.glob("pid.*")]:
-        f.unlink(missing_ok=True)  # the previous job of a sweep
-    nproc = int(_argv_value(argv, "--nproc-per-node", "1"))
-    death = [n.strip() for n in _argv_value(argv, "--signals-to-handle", ",".join(DEATH_SIGNALS)).split(",") if n.strip()]
-    previous = {}
-    for name in {*death, *FORWARDED}:
-        sig = getattr(signal, name)
-        previous[sig] = signal.signal(sig, _terminate_process_handler if name in death else _forward)
-    _state["reported"] = False
-    stop_watch = _watch_signals({int(getattr(signal, n)) for n in death}, state)
-    stop_rdzv = _watch_rendezvous(argv, state)
-    stop_abort = _watch_abort(argv, state)
-    # Restored afterwards: a sweep runs several jobs from one numarun, and a variable left
-    # by one job (torchrun's OMP_NUM_THREADS too) must not look user-set to the next.
-    saved = dict(os.environ)
-    os.environ.update(env)
-    os.environ.update({LAUNCHER_PID: str(os.getpid()), STATE_ENV: str(state)})
-    # torchrun's default log dir (torchelastic_*, the workers' error files) goes inside the
-    # private directory, so it is removed with it.
-    saved_tempdir = tempfile.tempdir
-    tempfile.tempdir = str(state)
-    try:
-        torchrun_main(list(argv))
-    except ChildFailedError as e:
-        parts = []
-        for rank in sorted(e.failures):
-            failure = e.failures[rank]
-            how = f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else f"was killed by {failure.signal_name()}"
-            cause = failure_cause(failure)
-            who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
-            parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")
-        # Ranks torchrun itself stopped after the first failure show up killed by a signal:
-        # the run's code is that of the lowest rank that exited on its own.
-        codes = [e.failures[r].exitcode for r in sorted(e.failures) if e.failures[r].exitcode > 0]
-        raise RunFailed("; ".join(parts), codes[0] if codes else 1) from None
-    except RendezvousError as e:
-        # A node (or the one hosting the c10d store) went away, or the endpoint is unreachable.
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise RunFailed(
-            f"rendezvous failed: {type(e).__name__}: {first} (a node was lost or the rendezvous endpoint "
-            f"{options_endpoint(argv)!r} is unreachable); expected every node to stay up and reach it",
-            1,
-        ) from None
-    except SignalException as e:
-        _state["reported"] = True
-        sig = signal.Signals(e.sigval)
-        if stopped_cleanly(state, nproc):
-            print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
-            return
-        raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
-    except (RuntimeError, ValueError, OSError) as e:
-        # torchrun's own runtime failures (a taken port, a store that cannot be reached...):
-        # one line naming the cause instead of its traceback.
-        raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
-    finally:
-        stop_abort()
-        stop_rdzv()
-        stop_watch()
-        tempfile.tempdir = saved_tempdir
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def runtime_cause(e: BaseException) -> str:
-    """``Type: first line`` of an exception, with the endpoint a network error names."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    # c10d's errors put the cause last: "... The server socket has failed to listen on any local
-    # network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
-    for line in lines:
-        if "EADDRINUSE" in line or "address already in use" in line:
-            text = f"{text} (address already in use)"
-            break
-    return f"{type(e).__name__}: {text}"

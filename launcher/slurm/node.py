@@ -18,10 +18,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..envvars import READY_FD
 from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
 from .controller import SCONTROL_TIMEOUT_S
@@ -70,26 +72,66 @@ def _cpulist(cpus: Sequence[int]) -> str:
     return format_list(cpus)
 
 
-_child: subprocess.Popen[bytes] | None = None
-_forwarded: set[int] = set()
-
-
-def _pass_signal(signum: int, frame: object) -> None:
-    """Forward a signal to numarun; this task outlives it, to collect numarun's exit code.
+class SignalRelay:
+    """Passes the signals the task gets to its numarun, holding them until numarun can handle them.
 
     Slurm (proctrack/cgroup) signals only the step's task process; numarun's agent passes the
-    signal to its ranks and gives them the shutdown grace before it kills them.
+    signal to its ranks and gives them the shutdown grace before it kills them. A signal that
+    arrives before numarun has installed its handlers (it says so on the pipe named by
+    ``NUMARUN_READY_FD``) is held and delivered then: sent at once, it would kill a Python that
+    is still starting, or be lost. This task outlives numarun, to collect its exit code.
     """
-    if _child is not None and _child.poll() is None:
-        try:
-            _child.send_signal(signum)
-            _forwarded.add(signum)
-        except ProcessLookupError:
-            pass
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[bytes] | None = None
+        self.forwarded: set[int] = set()
+        self._held: list[int] = []
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def handle(self, signum: int, frame: object) -> None:
+        with self._lock:
+            self.forwarded.add(signum)
+            if not self._ready:
+                self._held.append(signum)
+                return
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        if self.child is not None and self.child.poll() is None:
+            try:
+                self.child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start numarun with a readiness pipe; deliver held signals once it reports ready."""
+        r, w = os.pipe()
+        env = {**env, READY_FD: str(w)}
+        self.child = subprocess.Popen(argv, env=env, pass_fds=(w,))
+        os.close(w)
+
+        def wait_ready() -> None:
+            with os.fdopen(r, "rb") as pipe:
+                said = pipe.read(1)  # b"" when numarun ended (or closed it) without getting there
+            with self._lock:
+                self._ready = True
+                held, self._held = self._held, []
+            if said:
+                for signum in held:
+                    self._send(signum)
+
+        threading.Thread(target=wait_ready, name="numarun-ready", daemon=True).start()
+        return self.child
 
 
 def task_main(opts: argparse.Namespace) -> int:
     env = os.environ
+    relay = SignalRelay()
+    for sig in RELAYED:
+        # first thing: a signal from now on is held for numarun, never lost. A handler, not
+        # SIG_IGN: an ignored disposition would survive exec into numarun
+        signal.signal(sig, relay.handle)
     job = detect(env)
     if job is None or job.scheduler is not Scheduler.SLURM or job.mode is not Mode.PER_NODE:
         raise SlurmError(
@@ -111,34 +153,42 @@ def task_main(opts: argparse.Namespace) -> int:
         flush=True,
     )
     argv = [sys.executable, "-m", "numarun", *opts.command]
-    global _child
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-        # a handler, not SIG_IGN: an ignored disposition would survive exec into numarun
-        signal.signal(sig, _pass_signal)
-    proc = _child = subprocess.Popen(argv)
+    proc = relay.start(argv, dict(env))
     rc = proc.wait()  # PEP 475: the wait resumes after each forwarded signal
     if rc < 0:
         rc = 128 - rc
-    if rc - 128 in _forwarded:
-        # numarun ended because it was told to (preemption, requeue, scancel), after its ranks
-        # finished their checkpoint: not a failure, or srun's --kill-on-bad-exit would stop the
-        # other nodes while their ranks still save
-        print(f"numarun: node {job.node_name}: numarun stopped by signal {rc - 128}, as asked", flush=True)
-        rc = 0
+    return node_outcome(rc, relay.forwarded, record=run_dir / EXIT_FILE.format(rank=job.node_index), node=job.node_name)
+
+
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def node_outcome(rc: int, forwarded: set[int], *, record: Path, node: str) -> int:
+    """What the node task reports: its numarun's exit code in the run dir (read by ``finish``), and
+    to srun the same code, except after a signal Slurm sent (preemption, requeue, scancel): then 0,
+    or srun's --kill-on-bad-exit would cut short the other nodes' checkpoint saves.
+
+    numarun exits 0 when every rank stopped cleanly after the signal (a checkpoint-and-stop), and
+    128+N when ranks had to be killed: that code reaches the job's exit code through ``finish``.
+    """
     if rc != 0:
-        path = run_dir / EXIT_FILE.format(rank=job.node_index)
-        path.write_text(f"{time.time_ns()} {rc}\n", encoding="utf-8")
+        record.write_text(f"{time.time_ns()} {rc}\n", encoding="utf-8")
+    if rc != 0 and forwarded:
+        signals = ",".join(signal.Signals(s).name for s in sorted(forwarded))
+        print(f"numarun: node {node}: after {signals} numarun ended with exit code {rc}: recorded for the job's exit code",
+              flush=True)
+        return 0
     return rc
 
 
 def finish_main(opts: argparse.Namespace) -> int:
     run_dir = Path(opts.run_dir)
     rc = opts.rc
-    if rc != 0:
-        records = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(run_dir.glob(EXIT_FILE.format(rank="*")))]
-        first = first_failure(records)
-        if first is not None:
-            rc = first
+    # every node's numarun exit code is in the run dir (srun's may read 0 after a signal: see node_outcome)
+    records = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(run_dir.glob(EXIT_FILE.format(rank="*")))]
+    first = first_failure(records)
+    if first is not None:
+        rc = first
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if opts.preempted:
         if should_requeue(True, opts.restart_count, opts.requeue_limit):

@@ -37,6 +37,6 @@ def exit_now(code: int) -> None:
     See :func:`numarun.launch.bootstrap.finish`; used by the trainer's entry points so
     that the trainer run under plain torchrun or python exits the same way.
     """
-    from ..launch.bootstrap import finish
+    from ..worker import finish
 
     finish(code)

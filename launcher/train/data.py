@@ -134,7 +134,7 @@ def pin_worker(cpus: tuple[int, ...], worker_id: int) -> None:
 def rank_cpus() -> tuple[int, ...]:
     """The CPUs of this rank: its plan binding under numarun, else the current affinity."""
     try:
-        from ..launch.bootstrap import current_binding
+        from ..worker import current_binding
 
         binding = current_binding()
     except Exception:  # plain torchrun or python: no plan

@@ -1,4 +1,4 @@
-"""The launcher's start-up savings (numarun.launch.startup) change cost, never behaviour."""
+"""The launcher's start-up savings (numarun.launch.torch_private) change cost, never behaviour."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from numarun.launch import startup
+from numarun.launch import torch_private as startup
 
 
 def _stack_name(depth: int) -> str:

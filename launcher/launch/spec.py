@@ -1,0 +1,199 @@
+"""The launch as one frozen value: what torchrun is asked to do, built once per job.
+
+The run command parses torchrun's options, numarun's planning decides the rank count, and
+:func:`launch_spec` turns both into a :class:`LaunchSpec` after checking every option (the
+checks that probe the machine, a free port and a writable log dir, run here, once). torchrun's
+argv is rendered from the spec (:meth:`LaunchSpec.argv`), and everything numarun needs to know
+about the launch (rank count, rendezvous and its deadline, signals, shutdown grace, log dir)
+is read from the spec's fields, never back out of the argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options, torchrun_parser
+
+DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+"""torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
+FORWARDED_SIGNALS = ("SIGUSR1", "SIGUSR2")
+"""Sent on to every worker (the trainer checkpoints and exits 0); numarun keeps waiting."""
+RDZV_MARGIN_S = 15
+"""Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
+
+# torchrun options the spec holds as fields, or that numarun replaces
+_FIELDS = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help",
+           "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
+           "local_addr", "standalone", "max_restarts", "signals_to_handle", "shutdown_timeout", "log_dir"}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One node's launch: torchrun's options as numarun decided them."""
+
+    target: Target
+    nproc_per_node: int
+    nnodes: str = "1:1"
+    """``N`` or ``MIN:MAX``."""
+    node_rank: int = 0
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "none"
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    master_addr: str | None = None
+    master_port: int | None = None
+    local_addr: str | None = None
+    standalone: bool = False
+    max_restarts: int = 0
+    death_signals: tuple[str, ...] = DEATH_SIGNALS
+    shutdown_timeout: int | None = None
+    """Seconds between TERM and KILL for the workers; None: torchrun's (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` or 30)."""
+    log_dir: str | None = None
+    """The user's ``--log-dir``; None: numarun's private directory (see :meth:`argv`)."""
+    passthrough: tuple[tuple[str, str], ...] = field(default=())
+    """Other torchrun options, ``("--redirects", "3")``, rendered as given."""
+    rdzv_margin_s: int = RDZV_MARGIN_S
+    """Seconds numarun waits past torch's rendezvous timeout (``NUMARUN_RDZV_MARGIN``)."""
+
+    # --- what numarun reads from the launch ---
+    @property
+    def max_nodes(self) -> int:
+        return int(self.nnodes.split(":")[-1])
+
+    @property
+    def multi_node(self) -> bool:
+        return self.max_nodes > 1 and not self.standalone
+
+    @property
+    def backend(self) -> str:
+        """The rendezvous backend torchrun will use (``--standalone`` is c10d on localhost)."""
+        return "c10d" if self.standalone else self.rdzv_backend
+
+    def rendezvous_deadline(self) -> tuple[int, str]:
+        """(seconds, what they come from) that one rendezvous may take: torch's own timeout
+        (``join_timeout`` for c10d/etcd, ``timeout`` for static) plus :data:`RDZV_MARGIN_S`."""
+        key, default = ("timeout", 900) if self.backend == "static" else ("join_timeout", 600)
+        base = int(dict(self.rdzv_conf).get(key, default))
+        return base + self.rdzv_margin_s, f"{key}={base} + {self.rdzv_margin_s} s"
+
+    def store_address(self) -> tuple[str, int] | None:
+        """(host, port) of the store a multi-node rendezvous creates on the head; None for one node."""
+        if not self.multi_node:
+            return None
+        if self.rdzv_endpoint and self.backend != "static":
+            from .torchrun import parse_endpoint
+
+            host, port = parse_endpoint(self.rdzv_endpoint)
+            return host, port or 29400
+        return self.master_addr or "127.0.0.1", self.master_port or 29500
+
+    def endpoint_text(self) -> str:
+        """Where the rendezvous happens, for messages."""
+        if self.rdzv_endpoint:
+            return self.rdzv_endpoint
+        return f"{self.master_addr or '127.0.0.1'}:{self.master_port or 29500}"
+
+    def node_label(self) -> str | None:
+        """This node's name in a multi-node job's run dir (None for one node): ``node<rank>`` under a
+        static rendezvous, where the rank is fixed; else host and pid (ranks come at rendezvous)."""
+        if self.nnodes in ("1", "1:1"):
+            return None
+        if self.rdzv_backend == "static":
+            return f"node{self.node_rank}"
+        return f"{socket.gethostname()}.{os.getpid()}"
+
+    # --- torchrun's argv, rendered ---
+    def argv(self, *, log_dir: str | None = None) -> list[str]:
+        """torchrun's argv (without the program name). ``log_dir``: torchelastic's logs when the user
+        gave none (numarun's private directory, removed with it)."""
+        out = [f"--nproc-per-node={self.nproc_per_node}"]
+        if self.nnodes != "1:1":
+            out.append(f"--nnodes={self.nnodes}")
+        if self.node_rank:
+            out.append(f"--node-rank={self.node_rank}")
+        if self.standalone:
+            out.append("--standalone")
+        for flag, value, default in (
+            ("--rdzv-backend", self.rdzv_backend, "static"), ("--rdzv-endpoint", self.rdzv_endpoint, ""),
+            ("--rdzv-id", self.rdzv_id, "none"), ("--master-addr", self.master_addr, None),
+            ("--master-port", self.master_port, None), ("--local-addr", self.local_addr, None),
+            ("--max-restarts", self.max_restarts, 0), ("--shutdown-timeout", self.shutdown_timeout, None),
+        ):
+            if value is not None and value != default:
+                out.append(f"{flag}={value}")
+        if self.rdzv_conf:
+            out.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in self.rdzv_conf))
+        if self.death_signals != DEATH_SIGNALS:
+            out.append("--signals-to-handle=" + ",".join(self.death_signals))
+        if self.log_dir or log_dir:
+            out.append(f"--log-dir={self.log_dir or log_dir}")
+        out += [f"{flag}={value}" if value != "" else flag for flag, value in self.passthrough]
+        return [*out, ENTRY_FILE, *self.target.bootstrap_args()]
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        # torchrun's comma_separated_list reads ",," as a literal comma
+        return ",".join(str(v).replace(",", ",,") for v in value)
+    return str(value)
+
+
+def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target,
+                parser: argparse.ArgumentParser | None = None) -> LaunchSpec:
+    """Check every torchrun option in ``options`` (dests -> values) once, and build the spec."""
+    check_torchrun_options(options, nproc_per_node=nproc_per_node)
+    parser = parser or torchrun_parser()
+    defaults = {a.dest: a.default for a in parser._actions}  # noqa: SLF001
+    passthrough = []
+    for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
+        dest = action.dest
+        if not action.option_strings or dest in _FIELDS or dest not in options:
+            continue
+        value = options[dest]
+        if value == action.default or value is None:
+            continue
+        spelling = next(s for s in action.option_strings if s.startswith("--"))
+        if action.nargs == 0:
+            if value:
+                passthrough.append((spelling, ""))
+        else:
+            passthrough.append((spelling, _option_text(value)))
+
+    def given(dest: str) -> Any:
+        value = options.get(dest)
+        return None if value is None or value == defaults.get(dest) else value
+
+    conf = check_rdzv_conf(str(options.get("rdzv_conf") or ""))
+    signals = str(options.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
+    port = given("master_port")
+    return LaunchSpec(
+        target=target, nproc_per_node=nproc_per_node, nnodes=str(options.get("nnodes") or "1:1"),
+        node_rank=int(options.get("node_rank") or 0), rdzv_backend=str(options.get("rdzv_backend") or "static"),
+        rdzv_endpoint=str(options.get("rdzv_endpoint") or ""), rdzv_id=str(options.get("rdzv_id") or "none"),
+        rdzv_conf=tuple(conf.items()), master_addr=given("master_addr"),
+        master_port=int(port) if port is not None else None,
+        local_addr=options.get("local_addr") or None, standalone=bool(options.get("standalone")),
+        max_restarts=int(options.get("max_restarts") or 0),
+        death_signals=tuple(n.strip() for n in signals.split(",") if n.strip()),
+        shutdown_timeout=int(options["shutdown_timeout"]) if options.get("shutdown_timeout") is not None else None,
+        log_dir=str(options["log_dir"]) if options.get("log_dir") else None, passthrough=tuple(passthrough),
+        rdzv_margin_s=rdzv_margin(os.environ),
+    )
+
+
+def rdzv_margin(environ: Mapping[str, str]) -> int:
+    """:data:`RDZV_MARGIN_S`, or the whole seconds in ``NUMARUN_RDZV_MARGIN`` (0 to 3600)."""
+    from ..envvars import RDZV_MARGIN
+    from ..errors import UsageError
+
+    text = environ.get(RDZV_MARGIN, "").strip()
+    if not text:
+        return RDZV_MARGIN_S
+    if not text.isdigit() or int(text) > 3600:
+        raise UsageError(f"bad {RDZV_MARGIN} {text!r}: expected whole seconds from 0 to 3600")
+    return int(text)

@@ -1,0 +1,117 @@
+"""Every use of torch's private parts, in one place, each guarded by the torch versions it was checked on.
+
+numarun drives torchrun from inside its own process and reaches into it in three places:
+
+* **GC paused while torch is imported** (:func:`import_torchrun`; public API, a cost saving);
+* **``get_method_name`` of the dynamic rendezvous replaced** (:func:`install`): a private function;
+* **torch's ``SignalException``** raised by numarun's own death-signal handler during the
+  rendezvous, exactly as torchrun's (private) ``_terminate_process_handler`` raises it once the
+  workers run (:func:`signal_exception`).
+
+:data:`CHECKED` names the torch versions these were checked on; outside them the private patch is
+skipped (torch behaves as plain torchrun, only slower) and ``tests/test_launch_torch_private.py``
+fails when torch changes the shape of anything patched here, so the next torch is checked on purpose.
+
+Start-up work the launcher process need not pay for: two costs torchrun pays on every launch.
+
+* **Garbage collection while torch is imported.** ``import torch`` creates a few hundred
+  thousand objects, and CPython's cyclic collector walks all of them again and again as
+  they pile up (about a fifth of the import on a small host). :func:`import_torchrun`
+  imports ``torch.distributed.run`` with the collector paused, then moves what it created
+  into the permanent generation (``gc.freeze``), so later collections in this long-lived
+  process skip torch's modules too. Only the launcher does this: workers run the user's
+  program with the interpreter's defaults.
+* **``inspect.stack()`` in the rendezvous.** torchrun's dynamic rendezvous names each
+  recorded event after the calling method with ``inspect.stack()``, which reads every
+  frame's source file and searches ``sys.modules`` for its module, twice per event.
+  :func:`install` swaps in the same lookup by frame depth (``sys._getframe``); the events,
+  their names and where they are logged stay torchrun's.
+
+``scripts/bench_launch.py`` measures the launch against plain torchrun.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import sys
+import types
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CHECKED = ((2, 4), (2, 15))
+"""torch versions (inclusive, major.minor) whose private parts used here were read and tested."""
+
+
+def torch_version() -> tuple[int, int] | None:
+    """torch's (major, minor) from its version.py, without importing torch; None when not found."""
+    from .torchrun_options import installed_torch_version
+
+    text = installed_torch_version() or ""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def checked(version: tuple[int, int] | None = None) -> bool:
+    """Whether this torch is one the private patches were checked on."""
+    v = version if version is not None else torch_version()
+    return v is not None and CHECKED[0] <= v <= CHECKED[1]
+
+
+def import_torchrun() -> types.ModuleType:
+    """``torch.distributed.run``, imported with the cyclic collector paused, then frozen."""
+    if "torch.distributed.run" in sys.modules:
+        return sys.modules["torch.distributed.run"]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import torch.distributed.run as run
+    finally:
+        if enabled:
+            gc.freeze()
+            gc.enable()
+    return run
+
+
+def method_name(depth: int = 2) -> str:
+    """The name of the function ``depth`` frames up from this one, as
+    ``inspect.stack()[depth].function`` gives it (``no_method_name`` past the outermost)."""
+    frame: types.FrameType | None = sys._getframe(0)
+    for _ in range(depth):
+        frame = frame.f_back if frame is not None else None
+    return frame.f_code.co_name if frame is not None else "no_method_name"
+
+
+def install(module: Any | None = None) -> bool:
+    """Replace ``get_method_name`` in torchrun's dynamic rendezvous module (or ``module``);
+    False when that torch has no such function or is not a version it was checked on (nothing is
+    changed then)."""
+    target: Any = module
+    if target is None:
+        if not checked():
+            log.debug("torch %s is outside %s: torchrun's get_method_name kept", torch_version(), CHECKED)
+            return False
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as target
+    if getattr(target, "get_method_name", None) is None:
+        return False
+    target.get_method_name = method_name
+    return True
+
+
+def signal_exception(signum: int) -> BaseException:
+    """What torchrun's agent raises in its main thread for a death signal (``SignalException``), so
+    that a signal during the rendezvous ends the run the way one during the run does."""
+    import os
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def signal_exception_type() -> type[BaseException]:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return SignalException
