@@ -30,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 import xxhash
 
+from .. import jsonable
 from ..errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def damage(path: Path) -> str:
     verified by the ranks, in parallel (:func:`newest_verified`).
     """
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = jsonable.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as e:
         return f"meta.json unreadable ({getattr(e, 'strerror', None) or e})"
     if not isinstance(meta, dict):
@@ -153,7 +154,7 @@ def hash_share(path: Path, *, rank: int, world_size: int) -> dict[str, str]:
 def verify_share(path: Path, *, rank: int, world_size: int) -> str:
     """Why this rank's share of the checkpoint at ``path`` is damaged ('' when intact or unrecorded)."""
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = jsonable.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as e:
         return f"meta.json unreadable ({getattr(e, 'strerror', None) or e})"
     sums = meta.get("checksums") if isinstance(meta, dict) else None
