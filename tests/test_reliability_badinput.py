@@ -150,6 +150,12 @@ CASES: list[Case] = [
     case("bench-size-huge", "bench allreduce --sizes 99999999999999999999G", "99999999999999999999G", "up to 1T"),
     case("h2d-iters-huge", "bench h2d --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
     case("submit-nodes-huge", f"submit --dry-run --nodes 99999999999999999999 {TRAIN}", "'99999999999999999999'", "1 to 131072"),
+    case("rdzv-conf-timeout-huge", f"--nproc-per-node 1 --rdzv-conf join_timeout=99999999999999999999 {EXIT} 0 0",
+         "join_timeout='99999999999999999999'", "from 1 to 2592000"),
+    case("tune-omp-huge", f"tune --omp 99999999999999999999,1 {EXIT}", "'99999999999999999999'", "from 1 to 8192"),
+    case("submit-gpus-huge", f"submit --dry-run --gpus-per-node 99999999999999999999 {TRAIN}", "'99999999999999999999'",
+         "up to 9999"),
+    case("submit-mem-huge", f"submit --dry-run --mem 99999999999999999999G {TRAIN}", "'99999999999999999999G'", "12 digits"),
     case("submit-signal-before-huge", f"submit --dry-run --signal-before 99999999999999999999 {TRAIN}", "'99999999999999999999'",
          "0 to 2592000"),
     # --- nan and inf are not numbers of seconds or fractions

@@ -191,9 +191,10 @@ def check_rdzv_conf(conf: str) -> dict[str, str]:
         if not sep or not key:
             raise UsageError(f"bad --rdzv-conf {conf!r}: {item!r} is not KEY=VALUE; expected {form}")
         if key in RDZV_INT_KEYS:
-            if not value.isdigit() or int(value) < 1:
+            if not value.isdigit() or not 1 <= int(value) <= MAX_SECONDS:  # torch passes it to C as an int
                 raise UsageError(
-                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds >= 1; expected {key}=N"
+                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds from 1 to {MAX_SECONDS}; "
+                    f"expected {key}=N"
                 )
         elif key in RDZV_BOOL_KEYS:
             if value.lower() not in _BOOL_WORDS:
