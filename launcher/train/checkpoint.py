@@ -232,19 +232,25 @@ def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = Non
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return [int(v) for v in t.tolist()]
 
-    if distributed:
-        # the same list on every rank, or a refusal on every rank (never a rank left waiting)
-        n, newest = len(candidates), candidates[0][0] if candidates else -1
-        got = most([n, -n, newest, -newest])
-        if got[0] != -got[1] or got[2] != -got[3]:
+    def agree(step: int, why: str) -> bool:
+        """Whether any rank found damage; every rank must be looking at the same step of the same list
+        (a refusal on every rank otherwise, never a rank left waiting)."""
+        n = len(candidates)
+        got = most([1 if why else 0, n, -n, step, -step])
+        if got[1] != -got[2] or got[3] != -got[4]:
             raise CheckpointError(
                 f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
-                f"({n} here, newest step {newest}); expected one directory shared by every node"
+                f"({n} here, step {step} first); expected one directory shared by every node"
             )
+        return bool(got[0])
+
+    if distributed and not candidates:
+        agree(-1, "")  # nothing to load here: every rank must find nothing too
+        return None
 
     def check(path: Path) -> str:
         why = damage(path) or verify_share(path, rank=rank, world_size=world_size)
-        if not distributed or not most([1 if why else 0])[0]:
+        if not distributed or not agree(int(path.name.removeprefix("step_")), why):
             return why
         every: list[Any] = [None] * world_size
         dist.all_gather_object(every, why)  # rare: a damaged checkpoint, named by the first rank that saw it
