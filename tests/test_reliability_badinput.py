@@ -132,7 +132,7 @@ CASES: list[Case] = [
     # --- whole numbers past what they feed (ranks, nodes, ports, sizes, counts, seconds)
     case("nproc-huge", f"--nproc-per-node 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "up to 8192"),
     case("nnodes-huge", f"--nnodes 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "<= 131072"),
-    case("node-rank-huge", f"--nnodes 1:99999999999999999999 {EXIT} 0 0", "99999999999999999999", "<= 131072"),
+    case("nnodes-max-huge", f"--nnodes 1:99999999999999999999 {EXIT} 0 0", "99999999999999999999", "<= 131072"),
     case("max-restarts-huge", f"--max-restarts 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most 1000000"),
     case("shutdown-timeout-huge", f"--shutdown-timeout 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most"),
     case("trainer-nproc-huge", [TRAIN, "launcher.nproc_per_node=99999999999999999999"], "99999999999999999999", "1 to 8192"),
