@@ -15,12 +15,13 @@ import ast
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import __version__
-from .errors import NumarunError
+from .errors import NumarunError, OutputError
 
 # subcommand -> module under numarun.commands
 COMMANDS: dict[str, str] = {
@@ -99,6 +100,50 @@ def build_parser(only: str | None = None, *, for_help: bool = False) -> OneLineP
     return parser
 
 
+class _CheckedStdout:
+    """``sys.stdout`` while a command runs: a failed write or flush is an :class:`OutputError`
+    (one line, exit 1) instead of a traceback, whichever command printed (``numarun topo >
+    /dev/full``, ``numarun plan --json | head -1``)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _failed(self, e: OSError) -> OutputError:
+        return OutputError(f"cannot write to standard output: {e.strerror or e}")
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _discard_stdout(stream: Any) -> None:
+    """Point a failed stdout at /dev/null, so that the exit's own flush adds no second report."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _split_command(argv: list[str]) -> str | None:
     """The subcommand named in argv, inserting ``run`` for ``numarun [opts] SCRIPT``."""
     commands = _available_commands()
@@ -123,13 +168,24 @@ def _split_command(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stdout = sys.stdout
+    sys.stdout = _CheckedStdout(stdout)
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        try:
+            return _main(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            sys.stdout.flush()  # what is still buffered fails here, while it can be reported (help screens too)
+    except OutputError as e:
+        _discard_stdout(stdout)
+        print(f"numarun: error: {e}", file=sys.stderr)
+        return e.exit_code
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    finally:
+        sys.stdout = stdout
 
 
 def _main(args_list: list[str]) -> int:

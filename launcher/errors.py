@@ -50,6 +50,12 @@ class CheckpointError(NumarunError):
         self.exit_code = exit_code
 
 
+class OutputError(NumarunError):
+    """Standard output or a result file could not be written (a full disk, a closed pipe): exit 1."""
+
+    exit_code = 1
+
+
 class SlurmError(NumarunError):
     """A SLURM option is malformed or sbatch/squeue failed."""
 

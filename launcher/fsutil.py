@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import OutputError, UsageError
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
@@ -33,8 +33,11 @@ def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
 def write_output(path: str, text: str, *, flag: str) -> Path:
     """:func:`write_atomic` for a file the user named with ``flag`` (``--svg``...).
 
-    A missing directory, a directory given as the file, or a write error is a one-line
-    :class:`UsageError` naming the flag and the value; nothing is written then.
+    A missing directory, a directory, a device or a pipe given as the file is a one-line
+    :class:`UsageError` (exit 2); a write that fails (a full disk, no permission) is a one-line
+    :class:`OutputError` (exit 1). Both name the flag and the value; nothing is written then.
+    A device or a pipe is refused because the file is replaced whole by a rename: run as root,
+    ``--svg /dev/null`` would otherwise put a regular file where the device was.
     """
     target = Path(path)
     parent = target.parent
@@ -44,8 +47,10 @@ def write_output(path: str, text: str, *, flag: str) -> Path:
         )
     if target.is_dir():
         raise UsageError(f"bad {flag} {path!r}: it is a directory; expected a file name")
+    if target.exists() and not target.is_file():
+        raise UsageError(f"bad {flag} {path!r}: it is not a regular file (a device or a pipe); expected a file path")
     try:
         write_atomic(target, text)
     except OSError as e:
-        raise UsageError(f"bad {flag} {path!r}: {e.strerror}; expected a writable file path") from None
+        raise OutputError(f"cannot write {flag} {path!r}: {e.strerror}; expected a writable file path with room") from None
     return target

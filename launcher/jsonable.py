@@ -2,17 +2,52 @@
 
 Used for the topology snapshot (``numarun topo --json``) and the launch plan
 (``numarun plan --json``), so that a snapshot read back equals the original.
+Every JSON file numarun reads goes through :func:`loads`, which bounds the nesting depth.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import types
 import typing
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+MAX_DEPTH = 64
+"""Nesting of any JSON numarun reads: its own files nest at most 5 levels; Python's parser and
+every recursive reader of the result would end in a RecursionError near 1,000."""
+
+
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` that refuses nesting deeper than ``max_depth``.
+
+    Too deep is a :class:`json.JSONDecodeError` (a ValueError), the error every caller
+    already reports in one line, never a RecursionError.
+    """
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        data = None
+        too_deep = True
+    else:
+        too_deep = _deeper_than(data, max_depth)
+    if too_deep:
+        raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text if isinstance(text, str) else "", 0)
+    return data
+
+
+def _deeper_than(data: Any, limit: int) -> bool:
+    stack = [(data, 1)]  # iterative: the check itself must not recurse
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -83,3 +83,16 @@ def test_netns_train_gives_each_node_its_own_cpus(tmp_path: Path) -> None:
         got = dict(item.split(":") for item in line.split(" CPUS ")[1].split())
         want = [node0, node0, node1, node1]  # ranks 0, 1 on node 0; 2, 3 on node 1
         assert got == {str(i): ",".join(map(str, c)) for i, c in enumerate(want)}, line
+
+
+def test_bench_checkpoint_prints_the_checksum_cost(tmp_path: Path) -> None:
+    """scripts/bench_checkpoint.py under numarun: save, checksum, verification and load timed side by side."""
+    r = subprocess.run([sys.executable, "-m", "numarun", "--nproc-per-node", "2", "--standalone", "--binding", "none",
+                        str(REPO / "scripts" / "bench_checkpoint.py"), "--rounds", "2", "--dir", str(tmp_path / "b")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = re.search(r"^CHECKSUM save=([\d.]+)% resume=([\d.]+)%$", r.stdout, re.M)
+    assert found, r.stdout[-2000:]
+    assert re.search(r"^save +[\d.]+ ms +of which checksums +[\d.]+ ms", r.stdout, re.M), r.stdout[-2000:]
+    saved = list((tmp_path / "b" / "ck").glob("step_*/meta.json"))
+    assert saved and all("checksums" in p.read_text() for p in saved)

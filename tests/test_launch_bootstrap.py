@@ -238,3 +238,34 @@ def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code
         assert "bad input: expected x" in r.stderr
     plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.txt"), mode], capture_output=True, text=True, timeout=60)
     assert plain.returncode == code and (tmp_path / "plain.txt.events").read_text() == "thread\natexit\n"
+
+
+def test_a_restart_is_announced_once_per_node(caplog: pytest.LogCaptureFixture) -> None:
+    from numarun.launch.bootstrap import announce_restart
+
+    env = {"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5", "LOCAL_RANK": "0", "GROUP_RANK": "1",
+           "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    with caplog.at_level("WARNING", logger="numarun.launch.bootstrap"):
+        announce_restart(env)
+        announce_restart({**env, "LOCAL_RANK": "1"})  # the node's other ranks stay quiet
+        announce_restart({**env, "TORCHELASTIC_RESTART_COUNT": "0"})  # the first start is no restart
+    assert [r.getMessage() for r in caplog.records] == [
+        "restart 2 of 5 (--max-restarts): the workers of node 1 were started again after a failure"]
+
+
+def test_each_restart_sees_the_agent_store_under_its_own_prefix() -> None:
+    """A key left by the attempt before a restart (a dead peer's address) is not seen after it."""
+    import torch.distributed as dist
+
+    from numarun.comm.context import restart_store
+
+    server = dist.TCPStore("127.0.0.1", 0, 1, True)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
+           "TORCHELASTIC_RESTART_COUNT": "0"}
+    first = restart_store(env, world_size=1, timeout=None)
+    first.set("rank_1", "127.0.0.1:40001")
+    again = restart_store(env, world_size=1, timeout=None)
+    assert again.check(["rank_1"])  # the same attempt shares its keys
+    after = restart_store({**env, "TORCHELASTIC_RESTART_COUNT": "1"}, world_size=1, timeout=None)
+    assert not after.check(["rank_1"])
+    assert restart_store({**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}, world_size=1, timeout=None) is None

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -34,16 +34,27 @@ NODE0 = "sys/devices/system/node/node0/cpulist"
 
 @dataclass(frozen=True)
 class Case:
-    """One mistake: argv for ``numarun``, extra env, and words the error line must hold."""
+    """One mistake: argv for ``numarun``, extra env, and words the error line must hold.
+
+    ``stdout``: a file standing for numarun's standard output (``/dev/full``); ``code``: the
+    exit code (2 for a mistake, 1 for output that could not be written).
+    """
 
     id: str
     argv: tuple[str, ...]
     words: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    stdout: str | None = None
+    code: int = 2
 
 
 def case(id: str, argv: str | list[str], *words: str, **env: str) -> Case:
     return Case(id, tuple(argv.split() if isinstance(argv, str) else argv), words, env)
+
+
+def unwritable(id: str, argv: str, *words: str) -> Case:
+    """``numarun ARGV > /dev/full``: the write error in one line, exit 1."""
+    return replace(case(id, argv, *words), stdout="/dev/full", code=1)
 
 
 # {bad}: a folder of broken inputs built by the `bad` fixture; {tree}: a sysfs tree.
@@ -111,17 +122,70 @@ CASES: list[Case] = [
     # --- numarun submit (rendered only)
     case("submit-time-word", f"submit --dry-run --time abc {TRAIN}", "'abc'", "HH:MM:SS"),
     case("submit-time-four-parts", f"submit --dry-run --time 1:2:3:4 {TRAIN}", "'1:2:3:4'", "D-HH:MM:SS"),
-    case("submit-zero-nodes", f"submit --dry-run --nodes 0 {TRAIN}", "0", ">= 1"),
-    case("submit-nodes-word", f"submit --dry-run --nodes x {TRAIN}", "'x'", "int"),
+    case("submit-zero-nodes", f"submit --dry-run --nodes 0 {TRAIN}", "'0'", "from 1 to"),
+    case("submit-nodes-word", f"submit --dry-run --nodes x {TRAIN}", "'x'", "whole number"),
     case("submit-gpus-negative", f"submit --dry-run --gpus-per-node -1 {TRAIN}", "'-1'", "TYPE:N"),
     case("submit-mem-word", f"submit --dry-run --mem lots {TRAIN}", "'lots'", "16G"),
     case("submit-env-no-equals", f"submit --dry-run --env NOEQ {TRAIN}", "'NOEQ'", "KEY=VALUE"),
     case("submit-missing-script", "submit --dry-run no/such.py", "no/such.py", "existing script"),
     case("submit-bad-choice", f"submit --dry-run --hydra-run-dir maybe {TRAIN}", "'maybe'", "auto"),
+    # --- whole numbers past what they feed (ranks, nodes, ports, sizes, counts, seconds)
+    case("nproc-huge", f"--nproc-per-node 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "up to 8192"),
+    case("nnodes-huge", f"--nnodes 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "<= 131072"),
+    case("nnodes-max-huge", f"--nnodes 1:99999999999999999999 {EXIT} 0 0", "99999999999999999999", "<= 131072"),
+    case("max-restarts-huge", f"--max-restarts 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most 1000000"),
+    case("shutdown-timeout-huge", f"--shutdown-timeout 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most"),
+    case("trainer-nproc-huge", [TRAIN, "launcher.nproc_per_node=99999999999999999999"], "99999999999999999999", "1 to 8192"),
+    case("plan-nproc-huge", f"plan --topology {P4D} --nproc-per-node 99999999999999999999", "'99999999999999999999'", "up to 8192"),
+    case("topo-width-huge", f"topo --topology {P4D} --width 99999999999999999999", "'99999999999999999999'", "1 to 10000"),
+    case("doctor-nnodes-huge", f"doctor --topology {P4D} --nnodes 99999999999999999999", "99999999999999999999", "up to 131072"),
+    case("doctor-port-huge", f"doctor --topology {P4D} --nnodes 2 --master-port 99999", "'99999'", "1 to 65535"),
+    case("tune-trials-huge", f"tune --trials 99999999999999999999 --binding none,node {EXIT}", "'99999999999999999999'",
+         "1 to 1000000"),
+    case("tune-nproc-huge", f"tune --nproc-per-node 99999999999999999999 --binding none,node {EXIT}", "'99999999999999999999'",
+         "up to 8192"),
+    case("bench-nproc-huge", "bench allreduce --nproc-per-node 99999999999999999999", "'99999999999999999999'", "1 to 8192"),
+    case("bench-iters-huge", "bench allreduce --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
+    case("bench-port-huge", "bench allreduce --master-port 99999", "'99999'", "1 to 65535"),
+    case("bench-size-huge", "bench allreduce --sizes 99999999999999999999G", "99999999999999999999G", "up to 1T"),
+    case("h2d-iters-huge", "bench h2d --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
+    case("submit-nodes-huge", f"submit --dry-run --nodes 99999999999999999999 {TRAIN}", "'99999999999999999999'", "1 to 131072"),
+    case("rdzv-conf-timeout-huge", f"--nproc-per-node 1 --rdzv-conf join_timeout=99999999999999999999 {EXIT} 0 0",
+         "join_timeout='99999999999999999999'", "from 1 to 2592000"),
+    case("tune-omp-huge", f"tune --omp 99999999999999999999,1 {EXIT}", "'99999999999999999999'", "from 1 to 8192"),
+    case("submit-gpus-huge", f"submit --dry-run --gpus-per-node 99999999999999999999 {TRAIN}", "'99999999999999999999'",
+         "up to 9999"),
+    case("submit-mem-huge", f"submit --dry-run --mem 99999999999999999999G {TRAIN}", "'99999999999999999999G'", "12 digits"),
+    case("submit-signal-before-huge", f"submit --dry-run --signal-before 99999999999999999999 {TRAIN}", "'99999999999999999999'",
+         "0 to 2592000"),
+    # --- nan and inf are not numbers of seconds or fractions
+    case("watch-interval-nan", f"--watch-interval nan {EXIT} 0 0", "'nan'", "finite number of seconds"),
+    case("watch-interval-inf", f"--watch-interval inf {EXIT} 0 0", "'inf'", "finite number of seconds"),
+    case("monitor-interval-inf", f"--monitor-interval inf {EXIT} 0 0", "inf", "finite number of seconds"),
+    case("run-doctor-timeout-nan", f"--doctor-timeout nan {EXIT} 0 0", "'nan'", "finite number"),
+    case("doctor-timeout-inf", f"doctor --topology {P4D} --doctor-timeout inf", "'inf'", "finite number of seconds"),
+    case("submit-poll-nan", f"submit --dry-run --poll-seconds nan {TRAIN}", "'nan'", "finite number of seconds"),
+    # --- every option checked before any rank starts
+    case("bench-size-before-ranks", "bench allreduce --sizes 1e400", "'1e400'", "binary units"),
+    case("bench-rate-before-ranks", "bench allreduce --link-rate fast", "'fast'", "200mbit"),
+    # --- nesting bounded in every JSON reader
+    case("topology-deep-json", "plan --topology {bad}/deep.json", "deep.json", "nested deeper than 64 levels"),
+    case("topology-deep-object", "plan --topology {bad}/deep-object.json", "deep-object.json", "nested deeper than 64 levels"),
+    case("plan-file-deep-json", f"--plan-file {{bad}}/deep.json {EXIT} 0 0", "deep.json", "nested deeper than 64 levels"),
+    case("override-deep", [TRAIN, "trainer.seed=" + "[" * 3000 + "]" * 3000], "trainer.seed=[[[", "nested at most 64 levels"),
+    case("config-file-deep", f"{TRAIN} --config-dir {{bad}} --config-name deep", "deep", "nested at most 64 levels"),
+    # --- a standard output that cannot be written: one line, exit 1
+    unwritable("topo-to-dev-full", f"topo --topology {P4D}", "standard output", "No space left on device"),
+    unwritable("topo-json-to-dev-full", f"topo --json --topology {P4D}", "standard output", "No space left on device"),
+    unwritable("plan-json-to-dev-full", f"plan --json --topology {P4D} --nproc-per-node 1", "standard output",
+               "No space left on device"),
+    unwritable("dry-run-to-dev-full", f"--dry-run --topology {P4D} --nproc-per-node 1 {EXIT} 0 0", "standard output",
+               "No space left on device"),
 ]
 
 # Real subprocesses of the installed entry point: the no-traceback promise end to end.
-SUBPROCESS = ["nnodes-zero", "tree-cpulist-reversed", "cvd-mig-uuid", "trainer-impossible-plan", "submit-time-word"]
+SUBPROCESS = ["nnodes-zero", "tree-cpulist-reversed", "cvd-mig-uuid", "trainer-impossible-plan", "submit-time-word", "nproc-huge",
+              "topo-to-dev-full", "plan-json-to-dev-full"]
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +209,12 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "empty.txt").write_text("")
     (d / "garbage.txt").write_text("this is not the output of nvidia-smi topo -m\n")
     (d / "emptydir").mkdir()
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # past Python's parser's own limit
+    (d / "deep.yaml").write_text("trainer:\n  seed: " + "[" * 3000 + "]" * 3000 + "\n")
+    deep = {"schema_version": data["schema_version"], "cpus": []}
+    for _ in range(300):  # parses, but deeper than any reader should walk
+        deep = {"cpus": [deep]}
+    (d / "deep-object.json").write_text(json.dumps({**data, "numa_nodes": [deep]}))
     from numarun.cli import main
 
     out = io.StringIO()
@@ -182,7 +252,7 @@ def _argv(c: Case, bad: Path, tree: Path) -> list[str]:
 
 def _check(code: int, err: str, c: Case, workdir: Path) -> None:
     lines = err.splitlines()
-    assert code == 2, (code, err)
+    assert code == c.code, (code, err)
     assert len(lines) == 1, err
     assert "Traceback" not in err and lines[0].startswith("numarun")
     for w in c.words:
@@ -196,12 +266,12 @@ def _check(code: int, err: str, c: Case, workdir: Path) -> None:
                                for c in CASES])
 def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    code, err = run_in_process(_argv(c, bad, tree), tmp_path, capsys, monkeypatch, env=c.env)
+    code, err = run_in_process(_argv(c, bad, tree), tmp_path, capsys, monkeypatch, env=c.env, stdout=c.stdout)
     _check(code, err, c, tmp_path)
 
 
 def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                   env: Mapping[str, str] | None = None) -> tuple[int, str]:
+                   env: Mapping[str, str] | None = None, stdout: str | None = None) -> tuple[int, str]:
     """``numarun ARGV`` in this process, from ``cwd``, without the caller's numarun/Slurm variables: (exit code, stderr)."""
     from numarun.cli import main
 
@@ -211,10 +281,21 @@ def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture
         monkeypatch.setenv(k, v)
     monkeypatch.chdir(cwd)
     capsys.readouterr()
+    out = open(stdout, "w") if stdout else None  # noqa: SIM115  (closed below, whatever main does)
+    saved = sys.stdout
+    if out is not None:
+        sys.stdout = out
     try:
         code = main(list(argv))
     except SystemExit as e:  # argparse's own refusals
         code = int(e.code or 0)
+    finally:
+        if out is not None:
+            sys.stdout = saved  # before the file is closed
+            try:
+                out.close()
+            except OSError:
+                pass  # what main left buffered: the error it was to report
     return code, capsys.readouterr().err
 
 
@@ -222,8 +303,9 @@ def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture
 @pytest.mark.parametrize("name", SUBPROCESS)
 def test_bad_input_end_to_end(name: str, bad: Path, tree: Path, tmp_path: Path) -> None:
     c = next(c for c in CASES if c.id == name)
-    r = subprocess.run([*_numarun(), *_argv(c, bad, tree)], cwd=tmp_path, env=_env(**c.env),
-                       capture_output=True, text=True, timeout=120)
+    with open(c.stdout or os.devnull, "w") as out:  # at exit, Python flushes stdout once more: nothing may be said then
+        r = subprocess.run([*_numarun(), *_argv(c, bad, tree)], cwd=tmp_path, env=_env(**c.env),
+                           stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
     _check(r.returncode, r.stderr, c, tmp_path)
 
 

@@ -28,9 +28,9 @@ TIMEOUT = 180
 
 
 
-def _train(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_numarun(), "--nproc-per-node", "1", TRAIN, "trainer.progress=false", *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+def _train(args: list[str], cwd: Path, *, nproc: int = 1) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_numarun(), "--nproc-per-node", str(nproc), TRAIN, "trainer.progress=false", *args], cwd=cwd,
+                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,22 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (d / "ck").iterdir()) == ["step_00000001", "step_00000002"]
     return d / "ck"
+
+
+@pytest.fixture(scope="module")
+def saved2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1 to 3 of a two-rank run (a shard per rank), with the run dir's per-step losses beside."""
+    d = tmp_path_factory.mktemp("saved2")
+    r = _train(["trainer.steps=3", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}",
+                f"hydra.run.dir={d / 'run'}"], d, nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in (d / "ck" / "step_00000003").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp",
+                                                                               "meta.json"]
+    return d / "ck"
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {row["step"]: row["loss"] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
 def _copy(saved: Path, tmp_path: Path) -> Path:
@@ -173,6 +189,48 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact(saved: Path
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["start_step"] == 1 and summary["steps_done"] == 3
     assert summary["resumed_from"].endswith("step_00000001")
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_in_the_newest_checkpoint_falls_back_to_the_newest_intact(saved2: Path, tmp_path: Path) -> None:
+    """Same size, one byte changed in rank 1's shard: found by rank 1's share of the verification."""
+    ck = _copy(saved2, tmp_path)
+    shard = ck / "step_00000003" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path, nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    named = [line for line in out.splitlines() if "is damaged" in line]
+    assert len(named) == 1, out[-3000:]  # said once, by rank 0
+    assert "step_00000003" in named[0] and "__1_0.distcp does not match its checksum" in named[0]
+    assert "resuming from the newest intact one" in named[0] and named[0].endswith("step_00000002")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["start_step"] == 2 and summary["steps_done"] == 4
+    assert summary["resumed_from"].endswith("step_00000002")
+    # the redone step 3 is the uninterrupted run's step 3, to the bit
+    assert _losses(tmp_path / "run")[3] == _losses(saved2.parent / "run")[3]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_checksums_loads_with_one_note(saved2: Path, tmp_path: Path) -> None:
+    """A checkpoint saved before checksums were recorded: size-checked, loaded, said once."""
+    ck = _copy(saved2, tmp_path)
+    for meta_file in ck.glob("step_*/meta.json"):
+        meta = json.loads(meta_file.read_text())
+        meta.pop("hash", None), meta.pop("checksums", None)
+        meta_file.write_text(json.dumps(meta, indent=1) + "\n")
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
+               tmp_path, nproc=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    notes = [line for line in out.splitlines() if "no checksums" in line]
+    assert len(notes) == 1 and "step_00000003" in notes[0] and "content is not" in notes[0], out[-3000:]
+    assert "is damaged" not in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["start_step"] == 3 and summary["resumed_from"].endswith("step_00000003")
 
 
 @pytest.mark.slow

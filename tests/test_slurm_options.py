@@ -129,8 +129,8 @@ def spy_path(tmp_path):
 
 CLI_BAD = [
     (["--time", "1:2:3:4"], "'1:2:3:4'"),
-    (["--nodes", "0"], "--nnodes 0"),
-    (["--nnodes", "0"], "--nnodes 0"),
+    (["--nodes", "0"], "--nodes '0'"),
+    (["--nnodes", "0"], "--nnodes '0'"),
     (["--nodes", "two"], "'two'"),
     (["--partition", "gpu$(id)"], "gpu$(id)"),
     (["--env", "not a var=1"], "--env"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -154,3 +155,37 @@ def test_resaving_a_step_replaces_it_whole(tmp_path: Path) -> None:
         assert torch.equal(model.weight, torch.full((2, 3), 2.0))
     finally:
         dist.destroy_process_group()
+
+
+def test_checksums_find_a_flipped_byte_and_split_the_reading(tmp_path: Path) -> None:
+    """meta.json records every file's checksum; verify_share reads only the files owner() gives a rank."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(64, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        root = tmp_path / "ckpt"
+        for step in (1, 2):
+            checkpoint.save(root, step, model, opt, meta={}, rank=0)
+        newest = checkpoint.step_dir(root, 2)
+        meta = json.loads((newest / "meta.json").read_text())
+        assert meta["hash"] == checkpoint.HASH and set(meta["checksums"]) == set(meta["files"]) == {".metadata", "__0_0.distcp"}
+        shard = newest / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[-100] ^= 1
+        shard.write_bytes(bytes(data))
+        assert checkpoint.damage(newest) == ""  # same size: the size check cannot see it
+        assert checkpoint.verify_share(newest, rank=1, world_size=2) == ""  # rank 1's share: .metadata is rank 0's
+        assert "__0_0.distcp does not match its checksum" in checkpoint.verify_share(newest, rank=0, world_size=2)
+        lines: list[str] = []
+        assert checkpoint.newest_verified(root, rank=0, world_size=1, report=lines.append) == (1, checkpoint.step_dir(root, 1))
+        assert len(lines) == 1 and "step_00000002 is damaged (__0_0.distcp" in lines[0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_owner_gives_each_rank_its_own_shards() -> None:
+    assert [checkpoint.owner(n, 4) for n in ("__0_0.distcp", "__3_1.distcp", "__5_0.distcp", ".metadata", "__0.metadata")] == [
+        0, 3, 1, 0, 0]

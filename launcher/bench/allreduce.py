@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import argtypes
 from ..errors import UsageError, expected
 from ..fsutil import write_atomic
 
@@ -38,11 +39,15 @@ _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB"
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
+MAX_SIZE = 2**40
+"""One buffer of a benchmark: 1 TiB, past any host's or GPU's memory."""
+
+
 def parse_size(text: str) -> int:
-    """``16M`` / ``1MiB`` / ``4096`` -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS or int(m.group(1)) <= 0:
-        raise UsageError(expected(text, "a positive size such as 4096, 512K, 16M or 1G (binary units)", "size"))
+    """``16M`` / ``1MiB`` / ``4096`` -> bytes (binary units), at most :data:`MAX_SIZE`."""
+    m = re.fullmatch(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS or not 0 < int(m.group(1)) * _UNITS[m.group(2).upper()] <= MAX_SIZE:
+        raise UsageError(expected(text, "a positive size up to 1T such as 4096, 512K, 16M or 1G (binary units)", "size"))
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
@@ -55,8 +60,8 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 def parse_rate(text: str) -> float:
     """``200mbit`` (tc's spelling, decimal units) -> bits per second."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
-    if not m or m.group(2).lower() not in _RATE_UNITS:
+    m = re.fullmatch(r"\s*(\d{1,15}(?:\.\d{1,15})?)\s*([A-Za-z]+)\s*", text)
+    if not m or m.group(2).lower() not in _RATE_UNITS or float(m.group(1)) <= 0:
         raise UsageError(expected(text, "a link rate such as 200mbit or 10gbit", "--link-rate"))
     return float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]
 
@@ -120,8 +125,10 @@ def summarize(*, size_bytes: int, mode: str, times: Sequence[float], world_size:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=DEFAULT_SIZES,
                         help=f"comma-separated message sizes, binary units (default {DEFAULT_SIZES})")
-    parser.add_argument("--iters", type=int, default=5, help="timed iterations per size and mode (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed iterations per size and mode (default 1)")
+    parser.add_argument("--iters", type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT), default=5,
+                        help="timed iterations per size and mode (default 5)")
+    parser.add_argument("--warmup", type=argtypes.int_in("--warmup", low=0, high=argtypes.MAX_COUNT), default=1,
+                        help="untimed iterations per size and mode (default 1)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="element type (default float32)")
     parser.add_argument("--modes", default="flat,hierarchical",
@@ -135,7 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the results as JSON to FILE (rank 0)")
 
 
-def _check_args(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], float | None]:
+def check_options(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], float | None]:
+    """Every option of the benchmark, checked (by ``numarun bench`` before it starts any rank)."""
     sizes = parse_sizes(args.sizes)
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or any(m not in ("flat", "hierarchical") for m in modes):
@@ -156,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ..comm.allreduce import hierarchical_all_reduce
     from ..comm.context import init
 
-    sizes, modes, rate = _check_args(args)
+    sizes, modes, rate = check_options(args)
     ctx = init(args.backend)
     if "hierarchical" in modes:
         ctx.require_hierarchical()

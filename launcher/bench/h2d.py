@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import argtypes
 from ..errors import UsageError, expected
 from ..fsutil import write_atomic
 from .allreduce import human_size, parse_size
@@ -74,7 +75,8 @@ class WorkerResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="1GiB", help="bytes per copy, binary units (default 1GiB)")
-    parser.add_argument("--iters", type=int, default=10, help="timed copies per direction and kind (default 10)")
+    parser.add_argument("--iters", type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT), default=10,
+                        help="timed copies per direction and kind (default 10)")
     parser.add_argument("--json", dest="json_file", default=None, metavar="FILE",
                         help="also write the figures as JSON to FILE")
 
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_args(size: str, iters: int) -> int:
     """Validate the options; returns the size in bytes."""
     nbytes = parse_size(size)
-    if iters < 1:
+    if not 1 <= iters <= argtypes.MAX_COUNT:
         raise UsageError(expected(iters, "a positive number of timed copies", "--iters"))
     return nbytes
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,28 @@ def _current_binding() -> RankBinding | None:
         return None
 
 
+def restart_store(environ: Mapping[str, str], *, world_size: int, timeout: timedelta | None) -> Any:
+    """The agent's store seen under a prefix of its own for this restart, or None (torch's default).
+
+    torchrun's static rendezvous hosts one store for the whole run and hands every attempt
+    of ``--max-restarts`` the same one, unprefixed (pytorch/pytorch#135712): a process group
+    made after a restart can read the previous attempt's addresses (gloo) or unique id (NCCL)
+    and wait forever on a dead peer. Every worker of an attempt shares its restart count.
+    """
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in environ:
+        return None
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        port = int(environ.get("MASTER_PORT", ""))
+    except ValueError:
+        return None
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    client = dist.TCPStore(environ["MASTER_ADDR"], port, world_size, False, timeout or default_pg_timeout)
+    return dist.PrefixStore(f"numarun/attempt_{restart}", client)
+
+
 def current_context() -> DistContext | None:
     """The context made by :func:`init` in this process, or None before it."""
     return _CONTEXT
@@ -147,6 +170,9 @@ def init(
             kwargs["timeout"] = timeout
         if device.type == "cuda":
             kwargs["device_id"] = device
+        store = restart_store(os.environ, world_size=world_size, timeout=timeout)
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(**kwargs)
     elif dist.get_rank() != rank or dist.get_world_size() != world_size:
         raise DistInitError(

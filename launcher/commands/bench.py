@@ -16,6 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
+from .. import argtypes
 from ..errors import UsageError, expected
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=(module.__doc__ or name).strip().splitlines()[0])
         if getattr(module, "DISTRIBUTED", True):
             g = p.add_argument_group("job (ignored inside a numarun/torchrun job)")
-            g.add_argument("--nproc-per-node", type=int, default=None, help="ranks on this node (default 2)")
-            g.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
-            g.add_argument("--node-rank", type=int, default=0, help="this node's rank (default 0)")
+            g.add_argument("--nproc-per-node", type=argtypes.int_in("--nproc-per-node", low=1, high=argtypes.MAX_LOCAL_RANKS),
+                           default=None, help="ranks on this node (default 2)")
+            g.add_argument("--nnodes", type=argtypes.int_in("--nnodes", low=1, high=argtypes.MAX_NODES), default=1,
+                           help="number of nodes (default 1)")
+            g.add_argument("--node-rank", type=argtypes.int_in("--node-rank", low=0, high=argtypes.MAX_NODES - 1), default=0,
+                           help="this node's rank (default 0)")
             g.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-            g.add_argument("--master-port", type=int, default=29500, help="port on node 0 (default 29500)")
+            g.add_argument("--master-port", type=argtypes.port("--master-port"), default=29500,
+                           help="port on node 0 (default 29500)")
             g.add_argument("--binding", default=None, metavar="MODE",
                            help="CPU binding of the ranks, as 'numarun run --binding' (default: run's default)")
             g.add_argument("--launcher", choices=("numarun", "torchrun"), default="numarun",
@@ -99,6 +104,9 @@ def main(args: argparse.Namespace) -> int:
     module = importlib.import_module(args.bench_module)
     if not getattr(module, "DISTRIBUTED", True) or _inside_job():
         return int(module.run_and_report(args))
+    check = getattr(module, "check_options", None)
+    if check is not None:
+        check(args)  # every option refused here, before any rank starts
     cmd = launch_argv(args, bench_argv(args))
     log.info("launching: %s", " ".join(cmd))
     env = dict(os.environ)

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from .. import argtypes
 from ..errors import UsageError
 from ..plan.options import add_plan_options, request_from_args
 
@@ -38,9 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--no-measure", action="store_true", help="with --nnodes: measure only the links")
     g = p.add_argument_group("multi-node (torchrun's spellings)")
     g.add_argument("--nnodes", default="1", help="number of nodes (N or N:N)")
-    g.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0)
+    g.add_argument("--node-rank", "--node_rank", dest="node_rank",
+                   type=argtypes.int_in("--node-rank", low=0, high=argtypes.MAX_NODES - 1), default=0)
     g.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
-    g.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None)
+    g.add_argument("--master-port", "--master_port", dest="master_port", type=argtypes.port("--master-port"), default=None)
     g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="", metavar="HOST:PORT")
     g.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static")
     g.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
@@ -54,11 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--min-link-fraction", type=float, default=0.5, metavar="F",
+    p.add_argument("--min-link-fraction", type=float, default=0.5, metavar="F",  # check_fraction: (0, 1], no nan
                    help="a node whose link bandwidth is below F x the median is slow (default 0.5)")
-    p.add_argument("--doctor-timeout", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--doctor-timeout", type=argtypes.seconds("--doctor-timeout"), default=120.0, metavar="SECONDS",
                    help="how long a node waits for the others (default 120)")
-    p.add_argument("--link-seconds", type=float, default=0.5, help=argparse.SUPPRESS)
+    p.add_argument("--link-seconds", type=argtypes.seconds("--link-seconds"), default=0.5, help=argparse.SUPPRESS)
 
 
 def parse_nnodes(text: str) -> int:
@@ -67,8 +69,10 @@ def parse_nnodes(text: str) -> int:
         values = [int(x) for x in parts]
     except ValueError:
         values = []
-    if not values or len(values) > 2 or min(values) < 1 or (len(values) == 2 and values[0] != values[1]):
-        raise UsageError(f"bad --nnodes {text!r}: expected a positive integer N (or N:N; the doctor needs a fixed count)")
+    if not values or len(values) > 2 or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES or (
+            len(values) == 2 and values[0] != values[1]):
+        raise UsageError(f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
+                         "(or N:N; the doctor needs a fixed count)")
     return values[0]
 
 

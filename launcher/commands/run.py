@@ -32,7 +32,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .. import envvars
+from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import JobShape, Mode
 from ..jobenv.settle import Given, JobConflict
@@ -87,7 +87,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--preflight", action="store_true",
                         help="run 'numarun doctor' on every node first and stop on errors")
     add_doctor_options(parser)
-    parser.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--watch-interval", type=argtypes.seconds("--watch-interval", above=False), default=None,
+                        metavar="SECONDS",
                         help="seconds between the binding watcher's checks in every rank (default 30)")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
     parser.add_argument(

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from .. import argtypes
 from ..errors import SlurmError, expected
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
@@ -36,11 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument(
-        "--nnodes", type=int, default=None, help="number of nodes (default: launcher.nnodes of the job config, else 1)"
-    )
-    g.add_argument("--nodes", dest="nnodes", type=int, default=None, help=argparse.SUPPRESS)  # sbatch's spelling
-    g.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: one per GPU, else 1)")
+    g.add_argument("--nnodes", type=argtypes.int_in("--nnodes", low=1, high=argtypes.MAX_NODES), default=None,
+                   help="number of nodes (default: launcher.nnodes of the job config, else 1)")
+    g.add_argument("--nodes", dest="nnodes", type=argtypes.int_in("--nodes", low=1, high=argtypes.MAX_NODES), default=None,
+                   help=argparse.SUPPRESS)  # sbatch's spelling
+    g.add_argument("--nproc-per-node", type=argtypes.int_in("--nproc-per-node", low=1, high=argtypes.MAX_LOCAL_RANKS),
+                   default=None, help="ranks per node (default: one per GPU, else 1)")
     g.add_argument(
         "--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
     )
@@ -54,9 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
                    help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
                    "--no-exclusive: share nodes, with Slurm's default CPUs")
-    g.add_argument(
-        "--cpus-per-task", type=int, default=None, help="CPUs of the single task per node (default: every CPU of a whole node)"
-    )
+    g.add_argument("--cpus-per-task", type=argtypes.int_in("--cpus-per-task", low=1, high=argtypes.MAX_LOCAL_RANKS), default=None,
+                   help="CPUs of the single task per node (default: every CPU of a whole node)")
     g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
     g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
@@ -67,11 +68,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
     r.add_argument(
         "--requeue-limit",
-        type=int,
+        type=argtypes.int_in("--requeue-limit", low=0, high=argtypes.MAX_COUNT),
         default=None,
         help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)",
     )
-    r.add_argument("--signal-before", type=int, default=None, metavar="SECONDS",
+    r.add_argument("--signal-before", type=argtypes.int_in("--signal-before", low=0, high=argtypes.MAX_SECONDS), default=None,
+                   metavar="SECONDS",
                    help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
                    "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
     r.add_argument(
@@ -90,7 +92,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
-    p.add_argument("--poll-seconds", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.add_argument("--poll-seconds", type=argtypes.seconds("--poll-seconds"), default=2.0, help=argparse.SUPPRESS)
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module run as 'python -m' (e.g. numarun.train), as 'numarun run -m' takes it")
     p.add_argument("script", metavar="SCRIPT", help="the training script (Python file), or a module with -m")

@@ -8,11 +8,15 @@ import logging
 import sys
 from pathlib import Path
 
+from .. import argtypes
 from ..errors import TopologyError, UsageError
 from ..fsutil import write_output
 from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
+
+MAX_WIDTH = 10000
+"""Columns of the table view: wider than any terminal, small enough to render."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -35,7 +39,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--smi", metavar="FILE", default=None,
         help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs",
     )
-    p.add_argument("--width", type=int, default=None, help="text width of the table view (default: terminal width)")
+    p.add_argument("--width", type=argtypes.int_in("--width", low=1, high=MAX_WIDTH), default=None,
+                   help="text width of the table view (default: terminal width)")
     p.set_defaults(func=main)
     return p
 

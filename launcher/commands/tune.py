@@ -23,9 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import envvars
+from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
+from ..plan.options import parse_nproc
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
@@ -38,10 +39,7 @@ class TuneRunFailed(NumarunError):
     exit_code = 1
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"bad --trials {text!r}: expected a positive integer")
-    return int(text)
+_trials = argtypes.int_in("--trials", low=1, high=argtypes.MAX_COUNT)
 
 
 def _axis(parse):
@@ -67,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
                         help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
     parser.add_argument(
-        "--trials", type=_positive, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
+        "--trials", type=_trials, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
     )
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     parser.add_argument("--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'")
@@ -75,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)"
     )
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default=None, metavar="N",
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=parse_nproc, default=None,
+                        metavar="N",
                         help="local ranks of every run (passed to numarun run)")
     parser.add_argument("--topology", metavar="PATH", default=None, help="topology source for planning (passed to numarun run)")
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")

@@ -254,6 +254,8 @@ def run_hydra(
         raise
     except (HydraException, OmegaConfBaseException, ValueError) as e:  # before OSError: MissingConfigException is one
         raise ConfigError(explain(e, list(args.overrides))) from None
+    except RecursionError:
+        raise too_deep(list(args.overrides), config=_config_label(args)) from None
     except OSError as e:  # Hydra's mkdir of the run dir
         if e.filename is None:
             raise
@@ -289,6 +291,8 @@ def compose_dry(script_args: Sequence[str]) -> list[tuple[Path, PreparedJob]]:
         raise
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise ConfigError(explain(e, list(args.overrides))) from None
+    except RecursionError:
+        raise too_deep(list(args.overrides), config=_config_label(args)) from None
 
 
 def _every_job(hydra: Any, config_name: str, overrides: list[str], *, multirun: bool) -> list[tuple[Path, PreparedJob]]:
@@ -374,6 +378,8 @@ def compose(overrides: list[str]) -> Any:
             return hydra.compose_config(config_name=config_name, overrides=list(args.overrides), run_mode=_run_mode())
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise ConfigError(explain(e, list(overrides))) from None
+    except RecursionError:
+        raise too_deep(list(overrides)) from None
 
 
 def _run_mode() -> Any:
@@ -387,6 +393,30 @@ def _first_line(e: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(e).__name__
+
+
+def _config_label(args: Any) -> str:
+    name = getattr(args, "config_name", None)
+    where = getattr(args, "config_dir", None) or getattr(args, "config_path", None)
+    return f"{where}/{name}" if name and where else (name or "")
+
+
+def too_deep(overrides: list[str], *, config: str = "") -> ConfigError:
+    """A config or override nested past what Hydra and OmegaConf can walk (they recurse), in one line."""
+    from ..jsonable import MAX_DEPTH
+
+    def nesting(o: str) -> int:
+        return o.count("[") + o.count("{")
+
+    deepest = max(overrides, key=nesting, default="")
+    if nesting(deepest) > MAX_DEPTH:
+        shown = deepest if len(deepest) <= 40 else deepest[:40] + "..."
+        what = f"bad override {shown!r}"
+    elif config:
+        what = f"bad config {config!r}"
+    else:
+        what = f"bad config (overrides {' '.join(overrides) or 'none'!r})"
+    return ConfigError(f"{what}: nested too deep for Hydra to read; expected values nested at most {MAX_DEPTH} levels")
 
 
 def explain(e: BaseException, overrides: list[str]) -> str:

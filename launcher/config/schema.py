@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
 from ..errors import ConfigError
 from ..plan.model import BindingMode, MemPolicy, NicPolicy
@@ -250,8 +251,11 @@ def check_values(cfg: Any) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
-    if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node < 1:
-        raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer >= 1 or null")
+    if cfg.launcher.nproc_per_node is not None and not 1 <= cfg.launcher.nproc_per_node <= MAX_LOCAL_RANKS:
+        raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
+                          f"{MAX_LOCAL_RANKS} or null")
+    if cfg.launcher.nnodes > MAX_NODES:
+        raise ConfigError(f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES}")
     if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
         raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
     if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:

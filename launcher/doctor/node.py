@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import jsonable
 from ..errors import UsageError
 from ..plan.model import PlanRequest
 from ..topology.model import NicKind, Topology
@@ -51,7 +52,7 @@ def tree_root(topo: Topology, source: str | None) -> Path | None:
 
 def load_nvml_record(path: str) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text())
+        data = jsonable.loads(Path(path).read_text())  # nesting bounded: a ValueError, not a RecursionError
     except (OSError, ValueError) as e:
         raise UsageError(f"bad --nvml-record {path!r}: {e}; expected a JSON NVML record (tests/fixtures/nvml/ shape)") from None
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):

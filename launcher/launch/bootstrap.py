@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     guard_launcher(os.environ)
     # known to numarun from here on; a signal it forwarded before now is delivered here
     ledger.register(os.environ)
+    announce_restart(os.environ)
     try:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         applied = bind_from_env()
@@ -260,6 +261,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         code = 0
     finish(code)
+
+
+def announce_restart(environ: Mapping[str, str]) -> None:
+    """One line per restart of the worker group (``--max-restarts``), from local rank 0 of each node.
+
+    torchrun names the failed worker (its local rank, exit code and pid) at ERROR level but
+    says that it restarts the group only at INFO, which numarun's default level hides.
+    """
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart.isdigit() and int(restart) > 0 and environ.get("LOCAL_RANK", "0") == "0":
+        limit = environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        node = environ.get("GROUP_RANK")
+        where = f" of node {node}" if node and environ.get("WORLD_SIZE") != environ.get("LOCAL_WORLD_SIZE") else ""
+        log.warning("restart %s of %s (--max-restarts): the workers%s were started again after a failure", restart, limit, where)
 
 
 _OWN_FILES = (os.path.abspath(__file__), os.path.join(os.path.dirname(os.path.abspath(__file__)), "entry.py"), runpy.__file__)

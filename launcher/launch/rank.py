@@ -19,8 +19,12 @@ from .torchrun import Target
 
 
 def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
-    """Set ``env``, hand logging back as Python starts it, and run the bootstrap on ``target``."""
+    """Set ``env``, hand logging and standard output back as Python starts them, and run the bootstrap
+    on ``target``."""
+    import sys
+
     os.environ.update(env)
+    sys.stdout = sys.__stdout__  # not the CLI's checked stream: the script's writes are its own
     # The CLI configured the root logger for numarun's own lines; a script's logging.basicConfig()
     # must work as under plain python.
     root = logging.getLogger()

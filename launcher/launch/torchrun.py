@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS
 from ..envvars import PLAN as PLAN_ENV
 from ..envvars import STRICT_BINDING as STRICT_ENV
 from ..envvars import USER_ENV
@@ -133,13 +134,15 @@ _BOOL_WORDS = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
 EVENT_LOG_HANDLERS = ("console", "dynamic_rendezvous", "null")
 
 
-def _int_option(options: Mapping[str, Any], dest: str, flag: str, *, low: int, high: int | None = None) -> int | None:
+def _int_option(options: Mapping[str, Any], dest: str, flag: str, *, low: int, high: int | None = None,
+                cap: int | None = None) -> int | None:
     value = options.get(dest)
     if value is None:
         return None
     text = str(value).strip()
-    form = f"a whole number >= {low}" if high is None else f"a whole number from {low} to {high}"
-    if not text.lstrip("-").isdigit() or not (low <= int(text) and (high is None or int(text) <= high)):
+    form = f"a whole number >= {low} (at most {cap})" if high is None else f"a whole number from {low} to {high}"
+    top = high if high is not None else cap
+    if not text.lstrip("-").isdigit() or not (low <= int(text) and (top is None or int(text) <= top)):
         raise UsageError(f"bad {flag} {text!r}: expected {form}")
     return int(text)
 
@@ -180,9 +183,10 @@ def check_rdzv_conf(conf: str) -> dict[str, str]:
         if not sep or not key:
             raise UsageError(f"bad --rdzv-conf {conf!r}: {item!r} is not KEY=VALUE; expected {form}")
         if key in RDZV_INT_KEYS:
-            if not value.isdigit() or int(value) < 1:
+            if not value.isdigit() or not 1 <= int(value) <= MAX_SECONDS:  # torch passes it to C as an int
                 raise UsageError(
-                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds >= 1; expected {key}=N"
+                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds from 1 to {MAX_SECONDS}; "
+                    f"expected {key}=N"
                 )
         elif key in RDZV_BOOL_KEYS:
             if value.lower() not in _BOOL_WORDS:
@@ -280,29 +284,29 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     """
     nnodes = str(options.get("nnodes", "1"))
     parts = nnodes.split(":")
-    form = "N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4"
-    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+    form = f"N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
+    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 30 for p in parts):
         raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
     low, high = int(parts[0]), int(parts[-1])
-    if not 1 <= low <= high:
+    if not 1 <= low <= high <= MAX_NODES:
         raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
-    node_rank = _int_option(options, "node_rank", "--node-rank", low=0)
+    node_rank = _int_option(options, "node_rank", "--node-rank", low=0, cap=MAX_NODES - 1)
     if node_rank is not None and node_rank >= high:
         raise UsageError(f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {high - 1})")
-    _int_option(options, "max_restarts", "--max-restarts", low=0)
-    _int_option(options, "shutdown_timeout", "--shutdown-timeout", low=1)
+    _int_option(options, "max_restarts", "--max-restarts", low=0, cap=MAX_COUNT)
+    _int_option(options, "shutdown_timeout", "--shutdown-timeout", low=1, cap=MAX_SECONDS)
     port = _int_option(options, "master_port", "--master-port", low=1, high=65535)
     interval = options.get("monitor_interval")
     if interval is not None:
         try:
-            ok = float(interval) > 0
+            ok = 0 < float(interval) <= MAX_SECONDS  # False for nan; inf is past the bound
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            raise UsageError(f"bad --monitor-interval {interval!r}: expected a number of seconds > 0, e.g. 0.1")
+            raise UsageError(f"bad --monitor-interval {interval!r}: expected a finite number of seconds > 0, e.g. 0.1")
     endpoint = str(options.get("rdzv_endpoint") or "")
     if endpoint:
         parse_endpoint(endpoint)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import PlanError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
+from ..jsonable import loads as jsonable_loads
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -138,7 +139,7 @@ class LaunchPlan:
     @classmethod
     def from_json(cls, text: str, origin: str = "plan") -> LaunchPlan:
         try:
-            data = json.loads(text)
+            data = jsonable_loads(text)
             if not isinstance(data, dict) or data.get("schema_version") != PLAN_SCHEMA_VERSION:
                 raise SchemaError(f"$.schema_version: expected {PLAN_SCHEMA_VERSION}")
             return from_jsonable(cls, data)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..argtypes import MAX_LOCAL_RANKS
 from ..errors import UsageError
 from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 
@@ -39,12 +40,13 @@ def parse_nproc(text: str) -> int | str | None:
     if text in NPROC_KEYWORDS:
         return text
     try:
-        value = int(text)
+        value = int(text) if len(text) <= 30 else 0
     except ValueError:
         value = 0
-    if value < 1:
+    if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
         raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer or one of {', '.join(NPROC_KEYWORDS)}"
+            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
+            f"or one of {', '.join(NPROC_KEYWORDS)}"
         )
     return value
 

@@ -22,8 +22,8 @@ _NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
 _NAME_LIST = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 # Feature expressions: names joined by & | , with optional *count and [] () grouping.
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.+\-&|,*\[\]()!:]{1,1000}")
-_MEM = re.compile(r"[0-9]+[KMGT]?", re.IGNORECASE)
-_GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]+")
+_MEM = re.compile(r"[0-9]{1,12}[KMGT]?", re.IGNORECASE)  # within Slurm's 64-bit count of MB
+_GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,4}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The output dir sits in '#SBATCH --output=' lines, which sbatch reads without a shell:
 # no whitespace, quotes or '%' (Slurm's filename patterns) there.
@@ -113,7 +113,7 @@ class SlurmOptions:
         if self.cpus_per_task is not None:
             _positive("--cpus-per-task", self.cpus_per_task, "an integer >= 1")
         if self.gpus_per_node is not None and not _GPUS.fullmatch(self.gpus_per_node):
-            raise SlurmError(expected(self.gpus_per_node, "N or TYPE:N, e.g. 4 or a100:4", "--gpus-per-node"))
+            raise SlurmError(expected(self.gpus_per_node, "N or TYPE:N with N up to 9999, e.g. 4 or a100:4", "--gpus-per-node"))
         if self.partition is not None and not _NAME_LIST.fullmatch(self.partition):
             raise SlurmError(
                 expected(self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition")
@@ -126,7 +126,7 @@ class SlurmOptions:
         if self.constraint is not None and not _CONSTRAINT.fullmatch(self.constraint):
             raise SlurmError(expected(self.constraint, "features joined by & | , with optional *N, [] and ()", "--constraint"))
         if self.mem is not None and not _MEM.fullmatch(self.mem):
-            raise SlurmError(expected(self.mem, "a size such as 4000, 16G or 512M", "--mem"))
+            raise SlurmError(expected(self.mem, "a size of up to 12 digits such as 4000, 16G or 512M", "--mem"))
         if not isinstance(self.requeue_limit, int) or self.requeue_limit < 0:
             raise SlurmError(expected(self.requeue_limit, "an integer >= 0", "--requeue-limit"))
         sig = self.signal_before

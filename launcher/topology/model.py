@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import TopologyError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
+from ..jsonable import loads as jsonable_loads
 
 SCHEMA_VERSION = 2
 # Snapshots this version still reads: version 1 had no RDMA ports (``Nic.ports`` stays ()).
@@ -339,7 +340,7 @@ class Topology:
     @classmethod
     def from_json(cls, text: str, origin: str = "snapshot") -> Topology:
         try:
-            data = json.loads(text)
+            data = jsonable_loads(text)
         except json.JSONDecodeError as e:
             raise TopologyError(
                 f"bad topology snapshot {origin!r}: not JSON ({e.msg} at line "

@@ -58,7 +58,6 @@ Errors: an unreadable essential file (a node ``cpulist``; a CPU's ``physical_pac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -66,6 +65,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import jsonable
 from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
@@ -215,7 +215,7 @@ def read_sysfs(root: Path | str) -> Topology:
     links_file = r.path("links.json")
     if not live and links_file.is_file():
         try:
-            data = json.loads(read_bounded(links_file, shown=str(links_file)))
+            data = jsonable.loads(read_bounded(links_file, shown=str(links_file)))
             if isinstance(data, dict):
                 r.links = {str(k): str(v) for k, v in data.items()}
         except (ValueError, UnicodeDecodeError):

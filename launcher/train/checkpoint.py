@@ -1,8 +1,11 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (sharded: works for DDP, FSDP2, HSDP, TP).
 
 Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, world size,
-parallel mode, the model config, and the size of every file, so a truncated file is found
-before torch reads it). A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
+parallel mode, the model config, and the size and xxh3-128 checksum of every file, so a
+truncated file or a flipped byte is found before torch reads it). Each rank hashes the files
+it wrote, right after writing them and in parallel with the other ranks; a resume splits the
+files among the ranks the same way and every rank verifies its share before anything is
+loaded. A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
 every rank has written, so a killed job never leaves a half-written ``step_*`` behind.
 The directory must be shared by all nodes. RNG and data position need no saving: batches
 and dropout seeds are functions of the step (see ``numarun.train.data``).
@@ -20,16 +23,25 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+import xxhash
 
+from .. import jsonable
 from ..errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+_RANK_FILE = re.compile(r"^__(\d+)_")  # DCP's FileSystemWriter names rank k's files __k_<n>.distcp
+
+HASH = "xxh3_128"
+"""The checksum recorded in meta.json: xxHash's XXH3 128-bit (tens of GB/s; not a defence
+against a forger, which check_trusted is, but against a flipped bit or a torn copy)."""
+_CHUNK = 4 << 20
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -90,11 +102,17 @@ def check_model(meta: dict[str, Any], model_cfg: Any, path: Path) -> None:
 
 
 def damage(path: Path) -> str:
-    """Why the checkpoint at ``path`` cannot be loaded ('' when it looks intact)."""
+    """Why the checkpoint at ``path`` cannot be loaded, from its file sizes ('' when they match).
+
+    Cheap (a stat per file): the launcher's check before any rank starts. The content is
+    verified by the ranks, in parallel (:func:`newest_verified`).
+    """
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        meta = jsonable.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as e:
         return f"meta.json unreadable ({getattr(e, 'strerror', None) or e})"
+    if not isinstance(meta, dict):
+        return "meta.json is not a JSON object"
     for name, size in (meta.get("files") or {}).items():
         try:
             got = (path / name).stat().st_size
@@ -105,15 +123,62 @@ def damage(path: Path) -> str:
     return ""
 
 
-def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
-    """The newest checkpoint under ``root`` that is complete and undamaged, or None.
+def file_digest(path: Path) -> str:
+    """The :data:`HASH` of a file's bytes, read in chunks (hex)."""
+    h = xxhash.xxh3_128()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
 
-    A damaged newer one (a truncated ``.distcp``, a missing file) is skipped and named
-    through ``report(line)``, so the run says which step it falls back from.
+
+def owner(name: str, world_size: int) -> int:
+    """The rank that hashes (at save) and verifies (at resume) the file ``name``.
+
+    Rank k's own shards (``__k_*.distcp``) go to rank k (to k mod the world size when a run
+    resumes with fewer ranks): at save, each rank reads back what it has just written, from
+    its own page cache. Everything else (``.metadata``) goes to rank 0, DCP's coordinator.
     """
+    m = _RANK_FILE.match(name)
+    return int(m.group(1)) % world_size if m else 0
+
+
+def hash_share(path: Path, *, rank: int, world_size: int) -> dict[str, str]:
+    """Checksums of the files under ``path`` that :func:`owner` gives to ``rank``."""
+    return {f.name: file_digest(f) for f in sorted(path.iterdir())
+            if f.is_file() and f.name != "meta.json" and owner(f.name, world_size) == rank}
+
+
+def verify_share(path: Path, *, rank: int, world_size: int) -> str:
+    """Why this rank's share of the checkpoint at ``path`` is damaged ('' when intact or unrecorded)."""
+    try:
+        meta = jsonable.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"meta.json unreadable ({getattr(e, 'strerror', None) or e})"
+    sums = meta.get("checksums") if isinstance(meta, dict) else None
+    if not isinstance(sums, dict):
+        return ""  # saved before checksums were recorded: the caller notes it
+    if meta.get("hash") != HASH:
+        return f"meta.json names checksum {meta.get('hash')!r}, expected {HASH!r}"
+    for name in sorted(sums):
+        if owner(name, world_size) != rank:
+            continue
+        try:
+            got = file_digest(path / name)
+        except OSError as e:
+            return f"{name} unreadable ({e.strerror})"
+        if got != sums[name]:
+            return f"{name} does not match its checksum ({HASH} {got}, expected {sums[name]})"
+    return ""
+
+
+def _candidates(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``root`` (a ``step_*`` with meta.json), newest first."""
     if not root.is_dir():
-        return None
-    found = sorted(
+        return []
+    return sorted(
         (
             (int(m.group(1)), child)
             for child in root.iterdir()
@@ -121,9 +186,19 @@ def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
         ),
         reverse=True,
     )
+
+
+def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str] = damage,
+                  candidates: Sequence[tuple[int, Path]] | None = None) -> tuple[int, Path] | None:
+    """The newest checkpoint under ``root`` that ``check`` finds undamaged, or None.
+
+    ``check`` is :func:`damage` (sizes) by default. A damaged newer one (a truncated or
+    altered ``.distcp``, a missing file) is skipped and named through ``report(line)``, so
+    the run says which step it falls back from.
+    """
     skipped: list[tuple[str, str]] = []
-    for step, path in found:
-        why = damage(path)
+    for step, path in _candidates(root) if candidates is None else candidates:
+        why = check(path)
         if not why:
             if skipped and report is not None:
                 report(f"checkpoint {skipped[0][0]} is damaged ({skipped[0][1]}); resuming from the newest intact one, {path}")
@@ -135,6 +210,59 @@ def newest_intact(root: Path, report: Any = None) -> tuple[int, Path] | None:
             "expected a complete step_* (or trainer.resume=false)"
         )
     return None
+
+
+def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = None,
+                    device: Any = "cpu") -> tuple[int, Path] | None:
+    """Collective: :func:`newest_intact` with every file's content checked, before torch reads any.
+
+    Each rank verifies its share of the files (:func:`owner`), in parallel, and the ranks agree
+    on the verdict (one small all-reduce per checkpoint looked at), so all of them load the
+    same step or all refuse. A checkpoint saved before checksums were recorded is
+    size-checked only, said once through ``report``. ``device``: where the collectives'
+    tensors live (the rank's GPU under NCCL).
+    """
+    candidates = _candidates(root)
+    distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def most(values: list[int]) -> list[int]:
+        import torch
+
+        t = torch.tensor(values, dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
+
+    def agree(step: int, why: str) -> bool:
+        """Whether any rank found damage; every rank must be looking at the same step of the same list
+        (a refusal on every rank otherwise, never a rank left waiting)."""
+        n = len(candidates)
+        got = most([1 if why else 0, n, -n, step, -step])
+        if got[1] != -got[2] or got[3] != -got[4]:
+            raise CheckpointError(
+                f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
+                f"({n} here, step {step} first); expected one directory shared by every node"
+            )
+        return bool(got[0])
+
+    if distributed and not candidates:
+        agree(-1, "")  # nothing to load here: every rank must find nothing too
+        return None
+
+    def check(path: Path) -> str:
+        why = damage(path) or verify_share(path, rank=rank, world_size=world_size)
+        if not distributed or not agree(int(path.name.removeprefix("step_")), why):
+            return why
+        every: list[Any] = [None] * world_size
+        dist.all_gather_object(every, why)  # rare: a damaged checkpoint, named by the first rank that saw it
+        return next(w for w in every if w)
+
+    result = newest_intact(root, report, check=check, candidates=candidates)
+    if result is not None and report is not None:
+        meta = json.loads((result[1] / "meta.json").read_text())
+        if not isinstance(meta.get("checksums"), dict):
+            report(f"checkpoint {result[1]} has no checksums (saved by an earlier numarun): its file sizes are checked, "
+                   "its content is not")
+    return result
 
 
 def remove_stale(root: Path) -> None:
@@ -174,10 +302,18 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
     model_sd, optim_sd = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        dist.barrier()
+        world_size = dist.get_world_size()
+        # every rank hashes what it wrote, at once; the gather replaces a barrier (rank 0
+        # hears from every rank only once all have written)
+        mine = hash_share(tmp, rank=rank, world_size=world_size)
+        shares: list[Any] | None = [None] * world_size if rank == 0 else None
+        dist.gather_object(mine, shares, dst=0)
         if rank == 0:
             files = {f.name: f.stat().st_size for f in tmp.iterdir() if f.is_file()}
-            (tmp / "meta.json").write_text(json.dumps({"step": step, **meta, "files": files}, indent=1) + "\n")
+            sums: dict[str, str] = {k: v for share in shares or [] for k, v in share.items()}
+            sums.update({name: file_digest(tmp / name) for name in files if name not in sums})  # none expected
+            record = {"step": step, **meta, "files": files, "hash": HASH, "checksums": dict(sorted(sums.items()))}
+            (tmp / "meta.json").write_text(json.dumps(record, indent=1) + "\n")
     except (Exception, BaseException) as e:  # dcp's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise

@@ -264,7 +264,9 @@ class Trainer:
         if t.resume:
             checkpoint.check_trusted(self.ckpt_dir)  # before torch unpickles anything from it
             report = (lambda line: print(line, flush=True)) if self.rank == 0 else None
-            found = checkpoint.newest_intact(self.ckpt_dir, report=report)
+            # every file's content checked, the ranks sharing the reading, before torch reads any
+            found = checkpoint.newest_verified(self.ckpt_dir, rank=self.rank, world_size=self.ctx.world_size,
+                                                 report=report, device=self.ctx.device)
             if found is not None:
                 checkpoint.check_model(json.loads((found[1] / "meta.json").read_text()), self.cfg.model, found[1])
                 start_step = checkpoint.load(found[1], self.model, self.optimizer)

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..argtypes import MAX_LOCAL_RANKS
 from ..errors import UsageError
 from ..plan.model import BindingMode, MemPolicy
 
@@ -79,8 +80,9 @@ def mem_policy_axis(text: str) -> Axis:
 def omp_axis(text: str) -> Axis:
     values = _split("--omp", text)
     for v in values:
-        if v != OMP_FROM_PLAN and not (v.isdigit() and int(v) >= 1):
-            raise UsageError(f"bad --omp value {v!r} in {text!r}: expected a list of positive integers or 'plan'")
+        if v != OMP_FROM_PLAN and not (v.isdigit() and 1 <= int(v) <= MAX_LOCAL_RANKS):
+            raise UsageError(f"bad --omp value {v!r} in {text!r}: expected a list of integers from 1 to {MAX_LOCAL_RANKS} "
+                             "or 'plan'")
     return Axis("omp", values)
 
 

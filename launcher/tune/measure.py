@@ -12,6 +12,8 @@ import json
 import statistics
 from dataclasses import dataclass
 
+from .. import jsonable
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -28,7 +30,7 @@ def _rows(text: str) -> list[dict]:
         if not line:
             continue
         try:
-            row = json.loads(line)
+            row = jsonable.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a killed run
         if isinstance(row, dict):

@@ -1,0 +1,80 @@
+"""Number options of every command: whole numbers with an upper bound, finite floats.
+
+A number option feeds something with a range of its own: a rank count becomes a list of
+bindings and a process each, a node count a 32-bit world size in c10d's store, a port a
+16-bit field, seconds a timer. A value outside that range is refused here, as one line
+naming the flag, the value and the range (argparse then exits 2), before any process starts.
+``nan`` and ``inf`` are never a number of seconds or a fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+
+MAX_LOCAL_RANKS = 8192
+"""Ranks per node: Linux's largest NR_CPUS (one rank per CPU of the largest machine it builds for)."""
+MAX_NODES = 131072
+"""Nodes of a job: with :data:`MAX_LOCAL_RANKS` a world size of 2**30, within c10d's 32-bit ranks."""
+MAX_PORT = 65535
+MAX_SECONDS = 30 * 86400
+"""Timeouts and intervals: 30 days (far past any job; timers overflow long before 1e20 s)."""
+MAX_COUNT = 1_000_000
+"""Iterations, trials, restarts."""
+
+_WHOLE = re.compile(r"\s*[+-]?\d{1,30}\s*")
+
+
+def check_int(text: object, flag: str, *, low: int, high: int) -> int:
+    """``text`` as a whole number from ``low`` to ``high``; ValueError (one line) otherwise."""
+    s = str(text)
+    if not _WHOLE.fullmatch(s) or not low <= int(s) <= high:
+        raise ValueError(f"bad {flag} {s.strip()!r}: expected a whole number from {low} to {high}")
+    return int(s)
+
+
+def check_float(text: object, flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> float:
+    """``text`` as a finite number in [low, high] (``above``: low excluded); ValueError otherwise."""
+    s = str(text).strip()
+    try:
+        value = float(s)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not (value > low if above else value >= low) or value > high:
+        rel = ">" if above else ">="
+        raise ValueError(f"bad {flag} {s!r}: expected a finite number{unit} {rel} {low:.10g} and <= {high:.10g}")
+    return value
+
+
+def int_in(flag: str, *, low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type=`` for :func:`check_int`."""
+
+    def parse(text: str) -> int:
+        try:
+            return check_int(text, flag, low=low, high=high)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def float_in(flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> Callable[[str], float]:
+    """An argparse ``type=`` for :func:`check_float`."""
+
+    def parse(text: str) -> float:
+        try:
+            return check_float(text, flag, low=low, high=high, above=above, unit=unit)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def port(flag: str) -> Callable[[str], int]:
+    return int_in(flag, low=1, high=MAX_PORT)
+
+
+def seconds(flag: str, *, low: float = 0.0, above: bool = True) -> Callable[[str], float]:
+    return float_in(flag, low=low, high=MAX_SECONDS, above=above, unit=" of seconds")
