@@ -29,12 +29,13 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${NUMARUN_NO_MPI:-}
       || echo "could not install openmpi-bin and mpich (see /tmp/numarun-apt-mpi.log): MPI tests will fail" >&2
   fi
 fi
-# Lint and type check of the package (settings in pyproject.toml; ruff and mypy come with the
-# [test] extras that setup.sh installs); NUMARUN_LINT=0 skips it.
+# Lint, type check and the layers contract of the package (settings in pyproject.toml; ruff, mypy
+# and import-linter come with the [test] extras that setup.sh installs); NUMARUN_LINT=0 skips them.
 # A finding fails the test command, after the tests have run.
 if [ "${NUMARUN_LINT:-1}" != 0 ]; then
   .venv/bin/ruff check launcher || status=1
   .venv/bin/mypy launcher || status=1
+  .venv/bin/lint-imports || status=1
 fi
 .venv/bin/python -m pytest "$@" || status=$?
 exit $status

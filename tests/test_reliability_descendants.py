@@ -125,7 +125,7 @@ def test_every_rendezvous_has_a_deadline_restarts_included(tmp_path, monkeypatch
     the first group, and between groups (a restart's re-rendezvous), naming which one it was."""
     import threading
 
-    from numarun.launch import ledger
+    from numarun import ledger
     from numarun.launch.spec import LaunchSpec
     from numarun.launch.supervisor import Supervisor
     from numarun.launch.torchrun import Target

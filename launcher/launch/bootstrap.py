@@ -34,12 +34,12 @@ import types
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
-from .. import envvars
+from .. import envvars, ledger
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import MemPolicy, RankBinding
 from ..worker import current_binding, finish
-from . import affinity, hydra_pin, ledger
+from . import affinity, hydra_pin
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.launch.bootstrap")

@@ -5,7 +5,7 @@ its signals, its deadlines and the environment it hands the workers.
 in module globals:
 
 * a private directory (0700, ``$TMPDIR/numarun-*``) for the plan file, torchelastic's logs
-  (``--log-dir``) and the :mod:`ledger <numarun.launch.ledger>` the workers keep there; removed
+  (``--log-dir``) and the :mod:`ledger <numarun.ledger>` the workers keep there; removed
   on every exit path, by an atexit handler or, when numarun dies without running it (SIGKILL), by
   a small cleaner process;
 * a cage (:mod:`numarun.launch.reaper`): every process the job starts, in whatever session, is
@@ -35,9 +35,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .. import envvars
+from .. import envvars, ledger
 from ..errors import NumarunError
-from . import ledger, reaper
+from . import reaper
 from .spec import FORWARDED_SIGNALS, LaunchSpec
 
 log = logging.getLogger(__name__)
