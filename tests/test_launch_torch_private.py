@@ -88,3 +88,29 @@ def test_the_launcher_imports_torch_through_the_paused_collector(tmp_path) -> No
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["rc"] == 0 and report["torch"] and report["enabled"]
     assert report["frozen"] > 10_000, report  # torch's objects sit in the permanent generation
+
+
+def test_the_private_parts_used_have_the_shape_they_were_checked_with() -> None:
+    """Fails when torch changes anything numarun.launch.torch_private relies on: then check the new
+    torch and widen CHECKED, or change the patch."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    assert startup.checked(), f"torch {startup.torch_version()} is outside {startup.CHECKED}: check torch_private against it"
+    params = list(inspect.signature(dynamic_rendezvous.get_method_name).parameters.values())
+    assert [(p.name, p.default) for p in params] == [("depth", 2)]
+    assert list(inspect.signature(api.SignalException.__init__).parameters)[1:] == ["msg", "sigval"]
+    e = startup.signal_exception(int(signal.SIGTERM))
+    assert isinstance(e, api.SignalException) and e.sigval == signal.SIGTERM
+    assert startup.checked((2, 4)) and startup.checked((2, 15)) and not startup.checked((2, 16))
+    assert not startup.checked((2, 3))
+
+
+def test_outside_the_checked_versions_torch_is_left_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = dynamic_rendezvous.get_method_name
+    monkeypatch.setattr(startup, "torch_version", lambda: (9, 0))
+    assert startup.install() is False and dynamic_rendezvous.get_method_name is original
