@@ -12,7 +12,8 @@ from pathlib import Path
 from conftest import EXTRACTED, H200_TARBALL, extract_tree
 
 REPO = Path(__file__).resolve().parents[1]
-SKIP = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis"}
+# what the build never packs: the venvs (.venv-wheel is the installed-wheel test), caches, git
+SKIP = {".git", ".venv", ".venv-wheel", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"}
 
 
 def test_fixture_trees_are_extracted_outside_the_checkout() -> None:

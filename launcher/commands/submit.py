@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "submit",
         help="submit the job to SLURM (one numarun per node; multirun sweeps become job arrays)",
         description="Render an sbatch script that starts numarun on every node (srun, one task per "
-        "node owning its CPUs and GPUs; c10d rendezvous at the first node) and submit it with "
+        "node owning its CPUs and GPUs; static rendezvous at the first node, ranks in Slurm's node order) "
+        "and submit it with "
         "'sbatch --parsable'. Prints the job id, the run dir and the log paths. The job requeues "
         "itself after the pre-timeout signal (the trainer checkpoints on it) and resumes from "
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
