@@ -203,6 +203,8 @@ def test_reduced_grid_misses_nothing_and_flags_nothing_healthy(scale):
         assert row["failures"] == [], row
         assert row["max_rounds"] <= MAX_ROUNDS
         assert row["draws"] > 0
+        # every node against several distinct peers (three nodes have two peers in all)
+        assert row["min_peers"] >= min(3, row["nodes"] - 1)
     by_n = {r["nodes"]: r for r in rows}
     # the small counts the grid has to set aside, and why: no healthy majority, or no healthy
     # peer over a good link for some node (then even all pairs cannot tell)
@@ -212,7 +214,7 @@ def test_reduced_grid_misses_nothing_and_flags_nothing_healthy(scale):
     assert by_n[8]["slow_links_measured"] > 0 and by_n[8]["slow_links_flagged"] == by_n[8]["slow_links_measured"]
 
 
-@pytest.mark.parametrize("n", [1024, 4096])
+@pytest.mark.parametrize("n", [1001, 1024, 4096])
 def test_large_jobs_stay_within_the_bound(scale, n):
     r = scale.simulate(nodes=n, slow_nodes=3, slow_links=2, seed=5)
     assert r["rounds"] <= MAX_ROUNDS and r["est_seconds"] < 60

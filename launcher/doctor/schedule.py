@@ -147,15 +147,22 @@ def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequen
     doubt or the bound is reached.
 
     In the round each suspect link is measured again, each suspect meets a known-good node it
-    has not met, and the others meet a new peer (more links covered at no cost in time).
+    has not met, a node that met fewer than :data:`FIRST_ROUNDS` peers (it sat out a round:
+    odd n) meets one more, and the others meet a new peer (more links covered at no cost in time).
     """
     if len(rounds) >= MAX_ROUNDS or len(rounds) < FIRST_ROUNDS:
         return []
     d = doubts(n, directed, rounds, min_fraction=min_fraction)
-    if not d.suspects and not d.suspect_links and n >= ALWAYS_FULL_BELOW:
+    met = {pair(a, b) for rnd in rounds for a, b in rnd}
+    peers = dict.fromkeys(range(n), 0)
+    for a, b in met:
+        peers[a] += 1
+        peers[b] += 1
+    # nodes that sat out a first round (odd n) and so met fewer peers than the others
+    thin = [x for x in range(n) if peers[x] < min(FIRST_ROUNDS, n - 1) and x not in set(d.suspects)]
+    if not d.suspects and not d.suspect_links and not thin and n >= ALWAYS_FULL_BELOW:
         return []
     rng = random.Random(seed * 1_000_003 + len(rounds))
-    met = {pair(a, b) for rnd in rounds for a, b in rnd}
     busy: set[int] = set()
     out: list[Pair] = []
     for a, b in d.suspect_links:
@@ -176,8 +183,13 @@ def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequen
         out.append(pair(s, g))
         busy.update((s, g))
     # suspects left without a known-good partner meet each other (two healthy ones clear both),
-    # then everyone else meets a new peer
+    # the nodes short of peers meet new ones, then everyone else meets a new peer
     out += _pair_up([s for s in d.suspects if s not in busy], met, rng, busy)
+    thin = [x for x in thin if x not in busy]
+    thin_set = set(thin)
+    for x, g in _match(thin, [g for g in free_good if g not in busy and g not in thin_set], met, rng).items():
+        out.append(pair(x, g))
+        busy.update((x, g))
     out += _pair_up([i for i in range(n) if i not in busy], met, rng, busy)
     return sorted(out)
 
