@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-link-fraction", type=float, default=0.5, metavar="F",
-                   help="a node whose link bandwidth is below F x the median is slow (default 0.5)")
+                   help="a node whose best pair, or one pair, below F x the nodes' median is slow (default 0.5)")
     p.add_argument("--doctor-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="how long a node waits for the others (default 120)")
     p.add_argument("--link-schedule", type=parse_link_schedule, default="auto", metavar="NAME",
