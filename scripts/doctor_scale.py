@@ -3,7 +3,7 @@
 
 Drives the product's own code in the order a real run takes it (``numarun.doctor.multinode``):
 :func:`~numarun.doctor.schedule.first_rounds`, then node 0's
-:func:`~numarun.doctor.schedule.plan_retest` and the re-test rounds, then
+:func:`~numarun.doctor.schedule.next_round` one round at a time while it returns one, then
 :func:`~numarun.doctor.multinode.judge` over one report per node. Only the streams are
 synthetic: a healthy pair measures the fabric's figure less up to ``--noise`` (each direction,
 each measurement drawn anew), a pair with a slow node or on a slow link ``--slow-fraction`` of
