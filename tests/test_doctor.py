@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, extract_tree, sysfs_tarballs
+
 from numarun.cli import main as cli_main
 from numarun.doctor.checks import check_nvml, check_rdma_ports
 from numarun.doctor.model import Severity
@@ -202,7 +203,7 @@ def test_offline_cpus_and_smt(capsys, h200):
 def test_disallowed_memory_node(capsys, ib_tree):
     status = ib_tree / "proc/self/status"
     text = status.read_text() if status.exists() else ""
-    lines = [l for l in text.splitlines() if not l.startswith("Mems_allowed_list")]
+    lines = [ln for ln in text.splitlines() if not ln.startswith("Mems_allowed_list")]
     write(ib_tree, "proc/self/status", "\n".join(lines + ["Mems_allowed_list:\t0"]) + "\n")
     rc, result = doctor(capsys, "--topology", str(ib_tree))
     assert [f["device"] for f in of(result, "mems")] == ["node1"]

@@ -1,19 +1,24 @@
-"""numarun doctor across three "nodes": network namespaces joined by a bridge, one node's link
-throttled with tc tbf. The doctor must name that node, and only it, as slow."""
+"""numarun doctor across "nodes" in network namespaces joined by a bridge, with tc tbf throttles.
+
+Three nodes (all pairs), one node's link throttled: the doctor names that node, and only it,
+as slow. Six nodes under the bounded schedule, one node throttled and the link between two
+other nodes throttled: the doctor names the node as a node and the link as a link.
+(The pure parts are in test_doctor_scale.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from numarun.doctor.compare import node_link_figures, pairwise_schedule, slow_nodes
-from numarun.doctor.model import Finding, NodeReport, Severity
-from numarun.doctor.multinode import judge
+
+from numarun.doctor.schedule import MAX_ROUNDS
 
 pytestmark = pytest.mark.slow
 
@@ -29,51 +34,68 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
 
 
-def _cleanup() -> None:
-    for ns in NS + [BRIDGE_NS]:
+def _tc(ns: str, *args: str) -> None:
+    subprocess.run(["nsenter", f"--net=/run/netns/{ns}", "tc", *args], check=True, capture_output=True)
+
+
+def _cleanup(names: list[str]) -> None:
+    for ns in names:
         _ip("netns", "del", ns, check=False)
 
 
-@pytest.fixture
-def three_nodes():
+@contextlib.contextmanager
+def _namespace_nodes(names: list[str], bridge: str, subnet: str, *, slow_node: int | None,
+                     slow_links: tuple[tuple[int, int], ...] = ()):
+    """Namespaces ``names`` on one bridge (in namespace ``bridge``) at ``subnet``.1.., with
+    ``slow_node``'s link throttled both ways and each of ``slow_links`` throttled both ways
+    (an htb class on each end's egress takes only the traffic to the other end)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create network namespaces")
     if not shutil.which("ip") or not shutil.which("tc") or not shutil.which("nsenter"):
         pytest.skip("needs ip, tc and nsenter")
-    _cleanup()
+    _cleanup(names + [bridge])
     try:
         try:
-            _ip("netns", "add", BRIDGE_NS)
+            _ip("netns", "add", bridge)
         except subprocess.CalledProcessError as e:
             pytest.skip(f"cannot create a network namespace: {e.stderr.strip()}")
-        br = ["-n", BRIDGE_NS]
+        br = ["-n", bridge]
         _ip(*br, "link", "add", "br0", "type", "bridge")
         _ip(*br, "link", "set", "br0", "up")
         _ip(*br, "link", "set", "lo", "up")
-        for i, ns in enumerate(NS):
+        for i, ns in enumerate(names):
             _ip("netns", "add", ns)
-            _ip("link", "add", f"dv{i}", "netns", ns, "type", "veth", "peer", "name", f"dp{i}", "netns", BRIDGE_NS)
-            _ip("-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", f"dv{i}")
+            _ip("link", "add", f"dv{i}", "netns", ns, "type", "veth", "peer", "name", f"dp{i}", "netns", bridge)
+            _ip("-n", ns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", f"dv{i}")
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", ns, "link", "set", f"dv{i}", "up")
             _ip(*br, "link", "set", f"dp{i}", "master", "br0")
             _ip(*br, "link", "set", f"dp{i}", "up")
-        # both directions of the slow node's link: its own egress and the bridge's egress to it
-        for ns, dev in ((NS[SLOW], f"dv{SLOW}"), (BRIDGE_NS, f"dp{SLOW}")):
-            subprocess.run(["nsenter", f"--net=/run/netns/{ns}", "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                            "rate", RATE, "burst", "64kb", "latency", "50ms"], check=True, capture_output=True)
-        yield [f"{SUBNET}.{i + 1}" for i in range(len(NS))]
+        tbf = ["tbf", "rate", RATE, "burst", "64kb", "latency", "50ms"]
+        if slow_node is not None:
+            # both directions of the slow node's link: its own egress and the bridge's egress to it
+            _tc(names[slow_node], "qdisc", "add", "dev", f"dv{slow_node}", "root", *tbf)
+            _tc(bridge, "qdisc", "add", "dev", f"dp{slow_node}", "root", *tbf)
+        for a, b in slow_links:
+            for src, dst in ((a, b), (b, a)):
+                dev = f"dv{src}"
+                # htb without a default class sends unclassified traffic straight out, unshaped
+                _tc(names[src], "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb")
+                _tc(names[src], "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", RATE)
+                _tc(names[src], "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                    "match", "ip", "dst", f"{subnet}.{dst + 1}/32", "flowid", "1:20")
+        yield [f"{subnet}.{i + 1}" for i in range(len(names))]
     finally:
-        _cleanup()
+        _cleanup(names + [bridge])
 
 
-def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
-    addrs = three_nodes
-    port = "29613"
+def _run_doctor(names: list[str], addrs: list[str], port: str, tmp_path: Path, *options: str):
+    """``numarun doctor --json`` on every namespace node; (exit codes, results, stderr tails)."""
     procs = []
-    for rank, ns in enumerate(NS):
-        cmd = ["nsenter", f"--net=/run/netns/{ns}", NUMARUN, "doctor", "--json", "--nnodes", str(len(NS)),
-               "--node-rank", str(rank), "--master-addr", addrs[0], "--master-port", port, "--doctor-timeout", "120"]
+    for rank, ns in enumerate(names):
+        cmd = ["nsenter", f"--net=/run/netns/{ns}", NUMARUN, "doctor", "--json", "--nnodes", str(len(names)),
+               "--node-rank", str(rank), "--master-addr", addrs[0], "--master-port", port, "--doctor-timeout", "120",
+               *options]
         out = open(tmp_path / f"n{rank}.out", "w")
         err = open(tmp_path / f"n{rank}.err", "w")
         procs.append((subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
@@ -86,12 +108,24 @@ def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
                 p.kill()
             out.close()
             err.close()
-    results = [json.loads((tmp_path / f"n{r}.out").read_text() or "null") for r in range(len(NS))]
-    detail = [(tmp_path / f"n{r}.err").read_text()[-2000:] for r in range(len(NS))]
+    results = [json.loads((tmp_path / f"n{r}.out").read_text() or "null") for r in range(len(names))]
+    detail = [(tmp_path / f"n{r}.err").read_text()[-2000:] for r in range(len(names))]
     assert all(r is not None for r in results), detail
+    return codes, results, detail
+
+
+@pytest.fixture
+def three_nodes():
+    with _namespace_nodes(NS, BRIDGE_NS, SUBNET, slow_node=SLOW) as addrs:
+        yield addrs
+
+
+def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
+    codes, results, detail = _run_doctor(NS, three_nodes, "29613", tmp_path)
     head = results[0]
     assert head["slow_nodes"] == [SLOW], (head["nodes"], detail)
     assert [f["device"] for f in head["findings"] if f["check"] == "slow-node"] == [f"node {SLOW}"]
+    assert head["slow_links"] == [] and head["links"]["schedule"]["name"] == "all-pairs"
     # every node gets the verdict and stops on it: the slow node is an error everywhere
     assert codes == [1, 1, 1]
     assert all(r["slow_nodes"] == [SLOW] for r in results)
@@ -103,6 +137,37 @@ def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
     assert head["seconds"] < 60
 
 
+SIX = [f"dscale-n{i}" for i in range(6)]
+SIX_BRIDGE = "dscale-br"
+SIX_SUBNET = "10.77.14"
+SIX_SLOW = 4
+SIX_SLOW_LINK = (1, 2)
+
+
+def test_six_nodes_bounded_name_the_slow_node_and_the_slow_link(tmp_path):
+    with _namespace_nodes(SIX, SIX_BRIDGE, SIX_SUBNET, slow_node=SIX_SLOW, slow_links=(SIX_SLOW_LINK,)) as addrs:
+        t0 = time.monotonic()
+        # the streams here are CPU-bound (three pairs at once on a shared host of two cores): a
+        # healthy pair can measure at a third of another; the throttled ones are a hundred times below
+        codes, results, detail = _run_doctor(SIX, addrs, "29614", tmp_path, "--no-measure", "--link-schedule", "bounded",
+                                             "--min-link-fraction", "0.2")
+        wall = time.monotonic() - t0
+    head = results[0]
+    nodes = {n["node_rank"]: n["figures"] for n in head["nodes"]}
+    assert head["slow_nodes"] == [SIX_SLOW], (nodes, detail)
+    assert [tuple(x[:2]) for x in head["slow_links"]] == [SIX_SLOW_LINK], (nodes, detail)
+    devices = sorted((f["check"], f["device"]) for f in head["findings"])
+    assert devices == [("slow-link", "nodes 1-2"), ("slow-node", f"node {SIX_SLOW}")]
+    schedule = head["links"]["schedule"]
+    assert schedule["name"] == "bounded" and schedule["rounds"] <= MAX_ROUNDS
+    # every node was measured against several distinct peers; the ends of the slow link are not slow nodes
+    assert min(f["link_peers"] for f in nodes.values()) >= 3
+    assert head["bad_nodes"] == [SIX_SLOW]
+    assert codes == [1] * 6 and all(r["slow_nodes"] == [SIX_SLOW] and r["slow_links"] == head["slow_links"] for r in results)
+    print(f"six namespace nodes: {wall:.1f} s wall, {head['seconds']} s from the store to the verdict, "
+          f"{schedule['rounds']} rounds")
+
+
 def test_a_node_that_never_comes_is_named_in_one_line(tmp_path):
     import socket
 
@@ -112,52 +177,7 @@ def test_a_node_that_never_comes_is_named_in_one_line(tmp_path):
     p = subprocess.run([NUMARUN, "doctor", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
                         "--master-port", port, "--doctor-timeout", "3", "--no-measure"],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    lines = [l for l in p.stderr.splitlines() if l.startswith("numarun")]
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("numarun")]
     assert p.returncode == 1, p.stderr[-2000:]
     assert len(lines) == 1 and "node rank(s) 1" in lines[0] and "--doctor-timeout" in lines[0]
     assert "Traceback" not in p.stderr
-
-
-# --- pure parts ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
-def test_pairwise_schedule_covers_every_pair_once_without_overlap(n):
-    rounds = pairwise_schedule(n)
-    pairs = [p for r in rounds for p in r]
-    assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
-    for r in rounds:
-        ends = [x for p in r for x in p]
-        assert len(ends) == len(set(ends))
-
-
-def test_slow_node_stands_out_from_its_peers():
-    fast, slow = 1.0, 0.05
-    directed = {}
-    for a in range(4):
-        for b in range(4):
-            if a != b:
-                directed[(a, b)] = slow if 3 in (a, b) else fast
-    figures = node_link_figures(directed, 4)
-    assert slow_nodes(figures, 0.5) == [3]
-    # two nodes cannot tell a slow node from a slow link
-    assert slow_nodes(node_link_figures({(0, 1): 1.0, (1, 0): 0.01}, 2), 0.5) == []
-
-
-def _report(rank: int, **facts) -> NodeReport:
-    base = {"gpu_count": 8, "gpu_models": ["NVIDIA H100"], "compute_nics": ["mlx5_0"], "torch": "2.9.0"}
-    return NodeReport(rank, f"host{rank}", (), {**base, **facts}, {"recv_gbs": {}})
-
-
-def test_judge_names_the_node_that_differs():
-    reports = [_report(0), _report(1, gpu_count=7), _report(2, torch="2.8.0")]
-    verdict = judge(reports, min_link_fraction=0.5)
-    mism = [f for f in verdict["findings"] if f["check"] == "node-mismatch"]
-    assert {(f["device"], f["severity"]) for f in mism} == {("nodes 1", "error"), ("nodes 2", "warn")}
-    assert verdict["bad_nodes"] == [1] and verdict["exclude"] == "host1" and verdict["ok"] is False
-
-
-def test_judge_collects_each_nodes_errors():
-    bad = NodeReport(1, "host1", (Finding(Severity.ERROR, "rdma-port", "mlx5_0:1", "down"),), _report(1).facts, {})
-    verdict = judge([_report(0), bad, _report(2)], min_link_fraction=0.5)
-    assert verdict["bad_nodes"] == [1] and verdict["ok"] is False and verdict["findings"] == []

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from numarun.cli import main as cli_main
 
 NUMARUN = str(Path(sys.executable).parent / "numarun")
@@ -66,7 +67,7 @@ def test_submit_preflight_runs_the_doctor_on_every_node(tmp_path, capsys):
     rc = cli_main(["submit", "--dry-run", "--nodes", "2", "--preflight", "--output-dir", str(tmp_path / "o"), str(script)])
     text = capsys.readouterr().out
     assert rc == 0
-    (line,) = [l for l in text.splitlines() if l.startswith("launch_opts=")]
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("launch_opts=")]
     assert "--preflight" in line
     rc = cli_main(["submit", "--dry-run", "--nodes", "2", "--output-dir", str(tmp_path / "o"), str(script)])
     assert "--preflight" not in capsys.readouterr().out

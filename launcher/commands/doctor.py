@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="check the node(s) before a job: PCIe links, RDMA ports, modules, cores, GPU health, slow nodes",
         description="Check this node from the same topology 'numarun plan' reads (a recorded tree works "
         "like the live machine); with --nnodes, every node reports to node rank 0, which compares "
-        "them and measures each node's links pairwise. Exit 1 when any finding is an error.",
+        "them and measures the nodes' links in pairs (at most 6 rounds at any node count). Exit 1 when any finding is an error.",
     )
     add_plan_options(p)
     add_doctor_options(p)
@@ -57,10 +57,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-link-fraction", type=float, default=0.5, metavar="F",  # check_fraction: (0, 1], no nan
-                   help="a node whose link bandwidth is below F x the median is slow (default 0.5)")
+                   help="a node whose best pair, or one pair, below F x the nodes' median is slow (default 0.5)")
     p.add_argument("--doctor-timeout", type=argtypes.seconds("--doctor-timeout"), default=120.0, metavar="SECONDS",
                    help="how long a node waits for the others (default 120)")
+    p.add_argument("--link-schedule", type=parse_link_schedule, default="auto", metavar="NAME",
+                   help="which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
+                   "bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds)")
     p.add_argument("--link-seconds", type=argtypes.seconds("--link-seconds"), default=0.5, help=argparse.SUPPRESS)
+
+
+def parse_link_schedule(text: str) -> str:
+    from ..doctor.schedule import LinkSchedule
+
+    try:
+        return LinkSchedule(text).value
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad --link-schedule {text!r}: expected one of {', '.join(m.value for m in LinkSchedule)}"
+        ) from None
 
 
 def parse_nnodes(text: str) -> int:
@@ -104,6 +118,7 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
     from ..doctor.model import has_error
     from ..doctor.multinode import exchange
     from ..doctor.node import Inputs, run_node
+    from ..doctor.schedule import LinkSchedule
 
     nnodes = parse_nnodes(args.nnodes)
     fraction = check_fraction(args.min_link_fraction)
@@ -130,9 +145,14 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
             "exclude": report.hostname if has_error(report.findings) else "",
         }
     verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
-                       seconds=args.link_seconds, timeout_s=args.doctor_timeout)
+                       seconds=args.link_seconds, timeout_s=args.doctor_timeout,
+                       schedule=LinkSchedule(getattr(args, "link_schedule", None) or "auto"))
     verdict["node_rank"] = args.node_rank
     return verdict
+
+
+NODE_ROWS = 32
+"""Above this many nodes the table lists only the nodes with an error or a warning."""
 
 
 def render(result: dict[str, Any]) -> str:
@@ -141,33 +161,47 @@ def render(result: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    from ..cpuset import format_list
+
     console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
     style = {"error": "bold red", "warn": "yellow", "info": "dim"}
     nodes = result.get("nodes")
     if nodes:
-        t = Table(title="nodes", show_lines=False)
-        for col in ("rank", "host", "errors", "warns", "link GB/s", "mem GB/s per NUMA node", "h2d GB/s"):
-            t.add_column(col)
         slow = set(result.get("slow_nodes", []))
-        for n in nodes:
+        in_links = {x for link in result.get("slow_links", []) for x in link[:2]}
+
+        def notable(n: dict[str, Any]) -> bool:
+            return n["node_rank"] in slow | in_links or any(f["severity"] in ("error", "warn") for f in n["findings"])
+
+        shown = nodes if len(nodes) <= NODE_ROWS else [n for n in nodes if notable(n)]
+        t = Table(title="nodes", show_lines=False)
+        for col in ("rank", "host", "errors", "warns", "link GB/s", "peers", "mem GB/s per NUMA node", "h2d GB/s"):
+            t.add_column(col)
+        for n in shown:
             sev = [f["severity"] for f in n["findings"]]
             fig = n["figures"]
             mem = " ".join(f"{k}:{v:g}" for k, v in (fig.get("mem_bw_gbs") or {}).items()) or "-"
             h2d = " ".join(f"{v:g}" for v in (fig.get("h2d_gbs") or {}).values()) or "-"
             link = f"{fig.get('link_gbs', 0):.3f}" + (" SLOW" if n["node_rank"] in slow else "")
-            t.add_row(str(n["node_rank"]), n["hostname"], str(sev.count("error")), str(sev.count("warn")), link, mem, h2d)
+            t.add_row(str(n["node_rank"]), n["hostname"], str(sev.count("error")), str(sev.count("warn")), link,
+                      str(fig.get("link_peers", "-")), mem, h2d)
+        if len(shown) < len(nodes):
+            t.caption = f"{len(nodes) - len(shown)} more nodes without an error or a warning (--json lists every node)"
         console.print(t)
-    rows = [("", f) for f in result.get("findings", [])]
+    # a finding several nodes share is one row naming them all
+    rows: dict[tuple[str, str, str, str], list[int]] = {}
+    for f in result.get("findings", []):
+        rows.setdefault((f["severity"], f["check"], f["device"], f["message"]), [])
     for n in nodes or ():
-        rows += [(str(n["node_rank"]), f) for f in n["findings"]]
+        for f in n["findings"]:
+            rows.setdefault((f["severity"], f["check"], f["device"], f["message"]), []).append(n["node_rank"])
     t = Table(title="findings" if rows else "findings: none")
     if nodes:
         t.add_column("node")
     for col in ("severity", "check", "device", "message"):
         t.add_column(col, overflow="fold")
-    for node, f in rows:
-        cells = [f["severity"], f["check"], f["device"], f["message"]]
-        t.add_row(*(([node or "all"] if nodes else []) + cells), style=style.get(f["severity"]))
+    for cells, ranks in rows.items():
+        t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)), style=style.get(cells[0]))
     console.print(t)
     verdict = "OK: no errors" if result.get("ok") else "NOT OK: errors found"
     if result.get("exclude"):

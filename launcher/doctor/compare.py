@@ -1,9 +1,10 @@
-"""Node 0's comparison of the node reports, and the slow-node verdict. Pure."""
+"""Node 0's comparison of the node reports, and the verdict on slow nodes and slow links. Pure."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from .model import Finding, NodeReport, Severity
 
@@ -42,22 +43,14 @@ def _mismatches(reports: Sequence[NodeReport]) -> list[tuple[Finding, list[int]]
     return out
 
 
-def pairwise_schedule(n: int) -> list[list[tuple[int, int]]]:
-    """Rounds of disjoint pairs covering every pair once (circle method), so that in each
-    round every node talks to at most one peer and one slow node cannot slow the others'
-    measurements."""
-    ids = list(range(n)) + ([-1] if n % 2 else [])
-    m = len(ids)
-    rounds = []
-    for _ in range(m - 1):
-        pairs = []
-        for i in range(m // 2):
-            a, b = ids[i], ids[m - 1 - i]
-            if a >= 0 and b >= 0:
-                pairs.append((min(a, b), max(a, b)))
-        rounds.append(sorted(pairs))
-        ids = [ids[0]] + [ids[-1]] + ids[1:-1]
-    return rounds
+def pair_figures(directed: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], float]:
+    """Per measured pair (low rank first): its slower direction. A pair measured one way only
+    (a stream cut) is left out."""
+    out = {}
+    for (a, b), ab in directed.items():
+        if a < b and (b, a) in directed:
+            out[(a, b)] = min(ab, directed[(b, a)])
+    return out
 
 
 def node_link_figures(directed: Mapping[tuple[int, int], float], n: int) -> dict[int, float]:
@@ -67,14 +60,9 @@ def node_link_figures(directed: Mapping[tuple[int, int], float], n: int) -> dict
     peer, so its best pair stays high even when its pair with the slow node is not.
     """
     best: dict[int, float] = {i: 0.0 for i in range(n)}
-    for a in range(n):
-        for b in range(a + 1, n):
-            ab, ba = directed.get((a, b)), directed.get((b, a))
-            if ab is None or ba is None:
-                continue
-            pair = min(ab, ba)
-            best[a] = max(best[a], pair)
-            best[b] = max(best[b], pair)
+    for (a, b), gbs in pair_figures(directed).items():
+        best[a] = max(best[a], gbs)
+        best[b] = max(best[b], gbs)
     return best
 
 
@@ -84,3 +72,45 @@ def slow_nodes(figures: Mapping[int, float], min_fraction: float) -> list[int]:
         return []  # with two nodes a slow link cannot be told from a slow node
     median = statistics.median(figures.values())
     return sorted(r for r, v in figures.items() if v < min_fraction * median)
+
+
+@dataclass(frozen=True)
+class LinkVerdict:
+    """What the measured pairs say about the nodes and the links between them."""
+
+    pairs: dict[tuple[int, int], float]
+    """Measured pairs (low rank first) -> GB/s of the slower direction."""
+    node_gbs: dict[int, float]
+    """Per node, its best pair."""
+    peers: dict[int, int]
+    """Per node, how many distinct peers it was measured against."""
+    median_gbs: float
+    """The median of the nodes' best pairs: what a healthy node reaches."""
+    slow_nodes: tuple[int, ...]
+    """Nodes whose best pair is below ``min_fraction`` of the median: slow to every peer measured."""
+    slow_links: tuple[tuple[int, int, float], ...]
+    """(a, b, GB/s): pairs below ``min_fraction`` of the median whose both ends are not slow nodes."""
+
+
+def link_verdict(directed: Mapping[tuple[int, int], float], n: int, min_fraction: float) -> LinkVerdict:
+    """The slow nodes and slow links from directed stream figures ``{(sender, receiver): GB/s}``.
+
+    A fast pair clears both its ends; a node without one is slow. A slow pair between two
+    nodes that each have a fast pair elsewhere is a slow link (a cable, a switch port, a route).
+    With fewer than three nodes nothing is judged: a slow pair there is a slow node or a slow
+    link, and links alone cannot tell which.
+    """
+    pairs = pair_figures(directed)
+    best = node_link_figures(directed, n)
+    peers = {i: 0 for i in range(n)}
+    for a, b in pairs:
+        peers[a] += 1
+        peers[b] += 1
+    median = statistics.median(best.values()) if best else 0.0
+    slow = tuple(slow_nodes(best, min_fraction))
+    links: tuple[tuple[int, int, float], ...] = ()
+    if n >= 3:
+        slow_set = set(slow)
+        links = tuple((a, b, gbs) for (a, b), gbs in sorted(pairs.items())
+                      if gbs < min_fraction * median and a not in slow_set and b not in slow_set)
+    return LinkVerdict(pairs, best, peers, median, slow, links)

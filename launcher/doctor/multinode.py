@@ -2,39 +2,44 @@
 (no process group is initialised, so no backend or GPU is needed), and the nodes measure
 their links pairwise over plain TCP streams.
 
-Sequence (keys under ``numarun-doctor/``):
+Sequence (keys under ``numarun-doctor/``); a node other than 0 makes a bounded number of
+store requests whatever the node count (no key of every node is read or waited for), node 0
+a number in proportion to it, so the store serves O(N) requests in all:
 
-1. each node starts a stream server on the address it reaches node 0 from and publishes it;
-2. rounds of :func:`~.compare.pairwise_schedule`: in each pair the lower rank streams to the
-   higher for ``seconds``, then the other way; the receiver times from the first byte to the
-   end of the stream and keeps the figure; every round ends at a barrier;
-3. each node publishes its report (findings, facts, received figures);
-4. node 0 compares, judges and publishes the verdict; the others read it and acknowledge,
-   and node 0 closes the store only after every acknowledgement.
+1. node 0 draws the seed of the schedule and publishes it with the schedule's name (``plan``);
+   each node starts a stream server on the address it reaches node 0 from and publishes it;
+2. the first rounds (:func:`~.schedule.first_rounds`): in each pair, once both ends are ready
+   for the round, the lower rank streams to the higher for ``seconds``, then the other way; the
+   receiver times from the first byte to the end of the stream and keeps its best figure per
+   sender; a node reads only its peers' keys;
+3. ``bounded`` only, up to the bound: each node publishes its figures so far; node 0 gathers
+   them, plans the next round (:func:`~.schedule.next_round`: suspects against known-good nodes)
+   and gives each node its peer, or "stop" when nothing is in doubt (one key each); the round
+   runs as the first ones did;
+4. each node publishes its report (findings, facts, received figures);
+5. node 0 gathers the reports, judges and publishes the verdict without the per-node detail
+   (its size grows with the faults found, not with the node count); the others read it and
+   acknowledge, and node 0 closes the store only after every acknowledgement.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
-import statistics
 import struct
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import UsageError
-from .compare import (
-    compare_nodes,
-    node_link_figures,
-    odd_nodes,
-    pairwise_schedule,
-    slow_nodes,
-)
+from .compare import compare_nodes, link_verdict, odd_nodes
 from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
+from .schedule import LinkSchedule, first_rounds, next_round, resolve
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ CHUNK = 256 << 10
 
 
 class _StreamServer(threading.Thread):
-    """Accepts one stream at a time; records GB/s per sending node rank."""
+    """Accepts one stream at a time; records GB/s per sending node rank (the best, if several)."""
 
     def __init__(self, host: str) -> None:
         super().__init__(daemon=True, name="numarun-doctor-streams")
@@ -78,7 +83,9 @@ class _StreamServer(threading.Thread):
                             t0 = time.perf_counter()
                         total += n
                     dt = time.perf_counter() - (t0 or time.perf_counter())
-                    self.received[sender] = round(total / dt / 1e9, 4) if dt > 0 else 0.0
+                    gbs = round(total / dt / 1e9, 4) if dt > 0 else 0.0
+                    # a pair measured again (a re-test) keeps its best figure: a transient dip is not a fault
+                    self.received[sender] = max(gbs, self.received.get(sender, 0.0))
                     conn.sendall(b"k")
                 except OSError as e:
                     log.warning("doctor stream failed: %s", e)
@@ -136,40 +143,114 @@ def _store(master_addr: str, master_port: int, nnodes: int, node_rank: int, time
         ) from None
 
 
-def _wait(store: Any, keys: list[str], timeout_s: float) -> None:
-    """Wait for ``keys``; a timeout names the nodes whose keys are missing (one line, exit 1)."""
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except (RuntimeError, OSError) as e:
+class StoreSync:
+    """This node's side of the exchange through node 0's store.
+
+    Keys are ``numarun-doctor/<name>`` (one for the job) or ``numarun-doctor/<name>/<rank>``
+    (one per node). A node other than 0 waits only for single keys; node 0 alone gathers a key
+    of every node, in one wait and one read.
+    """
+
+    def __init__(self, store: Any, *, rank: int, nnodes: int, timeout_s: float) -> None:
+        self.store, self.rank, self.nnodes, self.timeout_s = store, rank, nnodes, timeout_s
+
+    def publish(self, name: str, value: str) -> None:
+        """Set this node's ``name`` key."""
+        self.store.set(f"{PREFIX}{name}/{self.rank}", value)
+
+    def announce(self, name: str, value: str) -> None:
+        """Set the job's ``name`` key (node 0)."""
+        self.store.set(f"{PREFIX}{name}", value)
+
+    def wait_for(self, name: str, rank: int) -> None:
+        """Wait until node ``rank`` has published ``name``."""
+        self._wait([f"{PREFIX}{name}/{rank}"], [rank])
+
+    def read(self, name: str, rank: int) -> bytes:
+        self.wait_for(name, rank)
+        return bytes(self.store.get(f"{PREFIX}{name}/{rank}"))
+
+    def read_announcement(self, name: str) -> bytes:
+        self._wait([f"{PREFIX}{name}"], [0])
+        return bytes(self.store.get(f"{PREFIX}{name}"))
+
+    def gather(self, name: str, *, ranks: Sequence[int] | None = None, values: bool = True) -> list[bytes]:
+        """Every node's ``name`` key (node 0): one wait, one read."""
+        ranks = range(self.nnodes) if ranks is None else ranks
+        keys = [f"{PREFIX}{name}/{r}" for r in ranks]
+        self._wait(keys, list(ranks))
+        return [bytes(v) for v in self.store.multi_get(keys)] if values and keys else []
+
+    def scatter(self, name: str, values: Sequence[str]) -> None:
+        """Node ``r`` gets ``values[r]`` as its ``name`` key (node 0): one request."""
+        self.store.multi_set([f"{PREFIX}{name}/{r}" for r in range(len(values))], list(values))
+
+    def _wait(self, keys: list[str], ranks: list[int]) -> None:
+        """Wait for ``keys``; a timeout names the nodes whose keys are missing (one line, exit 1)."""
         try:
-            missing = [k.rsplit("/", 1)[-1] for k in keys if not store.check([k])]
-        except (RuntimeError, OSError):
-            missing = []
-        who = f"node rank(s) {','.join(missing)}" if missing else "a node"
-        raise DoctorError(
-            f"{who} did not answer within --doctor-timeout {timeout_s:g} s ({type(e).__name__}); "
-            "start 'numarun doctor' on every node with the same --nnodes and --master-addr/--master-port"
-        ) from None
+            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError) as e:
+            try:
+                missing = [str(r) for k, r in zip(keys, ranks) if not self.store.check([k])]
+            except (RuntimeError, OSError):
+                missing = []
+            who = f"node rank(s) {','.join(missing)}" if missing else "a node"
+            raise DoctorError(
+                f"{who} did not answer within --doctor-timeout {self.timeout_s:g} s ({type(e).__name__}); "
+                "start 'numarun doctor' on every node with the same --nnodes and --master-addr/--master-port"
+            ) from None
 
 
-def _barrier(store: Any, name: str, rank: int, nnodes: int, timeout_s: float) -> None:
-    store.set(f"{PREFIX}{name}/{rank}", "1")
-    _wait(store, [f"{PREFIX}{name}/{i}" for i in range(nnodes)], timeout_s)
+class Link(Protocol):
+    """This node's end of the link measurements."""
+
+    @property
+    def address(self) -> str:
+        """host:port where the peers stream to this node."""
+
+    @property
+    def received(self) -> dict[int, float]:
+        """GB/s received per sending node rank (the best, if several)."""
+
+    def stream(self, peer_address: str, peer: int) -> None:
+        """Stream to ``peer`` for the measuring time; returns once the peer has every byte."""
+
+
+@dataclass
+class TcpLink:
+    """A :class:`Link` over plain TCP streams (the product's)."""
+
+    server: _StreamServer
+    rank: int
+    seconds: float
+
+    @property
+    def address(self) -> str:
+        return f"{self.server.sock.getsockname()[0]}:{self.server.port}"
+
+    @property
+    def received(self) -> dict[int, float]:
+        return self.server.received
+
+    def stream(self, peer_address: str, peer: int) -> None:
+        _stream_to(peer_address, self.rank, self.seconds)
 
 
 def exchange(
     report: NodeReport, *, nnodes: int, master_addr: str, master_port: int, min_link_fraction: float = 0.5,
-    seconds: float = 0.5, timeout_s: float = 120.0,
+    seconds: float = 0.5, timeout_s: float = 120.0, schedule: LinkSchedule = LinkSchedule.AUTO,
 ) -> dict[str, Any]:
-    """Run the multi-node doctor on this node; every node returns the whole verdict."""
+    """Run the multi-node doctor on this node. Node 0 returns the whole verdict; the others
+    return it without the per-node detail (``nodes``)."""
     rank = report.node_rank
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
     server = _StreamServer(local_address(master_addr, master_port))
     server.start()
     t0 = time.perf_counter()
     try:
-        return _exchange(store, server, report, nnodes=nnodes, min_link_fraction=min_link_fraction,
-                         seconds=seconds, timeout_s=timeout_s, t0=t0)
+        sync = StoreSync(store, rank=rank, nnodes=nnodes, timeout_s=timeout_s)
+        return run_exchange(sync, TcpLink(server, rank, seconds), report, schedule=schedule,
+                            min_link_fraction=min_link_fraction, t0=t0)
     except OSError as e:  # a stream cut or refused mid-way
         raise DoctorError(f"node rank {rank}: a bandwidth stream failed ({e}); check the link between the nodes") from None
     finally:
@@ -177,67 +258,124 @@ def exchange(
         del store
 
 
-def _exchange(store: Any, server: _StreamServer, report: NodeReport, *, nnodes: int, min_link_fraction: float,
-              seconds: float, timeout_s: float, t0: float) -> dict[str, Any]:
-    rank = report.node_rank
-    store.set(f"{PREFIX}addr/{rank}", f"{server.sock.getsockname()[0]}:{server.port}")
-    _wait(store, [f"{PREFIX}addr/{i}" for i in range(nnodes)], timeout_s)
-    addrs = {i: store.get(f"{PREFIX}addr/{i}").decode() for i in range(nnodes)}
-    for r, pairs in enumerate(pairwise_schedule(nnodes)):
-        for a, b in pairs:
-            if rank == a:
-                _stream_to(addrs[b], rank, seconds)
-                store.set(f"{PREFIX}sent/{r}/{a}", "1")
-            elif rank == b:
-                _wait(store, [f"{PREFIX}sent/{r}/{a}"], timeout_s)
-                _stream_to(addrs[a], rank, seconds)
-        _barrier(store, f"round{r}", rank, nnodes, timeout_s)
-    figures = {**report.figures, "recv_gbs": {str(k): v for k, v in sorted(server.received.items())}}
-    mine = replace(report, figures=figures)
-    store.set(f"{PREFIX}report/{rank}", json.dumps(mine.to_dict()))
+def run_exchange(sync: StoreSync, link: Link, report: NodeReport, *, schedule: LinkSchedule, min_link_fraction: float,
+                 t0: float, seed: int | None = None) -> dict[str, Any]:
+    """The exchange over ``sync`` with measurements by ``link`` (the module docstring's sequence)."""
+    rank, nnodes = sync.rank, sync.nnodes
     if rank == 0:
-        _wait(store, [f"{PREFIX}report/{i}" for i in range(nnodes)], timeout_s)
-        reports = [NodeReport.from_dict(json.loads(store.get(f"{PREFIX}report/{i}"))) for i in range(nnodes)]
-        verdict = judge(reports, min_link_fraction=min_link_fraction)
+        seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
+        sync.announce("plan", json.dumps({"schedule": resolve(schedule, nnodes).value, "seed": seed}))
+    plan = json.loads(sync.read_announcement("plan"))
+    kind, seed = LinkSchedule(plan["schedule"]), int(plan["seed"])
+    sync.publish("addr", link.address)
+    done = first_rounds(nnodes, kind, seed=seed)
+    addrs: dict[int, str] = {}
+    _run_slots(sync, link, addrs, [(k, peer) for k, rnd in enumerate(done) for peer in _peers(rnd, rank)])
+    step = len(done)
+    while kind is LinkSchedule.BOUNDED:
+        # node 0 plans each further round from every node's figures so far (a few numbers each)
+        sync.publish(f"fig/{step}", json.dumps(link.received))
+        if rank == 0:
+            directed = {(int(s), r): float(g) for r, raw in enumerate(sync.gather(f"fig/{step}"))
+                        for s, g in json.loads(raw).items()}
+            nxt = next_round(nnodes, directed, done, min_fraction=min_link_fraction, seed=seed)
+            # each node's peer in the round, -1 for none, or "stop" for everyone when nothing is in doubt
+            slots = ["stop"] * nnodes if not nxt else ["-1"] * nnodes
+            for a, b in nxt:
+                slots[a], slots[b] = str(b), str(a)
+            sync.scatter(f"slot/{step}", slots)
+            if nxt:
+                done.append(nxt)
+        mine = sync.read(f"slot/{step}", rank).decode()
+        if mine == "stop":
+            break
+        if int(mine) >= 0:
+            _run_slots(sync, link, addrs, [(step, int(mine))])
+        step += 1
+    figures = {**report.figures, "recv_gbs": {str(k): v for k, v in sorted(link.received.items())}}
+    sync.publish("report", json.dumps(replace(report, figures=figures).to_dict()))
+    if rank == 0:
+        reports = [NodeReport.from_dict(json.loads(raw)) for raw in sync.gather("report")]
+        verdict = judge(reports, min_link_fraction=min_link_fraction,
+                        schedule={"name": kind.value, "seed": seed, "rounds": step})
         verdict["seconds"] = round(time.perf_counter() - t0, 2)
-        store.set(f"{PREFIX}verdict", json.dumps(verdict))
-        _wait(store, [f"{PREFIX}ack/{i}" for i in range(1, nnodes)], timeout_s)
+        sync.announce("verdict", json.dumps(summary(verdict)))
+        sync.gather("ack", ranks=range(1, nnodes), values=False)
         return verdict
-    _wait(store, [f"{PREFIX}verdict"], timeout_s)
-    verdict = json.loads(store.get(f"{PREFIX}verdict"))
-    store.set(f"{PREFIX}ack/{rank}", "1")
-    return verdict
+    verdict = json.loads(sync.read_announcement("verdict"))
+    sync.publish("ack", "1")
+    return dict(verdict)
 
 
-def judge(reports: list[NodeReport], *, min_link_fraction: float) -> dict[str, Any]:
-    """Pure: the node reports -> the verdict (findings of every node, comparison, slow nodes)."""
+def _peers(rnd: Sequence[tuple[int, int]], rank: int) -> list[int]:
+    return [b if a == rank else a for a, b in rnd if rank in (a, b)]
+
+
+def _run_slots(sync: StoreSync, link: Link, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
+    """This node's part of some rounds: ``(round, peer)`` in round order. Both ends of a pair
+    first say they are ready for the round (done with their earlier pairs, so nothing else
+    reaches their stream servers), then the lower rank streams, then the higher."""
+    for k, peer in slots:
+        sync.publish(f"ready/{k}", "1")
+        sync.wait_for(f"ready/{k}", peer)
+        if peer not in addrs:
+            addrs[peer] = sync.read("addr", peer).decode()
+        if sync.rank < peer:
+            link.stream(addrs[peer], peer)
+            sync.publish(f"sent/{k}", "1")
+            sync.wait_for(f"sent/{k}", peer)
+        else:
+            sync.wait_for(f"sent/{k}", peer)
+            link.stream(addrs[peer], peer)
+            sync.publish(f"sent/{k}", "1")
+
+
+def summary(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The verdict as the nodes other than 0 receive it: without the per-node detail."""
+    return {k: v for k, v in verdict.items() if k != "nodes"}
+
+
+def judge(reports: list[NodeReport], *, min_link_fraction: float, schedule: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Pure: the node reports -> the verdict (findings of every node, comparison, slow nodes and links)."""
     n = len(reports)
     directed: dict[tuple[int, int], float] = {}
     for r in reports:
         for sender, gbs in (r.figures.get("recv_gbs") or {}).items():
             directed[(int(sender), r.node_rank)] = float(gbs)
-    link = node_link_figures(directed, n)
-    slow = slow_nodes(link, min_link_fraction)
+    lv = link_verdict(directed, n, min_link_fraction)
     findings: list[Finding] = list(compare_nodes(reports))
-    median = statistics.median(link.values()) if link else 0.0
-    for s in slow:
+    for s in lv.slow_nodes:
         findings.append(Finding(
             Severity.ERROR, "slow-node", f"node {s}",
-            f"node rank {s} ({reports[s].hostname}) reaches at best {link[s]:.3f} GB/s to any peer, below "
-            f"{min_link_fraction:g} of the median {median:.3f} GB/s: check its NIC, cable and switch port, or leave it out",
+            f"node rank {s} ({reports[s].hostname}) reaches at best {lv.node_gbs[s]:.3f} GB/s to any of its "
+            f"{lv.peers[s]} peer(s) measured, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s: "
+            "check its NIC, cable and switch port, or leave it out",
+        ))
+    for a, b, gbs in lv.slow_links:
+        findings.append(Finding(
+            Severity.ERROR, "slow-link", f"nodes {a}-{b}",
+            f"the link between node rank {a} ({reports[a].hostname}) and {b} ({reports[b].hostname}) reaches "
+            f"{gbs:.3f} GB/s, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s, while both reach "
+            "other peers at full speed: check the switch ports, cables and routes between them; leaving out "
+            "either node avoids it",
         ))
     nodes = []
     for r in reports:
         d = r.to_dict()
-        d["figures"]["link_gbs"] = link.get(r.node_rank, 0.0)
+        d["figures"]["link_gbs"] = lv.node_gbs.get(r.node_rank, 0.0)
+        d["figures"]["link_peers"] = lv.peers.get(r.node_rank, 0)
         nodes.append(d)
     all_findings = [f for r in reports for f in r.findings]
-    bad = sorted({r.node_rank for r in reports if has_error(r.findings)} | set(slow) | odd_nodes(reports))
+    bad = sorted({r.node_rank for r in reports if has_error(r.findings)} | set(lv.slow_nodes) | odd_nodes(reports))
+    everything = findings + all_findings
     return {
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "nodes": nodes,
-        "slow_nodes": slow,
+        "slow_nodes": list(lv.slow_nodes),
+        "slow_links": [[a, b, gbs] for a, b, gbs in lv.slow_links],
         "bad_nodes": bad,
         "exclude": ",".join(reports[i].hostname for i in bad),
-        "ok": not has_error(findings) and not has_error(all_findings),
+        "ok": not has_error(everything),
+        "counts": {s.value: sum(1 for f in everything if f.severity is s) for s in Severity},
+        "links": {"schedule": schedule or {}, "pairs_measured": len(lv.pairs), "median_gbs": round(lv.median_gbs, 4)},
     }

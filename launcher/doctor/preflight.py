@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 DEFAULTS = {
     "nvml_record": None, "measure": False, "no_measure": False, "min_link_fraction": 0.5,
-    "doctor_timeout": 120.0, "link_seconds": 0.5, "nnodes": "1", "node_rank": 0,
+    "doctor_timeout": 120.0, "link_seconds": 0.5, "link_schedule": "auto", "nnodes": "1", "node_rank": 0,
     "master_addr": None, "master_port": None, "rdzv_endpoint": "",
 }
 PORT_OFFSET = 1
@@ -39,7 +39,8 @@ def preflight(args: argparse.Namespace) -> int:
         ns.node_rank = 0
     result = diagnose(ns, port_offset=PORT_OFFSET)
     node0 = result.get("node_rank", 0) == 0
-    counts = {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
+    # node 0's verdict counts every node's findings; the others receive it without the per-node detail
+    counts = result.get("counts") or {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
     if result["ok"]:
         print(
             f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)", file=sys.stderr, flush=True

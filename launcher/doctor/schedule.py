@@ -1,0 +1,267 @@
+"""Which pairs of nodes measure their link, and in which round. Pure.
+
+In a round every node streams with at most one peer, so that a slow node slows only its own
+pair's figure. Two schedules:
+
+- ``all-pairs``: every pair once (circle method), n-1 rounds (n for odd n). At 1,024 nodes that
+  is 1,023 rounds of about a second; it is the only schedule that measures every link.
+- ``bounded``: :data:`FIRST_ROUNDS` rounds of disjoint pairs from a seeded shuffle of the
+  ranks (every node computes them from the seed node 0 publishes), then up to
+  :data:`RETEST_ROUNDS` rounds that node 0 plans one at a time from the figures so far
+  (:func:`next_round`) while something is in doubt: each suspect node (no fast pair yet) meets a
+  known-good node it has not met, each suspect link (slow, both ends with a fast pair) is
+  measured once more, and the other nodes meet a new peer. At most :data:`MAX_ROUNDS` rounds
+  whatever the node count.
+
+``auto`` takes all-pairs while it needs no more rounds than bounded's bound (up to 6 nodes).
+Why three and three: a healthy node with at most two slow links that met only slow peers in
+the first rounds is cleared by the third known-good node it meets at the latest; see
+docs/scale.md for the simulation over 2 to 4,096 nodes.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .compare import pair_figures
+
+Pair = tuple[int, int]
+Round = list[Pair]
+
+FIRST_ROUNDS = 3
+"""Rounds of the first pass: every node meets up to three distinct peers."""
+RETEST_ROUNDS = 3
+"""Rounds planned from the figures: a healthy node that met only slow peers meets up to three
+known-good nodes it has not met; with at most two slow links at that node, one of the three is fast."""
+MAX_ROUNDS = FIRST_ROUNDS + RETEST_ROUNDS
+ALWAYS_FULL_BELOW = 16
+"""Below this many nodes the bounded schedule runs all its rounds even when nothing looks in
+doubt: with as many slow nodes as healthy ones less one (3 of 7), every pair of the first
+rounds can hold a slow node, and uniform figures then look healthy. The extra rounds cost
+three seconds where all pairs would cost up to fifteen."""
+# A bound on the augmenting-path search of the suspects' matching (pair visits per round): it
+# matters only when about half the nodes are suspects, where the verdict is already "broken".
+_MATCH_BUDGET = 2_000_000
+
+
+class LinkSchedule(str, enum.Enum):
+    """Which node pairs ``numarun doctor --nnodes`` measures (``--link-schedule``)."""
+
+    AUTO = "auto"
+    """``all-pairs`` while it takes at most :data:`MAX_ROUNDS` rounds (up to 6 nodes), else ``bounded``."""
+    BOUNDED = "bounded"
+    """At most 6 rounds at any node count: 3 rounds of seeded random pairs, then re-tests of the suspects."""
+    ALL_PAIRS = "all-pairs"
+    """Every pair of nodes, n-1 rounds: finds every slow link, at about a second per round."""
+
+
+def pair(a: int, b: int) -> Pair:
+    return (a, b) if a < b else (b, a)
+
+
+def _circle(ids: Sequence[int], rounds: int | None = None) -> list[Round]:
+    """Rounds of the circle method over ``ids`` (no pair twice); all of them by default."""
+    ring = list(ids) + ([-1] if len(ids) % 2 else [])
+    m = len(ring)
+    out = []
+    for _ in range(m - 1 if rounds is None else min(rounds, m - 1)):
+        pairs = [pair(ring[i], ring[m - 1 - i]) for i in range(m // 2) if ring[i] >= 0 and ring[m - 1 - i] >= 0]
+        out.append(sorted(pairs))
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return out
+
+
+def pairwise_schedule(n: int) -> list[Round]:
+    """Rounds of disjoint pairs covering every pair once (circle method)."""
+    return _circle(range(n))
+
+
+def matching_rounds(n: int, *, rounds: int, seed: int) -> list[Round]:
+    """``rounds`` rounds of disjoint pairs, no pair twice: the circle method over a shuffle of
+    the ranks drawn from ``seed`` (node 0 draws the seed and publishes it, so every node
+    computes the same rounds)."""
+    ids = list(range(n))
+    random.Random(seed).shuffle(ids)
+    return _circle(ids, rounds)
+
+
+def resolve(schedule: LinkSchedule, n: int) -> LinkSchedule:
+    """``auto`` -> the schedule it takes at ``n`` nodes."""
+    if schedule is not LinkSchedule.AUTO:
+        return schedule
+    return LinkSchedule.ALL_PAIRS if all_pairs_rounds(n) <= MAX_ROUNDS else LinkSchedule.BOUNDED
+
+
+def all_pairs_rounds(n: int) -> int:
+    """Rounds of :func:`pairwise_schedule` at ``n`` nodes."""
+    return 0 if n < 2 else n - 1 if n % 2 == 0 else n
+
+
+def first_rounds(n: int, schedule: LinkSchedule, *, seed: int) -> list[Round]:
+    if resolve(schedule, n) is LinkSchedule.ALL_PAIRS:
+        return pairwise_schedule(n)
+    return matching_rounds(n, rounds=FIRST_ROUNDS, seed=seed)
+
+
+@dataclass(frozen=True)
+class Doubts:
+    """What the rounds so far leave in doubt (node 0's view, before the next round)."""
+
+    known_good: frozenset[int]
+    """Ends of a fast pair: a pair within ``min_fraction`` of the fastest pair measured."""
+    suspects: tuple[int, ...]
+    """Nodes without a fast pair yet: slow nodes, and healthy nodes that met only slow peers."""
+    suspect_links: tuple[Pair, ...]
+    """Slow pairs between known-good nodes, measured once so far."""
+
+
+def doubts(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
+           min_fraction: float) -> Doubts:
+    """Known-good nodes, suspects and suspect links after ``rounds``.
+
+    Judged against the fastest pair, not the median: early on, when a healthy node may have
+    met only slow peers, the median can itself be slow. A fast outlier only makes more
+    suspects, that is more re-tests; the verdict itself is judged against the median.
+    """
+    pairs = pair_figures(directed)
+    if not pairs:
+        return Doubts(frozenset(), (), ())
+    top = max(pairs.values())
+    fast = {p for p, g in pairs.items() if g >= min_fraction * top}
+    good = frozenset(x for p in fast for x in p)
+    times: dict[Pair, int] = {}
+    for rnd in rounds:
+        for a, b in rnd:
+            times[pair(a, b)] = times.get(pair(a, b), 0) + 1
+    links = tuple(sorted((p for p in pairs if p not in fast and p[0] in good and p[1] in good and times.get(p, 0) < 2),
+                         key=lambda p: (pairs[p], p)))
+    return Doubts(good, tuple(i for i in range(n) if i not in good), links)
+
+
+def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
+               min_fraction: float, seed: int) -> Round:
+    """Node 0's next round of a ``bounded`` schedule after ``rounds``: [] when nothing is in
+    doubt or the bound is reached.
+
+    In the round each suspect link is measured again, each suspect meets a known-good node it
+    has not met, a node that met fewer than :data:`FIRST_ROUNDS` peers (it sat out a round:
+    odd n) meets one more, and the others meet a new peer (more links covered at no cost in time).
+    """
+    if len(rounds) >= MAX_ROUNDS or len(rounds) < FIRST_ROUNDS:
+        return []
+    d = doubts(n, directed, rounds, min_fraction=min_fraction)
+    met = {pair(a, b) for rnd in rounds for a, b in rnd}
+    peers = dict.fromkeys(range(n), 0)
+    for a, b in met:
+        peers[a] += 1
+        peers[b] += 1
+    # nodes that sat out a first round (odd n) and so met fewer peers than the others
+    thin = [x for x in range(n) if peers[x] < min(FIRST_ROUNDS, n - 1) and x not in set(d.suspects)]
+    if not d.suspects and not d.suspect_links and not thin and n >= ALWAYS_FULL_BELOW:
+        return []
+    rng = random.Random(seed * 1_000_003 + len(rounds))
+    busy: set[int] = set()
+    out: list[Pair] = []
+    for a, b in d.suspect_links:
+        if a not in busy and b not in busy:
+            out.append((a, b))
+            busy.update((a, b))
+    free_good = [g for g in sorted(d.known_good) if g not in busy]
+    # known-good partners go first to the suspects that have met the fewest known-good nodes:
+    # a suspect slow to several is settled, one that has met only slow peers is not
+    good_met = {x: 0 for x in d.suspects}
+    for a, b in met:
+        if a in good_met and b in d.known_good:
+            good_met[a] += 1
+        elif b in good_met and a in d.known_good:
+            good_met[b] += 1
+    order = sorted(d.suspects, key=lambda x: (good_met[x], rng.random()))
+    for s, g in _match(order, free_good, met, rng).items():
+        out.append(pair(s, g))
+        busy.update((s, g))
+    # suspects left without a known-good partner meet each other (two healthy ones clear both),
+    # the nodes short of peers meet new ones, then everyone else meets a new peer
+    out += _pair_up([s for s in d.suspects if s not in busy], met, rng, busy)
+    thin = [x for x in thin if x not in busy]
+    thin_set = set(thin)
+    for x, g in _match(thin, [g for g in free_good if g not in busy and g not in thin_set], met, rng).items():
+        out.append(pair(x, g))
+        busy.update((x, g))
+    out += _pair_up([i for i in range(n) if i not in busy], met, rng, busy)
+    return sorted(out)
+
+
+def _pair_up(nodes: list[int], met: Collection[Pair], rng: random.Random, busy: set[int]) -> list[Pair]:
+    """Pairs among ``nodes`` not in ``met`` (greedy, random order); adds their ends to ``busy``."""
+    rest = list(nodes)
+    rng.shuffle(rest)
+    out: list[Pair] = []
+    waiting: list[int] = []
+    for x in rest:
+        for i, y in enumerate(waiting):
+            if pair(x, y) not in met:
+                out.append(pair(x, y))
+                busy.update((x, y))
+                del waiting[i]
+                break
+        else:
+            waiting.append(x)
+            if len(waiting) > 8:  # enough choice: the oldest waits out this round
+                waiting.pop(0)
+    return out
+
+
+def _match(left: Sequence[int], right: Sequence[int], forbidden: Collection[Pair], rng: random.Random) -> dict[int, int]:
+    """A maximum matching of ``left`` to ``right`` avoiding ``forbidden`` pairs (within a
+    budget): greedy from a random start per node, then augmenting paths for those left over."""
+    if not left or not right:
+        return {}
+    order = list(right)
+    rng.shuffle(order)
+    start = {s: rng.randrange(len(order)) for s in left}
+
+    def candidates(s: int) -> Iterable[int]:
+        k = start[s]
+        for g in (*order[k:], *order[:k]):
+            if pair(s, g) not in forbidden:
+                yield g
+
+    owner: dict[int, int] = {}
+    mate: dict[int, int] = {}
+    for s in left:
+        for g in candidates(s):
+            if g not in owner:
+                owner[g], mate[s] = s, g
+                break
+    budget = _MATCH_BUDGET
+    for s in left:
+        if s in mate or budget <= 0:
+            continue
+        # breadth-first search of an alternating path from s to a free right node
+        parent: dict[int, tuple[int, int | None]] = {}  # right node -> (left node, that left node's right node)
+        frontier: list[tuple[int, int | None]] = [(s, None)]
+        found: int | None = None
+        while frontier and found is None and budget > 0:
+            nxt: list[tuple[int, int | None]] = []
+            for u, via in frontier:
+                for g in candidates(u):
+                    budget -= 1
+                    if g in parent:
+                        continue
+                    parent[g] = (u, via)
+                    if g not in owner:
+                        found = g
+                        break
+                    nxt.append((owner[g], g))
+                if found is not None:
+                    break
+            frontier = nxt
+        g_opt = found
+        while g_opt is not None:
+            u, via = parent[g_opt]
+            owner[g_opt], mate[u] = u, g_opt
+            g_opt = via
+    return mate
