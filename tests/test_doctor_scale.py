@@ -321,7 +321,7 @@ def test_link_schedule_is_checked_in_one_line(capsys):
 
 
 def test_report_of_many_nodes_lists_the_notable_ones_and_collapses_shared_findings():
-    from numarun.commands.doctor import render
+    from numarun.doctor.render import render
 
     n = 100
     recv = {r: {(r + 1) % n: 1.0, (r - 1) % n: 1.0} for r in range(n)}

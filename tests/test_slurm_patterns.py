@@ -63,7 +63,10 @@ def check_own_cpus(got: list[dict]) -> None:
 def test_srun_numarun_in_the_users_sbatch_is_one_world_in_slurms_order(cluster, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    rc, log = batch(cluster, tmp_path, f"srun {NUMARUN} --nproc-per-node 2 {RANKS} --out {out}\n", "-N2", "--exclusive")
+    body = (f"srun {NUMARUN} --nproc-per-node 2 {RANKS} --out {out}\n"
+            # the doctor under srun on every node finds its nodes the same way
+            f"srun {NUMARUN} doctor --no-measure; echo \"doctor exit $?\"\n")
+    rc, log = batch(cluster, tmp_path, body, "-N2", "--exclusive")
     assert rc == 0, log
     got = reports(out)
     assert sorted(r["rank"] for r in got) == [0, 1, 2, 3], log
@@ -74,6 +77,8 @@ def test_srun_numarun_in_the_users_sbatch_is_one_world_in_slurms_order(cluster, 
         assert r["rank"] == order.index(r["node"]) * 2 + r["local_rank"], r
     check_own_cpus(got)
     assert "per-node mode" in log and "node order" in log
+    assert "numarun doctor: node rank 1: reported to node 0" in log and "doctor exit" in log, log
+    assert re.search(r"\bnodes\b", log) and "link GB/s" in log, log  # node 0's report of both nodes
 
 
 def test_one_task_per_rank_is_one_world_with_rank_equal_procid(cluster, tmp_path):

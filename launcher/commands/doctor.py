@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from typing import Any
 
 from .. import argtypes
+from ..doctor.render import render
+from ..doctor.run import diagnose
 from ..errors import UsageError
-from ..plan.options import add_plan_options, request_from_args
+from ..plan.options import add_plan_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -77,137 +77,14 @@ def parse_link_schedule(text: str) -> str:
         ) from None
 
 
-def parse_nnodes(text: str) -> int:
-    parts = str(text).split(":")
-    try:
-        values = [int(x) for x in parts]
-    except ValueError:
-        values = []
-    if not values or len(values) > 2 or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES or (
-            len(values) == 2 and values[0] != values[1]):
-        raise UsageError(f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
-                         "(or N:N; the doctor needs a fixed count)")
-    return values[0]
 
 
-def rendezvous(args: argparse.Namespace, *, port_offset: int = 0) -> tuple[str, int]:
-    """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint."""
-    host, port = args.master_addr, args.master_port
-    if getattr(args, "rdzv_endpoint", ""):
-        ep = args.rdzv_endpoint
-        h, sep, p = ep.rpartition(":")
-        if not sep or not p.isdigit():
-            raise UsageError(f"bad --rdzv-endpoint {ep!r}: expected HOST:PORT such as 'node0:29500'")
-        host, port = h.strip("[]"), int(p)
-    if not host:
-        raise UsageError("missing --master-addr (or --rdzv-endpoint): expected node rank 0's address for --nnodes > 1")
-    port = 29500 if port is None else port
-    if not 0 < port + port_offset < 65536:
-        raise UsageError(f"bad --master-port {port!r}: expected a port 1..65535")
-    return host, port + port_offset
 
 
-def check_fraction(value: float) -> float:
-    if not 0.0 < value <= 1.0:
-        raise UsageError(f"bad --min-link-fraction {value!r}: expected a number in (0, 1] such as 0.5")
-    return value
 
 
-def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any]:
-    """Run the doctor as the parsed flags say; returns the JSON-able result (``ok`` says whether no error)."""
-    from ..doctor.model import has_error
-    from ..doctor.multinode import exchange
-    from ..doctor.node import Inputs, run_node
-    from ..doctor.schedule import LinkSchedule
-
-    nnodes = parse_nnodes(args.nnodes)
-    fraction = check_fraction(args.min_link_fraction)
-    if nnodes > 1:
-        host, port = rendezvous(args, port_offset=port_offset)
-        if not 0 <= args.node_rank < nnodes:
-            raise UsageError(f"bad --node-rank {args.node_rank!r}: expected 0..{nnodes - 1}")
-    inputs = Inputs(
-        topology=args.topology,
-        request=request_from_args(args, os.environ),
-        nvml_record=getattr(args, "nvml_record", None),
-        measure=(nnodes > 1 and not getattr(args, "no_measure", False)) or getattr(args, "measure", False),
-        compare=nnodes > 1,
-    )
-    report, topo = run_node(inputs, node_rank=args.node_rank if nnodes > 1 else 0)
-    if nnodes == 1:
-        return {
-            "findings": [f.to_dict() for f in report.findings],
-            "hostname": report.hostname,
-            "source": topo.source,
-            "facts": report.facts,
-            "figures": report.figures,
-            "ok": not has_error(report.findings),
-            "exclude": report.hostname if has_error(report.findings) else "",
-        }
-    verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
-                       seconds=args.link_seconds, timeout_s=args.doctor_timeout,
-                       schedule=LinkSchedule(getattr(args, "link_schedule", None) or "auto"))
-    verdict["node_rank"] = args.node_rank
-    return verdict
 
 
-NODE_ROWS = 32
-"""Above this many nodes the table lists only the nodes with an error or a warning."""
-
-
-def render(result: dict[str, Any]) -> str:
-    import io
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from ..cpuset import format_list
-
-    console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
-    style = {"error": "bold red", "warn": "yellow", "info": "dim"}
-    nodes = result.get("nodes")
-    if nodes:
-        slow = set(result.get("slow_nodes", []))
-        in_links = {x for link in result.get("slow_links", []) for x in link[:2]}
-
-        def notable(n: dict[str, Any]) -> bool:
-            return n["node_rank"] in slow | in_links or any(f["severity"] in ("error", "warn") for f in n["findings"])
-
-        shown = nodes if len(nodes) <= NODE_ROWS else [n for n in nodes if notable(n)]
-        t = Table(title="nodes", show_lines=False)
-        for col in ("rank", "host", "errors", "warns", "link GB/s", "peers", "mem GB/s per NUMA node", "h2d GB/s"):
-            t.add_column(col)
-        for n in shown:
-            sev = [f["severity"] for f in n["findings"]]
-            fig = n["figures"]
-            mem = " ".join(f"{k}:{v:g}" for k, v in (fig.get("mem_bw_gbs") or {}).items()) or "-"
-            h2d = " ".join(f"{v:g}" for v in (fig.get("h2d_gbs") or {}).values()) or "-"
-            link = f"{fig.get('link_gbs', 0):.3f}" + (" SLOW" if n["node_rank"] in slow else "")
-            t.add_row(str(n["node_rank"]), n["hostname"], str(sev.count("error")), str(sev.count("warn")), link,
-                      str(fig.get("link_peers", "-")), mem, h2d)
-        if len(shown) < len(nodes):
-            t.caption = f"{len(nodes) - len(shown)} more nodes without an error or a warning (--json lists every node)"
-        console.print(t)
-    # a finding several nodes share is one row naming them all
-    rows: dict[tuple[str, str, str, str], list[int]] = {}
-    for f in result.get("findings", []):
-        rows.setdefault((f["severity"], f["check"], f["device"], f["message"]), [])
-    for n in nodes or ():
-        for f in n["findings"]:
-            rows.setdefault((f["severity"], f["check"], f["device"], f["message"]), []).append(n["node_rank"])
-    t = Table(title="findings" if rows else "findings: none")
-    if nodes:
-        t.add_column("node")
-    for col in ("severity", "check", "device", "message"):
-        t.add_column(col, overflow="fold")
-    for cells, ranks in rows.items():
-        t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)), style=style.get(cells[0]))
-    console.print(t)
-    verdict = "OK: no errors" if result.get("ok") else "NOT OK: errors found"
-    if result.get("exclude"):
-        verdict += f"; leave out: --exclude={result['exclude']}"
-    console.print(verdict)
-    return console.export_text()
 
 
 _PARSER: argparse.ArgumentParser | None = None
