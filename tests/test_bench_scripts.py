@@ -96,3 +96,12 @@ def test_bench_checkpoint_prints_the_checksum_cost(tmp_path: Path) -> None:
     assert re.search(r"^save +[\d.]+ ms +of which checksums +[\d.]+ ms", r.stdout, re.M), r.stdout[-2000:]
     saved = list((tmp_path / "b" / "ck").glob("step_*/meta.json"))
     assert saved and all("checksums" in p.read_text() for p in saved)
+
+
+def test_bench_job_start_times_the_per_node_path() -> None:
+    """scripts/bench_job_start.py runs the product's per-node job start on synthetic Slurm answers."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_job_start.py"), "--nodes", "8,300", "--runs", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = re.findall(r"^ +(\d+) +([\d.]+) ms +[\d.]+ ms +0 \(2 for the whole job\)$", r.stdout, re.M)
+    assert [n for n, _ in rows] == ["8", "300"], r.stdout
