@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Expanding a 10,000-node Slurm host list with ``numarun.slurm.nodelist.expand_hostlist``
+"""Expanding a 10,000-node Slurm host list with ``numarun.jobenv.hostlist.expand_hostlist``
 (what every node of a job does with ``SLURM_JOB_NODELIST`` to find the node order).
 
 Four spellings of 10,000 hosts: one range, a range with a hole every 50 nodes (as Slurm
@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from numarun.slurm.nodelist import expand_hostlist
+from numarun.jobenv.hostlist import expand_hostlist
 
 
 def spellings(nodes: int) -> dict[str, str]:

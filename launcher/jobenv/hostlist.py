@@ -20,6 +20,8 @@ MAX_HOSTS = 1_000_000
 
 def _split_top(text: str, original: str) -> list[str]:
     """Split on commas that are not inside brackets."""
+    if "[" not in text and "]" not in text:
+        return text.split(",")  # names spelt out: no bracket to skip over
     parts: list[str] = []
     depth = 0
     cur: list[str] = []
