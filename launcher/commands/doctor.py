@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
     result = diagnose(args)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
-    elif result.get("nodes") is None or result.get("node_rank", 0) == 0:
+    elif result.get("node_rank", 0) == 0:  # one node, or node 0 of several: the report
         sys.stdout.write(render(result))
     else:
         print(f"numarun doctor: node rank {result['node_rank']}: reported to node 0; "
