@@ -1,5 +1,5 @@
-"""The PCI rules the readers share (numarun.topology.pci), and the readers keeping to them:
-the GPU rule and the PCI bus order."""
+"""The hardware rules the readers share (numarun.topology.pci, numarun.topology.procfs), and the
+readers keeping to them: the GPU rule, the PCI bus order, the /proc status format."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from numarun.launch import affinity
 from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import Gpu
 from numarun.topology.pci import bus_sort_key, gpu_vendor, is_onboard_vga, pci_order
+from numarun.topology.procfs import status_field
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -58,3 +60,23 @@ def test_hwloc_reader_keeps_the_onboard_vga_out_and_numbers_in_bus_order() -> No
     assert list(t.gpus) == sorted(t.gpus, key=lambda g: bus_sort_key(g.pci_bus_id))
     assert all(g.vendor == "nvidia" for g in t.gpus)
 
+
+STATUS = "Name:\tpython\nCpus_allowed:\tff\nCpus_allowed_list:\t0-7\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t3\n"
+
+
+def test_status_field() -> None:
+    assert status_field(STATUS, "Cpus_allowed_list") == "0-7"
+    assert status_field(STATUS, "Cpus_allowed") == "ff"  # the whole key, not a prefix of a longer one
+    assert status_field(STATUS, "Mems_allowed_list") == "0"
+    assert status_field(STATUS, "Mems_allowed") is None
+    assert status_field("", "Cpus_allowed_list") is None
+
+
+def test_worker_readback_uses_the_same_format(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text(STATUS)
+    assert affinity.cpus_allowed(status) == tuple(range(8))
+    assert affinity.mems_allowed(status) == (0,)
+    status.write_text("Name:\tpython\n")
+    with pytest.raises(OSError, match="no Cpus_allowed_list"):
+        affinity.cpus_allowed(status)

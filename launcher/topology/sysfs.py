@@ -69,6 +69,7 @@ from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
 from .pci import gpu_vendor, is_onboard_vga, pci_order
+from .procfs import status_field
 
 log = logging.getLogger(__name__)
 
@@ -389,18 +390,9 @@ def _llc(r: _Reader, cache: Path, cid: int) -> int:
     return min(best[1]) if best else -1
 
 
-def _status_field(r: _Reader, name: str) -> str | None:
-    text = r.text(r.path("proc/self/status"), form="'Key:\\tvalue' lines")
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + ":"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
 def _parse_status_list(r: _Reader, name: str) -> tuple[int, ...] | None:
-    value = _status_field(r, name)
+    text = r.text(r.path("proc/self/status"), form="'Key:\\tvalue' lines")
+    value = status_field(text, name) if text is not None else None
     if value is None:
         return None
     try:
