@@ -1,5 +1,5 @@
-"""NIC choices as plan fields: the views draw from the fields, and plan files of version 1
-(NIC choices only in env) still read."""
+"""NIC choices as plan fields: ``numarun topo`` and ``numarun plan`` name the same NIC for every GPU,
+the views draw from the fields, and plan files of version 1 (NIC choices only in env) still read."""
 
 from __future__ import annotations
 
@@ -14,13 +14,53 @@ from test_plan_nics import ALL
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
-from numarun.plan.model import PLAN_SCHEMA_VERSION, LaunchPlan, NicPolicy, PlanRequest
+from numarun.plan.model import PLAN_SCHEMA_VERSION, BindingMode, LaunchPlan, NicPolicy, PlanRequest
 from numarun.topology.discover import load_topology
+from numarun.topology.model import Topology
 from numarun.view.plan import nic_lines, render_plan
 from numarun.view.svg import render_svg
+from numarun.view.topo import render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+WITH_NICS = {k: t for k, t in ALL.items() if t.gpus and t.nics}
+
+
+def test_the_recorded_machines_with_gpus_and_nics_are_there() -> None:
+    assert len(WITH_NICS) >= 10
+    assert {k.split("/")[0] for k in WITH_NICS} == {"smi", "hwloc", "sysfs"}
+
+
+def _topo_nic_column(topology: Topology) -> dict[int, str]:
+    """GPU index -> the "nearest NIC" cell, as ``numarun topo`` prints it."""
+    text = render_text(topology, width=1000)
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if "nearest NIC" in line)
+    names = [c.strip() for c in lines[head].split("┃")[1:-1]]
+    col = names.index("nearest NIC")
+    cells: dict[int, str] = {}
+    for line in lines[head + 2:]:
+        if not line.startswith("│"):
+            break
+        row = [c.strip() for c in line.split("│")[1:-1]]
+        cells[int(row[0])] = row[col]
+    return cells
+
+
+@pytest.mark.parametrize("name", sorted(WITH_NICS))
+def test_topo_and_plan_name_the_same_nic_for_every_gpu(name: str) -> None:
+    t = WITH_NICS[name]
+    # the binding mode does not touch NICs; node mode plans even where cores are too few for exclusive
+    plan = make_plan(t, PlanRequest(binding=BindingMode.NODE))
+    topo = _topo_nic_column(t)
+    assert len(plan.ranks) == len(t.gpus) == len(topo)
+    for r in plan.ranks:
+        assert r.gpu is not None
+        cell = topo[r.gpu.index]
+        shown = cell.split(" (")[0] if cell not in ("-", "unknown") else None
+        assert shown == r.nic, f"GPU {r.gpu.index}: topo names {cell!r}, the plan {r.nic!r}"
+
+
 def test_plan_table_and_nic_lines_come_from_the_fields() -> None:
     t = ALL["smi/dgx-a100-8numa-nps4-10nic"]
     plan = make_plan(t, PlanRequest())
