@@ -127,11 +127,12 @@ class RankBinding:
     fallback: str = ""
     """Why the rank is not where the ideal plan wanted it ("" when it is)."""
     nic_port: int = 0
-    """The port of ``nic`` the rank is pinned to (``UCX_NET_DEVICES=<nic>:<port>``); 0 when none is:
+    """The port of ``nic`` the plan pins the rank to (``UCX_NET_DEVICES=<nic>:<port>``); 0 when none:
     an Ethernet NIC, or ``--nic-policy per-rank`` (NCCL then takes every port of the HCA)."""
     nic_variables: tuple[str, ...] = ()
     """The variables in ``env`` that name ``nic`` for this rank alone (``UCX_NET_DEVICES``,
-    ``GLOO_SOCKET_IFNAME``; NCCL's own with ``--nic-policy per-rank``)."""
+    ``GLOO_SOCKET_IFNAME``; NCCL's own with ``--nic-policy per-rank``). One the user set is not
+    among them: the user's value is kept, and ``nic``/``nic_port`` stay the plan's choice."""
 
 
 @dataclass(frozen=True)
