@@ -69,17 +69,3 @@ def parse_mask(text: str, what: str = "cpu mask") -> tuple[int, ...]:
         raise CpuListError(expected(text, "a hex mask such as 'ff,00000000'", what))
     value = int(t, 16)
     return tuple(i for i in range(value.bit_length()) if value >> i & 1)
-
-
-def format_mask(ids: Iterable[int]) -> str:
-    """``{0..7}`` -> ``"000000ff"``: comma-separated 32-bit words, as in sysfs ``cpumap``."""
-    value = 0
-    for i in ids:
-        value |= 1 << i
-    words: list[str] = []
-    while True:
-        words.append(f"{value & 0xFFFFFFFF:08x}")
-        value >>= 32
-        if not value:
-            break
-    return ",".join(reversed(words))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,11 +11,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
-from numarun.topology.model import Topology
-from numarun.view.topo import NO_GPU_LINE, cpu_summary, nearest_nic, render_text
-
 from test_topology_svg import by_class, make_topology
+
+from numarun.topology.model import RdmaPort, Topology
+from numarun.view.topo import NO_GPU_LINE, cpu_summary, nic_cells, render_text
 
 NUMARUN = str(Path(sys.executable).with_name("numarun"))
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -221,14 +221,27 @@ def test_render_lists_allowed_cpus_and_distances() -> None:
     assert "disallowed CPUs: 3" in out
 
 
-def test_nearest_nic_prefers_the_gpus_own_node() -> None:
+def test_nearest_nic_prefers_the_gpus_own_node_and_spreads_rails() -> None:
     topo = make_topology(nics_per_node=2)
-    # GPU 2 and 3 sit on node 1, whose NICs are mlx5_2 and mlx5_3
-    assert [topo.nics[nearest_nic(topo, g)[0]].name for g in range(4)] == ["mlx5_0", "mlx5_0", "mlx5_2", "mlx5_2"]
-    assert nearest_nic(topo, 2)[1] == "NODE"
+    # GPU 2 and 3 sit on node 1, whose NICs are mlx5_2 and mlx5_3: one rail each, as the plan gives
+    assert nic_cells(topo) == ["mlx5_0 (NODE)", "mlx5_1 (NODE)", "mlx5_2 (NODE)", "mlx5_3 (NODE)"]
     out = render_text(topo, width=200)
     gpu_rows = [line for line in out.splitlines() if "NVIDIA H100" in line]
-    assert [("mlx5_2" in r) for r in gpu_rows] == [False, False, True, True]
+    assert [("mlx5_2" in r) for r in gpu_rows] == [False, False, True, False]
+
+
+def test_nearest_nic_is_never_a_down_port_and_unknown_apart_from_none() -> None:
+    topo = make_topology(nics_per_node=2)
+    down = (RdmaPort(number=1, state="DOWN", link_layer="InfiniBand"),)
+    one_down = dataclasses.replace(topo, nics=tuple(
+        dataclasses.replace(n, ports=down) if n.name == "mlx5_2" else n for n in topo.nics))
+    assert nic_cells(one_down)[2:] == ["mlx5_3 (NODE)", "mlx5_3 (NODE)"]
+    all_down = dataclasses.replace(topo, nics=tuple(dataclasses.replace(n, ports=down) for n in topo.nics))
+    assert nic_cells(all_down) == ["-"] * 4
+    # a GPU of unknown NUMA node without PCI paths: nothing known about how it reaches the NICs
+    lost = dataclasses.replace(topo, gpus=tuple(dataclasses.replace(g, numa_node=-1, pci_path=()) for g in topo.gpus),
+                               nics=tuple(dataclasses.replace(n, pci_path=()) for n in topo.nics))
+    assert nic_cells(lost) == ["unknown"] * 4
 
 
 def test_cpu_summary_counts() -> None:
@@ -254,9 +267,9 @@ def test_dgx_a100_matrix_view(tmp_path: Path) -> None:
     rows = {int(line.split("│")[1]): line for line in out.splitlines()
             if line.startswith("│") and line.split("│")[1].strip().isdigit() and "mlx5_" in line}
     # from the file: GPU0,1 share a PCIe switch (PXB) with NIC0/1, GPU2,3 with NIC2/3, ...;
-    # the first of each pair is the nearest; NUMA affinity 3,3,1,1,7,7,5,5
-    expect = {0: ("mlx5_0", "3"), 1: ("mlx5_0", "3"), 2: ("mlx5_2", "1"), 3: ("mlx5_2", "1"),
-              4: ("mlx5_4", "7"), 5: ("mlx5_4", "7"), 6: ("mlx5_6", "5"), 7: ("mlx5_6", "5")}
+    # each GPU of a pair takes its own of the two rails, as the plan does; NUMA affinity 3,3,1,1,7,7,5,5
+    expect = {0: ("mlx5_0", "3"), 1: ("mlx5_1", "3"), 2: ("mlx5_2", "1"), 3: ("mlx5_3", "1"),
+              4: ("mlx5_4", "7"), 5: ("mlx5_5", "7"), 6: ("mlx5_6", "5"), 7: ("mlx5_7", "5")}
     assert sorted(rows) == list(range(8))
     for gpu, (nic, node) in expect.items():
         cells = [c.strip() for c in rows[gpu].split("│")]

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numarun.cpuset import format_list, format_mask, parse_list, parse_mask
+from numarun.cpuset import format_list, parse_list, parse_mask
 from numarun.errors import CpuListError, NumarunError
 
 
@@ -48,14 +48,14 @@ def test_list_round_trip(ids):
 
 @given(st.sets(st.integers(min_value=0, max_value=1023)))
 def test_mask_round_trip(ids):
-    assert parse_mask(format_mask(ids)) == tuple(sorted(ids))
+    assert parse_mask(f"{sum(1 << i for i in ids):x}") == tuple(sorted(ids))
 
 
 def test_mask_kernel_examples():
     # sysfs cpumap of aws p4d NUMA 0: CPUs 0-23 and 48-71
     assert parse_mask("000000ff,ffff0000,00ffffff") == tuple(range(24)) + tuple(range(48, 72))
-    assert format_mask(range(8)) == "000000ff"
-    assert format_mask(()) == "00000000"
+    assert parse_mask("000000ff") == tuple(range(8))
+    assert parse_mask("00000000") == ()
     assert parse_mask("0x3") == (0, 1)
 
 

@@ -160,3 +160,31 @@ def _check_nic_env(topology: Topology, plan: LaunchPlan) -> None:
             assert r.nic is not None and ucx == f"{r.nic}:{by_name[r.nic].port}"
         if r.gpu is None:
             assert "NCCL_IB_HCA" not in r.env and "NCCL_SOCKET_IFNAME" not in r.env
+    _check_nic_fields(topology, plan)
+
+
+_NIC_VARS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES")
+
+
+def _check_nic_fields(topology: Topology, plan: LaunchPlan) -> None:
+    """The NIC variables in each rank's env are exactly the ones made from the plan's NIC fields."""
+    by_name = {n.name: n for n in topology.nics}
+    nccl = plan.nccl_nics
+    if nccl is not None:
+        assert plan.nic_policy is NicPolicy.NODE, "a node list with --nic-policy per-rank"
+        assert nccl.variable in ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME") and nccl.value.startswith("=")
+        assert all(by_name[n].port_up for n in nccl.nics), f"node list {nccl.nics} names a NIC that is down"
+        if nccl.variable == "NCCL_IB_HCA":
+            assert nccl.value == "=" + ",".join(nccl.nics)
+    for r in plan.ranks:
+        node = {nccl.variable} if nccl is not None and r.gpu is not None else set()
+        if node:
+            assert r.env[nccl.variable] == nccl.value, f"rank {r.local_rank}: {nccl.variable} is not the node list"  # type: ignore[union-attr]
+        assert {v for v in _NIC_VARS if v in r.env} == node | set(r.nic_variables), f"rank {r.local_rank}: env and fields differ"
+        assert not node & set(r.nic_variables)
+        if r.nic is None:
+            assert r.nic_variables == () and r.nic_port == 0
+        elif r.nic_port:
+            assert by_name[r.nic].rdma and r.nic_port == by_name[r.nic].port
+        if "UCX_NET_DEVICES" in r.env:
+            assert r.env["UCX_NET_DEVICES"] == f"{r.nic}:{r.nic_port}"

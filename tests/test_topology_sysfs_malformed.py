@@ -178,6 +178,11 @@ def test_bmc_vga_is_not_a_gpu(tree: Path) -> None:
     _write(tree, f"{amd}/vendor", "0x1002\n")
     _write(tree, f"{amd}/device", "0x740f\n")
     _write(tree, f"{amd}/class", "0x038000\n")
+    # An ATI ES1000: AMD's vendor id and the VGA class, but an on-board chip (the rule hwloc's reader shares)
+    es1000 = "sys/bus/pci/devices/0000:00:09.0"
+    _write(tree, f"{es1000}/vendor", "0x1002\n")
+    _write(tree, f"{es1000}/device", "0x515e\n")
+    _write(tree, f"{es1000}/class", "0x030000\n")
     t = read_sysfs(tree)
     assert [(g.pci_bus_id, g.vendor) for g in t.gpus] == [("0000:00:06.0", "nvidia"), ("0000:00:08.0", "amd")]
 

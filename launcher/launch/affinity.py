@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cpuset import parse_list
+from ..topology.procfs import status_field
 
 # (set_mempolicy, get_mempolicy) by ``platform.machine()``, for every 64-bit Linux
 # architecture torch builds for. Sources: arch/x86/entry/syscalls/syscall_64.tbl,
@@ -207,11 +208,10 @@ def get_mempolicy() -> tuple[Mpol, tuple[int, ...]]:
 
 
 def _status_field(name: str, status: Path) -> str:
-    for line in status.read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == name:
-            return value.strip()
-    raise OSError(errno.ENOENT, f"no {name} in {status}")
+    value = status_field(status.read_text(), name)
+    if value is None:
+        raise OSError(errno.ENOENT, f"no {name} in {status}")
+    return value
 
 
 def mems_allowed(status: Path = Path("/proc/self/status")) -> tuple[int, ...]:

@@ -18,9 +18,9 @@ Pure: no I/O, no torch. Rules (what ``numarun plan`` documents):
 - Binding ``none`` binds neither CPUs nor memory (all usable CPUs, kernel first-touch),
   as plain torchrun; the memory policy only applies to the other modes.
 - NICs (:mod:`numarun.plan.nic`): every rank of the node gets the same ``NCCL_IB_HCA``
-  (the compute NICs) or ``NCCL_SOCKET_IFNAME``; the rank's own closest NIC is ``nic`` and
-  goes only to ``UCX_NET_DEVICES`` / ``GLOO_SOCKET_IFNAME`` (``--nic-policy per-rank``: to
-  NCCL's variables too).
+  (the compute NICs) or ``NCCL_SOCKET_IFNAME`` (the plan's ``nccl_nics``); the rank's own
+  closest NIC is ``nic`` (and ``nic_port``) and goes only to ``UCX_NET_DEVICES`` /
+  ``GLOO_SOCKET_IFNAME`` (``--nic-policy per-rank``: to NCCL's variables too).
 - ``OMP_NUM_THREADS`` is the rank's share of the physical cores it is bound to: all of
   them in ``exclusive``/``core-complex``; divided among the ranks sharing them in
   ``node``/``socket``/``none``, so threads never oversubscribe the cores.
@@ -37,7 +37,7 @@ from ..errors import PlanError
 from ..topology.model import Cpu, Gpu, Topology
 from ..topology.visible import visible_gpus
 from .model import BindingMode, GpuRef, LaunchPlan, MemPolicy, NicPolicy, PlanRequest, RankBinding
-from .nic import NIC_VARIABLES, choose_nics, node_nic_env
+from .nic import NIC_VARIABLES, choose_nics, nccl_nics
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,15 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     rank_nodes = [_cpu_side_node(by_id, r) for r in ranks]
     nics = choose_nics(topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes, request.nic_policy)
     # one list for the whole node (NVIDIA/nccl#1478), unless the user asked for one per rank
-    node_env = () if request.nic_policy is NicPolicy.PER_RANK else node_nic_env(topology, gpu_ranks=bool(gpus))
+    nccl = None if request.nic_policy is NicPolicy.PER_RANK else nccl_nics(topology, gpu_ranks=bool(gpus))
     # Warn once per variable the plan wanted to set but the user had set already.
-    wanted = {"OMP_NUM_THREADS"} | {k for c in nics if c is not None for k, _ in c.env} | {k for k, _ in node_env}
+    wanted = {"OMP_NUM_THREADS"} | {k for c in nics if c is not None for k, _ in c.env} | ({nccl.variable} if nccl else set())
     for var in ("OMP_NUM_THREADS", *NIC_VARIABLES):
         if var in wanted and var in user_env:
             warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's value is not applied")
+    if nccl is not None and nccl.variable in user_env:
+        nccl = None
+    node_env = ((nccl.variable, nccl.value),) if nccl is not None else ()
 
     bindings = []
     for r, node, choice in zip(ranks, rank_nodes, nics):
@@ -141,9 +144,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
             env["OMP_NUM_THREADS"] = str(max(1, cores // r.sharers))
         if r.gpu is not None and not order_set_by_user:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        for k, v in node_env + (choice.env if choice is not None else ()):
-            if k not in user_env:
-                env[k] = v
+        own = tuple((k, v) for k, v in (choice.env if choice is not None else ()) if k not in user_env)
+        env.update(node_env + own)
         if r.fallback:
             for f in r.fallback:
                 warnings.append(f"rank {r.local_rank}: {f}")
@@ -160,6 +162,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
                 cpus=r.cpus,
                 mems=mems,
                 nic=choice.nic.name if choice is not None else None,
+                nic_port=choice.port if choice is not None else 0,
+                nic_variables=tuple(k for k, _ in own),
                 env=env,
                 numa_node=node,
                 mem_policy=mem_policy if mems else MemPolicy.NONE,
@@ -175,6 +179,7 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         topology_source=topology.source,
         warnings=tuple(dict.fromkeys(warnings)),
         nic_policy=request.nic_policy,
+        nccl_nics=nccl,
     )
 
 

@@ -1,5 +1,10 @@
 """The launch plan: one RankBinding per local rank. What ``numarun plan --json`` prints
-and what each worker's bootstrap reads (``NUMARUN_PLAN`` names the file)."""
+and what each worker's bootstrap reads (``NUMARUN_PLAN`` names the file).
+
+The NIC choices are fields (:attr:`LaunchPlan.nccl_nics`, :attr:`RankBinding.nic`,
+``nic_port``, ``nic_variables``); each rank's ``env`` holds the variables made from them, for
+the worker to set. Views read the fields, never the variables back.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,10 @@ from ..errors import PlanError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+# Plan files this version still reads: version 1 kept the NIC choices only in each rank's env
+# (they are read back from there, see _nic_fields_of_v1).
+READABLE_PLAN_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
 
 class BindingMode(str, enum.Enum):
@@ -87,6 +95,18 @@ class GpuRef:
 
 
 @dataclass(frozen=True)
+class NcclNics:
+    """The NIC list NCCL gets in every GPU rank of a node: one per node (NVIDIA/nccl#1478)."""
+
+    variable: str
+    """``NCCL_IB_HCA`` for RDMA NICs, ``NCCL_SOCKET_IFNAME`` for Ethernet interfaces."""
+    nics: tuple[str, ...]
+    """The NICs named, by their topology name, in topology order."""
+    value: str
+    """The variable's value: exact-match names (``=mlx5_0,mlx5_1``; interface names for sockets)."""
+
+
+@dataclass(frozen=True)
 class RankBinding:
     """Everything the worker for one local rank applies before the user's code runs."""
 
@@ -97,6 +117,7 @@ class RankBinding:
     mems: tuple[int, ...]
     """NUMA nodes for set_mempolicy; () with mem_policy none."""
     nic: str | None
+    """The rank's own NIC: the closest to its GPU, rails spread over ranks (:mod:`numarun.plan.nic`)."""
     env: dict[str, str]
     """Variables set in the worker (OMP_NUM_THREADS, NCCL_IB_HCA, ...), user's values excluded."""
     numa_node: int = -1
@@ -105,6 +126,13 @@ class RankBinding:
     physical_cores: int = 0
     fallback: str = ""
     """Why the rank is not where the ideal plan wanted it ("" when it is)."""
+    nic_port: int = 0
+    """The port of ``nic`` the plan pins the rank to (``UCX_NET_DEVICES=<nic>:<port>``); 0 when none:
+    an Ethernet NIC, or ``--nic-policy per-rank`` (NCCL then takes every port of the HCA)."""
+    nic_variables: tuple[str, ...] = ()
+    """The variables in ``env`` that name ``nic`` for this rank alone (``UCX_NET_DEVICES``,
+    ``GLOO_SOCKET_IFNAME``; NCCL's own with ``--nic-policy per-rank``). One the user set is not
+    among them: the user's value is kept, and ``nic``/``nic_port`` stay the plan's choice."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +147,9 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
     nic_policy: NicPolicy = NicPolicy.NODE
+    nccl_nics: NcclNics | None = None
+    """The node's NCCL list, set in every GPU rank's env; None when the plan sets none: nothing
+    needs choosing, ``--nic-policy per-rank``, or the user set the variable (a warning says so)."""
 
     @property
     def nproc_per_node(self) -> int:
@@ -140,8 +171,52 @@ class LaunchPlan:
     def from_json(cls, text: str, origin: str = "plan") -> LaunchPlan:
         try:
             data = jsonable_loads(text)
-            if not isinstance(data, dict) or data.get("schema_version") != PLAN_SCHEMA_VERSION:
-                raise SchemaError(f"$.schema_version: expected {PLAN_SCHEMA_VERSION}")
-            return from_jsonable(cls, data)
+            version = data.get("schema_version") if isinstance(data, dict) else None
+            if type(version) is not int or version not in READABLE_PLAN_SCHEMA_VERSIONS:
+                expected = " or ".join(map(str, READABLE_PLAN_SCHEMA_VERSIONS))
+                raise SchemaError(f"$.schema_version: expected {expected}")
+            if version == 1:
+                data = _nic_fields_of_v1(data)
+            # what is read is current
+            return from_jsonable(cls, {**data, "schema_version": PLAN_SCHEMA_VERSION})
         except (json.JSONDecodeError, SchemaError) as e:
             raise PlanError(f"bad plan file {origin!r}: {e}; expected the output of 'numarun plan --json'") from None
+
+
+# The variables a version-1 plan wrote for its NIC choices.
+_V1_NODE_VARIABLES = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
+_V1_RANK_VARIABLES = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES")
+
+
+def _nic_fields_of_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 plan with the NIC fields of version 2, read back from each rank's env.
+
+    Version 1 had them only as variables: ``node`` policy set one ``NCCL_IB_HCA`` or
+    ``NCCL_SOCKET_IFNAME`` in every GPU rank, and the rank's own NIC went to ``UCX_NET_DEVICES``
+    (``<nic>:<port>``) or ``GLOO_SOCKET_IFNAME``; ``per-rank`` put it in NCCL's variables instead.
+    Anything of the wrong shape is left for :func:`from_jsonable` to report.
+    """
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("env"), dict) and all(isinstance(v, str) for v in r["env"].values())
+        for r in ranks
+    ):
+        return data
+    per_rank = data.get("nic_policy") == NicPolicy.PER_RANK.value
+    gpu_envs = [r["env"] for r in ranks if r.get("gpu") is not None]
+    nccl: dict[str, Any] | None = None
+    if not per_rank and gpu_envs:
+        for var in _V1_NODE_VARIABLES:
+            values = {env.get(var) for env in gpu_envs}
+            value = values.pop() if len(values) == 1 else None
+            if isinstance(value, str):
+                nccl = {"variable": var, "nics": value.lstrip("=").split(","), "value": value}
+                break
+    out = []
+    for r in ranks:
+        env = r["env"]
+        own = tuple(v for v in _V1_RANK_VARIABLES if v in env and not (nccl is not None and v == nccl["variable"]))
+        ucx = str(env.get("UCX_NET_DEVICES", ""))
+        port = ucx.rpartition(":")[2]
+        out.append({**r, "nic_variables": list(own), "nic_port": int(port) if port.isdigit() else 0})
+    return {**data, "ranks": out, "nccl_nics": nccl}

@@ -21,6 +21,10 @@ only to transports that take a device per process: ``UCX_NET_DEVICES=<hca>:<port
 for an Ethernet NIC, ``GLOO_SOCKET_IFNAME``. :attr:`NicPolicy.PER_RANK` restores a value of
 ``NCCL_IB_HCA``/``NCCL_SOCKET_IFNAME`` per rank, for fabrics whose rails do not connect
 across (each GPU's NIC on its own switch plane).
+
+The choices are plan fields (:class:`NcclNics` on the plan; ``nic``, ``nic_port`` on each rank);
+the variables are made from them here. ``numarun topo`` shows each GPU's NIC by the same rule
+(:func:`gpu_nics`), so the two never name different NICs.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..topology.model import Nic, NicKind, Topology, link_rank
-from .model import NicPolicy
+from ..topology.pci import pci_order
+from .model import NcclNics, NicPolicy
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ class NicChoice:
     """The NIC picked for one rank, and the variables that name it for that rank alone."""
 
     nic: Nic
+    position: int
+    """Its index in ``topology.nics``."""
+    port: int
+    """The port the rank is pinned to (``UCX_NET_DEVICES``); 0 when none is."""
     env: tuple[tuple[str, str], ...]
     """Per-rank variables, before the user's values are taken out."""
 
@@ -59,7 +68,7 @@ def _ifname(nic: Nic) -> str:
     return nic.netdevs[0] if nic.netdevs else nic.name
 
 
-def _usable(topology: Topology) -> list[tuple[int, Nic]]:
+def usable_nics(topology: Topology) -> list[tuple[int, Nic]]:
     """(position, NIC) of every NIC that can carry traffic: not loopback, ports not all down."""
     return [(pos, n) for pos, n in enumerate(topology.nics) if not _is_loopback(n) and n.port_up]
 
@@ -80,56 +89,63 @@ def _closest_class(topology: Topology, candidates: list[tuple[int, Nic]]) -> lis
 
 def compute_nics(topology: Topology) -> tuple[Nic, ...]:
     """The node's compute RDMA NICs, in topology order."""
-    rdma = [(pos, n) for pos, n in _usable(topology) if n.rdma]
+    rdma = [(pos, n) for pos, n in usable_nics(topology) if n.rdma]
     return tuple(n for _, n in _closest_class(topology, rdma))
 
 
-def node_nic_env(topology: Topology, *, gpu_ranks: bool) -> tuple[tuple[str, str], ...]:
-    """``NCCL_IB_HCA`` or ``NCCL_SOCKET_IFNAME`` for every rank of the node; () when nothing needs choosing.
+def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
+    """The ``NCCL_IB_HCA`` or ``NCCL_SOCKET_IFNAME`` list for every rank of the node; None when
+    nothing needs choosing.
 
     Exact-match syntax (a leading ``=``) because a bare ``mlx5_1`` is a prefix that also
     matches ``mlx5_10``..``mlx5_17`` on 13-NIC boards (and ``eth1`` matches ``eth10``); no port
     suffix, so NCCL may use every port of an HCA (it skips ports that are not ACTIVE itself).
     """
     if not gpu_ranks:
-        return ()
-    usable = _usable(topology)
+        return None
+    usable = usable_nics(topology)
     all_rdma = [n for n in topology.nics if n.rdma and not _is_loopback(n)]
     compute = compute_nics(topology)
     if compute:
         if [n.name for n in compute] == [n.name for n in all_rdma]:
-            return ()
-        return (("NCCL_IB_HCA", "=" + ",".join(n.name for n in compute)),)
+            return None
+        names = tuple(n.name for n in compute)
+        return NcclNics(variable="NCCL_IB_HCA", nics=names, value="=" + ",".join(names))
     if all_rdma and any(n.port_up for n in all_rdma):
-        return ()  # RDMA NICs exist but none is closer than another: leave NCCL's own choice
+        return None  # RDMA NICs exist but none is closer than another: leave NCCL's own choice
     eth = [(pos, n) for pos, n in usable if n.kind is NicKind.ETHERNET]
     all_eth = [n for n in topology.nics if n.kind is NicKind.ETHERNET and not _is_loopback(n)]
     chosen = [n for _, n in _closest_class(topology, eth)]
     if not chosen or [n.name for n in chosen] == [n.name for n in all_eth]:
-        return ()
-    return (("NCCL_SOCKET_IFNAME", "=" + ",".join(_ifname(n) for n in chosen)),)
+        return None
+    return NcclNics(
+        variable="NCCL_SOCKET_IFNAME", nics=tuple(n.name for n in chosen), value="=" + ",".join(_ifname(n) for n in chosen)
+    )
 
 
-def rank_nic_env(nic: Nic, *, gpu_rank: bool, policy: NicPolicy = NicPolicy.NODE) -> tuple[tuple[str, str], ...]:
-    """Variables naming ``nic`` for one rank.
+def rank_nic(nic: Nic, position: int, *, gpu_rank: bool, policy: NicPolicy = NicPolicy.NODE) -> NicChoice:
+    """``nic`` as one rank's NIC, with the variables naming it for that rank.
 
     ``node`` policy: ``UCX_NET_DEVICES=<hca>:<port>`` for an RDMA NIC of a GPU rank,
     ``GLOO_SOCKET_IFNAME`` for an Ethernet NIC. ``per-rank``: ``NCCL_IB_HCA==<hca>`` or
     ``NCCL_SOCKET_IFNAME==<if>`` + ``GLOO_SOCKET_IFNAME`` for that rank alone.
     CPU-only ranks only need gloo's variable.
     """
+    env: tuple[tuple[str, str], ...] = ()
+    port = 0
     if nic.rdma:
-        if not gpu_rank:
-            return ()
-        if policy is NicPolicy.PER_RANK:
-            return (("NCCL_IB_HCA", f"={nic.name}"),)
-        return (("UCX_NET_DEVICES", f"{nic.name}:{nic.port}"),)
-    if nic.kind is NicKind.ETHERNET:
+        if gpu_rank and policy is NicPolicy.PER_RANK:
+            env = (("NCCL_IB_HCA", f"={nic.name}"),)
+        elif gpu_rank:
+            port = nic.port
+            env = (("UCX_NET_DEVICES", f"{nic.name}:{port}"),)
+    elif nic.kind is NicKind.ETHERNET:
         ifname = _ifname(nic)
         if gpu_rank and policy is NicPolicy.PER_RANK:
-            return (("NCCL_SOCKET_IFNAME", f"={ifname}"), ("GLOO_SOCKET_IFNAME", ifname))
-        return (("GLOO_SOCKET_IFNAME", ifname),)
-    return ()
+            env = (("NCCL_SOCKET_IFNAME", f"={ifname}"), ("GLOO_SOCKET_IFNAME", ifname))
+        else:
+            env = (("GLOO_SOCKET_IFNAME", ifname),)
+    return NicChoice(nic=nic, position=position, port=port, env=env)
 
 
 def choose_nics(
@@ -147,7 +163,7 @@ def choose_nics(
     on their own NUMA node, and none otherwise (a guess would only misroute gloo).
     NICs whose ports are all down are never chosen.
     """
-    nics = _usable(topology)
+    nics = usable_nics(topology)
     uses: dict[int, int] = {}
     out: list[NicChoice | None] = []
     for gpu_pos, node in zip(gpu_positions, rank_nodes):
@@ -176,5 +192,15 @@ def choose_nics(
         # Least used first, then topology order: round-robin among equally close NICs.
         _, pos, nic = min(cands, key=lambda c: (uses.get(c[1], 0), c[1]))
         uses[pos] = uses.get(pos, 0) + 1
-        out.append(NicChoice(nic=nic, env=rank_nic_env(nic, gpu_rank=gpu_pos is not None, policy=policy)))
+        out.append(rank_nic(nic, pos, gpu_rank=gpu_pos is not None, policy=policy))
     return out
+
+
+def gpu_nics(topology: Topology) -> tuple[NicChoice | None, ...]:
+    """Each GPU's NIC (in ``topology.gpus`` order) as the plan gives it when one rank drives each
+    GPU: :func:`choose_nics` over the GPUs in CUDA's PCI order, as :func:`numarun.plan.binding.make_plan`
+    takes them without ``CUDA_VISIBLE_DEVICES``. What ``numarun topo`` shows as a GPU's nearest NIC."""
+    position = {id(g): i for i, g in enumerate(topology.gpus)}
+    ranks = [position[id(g)] for g in pci_order(topology.gpus)]
+    by_gpu = dict(zip(ranks, choose_nics(topology, ranks, [-1] * len(ranks))))
+    return tuple(by_gpu[i] for i in range(len(topology.gpus)))

@@ -12,7 +12,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..topology.model import Topology, physical_cores
-from ..topology.visible import openable, pci_order
+from ..topology.pci import pci_order
+from ..topology.visible import openable
 from .model import GpuRef, LaunchPlan, MemPolicy, RankBinding
 
 

@@ -17,8 +17,8 @@ Mapping:
   disallowed and offline PUs) are kept with core -1 and the package whose ``complete_cpuset``
   holds them (else -1): outside ``allowed_cpuset`` as online but not allowed, inside it as
   offline.
-- GPUs: ``PCIDev`` objects whose ``pci_type`` says class 0x0300/0x0302 (0x0380 for AMD) and
-  vendor 0x10de/0x1002; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
+- GPUs: ``PCIDev`` objects whose ``pci_type`` (class [vendor:device]) passes the GPU rule of
+  :mod:`numarun.topology.pci`; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
   ``AMDUUID``). NUMA node and CPU affinity from the nearest non-I/O ancestor (the node only
   when that ancestor has exactly one). ``pci_path`` = bus ids of the PCI bridges and device.
 - NICs: OpenFabrics OSDevs (``mlx5_0``; RoCE when ``Port*LinkLayer`` says Ethernet; ports
@@ -41,11 +41,9 @@ from pathlib import Path
 
 from ..errors import TopologyError
 from .model import PORT_STATES, Cpu, Gpu, Nic, NicKind, NumaNode, RdmaPort, Topology, normalize_bus_id
+from .pci import gpu_vendor, is_onboard_vga, pci_order
 
 _FORM = "an hwloc 2.x/3.x XML topology as written by 'lstopo out.xml'"
-_GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd"}
-# ATI ES1000 / RN50: on-board server VGA chips with AMD's vendor id, not compute GPUs.
-ONBOARD_VGA = {(0x1002, 0x515E), (0x1002, 0x5159)}
 _PCI_TYPE = re.compile(r"^\s*([0-9a-fA-F]{4})\s*\[([0-9a-fA-F]{4}):([0-9a-fA-F]{4})\]")
 _CACHE_LEVEL = re.compile(r"^L(\d)(?:d|u)?Cache$")
 _IO_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
@@ -223,7 +221,7 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
         st.notes.append("no NUMANode objects: one node 0 with every CPU")
     nodeset_attr = top.get("allowed_nodeset")
     allowed_mems = tuple(n for n in parse_hwloc_set(nodeset_attr) if n in st.nodes) if nodeset_attr else ()
-    gpus = sorted(st.gpus, key=lambda g: _bus_key(g.pci_bus_id))
+    gpus = pci_order(tuple(st.gpus))
     infos = _infos(top)
     return Topology(
         hostname=infos.get("HostName", ""),
@@ -236,12 +234,6 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
         gpu_source="hwloc" if gpus else "none",
         notes=tuple(st.notes),
     )
-
-
-def _bus_key(bus: str) -> tuple[int, ...]:
-    dom, b, rest = bus.split(":")
-    dev, fn = rest.split(".")
-    return (int(dom, 16), int(b, 16), int(dev, 16), int(fn))
 
 
 def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
@@ -312,10 +304,8 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
     m = _PCI_TYPE.match(el.get("pci_type", ""))
     if m:
         cls, vendor_id = int(m.group(1), 16), int(m.group(2), 16)
-        vendor = _GPU_VENDORS.get(vendor_id)
-        device_id = int(m.group(3), 16)
-        is_gpu_class = cls in (0x0300, 0x0302) or (vendor == "amd" and cls == 0x0380)
-        if vendor and is_gpu_class and (vendor_id, device_id) not in ONBOARD_VGA:
+        vendor = gpu_vendor(vendor_id, cls)
+        if vendor and not is_onboard_vga(vendor_id, int(m.group(3), 16)):
             name, uuid = "", ""
             for o, kind in osdevs:
                 if kind != "gpu":

@@ -16,10 +16,8 @@ What is read (kernel docs: ``Documentation/admin-guide/cputopology.rst``,
   ``proc/self/status`` (``Cpus_allowed_list``, ``Mems_allowed_list``), both narrowed by the
   cgroup v2 ``cpuset.cpus.effective`` / ``cpuset.mems.effective`` of the process's cgroup
   (found through ``proc/mounts`` and ``proc/self/cgroup`` or ``proc/self/cpuset``).
-- GPUs: ``sys/bus/pci/devices/*`` with vendor 0x10de (NVIDIA) or 0x1002 (AMD) and class
-  0x0300xx (VGA) or 0x0302xx (3D); AMD Instinct cards report 0x0380xx, also accepted for AMD.
-  On-board server VGA chips (ASPEED 0x1a03, Matrox 0x102b: other vendors; ATI ES1000/RN50:
-  listed in ``ONBOARD_VGA``) are not GPUs.
+- GPUs: ``sys/bus/pci/devices/*`` whose ``vendor``, ``class`` and ``device`` pass the GPU rule
+  of :mod:`numarun.topology.pci` (NVIDIA/AMD display classes, on-board VGA chips left out).
   A device whose ``vendor`` file is missing counts as NVIDIA when the NVIDIA driver lists it in
   ``proc/driver/nvidia/gpus/<bus id>`` (trimmed captures keep only ``class``).
   ``proc/driver/nvidia/gpus/*/numa_status`` gives the NUMA node of the GPU's own memory
@@ -70,15 +68,11 @@ from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
+from .pci import gpu_vendor, is_onboard_vga, pci_order
+from .procfs import status_field
 
 log = logging.getLogger(__name__)
 
-GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd"}
-# PCI class codes (upper 16 bits of the 24-bit class): VGA, 3D controller, "other display".
-_GPU_CLASSES = {0x0300, 0x0302}
-_AMD_EXTRA_CLASSES = {0x0380}
-# ATI ES1000 / RN50: on-board server VGA chips with AMD's vendor id, not compute GPUs.
-ONBOARD_VGA = {(0x1002, 0x515E), (0x1002, 0x5159)}
 _BDF_COMPONENT = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _INT = re.compile(r"^-?\d+$")
 _MAX_LINK_HOPS = 40
@@ -396,18 +390,9 @@ def _llc(r: _Reader, cache: Path, cid: int) -> int:
     return min(best[1]) if best else -1
 
 
-def _status_field(r: _Reader, name: str) -> str | None:
-    text = r.text(r.path("proc/self/status"), form="'Key:\\tvalue' lines")
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith(name + ":"):
-            return line.split(":", 1)[1].strip()
-    return None
-
-
 def _parse_status_list(r: _Reader, name: str) -> tuple[int, ...] | None:
-    value = _status_field(r, name)
+    text = r.text(r.path("proc/self/status"), form="'Key:\\tvalue' lines")
+    value = status_field(text, name) if text is not None else None
     if value is None:
         return None
     try:
@@ -537,12 +522,6 @@ def _nvidia_driver_gpus(r: _Reader) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _bus_sort_key(bus: str) -> tuple[int, ...]:
-    dom, b, rest = bus.split(":")
-    dev, fn = rest.split(".")
-    return (int(dom, 16), int(b, 16), int(dev, 16), int(fn))
-
-
 def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, ...]:
     base = r.path("sys/bus/pci/devices")
     if not base.is_dir():
@@ -559,12 +538,11 @@ def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, 
         vendor_id = r.hexint(d / "vendor", form="a PCI vendor id such as '0x10de'")
         if vendor_id is None and bus in nv_driver:
             vendor_id = 0x10DE
-        vendor = GPU_VENDORS.get(vendor_id or 0)
-        sub = cls >> 8
-        if vendor is None or not (sub in _GPU_CLASSES or (vendor == "amd" and sub in _AMD_EXTRA_CLASSES)):
+        vendor = gpu_vendor(vendor_id, cls >> 8)
+        if vendor is None:
             continue
         device_id = r.hexint(d / "device", form="a PCI device id such as '0x2335'")
-        if (vendor_id, device_id) in ONBOARD_VGA:
+        if is_onboard_vga(vendor_id, device_id):
             continue
         name = f"PCI {vendor_id:04x}:{device_id:04x}" if device_id is not None else f"PCI {vendor_id:04x}"
         affinity = r.cpulist(d / "local_cpulist") or ()
@@ -582,8 +560,7 @@ def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, 
                 pcie_link=read_pcie_link(r, d),
             )
         )
-    found.sort(key=lambda g: _bus_sort_key(g.pci_bus_id))
-    return tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(found))
+    return tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(pci_order(tuple(found))))
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")

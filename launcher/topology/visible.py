@@ -16,25 +16,13 @@ from __future__ import annotations
 import logging
 
 from ..errors import VisibleDevicesError
-from .model import Gpu, Topology, normalize_bus_id
+from .model import Gpu, Topology
+from .pci import pci_order
 
 log = logging.getLogger(__name__)
 
 PCI_BUS_ID = "PCI_BUS_ID"
 _FORM = "a comma-separated list of GPU indices or GPU UUIDs such as '0,2' or 'GPU-381924f5,GPU-8932f937'"
-
-
-def _bus_key(gpu: Gpu) -> tuple[int, int, int, int]:
-    dom, bus, rest = normalize_bus_id(gpu.pci_bus_id).split(":")
-    dev, fn = rest.split(".")
-    return (int(dom, 16), int(bus, 16), int(dev, 16), int(fn))
-
-
-def pci_order(gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...]:
-    """GPUs in PCI bus order (NVML's order); by index when any bus id is unknown (nvidia-smi text)."""
-    if gpus and all(g.pci_bus_id for g in gpus):
-        return tuple(sorted(gpus, key=_bus_key))
-    return tuple(sorted(gpus, key=lambda g: g.index))
 
 
 def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | None) -> tuple[Gpu, ...]:

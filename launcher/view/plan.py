@@ -13,8 +13,10 @@ from ..plan.model import LaunchPlan, RankBinding
 
 
 def _nic_cell(r: RankBinding) -> str:
-    """The rank's NIC, with the port UCX is given (``mlx5_0:1``)."""
-    return r.env.get("UCX_NET_DEVICES") or r.nic or "-"
+    """The rank's NIC, with the port it is pinned to (``mlx5_0:1``)."""
+    if r.nic is None:
+        return "-"
+    return f"{r.nic}:{r.nic_port}" if r.nic_port else r.nic
 
 
 def plan_table(plan: LaunchPlan) -> Table:
@@ -43,22 +45,21 @@ def plan_table(plan: LaunchPlan) -> Table:
     return table
 
 
-# Variables the plan sets for the NICs, shown under the table: the ones that name the node's
-# NICs (the same in every rank) and the ones that name the rank's own NIC.
-_NODE_NIC_VARS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
-_RANK_NIC_VARS = ("UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
+# The variables that can name a rank's own NIC: NCCL's (only with --nic-policy per-rank), then
+# the transports that take one device per process.
+_NCCL_VARS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
+_DEVICE_VARS = ("UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
 
 
 def nic_lines(plan: LaunchPlan) -> list[str]:
     """``NCCL_IB_HCA==mlx5_0,... (every rank)`` and which per-rank variables carry the NIC column."""
     lines = []
-    for var in _NODE_NIC_VARS:
-        values = list(dict.fromkeys(r.env[var] for r in plan.ranks if var in r.env))
-        if len(values) == 1 and all(r.env.get(var) == values[0] for r in plan.ranks if r.gpu is not None):
-            lines.append(f"{var}={values[0]} (every rank)")
-        elif values:
+    if plan.nccl_nics is not None:
+        lines.append(f"{plan.nccl_nics.variable}={plan.nccl_nics.value} (every rank)")
+    for var in _NCCL_VARS:
+        if any(var in r.nic_variables for r in plan.ranks):
             lines.append(f"{var}: one per rank (nic policy {plan.nic_policy.value})")
-    per_rank = [v for v in _RANK_NIC_VARS if any(v in r.env for r in plan.ranks)]
+    per_rank = [v for v in _DEVICE_VARS if any(v in r.nic_variables for r in plan.ranks)]
     if per_rank:
         lines.append(f"{', '.join(per_rank)}: the rank's NIC")
     return lines

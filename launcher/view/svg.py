@@ -118,7 +118,7 @@ class _Ctx:
     gpu_ranks: dict[int, list[int]] = field(default_factory=dict)
     planned: bool = False
     nccl_nics: frozenset[str] = frozenset()
-    """NICs the plan names in NCCL_IB_HCA for every rank."""
+    """NICs in the plan's NCCL list (the same for every rank)."""
 
 
 def _flow(children: Sequence[_Box], max_w: float) -> tuple[float, float, list[tuple[float, float]]]:
@@ -553,9 +553,9 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
         f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
     )
     row_y = y + TITLE_H + 4
-    if ctx.nccl_nics:
-        hca = next(r.env["NCCL_IB_HCA"] for r in plan.ranks if "NCCL_IB_HCA" in r.env)
-        out.append(f'<text class="legend-nccl" x="{x:.0f}" y="{row_y + 11:.0f}">{_t(f"every rank: NCCL_IB_HCA={hca}")}</text>')
+    if plan.nccl_nics is not None:
+        line = f"every rank: {plan.nccl_nics.variable}={plan.nccl_nics.value}"
+        out.append(f'<text class="legend-nccl" x="{x:.0f}" y="{row_y + 11:.0f}">{_t(line)}</text>')
         row_y += 18
     for r in plan.ranks:
         colour = rank_colour(r.local_rank)
@@ -573,9 +573,8 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     """The picture as a standalone SVG document (UTF-8 text, no external references)."""
     ctx = _Ctx(topology, planned=plan is not None)
     if plan is not None:
-        hcas = {r.env.get("NCCL_IB_HCA", "") for r in plan.ranks if r.gpu is not None}
-        if len(hcas) == 1:
-            ctx.nccl_nics = frozenset(hcas.pop().lstrip("=").split(",")) - {""}
+        if plan.nccl_nics is not None:
+            ctx.nccl_nics = frozenset(plan.nccl_nics.nics)
         # match by bus id; by NVML index when a source has no bus ids (nvidia-smi text)
         pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus) if g.pci_bus_id}
         pos_by_index = {g.index: i for i, g in enumerate(topology.gpus)}

@@ -1,5 +1,9 @@
 """Terminal view of a :class:`Topology` (``numarun topo``), rendered to a string with rich.
 
+A GPU's "nearest NIC" is the NIC the plan gives the rank of that GPU (:func:`numarun.plan.nic.gpu_nics`:
+closest link, then NUMA node, rails spread over GPUs, down ports left out), so ``numarun topo``
+and ``numarun plan`` name the same NIC.
+
 Pure: no I/O beyond an in-memory buffer, so tests can check the text.
 """
 
@@ -13,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cpuset import format_list
-from ..topology.model import Gpu, Topology, link_rank, physical_cores
+from ..plan.nic import gpu_nics, usable_nics
+from ..topology.model import Gpu, Topology, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -25,19 +30,18 @@ def gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.1f} GiB" if nbytes > 0 else "?"
 
 
-def nearest_nic(topology: Topology, gpu_pos: int) -> tuple[int, str] | None:
-    """Position in ``topology.nics`` and link code of the NIC closest to ``gpus[gpu_pos]``.
-
-    Closest = smallest :func:`link_rank`; ties go to the first NIC (PCI order). None
-    when there are no NICs.
-    """
-    best: tuple[int, int, str] | None = None
-    for n in range(len(topology.nics)):
-        code = topology.gpu_nic_link(gpu_pos, n)
-        key = link_rank(code)
-        if best is None or key < best[0]:
-            best = (key, n, code)
-    return None if best is None else (best[1], best[2])
+def nic_cells(topology: Topology) -> list[str]:
+    """The "nearest NIC" cell of each GPU: ``mlx5_0 (PXB)``; ``unknown`` when nothing is known
+    about how the GPU reaches the usable NICs; ``-`` when no NIC is usable (none, or ports down)."""
+    usable = bool(usable_nics(topology))
+    cells = []
+    for pos, choice in enumerate(gpu_nics(topology)):
+        if choice is None:
+            cells.append("unknown" if usable else "-")
+            continue
+        code = topology.gpu_nic_link(pos, choice.position)
+        cells.append(choice.nic.name + (f" ({code})" if code else ""))
+    return cells
 
 
 def cpu_summary(topology: Topology) -> dict[str, int | bool]:
@@ -153,14 +157,7 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
         gt = _table("GPUs")
         for col in ("GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC"):
             gt.add_column(col, justify="right" if col in ("GPU", "NUMA", "memory") else "left")
-        for pos, g in enumerate(t.gpus):
-            near = nearest_nic(t, pos)
-            if near is None:
-                nic_cell = "-"
-            elif not near[1]:
-                nic_cell = "unknown"  # no PCI path, NUMA node or nvidia-smi row to compare
-            else:
-                nic_cell = t.nics[near[0]].name + (f" ({near[1]})" if near[1] else "")
+        for g, nic_cell in zip(t.gpus, nic_cells(t)):
             numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
             if g.memory_numa_node >= 0:
                 numa_cell += f" (mem node {g.memory_numa_node})"
