@@ -96,3 +96,20 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_runtest_call(item: pytest.Item):
     with _spawn_guard(item):
         yield
+
+
+@pytest.fixture
+def procs():
+    """Popen objects to kill (with their process groups) however the test ends."""
+    import os
+    import signal
+
+    started: list = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=120)

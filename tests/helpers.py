@@ -52,8 +52,10 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("numarun: error:")]
 
 
-def wait_until(what: str, predicate: Callable[[], T | None], limit_s: float = 120.0, every_s: float = 0.3) -> T:
-    """Poll ``predicate`` until it returns something true; fail the test naming ``what`` after ``limit_s``."""
+def wait_until(what: str, predicate: Callable[[], T | None], limit_s: float = 120.0, every_s: float = 0.3,
+               proc: subprocess.Popen | None = None) -> T:  # type: ignore[type-arg]
+    """Poll ``predicate`` until it returns something true; fail the test naming ``what`` after
+    ``limit_s``, or as soon as ``proc`` (the numarun under test) has exited without it."""
     import pytest
 
     deadline = time.monotonic() + limit_s
@@ -61,6 +63,8 @@ def wait_until(what: str, predicate: Callable[[], T | None], limit_s: float = 12
         value = predicate()
         if value:
             return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"numarun exited ({proc.returncode}) before {what}")
         time.sleep(every_s)
     pytest.fail(f"timed out waiting for {what}")
 
@@ -96,3 +100,45 @@ def slurm(cluster: Mapping[str, str], *argv: str, timeout: float = 60, check: bo
 
     cmd = shlex.split(cluster["NUMARUN_CLUSTER_EXEC"]) + list(argv)
     return subprocess.run(cmd, env=dict(cluster), capture_output=True, text=True, timeout=timeout, check=check)
+
+
+# ----------------------------------------------------------------------------- processes of a run
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie counts as gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def leaked(pids: list[int], *, within_s: float = 30) -> list[int]:
+    """The pids still running ``within_s`` after numarun exited (waits out the last reaps)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def pid_files(out: Path) -> list[int]:
+    """The pids test workers wrote as ``OUT/pid<RANK>`` (tests/scripts/sleeper.py and others)."""
+    return [int(p.read_text()) for p in out.glob("pid*") if not p.name.endswith(".tmp")]

@@ -11,20 +11,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from helpers import REPO, SCRIPTS, clean_env, error_lines, free_port, leaked, listening, numarun_cmd, pid_files, wait_until
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "tests" / "scripts"
 TRAIN = str(REPO / "scripts" / "train.py")
 TIMEOUT = 120  # "did not hang" guard for every wait
 
@@ -40,80 +36,19 @@ FAULTS = {
 }
 
 
-def _numarun() -> list[str]:
-    exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
-
-
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pids(out: Path) -> list[int]:
-    return [int(p.read_text()) for p in out.glob("pid*") if not p.name.endswith(".tmp")]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _leaked(pids: list[int]) -> list[int]:
-    """Workers still running shortly after numarun exited (waits out torchrun's last reap)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
-
-
-def _wait_for(cond, what: str, proc: subprocess.Popen | None = None) -> None:  # type: ignore[type-arg]
-    deadline = time.monotonic() + TIMEOUT
-    while not cond():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"numarun exited ({proc.returncode}) before {what}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen]]:  # type: ignore[type-arg]
-    """Popen objects to kill (with their process groups) however the test ends."""
-    started: list[subprocess.Popen] = []  # type: ignore[type-arg]
-    yield started
-    for p in started:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        p.wait(timeout=TIMEOUT)
+    return clean_env(PYTHONUNBUFFERED="1", **extra)
 
 
 def _start(procs: list, args: list[str], log: Path, cwd: Path = REPO, **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    p = subprocess.Popen([*_numarun(), *args], cwd=cwd, env=_env(**env), stdout=open(log, "w"),
+    p = subprocess.Popen([*numarun_cmd(), *args], cwd=cwd, env=_env(**env), stdout=open(log, "w"),
                          stderr=subprocess.STDOUT, start_new_session=True)
     procs.append(p)
     return p
 
 
-def _errors(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("numarun: error:")]
-
-
 def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
-    r = subprocess.run([*_numarun(), "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fault_counter.py"),
+    r = subprocess.run([*numarun_cmd(), "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fault_counter.py"),
                         str(tmp_path), "12", "1", "5"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     def steps(rank: int, attempt: int) -> tuple[int, list[int]]:
@@ -131,25 +66,20 @@ def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
         assert resumed in (last, max(last - 1, 0))
         assert second == list(range(resumed + 1, 13))
     assert steps(1, 0)[1] == [1, 2, 3, 4] and steps(1, 1)[0] == 4  # rank 1 crashed at step 5
-    assert _leaked(_pids(tmp_path)) == []
+    assert leaked(pid_files(tmp_path)) == []
 
 
 def test_crash_without_restart(tmp_path: Path) -> None:
-    r = subprocess.run([*_numarun(), "--nproc-per-node", "2", str(SCRIPTS / "fault_counter.py"), str(tmp_path), "400", "1", "3"],
+    r = subprocess.run([*numarun_cmd(), "--nproc-per-node", "2", str(SCRIPTS / "fault_counter.py"), str(tmp_path), "400", "1", "3"],
                        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 3, r.stderr[-3000:]
-    lines = _errors(r.stderr)
+    lines = error_lines(r.stderr)
     assert len(lines) == 1 and "rank 1 (local rank 1" in lines[0] and "exited with code 3" in lines[0]
     assert "Traceback" not in r.stderr
     # rank 0 was stopped long before its 400 steps
     assert int((tmp_path / "ckpt0").read_text()) < 400
     assert not (tmp_path / "pid0.1").exists()  # no restart
-    assert _leaked(_pids(tmp_path)) == []
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+    assert leaked(pid_files(tmp_path)) == []
 
 
 @pytest.mark.parametrize("lost_hosts_store", [True, False], ids=["store-host-lost", "store-client-lost"])
@@ -159,7 +89,7 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     The node started first hosts the c10d store (the other finds the port taken and
     connects as a client), so both ways a node can be lost are covered.
     """
-    port = _free_port()
+    port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5"]
     out = [tmp_path / "n0", tmp_path / "n1"]
@@ -170,9 +100,9 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     for n in order:
         nodes[n] = _start(procs, [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])], tmp_path / f"log{n}")
         if n == order[0]:
-            _wait_for(lambda: _listening(port), "the c10d store", nodes[n])
+            wait_until("the c10d store", lambda: listening(port), TIMEOUT, 0.05, proc=nodes[n])
     survivor, lost = nodes[0], nodes[1]
-    _wait_for(lambda: _pids(out[0]) and _pids(out[1]), "both nodes' workers", survivor)
+    wait_until("both nodes' workers", lambda: pid_files(out[0]) and pid_files(out[1]), TIMEOUT, 0.05, proc=survivor)
     # The whole node at once: its numarun and its workers (torchrun starts each worker in
     # its own session, so the process group alone would not reach them).
     node = [lost.pid] + [c.pid for c in psutil.Process(lost.pid).children(recursive=True)]
@@ -182,7 +112,7 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     code = survivor.wait(timeout=TIMEOUT)  # the bound: no hang
     log = (tmp_path / "log0").read_text()
     assert code != 0, log[-3000:]
-    lines = _errors(log)
+    lines = error_lines(log)
     # (the worker's own traceback from its failed all-reduce is the user program's output)
     assert len(lines) == 1, log[-3000:]
     # Either the agent notices first (its store is gone) or the worker's all-reduce fails
@@ -190,17 +120,17 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     rank_failed = "local rank 0" in lines[0] and ("exited with code" in lines[0] or "killed by" in lines[0])
     store_gone = "rendezvous failed" in lines[0] and f"127.0.0.1:{port}" in lines[0]
     assert rank_failed or (lost_hosts_store and store_gone), lines[0]
-    assert _leaked(_pids(out[0]) + _pids(out[1])) == []
+    assert leaked(pid_files(out[0]) + pid_files(out[1])) == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_numarun(sig: signal.Signals, tmp_path: Path, procs: list) -> None:
     p = _start(procs, ["--nproc-per-node", "2", str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path / "log")
-    _wait_for(lambda: len(_pids(tmp_path)) == 2, "two workers", p)
+    wait_until("two workers", lambda: len(pid_files(tmp_path)) == 2, TIMEOUT, 0.05, proc=p)
     p.send_signal(sig)
     assert p.wait(timeout=TIMEOUT) == 128 + sig, (tmp_path / "log").read_text()[-3000:]
     assert f"stopped by {sig.name}" in (tmp_path / "log").read_text()
-    assert _leaked(_pids(tmp_path)) == []
+    assert leaked(pid_files(tmp_path)) == []
 
 
 def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> None:
@@ -208,7 +138,7 @@ def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> Non
     p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
                        f"hydra.run.dir={run_dir}"], tmp_path / "log", cwd=tmp_path)
     metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
+    wait_until("two logged steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, TIMEOUT, 0.05, proc=p)
     workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
     p.send_signal(signal.SIGTERM)
     # every rank checkpointed and exited 0 on its own: a clean stop, not a failure
@@ -219,7 +149,7 @@ def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> Non
     meta = json.loads((saved[-1] / "meta.json").read_text())
     assert meta["step"] >= 2
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
-    assert _leaked(workers) == []
+    assert leaked(workers) == []
 
 
 @pytest.mark.parametrize("round_", [1, 2])
@@ -230,20 +160,20 @@ def test_kill_during_save_keeps_the_previous_checkpoint(round_: int, tmp_path: P
     def saving() -> bool:
         done = [d for d in root.glob("step_*") if (d / "meta.json").exists()] if root.exists() else []
         return len(done) >= round_ and any(root.glob(".step_*.tmp"))
-    _wait_for(saving, "a save in progress", p)
+    wait_until("a save in progress", saving, TIMEOUT, 0.05, proc=p)
     pid = int((tmp_path / "pid0").read_text())
     os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=TIMEOUT) != 0
     r = subprocess.run([sys.executable, str(SCRIPTS / "fault_save.py"), "verify", str(root)], cwd=REPO,
-                       env=_env(MASTER_PORT=str(_free_port())), capture_output=True, text=True, timeout=TIMEOUT)
+                       env=_env(MASTER_PORT=str(free_port())), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["ok"] and got["step"] >= round_
-    assert _leaked([pid]) == []
+    assert leaked([pid]) == []
 
 
 def _plan_with(tmp_path: Path, **change: object) -> Path:
-    out = subprocess.run([*_numarun(), "plan", "--json", "--nproc-per-node", "1", "--mem-policy", "bind"], cwd=REPO,
+    out = subprocess.run([*numarun_cmd(), "plan", "--json", "--nproc-per-node", "1", "--mem-policy", "bind"], cwd=REPO,
                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT, check=True).stdout
     plan = json.loads(out)
     plan["ranks"][0].update(change)
@@ -262,11 +192,11 @@ def test_binding_refused_by_the_kernel(strict: bool, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     args = ["--plan-file", str(plan), *(["--strict-binding"] if strict else []), str(SCRIPTS / "report_binding.py"), str(out)]
-    r = subprocess.run([*_numarun(), *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run([*numarun_cmd(), *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert "Traceback" not in r.stderr
     if strict:
         assert r.returncode == 2, r.stderr[-3000:]
-        worker, summary = _errors(r.stderr)
+        worker, summary = error_lines(r.stderr)
         assert "set_mempolicy" in worker and str(bad_node) in worker and "exited with code 2" in summary
         assert list(out.iterdir()) == []  # the user's script never ran
     else:

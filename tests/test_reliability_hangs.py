@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from test_reliability_badinput import run_in_process, EXIT, _check, case
-from test_reliability_faults import _env, _errors, _numarun
+from helpers import clean_env, error_lines, numarun_cmd
+from test_reliability_badinput import EXIT, _check, case, run_in_process
 
 NODE0 = "sys/devices/system/node/node0/cpulist"
 
@@ -99,11 +98,11 @@ def test_a_rendezvous_endpoint_held_by_another_program_ends_at_a_deadline(tmp_pa
         port = server.getsockname()[1]
         (tmp_path / "tmp").mkdir()
         start = time.monotonic()
-        r = subprocess.run([*_numarun(), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=5",
-                            EXIT, "0", "0"], cwd=tmp_path, env=_env(TMPDIR=str(tmp_path / "tmp"), NUMARUN_RDZV_MARGIN="2"), capture_output=True, text=True,
+        r = subprocess.run([*numarun_cmd(), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=5",
+                            EXIT, "0", "0"], cwd=tmp_path, env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path / "tmp"), NUMARUN_RDZV_MARGIN="2"), capture_output=True, text=True,
                            timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
-    lines = _errors(r.stderr)
+    lines = error_lines(r.stderr)
     assert len(lines) == 1 and "rendezvous did not complete within 7 s (join_timeout=5 + 2 s)" in lines[0], r.stderr[-3000:]
     assert f"127.0.0.1:{port}" in lines[0] and "Traceback" not in r.stderr
     assert time.monotonic() - start >= 7  # it waited for torch's own timeout first

@@ -18,15 +18,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import REPO, SCRIPTS, clean_env, error_lines, free_port, leaked, listening, numarun_cmd, pid_files, wait_until
 
-from test_reliability_faults import TIMEOUT, TRAIN, SCRIPTS, _env, _errors, _leaked, _numarun, _pids, _wait_for, procs  # noqa: F401
+TRAIN = str(REPO / "scripts" / "train.py")
+TIMEOUT = 120  # "did not hang" guard for every wait
 
 pytestmark = pytest.mark.slow
 
 
 def _start(procs: list, args: list[str], tmp: Path, cwd: Path | None = None) -> subprocess.Popen:  # type: ignore[type-arg]
     (tmp / "tmp").mkdir(exist_ok=True)
-    p = subprocess.Popen([*_numarun(), *args], cwd=cwd or tmp, env=_env(TMPDIR=str(tmp / "tmp")), stdout=open(tmp / "log", "w"),
+    p = subprocess.Popen([*numarun_cmd(), *args], cwd=cwd or tmp, env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp")), stdout=open(tmp / "log", "w"),
                          stderr=subprocess.STDOUT, start_new_session=True)
     procs.append(p)
     return p
@@ -46,12 +48,12 @@ def _workers(p: subprocess.Popen) -> list[int]:  # type: ignore[type-arg]
 
 def test_kill_minus_9_of_numarun_ends_every_worker(tmp_path: Path, procs: list) -> None:
     p = _start(procs, ["--nproc-per-node", "2", str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path)
-    _wait_for(lambda: len(_pids(tmp_path)) == 2, "two workers", p)
-    workers = _pids(tmp_path)
+    wait_until("two workers", lambda: len(pid_files(tmp_path)) == 2, TIMEOUT, 0.05, proc=p)
+    workers = pid_files(tmp_path)
     assert list((tmp_path / "tmp").glob("numarun-*/plan.json"))  # the private plan file exists while it runs
     os.kill(p.pid, signal.SIGKILL)
     p.wait(timeout=TIMEOUT)
-    assert _leaked(workers) == []  # the parent-death signal, not a reaper in numarun
+    assert leaked(workers) == []  # the parent-death signal, not a reaper in numarun
     assert _private_dirs(tmp_path) == []
 
 
@@ -62,7 +64,7 @@ def _signal_a_training_run(tmp_path: Path, procs: list, sig: signal.Signals) -> 
     p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
                        f"hydra.run.dir={run_dir}"], tmp_path)
     metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, "two logged steps", p)
+    wait_until("two logged steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, TIMEOUT, 0.05, proc=p)
     workers = _workers(p)
     p.send_signal(sig)
     code = p.wait(timeout=TIMEOUT)
@@ -76,47 +78,45 @@ def test_usr1_is_forwarded_and_the_trainer_checkpoints_and_ends(tmp_path: Path, 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "SIGUSR1" and summary["steps_done"] < 100000
     assert (run_dir / "checkpoints" / f"step_{summary['steps_done']:08d}" / "meta.json").is_file()
-    assert _leaked(workers) == [] and _private_dirs(tmp_path) == []
+    assert leaked(workers) == [] and _private_dirs(tmp_path) == []
 
 
 def test_usr2_to_a_script_without_a_handler_ends_its_workers(tmp_path: Path, procs: list) -> None:
     p = _start(procs, ["--nproc-per-node", "2", str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path)
-    _wait_for(lambda: len(_pids(tmp_path)) == 2, "two workers", p)
-    workers = _pids(tmp_path)
+    wait_until("two workers", lambda: len(pid_files(tmp_path)) == 2, TIMEOUT, 0.05, proc=p)
+    workers = pid_files(tmp_path)
     p.send_signal(signal.SIGUSR2)
     code = p.wait(timeout=TIMEOUT)
     log = (tmp_path / "log").read_text()
     # the workers die of SIGUSR2's default action; numarun reports it and ends, never 140
     assert code == 1, log[-3000:]
-    lines = _errors(log)
+    lines = error_lines(log)
     assert len(lines) == 1 and "killed by SIGUSR2" in lines[0], log[-3000:]
-    assert _leaked(workers) == [] and _private_dirs(tmp_path) == []
+    assert leaked(workers) == [] and _private_dirs(tmp_path) == []
 
 
 def test_sigterm_to_the_trainer_is_a_clean_stop(tmp_path: Path, procs: list) -> None:
     code, log, run_dir, workers = _signal_a_training_run(tmp_path, procs, signal.SIGTERM)
     assert code == 0, log[-3000:]
-    assert "numarun: stopped by SIGTERM: every worker finished cleanly" in log and not _errors(log)
+    assert "numarun: stopped by SIGTERM: every worker finished cleanly" in log and not error_lines(log)
     assert json.loads((run_dir / "summary.json").read_text())["stopped_by"] == "SIGTERM"
-    assert _leaked(workers) == [] and _private_dirs(tmp_path) == []
+    assert leaked(workers) == [] and _private_dirs(tmp_path) == []
 
 
 def test_sigterm_during_rendezvous(tmp_path: Path, procs: list) -> None:
     """Node 0 of two waits for a node that never comes: SIGTERM then is 143, one line, nothing left."""
-    from test_reliability_faults import _free_port, _listening
-
-    port = _free_port()
+    port = free_port()
     p = _start(procs, ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-port", str(port),
                        str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path)
-    _wait_for(lambda: _listening(port), "the rendezvous store", p)
+    wait_until("the rendezvous store", lambda: listening(port), TIMEOUT, 0.05, proc=p)
     assert list((tmp_path / "tmp").glob("numarun-*"))
     p.send_signal(signal.SIGTERM)
     code = p.wait(timeout=TIMEOUT)
     log = (tmp_path / "log").read_text()
     assert code == 128 + signal.SIGTERM, log[-3000:]
-    lines = _errors(log)
+    lines = error_lines(log)
     assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and "Traceback" not in log, log[-3000:]
-    assert _private_dirs(tmp_path) == [] and _pids(tmp_path) == []
+    assert _private_dirs(tmp_path) == [] and pid_files(tmp_path) == []
 
 
 def test_a_worker_whose_launcher_is_gone_ends_at_once(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_a_worker_whose_launcher_is_gone_ends_at_once(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     script = tmp_path / "s.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    env = _env(NUMARUN_LAUNCHER_PID="1" if os.getppid() != 1 else "2", LOCAL_RANK="0")
+    env = clean_env(PYTHONUNBUFFERED="1", NUMARUN_LAUNCHER_PID="1" if os.getppid() != 1 else "2", LOCAL_RANK="0")
     r = subprocess.run([sys.executable, str(entry), str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 1 and "the launcher (pid" in r.stderr and "is gone" in r.stderr
     assert not marker.exists()

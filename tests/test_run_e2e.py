@@ -13,36 +13,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import REPO, SCRIPTS, TIMEOUT, clean_env, error_lines, numarun_cmd, run_numarun
 
 from numarun.launch.torchrun import ENTRY_FILE
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "tests" / "scripts"
-TIMEOUT = 240  # never hang CI; not a performance bound
 
 pytestmark = pytest.mark.slow
 
 
-def _numarun() -> list[str]:
-    exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items()
-        if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_")) and k not in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
-    }
-    env.update(extra)
-    return env
-
-
 def numarun(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_numarun(), *args], cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT)
-
-
-def _error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("numarun: error:")]
+    return run_numarun(*args, cwd=cwd, **env)
 
 
 def test_ranks_get_exactly_the_plan(tmp_path: Path) -> None:
@@ -90,7 +69,7 @@ def test_unmodified_ddp_script_trains_as_under_torchrun(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     t = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "tests/scripts/ddp_train.py", str(under_torchrun)],
-        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
     )
     assert t.returncode == 0, t.stderr
     a, b = _final_params(under_numarun), _final_params(under_torchrun)
@@ -101,7 +80,7 @@ def test_unmodified_ddp_script_trains_as_under_torchrun(tmp_path: Path) -> None:
 def test_failing_rank_fails_the_run_with_its_code(tmp_path: Path) -> None:
     r = numarun("--nproc-per-node", "2", "tests/scripts/exit_rank.py", "1", "3")
     assert r.returncode == 3
-    lines = _error_lines(r.stderr)
+    lines = error_lines(r.stderr)
     assert len(lines) == 1 and "rank 1 (local rank 1" in lines[0] and "exited with code 3" in lines[0]
     ok = numarun("--nproc-per-node", "2", "tests/scripts/exit_rank.py", "7", "3")
     assert ok.returncode == 0, ok.stderr
@@ -109,7 +88,7 @@ def test_failing_rank_fails_the_run_with_its_code(tmp_path: Path) -> None:
 
 def test_sigterm_ends_every_worker(tmp_path: Path) -> None:
     log = open(tmp_path / "log", "w")
-    proc = subprocess.Popen([*_numarun(), "--nproc-per-node", "2", "tests/scripts/sleeper.py", str(tmp_path)], cwd=REPO, env=_env(), stdout=log, stderr=log)
+    proc = subprocess.Popen([*numarun_cmd(), "--nproc-per-node", "2", "tests/scripts/sleeper.py", str(tmp_path)], cwd=REPO, env=clean_env(), stdout=log, stderr=log)
     pids: list[int] = []
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -163,7 +142,7 @@ def test_strict_binding_with_an_impossible_plan(tmp_path: Path) -> None:
     out.mkdir()
     strict = numarun("--plan-file", str(plan_file), "--strict-binding", "tests/scripts/report_binding.py", str(out))
     assert strict.returncode != 0
-    worker, summary = _error_lines(strict.stderr)  # the worker's line, then numarun's
+    worker, summary = error_lines(strict.stderr)  # the worker's line, then numarun's
     assert worker.startswith("numarun: error: local rank 0: sched_setaffinity") and str(bad) in worker
     assert "rank 0 (local rank 0" in summary and "exited with code 2" in summary
     assert list(out.iterdir()) == []
@@ -175,7 +154,7 @@ def test_strict_binding_with_an_impossible_plan(tmp_path: Path) -> None:
 
 def test_missing_script_is_one_line_exit_2() -> None:
     missing = numarun("--nproc-per-node", "1", "no/such/script.py")
-    assert missing.returncode == 2 and _error_lines(missing.stderr) == [missing.stderr.strip()]
+    assert missing.returncode == 2 and error_lines(missing.stderr) == [missing.stderr.strip()]
     assert "no/such/script.py" in missing.stderr
 
 

@@ -7,41 +7,24 @@ Each job is 2 nodes x 1-2 gloo ranks and ends within seconds; every wait is boun
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO, SCRIPTS, cluster_env, slurm, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).parent / "scripts"
+
+
 NUMARUN = [str(Path(sys.executable).parent / "numarun")]
-
-
-def _cluster_env() -> dict[str, str]:
-    path = os.environ.get("NUMARUN_TEST_CLUSTER")
-    if not path:
-        pytest.skip("NUMARUN_TEST_CLUSTER is unset: no Slurm test cluster (run 'sudo bash scripts/test-cluster.sh up')")
-    if not os.path.isfile(path):
-        pytest.fail(f"NUMARUN_TEST_CLUSTER={path} does not exist: 'scripts/test-cluster.sh up' failed")
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", path], capture_output=True, check=True, timeout=30).stdout
-    env = dict(os.environ)
-    env.update(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
-    return env
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    return _cluster_env()
-
-
-def slurm(cluster, *argv, timeout=60, check=True) -> subprocess.CompletedProcess:
-    cmd = shlex.split(cluster["NUMARUN_CLUSTER_EXEC"]) + list(argv)
-    return subprocess.run(cmd, env=cluster, capture_output=True, text=True, timeout=timeout, check=check)
+    return cluster_env()
 
 
 def submit(cluster, out: Path, *args, wait=True, timeout=300) -> subprocess.CompletedProcess:
@@ -146,7 +129,7 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
     holder = slurm(cluster, "sbatch", "--parsable", "-p", part, "-w", node, "--gpus-per-node=1", "-o", "/dev/null",
                    "--wrap", "sleep 120").stdout.strip()
     try:
-        _wait_until("the holder job to run", lambda: job_fields(cluster, holder).get("JobState") == "RUNNING", 60)
+        wait_until("the holder job to run", lambda: job_fields(cluster, holder).get("JobState") == "RUNNING", 60)
         tree = cluster["NUMARUN_CLUSTER_GPU_TREE"]
         proc = submit(cluster, tmp_path, "--nnodes", "1", "--partition", part, f"--sbatch-option=--nodelist={node}",
                       "--gpus-per-node", "1", "--launch-opt=--dry-run", f"--launch-opt=--topology={tree}",
@@ -173,16 +156,6 @@ def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):
     assert "step finished with exit code 3" in Path(log).read_text()
 
 
-def _wait_until(what: str, predicate, limit_s: float = 120.0):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def _progress(run_dir: Path) -> list[tuple[int, int]]:
     try:
         lines = (run_dir / "progress.txt").read_text().split("\n")
@@ -195,8 +168,8 @@ def _start_requeued_now(cluster, job_id: str) -> None:
     # A requeued job waits ~2 min (BeginTime) before it may start again; the test skips that
     # wait once the previous run is gone. slurmd revokes the old run's credential with
     # one-second resolution, so a start within the same second would be refused.
-    _wait_until("the job back in the queue", lambda: job_fields(cluster, job_id).get("JobState") == "PENDING", 120)
-    _wait_until("the previous batch shell to end", lambda: _batch_shell_pid(job_id) is None, 60)
+    wait_until("the job back in the queue", lambda: job_fields(cluster, job_id).get("JobState") == "PENDING", 120)
+    wait_until("the previous batch shell to end", lambda: _batch_shell_pid(job_id) is None, 60)
     time.sleep(2)
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
@@ -216,16 +189,16 @@ def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(clust
     run_dir = Path(printed(proc.stdout, "run dir")[0])
     try:
         # 1. the admin (or a preemption) requeues the running job: Slurm sends TERM
-        _wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
+        wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
         slurm(cluster, "scontrol", "requeue", job_id)
         _start_requeued_now(cluster, job_id)
         # 2. the time limit nears: Slurm's --signal=B:USR1 reaches the batch shell only; the
         #    script stops the ranks (they checkpoint) and requeues the job itself
-        _wait_until("3 steps after the restart", lambda: sum(1 for _, r in _progress(run_dir) if r == 1) >= 3)
-        pid = _wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
+        wait_until("3 steps after the restart", lambda: sum(1 for _, r in _progress(run_dir) if r == 1) >= 3)
+        pid = wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
         os.kill(pid, 10)  # SIGUSR1
         _start_requeued_now(cluster, job_id)
-        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180)
+        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180)
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     fields = job_fields(cluster, job_id)
@@ -249,11 +222,11 @@ def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(clus
     run_dir = Path(printed(proc.stdout, "run dir")[0])
     assert "--shutdown-timeout 105" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
     try:
-        _wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
-        pid = _wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
+        wait_until("5 steps", lambda: len(_progress(run_dir)) >= 5)
+        pid = wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
         os.kill(pid, 10)  # SIGUSR1, as Slurm sends it --signal-before seconds before the limit
         _start_requeued_now(cluster, job_id)
-        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240)
+        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240)
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     text = (run_dir / "progress.txt").read_text()
@@ -294,10 +267,10 @@ def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path)
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])
     try:
-        _wait_until("20 trainer steps", lambda: len(_metric_steps(run_dir)) >= 20, 240)
+        wait_until("20 trainer steps", lambda: len(_metric_steps(run_dir)) >= 20, 240)
         slurm(cluster, "scontrol", "requeue", job_id)
         _start_requeued_now(cluster, job_id)
-        _wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 300)
+        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 300)
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     fields = job_fields(cluster, job_id)
