@@ -9,7 +9,7 @@ Three kinds of program (:mod:`numarun.config.detect`):
 
 * numarun's trainer: Hydra composes each job once, here (:func:`numarun.config.compose.run_hydra`);
   each job's ``launcher`` group fills the flags the user left out, then the job is planned
-  once and run; a sweep (``-m``) runs Hydra's sweeper, one job after another;
+  once and run; a sweep (``-m``) runs its jobs one after another, in Hydra's layout;
 * a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
   app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
   Hydra picks the same run dir (:mod:`numarun.launch.hydra_pin`).
