@@ -1,23 +1,30 @@
 """Every use of Hydra's private parts, in one place: what each is for and the shape it is used in.
 
 Hydra has a public API for an application's author (``@hydra.main``, ``compose``) but none for
-a program that runs a Hydra app on someone's behalf, as numarun does for its own trainer: the
-launcher does what ``@hydra.main`` does with the arguments after the script
-(:mod:`numarun.config.compose`), but runs each job itself so that every job is composed once
-and checked before any run dir exists.
+a program that runs Hydra apps on someone's behalf. numarun does that in two places:
+
+* **in the launcher**, for numarun's own trainer (:mod:`numarun.config.compose`): it does what
+  ``@hydra.main`` does with the arguments after the script, but runs each job itself, so that
+  every job is composed once and checked before any run dir exists;
+* **in each worker**, for a user's ``@hydra.main`` app (:mod:`numarun.launch.hydra_pin`): every
+  rank's Hydra computes the same run dir from one clock, and rank 0 alone writes Hydra's files.
+  :func:`worker_hook` patches ``hydra.core.utils`` right after the user's script first imports
+  it.
 
 :data:`SHAPES` names each private part used, what for, and its parameters as read on the Hydra
 versions in :data:`CHECKED` (pyproject pins ``hydra-core`` to them).
 ``tests/test_hydra_internals.py`` fails when an installed Hydra changes any of them, so the next
 Hydra is checked on purpose. No other module imports ``hydra._internal`` or patches Hydra.
 
-Nothing here imports Hydra or OmegaConf at import time.
+Nothing here imports Hydra or OmegaConf at import time: the worker bootstrap imports this
+module, and a script that never imports Hydra pays nothing for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as _dt
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -61,6 +68,12 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra.core.hydra_config.HydraConfig.cfg": (
         None, "assigned to put back the global Hydra config after a composition (set_config refuses None)"),
     "hydra.version.setbase": (("ver",), "version_base, as @hydra.main(version_base=...) sets it"),
+    # worker side: a user's @hydra.main app in every rank
+    "hydra.core.utils.datetime": (None, "the class the ${now:} resolver reads at call time: replaced by a fixed clock"),
+    "hydra.core.utils.setup_globals": ((), "registers that ${now:} resolver (read at call time, so the patch reaches it)"),
+    "hydra.core.utils._save_config": (("cfg", "filename", "output_dir"), "writes .hydra/*.yaml: a no-op off rank 0"),
+    "hydra.core.utils.OmegaConf": (None, "the OmegaConf whose save writes multirun.yaml: left out off rank 0"),
+    "omegaconf.OmegaConf.save": (("config", "f", "resolve"), "replaced by one that leaves multirun.yaml out, off rank 0"),
 }
 """Private part -> (its parameters without ``self``, or None for an attribute; what numarun uses it for)."""
 
@@ -70,6 +83,12 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 MULTIRUN_YAML = "multirun.yaml"
 """The sweep's config, which Hydra's basic sweeper saves in the sweep dir."""
+
+WORKER_MODULE = "hydra.core.utils"
+"""The module :func:`worker_hook` patches, right after it is first executed."""
+
+
+# --- launcher side -----------------------------------------------------------------------------
 
 
 def args_parser() -> argparse.ArgumentParser:
@@ -160,3 +179,47 @@ def hydra_config(cfg: Any) -> Iterator[None]:
         yield
     finally:
         HydraConfig.instance().cfg = saved
+
+
+# --- worker side -------------------------------------------------------------------------------
+
+def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
+    """A ``datetime`` class whose ``now()`` is always ``when``."""
+
+    class Pinned(_dt.datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return when if tz is None else when.astimezone(tz)
+
+    return Pinned
+
+
+def worker_hook(when: _dt.datetime, *, writer: bool) -> Callable[[Any], None]:
+    """The patch of :data:`WORKER_MODULE` in a worker: Hydra's clock fixed at ``when``; unless
+    ``writer``, no ``.hydra/*.yaml`` and no ``multirun.yaml`` written by this process."""
+
+    def hook(utils: Any) -> None:
+        # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
+        utils.datetime = pinned_datetime(when)
+        if not writer:
+            utils._save_config = lambda *_a, **_k: None  # .hydra/*.yaml
+            _skip_multirun_yaml(utils.OmegaConf)
+
+    return hook
+
+
+def _skip_multirun_yaml(omegaconf_cls: Any) -> None:
+    """``OmegaConf.save`` that leaves out Hydra's ``multirun.yaml`` (a sweep config holding ``hydra``).
+
+    Patched on the class, not in Hydra's sweeper module: Hydra loads its plugins straight
+    from their files (past the import system), re-running the module each time.
+    """
+    real = omegaconf_cls.save
+
+    def save(config: Any, f: Any, resolve: bool = False) -> None:
+        name = getattr(f, "name", f)
+        if str(name).endswith(MULTIRUN_YAML) and "hydra" in config:
+            return None
+        return real(config, f, resolve=resolve)
+
+    omegaconf_cls.save = staticmethod(save)
