@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import os
 import subprocess
@@ -395,6 +396,30 @@ def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     (line,) = [ln for ln in dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2").splitlines() if " torchrun " in ln]
     assert "--nproc-per-node=1" in line
     assert list(in_tmp.iterdir()) == []  # dry run: nothing written
+
+
+def _numarun_packages(node: ast.AST) -> list[str]:
+    """The numarun packages an import statement reaches (``from ..train import x`` -> train)."""
+    if isinstance(node, ast.ImportFrom) and node.level >= 2:
+        return [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("numarun."):
+        return [(node.module or "").split(".")[1]]
+    if isinstance(node, ast.Import):
+        return [a.name.split(".")[1] for a in node.names if a.name.startswith("numarun.")]
+    return []
+
+
+def test_config_imports_no_layer_above_it() -> None:
+    """config/ sits below the trainer and the commands: the trainer's checks are handed to it, never imported."""
+    above = {"train", "commands", "slurm", "doctor", "tune", "bench", "view", "cli"}
+    found = [
+        f"{path.name}:{node.lineno}: {package}"
+        for path in sorted((REPO / "launcher" / "config").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for package in _numarun_packages(node)
+        if package in above
+    ]
+    assert found == []
 
 
 def test_configs_ship_inside_the_package() -> None:

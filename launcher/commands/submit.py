@@ -120,11 +120,12 @@ def _config_settings(script: str, user_args: list[str], *, is_module: bool = Fal
     """
     from ..config.compose import compose_dry
     from ..config.detect import AppKind, detect_app
+    from ..train.preflight import check_prepared
 
     kind = detect_app(script, is_module=is_module)
     if kind is not AppKind.TRAINER:
         return kind, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
-    (_, first), *_ = compose_dry(list(user_args))
+    (_, first), *_ = compose_dry(list(user_args), check_prepared)
     cfg = first.config
     slurm = cfg.slurm
     settings: dict[str, Any] = {

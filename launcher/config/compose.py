@@ -12,8 +12,10 @@ only print create no run dir. Every job then goes through four steps:
 2. **prepare** (:func:`_prepare`): the job's run dir is computed and checked, and its config
    resolved once (``${now:}``, ``${hydra:runtime.output_dir}``...) and validated
    (:func:`numarun.config.files.prepare_job`). Nothing is written.
-3. **check**: the caller's ``check`` (the trainer's pre-flight, the launch plan) sees every job
-   before any directory exists, so that a bad value in a sweep's last job runs nothing.
+3. **check**: the caller's ``check`` sees every job before any directory exists, so that a bad
+   value in a sweep's last job runs nothing. The trainer's callers pass its pre-flight
+   (:func:`numarun.train.preflight.check_prepared`: checkpoint dir, checkpoints, token file)
+   and ``numarun run`` its launch plan; config/ itself imports nothing of the trainer.
 4. **run** (:func:`_run`): each job in turn goes through Hydra's own job runner, which makes the
    run dir and writes ``.hydra/{config,hydra,overrides}.yaml`` (``multirun.yaml`` for a sweep);
    numarun adds the resolved ``<run dir>/config.yaml``, which every rank reads through

@@ -70,14 +70,12 @@ def resolved_yaml(cfg: Any) -> str:
 
 
 def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
-    """The job of ``cfg`` (Hydra's composed config, ``hydra.runtime.output_dir`` set): resolved,
-    validated and checked before Hydra makes its run dir; nothing is written (:func:`save_job`)."""
-    from ..train.preflight import check_job
+    """The job of ``cfg`` (Hydra's composed config, ``hydra.runtime.output_dir`` set), resolved and
+    validated before Hydra makes its run dir; nothing is written (:func:`save_job`)."""
     from .schema import load_job_config_text
 
     text = resolved_yaml(cfg)
     checked = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
-    check_job(checked, run_dir=run_dir)  # checkpoint dir, checkpoints, data
     launcher = {k: _plain(checked.launcher[k]) for k in LAUNCHER_KEYS}
     config_file = run_dir / "config.yaml"
     return PreparedJob(
