@@ -9,11 +9,12 @@ only print create no run dir. Every job then goes through four steps:
    :class:`~numarun.config.schema.JobConfig`. A sweep (``-m``) is split into jobs by
    :func:`expand_sweep`, the one place a sweep becomes jobs, and each job is composed once,
    as Hydra's basic sweeper composes it.
-2. **prepare** (:func:`_prepare`): the job's run dir is computed and checked, and its config
-   resolved once (``${now:}``, ``${hydra:runtime.output_dir}``...) and validated
+2. **prepare** (:func:`_prepare`): the job's run dir is computed and its config resolved once
+   (``${now:}``, ``${hydra:runtime.output_dir}``...) and validated
    (:func:`numarun.config.files.prepare_job`). Nothing is written.
-3. **check**: the caller's ``check`` sees every job before any directory exists, so that a bad
-   value in a sweep's last job runs nothing. The trainer's callers pass its pre-flight
+3. **check**: before any directory exists, a real run refuses run dirs through planted links
+   (:func:`_check_run_dirs`), and the caller's ``check`` sees every job, so that a bad value in
+   a sweep's last job runs nothing. The trainer's callers pass its pre-flight
    (:func:`numarun.train.preflight.check_prepared`: checkpoint dir, checkpoints, token file)
    and ``numarun run`` its launch plan; config/ itself imports nothing of the trainer.
 4. **run** (:func:`_run`): each job in turn goes through Hydra's own job runner, which makes the
