@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import collections
 import os
 import subprocess
 import sys
@@ -123,6 +125,111 @@ def test_multirun_is_hydras_sweep(in_tmp: Path) -> None:
     assert hydra_node["mode"] == "MULTIRUN" and hydra_node["job"]["num"] == 3
     with pytest.raises(ConfigError, match="sweep"):
         C.prepare_launch(["-m", "trainer.batch_size=8,16"])
+
+
+class Recorder:
+    """A Hydra callback (``hydra.callbacks``) that records when Hydra calls it."""
+
+    events: list[str] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda **_kwargs: Recorder.events.append(name)
+
+
+def test_callbacks_are_called_as_hydra_calls_them(in_tmp: Path) -> None:
+    Recorder.events.clear()
+    callback = f"+hydra.callbacks.rec._target_={__name__}.Recorder"
+    C.run_hydra([callback, "trainer.steps=1"], lambda job: None)
+    assert Recorder.events == ["on_run_start", "on_job_start", "on_job_end", "on_run_end"]
+    Recorder.events.clear()
+    C.run_hydra(["-m", callback, "trainer.steps=1,2"], lambda job: None)
+    assert Recorder.events == ["on_multirun_start", *["on_job_start", "on_job_end"] * 2, "on_multirun_end"]
+
+
+def test_a_failed_job_does_not_stop_the_sweep_but_a_signal_does(in_tmp: Path) -> None:
+    from numarun.launch.supervisor import RunFailed
+
+    ran: list[str] = []
+
+    def fail_first(job: C.PreparedJob) -> None:
+        ran.append(job.run_dir.name)
+        if len(ran) == 1:
+            raise RunFailed("bad run: rank 0 exited with 3", 3)
+
+    with pytest.raises(RunFailed, match="rank 0"):  # raised once every job ran, as Hydra's sweeper does
+        C.run_hydra(["-m", "trainer.steps=1,2,3"], fail_first)
+    assert ran == ["0", "1", "2"]
+    ran.clear()
+
+    def stopped(job: C.PreparedJob) -> None:
+        ran.append(job.run_dir.name)
+        raise RunFailed("numarun stopped by SIGTERM", 143)
+
+    with pytest.raises(RunFailed, match="SIGTERM"):
+        C.run_hydra(["-m", "trainer.steps=1,2,3"], stopped)
+    assert ran == ["0"]
+
+
+def test_sweeper_params_of_the_config_are_swept(in_tmp: Path) -> None:
+    extra = in_tmp / "extra"
+    extra.mkdir()
+    (extra / "mine.yaml").write_text(
+        "defaults:\n  - config\n  - _self_\nhydra:\n  sweeper:\n    params:\n      trainer.steps: 1,2\n"
+    )
+    jobs: list[C.PreparedJob] = []
+    C.run_hydra(["-cd", str(extra), "-cn", "mine", "-m", "model=mlp,gpt"], jobs.append)
+    seen = [(load_job_config(j.config_file).trainer.steps, load_job_config(j.config_file).model.kind) for j in jobs]
+    assert seen == [(1, "mlp"), (1, "gpt"), (2, "mlp"), (2, "gpt")]  # the config's params first, as Hydra's sweeper
+
+
+@pytest.mark.parametrize("group", ["sweeper", "launcher"])
+def test_another_sweeper_or_launcher_is_refused(in_tmp: Path, group: str) -> None:
+    with pytest.raises(ConfigError, match=f"bad hydra/{group} 'elsewhere.Plugin'.*expected Hydra's basic {group}"):
+        C.run_hydra(["-m", f"hydra.{group}._target_=elsewhere.Plugin", "trainer.steps=1,2"], lambda job: None)
+    assert list(in_tmp.iterdir()) == []
+
+
+def _count_compositions(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[tuple[str, ...]]:
+    """How often Hydra composes each set of the job's own overrides from here on (``hydra.*`` ones left
+    out; a sweep's own config counted under its sweep overrides). A spy: Hydra still composes."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls: collections.Counter[tuple[str, ...]] = collections.Counter()
+    real = ConfigLoaderImpl.load_configuration
+
+    def load_configuration(self, config_name, overrides, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls[tuple(o for o in overrides if not o.lstrip("+~").startswith("hydra."))] += 1
+        return real(self, config_name, overrides, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", load_configuration)
+    return calls
+
+
+def test_every_job_is_composed_once(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_compositions(monkeypatch)
+    C.run_hydra(["-m", "trainer.steps=1,2,3"], lambda job: None, lambda job: None)
+    # Hydra's mode probe and the sweep's own config, then each job once
+    assert calls == {("trainer.steps=1,2,3",): 2, ("trainer.steps=1",): 1, ("trainer.steps=2",): 1, ("trainer.steps=3",): 1}
+    calls.clear()
+    C.run_hydra(["trainer.steps=1"], lambda job: None, lambda job: None)
+    assert calls == {("trainer.steps=1",): 2}  # the mode probe, then the job
+
+
+def test_submit_composes_every_job_once(in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from numarun.cli import build_parser
+    from numarun.commands.submit import build_job
+
+    calls = _count_compositions(monkeypatch)
+    args = build_parser("submit").parse_args(
+        ["submit", "--dry-run", "--gpus-per-node", "1", TRAIN, "-m", "trainer.steps=1,2,3", "slurm.partition=a,b"]
+    )
+    job = build_job(args)
+    assert job.options.partition == "a"  # the first job's
+    each = [(f"trainer.steps={n}", f"slurm.partition={p}") for n in (1, 2, 3) for p in "ab"]
+    assert [s[:2] for s in job.arg_sets] == each
+    assert calls == {("trainer.steps=1,2,3", "slurm.partition=a,b"): 2, **{e: 1 for e in each}}
 
 
 def test_sweep_subdir_override_dirname(in_tmp: Path) -> None:
@@ -289,6 +396,30 @@ def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     (line,) = [ln for ln in dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2").splitlines() if " torchrun " in ln]
     assert "--nproc-per-node=1" in line
     assert list(in_tmp.iterdir()) == []  # dry run: nothing written
+
+
+def _numarun_packages(node: ast.AST) -> list[str]:
+    """The numarun packages an import statement reaches (``from ..train import x`` -> train)."""
+    if isinstance(node, ast.ImportFrom) and node.level >= 2:
+        return [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("numarun."):
+        return [(node.module or "").split(".")[1]]
+    if isinstance(node, ast.Import):
+        return [a.name.split(".")[1] for a in node.names if a.name.startswith("numarun.")]
+    return []
+
+
+def test_config_imports_no_layer_above_it() -> None:
+    """config/ sits below the trainer and the commands: the trainer's checks are handed to it, never imported."""
+    above = {"train", "commands", "slurm", "doctor", "tune", "bench", "view", "cli"}
+    found = [
+        f"{path.name}:{node.lineno}: {package}"
+        for path in sorted((REPO / "launcher" / "config").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        for package in _numarun_packages(node)
+        if package in above
+    ]
+    assert found == []
 
 
 def test_configs_ship_inside_the_package() -> None:

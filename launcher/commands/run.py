@@ -9,7 +9,7 @@ Three kinds of program (:mod:`numarun.config.detect`):
 
 * numarun's trainer: Hydra composes each job once, here (:func:`numarun.config.compose.run_hydra`);
   each job's ``launcher`` group fills the flags the user left out, then the job is planned
-  once and run; a sweep (``-m``) runs Hydra's sweeper, one job after another;
+  once and run; a sweep (``-m``) runs its jobs one after another, in Hydra's layout;
 * a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
   app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
   Hydra picks the same run dir (:mod:`numarun.launch.hydra_pin`).
@@ -296,6 +296,7 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
 def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
     """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
     from ..config import compose
+    from ..train.preflight import check_prepared
 
     defaults = _flag_defaults()
     script_args = list(target.args)
@@ -306,7 +307,7 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
         return job_args
 
     if args.dry_run and not compose.is_info_command(script_args):
-        jobs = compose.compose_dry(script_args)
+        jobs = compose.compose_dry(script_args, check_prepared)
         for run_dir, job in jobs:
             job_args = settled(job.launcher)
             sys.stdout.write(
@@ -322,7 +323,8 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
     prepared: dict[tuple[str, str], tuple[argparse.Namespace, _Prepared]] = {}
 
     def check(job: Any) -> None:
-        """Before Hydra makes any run dir: the job's flags, plan and torchrun options are sound."""
+        """Before Hydra makes any run dir: the job's inputs, flags, plan and torchrun options are sound."""
+        check_prepared(job)
         job_args = settled(job.launcher)
         prepared[(str(job.run_dir), job.config_text)] = (job_args, run.prepare(job_args, job_target))
 

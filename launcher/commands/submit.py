@@ -19,11 +19,9 @@ from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
 if TYPE_CHECKING:
-    from ..config.compose import AppKind
+    from ..config.detect import AppKind
 
 log = logging.getLogger(__name__)
-
-MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -115,24 +113,21 @@ def default_numarun() -> tuple[str, ...]:
     return (sys.executable, "-m", "numarun")
 
 
-def _config_settings(script: str, user_args: list[str], *, is_module: bool = False) -> tuple[AppKind | None, dict[str, Any]]:
+def _config_settings(script: str, user_args: list[str], *, is_module: bool = False) -> tuple[AppKind, dict[str, Any]]:
     """(kind of script, sbatch settings from the job config's ``slurm``/``launcher`` groups).
 
-    Only numarun's trainer composes numarun's configs/; composing also validates the
-    overrides here, so a wrong key fails before anything is submitted.
+    Only numarun's trainer composes numarun's configs/: every job of a sweep is composed once
+    and checked, as 'numarun run -m' does, so a wrong key fails before anything is submitted.
     """
-    try:
-        from ..config import compose as cc
-    except ImportError:  # Hydra missing: plain flags only
-        return None, {}
-    kind = cc.detect_app(script, is_module=is_module)
-    if kind is not cc.AppKind.TRAINER:
+    from ..config.compose import compose_dry
+    from ..config.detect import AppKind, detect_app
+    from ..train.preflight import check_prepared
+
+    kind = detect_app(script, is_module=is_module)
+    if kind is not AppKind.TRAINER:
         return kind, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
-    # every job of a sweep is composed and checked, as 'numarun run -m' does, before anything is submitted
-    cc.compose_dry(list(user_args))
-    overrides, _, multirun = cc.split_args(user_args)
-    first = cc.expand_sweep(overrides)[0] if multirun else overrides
-    cfg = cc.compose(first)
+    (_, first), *_ = compose_dry(list(user_args), check_prepared)
+    cfg = first.config
     slurm = cfg.slurm
     settings: dict[str, Any] = {
         "partition": slurm.partition,
@@ -189,14 +184,9 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
 
 def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
     """One argument set per job of a ``-m`` sweep (Hydra's grammar, via the config module)."""
-    try:
-        from ..config import compose as cc
-    except ImportError:
-        return (tuple(a for a in user_args if a not in MULTIRUN_FLAGS),)
-    overrides, other, multirun = cc.split_args(user_args)
-    if not multirun:
-        return (tuple(user_args),)
-    return tuple(tuple(job) + tuple(other) for job in cc.expand_sweep(overrides))
+    from ..config.compose import sweep_arg_sets
+
+    return tuple(tuple(args) for args in sweep_arg_sets(user_args))
 
 
 def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
@@ -256,14 +246,13 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
     if (
-        kind is not None
-        and kind.value == "trainer"
+        kind.value == "trainer"
         and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args)
     ):
         # a requeued job must continue from its checkpoint in the (job-id) run dir
         arg_sets = tuple(s + ("trainer.resume=true",) for s in arg_sets)
     if args.hydra_run_dir == "auto":
-        hydra_run_dir = kind is not None and kind.value != "plain"
+        hydra_run_dir = kind.value != "plain"
     else:
         hydra_run_dir = args.hydra_run_dir == "yes"
     if args.numarun is not None:

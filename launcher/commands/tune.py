@@ -88,7 +88,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
     """(axes, the script's other args, app kind) from the parsed options."""
-    from ..config.compose import detect_app
+    from ..config.detect import detect_app
 
     kind = detect_app(args.script, is_module=args.module).name
     axes = [a for a in (args.binding, args.mem_policy, args.omp) if a is not None]

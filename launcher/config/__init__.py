@@ -1,7 +1,8 @@
 """Job configs: structured schema (``schema``) and one-time composition with Hydra (``compose``).
 
-Only ``numarun.config.compose`` imports Hydra; workers read the saved config with
-:func:`numarun.config.schema.load_job_config` (OmegaConf only).
+Only ``compose`` drives Hydra, and only ``hydra_internals`` touches Hydra's private parts;
+workers read the saved config with :func:`numarun.config.schema.load_job_config` (OmegaConf
+only). Nothing here imports the trainer or the commands above it.
 """
 
 from __future__ import annotations

@@ -1,44 +1,63 @@
-"""Composition of numarun's trainer config, by Hydra itself, once, in the launcher.
+"""Composition of numarun's trainer config, by Hydra, once per job, in the launcher.
 
-The only module that drives Hydra. ``numarun run`` hands the arguments after the trainer
-script to :func:`run_hydra`, which does what ``@hydra.main`` does with them: ``--cfg
-job|hydra|all``, ``--info``, ``--help``, ``--hydra-help``, ``-cn/-cp/-cd`` and ``-m``
-behave as in any Hydra app and the first five create no run dir. For each job (one, or
-every job of Hydra's own sweeper, one after another) Hydra composes the config against
-:class:`~numarun.config.schema.JobConfig`, creates the run dir and writes
-``.hydra/{config,hydra,overrides}.yaml`` (``multirun.yaml`` for a sweep); numarun then
-resolves the config once (``${now:}``, ``${hydra:runtime.output_dir}``...) into
-``<run dir>/config.yaml`` (:mod:`numarun.config.files`), which every rank reads through
-``NUMARUN_CONFIG``, and runs the job. A wrong key, type or value is a ``ConfigError``
-(one line) before the job's run dir exists.
+``numarun run`` hands the arguments after the trainer script to :func:`run_hydra`, which does
+what ``@hydra.main`` does with them: ``--cfg job|hydra|all``, ``--info``, ``--help``,
+``--hydra-help``, ``-cn/-cp/-cd`` and ``-m`` behave as in any Hydra app, and the commands that
+only print create no run dir. Every job then goes through four steps:
 
-:func:`compose_dry` composes without Hydra's run machinery, for ``--dry-run``.
+1. **compose** (:func:`_compose`): Hydra composes the config against
+   :class:`~numarun.config.schema.JobConfig`. A sweep (``-m``) is split into jobs by
+   :func:`expand_sweep`, the one place a sweep becomes jobs, and each job is composed once,
+   as Hydra's basic sweeper composes it.
+2. **prepare** (:func:`_prepare`): the job's run dir is computed and its config resolved once
+   (``${now:}``, ``${hydra:runtime.output_dir}``...) and validated
+   (:func:`numarun.config.files.prepare_job`). Nothing is written.
+3. **check**: before any directory exists, a real run refuses run dirs through planted links
+   (:func:`_check_run_dirs`), and the caller's ``check`` sees every job, so that a bad value in
+   a sweep's last job runs nothing. The trainer's callers pass its pre-flight
+   (:func:`numarun.train.preflight.check_prepared`: checkpoint dir, checkpoints, token file)
+   and ``numarun run`` its launch plan; config/ itself imports nothing of the trainer.
+4. **run** (:func:`_run`): each job in turn goes through Hydra's own job runner, which makes the
+   run dir and writes ``.hydra/{config,hydra,overrides}.yaml`` (``multirun.yaml`` for a sweep);
+   numarun adds the resolved ``<run dir>/config.yaml``, which every rank reads through
+   ``NUMARUN_CONFIG``, and ``on_job`` runs the job.
+
+A wrong key, type or value is a ``ConfigError`` (one line) before any run dir exists.
+:func:`compose_dry` stops after step 3, for ``--dry-run`` and ``numarun submit``. The parts of
+Hydra this needs beyond its public API are in :mod:`numarun.config.hydra_internals`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import envvars
 from ..errors import ConfigError, NumarunError
-from .detect import AppKind, detect_app  # noqa: F401  (re-exported: submit reads them from here)
-from .files import PreparedJob, prepare_job
+from . import hydra_internals as internals
+from .files import PreparedJob, prepare_job, save_job
 from .rundir import check_run_dir
 from .schema import JobConfig
+
+log = logging.getLogger(__name__)
 
 SCHEMA_NAME = "numarun_schema"
 TASK_NAME = "train"
 """``hydra.job.name`` of numarun's trainer (the script is scripts/train.py or numarun.train)."""
 VERSION_BASE = "1.3"
 
-# Hydra's own command-line flags that print something and run nothing.
+MULTIRUN_FLAGS = ("-m", "--multirun")
+"""Hydra's flags that make the arguments a sweep."""
 _INFO_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc")
+"""Hydra's own command-line flags that print something and run nothing."""
+
+JobCheck = Callable[[PreparedJob], object]
+"""A check of one composed job, run on every job before any run dir exists; raises to refuse it."""
 
 
 def config_dir() -> Path:
@@ -63,24 +82,114 @@ def config_dir() -> Path:
     )
 
 
-def _register_schema() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
-
-
 def is_info_command(script_args: Sequence[str]) -> bool:
     """True for ``--cfg``/``--info``/``--help``...: Hydra prints and no job runs."""
     return any(a in _INFO_FLAGS or a.startswith(("--cfg=", "--info=")) for a in script_args)
 
 
-_checks: list[Callable[[PreparedJob], Any]] = []
-"""The check of the :func:`run_hydra` call under way (plans the job): run before Hydra makes a run dir."""
+# --- the entry points -------------------------------------------------------------------------
+
+def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any], check: JobCheck | None = None) -> Any:
+    """Run Hydra's command for ``script_args``; ``on_job`` runs each composed, saved job.
+
+    ``check`` sees every job (not yet written) before the first run dir is made, so that a job
+    that cannot run (a bad input, an impossible plan) leaves nothing behind. Returns the last
+    job's ``on_job`` value (None for --cfg/--info/--help).
+    """
+    parser, args = _parse(script_args)
+    with _one_line_errors(args), _app(args) as (app, config_name):
+        if _print_only(app, parser, args, config_name):
+            return None
+        command = _compose(app, config_name, args, log_configuration=True)
+        _check_run_dirs(command)
+        _check(command, check)
+        return _run(app, config_name, command, on_job)
+
+
+def compose_dry(script_args: Sequence[str], check: JobCheck | None = None) -> list[tuple[Path, PreparedJob]]:
+    """(run dir, job) of every job a real run would make, composed and checked as it would be; nothing is created."""
+    _, args = _parse(script_args)
+    with _one_line_errors(args), _app(args) as (app, config_name):
+        command = _compose(app, config_name, args, log_configuration=False)
+        _check(command, check)
+        return [(job.prepared.run_dir, job.prepared) for job in command.jobs]
+
+
+def prepare_launch(script_args: Sequence[str], check: JobCheck | None = None) -> PreparedJob:
+    """One trainer job composed, its run dir made and its files written, nothing run (``-m`` refused)."""
+    if any(a in MULTIRUN_FLAGS for a in script_args):
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: a sweep; expected one job (sweeps run through numarun)"
+        )
+    if is_info_command(script_args):
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value overrides"
+        )
+    return run_hydra(script_args, lambda job: job, check)
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """The trainer's config for ``overrides`` (hydra node included, unresolved), for settings that need no run dir."""
+    from hydra.types import RunMode
+
+    _, args = _parse(overrides)
+    with _one_line_errors(args), _app(args) as (app, config_name):
+        return app.compose_config(config_name=config_name, overrides=list(args.overrides), run_mode=RunMode.RUN)
+
+
+def expand_sweep(overrides: Sequence[str], *, config_loader: Any = None) -> list[list[str]]:
+    """The jobs of a basic sweep, one override list each, in Hydra's order (the first key varying slowest).
+
+    The only expansion of a sweep: ``numarun run -m`` runs these jobs and ``numarun submit -m``
+    makes one array task of each. ``config_loader`` lets ``glob(...)`` see the config groups.
+    """
+    from hydra.errors import HydraException
+
+    try:
+        return internals.split_sweep(overrides, config_loader)
+    except HydraException as e:
+        raise ConfigError(f"bad overrides {' '.join(overrides)!r}: {_first_line(e)}; expected key=value or key=a,b,c") from None
+
+
+def sweep_arg_sets(script_args: Sequence[str]) -> list[list[str]]:
+    """The script arguments of each job: ``script_args`` itself, or with ``-m`` one set per job of
+    the sweep (that job's overrides, then the other arguments; no ``-m``)."""
+    overrides: list[str] = []
+    other: list[str] = []
+    multirun = False
+    for a in script_args:
+        if a in MULTIRUN_FLAGS:
+            multirun = True
+        elif not a.startswith("-") and ("=" in a or a.startswith("~")):
+            overrides.append(a)
+        else:
+            other.append(a)
+    if not multirun:
+        return [list(script_args)]
+    return [job + other for job in expand_sweep(overrides)]
+
+
+# --- the steps --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Job:
+    cfg: Any
+    """The job's config as Hydra composed it (``hydra`` node included): what Hydra's job runner gets."""
+    prepared: PreparedJob
+
+
+@dataclass(frozen=True)
+class _Command:
+    cfg: Any
+    """The command's config: the one job's own, or the sweep's (saved as ``multirun.yaml``)."""
+    sweep_dir: Path | None
+    """The sweep's dir (``hydra.sweep.dir``); None for one job (``hydra.run.dir``)."""
+    jobs: tuple[_Job, ...]
 
 
 class _Stopped(BaseException):
-    """Carries an error through Hydra's ``except Exception`` (per job, per callback): a refused
-    run dir or value, or a signal stop, ends the command there."""
+    """Carries a signal stop past Hydra's job runner (which records any ``Exception`` and goes
+    on with the next job): numarun was stopped, so no next job starts."""
 
     def __init__(self, error: NumarunError) -> None:
         super().__init__(str(error))
@@ -88,9 +197,7 @@ class _Stopped(BaseException):
 
 
 def _parse(script_args: Sequence[str]) -> Any:
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
+    parser = internals.args_parser()
 
     def refuse(message: str) -> None:
         raise ConfigError(
@@ -103,290 +210,196 @@ def _parse(script_args: Sequence[str]) -> Any:
 
 
 @contextlib.contextmanager
-def _hydra(args: Any) -> Iterator[tuple[Any, str]]:
-    """Hydra's application object for numarun's configs (``-cp``/``-cd`` as in any Hydra app)."""
-    from hydra import version
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path
+def _app(args: Any) -> Iterator[tuple[Any, str]]:
+    """Hydra's application object for numarun's configs (``-cp``/``-cd`` as in any Hydra app), and the config name."""
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
 
-    version.setbase(VERSION_BASE)
-    _register_schema()
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=JobConfig)
     # -cp relative to the working directory: the trainer's "calling file" is numarun's own
     config_path = os.path.abspath(args.config_path) if args.config_path else str(config_dir())
     if not os.path.isdir(config_path):
         raise ConfigError(f"bad --config-path {args.config_path!r}: no such directory; expected a directory of configs")
-    search_path = create_automatic_config_search_path(None, None, config_path)
+    extra = None
     if args.config_dir is not None:
-        from hydra.core.config_search_path import SearchPathQuery
-
         extra = os.path.abspath(args.config_dir)
         if not os.path.isdir(extra):
             raise ConfigError(f"bad --config-dir {args.config_dir!r}: no such directory; expected a directory of configs")
-        search_path.prepend(provider="command-line", path=f"file://{extra}", anchor=SearchPathQuery(provider="schema"))
     GlobalHydra.instance().clear()
     try:
-        yield Hydra.create_main_hydra2(task_name=TASK_NAME, config_search_path=search_path), (args.config_name or "config")
+        app = internals.create_app(task_name=TASK_NAME, config_path=config_path, extra_dir=extra, version_base=VERSION_BASE)
+        yield app, (args.config_name or "config")
     finally:
         GlobalHydra.instance().clear()
 
 
-def _callback_base() -> type:
-    from hydra.experimental.callback import Callback
-
-    return Callback
-
-
-class RunDirGuard(_callback_base()):  # type: ignore[misc]
-    """Hydra callback (named in configs/config.yaml): checks run dirs and values before Hydra makes a dir."""
-
-    def on_run_start(self, config: Any, **_kwargs: Any) -> None:
-        try:
-            self._check_run(config)
-        except NumarunError as e:  # Hydra turns a callback's Exception into a warning
-            raise _Stopped(e) from None
-
-    def on_multirun_start(self, config: Any, **_kwargs: Any) -> None:
-        try:
-            check_run_dir(Path(str(config.hydra.sweep.dir)))
-        except NumarunError as e:
-            raise _Stopped(e) from None
-
-    @staticmethod
-    def _check_run(config: Any) -> None:
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import open_dict, read_write
-
-        run_dir = Path(os.path.abspath(str(config.hydra.run.dir)))
-        check_run_dir(run_dir)
-        probe = copy.deepcopy(config)
-        with read_write(probe), open_dict(probe):
-            probe.hydra.runtime.output_dir = str(run_dir)
-        saved = HydraConfig.instance().cfg
-        HydraConfig.instance().set_config(probe)
-        try:
-            job = prepare_job(probe, run_dir, [str(o) for o in config.hydra.overrides.task], write=False)
-            for check in _checks:  # a bad value or an impossible plan: no run dir yet
-                check(job)
-        finally:
-            if saved is not None:
-                HydraConfig.instance().cfg = saved
-
-
-def run_hydra(
-    script_args: Sequence[str], on_job: Callable[[PreparedJob], Any], check_job: Callable[[PreparedJob], Any] | None = None
-) -> Any:
-    """Run Hydra's command for ``script_args``; ``on_job`` runs each composed, saved job.
-
-    ``check_job`` sees every job (not yet written) before Hydra creates the first run dir,
-    so that a job that cannot run (an impossible plan) leaves nothing behind.
-    Returns the last job's ``on_job`` value (None for --cfg/--info/--help).
-    """
-    from hydra.core.hydra_config import HydraConfig
+@contextlib.contextmanager
+def _one_line_errors(args: Any) -> Iterator[None]:
+    """Hydra's and OmegaConf's errors (and a run dir Hydra cannot make) as one-line ConfigErrors."""
     from hydra.errors import HydraException
-    from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
-    parser, args = _parse(script_args)
     overrides = list(args.overrides)
-    results: list[Any] = []
-
-    def task(cfg: Any) -> Any:
-        hc = HydraConfig.get()
-        run_dir = Path(hc.runtime.output_dir)
-        job = prepare_job(cfg, run_dir, [str(o) for o in hc.overrides.task], write=True)
-        try:
-            value = on_job(job)
-        except NumarunError as e:
-            if getattr(e, "exit_code", 0) >= 128:  # numarun was stopped by a signal: no next job
-                raise _Stopped(e) from None
-            raise
-        results.append(value)
-        return value
-
     try:
-        with _hydra(args) as (hydra, config_name):
-            if args.help:
-                hydra.app_help(config_name=config_name, args_parser=parser, args=args)
-                return None
-            if args.hydra_help:
-                hydra.hydra_help(config_name=config_name, args_parser=parser, args=args)
-                return None
-            if args.cfg:
-                hydra.show_cfg(
-                    config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve
-                )
-                return None
-            if args.info:
-                # Hydra gives the info its own stdout handler on the root logger: ours would double it
-                root = logging.getLogger()
-                handlers = root.handlers[:]
-                for h in handlers:
-                    root.removeHandler(h)
-                try:
-                    hydra.show_info(args.info, config_name=config_name, overrides=overrides)
-                finally:
-                    for h in root.handlers[:]:
-                        root.removeHandler(h)
-                    for h in handlers:
-                        root.addHandler(h)
-                return None
-            if args.shell_completion:
-                hydra.shell_completion(config_name=config_name, overrides=overrides)
-                return None
-            # as Hydra's _run_app: the mode from the config unless -m says otherwise
-            mode = hydra.get_mode(config_name=config_name, overrides=overrides)
-            if mode is None or (args.multirun and mode == RunMode.RUN):
-                mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
-                overrides.append(f"hydra.mode={mode.name}")
-            _checks[:] = [check_job] if check_job is not None else []
-            if mode == RunMode.RUN:
-                hydra.run(config_name=config_name, task_function=task, overrides=overrides)
-            else:
-                for _, job in _every_job(hydra, config_name, list(args.overrides), multirun=True):
-                    for check in _checks:
-                        check(job)
-                _checks.clear()  # checked whole; Hydra's own per-job run needs no second check
-                hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)
+        yield
     except _Stopped as s:
         raise s.error from None
     except NumarunError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError) as e:  # before OSError: MissingConfigException is one
-        raise ConfigError(explain(e, list(args.overrides))) from None
+        raise ConfigError(explain(e, overrides)) from None
     except RecursionError:
-        raise too_deep(list(args.overrides), config=_config_label(args)) from None
+        raise too_deep(overrides, config=_config_label(args)) from None
     except OSError as e:  # Hydra's mkdir of the run dir
         if e.filename is None:
             raise
         raise ConfigError(f"bad run dir {e.filename!r}: {e.strerror}; expected a writable directory path") from None
-    finally:
-        _checks.clear()
-    return results[-1] if results else None
 
 
-def prepare_launch(script_args: Sequence[str]) -> PreparedJob:
-    """One trainer job composed, its run dir made and its files written, nothing run (``-m`` refused)."""
-    if any(a in MULTIRUN_FLAGS for a in script_args):
-        raise ConfigError(
-            f"bad trainer arguments {' '.join(script_args)!r}: a sweep; expected one job (sweeps run through numarun)"
-        )
-    if is_info_command(script_args):
-        raise ConfigError(
-            f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value overrides"
-        )
-    return run_hydra(script_args, lambda job: job)
+def _print_only(app: Any, parser: Any, args: Any, config_name: str) -> bool:
+    """Hydra's commands that print and run nothing (--help, --hydra-help, --cfg, --info, -sc); False for a run."""
+    overrides = list(args.overrides)
+    if args.help:
+        app.app_help(config_name=config_name, args_parser=parser, args=args)
+    elif args.hydra_help:
+        app.hydra_help(config_name=config_name, args_parser=parser, args=args)
+    elif args.cfg:
+        app.show_cfg(config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve)
+    elif args.info:
+        # Hydra gives the info its own stdout handler on the root logger: ours would double it
+        root = logging.getLogger()
+        handlers = root.handlers[:]
+        for h in handlers:
+            root.removeHandler(h)
+        try:
+            app.show_info(args.info, config_name=config_name, overrides=overrides)
+        finally:
+            for h in root.handlers[:]:
+                root.removeHandler(h)
+            for h in handlers:
+                root.addHandler(h)
+    elif args.shell_completion:
+        app.shell_completion(config_name=config_name, overrides=overrides)
+    else:
+        return False
+    return True
 
 
-def compose_dry(script_args: Sequence[str]) -> list[tuple[Path, PreparedJob]]:
-    """(run dir, job) of every job a real run would make, composed by Hydra; nothing is created."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    _, args = _parse(script_args)
-    try:
-        with _hydra(args) as (hydra, config_name):
-            return _every_job(hydra, config_name, list(args.overrides), multirun=args.multirun)
-    except NumarunError:
-        raise
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
-        raise ConfigError(explain(e, list(args.overrides))) from None
-    except RecursionError:
-        raise too_deep(list(args.overrides), config=_config_label(args)) from None
-
-
-def _every_job(hydra: Any, config_name: str, overrides: list[str], *, multirun: bool) -> list[tuple[Path, PreparedJob]]:
-    """Each job composed as Hydra's basic sweeper composes it, and checked; nothing is written.
-
-    A sweep is checked whole before its first job starts (Hydra's sweeper checks the
-    overrides of a batch the same way), so a bad value in its last job runs nothing.
-    """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def _compose(app: Any, config_name: str, args: Any, *, log_configuration: bool) -> _Command:
+    """Step 1 and 2: the command's config, and each of its jobs composed once and prepared."""
     from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    overrides = list(args.overrides)
+    # as Hydra's own _run_app: the mode from the config unless -m says otherwise
+    mode = app.get_mode(config_name=config_name, overrides=overrides)
+    if mode is None or (args.multirun and mode == RunMode.RUN):
+        mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
+        overrides.append(f"hydra.mode={mode.name}")
+    cfg = app.compose_config(
+        config_name=config_name, overrides=overrides, run_mode=mode, with_log_configuration=log_configuration
+    )
+    if mode == RunMode.RUN:
+        return _Command(cfg, sweep_dir=None, jobs=(_prepare(cfg, sweep=False),))
+    _refuse_other_sweepers(cfg)
+    # the sweep dir first, as Hydra's sweeper does: its ${now:} is then cached, and every job copies the cache
+    with internals.hydra_config(cfg):
+        sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    # as Hydra's basic sweeper: hydra.sweeper.params, then the command line's own overrides
+    params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
+    task_overrides = [str(o) for o in cfg.hydra.overrides.task]
+    jobs = []
+    for num, job_overrides in enumerate(expand_sweep([*params, *task_overrides], config_loader=app.config_loader)):
+        job_cfg = internals.load_sweep_job(app, cfg, job_overrides)
+        with open_dict(job_cfg):
+            job_cfg.hydra.job.id = num
+            job_cfg.hydra.job.num = num
+        jobs.append(_prepare(job_cfg, sweep=True))
+    return _Command(cfg, sweep_dir=sweep_dir, jobs=tuple(jobs))
+
+
+def _refuse_other_sweepers(cfg: Any) -> None:
+    """numarun runs a sweep's jobs itself, as Hydra's basic sweeper and launcher do: another plugin would be ignored."""
+    for group, basic in (("sweeper", internals.BASIC_SWEEPER), ("launcher", internals.BASIC_LAUNCHER)):
+        target = cfg.hydra[group].get("_target_")
+        if target != basic:
+            raise ConfigError(
+                f"bad hydra/{group} {target!r}: numarun runs the jobs of a sweep one after another itself; "
+                f"expected Hydra's basic {group} ({basic})"
+            )
+
+
+def _prepare(cfg: Any, *, sweep: bool) -> _Job:
+    """Step 2: the job's run dir and its resolved, validated config; nothing written."""
     from omegaconf import open_dict, read_write
 
-    loader = hydra.config_loader
-    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
-    base = loader.load_configuration(config_name=config_name, overrides=overrides + [f"hydra.mode={mode.name}"], run_mode=mode)
-    configs: list[tuple[Any, int | None]] = []
-    if mode == RunMode.RUN:
-        configs.append((base, None))
-    else:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        for i, job_overrides in enumerate(BasicSweeper.split_arguments(parsed, None)[0]):
-            job_cfg = loader.load_sweep_config(base, list(job_overrides))
-            with read_write(job_cfg.hydra), open_dict(job_cfg.hydra):
-                job_cfg.hydra.job.num = i
-                job_cfg.hydra.job.id = str(i)
-            configs.append((job_cfg, i))
-    saved = HydraConfig.instance().cfg
-    jobs = []
-    try:
-        for cfg, num in configs:
-            HydraConfig.instance().set_config(cfg)
-            raw = cfg.hydra.run.dir if num is None else os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir))
-            run_dir = Path(os.path.abspath(str(raw)))
-            with read_write(cfg.hydra), open_dict(cfg.hydra):
-                cfg.hydra.runtime.output_dir = str(run_dir)
-            HydraConfig.instance().set_config(cfg)
-            overrides_task = [str(o) for o in cfg.hydra.overrides.task]
-            jobs.append((run_dir, prepare_job(cfg, run_dir, overrides_task, write=False)))
-    finally:
-        HydraConfig.instance().cfg = saved
-    return jobs
+    with internals.hydra_config(cfg):  # ${hydra:...} in the run dir's own path
+        run_dir = internals.job_dir(cfg, sweep=sweep)
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir)  # as Hydra's job runner will set it
+    with internals.hydra_config(cfg):  # ${hydra:runtime.output_dir} in the job's values
+        prepared = prepare_job(cfg, run_dir, [str(o) for o in cfg.hydra.overrides.task])
+    return _Job(cfg, prepared)
 
 
-MULTIRUN_FLAGS = ("-m", "--multirun")
+def _check_run_dirs(command: _Command) -> None:
+    """No run dir to be made through a planted link (only for a real run: ``submit`` and
+    ``--dry-run`` make none here)."""
+    for d in ([command.sweep_dir] if command.sweep_dir is not None else []) + [j.prepared.run_dir for j in command.jobs]:
+        check_run_dir(d)
 
 
-def split_args(script_args: list[str]) -> tuple[list[str], list[str], bool]:
-    """(overrides, other args, multirun) from the arguments after the script."""
-    overrides, other, multirun = [], [], False
-    for a in script_args:
-        if a in MULTIRUN_FLAGS:
-            multirun = True
-        elif not a.startswith("-") and ("=" in a or a.startswith("~")):
-            overrides.append(a)
-        else:
-            other.append(a)
-    return overrides, other, multirun
+def _check(command: _Command, check: JobCheck | None) -> None:
+    """Step 3: every job checked before the first run dir is made."""
+    if check is not None:
+        for job in command.jobs:
+            check(job.prepared)
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The jobs of a basic sweep, in Hydra's order (the first key varying slowest)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[PreparedJob], Any]) -> Any:
+    """Step 4, as Hydra's run, or multirun with its basic sweeper and launcher, runs the jobs.
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
-    except HydraException as e:
-        raise ConfigError(f"bad overrides {' '.join(overrides)!r}: {_first_line(e)}; expected key=value or key=a,b,c") from None
+    A failed job does not stop a sweep: the first failure is raised once every job ran, as
+    Hydra's sweeper does; numarun stopped by a signal (exit code >= 128) ends it at once.
+    """
+    from omegaconf import OmegaConf
+
+    hooks = internals.callbacks(command.cfg)
+
+    def task_of(job: PreparedJob) -> Callable[[Any], Any]:
+        def task(_cfg: Any) -> Any:
+            # Hydra passes its copy of the config; numarun's was resolved in step 2, and Hydra made
+            # the run dir computed there (the same config object, whose ${now:} values are cached)
+            save_job(job)
+            try:
+                return on_job(job)
+            except NumarunError as e:
+                if e.exit_code >= 128:
+                    raise _Stopped(e) from None
+                raise
+
+        return task
+
+    if command.sweep_dir is None:
+        (job,) = command.jobs
+        hooks.on_run_start(config=command.cfg, config_name=config_name)
+        ret = internals.run_job(app, job.cfg, task_of(job.prepared), hooks, sweep=False)
+        hooks.on_run_end(config=command.cfg, config_name=config_name, job_return=ret)
+        return ret.return_value
+    hooks.on_multirun_start(config=command.cfg, config_name=config_name)
+    command.sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
+    log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
+    returns = []
+    for job in command.jobs:
+        returns.append(internals.run_job(app, job.cfg, task_of(job.prepared), hooks, sweep=True))
+        internals.configure_hydra_logging(command.cfg)
+    values = [r.return_value for r in returns]
+    hooks.on_multirun_end(config=command.cfg, config_name=config_name)
+    return values[-1] if values else None
 
 
-def compose(overrides: list[str]) -> Any:
-    """The trainer's config for ``overrides`` (hydra node included), for settings that need no run dir."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    _, args = _parse(list(overrides))
-    try:
-        with _hydra(args) as (hydra, config_name):
-            return hydra.compose_config(config_name=config_name, overrides=list(args.overrides), run_mode=_run_mode())
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
-        raise ConfigError(explain(e, list(overrides))) from None
-    except RecursionError:
-        raise too_deep(list(overrides)) from None
-
-
-def _run_mode() -> Any:
-    from hydra.types import RunMode
-
-    return RunMode.RUN
-
+# --- one-line errors ---------------------------------------------------------------------------
 
 def _first_line(e: BaseException) -> str:
     for line in str(e).splitlines():

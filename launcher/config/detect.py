@@ -11,7 +11,6 @@ import enum
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
 
 
 class AppKind(str, enum.Enum):
@@ -49,7 +48,7 @@ def detect_app(target: str, *, is_module: bool) -> AppKind:
     source = _source_of(target, is_module=is_module)
     if source is None:
         return AppKind.PLAIN
-    if hydra_main_args(source) is not None:
+    if is_hydra_main(source):
         return AppKind.HYDRA_MAIN
     if runs_trainer(source):
         return AppKind.TRAINER
@@ -79,36 +78,20 @@ def runs_trainer(source: str) -> bool:
     return False
 
 
-def hydra_main_args(source: str) -> dict[str, Any] | None:
-    """The literal keyword arguments of a ``@hydra.main(...)`` decorator, or None."""
+def is_hydra_main(source: str) -> bool:
+    """The script decorates a function with ``@hydra.main(...)``."""
     if "main" not in source:
-        return None
+        return False
     try:
         tree = ast.parse(source)
     except SyntaxError:
-        return {} if "@hydra.main" in source else None
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        for dec in node.decorator_list:
-            if not isinstance(dec, ast.Call):
-                continue
-            f = dec.func
-            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            owner = getattr(f.value, "id", "") if isinstance(f, ast.Attribute) else ""
-            if name == "main" and owner == "hydra":
-                kwargs: dict[str, Any] = {}
-                for i, arg in enumerate(dec.args[:3]):
-                    kwargs[("config_path", "config_name", "version_base")[i]] = _literal(arg)
-                for kw in dec.keywords:
-                    if kw.arg:
-                        kwargs[kw.arg] = _literal(kw.value)
-                return kwargs
-    return None
-
-
-def _literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        return None
+        return "@hydra.main" in source
+    return any(
+        isinstance(dec, ast.Call)
+        and isinstance(dec.func, ast.Attribute)
+        and dec.func.attr == "main"
+        and getattr(dec.func.value, "id", "") == "hydra"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for dec in node.decorator_list
+    )

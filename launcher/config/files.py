@@ -50,6 +50,8 @@ class PreparedJob:
     """Extra environment for every worker."""
     config_text: str = ""
     """The resolved job config (YAML)."""
+    config: Any = None
+    """The same, checked and typed: a :class:`~numarun.config.schema.JobConfig` (an OmegaConf DictConfig)."""
 
 
 def resolved_yaml(cfg: Any) -> str:
@@ -67,21 +69,15 @@ def resolved_yaml(cfg: Any) -> str:
         ) from None
 
 
-def prepare_job(cfg: Any, run_dir: Path, overrides: list[str], *, write: bool) -> PreparedJob:
-    """Validate the resolved config and (unless ``write`` is false) save it as ``<run dir>/config.yaml``."""
+def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
+    """The job of ``cfg`` (Hydra's composed config, ``hydra.runtime.output_dir`` set), resolved and
+    validated before Hydra makes its run dir; nothing is written (:func:`save_job`)."""
     from .schema import load_job_config_text
 
     text = resolved_yaml(cfg)
     checked = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
-    if not write:  # checked before Hydra makes the run dir: checkpoint dir, checkpoints, data
-        from ..train.preflight import check_job
-
-        check_job(checked, run_dir=run_dir)
-    config_file = run_dir / "config.yaml"
-    if write:
-        write_text_nofollow(config_file, text)
-        log.info("job config saved in %s", run_dir)
     launcher = {k: _plain(checked.launcher[k]) for k in LAUNCHER_KEYS}
+    config_file = run_dir / "config.yaml"
     return PreparedJob(
         run_dir=run_dir,
         config_file=config_file,
@@ -89,7 +85,14 @@ def prepare_job(cfg: Any, run_dir: Path, overrides: list[str], *, write: bool) -
         launcher=launcher,
         env={envvars.RUN_DIR: str(run_dir), envvars.CONFIG: str(config_file)},
         config_text=text,
+        config=checked,
     )
+
+
+def save_job(job: PreparedJob) -> None:
+    """Write the job's resolved config into its run dir (made by Hydra), never through a planted link."""
+    write_text_nofollow(job.config_file, job.config_text)
+    log.info("job config saved in %s", job.run_dir)
 
 
 def _plain(value: Any) -> Any:

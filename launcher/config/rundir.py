@@ -1,8 +1,8 @@
 """Run-dir safety: never create or write through a symbolic link planted at a run dir's name.
 
 Hydra creates the run dir (``mkdir -p``, which follows links); numarun checks the path
-first (:func:`check_run_dir`, from a Hydra callback that runs before the job's dir is made)
-and writes its own files with :func:`write_text_nofollow`.
+first (:func:`check_run_dir`, when it composes the job, before Hydra's job runner makes the
+dir) and writes its own files with :func:`write_text_nofollow`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra
 two processes at once. Hydra's job log
 (``<job>.log``) keeps every rank's lines, as under torchrun.
 
-The hooks are installed when Hydra's modules are first imported, so a script that never
+The hook (:func:`numarun.config.hydra_internals.worker_hook`, with every other use of Hydra's
+private parts) is installed when Hydra's module is first imported, so a script that never
 imports Hydra pays nothing, and one that imports it indirectly is covered too.
 """
 
@@ -28,49 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import envvars
+from ..config import hydra_internals
 
-_UTILS = "hydra.core.utils"
 # under the bootstrap's logger, which has the worker's "numarun: LEVEL:" handler
 log = logging.getLogger("numarun.launch.bootstrap.hydra_pin")
-
-
-def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
-    """A ``datetime`` class whose ``now()`` is always ``when``."""
-
-    class Pinned(_dt.datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return when if tz is None else when.astimezone(tz)
-
-    return Pinned
-
-
-def _skip_multirun_yaml(omegaconf_cls: Any) -> None:
-    """``OmegaConf.save`` that leaves out Hydra's ``multirun.yaml`` (a sweep config holding ``hydra``).
-
-    Patched on the class, not in Hydra's sweeper module: Hydra loads its plugins straight
-    from their files (past the import system), re-running the module each time.
-    """
-    real = omegaconf_cls.save
-
-    def save(config: Any, f: Any, resolve: bool = False) -> None:
-        name = getattr(f, "name", f)
-        if str(name).endswith("multirun.yaml") and "hydra" in config:
-            return None
-        return real(config, f, resolve=resolve)
-
-    omegaconf_cls.save = staticmethod(save)
-
-
-def _hooks(when: _dt.datetime, writer: bool) -> dict[str, Callable[[types.ModuleType], None]]:
-    def utils(module: types.ModuleType) -> None:
-        # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
-        module.datetime = pinned_datetime(when)  # type: ignore[attr-defined]
-        if not writer:
-            module._save_config = lambda *_a, **_k: None  # type: ignore[attr-defined]  # .hydra/*.yaml
-            _skip_multirun_yaml(module.OmegaConf)
-
-    return {_UTILS: utils}
 
 
 class _HookedLoader(importlib.abc.Loader):
@@ -160,11 +122,10 @@ def install(environ: Mapping[str, str]) -> bool:
         when = _dt.datetime.fromisoformat(value)
     except ValueError:
         return False
-    hooks = _hooks(when, writer=environ.get("RANK", "0") == "0")
-    for name, hook in list(hooks.items()):
-        if name in sys.modules:  # already imported (a sitecustomize, say): patch it in place
-            hook(sys.modules[name])
-            del hooks[name]
-    if hooks:
-        sys.meta_path.insert(0, _AfterImport(hooks))
+    name = hydra_internals.WORKER_MODULE
+    hook = hydra_internals.worker_hook(when, writer=environ.get("RANK", "0") == "0")
+    if name in sys.modules:  # already imported (a sitecustomize, say): patch it in place
+        hook(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport({name: hook}))
     return True

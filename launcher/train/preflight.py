@@ -19,9 +19,12 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.files import PreparedJob
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,12 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
                 )
         del data
     return tokens
+
+
+def check_prepared(job: PreparedJob) -> None:
+    """:func:`check_job` for a job the launcher composed: the ``check`` the trainer's callers hand
+    to :mod:`numarun.config.compose`, which runs it on every job before any run dir exists."""
+    check_job(job.config, run_dir=job.run_dir)
 
 
 def check_job(cfg: Any, *, run_dir: Path) -> None:

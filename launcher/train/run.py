@@ -19,8 +19,9 @@ def _config_without_numarun(overrides: list[str], rank: int) -> Path:
     path = [""]
     if rank == 0:
         from ..config.compose import prepare_launch
+        from .preflight import check_prepared
 
-        path = [str(prepare_launch(overrides).config_file)]
+        path = [str(prepare_launch(overrides, check_prepared).config_file)]
     if dist.get_world_size() > 1:
         dist.broadcast_object_list(path, src=0)
     return Path(path[0])

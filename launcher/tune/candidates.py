@@ -28,10 +28,6 @@ class Axis:
     """``binding``, ``mem-policy``, ``omp``, or a Hydra key such as ``trainer.batch_size``."""
     values: tuple[str, ...]
 
-    @property
-    def is_override(self) -> bool:
-        return self.name not in PLAN_AXES
-
 
 @dataclass(frozen=True)
 class Candidate:
