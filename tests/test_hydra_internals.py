@@ -1,4 +1,4 @@
-"""Hydra's private parts numarun uses (numarun.config.hydra_internals) still have the shape it uses them in.
+"""Hydra's private parts numarun uses (numarun.hydra_internals) still have the shape it uses them in.
 
 A Hydra release that renames, moves or changes the parameters of any of them fails here, by
 name, instead of somewhere in a run; so does a Hydra outside the versions pyproject pins.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from numarun.config import hydra_internals
+from numarun import hydra_internals
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launcher"
@@ -73,7 +73,7 @@ def test_each_private_part_has_the_shape_numarun_uses(dotted: str) -> None:
 
 
 def test_every_private_part_the_module_imports_is_listed() -> None:
-    source = (LAUNCHER / "config" / "hydra_internals.py").read_text()
+    source = (LAUNCHER / "hydra_internals.py").read_text()
     imported = {f"{m}.{n.strip()}" for m, names in re.findall(r"from (hydra\._internal[\w.]*) import ([\w, ]+)", source)
                 for n in names.split(",")}
     assert imported

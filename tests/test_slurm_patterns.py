@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SCRIPTS, cluster_env, slurm
+from helpers import REPO, SCRIPTS, cluster_env, slurm, wait_until
 
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 
@@ -38,8 +38,17 @@ def batch(cluster, tmp_path: Path, body: str, *sbatch: str, timeout: float = 240
                       f"export GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}\n"
                       f"cd {shlex.quote(str(REPO))}\n" + body)
     log = tmp_path / "job.out"
-    proc = slurm(cluster, "sbatch", "--wait", "--time", "5", "-o", str(log), *sbatch, str(script), timeout=timeout, check=False)
-    return proc.returncode, log.read_text() if log.exists() else proc.stdout + proc.stderr
+    # not 'sbatch --wait': it polls with a back-off that adds up to half a minute to a short job
+    job = slurm(cluster, "sbatch", "--parsable", "--time", "5", "-o", str(log), *sbatch, str(script)).stdout.strip()
+    fields = wait_until(f"job {job} to end", lambda: _ended(cluster, job), timeout, 0.5)
+    code = int(fields.get("ExitCode", "1:0").split(":")[0])
+    return code, log.read_text() if log.exists() else ""
+
+
+def _ended(cluster, job: str) -> dict[str, str] | None:
+    text = slurm(cluster, "scontrol", "show", "job", job, check=False).stdout
+    fields = dict(re.findall(r"(\w+)=(\S*)", text))
+    return fields if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else None
 
 
 def reports(out: Path) -> list[dict]:

@@ -24,7 +24,7 @@ only print create no run dir. Every job then goes through four steps:
 
 A wrong key, type or value is a ``ConfigError`` (one line) before any run dir exists.
 :func:`compose_dry` stops after step 3, for ``--dry-run`` and ``numarun submit``. The parts of
-Hydra this needs beyond its public API are in :mod:`numarun.config.hydra_internals`.
+Hydra this needs beyond its public API are in :mod:`numarun.hydra_internals`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import envvars
+from .. import hydra_internals as internals
 from ..errors import ConfigError, NumarunError
-from . import hydra_internals as internals
 from .files import PreparedJob, prepare_job, save_job
 from .rundir import check_run_dir
 from .schema import JobConfig

@@ -12,7 +12,7 @@ value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra
 two processes at once. Hydra's job log
 (``<job>.log``) keeps every rank's lines, as under torchrun.
 
-The hook (:func:`numarun.config.hydra_internals.worker_hook`, with every other use of Hydra's
+The hook (:func:`numarun.hydra_internals.worker_hook`, with every other use of Hydra's
 private parts) is installed when Hydra's module is first imported, so a script that never
 imports Hydra pays nothing, and one that imports it indirectly is covered too.
 """
@@ -28,8 +28,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .. import envvars
-from ..config import hydra_internals
+from .. import envvars, hydra_internals
 
 # under the bootstrap's logger, which has the worker's "numarun: LEVEL:" handler
 log = logging.getLogger("numarun.launch.bootstrap.hydra_pin")
