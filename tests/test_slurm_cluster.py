@@ -212,9 +212,9 @@ def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(clust
 
 
 def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(cluster, tmp_path):
-    """torchrun's agent kills ranks 30 s after TERM by default; with --signal-before 120 a 45 s
+    """torchrun's agent kills ranks 30 s after TERM by default; with --signal-before 120 a 36 s
     save after the pre-timeout signal completes, the job requeues and resumes at that step."""
-    steps, save_s = 14, 45
+    steps, save_s = 14, 36
     proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--signal-before", "120",
                   str(SCRIPTS / "slurm_counter.py"), str(steps), "0.3", str(save_s), wait=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
