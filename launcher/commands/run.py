@@ -108,20 +108,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 # ----------------------------------------------------------------------------- flags from the config
 
-# the config's launcher keys -> the run command's option dests
-_FLAG_DESTS = {
-    "nproc_per_node": "nproc_per_node",
-    "nnodes": "nnodes",
-    "node_rank": "node_rank",
-    "binding": "binding",
-    "mem_policy": "mem_policy",
-    "nic_policy": "nic_policy",
-    "master_addr": "master_addr",
-    "master_port": "master_port",
-    "rdzv_endpoint": "rdzv_endpoint",
-    "rdzv_id": "rdzv_id",
-    "strict_binding": "strict_binding",
-}
+# the config's launcher keys, which are the run command's option dests too
+_FLAGS = ("nproc_per_node", "nnodes", "node_rank", "binding", "mem_policy", "nic_policy", "master_addr", "master_port",
+          "rdzv_endpoint", "rdzv_id", "strict_binding")
 
 
 def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
@@ -133,7 +122,8 @@ def apply_launcher_settings(args: Any, settings: Mapping[str, Any], defaults: Ma
     from ..plan.options import parse_binding, parse_mem_policy, parse_nic_policy
 
     applied = []
-    for key, dest in _FLAG_DESTS.items():
+    for key in _FLAGS:
+        dest = key
         value = settings.get(key)
         if value is None or not hasattr(args, dest):
             continue
@@ -329,7 +319,7 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
         prepared[(str(job.run_dir), job.config_text)] = (job_args, run.prepare(job_args, job_target))
 
     def on_job(job: Any) -> int:
-        job_args, ready = prepared.pop((str(job.run_dir), job.config_text), None) or (settled(job.launcher), None)
+        job_args, ready = prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         return run(job_args, job_target, dict(job.env), run_dir=job.run_dir, prepared=ready)
 

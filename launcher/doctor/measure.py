@@ -62,10 +62,8 @@ def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
 
 
 def h2d_bandwidth() -> tuple[dict[str, float], dict[str, float]]:
-    try:
-        import torch
-    except ImportError:
-        return {}, {}
+    import torch
+
     if not torch.cuda.is_available():
         return {}, {}
     h2d: dict[str, float] = {}

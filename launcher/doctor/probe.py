@@ -88,16 +88,13 @@ def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, 
     out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
     if not live:
         return out
-    try:
-        import torch
+    import torch
 
-        out["torch"] = torch.__version__
-        out["cuda"] = str(torch.version.cuda or "")
-        try:
-            nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else ()
-            out["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
-        except Exception:
-            out["nccl"] = ""
-    except ImportError:
-        pass
+    out["torch"] = torch.__version__
+    out["cuda"] = str(torch.version.cuda or "")
+    try:
+        nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else ()
+        out["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:  # a CPU build has no NCCL to ask
+        out["nccl"] = ""
     return out

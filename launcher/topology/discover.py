@@ -105,14 +105,10 @@ def read_live() -> Topology:
 
 
 def _nvml_reading() -> tuple[NvmlReading | None, str]:
-    try:
-        from .nvml import read_nvml_gpus
-    except ImportError:
-        return None, ""
+    from .nvml import read_nvml_gpus  # pynvml itself is imported, when present, by read_nvml_record
+
     try:
         return read_nvml_gpus(), ""
-    except ImportError:
-        return None, ""
     except Exception as e:  # a driver fault must not stop a launch that can fall back to sysfs
         log.warning("NVML failed (%s); GPUs from sysfs", e)
         return None, f"NVML failed ({type(e).__name__}: {e}); GPUs from sysfs"
