@@ -28,7 +28,9 @@ def _imported(argv: list[str]) -> tuple[set[str], str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["-h"]] + [[c, "--help"] for c in cli._available_commands()] + [["run", "-h"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["--version"], ["-h"]] + [[c, "--help"] for c in cli._available_commands()] + [["run", "-h"]]
+)
 def test_help_never_imports_torch(argv: list[str]) -> None:
     mods, out = _imported(argv)
     assert out.strip(), "printed nothing"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SYSFS_DIR, extract_tree
+
 from numarun.topology.model import physical_cores
 from numarun.topology.sysfs import read_sysfs
 from numarun.view.topo import cpu_summary, render_text

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import golden
+from test_topology_svg import make_topology, plan_for
 
 from numarun.plan.model import LaunchPlan
 from numarun.topology.discover import load_topology
 from numarun.topology.model import Topology
-from numarun.view.topo import render_text
-import golden
 from numarun.view.svg import render_svg
-
-from test_topology_svg import make_topology, plan_for
+from numarun.view.topo import render_text
 
 GOLDEN = Path(__file__).parent / "golden" / "topo"
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from numarun.config import compose as C
 from numarun.config import rundir
 from numarun.config.detect import AppKind, detect_app
@@ -249,7 +250,9 @@ def test_sweep_subdir_override_dirname(in_tmp: Path) -> None:
         (["-cn", "config", "--cfg", "job", "optim=sgd"], "kind: sgd"),
     ],
 )
-def test_hydra_commands_print_and_create_no_run_dir(in_tmp: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str) -> None:
+def test_hydra_commands_print_and_create_no_run_dir(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
     C.run_hydra(flags, lambda job: pytest.fail("no job runs"))
     assert needle in capsys.readouterr().out
     assert list(in_tmp.iterdir()) == []
@@ -352,7 +355,9 @@ def test_launcher_settings_fill_flags_left_at_default() -> None:
 
     defaults = {"nproc_per_node": None, "binding": BindingMode.EXCLUSIVE, "nnodes": "1:1", "master_port": 29500}
     args = argparse.Namespace(nproc_per_node=None, binding=BindingMode.EXCLUSIVE, nnodes="1:1", master_port=29600)
-    applied = apply_launcher_settings(args, {"nproc_per_node": 2, "binding": "socket", "nnodes": 1, "master_port": 29999}, defaults)
+    applied = apply_launcher_settings(
+        args, {"nproc_per_node": 2, "binding": "socket", "nnodes": 1, "master_port": 29999}, defaults
+    )
     assert args.nproc_per_node == 2 and args.binding is BindingMode.SOCKET and args.nnodes == "1"
     assert args.master_port == 29600  # given on the command line: the flag wins
     assert sorted(applied) == ["binding", "nnodes", "nproc_per_node"]
@@ -366,7 +371,9 @@ def test_saved_config_with_unknown_key_is_rejected(tmp_path: Path) -> None:
 
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "numarun", *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 300  # a hang must fail the test, not the CI run
 
 WORKER = textwrap.dedent(
-    r'''
+    r"""
     import json, os, sys
     import torch
     import torch.distributed as dist
@@ -85,7 +85,8 @@ WORKER = textwrap.dedent(
                     exact = op != "avg" or dtype == torch.float32
                     ok = torch.equal(got, ref) if exact else torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2)
                     if not ok:
-                        fail.append(f"hier != flat: numel={numel} {dtype} {op} max|d|={(got.float()-ref.float()).abs().max().item()}")
+                        worst = (got.float() - ref.float()).abs().max().item()
+                        fail.append(f"hier != flat: numel={numel} {dtype} {op} max|d|={worst}")
         report["cases"] = cases
         # pipelined path (many small chunks; odd sizes, so the last chunk is short); spy that it ran
         import numarun.comm.allreduce as A
@@ -187,7 +188,7 @@ WORKER = textwrap.dedent(
         json.dump(report, f)
     dist.barrier()
     dist.destroy_process_group()
-    '''
+    """
 )
 
 

@@ -147,8 +147,15 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
     sweep = ["-m", "a=1,2", "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
     env = {**_env(), "NUMARUN_HYDRA_NOW": "2020-01-02T03:04:05"}
     for rank in ("1", "0"):
-        proc = subprocess.run([sys.executable, str(ENTRY), str(app), *sweep], check=False, cwd=tmp_path, env={**env, "RANK": rank},
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, str(ENTRY), str(app), *sweep],
+            check=False,
+            cwd=tmp_path,
+            env={**env, "RANK": rank},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         sweep_dir = tmp_path / "multirun" / "2020-01-02" / "03-04-05"
         assert (sweep_dir / "0").is_dir()  # the pinned time, in every rank

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from numarun.bench import allreduce as bench
 from numarun.topology.discover import load_topology
 from numarun.view.topo import render_text

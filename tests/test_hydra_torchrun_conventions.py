@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from numarun.errors import UsageError
 from numarun.plan.model import PlanRequest
 from numarun.plan.options import parse_nproc, resolve_nproc

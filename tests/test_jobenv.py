@@ -3,6 +3,7 @@ variables they set (recorded from Slurm 22.05's srun, Open MPI 4.1's mpirun and 
 and reconciled with the user's options. Pure: no process is started."""
 
 import pytest
+
 from numarun.errors import NumarunError, SlurmError, UsageError
 from numarun.jobenv import Mode, Scheduler, detect, detection_enabled, scheduler_in
 from numarun.jobenv.settle import Given, JobConflict, check_rank, rank_env, rank_master, settle_node

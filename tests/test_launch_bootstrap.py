@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from numarun.errors import BindingError
 from numarun.launch import affinity
 from numarun.launch.bootstrap import apply_env, parse_argv
 from numarun.launch.torchrun import ENTRY_FILE
 from numarun.plan.model import LaunchPlan, MemPolicy, RankBinding
-from numarun.errors import BindingError
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
@@ -236,7 +236,9 @@ def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code
     assert (tmp_path / "out.txt.events").read_text() == "thread\natexit\n"
     if mode == "message":
         assert "bad input: expected x" in r.stderr
-    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain.txt"), mode], capture_output=True, text=True, timeout=60)
+    plain = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "plain.txt"), mode], capture_output=True, text=True, timeout=60
+    )
     assert plain.returncode == code and (tmp_path / "plain.txt.events").read_text() == "thread\natexit\n"
 
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from numarun.launch import affinity
 from numarun.launch.affinity import SYSCALLS, Mpol, _Mempolicy
 

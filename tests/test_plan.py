@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_plan_helpers import build_topology, check_invariants, eth, ib
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, NicPolicy, PlanRequest
 from numarun.topology.model import Gpu, Nic, NicKind, RdmaPort
-from test_plan_helpers import build_topology, check_invariants, eth, ib
 
 MODES = list(BindingMode)
 
@@ -220,7 +222,9 @@ def test_user_env_is_never_overridden_and_warned() -> None:
 def _pci_topology():  # type: ignore[no-untyped-def]
     gpu_paths = [("0000:10:01.0", "0000:11:00.0"), ("0000:10:01.0", "0000:12:00.0"), ("0000:90:01.0",), ("0000:90:01.0",)]
     base = build_topology()
-    gpus = tuple(Gpu(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, pci_path=gpu_paths[g.index]) for g in base.gpus)
+    gpus = tuple(
+        Gpu(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, pci_path=gpu_paths[g.index]) for g in base.gpus
+    )
     nics = (
         Nic("mlx5_0", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:10:01.0", "0000:11:00.0")),
         Nic("mlx5_1", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:20:01.0",)),
@@ -318,7 +322,10 @@ def test_gpu_node_unknown_placed_by_its_memory_node_distance() -> None:
     assert p.ranks[0].numa_node == 1 and p.ranks[0].mems == (1,)
     assert "nearest to its memory node 9" in p.ranks[0].fallback
     # equal distances tell nothing: spread over all CPUs instead
-    flat = [type(n)(**{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)}) for n in nodes]
+    flat = [
+        type(n)(**{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)})
+        for n in nodes
+    ]
     q = plan(type(base)(**{**topo.__dict__, "numa_nodes": tuple(flat)}))
     assert "spread over all usable CPUs" in q.ranks[0].fallback
 
@@ -340,10 +347,6 @@ def test_bench_topology_plan_is_sound() -> None:
     assert [r.physical_cores for r in p.ranks] == [24] * 8
     cc = plan(topo, binding=BindingMode.CORE_COMPLEX)
     assert [r.physical_cores for r in cc.ranks] == [8] * 8 and not cc.warnings
-
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 
 @st.composite

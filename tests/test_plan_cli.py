@@ -80,7 +80,15 @@ def test_json_contract() -> None:
 
 def test_environment_is_honoured() -> None:
     fixture = f"{SMI}/aws-p4d.24xlarge.txt"
-    out = run_plan("--json", env={"NUMARUN_TOPOLOGY": fixture, "CUDA_VISIBLE_DEVICES": "6,1", "OMP_NUM_THREADS": "5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    out = run_plan(
+        "--json",
+        env={
+            "NUMARUN_TOPOLOGY": fixture,
+            "CUDA_VISIBLE_DEVICES": "6,1",
+            "OMP_NUM_THREADS": "5",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        },
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert [(r["gpu"]["index"], r["gpu"]["cuda_index"], r["numa_node"]) for r in data["ranks"]] == [(6, 0, 1), (1, 1, 0)]
@@ -88,7 +96,9 @@ def test_environment_is_honoured() -> None:
     assert any("OMP_NUM_THREADS is set by the user" in w for w in data["warnings"])
     # alone on its node, each rank gets all 24 cores / 48 threads of it
     assert [len(r["cpus"]) for r in data["ranks"]] == [48, 48]
-    cpu_only = json.loads(run_plan("--json", "--nproc-per-node", "4", env={"NUMARUN_TOPOLOGY": fixture, "CUDA_VISIBLE_DEVICES": ""}).stdout)
+    cpu_only = json.loads(
+        run_plan("--json", "--nproc-per-node", "4", env={"NUMARUN_TOPOLOGY": fixture, "CUDA_VISIBLE_DEVICES": ""}).stdout
+    )
     assert [r["gpu"] for r in cpu_only["ranks"]] == [None] * 4
     assert [r["numa_node"] for r in cpu_only["ranks"]] == [0, 0, 1, 1]
 
@@ -127,5 +137,13 @@ def test_too_few_cores_exit_2_with_numbers() -> None:
     out = run_plan("--topology", f"{SMI}/tesla-p4-1gpu-numa-NA.txt", "--nproc-per-node", "9", env={"CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "has 8 usable physical cores for 9 ranks" in out.stderr
-    shared = run_plan("--topology", f"{SMI}/tesla-p4-1gpu-numa-NA.txt", "--nproc-per-node", "9", "--binding", "node", env={"CUDA_VISIBLE_DEVICES": ""})
+    shared = run_plan(
+        "--topology",
+        f"{SMI}/tesla-p4-1gpu-numa-NA.txt",
+        "--nproc-per-node",
+        "9",
+        "--binding",
+        "node",
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
     assert shared.returncode == 0, shared.stderr

@@ -10,15 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import extract_tree
+from test_plan_helpers import check_invariants
+
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
 from numarun.plan.model import BindingMode, MemPolicy, PlanRequest
 from numarun.topology.model import Topology
 from numarun.topology.smi import topology_from_smi
 from numarun.topology.sysfs import read_sysfs
-from test_plan_helpers import check_invariants
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMI = sorted((FIXTURES / "nvidia-smi").glob("*.txt"))

@@ -56,7 +56,9 @@ def build_topology(
     all_ids = ids + list(memory_only_nodes)
     numa = []
     for i, nid in enumerate(all_ids):
-        row = tuple(10 if j == i else (80 if (i >= len(ids) or j >= len(ids)) else 20 + 5 * abs(i - j)) for j in range(len(all_ids)))
+        row = tuple(
+            10 if j == i else (80 if (i >= len(ids) or j >= len(ids)) else 20 + 5 * abs(i - j)) for j in range(len(all_ids))
+        )
         numa.append(NumaNode(id=nid, cpus=tuple(c.id for c in cpus if c.numa_node == nid), memory_bytes=1 << 34,
                              distances=row, memory_only=nid in memory_only_nodes))
     numa.sort(key=lambda n: n.id)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SYSFS_DIR, extract_tree
+from test_plan_helpers import check_invariants
+
 from numarun.plan.binding import make_plan
 from numarun.plan.model import LaunchPlan, NicPolicy, PlanRequest
 from numarun.plan.nic import compute_nics
@@ -20,7 +22,6 @@ from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import RdmaPort, Topology, link_rank
 from numarun.topology.smi import topology_from_smi
 from numarun.topology.sysfs import read_sysfs
-from test_plan_helpers import check_invariants
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _PXB = link_rank("PXB")
@@ -77,8 +78,14 @@ def _check_node_rules(t: Topology, plan: LaunchPlan) -> None:
         if r.nic in used:
             g = next(i for i, x in enumerate(t.gpus) if x.index == r.gpu.index)  # type: ignore[union-attr]
             mine = link_rank(t.gpu_nic_link(g, [n.name for n in t.nics].index(r.nic)))
-            ties = {n.name for k, n in enumerate(t.nics) if n.port_up and link_rank(t.gpu_nic_link(g, k)) == mine
-                    and (n.numa_node == t.gpus[g].numa_node) == (t.nics[[x.name for x in t.nics].index(r.nic)].numa_node == t.gpus[g].numa_node)}
+            ties = {
+                n.name
+                for k, n in enumerate(t.nics)
+                if n.port_up
+                and link_rank(t.gpu_nic_link(g, k)) == mine
+                and (n.numa_node == t.gpus[g].numa_node)
+                == (t.nics[[x.name for x in t.nics].index(r.nic)].numa_node == t.gpus[g].numa_node)
+            }
             assert ties <= set(used), f"rank {r.local_rank}: {r.nic} reused while {sorted(ties - set(used))} are free"
         used[r.nic] = used.get(r.nic, 0) + 1
 

@@ -146,7 +146,11 @@ def test_the_steps_cpuset_replaces_this_tasks_affinity(topo):
 @pytest.mark.parametrize(
     ("cgroup", "files", "want"),
     [
-        ("3:cpuset:/slurm/uid_0/job_1/step_0\n0::/\n", {"sys/fs/cgroup/cpuset/slurm/uid_0/job_1/step_0/cpuset.effective_cpus": "2-3\n"}, (2, 3)),
+        (
+            "3:cpuset:/slurm/uid_0/job_1/step_0\n0::/\n",
+            {"sys/fs/cgroup/cpuset/slurm/uid_0/job_1/step_0/cpuset.effective_cpus": "2-3\n"},
+            (2, 3),
+        ),
         ("3:cpuset:/slurm/job_1/step_0/task_0\n", {"sys/fs/cgroup/cpuset/slurm/job_1/step_0/cpuset.cpus": "0,4\n"}, (0, 4)),
         ("0::/system.slice/job\n", {"sys/fs/cgroup/system.slice/job/cpuset.cpus.effective": "1-2\n"}, (1, 2)),
         ("0::/a/b\n", {"sys/fs/cgroup/a/cpuset.cpus.effective": "5\n"}, (5,)),

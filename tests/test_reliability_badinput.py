@@ -81,7 +81,13 @@ CASES: list[Case] = [
     case("plan-file-rank-count", f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0", "plan1.json", "has 1 rank;"),
     # --- impossible plans
     case("more-ranks-than-gpus", f"plan --topology {P4D} --nproc-per-node 9", "9", "at most 8"),
-    case("more-ranks-than-cores", f"plan --topology {P4} --nproc-per-node 9 --binding exclusive", "9", "at least one core per rank", CUDA_VISIBLE_DEVICES=""),
+    case(
+        "more-ranks-than-cores",
+        f"plan --topology {P4} --nproc-per-node 9 --binding exclusive",
+        "9",
+        "at least one core per rank",
+        CUDA_VISIBLE_DEVICES="",
+    ),
     case("run-more-ranks-than-gpus", f"--topology {P4D} --nproc-per-node 9 {EXIT} 0 0", "9", "at most 8"),
     case("trainer-impossible-plan", f"--topology {P4D} --nproc-per-node 9 {TRAIN} trainer.steps=1", "9", "at most 8"),
     # --- topology sources
@@ -105,7 +111,13 @@ CASES: list[Case] = [
     case("cvd-not-a-number", f"plan --topology {P4D}", "'x'", "GPU indices", CUDA_VISIBLE_DEVICES="0,x"),
     case("cvd-uuid-without-uuids", f"plan --topology {P4D}", "GPU-nope", "GPU indices 0-7", CUDA_VISIBLE_DEVICES="GPU-nope"),
     case("cvd-unknown-uuid", "plan --topology {bad}/uuids.json", "GPU-deadbeef", "UUID", CUDA_VISIBLE_DEVICES="GPU-deadbeef"),
-    case("cvd-mig-uuid", f"plan --topology {P4D}", "MIG-4f5e1b2a", "GPU UUIDs", CUDA_VISIBLE_DEVICES="MIG-4f5e1b2a-1c3d-5e6f-7a8b-9c0d1e2f3a4b"),
+    case(
+        "cvd-mig-uuid",
+        f"plan --topology {P4D}",
+        "MIG-4f5e1b2a",
+        "GPU UUIDs",
+        CUDA_VISIBLE_DEVICES="MIG-4f5e1b2a-1c3d-5e6f-7a8b-9c0d1e2f3a4b",
+    ),
     case("cvd-mig-legacy", f"plan --topology {P4D}", "MIG-GPU-abc/1/0", "MIG", CUDA_VISIBLE_DEVICES="MIG-GPU-abc/1/0"),
     case("cvd-run", f"--topology {P4D} {EXIT} 0 0", "'8'", "0-7", CUDA_VISIBLE_DEVICES="8"),
     # --- Hydra overrides of the reference trainer
@@ -117,7 +129,12 @@ CASES: list[Case] = [
     case("override-out-of-range", f"--nproc-per-node 1 {TRAIN} trainer.steps=-3", "-3", ">= 1"),
     case("override-group-int", f"--nproc-per-node 1 {TRAIN} +trainer=2", "+trainer=2", "expected"),
     case("run-dir-in-proc", f"--nproc-per-node 1 {TRAIN} hydra.run.dir=/proc/x", "/proc/x", "writable directory"),
-    case("run-dir-under-a-file", f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt/run", "empty.txt/run", "writable directory"),
+    case(
+        "run-dir-under-a-file",
+        f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt/run",
+        "empty.txt/run",
+        "writable directory",
+    ),
     case("run-dir-is-a-file", f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt", "empty.txt", "not a directory"),
     # --- numarun submit (rendered only)
     case("submit-time-word", f"submit --dry-run --time abc {TRAIN}", "'abc'", "HH:MM:SS"),
@@ -136,28 +153,50 @@ CASES: list[Case] = [
     case("max-restarts-huge", f"--max-restarts 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most 1000000"),
     case("shutdown-timeout-huge", f"--shutdown-timeout 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most"),
     case("trainer-nproc-huge", [TRAIN, "launcher.nproc_per_node=99999999999999999999"], "99999999999999999999", "1 to 8192"),
-    case("plan-nproc-huge", f"plan --topology {P4D} --nproc-per-node 99999999999999999999", "'99999999999999999999'", "up to 8192"),
+    case(
+        "plan-nproc-huge", f"plan --topology {P4D} --nproc-per-node 99999999999999999999", "'99999999999999999999'", "up to 8192"
+    ),
     case("topo-width-huge", f"topo --topology {P4D} --width 99999999999999999999", "'99999999999999999999'", "1 to 10000"),
     case("doctor-nnodes-huge", f"doctor --topology {P4D} --nnodes 99999999999999999999", "99999999999999999999", "up to 131072"),
     case("doctor-port-huge", f"doctor --topology {P4D} --nnodes 2 --master-port 99999", "'99999'", "1 to 65535"),
-    case("tune-trials-huge", f"tune --trials 99999999999999999999 --binding none,node {EXIT}", "'99999999999999999999'",
-         "1 to 1000000"),
-    case("tune-nproc-huge", f"tune --nproc-per-node 99999999999999999999 --binding none,node {EXIT}", "'99999999999999999999'",
-         "up to 8192"),
+    case(
+        "tune-trials-huge",
+        f"tune --trials 99999999999999999999 --binding none,node {EXIT}",
+        "'99999999999999999999'",
+        "1 to 1000000",
+    ),
+    case(
+        "tune-nproc-huge",
+        f"tune --nproc-per-node 99999999999999999999 --binding none,node {EXIT}",
+        "'99999999999999999999'",
+        "up to 8192",
+    ),
     case("bench-nproc-huge", "bench allreduce --nproc-per-node 99999999999999999999", "'99999999999999999999'", "1 to 8192"),
     case("bench-iters-huge", "bench allreduce --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
     case("bench-port-huge", "bench allreduce --master-port 99999", "'99999'", "1 to 65535"),
     case("bench-size-huge", "bench allreduce --sizes 99999999999999999999G", "99999999999999999999G", "up to 1T"),
     case("h2d-iters-huge", "bench h2d --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
     case("submit-nodes-huge", f"submit --dry-run --nodes 99999999999999999999 {TRAIN}", "'99999999999999999999'", "1 to 131072"),
-    case("rdzv-conf-timeout-huge", f"--nproc-per-node 1 --rdzv-conf join_timeout=99999999999999999999 {EXIT} 0 0",
-         "join_timeout='99999999999999999999'", "from 1 to 2592000"),
+    case(
+        "rdzv-conf-timeout-huge",
+        f"--nproc-per-node 1 --rdzv-conf join_timeout=99999999999999999999 {EXIT} 0 0",
+        "join_timeout='99999999999999999999'",
+        "from 1 to 2592000",
+    ),
     case("tune-omp-huge", f"tune --omp 99999999999999999999,1 {EXIT}", "'99999999999999999999'", "from 1 to 8192"),
-    case("submit-gpus-huge", f"submit --dry-run --gpus-per-node 99999999999999999999 {TRAIN}", "'99999999999999999999'",
-         "up to 9999"),
+    case(
+        "submit-gpus-huge",
+        f"submit --dry-run --gpus-per-node 99999999999999999999 {TRAIN}",
+        "'99999999999999999999'",
+        "up to 9999",
+    ),
     case("submit-mem-huge", f"submit --dry-run --mem 99999999999999999999G {TRAIN}", "'99999999999999999999G'", "12 digits"),
-    case("submit-signal-before-huge", f"submit --dry-run --signal-before 99999999999999999999 {TRAIN}", "'99999999999999999999'",
-         "0 to 2592000"),
+    case(
+        "submit-signal-before-huge",
+        f"submit --dry-run --signal-before 99999999999999999999 {TRAIN}",
+        "'99999999999999999999'",
+        "0 to 2592000",
+    ),
     # --- nan and inf are not numbers of seconds or fractions
     case("watch-interval-nan", f"--watch-interval nan {EXIT} 0 0", "'nan'", "finite number of seconds"),
     case("watch-interval-inf", f"--watch-interval inf {EXIT} 0 0", "'inf'", "finite number of seconds"),
@@ -177,10 +216,15 @@ CASES: list[Case] = [
     # --- a standard output that cannot be written: one line, exit 1
     unwritable("topo-to-dev-full", f"topo --topology {P4D}", "standard output", "No space left on device"),
     unwritable("topo-json-to-dev-full", f"topo --json --topology {P4D}", "standard output", "No space left on device"),
-    unwritable("plan-json-to-dev-full", f"plan --json --topology {P4D} --nproc-per-node 1", "standard output",
-               "No space left on device"),
-    unwritable("dry-run-to-dev-full", f"--dry-run --topology {P4D} --nproc-per-node 1 {EXIT} 0 0", "standard output",
-               "No space left on device"),
+    unwritable(
+        "plan-json-to-dev-full", f"plan --json --topology {P4D} --nproc-per-node 1", "standard output", "No space left on device"
+    ),
+    unwritable(
+        "dry-run-to-dev-full",
+        f"--dry-run --topology {P4D} --nproc-per-node 1 {EXIT} 0 0",
+        "standard output",
+        "No space left on device",
+    ),
 ]
 
 # Real subprocesses of the installed entry point: the no-traceback promise end to end.

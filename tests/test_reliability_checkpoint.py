@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from test_reliability_badinput import run_in_process, TRAIN, _check, _env, _numarun, case
+from test_reliability_badinput import TRAIN, _check, _env, _numarun, case, run_in_process
 
 pytestmark = pytest.mark.slow  # every test starts numarun or a trainer
 
@@ -37,7 +36,10 @@ def _train(args: list[str], cwd: Path, *, nproc: int = 1) -> subprocess.Complete
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint dir with steps 1 and 2 of the default model (one real trainer run)."""
     d = tmp_path_factory.mktemp("saved")
-    r = _train(["trainer.steps=2", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}", f"hydra.run.dir={d / 'run'}"], d)
+    r = _train(
+        ["trainer.steps=2", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}", f"hydra.run.dir={d / 'run'}"],
+        d,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in (d / "ck").iterdir()) == ["step_00000001", "step_00000002"]
     return d / "ck"
@@ -99,7 +101,9 @@ def _tokens(path: Path, ids: list[int] | np.ndarray, dtype: type = np.uint16) ->
     return str(path)
 
 
-def test_bad_data_files_fail_before_training(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_data_files_fail_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = tmp_path.parent / f"{tmp_path.name}-data"
     files.mkdir()
     odd = files / "odd.bin"
@@ -124,8 +128,9 @@ def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path,
     _check(code, err, c, tmp_path)
 
 
-@pytest.mark.parametrize("plant", ["world-writable-dir", "world-writable-step", "foreign-owner", "symlinked-step", "symlinked-dir",
-                                   "foreign-metadata"])
+@pytest.mark.parametrize(
+    "plant", ["world-writable-dir", "world-writable-step", "foreign-owner", "symlinked-step", "symlinked-dir", "foreign-metadata"]
+)
 def test_a_planted_checkpoint_is_not_loaded(plant: str, saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     ck = _copy(saved, tmp_path)
@@ -182,7 +187,9 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact(saved: Path
     ck = _copy(saved, tmp_path)
     shard = next((ck / "step_00000002").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    r = _train(
+        [f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "step_00000002" in out and "is damaged" in out and "has " in out and "resuming from the newest intact one" in out
@@ -252,7 +259,9 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mnt)], capture_output=True, timeout=30).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mnt)], capture_output=True, timeout=30
+    ).returncode:
         pytest.skip("mount -t tmpfs is not allowed here")
     try:
         yield mnt
@@ -263,8 +272,10 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous(small_disk: Path, tmp_path: Path) -> None:
     ck = small_disk / "ck"
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.checkpoint_interval=1", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}"],
-               tmp_path)
+    r = _train(
+        [f"trainer.checkpoint_dir={ck}", "trainer.checkpoint_interval=1", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+    )
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]

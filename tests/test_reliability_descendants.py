@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, SCRIPTS, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
+from helpers import SCRIPTS, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -70,8 +70,14 @@ def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
 
 
 def test_crash_without_restart(tmp_path: Path) -> None:
-    r = subprocess.run([*numarun_cmd(), "--nproc-per-node", "2", str(SCRIPTS / "fault_counter.py"), str(tmp_path), "400", "1", "3"],
-                       cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [*numarun_cmd(), "--nproc-per-node", "2", str(SCRIPTS / "fault_counter.py"), str(tmp_path), "400", "1", "3"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 3, r.stderr[-3000:]
     lines = error_lines(r.stderr)
     assert len(lines) == 1 and "rank 1 (local rank 1" in lines[0] and "exited with code 3" in lines[0]
@@ -98,7 +104,9 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     order = [1, 0] if lost_hosts_store else [0, 1]
     nodes: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
     for n in order:
-        nodes[n] = _start(procs, [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])], tmp_path / f"log{n}")
+        nodes[n] = _start(
+            procs, [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])], tmp_path / f"log{n}"
+        )
         if n == order[0]:
             wait_until("the c10d store", lambda: listening(port), TIMEOUT, 0.05, proc=nodes[n])
     survivor, lost = nodes[0], nodes[1]

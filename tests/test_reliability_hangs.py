@@ -98,9 +98,25 @@ def test_a_rendezvous_endpoint_held_by_another_program_ends_at_a_deadline(tmp_pa
         port = server.getsockname()[1]
         (tmp_path / "tmp").mkdir()
         start = time.monotonic()
-        r = subprocess.run([*numarun_cmd(), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=5",
-                            EXIT, "0", "0"], cwd=tmp_path, env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path / "tmp"), NUMARUN_RDZV_MARGIN="2"), capture_output=True, text=True,
-                           timeout=300)
+        r = subprocess.run(
+            [
+                *numarun_cmd(),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-conf",
+                "join_timeout=5",
+                EXIT,
+                "0",
+                "0",
+            ],
+            cwd=tmp_path,
+            env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path / "tmp"), NUMARUN_RDZV_MARGIN="2"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert r.returncode == 1, r.stderr[-3000:]
     lines = error_lines(r.stderr)
     assert len(lines) == 1 and "rendezvous did not complete within 7 s (join_timeout=5 + 2 s)" in lines[0], r.stderr[-3000:]

@@ -13,8 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from test_reliability_badinput import run_in_process, EXIT, TRAIN, Case, _check, _env, _numarun, case
+from test_reliability_badinput import EXIT, TRAIN, Case, _check, _env, _numarun, case, run_in_process
 
 CASES: list[Case] = [
     case("max-restarts-negative", f"--max-restarts -5 {EXIT} 0 0", "'-5'", ">= 0"),
@@ -53,7 +52,9 @@ SUBPROCESS = ["max-restarts-negative", "signals-unknown", "rdzv-conf-timeout-wor
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
-def test_torchrun_option_is_checked(c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torchrun_option_is_checked(
+    c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     _check(code, err, c, tmp_path)
 
@@ -89,7 +90,10 @@ def test_runtime_errors_name_their_cause() -> None:
 
     e = RuntimeError("The server socket has failed to listen on any local network address.\n"
                      "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
-    assert runtime_cause(e) == "RuntimeError: The server socket has failed to listen on any local network address. (address already in use)"
+    assert (
+        runtime_cause(e)
+        == "RuntimeError: The server socket has failed to listen on any local network address. (address already in use)"
+    )
 
 
 @pytest.mark.slow

@@ -28,8 +28,14 @@ pytestmark = pytest.mark.slow
 
 def _start(procs: list, args: list[str], tmp: Path, cwd: Path | None = None) -> subprocess.Popen:  # type: ignore[type-arg]
     (tmp / "tmp").mkdir(exist_ok=True)
-    p = subprocess.Popen([*numarun_cmd(), *args], cwd=cwd or tmp, env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp")), stdout=open(tmp / "log", "w"),
-                         stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        [*numarun_cmd(), *args],
+        cwd=cwd or tmp,
+        env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp")),
+        stdout=open(tmp / "log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     procs.append(p)
     return p
 

@@ -28,7 +28,28 @@ EXIT = str(REPO / "tests" / "scripts" / "exit_rank.py")
 TRAIN = str(REPO / "scripts" / "train.py")
 MARK = "# plan.json: the output of 'numarun plan --json' with the same options\n"
 
-HOSTILE = ["$(touch pwned)", "\udcff", "`touch pwned`", "'", '"', "\n", ";", "&&", "|", "\\", "$HOME", "${X:-y}", "*", "~", " ", "\t", "!", "#", ">x", "--"]
+HOSTILE = [
+    "$(touch pwned)",
+    "\udcff",
+    "`touch pwned`",
+    "'",
+    '"',
+    "\n",
+    ";",
+    "&&",
+    "|",
+    "\\",
+    "$HOME",
+    "${X:-y}",
+    "*",
+    "~",
+    " ",
+    "\t",
+    "!",
+    "#",
+    ">x",
+    "--",
+]
 # No lone surrogates: an argv or environment cannot hold them (undecodable bytes arrive as
 # \udc80-\udcff, like HOSTILE's "\udcff"); NUL cannot be in one either.
 words = st.lists(st.one_of(st.sampled_from(HOSTILE),
@@ -38,7 +59,10 @@ words = st.lists(st.one_of(st.sampled_from(HOSTILE),
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"]:
+    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + [
+        "CUDA_VISIBLE_DEVICES",
+        "OMP_NUM_THREADS",
+    ]:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -71,7 +95,9 @@ def test_dry_run_command_splits_back_to_the_argv(args: list[str], clean_env: Pat
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(args=st.lists(words, max_size=3), value=words)
-def test_bash_runs_the_printed_command_with_the_exact_argv(args: list[str], value: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_bash_runs_the_printed_command_with_the_exact_argv(
+    args: list[str], value: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     where = tmp_path_factory.mktemp("sh")
     line = command_line({"NUMARUN_PLAN": value, "X": "1"}, ["--nproc-per-node=1", EXIT, *args])
     # torchrun replaced by a function printing its argv (NUL-separated) and one variable

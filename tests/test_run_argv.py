@@ -11,10 +11,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+from golden import check_golden
 
 from numarun.cli import build_parser
 from numarun.errors import UsageError
-from golden import check_golden
 from numarun.launch.spec import LaunchSpec, launch_spec
 from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, torchrun_parser, worker_env
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
@@ -82,7 +82,9 @@ def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
     assert spec.death_signals == ("SIGTERM", "SIGUSR1") and spec.shutdown_timeout == 5 and spec.log_dir == "/tmp/logs"
     assert ("--role", "trainer") in spec.passthrough and spec.store_address() is None and spec.node_label() is None
     # the private log dir only where the user gave none
-    assert "--log-dir=/tmp/logs" in spec.argv(log_dir="/private") and "--log-dir=/private" in spec_for(CASES[0]).argv(log_dir="/private")
+    assert "--log-dir=/tmp/logs" in spec.argv(log_dir="/private") and "--log-dir=/private" in spec_for(CASES[0]).argv(
+        log_dir="/private"
+    )
     standalone = spec_for(CASES[1])
     assert standalone.backend == "c10d" and not standalone.multi_node
 
@@ -115,13 +117,20 @@ def test_bad_targets_are_usage_errors(args: list[str], needle: str) -> None:
 
 
 def _plan(*envs: dict[str, str]) -> LaunchPlan:
-    return LaunchPlan(ranks=tuple(RankBinding(local_rank=i, gpu=None, cpus=(i,), mems=(0,), nic=None, env=e) for i, e in enumerate(envs)))
+    return LaunchPlan(
+        ranks=tuple(RankBinding(local_rank=i, gpu=None, cpus=(i,), mems=(0,), nic=None, env=e) for i, e in enumerate(envs))
+    )
 
 
 def test_worker_env_lists_the_user_set_variables() -> None:
     plan = _plan({"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_0"}, {"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_1"})
     env = worker_env(plan, {"NCCL_IB_HCA": "mine"}, plan_path="/p/plan.json", strict=True)
-    assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "NCCL_IB_HCA", "NUMARUN_STRICT_BINDING": "1", "OMP_NUM_THREADS": "4"}
+    assert env == {
+        "NUMARUN_PLAN": "/p/plan.json",
+        "NUMARUN_USER_ENV": "NCCL_IB_HCA",
+        "NUMARUN_STRICT_BINDING": "1",
+        "OMP_NUM_THREADS": "4",
+    }
     env = worker_env(plan, {"OMP_NUM_THREADS": "8"}, plan_path="/p/plan.json", strict=False)
     assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "OMP_NUM_THREADS"}
 

@@ -68,8 +68,21 @@ def test_unmodified_ddp_script_trains_as_under_torchrun(tmp_path: Path) -> None:
     r = numarun("--nproc-per-node", "2", "--standalone", "tests/scripts/ddp_train.py", str(under_numarun))
     assert r.returncode == 0, r.stderr
     t = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", "tests/scripts/ddp_train.py", str(under_torchrun)],
-        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            "tests/scripts/ddp_train.py",
+            str(under_torchrun),
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
     assert t.returncode == 0, t.stderr
     a, b = _final_params(under_numarun), _final_params(under_torchrun)
@@ -88,7 +101,13 @@ def test_failing_rank_fails_the_run_with_its_code(tmp_path: Path) -> None:
 
 def test_sigterm_ends_every_worker(tmp_path: Path) -> None:
     log = open(tmp_path / "log", "w")
-    proc = subprocess.Popen([*numarun_cmd(), "--nproc-per-node", "2", "tests/scripts/sleeper.py", str(tmp_path)], cwd=REPO, env=clean_env(), stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [*numarun_cmd(), "--nproc-per-node", "2", "tests/scripts/sleeper.py", str(tmp_path)],
+        cwd=REPO,
+        env=clean_env(),
+        stdout=log,
+        stderr=log,
+    )
     pids: list[int] = []
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -116,7 +135,16 @@ def test_sigterm_ends_every_worker(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_plan_and_command_and_runs_nothing(tmp_path: Path) -> None:
-    r = numarun("--dry-run", "--nproc-per-node", "2", "--max_restarts=1", "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1")
+    r = numarun(
+        "--dry-run",
+        "--nproc-per-node",
+        "2",
+        "--max_restarts=1",
+        "tests/scripts/report_binding.py",
+        str(tmp_path),
+        "--lr=3",
+        "x=1",
+    )
     assert r.returncode == 0, r.stderr
     assert list(tmp_path.iterdir()) == []
     assert "exclusive" in r.stdout and "rank" in r.stdout
@@ -167,7 +195,9 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return code, out, err
 
 
-def test_user_mistakes_are_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_user_mistakes_are_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_"))]:
         monkeypatch.delenv(k)
     monkeypatch.chdir(REPO)

@@ -147,7 +147,9 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
 
 
 def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):
-    proc = submit(cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"), "--fail-rank", "3", "--exit-code", "3")
+    proc = submit(
+        cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"), "--fail-rank", "3", "--exit-code", "3"
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     fields = job_fields(cluster, job_id)
@@ -183,7 +185,18 @@ def _batch_shell_pid(job_id: str) -> int | None:
 
 def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(cluster, tmp_path):
     steps = 36
-    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--requeue-limit", "3", str(SCRIPTS / "slurm_counter.py"), str(steps), "0.3", wait=False)
+    proc = submit(
+        cluster,
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        "--requeue-limit",
+        "3",
+        str(SCRIPTS / "slurm_counter.py"),
+        str(steps),
+        "0.3",
+        wait=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from numarun.jobenv.slurm import node_order, parse_leaf_switches, rendezvous_port
 from numarun.slurm.node import first_failure, should_requeue, shutdown_grace
 
@@ -103,7 +104,20 @@ def test_node_task_runs_numarun_with_static_rendezvous_at_the_head(fake_slurm, t
     (info / "topology").write_text(TOPOLOGY)
     (info / "nodes").write_text("".join(f"NodeName={n} Arch=x86_64 NodeAddr={a} NodeHostName=h\n" for n, a in ADDRS.items()))
     env = dict(fake_slurm, **_step("node2"), NUMARUN_SLURM_INFO=str(info))
-    proc = _node(env, "task", "--run-dir", str(tmp_path), "--job-key", "77", "run", "--dry-run", "--nproc-per-node", "2", str(script), "--x")
+    proc = _node(
+        env,
+        "task",
+        "--run-dir",
+        str(tmp_path),
+        "--job-key",
+        "77",
+        "run",
+        "--dry-run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        "--x",
+    )
     assert proc.returncode == 0, proc.stderr
     cmd = next(line for line in proc.stdout.splitlines() if " torchrun " in line)
     # node2 sits under switch s2, after node1 and node3 of s1; the head is node1's NodeAddr
@@ -159,10 +173,36 @@ def test_node_task_records_a_failure_and_finish_reports_the_first(fake_slurm, tm
 
 @pytest.mark.slow
 def test_finish_requeues_after_the_signal_until_the_limit(fake_slurm, tmp_path):
-    fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--restart-count", "1", "--requeue-limit", "2")
+    fin = _node(
+        fake_slurm,
+        "finish",
+        "--run-dir",
+        str(tmp_path),
+        "--rc",
+        "0",
+        "--preempted",
+        "1",
+        "--restart-count",
+        "1",
+        "--requeue-limit",
+        "2",
+    )
     assert fin.returncode == 0 and "requeueing job 77 (restart 2 of 2)" in fin.stdout
     assert (tmp_path / "requeued").read_text().split() == ["requeue", "77"]
-    fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--restart-count", "2", "--requeue-limit", "2")
+    fin = _node(
+        fake_slurm,
+        "finish",
+        "--run-dir",
+        str(tmp_path),
+        "--rc",
+        "0",
+        "--preempted",
+        "1",
+        "--restart-count",
+        "2",
+        "--requeue-limit",
+        "2",
+    )
     assert fin.returncode == 0 and "requeue limit 2 reached" in fin.stderr
     assert (tmp_path / "requeued").read_text().count("requeue") == 1
 

@@ -34,7 +34,9 @@ def test_time_formats(text, seconds):
     assert parse_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["1:2:3:4", "", "abc", "1-", "-5", "1:60", "1:00:60", "1-24", "1-2:60", "5m", "1.5", "1- 2", "١٢"])
+@pytest.mark.parametrize(
+    "text", ["1:2:3:4", "", "abc", "1-", "-5", "1:60", "1:00:60", "1-24", "1-2:60", "5m", "1.5", "1- 2", "١٢"]
+)
 def test_bad_times(text):
     with pytest.raises(SlurmError) as e:
         parse_time(text)

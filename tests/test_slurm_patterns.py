@@ -48,7 +48,11 @@ def batch(cluster, tmp_path: Path, body: str, *sbatch: str, timeout: float = 240
 def _ended(cluster, job: str) -> dict[str, str] | None:
     text = slurm(cluster, "scontrol", "show", "job", job, check=False).stdout
     fields = dict(re.findall(r"(\w+)=(\S*)", text))
-    return fields if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY") else None
+    return (
+        fields
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+        else None
+    )
 
 
 def reports(out: Path) -> list[dict]:

@@ -22,6 +22,7 @@ from numarun.slurm.submit import overall_return_code, parse_scontrol_jobs
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 from golden import check_golden  # noqa: E402
+
 NUMARUN = ("/opt/numarun/.venv/bin/numarun",)
 
 GOLDEN_JOBS = {
@@ -84,8 +85,11 @@ def test_header_and_runtime_pieces():
 
 def test_whole_nodes_by_default_and_parts_on_request():
     def header(**kw):
-        return [line for line in render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw))).splitlines()
-                if line.startswith("#SBATCH") or line.startswith("# Requested")]
+        return [
+            line
+            for line in render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw))).splitlines()
+            if line.startswith("#SBATCH") or line.startswith("# Requested")
+        ]
 
     default = header(nodes=2, node_gpus=4)
     assert "#SBATCH --exclusive" in default and "#SBATCH --gpus-per-node=4" in default
@@ -266,8 +270,21 @@ def test_dry_run_prints_script_only(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "numarun", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"), str(script), "x=$(touch /tmp/pwned)"],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ, PATH="/usr/bin:/bin"),
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "submit",
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path / "o"),
+            str(script),
+            "x=$(touch /tmp/pwned)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PATH="/usr/bin:/bin"),
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash") and shlex.quote("x=$(touch /tmp/pwned)") in proc.stdout

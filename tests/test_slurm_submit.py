@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from numarun.slurm.submit import parse_gres_gpus, parse_sacct
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,9 @@ def test_an_sbatch_that_never_answers_fails_naming_the_timeout(tmp_path):
 
 
 def test_a_refused_submit_leaves_no_output_dir(tmp_path):
-    env = _fake(tmp_path, sbatch="echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", sinfo="exit 1")
+    env = _fake(
+        tmp_path, sbatch="echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", sinfo="exit 1"
+    )
     proc = _submit(env, tmp_path, "--output-dir", str(tmp_path / "out"), _script(tmp_path))
     assert proc.returncode == 2 and "sbatch refused the job: sbatch: error: Batch job submission failed" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -122,4 +125,7 @@ def test_parsers_of_slurm_answers():
     assert parse_gres_gpus("gpu:a100:4(S:0),gpu:v100:2\ngpu:8\n") == 6
     assert parse_gres_gpus("") == 0
     recs = parse_sacct("41_0|COMPLETED|0:0\n41_0.batch|COMPLETED|0:0\n41_1|CANCELLED by 0|0:15\n")
-    assert [(r.job_id, r.state, r.exit_code, r.signal) for r in recs] == [("41_0", "COMPLETED", 0, 0), ("41_1", "CANCELLED", 0, 15)]
+    assert [(r.job_id, r.state, r.exit_code, r.signal) for r in recs] == [
+        ("41_0", "COMPLETED", 0, 0),
+        ("41_1", "CANCELLED", 0, 15),
+    ]

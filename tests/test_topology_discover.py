@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, HWLOC_XML_DIR
+
 from numarun.errors import TopologyError
 from numarun.topology.discover import ENV_VAR, load_topology, merge_nvml
 from numarun.topology.model import Topology

@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import HWLOC_XML_DIR, SYSFS_DIR
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import HWLOC_XML_DIR, SYSFS_DIR
 from numarun.errors import TopologyError
 from numarun.topology.hwloc_xml import parse_hwloc_set, read_hwloc_xml
 from numarun.topology.model import NicKind, Topology
@@ -102,7 +102,10 @@ def test_compact_zero_words_in_sets() -> None:
         ("<topology version='2.0'>", ["not XML"]),
         ("<lstopo version='2.0'/>", ["<lstopo>"]),
         ("<topology version='2.0'></topology>", ["no <object>"]),
-        ("<topology version='2.0'><object type='Machine' cpuset='0x1'><object type='PU'/></object></topology>", ["PU without os_index"]),
+        (
+            "<topology version='2.0'><object type='Machine' cpuset='0x1'><object type='PU'/></object></topology>",
+            ["PU without os_index"],
+        ),
     ],
 )
 def test_unsupported_or_broken_xml(text: str, words: list[str]) -> None:

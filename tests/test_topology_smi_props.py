@@ -35,7 +35,12 @@ def render(ng, nn, cells, cpus, numa, gnuma, names, tabs) -> str:
     for i, label in enumerate(labels):
         row = [label] + [x if c == "X" else c for c in cells[i]]
         if i < ng:
-            row += [format_list(cpus[i]), "N/A" if numa[i] is None else str(numa[i]), "", "N/A" if gnuma[i] is None else str(gnuma[i])]
+            row += [
+                format_list(cpus[i]),
+                "N/A" if numa[i] is None else str(numa[i]),
+                "",
+                "N/A" if gnuma[i] is None else str(gnuma[i]),
+            ]
         lines.append(sep.join(row) + ("" if tabs else " "))
     if nn:
         lines += ["", "NIC Legend:", ""] + [f"  NIC{i}: {n}" for i, n in enumerate(names)]

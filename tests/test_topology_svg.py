@@ -49,7 +49,7 @@ def make_topology(
     ]
     gpus = []
     for node in range(n_nodes):
-        for k in range(gpus_per_node):
+        for _ in range(gpus_per_node):
             i = len(gpus)
             gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=node,
                             name="NVIDIA H100 80GB HBM3", cpu_affinity=tuple(sorted(node_cpus[node])),
@@ -309,6 +309,7 @@ def _pus(root: ET.Element) -> list[ET.Element]:
 
 def test_cores_are_sibling_sets_and_offline_cpus_sit_apart() -> None:
     from conftest import SYSFS_DIR, extract_tree
+
     from numarun.topology.sysfs import read_sysfs
 
     # multi-die packages without die_id repeat core_id: still 48 single-thread cores

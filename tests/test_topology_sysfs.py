@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from conftest import SYSFS_DIR, extract_tree, sysfs_tarballs
+
 from numarun.topology.hwloc_xml import parse_hwloc_set
 from numarun.topology.model import NicKind, Topology
 from numarun.topology.sysfs import read_sysfs

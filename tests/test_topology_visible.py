@@ -15,8 +15,8 @@ import pytest
 from numarun.errors import VisibleDevicesError
 from numarun.topology.model import Topology
 from numarun.topology.nvml import gpus_from_nvml_record
-from numarun.topology.smi import topology_from_smi
 from numarun.topology.pci import pci_order
+from numarun.topology.smi import topology_from_smi
 from numarun.topology.visible import visible_gpus
 
 FIX = Path(__file__).parent / "fixtures"

@@ -37,8 +37,13 @@ def test_bad_lists_name_the_value(flag: str, text: str) -> None:
 
 
 def test_override_axes_keep_other_args() -> None:
-    axes, rest = cand.override_axes(["trainer.batch_size=16,32,64", "model=gpt", "--flag", "x=[1,2]", "trainer.compile=true,false"])
-    assert [(a.name, a.values) for a in axes] == [("trainer.batch_size", ("16", "32", "64")), ("trainer.compile", ("true", "false"))]
+    axes, rest = cand.override_axes(
+        ["trainer.batch_size=16,32,64", "model=gpt", "--flag", "x=[1,2]", "trainer.compile=true,false"]
+    )
+    assert [(a.name, a.values) for a in axes] == [
+        ("trainer.batch_size", ("16", "32", "64")),
+        ("trainer.compile", ("true", "false")),
+    ]
     assert rest == ["model=gpt", "--flag", "x=[1,2]"]  # a list value is Hydra's, not a sweep
     cs = cand.candidates(axes)
     assert cs[0].overrides() == ["trainer.batch_size=16", "trainer.compile=true"]

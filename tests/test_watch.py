@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
+
 from numarun.launch.watch import (
     ThreadState,
     Watcher,
@@ -67,7 +68,11 @@ def _run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
 
 
 def _lines(out: str) -> dict[str, str]:
-    return {l.split()[0]: (l.split() + [""])[1] for l in out.splitlines() if l.split() and l.split()[0] in ("bound", "moved", "final")}
+    return {
+        line.split()[0]: (line.split() + [""])[1]
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in ("bound", "moved", "final")
+    }
 
 
 @pytest.mark.slow
@@ -117,7 +122,7 @@ def test_trainer_writes_the_watchers_figures(tmp_path):
                         f"hydra.run.dir={run_dir}"],
                        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(len(r["threads_repaired"]) == 1 and len(r["remote_memory_share"]) == 1 for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["threads_repaired"] == [0]

@@ -115,7 +115,15 @@ def test_sdist_holds_configs_as_real_files(dist_dir):
     assert all(m.isfile() for n, m in members.items() if n.startswith("launcher/configs/") and n.endswith(".yaml"))
     assert not [n for n, m in members.items() if m.issym() or m.islnk()]
     assert "launcher/slurm/templates/sbatch.sh.in" in members
-    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "tests/conftest.py", "scripts/test.sh", "configs/config.yaml"):
+    for name in (
+        "pyproject.toml",
+        "README.md",
+        "CHANGELOG.md",
+        "LICENSE",
+        "tests/conftest.py",
+        "scripts/test.sh",
+        "configs/config.yaml",
+    ):
         assert name in members, f"{name} missing from the sdist"
 
 
