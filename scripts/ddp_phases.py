@@ -9,7 +9,7 @@ one starting ``CPUS``: every rank's CPU affinity, ``rank:cpu,cpu``):
 * F: forward and loss; B: ``loss.backward()``, which returns when every bucket is reduced;
   O: gradient clipping (1.0), AdamW step (the trainer's implementation) and the mean-loss
   all-reduce, as the trainer does;
-* for the hierarchical hook, from numarun's bucket stream: ``first_cross`` (seconds from the
+* for the hierarchical hook, from numarun's chunk pipeline: ``first_cross`` (seconds from the
   start of backward until the first chunk is sent across nodes) and ``link`` (first chunk sent
   to last chunk back: the time the inter-node link is in use), with ``bytes`` crossing per
   rank, so that ``link`` can be set against the link's rate.
@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import numarun
-from numarun.comm import stream as stream_mod
 from numarun.comm.allreduce import apply_comm, ddp_bucket_mb
+from numarun.comm.pipeline import Steps
 from numarun.config.schema import ParallelKind
 from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
@@ -39,7 +39,7 @@ from numarun.train.models import Gpt
 
 def _record_stream(events: list[tuple[str, float, int]]) -> None:
     """Note when each chunk is sent across nodes and when it is gathered back."""
-    cross, gather = stream_mod.BucketStream._cross, stream_mod.BucketStream._gather
+    cross, gather = Steps.cross, Steps.gather
 
     def timed_cross(self: Any, c: Any) -> Any:
         wire_bytes = c.shard.numel() * (torch.finfo(self.inter_dtype).bits // 8 if self.inter_dtype else c.shard.element_size())
@@ -50,8 +50,8 @@ def _record_stream(events: list[tuple[str, float, int]]) -> None:
         events.append(("gather", time.perf_counter(), 0))
         return gather(self, c)
 
-    stream_mod.BucketStream._cross = timed_cross  # type: ignore[method-assign]
-    stream_mod.BucketStream._gather = timed_gather  # type: ignore[method-assign]
+    Steps.cross = timed_cross  # type: ignore[method-assign]
+    Steps.gather = timed_gather  # type: ignore[method-assign]
 
 
 def main() -> None:

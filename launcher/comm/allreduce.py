@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NumarunError
+from . import pipeline
 from .context import DistContext, current_context
 from .modes import CommMode, Compression, parse_comm_mode, parse_compression
+from .pipeline import Steps
 from .stream import BucketStream
 
 if TYPE_CHECKING:
@@ -26,80 +28,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def rs_single(output: Any, input: Any, **kwargs: Any) -> Any:
-    """``reduce_scatter_single`` where torch has it (2.13 deprecates ``reduce_scatter_tensor``)."""
-    import torch.distributed as dist
-
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(output, input, **kwargs)
-
-
-def ag_single(output: Any, input: Any, **kwargs: Any) -> Any:
-    """``all_gather_single`` where torch has it (2.13 deprecates ``all_gather_into_tensor``)."""
-    import torch.distributed as dist
-
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, input, **kwargs)
-
-
 def _context(context: DistContext | None) -> DistContext:
     ctx = context if context is not None else current_context()
     if ctx is None:
         raise NumarunError("no distributed context: expected numarun.init() to be called before hierarchical_all_reduce")
     return ctx
-
-
-# Set once a backend has shown it lacks the tensor forms of reduce-scatter / all-gather.
-_NO_RS_TENSOR = False
-_NO_AG_TENSOR = False
-
-
-def _unsupported(e: BaseException) -> bool:
-    """An error that says the backend lacks the operation (older gloo), not a failed collective."""
-    if isinstance(e, NotImplementedError):
-        return True
-    text = str(e).lower()
-    return any(k in text for k in ("not supported", "unsupported", "not implemented", "does not support"))
-
-
-def _reduce_scatter(out: torch.Tensor, full: torch.Tensor, op: Any, group: Any) -> None:
-    """out = this rank's 1/G slice of the group's reduction of ``full`` (len G * len(out))."""
-    global _NO_RS_TENSOR
-    import torch.distributed as dist
-
-    if not _NO_RS_TENSOR:
-        try:
-            rs_single(out, full, op=op, group=group)
-            return
-        except (RuntimeError, NotImplementedError) as e:
-            if not _unsupported(e):
-                raise
-            _NO_RS_TENSOR = True
-            log.info("reduce_scatter_tensor unsupported here (%s); using all_reduce + slice", e)
-    # Fallback: costs a full all-reduce inside the node, still never crosses nodes.
-    g = dist.get_world_size(group)
-    me = dist.get_rank(group)
-    tmp = full.clone()
-    dist.all_reduce(tmp, op=op, group=group)
-    out.copy_(tmp.view(g, -1)[me])
-
-
-def _all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any) -> None:
-    global _NO_AG_TENSOR
-    import torch.distributed as dist
-
-    if not _NO_AG_TENSOR:
-        try:
-            ag_single(full, shard, group=group)
-            return
-        except (RuntimeError, NotImplementedError) as e:
-            if not _unsupported(e):
-                raise
-            _NO_AG_TENSOR = True
-            log.info("all_gather_into_tensor unsupported here (%s); using all_gather", e)
-    g = dist.get_world_size(group)
-    parts = list(full.view(g, -1).unbind(0))
-    dist.all_gather(parts, shard.contiguous(), group=group)
 
 
 HIERARCHICAL_BUCKET_MB = 2.0
@@ -114,153 +47,6 @@ def ddp_bucket_mb(bucket_mb: float | None, mode: str | CommMode) -> float | None
     if bucket_mb is None and parse_comm_mode(mode) is not CommMode.FLAT:
         return HIERARCHICAL_BUCKET_MB
     return bucket_mb
-
-MAX_CHUNK_BYTES = 2 * 2**20
-MIN_CHUNK_BYTES = 256 * 2**10
-PIPELINE_DEPTH = 16
-"""Default pipelining: about this many chunks, each MIN..MAX_CHUNK_BYTES. Only the in-node
-steps of the first and last chunk are not hidden behind the link, so more chunks hide
-more, until per-collective overhead dominates."""
-
-# True once a one-shot call has shown the backend has the tensor forms used when pipelining.
-_PROBED = False
-
-
-def padded(flat: torch.Tensor, g: int) -> torch.Tensor:
-    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy. The ops
-    are elementwise, so the pad never mixes with the data; the caller copies ``[:n]`` back."""
-    import torch
-
-    n = flat.numel()
-    shard_len = -(-n // g)
-    if shard_len * g == n:
-        return flat
-    full = torch.zeros(shard_len * g, dtype=flat.dtype, device=flat.device)
-    full[:n].copy_(flat)
-    return full
-
-
-def stream_ready() -> bool:
-    """The backend has shown the async tensor forms of reduce-scatter / all-gather that
-    pipelining needs (a first one-shot call probes them)."""
-    return _PROBED and not (_NO_RS_TENSOR or _NO_AG_TENSOR)
-
-
-def default_chunk_bytes(total_bytes: int) -> int:
-    return max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, total_bytes // PIPELINE_DEPTH))
-
-
-def chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> int:
-    b = default_chunk_bytes(numel * elem_size) if chunk_bytes is None else chunk_bytes
-    if b <= 0:
-        return 1 << 62
-    return max(g, (b // elem_size) // g * g)
-
-
-def chunk_bounds(numel: int, step: int, g: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of ceil(numel / step) chunks of near-equal length, each a multiple of
-    ``g`` (``numel`` is one): no short tail chunk paying a collective's fixed cost on its own."""
-    n = max(1, -(-numel // step))
-    base, extra = divmod(numel // g, n)
-    bounds, s = [], 0
-    for i in range(n):
-        e = s + (base + (i < extra)) * g
-        if e > s:
-            bounds.append((s, e))
-        s = e
-    return bounds
-
-
-def _one_shot(full: torch.Tensor, shard_len: int, op: Any, ctx: DistContext, inter_dtype: torch.dtype | None,
-              divisor: int | None = None) -> None:
-    """Reduce-scatter, inter-node all-reduce, all-gather of the whole (padded) tensor.
-    ``divisor``: divide the reduced shard before the all-gather (AVG), 1/G of the work of
-    dividing the gathered tensor on every rank."""
-    global _PROBED
-    import torch
-    import torch.distributed as dist
-
-    g = ctx.local_world_size
-    if g > 1:
-        shard = torch.empty(shard_len, dtype=full.dtype, device=full.device)
-        _reduce_scatter(shard, full, op, ctx.intra_group)
-    else:
-        shard = full
-    if ctx.num_nodes > 1:
-        if inter_dtype is not None and inter_dtype != shard.dtype:
-            wire = shard.to(inter_dtype)
-            dist.all_reduce(wire, op=op, group=ctx.inter_group)
-            shard.copy_(wire)
-        else:
-            dist.all_reduce(shard, op=op, group=ctx.inter_group)
-    if divisor is not None:
-        shard.div_(divisor)
-    if g > 1:
-        _all_gather(full, shard, ctx.intra_group)
-    _PROBED = True
-
-
-def _pipelined(full: torch.Tensor, step: int, op: Any, ctx: DistContext, inter_dtype: torch.dtype | None,
-               divisor: int | None = None) -> None:
-    """The same three steps per chunk, overlapped: while chunk c crosses nodes (inter group),
-    chunk c+1 is reduce-scattered and chunk c-1 all-gathered inside the node (intra group).
-    Every rank issues the collectives of each group in the same order, as they must."""
-    import torch
-    import torch.distributed as dist
-
-    g = ctx.local_world_size
-    bounds = chunk_bounds(full.numel(), step, g)
-    k = len(bounds)
-    chunks = [full[s:e] for s, e in bounds]
-    if g > 1:
-        shards = [torch.empty((e - s) // g, dtype=full.dtype, device=full.device) for s, e in bounds]
-    else:
-        shards = chunks
-    compress = ctx.num_nodes > 1 and inter_dtype is not None and inter_dtype != full.dtype
-    wires: list[Any] = [None] * k
-
-    def reduce_scatter(c: int) -> Any:
-        if g == 1:
-            return None
-        return rs_single(shards[c], chunks[c], op=op, group=ctx.intra_group, async_op=True)
-
-    def cross(c: int) -> Any:
-        if ctx.num_nodes == 1:
-            return None
-        if compress:
-            wires[c] = shards[c].to(inter_dtype)
-            return dist.all_reduce(wires[c], op=op, group=ctx.inter_group, async_op=True)
-        return dist.all_reduce(shards[c], op=op, group=ctx.inter_group, async_op=True)
-
-    def gather(c: int) -> Any:
-        if compress:
-            shards[c].copy_(wires[c])
-            wires[c] = None
-        if divisor is not None:
-            shards[c].div_(divisor)
-        if g == 1:
-            return None
-        return ag_single(chunks[c], shards[c], group=ctx.intra_group, async_op=True)
-
-    def wait(w: Any) -> None:
-        if w is not None:
-            w.wait()
-
-    pending_rs = reduce_scatter(0)
-    crossing: list[Any] = [None] * k
-    gathers: list[Any] = []
-    for c in range(k):
-        wait(pending_rs)
-        if c + 1 < k:
-            pending_rs = reduce_scatter(c + 1)
-        crossing[c] = cross(c)
-        if c >= 1:
-            wait(crossing[c - 1])
-            gathers.append(gather(c - 1))
-    wait(crossing[k - 1])
-    gathers.append(gather(k - 1))
-    for w in gathers:
-        wait(w)
 
 
 def hierarchical_all_reduce(
@@ -278,7 +64,10 @@ def hierarchical_all_reduce(
     ``inter_dtype``: cast the shard to this dtype (bf16/fp16) for the inter-node step only.
     ``chunk_bytes``: tensors larger than this are reduced in chunks, pipelined so that one
     chunk crosses nodes while the next is reduced inside the node (default None: about
-    ``PIPELINE_DEPTH`` chunks of 256 KiB..2 MiB; 0 = one shot). Chunking never changes the result.
+    ``collectives.PIPELINE_DEPTH`` chunks of 256 KiB..2 MiB; 0 = one shot). Chunks change a
+    float result by rounding at most: in a group of three or more ranks, the order of a sum
+    can follow the chunk boundaries. The first reduction on a context is one
+    shot: it shows whether the backend has the collectives the pipeline needs.
     """
     import torch.distributed as dist
 
@@ -294,22 +83,11 @@ def hierarchical_all_reduce(
     if inter_dtype is not None and op != dist.ReduceOp.SUM:
         raise NumarunError(f"bad op {op} with compression: expected SUM or AVG")
 
-    g = ctx.local_world_size
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
-    n = flat.numel()
-    full = padded(flat, g)
-    shard_len = full.numel() // g
-
-    if n:
-        step = chunk_elems(chunk_bytes, full.element_size(), g, full.numel())
-        divisor = ctx.world_size if average else None
-        if not stream_ready() or step >= full.numel():
-            _one_shot(full, shard_len, op, ctx, inter_dtype, divisor)
-        else:
-            _pipelined(full, step, op, ctx, inter_dtype, divisor)
-        if full is not flat:
-            flat.copy_(full[:n])
+    if flat.numel():
+        steps = Steps(ctx, op=op, inter_dtype=inter_dtype, divisor=ctx.world_size if average else None)
+        pipeline.reduce_flat(flat, steps, forms=ctx.tensor_forms, chunk_bytes=chunk_bytes)
     if work is not tensor:
         tensor.copy_(work)
     return tensor
@@ -324,15 +102,14 @@ class HookState:
     overlap: bool = True
     """Reduce buckets on a communication thread while backward continues (False: in the hook)."""
     chunk_bytes: int | None = None
-    """Pipelining chunk of each bucket (None: the stream's 1 MiB, or :func:`default_chunk_bytes`
-    of the bucket without ``overlap``; 0: one shot)."""
+    """Pipelining chunk of each bucket (None: the stream's 1 MiB, or
+    :func:`~numarun.comm.collectives.default_chunk_bytes` of the bucket without ``overlap``; 0: one shot)."""
     stream: BucketStream | None = field(default=None, repr=False)
     """With ``overlap``: the pipeline all of a backward pass's buckets go through."""
 
     def __post_init__(self) -> None:
         if self.overlap and self.stream is None:
-            stream = BucketStream(self.context, inter_dtype=self.inter_dtype, chunk_bytes=self.chunk_bytes,
-                                  one_bucket=self.reduce)
+            stream = BucketStream(self.context, inter_dtype=self.inter_dtype, chunk_bytes=self.chunk_bytes)
             object.__setattr__(self, "stream", stream)
 
     def reduce(self, buffer: torch.Tensor) -> torch.Tensor:

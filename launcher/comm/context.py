@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NumarunError, expected
+from .collectives import TensorForms
 from .groups import GroupLayout, HierarchyError, RankPlace, create_groups, layout_from_places
 
 if TYPE_CHECKING:
@@ -53,6 +54,11 @@ class DistContext:
     """The ranks with this local rank on every node (None when nodes differ in size)."""
     mesh: Any
     """2D ``DeviceMesh`` with dims ("inter", "intra") = (num_nodes, local_world_size); None when nodes differ."""
+    tensor_forms: TensorForms = field(default_factory=TensorForms, repr=False)
+    """What the hierarchical reductions on this context have shown of the backend. One thread
+    at a time uses it, as one thread at a time may issue collectives on these groups: the
+    caller's, or a DDP bucket stream's during backward, handed over through the stream's queue
+    and the buckets' futures (DDP waits for them before backward returns)."""
 
     @property
     def hierarchical_ok(self) -> bool:
