@@ -78,10 +78,6 @@ class GroupLayout:
     def intra_of(self, rank: int) -> tuple[int, ...]:
         return self.intra[self.places[rank].node_rank]
 
-    def inter_of(self, rank: int) -> tuple[int, ...]:
-        self.require_uniform()
-        return self.inter[self.places[rank].local_rank]
-
 
 def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) -> GroupLayout:
     """Build the layout from each global rank's (node_rank, local_rank), index = global rank.
@@ -118,40 +114,28 @@ def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) 
     return GroupLayout(places=norm, intra=tuple(intra), inter=inter)
 
 
-def contiguous_layout(*, num_nodes: int, local_world_size: int) -> GroupLayout:
-    """The layout torchrun produces: node n holds ranks n*G .. n*G+G-1."""
-    if num_nodes < 1 or local_world_size < 1:
-        raise HierarchyError(
-            f"bad job shape {num_nodes}x{local_world_size}: expected at least 1 node and 1 rank per node"
-        )
-    return layout_from_places(
-        [RankPlace(r // local_world_size, r % local_world_size) for r in range(num_nodes * local_world_size)]
-    )
-
-
 @dataclass(frozen=True, eq=False)
 class HierarchicalGroups:
     """This rank's groups (None where the job shape does not allow them)."""
 
-    layout: GroupLayout
     intra: dist.ProcessGroup | None
     inter: dist.ProcessGroup | None
 
 
-def create_groups(layout: GroupLayout, rank: int, *, backend: str | None = None) -> HierarchicalGroups:
+def create_groups(layout: GroupLayout, rank: int) -> HierarchicalGroups:
     """Collective: create all intra groups, then (uniform jobs) all inter groups, on every rank."""
     import torch.distributed as dist
 
     mine_intra: Any = None
     mine_inter: Any = None
     for n, ranks in enumerate(layout.intra):
-        g = dist.new_group(list(ranks), backend=backend, group_desc=f"numarun_intra_{n}")
+        g = dist.new_group(list(ranks), group_desc=f"numarun_intra_{n}")
         if rank in ranks:
             mine_intra = g
     for i, ranks in enumerate(layout.inter):
-        g = dist.new_group(list(ranks), backend=backend, group_desc=f"numarun_inter_{i}")
+        g = dist.new_group(list(ranks), group_desc=f"numarun_inter_{i}")
         if rank in ranks:
             mine_inter = g
     if not layout.uniform:
         log.info("nodes run %s ranks: no inter-node groups, hierarchical all-reduce unavailable", layout.node_sizes)
-    return HierarchicalGroups(layout=layout, intra=mine_intra, inter=mine_inter)
+    return HierarchicalGroups(intra=mine_intra, inter=mine_inter)
