@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from numarun.bench import allreduce as bench
-from numarun.commands import bench as bench_cmd
 from numarun.comm.allreduce import CommMode, Compression, parse_comm_mode, parse_compression
 from numarun.comm.groups import HierarchyError, RankPlace, layout_from_places
+from numarun.commands import bench as bench_cmd
 from numarun.errors import ConfigError, NumarunError, UsageError
 
 
