@@ -86,11 +86,9 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def _current_binding() -> RankBinding | None:
-    # The bootstrap belongs to the launch side; plain torchrun has none, so tolerate its absence.
-    try:
-        from ..worker import current_binding
-    except ImportError:
-        return None
+    """This rank's binding; None under plain torchrun (no plan)."""
+    from ..worker import current_binding
+
     try:
         return current_binding()
     except NumarunError:
