@@ -5,6 +5,7 @@
 #   bash scripts/test-cluster.sh up [--nodes N]   # install Slurm+munge if needed, start it, wait for N idle nodes (2..4)
 #   bash scripts/test-cluster.sh down             # stop everything, delete the namespaces (idempotent, never fails)
 #   bash scripts/test-cluster.sh status
+#   bash scripts/test-cluster.sh install          # only install Slurm+munge if needed (the test command runs it early)
 #
 # Each "node" is a network namespace (nrc1..nrcN) with an interface nrc0, all joined by a
 # bridge in a namespace of its own (nrcsw). slurmctld and slurmd node1 run in nrc1, slurmd
@@ -99,6 +100,13 @@ make_namespaces() {  # N
     ip -n "$ns" addr add "$(node_addr "$i")/8" dev "$IFNAME"
     ip -n "$ns" link set lo up
     ip -n "$ns" link set "$IFNAME" up
+    # No name server is reachable from a node. One whose address falls in the nodes' 10/8 would
+    # be asked across the bridge and never answer: every lookup (c10d's reverse lookup of each
+    # peer it connects, for one) would wait out the resolver's 5 s timeouts. Unreachable, it
+    # fails at once, as on a host where the name server is down.
+    for dns in $(awk '$1 == "nameserver" && $2 ~ /^[0-9.]+$/ {print $2}' /etc/resolv.conf 2>/dev/null); do
+      ip -n "$ns" route add unreachable "$dns/32" 2>/dev/null || true
+    done
   done
 }
 
@@ -310,5 +318,6 @@ case "${1:-}" in
     up "$nodes" ;;
   down) down_quiet; say "down"; exit 0 ;;
   status) status ;;
-  *) echo "usage: $0 up [--nodes N]|down|status" >&2; exit 2 ;;
+  install) mkdir -p "$W/log" && install_packages ;;
+  *) echo "usage: $0 up [--nodes N]|down|status|install" >&2; exit 2 ;;
 esac

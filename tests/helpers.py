@@ -140,5 +140,5 @@ def leaked(pids: list[int], *, within_s: float = 30) -> list[int]:
 
 
 def pid_files(out: Path) -> list[int]:
-    """The pids test workers wrote as ``OUT/pid<RANK>`` (tests/scripts/sleeper.py and others)."""
+    """The pids test workers wrote as ``OUT/pid<RANK>`` (tests/scripts/fault_allreduce.py and others)."""
     return [int(p.read_text()) for p in out.glob("pid*") if not p.name.endswith(".tmp")]

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -183,20 +184,28 @@ def _batch_shell_pid(job_id: str) -> int | None:
     return pids[0] if len(pids) == 1 else None
 
 
-def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(cluster, tmp_path):
-    steps = 36
-    proc = submit(
-        cluster,
-        tmp_path,
-        "--nproc-per-node",
-        "1",
-        "--requeue-limit",
-        "3",
-        str(SCRIPTS / "slurm_counter.py"),
-        str(steps),
-        "0.3",
-        wait=False,
-    )
+# The two scenarios below take two of the cluster's four nodes each and run at once: most of
+# their time is waiting (steps that sleep, a 36 s save, Slurm's requeue), not work.
+
+
+@pytest.fixture(scope="module")
+def preempted(cluster, tmp_path_factory):
+    pool = ThreadPoolExecutor(2)
+    runs = {
+        "requeued twice": pool.submit(_requeued_twice, cluster, tmp_path_factory.mktemp("requeue")),
+        "slow save": pool.submit(_slow_save_after_the_signal, cluster, tmp_path_factory.mktemp("grace")),
+    }
+    yield runs
+    pool.shutdown(wait=True)
+
+
+REQUEUE_STEPS = 36
+
+
+def _requeued_twice(cluster, tmp_path: Path) -> tuple[str, Path, str]:
+    """(job id, run dir, log) of a counter job requeued by the admin, then by its own pre-timeout signal."""
+    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--requeue-limit", "3", str(SCRIPTS / "slurm_counter.py"),
+                  str(REQUEUE_STEPS), "0.3", wait=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])
@@ -214,22 +223,27 @@ def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(clust
         wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180)
     finally:
         slurm(cluster, "scancel", job_id, check=False)
+    return job_id, run_dir, Path(printed(proc.stdout, "log")[0]).read_text()
+
+
+def test_requeue_resumes_from_checkpoint_without_losing_or_repeating_steps(cluster, preempted):
+    job_id, run_dir, log = preempted["requeued twice"].result()
     fields = job_fields(cluster, job_id)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "2", fields
     history = json.loads((run_dir / "counter.json").read_text())["history"]
-    assert [s for s, _ in history] == list(range(steps)), "a step was lost or repeated"
+    assert [s for s, _ in history] == list(range(REQUEUE_STEPS)), "a step was lost or repeated"
     restarts = [r for _, r in history]
     assert restarts == sorted(restarts) and set(restarts) == {0, 1, 2}
-    log = Path(printed(proc.stdout, "log")[0]).read_text()
     assert "requeueing job" in log and log.count(f"numarun: job {job_id} (restart") == 3
 
 
-def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(cluster, tmp_path):
-    """torchrun's agent kills ranks 30 s after TERM by default; with --signal-before 120 a 36 s
-    save after the pre-timeout signal completes, the job requeues and resumes at that step."""
-    steps, save_s = 14, 36
+GRACE_STEPS, SAVE_S = 14, 36
+
+
+def _slow_save_after_the_signal(cluster, tmp_path: Path) -> tuple[str, Path]:
+    """(job id, run dir) of a counter job whose save after the pre-timeout signal takes 36 s."""
     proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--signal-before", "120",
-                  str(SCRIPTS / "slurm_counter.py"), str(steps), "0.3", str(save_s), wait=False)
+                  str(SCRIPTS / "slurm_counter.py"), str(GRACE_STEPS), "0.3", str(SAVE_S), wait=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])
@@ -242,6 +256,13 @@ def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(clus
         wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240)
     finally:
         slurm(cluster, "scancel", job_id, check=False)
+    return job_id, run_dir
+
+
+def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(cluster, preempted):
+    """torchrun's agent kills ranks 30 s after TERM by default; with --signal-before 120 a 36 s
+    save after the pre-timeout signal completes, the job requeues and resumes at that step."""
+    job_id, run_dir = preempted["slow save"].result()
     text = (run_dir / "progress.txt").read_text()
     started = [int(line.split()[2]) for line in text.splitlines() if line.startswith("save start")]
     done = [int(line.split()[2]) for line in text.splitlines() if line.startswith("save done")]
@@ -249,7 +270,7 @@ def test_preemption_grace_follows_signal_before_and_the_slow_save_completes(clus
     fields = job_fields(cluster, job_id)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", fields
     history = json.loads((run_dir / "counter.json").read_text())["history"]
-    assert [s for s, _ in history] == list(range(steps)), "a step was lost or repeated"
+    assert [s for s, _ in history] == list(range(GRACE_STEPS)), "a step was lost or repeated"
     # the restarted run began exactly at the step the save recorded
     assert [s for s, r in history if r == 1][0] == done[0]
 
@@ -270,7 +291,7 @@ def _metric_steps(run_dir: Path) -> list[int]:
 
 def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path):
     """numarun's trainer (scripts/train.py) under submit: requeue, then every step exactly once."""
-    steps = 300
+    steps = 120
     # a 30 min limit: the 5 min of the other jobs can end a slow run by the real pre-timeout signal
     proc = submit(
         cluster, tmp_path, "--nproc-per-node", "1", "--time", "30", str(REPO / "scripts" / "train.py"),
