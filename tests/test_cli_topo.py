@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_topology_svg import by_class, make_topology
+from topo_helpers import by_class, make_topology
 
 from numarun.topology.model import RdmaPort, Topology
 from numarun.view.topo import NO_GPU_LINE, cpu_summary, nic_cells, render_text

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import golden
-from test_topology_svg import make_topology, plan_for
+from topo_helpers import make_topology, plan_for
 
 from numarun.plan.model import LaunchPlan
 from numarun.topology.discover import load_topology

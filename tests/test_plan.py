@@ -7,7 +7,7 @@ import itertools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_plan_helpers import build_topology, check_invariants, eth, ib
+from topo_helpers import build_topology, check_invariants, eth, ib
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import extract_tree
-from test_plan_helpers import check_invariants
+from topo_helpers import check_invariants
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan

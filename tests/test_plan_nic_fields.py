@@ -9,8 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_plan_helpers import build_topology, check_invariants, eth, ib
-from test_plan_nics import ALL
+from topo_helpers import build_topology, check_invariants, eth, ib, recorded_topologies
 
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
@@ -23,6 +22,7 @@ from numarun.view.topo import render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+ALL = recorded_topologies()
 WITH_NICS = {k: t for k, t in ALL.items() if t.gpus and t.nics}
 
 

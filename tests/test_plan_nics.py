@@ -13,32 +13,20 @@ from pathlib import Path
 
 import pytest
 from conftest import SYSFS_DIR, extract_tree
-from test_plan_helpers import check_invariants
+from topo_helpers import check_invariants, recorded_topologies
 
 from numarun.plan.binding import make_plan
 from numarun.plan.model import LaunchPlan, NicPolicy, PlanRequest
 from numarun.plan.nic import compute_nics
 from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import RdmaPort, Topology, link_rank
-from numarun.topology.smi import topology_from_smi
 from numarun.topology.sysfs import read_sysfs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _PXB = link_rank("PXB")
 
 
-def _recorded() -> dict[str, Topology]:
-    out: dict[str, Topology] = {}
-    for p in sorted((FIXTURES / "nvidia-smi").glob("*.txt")):
-        out[f"smi/{p.stem}"] = topology_from_smi(p.read_text(), str(p))
-    for p in sorted((FIXTURES / "hwloc").glob("*.xml")):
-        out[f"hwloc/{p.stem}"] = read_hwloc_xml(p)
-    for p in sorted(SYSFS_DIR.glob("*.tar.bz2")) + [FIXTURES / "live-h200-vm" / "sysfs.tar.gz"]:
-        out[f"sysfs/{p.name}"] = read_sysfs(extract_tree(p))
-    return out
-
-
-ALL = _recorded()
+ALL = recorded_topologies()
 MULTI_NIC_GPU = {k: t for k, t in ALL.items() if t.gpus and len(t.nics) >= 2}
 
 

@@ -16,45 +16,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from helpers import clean_env, numarun_cmd
+from refusals import EXIT, TRAIN, Case, case, check_refusal, run_in_process, unwritable
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
 P4D = str(FIX / "nvidia-smi" / "aws-p4d.24xlarge.txt")  # 8 GPUs, no UUIDs
 P4 = str(FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt")  # 1 GPU, 8 CPUs
-TRAIN = str(REPO / "scripts" / "train.py")
-EXIT = str(REPO / "tests" / "scripts" / "exit_rank.py")
 NODE0 = "sys/devices/system/node/node0/cpulist"
-
-
-@dataclass(frozen=True)
-class Case:
-    """One mistake: argv for ``numarun``, extra env, and words the error line must hold.
-
-    ``stdout``: a file standing for numarun's standard output (``/dev/full``); ``code``: the
-    exit code (2 for a mistake, 1 for output that could not be written).
-    """
-
-    id: str
-    argv: tuple[str, ...]
-    words: tuple[str, ...]
-    env: dict[str, str] = field(default_factory=dict)
-    stdout: str | None = None
-    code: int = 2
-
-
-def case(id: str, argv: str | list[str], *words: str, **env: str) -> Case:
-    return Case(id, tuple(argv.split() if isinstance(argv, str) else argv), words, env)
-
-
-def unwritable(id: str, argv: str, *words: str) -> Case:
-    """``numarun ARGV > /dev/full``: the write error in one line, exit 1."""
-    return replace(case(id, argv, *words), stdout="/dev/full", code=1)
 
 
 # {bad}: a folder of broken inputs built by the `bad` fixture; {tree}: a sysfs tree.
@@ -278,31 +250,8 @@ def tree(h200_tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _numarun() -> list[str]:
-    exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "numarun"]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k != "CUDA_VISIBLE_DEVICES"}
-    env.update(extra)
-    return env
-
-
 def _argv(c: Case, bad: Path, tree: Path) -> list[str]:
     return [a.replace("{bad}", str(bad)).replace("{tree}", str(tree)) for a in c.argv]
-
-
-def _check(code: int, err: str, c: Case, workdir: Path) -> None:
-    lines = err.splitlines()
-    assert code == c.code, (code, err)
-    assert len(lines) == 1, err
-    assert "Traceback" not in err and lines[0].startswith("numarun")
-    for w in c.words:
-        assert w in lines[0], (w, lines[0])
-    # nothing half-written: no run dir, checkpoint or plan file in the working directory
-    assert list(workdir.iterdir()) == []
 
 
 # submit cases may ask sinfo what a node holds (a process): they run in the slow tier
@@ -311,36 +260,7 @@ def _check(code: int, err: str, c: Case, workdir: Path) -> None:
 def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     code, err = run_in_process(_argv(c, bad, tree), tmp_path, capsys, monkeypatch, env=c.env, stdout=c.stdout)
-    _check(code, err, c, tmp_path)
-
-
-def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                   env: Mapping[str, str] | None = None, stdout: str | None = None) -> tuple[int, str]:
-    """``numarun ARGV`` in this process, from ``cwd``, without the caller's numarun/Slurm variables: (exit code, stderr)."""
-    from numarun.cli import main
-
-    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:
-        monkeypatch.delenv(k, raising=False)
-    for k, v in (env or {}).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    out = open(stdout, "w") if stdout else None  # noqa: SIM115  (closed below, whatever main does)
-    saved = sys.stdout
-    if out is not None:
-        sys.stdout = out
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's own refusals
-        code = int(e.code or 0)
-    finally:
-        if out is not None:
-            sys.stdout = saved  # before the file is closed
-            try:
-                out.close()
-            except OSError:
-                pass  # what main left buffered: the error it was to report
-    return code, capsys.readouterr().err
+    check_refusal(code, err, c, tmp_path)
 
 
 @pytest.mark.slow
@@ -348,9 +268,9 @@ def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture
 def test_bad_input_end_to_end(name: str, bad: Path, tree: Path, tmp_path: Path) -> None:
     c = next(c for c in CASES if c.id == name)
     with open(c.stdout or os.devnull, "w") as out:  # at exit, Python flushes stdout once more: nothing may be said then
-        r = subprocess.run([*_numarun(), *_argv(c, bad, tree)], cwd=tmp_path, env=_env(**c.env),
+        r = subprocess.run([*numarun_cmd(), *_argv(c, bad, tree)], cwd=tmp_path, env=clean_env(**c.env),
                            stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
-    _check(r.returncode, r.stderr, c, tmp_path)
+    check_refusal(r.returncode, r.stderr, c, tmp_path)
 
 
 def test_table_is_large_and_distinct() -> None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_reliability_badinput import TRAIN, _check, _env, _numarun, case, run_in_process
+from helpers import clean_env, numarun_cmd
+from refusals import TRAIN, case, check_refusal, run_in_process
 
 pytestmark = pytest.mark.slow  # every test starts numarun or a trainer
 
@@ -28,8 +29,8 @@ TIMEOUT = 180
 
 
 def _train(args: list[str], cwd: Path, *, nproc: int = 1) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_numarun(), "--nproc-per-node", str(nproc), TRAIN, "trainer.progress=false", *args], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run([*numarun_cmd(), "--nproc-per-node", str(nproc), TRAIN, "trainer.progress=false", *args], cwd=cwd,
+                          env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_read_only_checkpoint_dir_is_refused_before_training(readonly: Path, tmp
     for target in (readonly, readonly / "sub"):  # the dir itself, or one to be created in it
         c = case("ro", [TRAIN, f"trainer.checkpoint_dir={target}"], str(target), "Read-only file system", "writable directory")
         code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-        _check(code, err, c, tmp_path)  # exit 2, one line, no run dir
+        check_refusal(code, err, c, tmp_path)  # exit 2, one line, no run dir
 
 
 def _tokens(path: Path, ids: list[int] | np.ndarray, dtype: type = np.uint16) -> str:
@@ -117,7 +118,7 @@ def test_bad_data_files_fail_before_training(
     ]
     for c in cases:
         code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-        _check(code, err, c, tmp_path)
+        check_refusal(code, err, c, tmp_path)
 
 
 def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -125,7 +126,7 @@ def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path,
     c = case("model", [TRAIN, f"trainer.checkpoint_dir={saved}", "trainer.resume=true", "model.hidden_dim=128"],
              "model.hidden_dim=64 in the checkpoint but 128 now", "step_00000002")
     code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-    _check(code, err, c, tmp_path)
+    check_refusal(code, err, c, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -162,7 +163,7 @@ def test_a_planted_checkpoint_is_not_loaded(plant: str, saved: Path, tmp_path: P
         ck, bad, why = link, link, "symbolic link"
     c = case(plant, [TRAIN, f"trainer.checkpoint_dir={ck}", "trainer.resume=true"], f"'{bad}'", why, "loaded as code")
     code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-    _check(code, err, c, tmp_path)
+    check_refusal(code, err, c, tmp_path)
 
 
 def test_the_workers_check_trust_too(saved: Path, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import clean_env, error_lines, numarun_cmd
-from test_reliability_badinput import EXIT, _check, case, run_in_process
+from refusals import EXIT, case, check_refusal, run_in_process
 
 NODE0 = "sys/devices/system/node/node0/cpulist"
 
@@ -56,7 +56,7 @@ def test_a_topology_that_never_ends_is_refused(source: str, words: tuple[str, ..
     for command in (["plan", "--topology", path], ["--topology", path, "--dry-run", EXIT, "0", "0"]):
         c = case(source, command, *words)
         code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-        _check(code, err, c, tmp_path)
+        check_refusal(code, err, c, tmp_path)
 
 
 def test_the_bounded_read_reads_regular_files_whole(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_reliability_badinput import EXIT, TRAIN, Case, _check, _env, _numarun, case, run_in_process
+from helpers import clean_env, numarun_cmd
+from refusals import EXIT, TRAIN, Case, case, check_refusal, run_in_process
 
 CASES: list[Case] = [
     case("max-restarts-negative", f"--max-restarts -5 {EXIT} 0 0", "'-5'", ">= 0"),
@@ -56,7 +57,7 @@ def test_torchrun_option_is_checked(
     c: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-    _check(code, err, c, tmp_path)
+    check_refusal(code, err, c, tmp_path)
 
 
 def test_a_taken_master_port_is_refused_before_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -67,7 +68,7 @@ def test_a_taken_master_port_is_refused_before_launch(tmp_path: Path, capsys: py
         port = s.getsockname()[1]
         c = case("taken-port", f"--master-port {port} {EXIT} 0 0", str(port), "free port")
         code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
-    _check(code, err, c, tmp_path)
+    check_refusal(code, err, c, tmp_path)
 
 
 @pytest.mark.parametrize("value", ["join_timeout=15,close_timeout=5", "is_host=false,read_timeout=30", ""])
@@ -100,8 +101,8 @@ def test_runtime_errors_name_their_cause() -> None:
 @pytest.mark.parametrize("name", SUBPROCESS)
 def test_torchrun_option_end_to_end(name: str, tmp_path: Path) -> None:
     c = next(c for c in CASES if c.id == name)
-    r = subprocess.run([*_numarun(), *c.argv], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
-    _check(r.returncode, r.stderr, c, tmp_path)
+    r = subprocess.run([*numarun_cmd(), *c.argv], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    check_refusal(r.returncode, r.stderr, c, tmp_path)
 
 
 def test_table_is_distinct() -> None:

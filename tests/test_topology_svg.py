@@ -6,77 +6,18 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from topo_helpers import by_class, make_topology, plan_for
 
 from numarun.cpuset import format_list
-from numarun.plan.model import BindingMode, GpuRef, LaunchPlan, RankBinding
-from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
+from numarun.plan.model import BindingMode, LaunchPlan
+from numarun.topology.model import NumaNode, Topology
 from numarun.view.svg import RANK_COLOURS, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
-def make_topology(
-    *, packages: int = 2, nodes_per_package: int = 1, cores_per_node: int = 4, smt: int = 2,
-    gpus_per_node: int = 2, nics_per_node: int = 1, nv: str = "NV12", hostname: str = "box",
-    offline: tuple[int, ...] = (), disallowed: tuple[int, ...] = (), memory_only_nodes: int = 0,
-    stray_gpu: bool = False,
-) -> Topology:
-    """A regular machine: SMT siblings numbered i and i+N (as on most x86 servers)."""
-    n_nodes = packages * nodes_per_package
-    n_cores = n_nodes * cores_per_node
-    cpus: list[Cpu] = []
-    node_cpus: dict[int, list[int]] = {n: [] for n in range(n_nodes)}
-    for t in range(smt):
-        for core in range(n_cores):
-            cid = t * n_cores + core
-            node = core // cores_per_node
-            pkg = node // nodes_per_package
-            sibs = tuple(s * n_cores + core for s in range(smt))
-            cpus.append(Cpu(id=cid, package=pkg, core=core, numa_node=node, siblings=sibs,
-                            online=cid not in offline, allowed=cid not in disallowed))
-            node_cpus[node].append(cid)
-    cpus.sort(key=lambda c: c.id)
-    total = n_nodes + memory_only_nodes
-    numa = [
-        NumaNode(id=n, cpus=tuple(sorted(node_cpus[n])), memory_bytes=64 << 30,
-                 distances=tuple(10 if m == n else 21 for m in range(total)))
-        for n in range(n_nodes)
-    ]
-    numa += [
-        NumaNode(id=n_nodes + k, cpus=(), memory_bytes=96 << 30, memory_only=True,
-                 distances=tuple(10 if m == n_nodes + k else 40 for m in range(total)))
-        for k in range(memory_only_nodes)
-    ]
-    gpus = []
-    for node in range(n_nodes):
-        for _ in range(gpus_per_node):
-            i = len(gpus)
-            gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=node,
-                            name="NVIDIA H100 80GB HBM3", cpu_affinity=tuple(sorted(node_cpus[node])),
-                            memory_bytes=80 << 30))
-    if stray_gpu:
-        gpus.append(Gpu(index=len(gpus), pci_bus_id="0000:f1:00.0", numa_node=-1, name="NVIDIA L4 <&>"))
-    links = tuple(
-        tuple("X" if i == j else (nv if gpus[i].numa_node >= 0 and gpus[j].numa_node >= 0 else "SYS")
-              for j in range(len(gpus)))
-        for i in range(len(gpus))
-    )
-    nics = [
-        Nic(name=f"mlx5_{node * nics_per_node + k}", pci_bus_id=f"0000:{0x1a + 0x20 * node + k:02x}:00.0",
-            numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{node * nics_per_node + k}",),
-            speed_mbps=400000)
-        for node in range(n_nodes) for k in range(nics_per_node)
-    ]
-    return Topology(hostname=hostname, numa_nodes=tuple(numa), cpus=tuple(cpus), gpus=tuple(gpus),
-                    nics=tuple(nics), gpu_links=links, source="test", gpu_source="json")
-
-
 def parse(svg: str) -> ET.Element:
     return ET.fromstring(svg.encode("utf-8"))
-
-
-def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
-    return [e for e in root.iter() if cls in (e.get("class") or "").split()]
 
 
 def test_counts_pus_gpus_nics_and_links() -> None:
@@ -190,26 +131,6 @@ def test_node_spanning_packages_nests_packages_inside_it() -> None:
     (node,) = by_class(root, "numa")
     assert len(by_class(node, "package")) == 2
     assert len([e for e in by_class(node, "pu") if e.tag == f"{SVG}rect"]) == 16
-
-
-def plan_for(topo: Topology, *, shared: bool = False) -> LaunchPlan:
-    """One rank per GPU; exclusive: the node's cores split; shared: every rank gets the whole node."""
-    ranks = []
-    for g in topo.gpus:
-        node = topo.node(g.numa_node)
-        on_node = [x for x in topo.gpus if x.numa_node == g.numa_node]
-        if shared:
-            cpus = node.cpus
-        else:
-            k = on_node.index(g)
-            cores = sorted({topo.cpu(c).core_key for c in node.cpus})
-            share = cores[k::len(on_node)]
-            cpus = tuple(sorted(c for key in share for c in key))
-        ranks.append(RankBinding(
-            local_rank=g.index, gpu=GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node),
-            cpus=cpus, mems=(g.numa_node,), nic=f"mlx5_{g.numa_node}", env={}, numa_node=g.numa_node,
-        ))
-    return LaunchPlan(ranks=tuple(ranks), binding=BindingMode.NODE if shared else BindingMode.EXCLUSIVE)
 
 
 def test_plan_colours_each_ranks_cpus_and_lists_a_legend() -> None:
