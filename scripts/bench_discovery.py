@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from numarun.topology.discover import load_topology  # noqa: E402
 from numarun.topology.archive import extract_tree  # noqa: E402
+from numarun.topology.discover import load_topology  # noqa: E402
 from numarun.topology.model import Topology  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     rows = []
     for label, src in sources:
-        times, topo = _time(lambda: load_topology(src), args.runs)
+        times, topo = _time(lambda src=src: load_topology(src), args.runs)
         rows.append((label, len(topo.numa_nodes), len(topo.cpus), len(topo.gpus), topo.gpu_source,
                      statistics.median(times), min(times)))
     head = ("source", "nodes", "cpus", "gpus", "gpu src", "median ms", "min ms")

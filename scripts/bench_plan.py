@@ -35,7 +35,8 @@ def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int
     for i in range(packages * gpus_per_package):
         pkg = i // gpus_per_package
         root = f"0000:{0x10 + 0x20 * i:02x}:01.0"
-        gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x11 + 0x20 * i:02x}:00.0", numa_node=pkg, pci_path=(root, f"0000:{0x11 + 0x20 * i:02x}:00.0")))
+        gpu_bus = f"0000:{0x11 + 0x20 * i:02x}:00.0"
+        gpus.append(Gpu(index=i, pci_bus_id=gpu_bus, numa_node=pkg, pci_path=(root, gpu_bus)))
         nics.append(Nic(name=f"mlx5_{i}", pci_bus_id=f"0000:{0x12 + 0x20 * i:02x}:00.0", numa_node=pkg,
                         kind=NicKind.INFINIBAND, pci_path=(root, f"0000:{0x12 + 0x20 * i:02x}:00.0")))
     return Topology(hostname="bench", numa_nodes=nodes, cpus=tuple(sorted(cpus, key=lambda c: c.id)),
@@ -56,7 +57,8 @@ def main() -> None:
             t0 = time.perf_counter()
             make_plan(topo, request)
             times.append(time.perf_counter() - t0)
-        print(f"make_plan {mode.value:<13} median {statistics.median(times) * 1e3:7.3f} ms  (min {min(times) * 1e3:.3f} ms, {args.repeat} runs)")
+        median_ms, min_ms = statistics.median(times) * 1e3, min(times) * 1e3
+        print(f"make_plan {mode.value:<13} median {median_ms:7.3f} ms  (min {min_ms:.3f} ms, {args.repeat} runs)")
 
 
 if __name__ == "__main__":

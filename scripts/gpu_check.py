@@ -214,7 +214,8 @@ def check_binding(rank: Mapping[str, Any], report: Mapping[str, Any]) -> list[Ch
     stray = {tid: c for tid, c in threads.items() if sorted(c) != planned_cpus}
     out.append(Check("binding", "threads", bool(threads) and not stray,
                      f"{len(threads)} threads after importing torch"
-                     + (f"; off-plan: {', '.join(f'{t}: {format_list(c)}' for t, c in stray.items())}" if stray else ", all on the plan's cpus")))
+                     + (f"; off-plan: {', '.join(f'{t}: {format_list(c)}' for t, c in stray.items())}" if stray
+                        else ", all on the plan's cpus")))
     want_policy = _POLICY_NAMES.get(rank["mem_policy"], rank["mem_policy"])
     out.append(Check("binding", "mem_policy", report["mem_policy"] == want_policy,
                      f"rank {report['mem_policy']}, plan {rank['mem_policy']} (kernel name {want_policy})"))
@@ -437,7 +438,8 @@ def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
     failed = [c for c in checks if not c.ok]
     lines = [f"### GPU check, {v.get('date', '?')}: {'PASS' if not failed else f'FAIL ({len(failed)} of {len(checks)})'}", "",
              f"- GPU (name, driver, memory): {v.get('gpu', '?')}",
-             f"- torch (CUDA): {v.get('torch', '?')}; Python {v.get('python', '?')}; kernel {v.get('kernel', '?')}; {v.get('cpus', '?')} CPUs",
+             f"- torch (CUDA): {v.get('torch', '?')}; Python {v.get('python', '?')}; kernel {v.get('kernel', '?')};"
+             f" {v.get('cpus', '?')} CPUs",
              "", "| step | check | result | detail |", "|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c.step} | {c.name} | {'pass' if c.ok else '**FAIL**'} | {c.detail.replace('|', '/')} |")
@@ -458,7 +460,8 @@ def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
         lines += ["", f"Copy bandwidth, GB/s ({h2d['numarun']['size_bytes'] // 2**20} MiB x {h2d['numarun']['iters']}):", "",
                   "| direction | numarun pinned | numarun pageable | raw pinned | raw pageable |", "|---|---|---|---|---|"]
         for d in ("h2d", "d2h"):
-            lines.append(f"| {d} | {b[f'{d}_pinned']:.2f} | {b[f'{d}_pageable']:.2f} | {r[f'{d}_pinned']:.2f} | {r[f'{d}_pageable']:.2f} |")
+            figures = (b[f"{d}_pinned"], b[f"{d}_pageable"], r[f"{d}_pinned"], r[f"{d}_pageable"])
+            lines.append(f"| {d} | " + " | ".join(f"{x:.2f}" for x in figures) + " |")
     skipped = result.get("skipped")
     if skipped:
         lines += ["", "Skipped:", ""] + [f"- {x}" for x in skipped]
