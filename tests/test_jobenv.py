@@ -277,6 +277,20 @@ def test_malformed_mpi_environment_is_one_line(change):
     assert "bad openmpi environment: OMPI_COMM_WORLD_" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_ranks_mapped_by_node_are_refused_in_one_line():
+    # mpirun --map-by node on 2 nodes x 2: rank 1 is local rank 0 of node 1; by slot it would be node 0's second
+    env = {**OMPI, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    with pytest.raises(UsageError) as e:
+        detect(env)
+    assert "rank 1 is local rank 0 of 2" in str(e.value) and "--map-by slot" in str(e.value) and "\n" not in str(e.value)
+    # the same ranks mapped by slot, and uneven nodes (3 ranks: 2 + 1), are taken
+    for rank in range(4):
+        job = detect({**env, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % 2)})
+        assert job.node_index == rank // 2
+    assert detect({**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}).rank == 2
+
+
 def test_mpirun_inside_a_slurm_allocation_is_mpi_not_the_daemons_step():
     # mpirun starts its daemons with srun: the ranks carry the daemons' step (one task per node)
     env = {**slurm_env(0), **OMPI}
