@@ -173,36 +173,14 @@ def test_node_task_records_a_failure_and_finish_reports_the_first(fake_slurm, tm
 
 @pytest.mark.slow
 def test_finish_requeues_after_the_signal_until_the_limit(fake_slurm, tmp_path):
-    fin = _node(
-        fake_slurm,
-        "finish",
-        "--run-dir",
-        str(tmp_path),
-        "--rc",
-        "0",
-        "--preempted",
-        "1",
-        "--restart-count",
-        "1",
-        "--requeue-limit",
-        "2",
-    )
+    def finish_preempted(restart_count: int):
+        return _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1",
+                     "--restart-count", str(restart_count), "--requeue-limit", "2")
+
+    fin = finish_preempted(1)
     assert fin.returncode == 0 and "requeueing job 77 (restart 2 of 2)" in fin.stdout
     assert (tmp_path / "requeued").read_text().split() == ["requeue", "77"]
-    fin = _node(
-        fake_slurm,
-        "finish",
-        "--run-dir",
-        str(tmp_path),
-        "--rc",
-        "0",
-        "--preempted",
-        "1",
-        "--restart-count",
-        "2",
-        "--requeue-limit",
-        "2",
-    )
+    fin = finish_preempted(2)
     assert fin.returncode == 0 and "requeue limit 2 reached" in fin.stderr
     assert (tmp_path / "requeued").read_text().count("requeue") == 1
 

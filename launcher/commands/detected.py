@@ -155,9 +155,9 @@ def refuse(job: JobShape, error: JobConflict, given: Given, environ: Mapping[str
 
     addr, port = rank_master(job, given, env) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
-        from ..slurm.controller import gather, head_address
+        from ..slurm.controller import head_addr
 
-        addr = head_address(gather(env, need_switches=False, head=job.nodes[0]), job.nodes[0])
+        addr = head_addr(env, job.nodes[0])
     if addr is not None:
         from ..launch import abort
 
@@ -171,19 +171,26 @@ def step_gpu_minors(topology: Any, source: str | None, job: JobShape,
     """Per-node mode: the minors of the GPUs the device cgroup lets this node's ranks open; None when
     it refuses none. The device files answer (a denied open is the cgroup); without them, Slurm's
     ``SLURM_STEP_GPUS`` when ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0."""
-    from ..plan.scheduled import refused_minors, renumbered
-    from ..topology.devices import gpu_device_access
+    from ..plan.scheduled import renumbered
     from ..topology.discover import device_root
 
     env = os.environ if environ is None else environ
     if not topology.gpus:
         return None
-    root = device_root(source)
-    access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None else {}
-    allowed = refused_minors(access)
+    access, allowed = _openable_minors(topology, device_root(source))
     if allowed is None and not any(v is not None for v in access.values()) and job.scheduler is Scheduler.SLURM:
         allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
     return tuple(sorted(allowed)) if allowed is not None else None
+
+
+def _openable_minors(topology: Any, root: Any) -> tuple[dict[int, bool | None], frozenset[int] | None]:
+    """(minor -> may it be opened, the minors the device cgroup lets this process open when it
+    refuses some, else None), by opening the topology's GPU device files under ``root``."""
+    from ..plan.scheduled import refused_minors
+    from ..topology.devices import gpu_device_access
+
+    access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
+    return access, refused_minors(access)
 
 
 @dataclass(frozen=True)
@@ -207,8 +214,8 @@ def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, st
 
     from ..plan.binding import make_plan
     from ..plan.options import request_for
-    from ..plan.scheduled import narrow, own_binding, own_gpu_refs, refused_minors, with_usable_cpus
-    from ..topology.devices import cgroup_cpus, gpu_device_access
+    from ..plan.scheduled import narrow, own_binding, own_gpu_refs, with_usable_cpus
+    from ..topology.devices import cgroup_cpus
     from ..topology.discover import device_root, load_topology
 
     env = os.environ if environ is None else environ
@@ -219,9 +226,8 @@ def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, st
     if live:
         step_cpus = cgroup_cpus()
         if step_cpus:
-            topology = with_usable_cpus(topology, [c for c in step_cpus])
-    access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
-    own_minors = refused_minors(access)
+            topology = with_usable_cpus(topology, step_cpus)
+    _, own_minors = _openable_minors(topology, root)
     node_minors = tuple(job.job_gpus) if job.job_gpus else None
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     per_task_gpus = own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors)

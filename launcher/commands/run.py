@@ -250,17 +250,17 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
             )
     addr, port = rank_master(job, given, os.environ)
     if addr is None:
-        from ..slurm.controller import gather, head_address
+        from ..slurm.controller import head_addr
 
-        head = job.nodes[0]
-        addr = "127.0.0.1" if job.nnodes == 1 else head_address(gather(os.environ, need_switches=False, head=head), head)
+        addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
     setup = rank_setup(args, job)
     for note in (*setup.plan.warnings, *setup.notes):
         log.warning("%s", note)
     env = rank_env(job, master_addr=addr, master_port=port, environ=os.environ)
     from ..plan.scheduled import task_plan
 
-    plan_text = task_plan(setup.plan, setup.binding).to_json()
+    plan = task_plan(setup.plan, setup.binding)
+    plan_text = plan.to_json()
     env.update(worker_env(setup.plan, os.environ, plan_path="", strict=args.strict_binding))
     env.pop(envvars.PLAN, None)
     env[envvars.PLAN_JSON] = plan_text
@@ -272,7 +272,7 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
 
         from ..view.plan import render_plan
 
-        sys.stdout.write(render_plan(task_plan(setup.plan, setup.binding), width=160))
+        sys.stdout.write(render_plan(plan, width=160))
         sys.stdout.write(f"# this task is local rank {job.local_rank}: it would bind itself as that row and run, with\n")
         shown = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
         sys.stdout.write(" ".join([*shown, shlex.join([target.name, *target.args])]) + "\n")
@@ -330,11 +330,9 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
 def _watch_env(args: argparse.Namespace) -> dict[str, str]:
     if getattr(args, "no_watch", False):
         return {envvars.WATCH_INTERVAL: "0"}
-    interval = getattr(args, "watch_interval", None)
+    interval = getattr(args, "watch_interval", None)  # >= 0: its option type refuses the rest
     if interval is None:
         return {}
-    if interval < 0:
-        raise UsageError(f"bad --watch-interval {interval!r}: expected seconds >= 0 (0 turns the watcher off)")
     return {envvars.WATCH_INTERVAL: f"{interval:g}"}
 
 

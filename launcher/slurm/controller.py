@@ -12,7 +12,7 @@ the head's name does not resolve on this node).
 from __future__ import annotations
 
 import logging
-import os
+import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -97,7 +97,7 @@ def gather(
     if need_switches:
         calls += 1
         text = ask("show", "topology")
-        if text is None and _have_scontrol():
+        if text is None and shutil.which("scontrol") is not None:
             raise ControllerError(
                 "'scontrol show topology' did not answer: the node order (by leaf switch) cannot be known the same "
                 "on every node; expected slurmctld to answer, or --node-rank \"$SLURM_NODEID\" (quoted) to use Slurm's order"
@@ -112,10 +112,11 @@ def gather(
     return SlurmFacts(leaf_switch=leaf, addrs=addrs, calls=calls, source="scontrol" if calls else "none")
 
 
-def _have_scontrol() -> bool:
-    return any(os.access(os.path.join(d, "scontrol"), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
-
-
 def head_address(facts: SlurmFacts, head: str) -> str:
     """The head's NodeAddr when known, else its name (it resolves, or nothing better is known)."""
     return facts.addrs.get(head) or head
+
+
+def head_addr(environ: Mapping[str, str], head: str) -> str:
+    """The head's address alone: handed over, else its name when it resolves, else one ``scontrol`` call."""
+    return head_address(gather(environ, need_switches=False, head=head), head)
