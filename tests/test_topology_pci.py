@@ -11,7 +11,7 @@ from numarun.launch import affinity
 from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import Gpu
 from numarun.topology.pci import bus_sort_key, gpu_vendor, is_onboard_vga, pci_order
-from numarun.topology.procfs import status_field
+from numarun.topology.procfs import cgroup2_mount, own_cgroup2_path, status_field
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -70,6 +70,17 @@ def test_status_field() -> None:
     assert status_field(STATUS, "Mems_allowed_list") == "0"
     assert status_field(STATUS, "Mems_allowed") is None
     assert status_field("", "Cpus_allowed_list") is None
+
+
+def test_cgroup2_mount_and_own_path() -> None:
+    """One reader of this process's cgroup v2 for discovery (a recorded or live tree) and the launcher's cage."""
+    hybrid = ("cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n"
+              "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\ncgroup2 /other cgroup2 rw 0 0\n")
+    assert cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"  # the first one
+    assert cgroup2_mount("proc /proc proc rw 0 0\n") is None
+    assert own_cgroup2_path("12:cpuset:/slurm/uid_0/job_5\n0::/user.slice/session-1.scope\n") == "/user.slice/session-1.scope"
+    assert own_cgroup2_path("0::/\n") == "/" and own_cgroup2_path("0::\n") == "/"
+    assert own_cgroup2_path("4:memory:/x\n") is None
 
 
 def test_worker_readback_uses_the_same_format(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..topology.procfs import cgroup2_mount, own_cgroup2_path
+
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
@@ -56,30 +58,15 @@ class Cage:
         return count
 
 
-def _unified_root(mounts_text: str) -> Path | None:
-    for line in mounts_text.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == "cgroup2":
-            return Path(fields[1])
-    return None
-
-
-def _own_v2_path(cgroup_text: str) -> str | None:
-    for line in cgroup_text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or "/"
-    return None
-
-
 def enter(environ: dict[str, str] | None = None) -> Cage:
     """Put this process (and so everything it starts from now on) where it can be found again."""
     env = os.environ if environ is None else environ
     if not env.get("SLURM_JOB_ID"):
         try:
-            root = _unified_root(Path("/proc/self/mounts").read_text())
-            rel = _own_v2_path(Path("/proc/self/cgroup").read_text())
+            root = cgroup2_mount(Path("/proc/self/mounts").read_text())
+            rel = own_cgroup2_path(Path("/proc/self/cgroup").read_text())
             if root is not None and rel is not None:
-                cage = root / rel.lstrip("/") / f"numarun-{os.getpid()}"
+                cage = Path(root) / rel.lstrip("/") / f"numarun-{os.getpid()}"
                 cage.mkdir(mode=0o755)
                 if (cage / "cgroup.kill").exists():
                     (cage / "cgroup.procs").write_text(f"{os.getpid()}\n")

@@ -69,7 +69,7 @@ from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
 from .pci import gpu_vendor, is_onboard_vga, pci_order
-from .procfs import status_field
+from .procfs import cgroup2_mount, own_cgroup2_path, status_field
 
 log = logging.getLogger(__name__)
 
@@ -405,23 +405,12 @@ def _parse_status_list(r: _Reader, name: str) -> tuple[int, ...] | None:
 
 def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
     """The cgroup v2 ``cpuset.<name>.effective`` of this process's cgroup, if recorded."""
-    mount = "/sys/fs/cgroup"
     mounts = r.text(r.path("proc/mounts"), form="mount table lines")
-    if mounts:
-        for line in mounts.splitlines():
-            fields = line.split()
-            if len(fields) >= 3 and fields[2] == "cgroup2":
-                mount = fields[1]
-                break
-    rel = "/"
+    mount = (cgroup2_mount(mounts) if mounts else None) or "/sys/fs/cgroup"
     cg = r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines")
-    found = False
-    if cg:
-        for line in cg.splitlines():
-            if line.startswith("0::"):
-                rel, found = line[3:].strip() or "/", True
-                break
-    if not found:
+    own = own_cgroup2_path(cg) if cg else None
+    rel = own or "/"
+    if own is None:
         # hwloc captures record the path in proc/self/cpuset (the cgroup v1 cpuset file).
         cs = r.text(r.path("proc/self/cpuset"), form="a cgroup path")
         if cs and cs.strip().startswith("/"):
