@@ -6,7 +6,7 @@ a program that runs Hydra apps on someone's behalf. numarun does that in two pla
 * **in the launcher**, for numarun's own trainer (:mod:`numarun.config.compose`): it does what
   ``@hydra.main`` does with the arguments after the script, but runs each job itself, so that
   every job is composed once and checked before any run dir exists;
-* **in each worker**, for a user's ``@hydra.main`` app (:mod:`numarun.launch.hydra_pin`): every
+* **in each worker**, for a user's ``@hydra.main`` app (:mod:`numarun.worker.hydra_pin`): every
   rank's Hydra computes the same run dir from one clock, and rank 0 alone writes Hydra's files.
   :func:`worker_hook` patches ``hydra.core.utils`` right after the user's script first imports
   it.

@@ -38,7 +38,7 @@ def main() -> int:
         torch.ones(1) + 1
     except ImportError:
         pass
-    from numarun.launch import watch
+    from numarun.worker import watch
 
     hold = np.ones((args.mib << 20) // 8)  # touched: every page resident
     cpus = os.sched_getaffinity(0)

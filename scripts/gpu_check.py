@@ -296,8 +296,7 @@ def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> li
 
 def probe(path: Path) -> None:
     """Run as the rank of a numarun job: write what the kernel says this process got."""
-    from numarun.launch import affinity
-    from numarun.worker import current_binding
+    from numarun.worker import affinity, current_binding
 
     report: dict[str, Any] = {}
     binding = current_binding()

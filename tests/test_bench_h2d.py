@@ -13,7 +13,7 @@ import pytest
 
 from numarun.bench import h2d
 from numarun.errors import UsageError
-from numarun.launch import affinity
+from numarun.worker import affinity
 
 REPO = Path(__file__).resolve().parent.parent
 NUMARUN = [sys.executable, "-m", "numarun"]

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 APPS = REPO / "tests" / "fixtures" / "hydra_apps"
-ENTRY = REPO / "launcher" / "launch" / "entry.py"
+ENTRY = REPO / "launcher" / "worker" / "entry.py"
 STAMP = re.compile(r"\d{4}-\d{2}-\d{2}/\d{2}-\d{2}-\d{2}|\[\d{4}-\d{2}-\d{2} [\d:,]+\]")
 
 

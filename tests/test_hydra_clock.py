@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from numarun.launch import hydra_pin
+from numarun.worker import hydra_pin
 
 
 def _port() -> int:
@@ -40,6 +40,6 @@ def test_no_store_keeps_the_nodes_clock_with_a_warning(monkeypatch: pytest.Monke
                                                         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(hydra_pin, "AGREE_TIMEOUT_S", 1.0)
     env = {"GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port())}  # nobody listens
-    with caplog.at_level("WARNING", logger="numarun.launch.bootstrap.hydra_pin"):
+    with caplog.at_level("WARNING", logger="numarun.worker.bootstrap.hydra_pin"):
         assert hydra_pin.agreed_now("2020-01-02T03:04:05", env) == "2020-01-02T03:04:05"
     assert "could not agree on Hydra's clock" in caplog.text

@@ -141,7 +141,7 @@ def test_a_worker_imports_no_hydra_until_the_script_does(tmp_path: Path) -> None
 
     code = (
         "import sys\n"
-        "from numarun.launch import bootstrap, hydra_pin\n"
+        "from numarun.worker import bootstrap, hydra_pin\n"
         "assert hydra_pin.install({'NUMARUN_HYDRA_NOW': '2020-01-02T03:04:05', 'RANK': '1'})\n"
         "print(sorted(m for m in ('hydra', 'omegaconf') if m in sys.modules))\n"
         "import hydra.core.utils as u\n"

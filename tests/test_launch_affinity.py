@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from numarun.cpuset import parse_list, parse_mask
-from numarun.launch import affinity
-from numarun.launch.affinity import Mpol
+from numarun.worker import affinity
+from numarun.worker.affinity import Mpol
 
 
 def _thread_masks() -> dict[int, set[int]]:

@@ -1,4 +1,4 @@
-"""The worker bootstrap, run for real: ``python <numarun>/launch/entry.py`` in a subprocess."""
+"""The worker bootstrap, run for real: ``python <numarun>/worker/entry.py`` in a subprocess."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from numarun.errors import BindingError
-from numarun.launch import affinity
-from numarun.launch.bootstrap import apply_env, parse_argv
 from numarun.launch.torchrun import ENTRY_FILE
 from numarun.plan.model import LaunchPlan, MemPolicy, RankBinding
+from numarun.worker import affinity
+from numarun.worker.bootstrap import apply_env, parse_argv
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
@@ -243,11 +243,11 @@ def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code
 
 
 def test_a_restart_is_announced_once_per_node(caplog: pytest.LogCaptureFixture) -> None:
-    from numarun.launch.bootstrap import announce_restart
+    from numarun.worker.bootstrap import announce_restart
 
     env = {"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5", "LOCAL_RANK": "0", "GROUP_RANK": "1",
            "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
-    with caplog.at_level("WARNING", logger="numarun.launch.bootstrap"):
+    with caplog.at_level("WARNING", logger="numarun.worker.bootstrap"):
         announce_restart(env)
         announce_restart({**env, "LOCAL_RANK": "1"})  # the node's other ranks stay quiet
         announce_restart({**env, "TORCHELASTIC_RESTART_COUNT": "0"})  # the first start is no restart

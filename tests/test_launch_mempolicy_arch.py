@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch import affinity
-from numarun.launch.affinity import SYSCALLS, Mpol, _Mempolicy
+from numarun.worker import affinity
+from numarun.worker.affinity import SYSCALLS, Mpol, _Mempolicy
 
 # Linux architectures torch publishes wheels for (and the other 64-bit ones it builds on)
 TORCH_ARCHES = ("x86_64", "aarch64", "ppc64le", "s390x", "riscv64")
@@ -78,7 +78,7 @@ def test_neither_says_so_once_and_leaves_cpu_binding(caplog: pytest.LogCaptureFi
     old, warned = affinity._backend, affinity._warned
     affinity._backend, affinity._warned = backend, False
     try:
-        with caplog.at_level(logging.WARNING, logger="numarun.launch.affinity"):
+        with caplog.at_level(logging.WARNING, logger="numarun.worker.affinity"):
             for _ in range(3):
                 with pytest.raises(OSError) as e:
                     affinity.set_mempolicy(Mpol.BIND, [0])

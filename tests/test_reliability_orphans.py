@@ -128,7 +128,7 @@ def test_sigterm_during_rendezvous(tmp_path: Path, procs: list) -> None:
 def test_a_worker_whose_launcher_is_gone_ends_at_once(tmp_path: Path) -> None:
     """The launcher died before the worker armed its parent-death signal: the worker sees a
     parent that is not the launcher and ends without running the script."""
-    entry = Path(__file__).resolve().parents[1] / "launcher" / "launch" / "entry.py"
+    entry = Path(__file__).resolve().parents[1] / "launcher" / "worker" / "entry.py"
     marker = tmp_path / "ran"
     script = tmp_path / "s.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")

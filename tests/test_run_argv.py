@@ -53,7 +53,7 @@ def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
 
 def test_golden_argv() -> None:
     text = "".join(f"$ numarun {shlex.join(args)}\n{shlex.join(['torchrun', *argv_for(args)[0]])}\n\n" for args in CASES)
-    check_golden(GOLDEN, text.replace(ENTRY_FILE, "<numarun>/launch/entry.py"))
+    check_golden(GOLDEN, text.replace(ENTRY_FILE, "<numarun>/worker/entry.py"))
 
 
 @pytest.mark.parametrize("args", CASES, ids=range(len(CASES)))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch import affinity
 from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import Gpu
 from numarun.topology.pci import bus_sort_key, gpu_vendor, is_onboard_vga, pci_order
 from numarun.topology.procfs import cgroup2_mount, own_cgroup2_path, status_field
+from numarun.worker import affinity
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

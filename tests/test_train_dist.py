@@ -168,7 +168,7 @@ def _worker_pids(proc: subprocess.Popen) -> list[int]:
     found = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if any(part.endswith("launch/entry.py") for part in child.cmdline()):
+            if any(part.endswith("worker/entry.py") for part in child.cmdline()):
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             pass

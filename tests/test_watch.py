@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from numarun.launch.watch import (
+from numarun.worker.watch import (
     ThreadState,
     Watcher,
     affinity_drift,
@@ -52,7 +52,7 @@ def test_watcher_reads_this_process_and_warns_once(caplog, tmp_path):
     maps.write_text((MAPS / "constructed-2node.txt").read_text())
     mine = os.sched_getaffinity(0)
     w = Watcher(mine, [0], interval=1.0, strict=False, numa_maps=str(maps))
-    with caplog.at_level("WARNING", logger="numarun.launch.bootstrap.watch"):
+    with caplog.at_level("WARNING", logger="numarun.worker.bootstrap.watch"):
         w.check_once()
         w.check_once()
     assert w.figures()["remote_memory_share"] == pytest.approx(0.5827, abs=0.001)

@@ -91,7 +91,7 @@ def test_wheel_holds_configs_template_and_entry_as_real_files(dist_dir):
     infos = {i.filename: i for i in wheel.infolist()}
     configs = {n.removeprefix("numarun/configs/") for n in infos if n.startswith("numarun/configs/")}
     assert configs == _checkout_configs()
-    for name in ("numarun/slurm/templates/sbatch.sh.in", "numarun/launch/entry.py", "numarun/py.typed",
+    for name in ("numarun/slurm/templates/sbatch.sh.in", "numarun/worker/entry.py", "numarun/py.typed",
                  "numarun/configs/config.yaml"):
         assert name in infos, name
     # a symlink stored in a zip has S_IFLNK in the high bits of external_attr

@@ -116,7 +116,7 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     """Run in a worker: time the four copies on the current CUDA device."""
     import torch
 
-    from ..launch import affinity
+    from ..worker import affinity
 
     def where() -> dict[str, Any]:
         got = affinity.read_back()

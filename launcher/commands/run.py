@@ -12,7 +12,7 @@ Three kinds of program (:mod:`numarun.config.detect`):
   once and run; a sweep (``-m``) runs its jobs one after another, in Hydra's layout;
 * a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
   app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
-  Hydra picks the same run dir (:mod:`numarun.launch.hydra_pin`).
+  Hydra picks the same run dir (:mod:`numarun.worker.hydra_pin`).
 
 Exit codes: 0 when every rank succeeded; 2 for a usage or planning mistake (one line);
 when a rank fails, the exit code of the lowest global rank that exited non-zero (1 when

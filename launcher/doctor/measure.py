@@ -29,7 +29,7 @@ H2D_SECONDS = 0.5
 def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
     import numpy as np
 
-    from ..launch import affinity
+    from ..worker import affinity
 
     old_cpus = os.sched_getaffinity(0)
     if cpus:

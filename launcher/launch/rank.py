@@ -31,7 +31,7 @@ def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
-    from .bootstrap import main
+    from ..worker.bootstrap import main
 
     main(target.bootstrap_args())
     raise SystemExit(0)  # main() ends the process through worker.finish; not reached

@@ -7,7 +7,7 @@ refuses, in one line, every value torchrun would only reject later with a traceb
 ignore; :mod:`numarun.launch.spec` turns the checked options into the launch spec whose argv
 torchrun runs, with this package's worker bootstrap as its entrypoint::
 
-    torchrun --nproc-per-node=2 ... <numarun>/launch/entry.py [--module] SCRIPT ARGS...
+    torchrun --nproc-per-node=2 ... <numarun>/worker/entry.py [--module] SCRIPT ARGS...
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..plan.model import LaunchPlan
 
 log = logging.getLogger(__name__)
 
-ENTRY_FILE = str(Path(__file__).resolve().with_name("entry.py"))
+ENTRY_FILE = str(Path(__file__).resolve().parent.parent / "worker" / "entry.py")
 """The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
 
 

@@ -1,7 +1,7 @@
 """The ``/proc`` formats numarun reads in more than one place. Pure.
 
 ``/proc/<pid>/status``: by the sysfs reader (from a recorded or live tree) and by a worker reading
-back its own binding (:mod:`numarun.launch.affinity`). ``/proc/self/mounts`` and
+back its own binding (:mod:`numarun.worker.affinity`). ``/proc/self/mounts`` and
 ``/proc/self/cgroup``, for this process's cgroup v2: by the sysfs reader (the cgroup's cpuset) and
 by the launcher putting its job in a cgroup of its own (:mod:`numarun.launch.reaper`)."""
 

@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def exit_now(code: int) -> None:
     """Exit as Python would, without the module teardown that can abort a finished rank.
 
-    See :func:`numarun.launch.bootstrap.finish`; used by the trainer's entry points so
+    See :func:`numarun.worker.bootstrap.finish`; used by the trainer's entry points so
     that the trainer run under plain torchrun or python exits the same way.
     """
     from ..worker import finish

@@ -344,7 +344,7 @@ class Trainer:
 
     def _exchange(self) -> _Shared:
         """All ranks' stop signal, peak memory and binding-watcher figures, in one all-gather."""
-        from ..launch import watch
+        from ..worker import watch
 
         figures = watch.figures()
         share = figures.get("remote_memory_share")

@@ -13,8 +13,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 
-from numarun.launch import affinity  # noqa: E402
-from numarun.worker import current_binding  # noqa: E402
+from numarun.worker import affinity, current_binding  # noqa: E402
 
 
 def main() -> None:

@@ -2,9 +2,9 @@
 
 torchrun starts every worker as::
 
-    python -u <numarun>/launch/entry.py [--module | --no-python] TARGET [args...]
+    python -u <numarun>/worker/entry.py [--module | --no-python] TARGET [args...]
 
-(:mod:`numarun.launch.entry` loads this package by its own path, then calls :func:`main`)
+(:mod:`numarun.worker.entry` loads this package by its own path, then calls :func:`main`)
 with ``NUMARUN_PLAN`` naming the plan file and ``LOCAL_RANK`` set by torchrun. Before
 the user's code is imported, the rank's environment variables, CPU affinity (every
 thread) and memory policy are applied and read back; one INFO line per rank says what
@@ -38,11 +38,10 @@ from .. import envvars, ledger
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
 from ..plan.model import MemPolicy, RankBinding
-from ..worker import current_binding, finish
-from . import affinity, hydra_pin
+from . import affinity, current_binding, finish, hydra_pin
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
-log = logging.getLogger("numarun.launch.bootstrap")
+log = logging.getLogger("numarun.worker.bootstrap")
 
 PLAN_ENV = envvars.PLAN
 STRICT_ENV = envvars.STRICT_BINDING

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from . import envvars
-from .errors import BindingError
-from .plan.model import LaunchPlan, RankBinding
+from .. import envvars
+from ..errors import BindingError
+from ..plan.model import LaunchPlan, RankBinding
 
 
 def load_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
@@ -94,7 +94,7 @@ def finish(code: object) -> NoReturn:
         print(code, file=sys.stderr)
         status = 1
     # Read by numarun after a SIGTERM: every rank ending with 0 on its own is a clean stop.
-    from .ledger import record_exit
+    from ..ledger import record_exit
 
     record_exit(os.environ, status)
     if os.environ.get(envvars.FULL_EXIT) == "1":

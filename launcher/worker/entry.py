@@ -1,6 +1,6 @@
-"""The file torchrun runs in every worker, by path: ``python -u <numarun>/launch/entry.py ARGS``.
+"""The file torchrun runs in every worker, by path: ``python -u <numarun>/worker/entry.py ARGS``.
 
-Run by path and not as ``python -m numarun.launch.bootstrap``: ``-m`` puts the working
+Run by path and not as ``python -m numarun.worker.bootstrap``: ``-m`` puts the working
 directory first on ``sys.path``, so a user's folder named ``numarun`` (or anything on
 ``PYTHONPATH``) would be imported instead of the installed package and every worker would
 fail. This file loads the package from the folder it sits in, registers it as
@@ -31,6 +31,6 @@ def _load_numarun() -> None:
 
 if __name__ == "__main__":
     _load_numarun()
-    from numarun.launch.bootstrap import main
+    from numarun.worker.bootstrap import main
 
     main()

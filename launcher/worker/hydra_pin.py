@@ -31,7 +31,7 @@ from typing import Any
 from .. import envvars, hydra_internals
 
 # under the bootstrap's logger, which has the worker's "numarun: LEVEL:" handler
-log = logging.getLogger("numarun.launch.bootstrap.hydra_pin")
+log = logging.getLogger("numarun.worker.bootstrap.hydra_pin")
 
 
 class _HookedLoader(importlib.abc.Loader):

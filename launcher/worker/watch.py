@@ -35,7 +35,7 @@ from .. import envvars
 from ..cpuset import format_list
 
 # Under the bootstrap's logger: its handler prints in the worker, where nothing else is configured.
-log = logging.getLogger("numarun.launch.bootstrap.watch")
+log = logging.getLogger("numarun.worker.bootstrap.watch")
 
 DEFAULT_INTERVAL = 30.0
 """Seconds between checks: coarse, so the cost stays out of sight (scripts/bench_watch.py)."""
