@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from ..jobenv import Mode
     from ..plan.binding import make_plan
     from ..topology.discover import load_topology
-    from .detected import announce, detect_job, rank_setup, step_gpu_minors
+    from .detected import announce, detect_job, here, rank_setup
 
     job, _ = detect_job(args, None)
     topology = load_topology(args.topology)
@@ -45,8 +45,11 @@ def main(args: argparse.Namespace) -> int:
         setup = rank_setup(args, job)  # the node's plan, as every task of it makes it
         plan = task_plan(setup.plan, setup.binding)
     else:
-        allowed = step_gpu_minors(topology, args.topology, job) if job is not None else None
-        plan = make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=allowed))
+        from ..plan.scheduled import confine
+
+        node = here(topology, args.topology, job)
+        plan = confine(make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=node.gpu_minors)),
+                       node.container, node.mem_refused)
     if args.svg:
         from ..view.svg import render_svg
 

@@ -41,7 +41,7 @@ from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_for
-from .detected import step_gpu_minors
+from ..plan.scheduled import confine, mem_refused_line
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class _Planner:
     def __init__(self, job: JobShape | None = None) -> None:
         self._job = job
         self._topology: Any = None
+        self._here: Any = None
 
     def plan(self, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
         """(plan, path) from --plan-file, or a fresh plan (path '')."""
@@ -171,7 +172,11 @@ class _Planner:
                 raise UsageError(
                     f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'"
                 ) from None
-            plan = LaunchPlan.from_json(text, origin=args.plan_file)
+            from ..jobenv.container import detect_container
+            from ..worker.affinity import mempolicy_refusal
+
+            plan = confine(LaunchPlan.from_json(text, origin=args.plan_file), detect_container(os.environ),
+                           mempolicy_refusal())  # the ranks run here, wherever the plan was made
             if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
                     f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
@@ -181,11 +186,14 @@ class _Planner:
             return plan, os.path.abspath(args.plan_file)
         from ..plan.binding import make_plan
         from ..topology.discover import load_topology
+        from .detected import here
 
         if self._topology is None:
             self._topology = load_topology(args.topology)
-        allowed = step_gpu_minors(self._topology, args.topology, self._job) if self._job is not None else None
-        return make_plan(self._topology, request_for(args, os.environ, self._topology, allowed_gpu_minors=allowed)), ""
+            self._here = here(self._topology, args.topology, self._job)
+        node = self._here
+        request = request_for(args, os.environ, self._topology, allowed_gpu_minors=node.gpu_minors)
+        return confine(make_plan(self._topology, request), node.container, node.mem_refused), ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -254,7 +262,8 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
 
         addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
     setup = rank_setup(args, job)
-    for note in (*setup.plan.warnings, *setup.notes):
+    refuse_unbound(setup.plan, args.strict_binding)
+    for note in (*(setup.plan.warnings if job.local_rank == 0 else ()), *setup.notes):  # the node's: said once
         log.warning("%s", note)
     env = rank_env(job, master_addr=addr, master_port=port, environ=os.environ)
     from ..plan.scheduled import task_plan
@@ -327,6 +336,14 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
     return 0
 
 
+def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
+    """``--strict-binding`` where the kernel refuses the ranks' memory policy: one line before any rank starts."""
+    if strict and plan.mem_unbound:
+        from ..errors import BindingError
+
+        raise BindingError(mem_refused_line(plan, strict=True))
+
+
 def _watch_env(args: argparse.Namespace) -> dict[str, str]:
     if getattr(args, "no_watch", False):
         return {envvars.WATCH_INTERVAL: "0"}
@@ -349,6 +366,7 @@ class _Runner:
 
     def prepare(self, args: argparse.Namespace, target: Target) -> _Prepared:
         plan, plan_path = self.planner.plan(args)
+        refuse_unbound(plan, args.strict_binding)
         spec = launch_spec(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
         return plan, plan_path, spec
 
