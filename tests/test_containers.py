@@ -5,6 +5,8 @@ Docker's capabilities and seccomp rule for the memory-policy syscalls, 64 MiB /d
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +34,6 @@ def scratch() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="numarun-ctr-"))
     d.chmod(0o777)
     yield d
-    import shutil
-
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -57,6 +57,10 @@ def test_doctor_names_the_refused_memory_policy_the_small_shm_and_memlock_each_w
     assert "docker run --init" in found["pid1"]["message"]  # the container's command is its PID 1
     plan = crun.run(["numarun", "plan"])
     assert plan.returncode == 0 and "in a docker container" in plan.stdout and UNBOUND in plan.stdout
+    plan = crun.run(["numarun", "plan", "--json"])
+    assert json.loads(plan.stdout)["mem_unbound"] == "seccomp"
+    dry = crun.run(["numarun", "--dry-run", "--nproc-per-node", "2", REPORT, "/nowhere"])
+    assert dry.returncode == 0 and UNBOUND in dry.stdout
 
 
 def test_two_ranks_name_the_seccomp_cause_once_and_finish(crun, scratch):
@@ -67,6 +71,16 @@ def test_two_ranks_name_the_seccomp_cause_once_and_finish(crun, scratch):
     reports = _reports(scratch)
     assert sorted(reports) == [0, 1] and all(rep["mempolicy"][0] == "?" for rep in reports.values())
     assert [reports[i]["cpus"] for i in (0, 1)] == [[0], [1]]  # the CPUs are still bound
+
+
+def test_per_rank_mode_under_mpiexec_says_it_once_for_the_node(crun, scratch):
+    if shutil.which("mpiexec.mpich") is None:
+        if os.environ.get("NUMARUN_TEST_MPI") == "1":
+            pytest.fail("NUMARUN_TEST_MPI=1 but mpiexec.mpich is not installed (scripts/test.sh installs mpich)")
+        pytest.skip("mpiexec.mpich is not installed (Debian's mpich; scripts/test.sh installs it as root)")
+    r = crun.run(["mpiexec.mpich", "-n", "2", "numarun", REPORT, str(scratch)], Spec(env={"TMPDIR": str(scratch)}))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(UNBOUND) == 1 and sorted(_reports(scratch)) == [0, 1]
 
 
 def test_strict_binding_refuses_before_any_rank_starts(crun, scratch):

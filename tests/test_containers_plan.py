@@ -253,3 +253,12 @@ def test_the_smt_state_is_said_in_words(two_node_plan):
     assert smt.message == "SMT is not supported by this CPU"
     (smt,) = [f for f in check_cpus(topo, PlanRequest(), "on") if f.check == "smt"]
     assert smt.message == "SMT is on"
+
+
+def test_topo_and_plan_headers_name_the_container(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    root = _tree(tmp_path, docker=True, devices=(2, 5))
+    assert cli_main(["topo", "--topology", str(root), "--width", "200"]) == 0
+    assert "container: docker (/.dockerenv)" in capsys.readouterr().out.splitlines()[0]
+    assert cli_main(["plan", "--topology", str(root), "--no-detect"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("gpu-minors in a docker container: 2 ranks")
