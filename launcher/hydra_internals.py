@@ -63,6 +63,10 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra.core.utils.run_job": (
         ("task_function", "config", "job_dir_key", "job_subdir_key", "hydra_context", "configure_logging"),
         "one job as Hydra's launchers run it: run dir, .hydra/*.yaml, job logging, env_set, job callbacks"),
+    "hydra.core.plugins.Plugins.instantiate_sweeper": (
+        ("hydra_context", "task_function", "config"), "a sweep by any sweeper plugin, as Hydra's multirun runs it"),
+    "hydra.core.plugins.Plugins.instantiate_launcher": (
+        ("hydra_context", "task_function", "config"), "the configured launcher, for the jobs of a basic sweep"),
     "hydra.core.utils.configure_log": (
         ("log_config", "verbose_config"), "Hydra's logging set up again after each job of a sweep"),
     "hydra.core.hydra_config.HydraConfig.cfg": (
@@ -79,7 +83,8 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-"""``_target_`` of the sweeper and launcher whose work :mod:`numarun.config.compose` does itself."""
+"""``_target_`` of the sweeper and launcher whose work :mod:`numarun.config.compose` does itself
+(any other sweeper or launcher plugin runs as Hydra runs it)."""
 
 MULTIRUN_YAML = "multirun.yaml"
 """The sweep's config, which Hydra's basic sweeper saves in the sweep dir."""
@@ -101,16 +106,22 @@ def args_parser() -> argparse.ArgumentParser:
 def create_app(*, task_name: str, config_path: str, extra_dir: str | None, version_base: str) -> Any:
     """Hydra's application object for the configs in ``config_path`` (and ``extra_dir``, ``-cd``),
     made the global Hydra, as ``@hydra.main`` creates it."""
-    from hydra import version
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
-    version.setbase(version_base)
+    set_version_base(version_base)
     search_path = create_automatic_config_search_path(None, None, config_path)
     if extra_dir is not None:
         search_path.prepend(provider="command-line", path=f"file://{extra_dir}", anchor=SearchPathQuery(provider="schema"))
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
+
+
+def set_version_base(base: str | None) -> None:
+    """Hydra's ``version_base`` for this process, as ``@hydra.main(version_base=...)`` sets it."""
+    from hydra import version
+
+    version.setbase(base)
 
 
 def split_sweep(overrides: Sequence[str], config_loader: Any = None) -> list[list[str]]:
@@ -145,10 +156,10 @@ def job_dir(cfg: Any, *, sweep: bool) -> Path:
     return Path(os.path.abspath(path))
 
 
-def run_job(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep: bool) -> Any:
+def run_job(loader: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep: bool) -> Any:
     """``task`` run as Hydra's launchers run a job: run dir made, ``.hydra/*.yaml`` written, job
     logging and ``env_set`` set up, ``hooks`` told. Returns Hydra's ``JobReturn``, whose
-    ``return_value`` raises the task's exception."""
+    ``return_value`` raises the task's exception. ``loader``: the app's config loader (None in a rank)."""
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
@@ -157,8 +168,41 @@ def run_job(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep
         config=cfg,
         job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
         job_subdir_key="hydra.sweep.subdir" if sweep else None,
-        hydra_context=HydraContext(config_loader=app.config_loader, callbacks=hooks),
+        hydra_context=HydraContext(config_loader=loader, callbacks=hooks),
     )
+
+
+def sweep(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any) -> Any:
+    """The sweep of ``cfg`` run by its own sweeper plugin (Optuna...) and launcher, as Hydra's multirun runs it."""
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf
+
+    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
+    with _plugin_errors():
+        sweeper = Plugins.instance().instantiate_sweeper(config=cfg, hydra_context=context, task_function=task)
+    return sweeper.sweep(arguments=list(OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)))  # type: ignore[arg-type]
+
+
+def launcher(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any) -> Any:
+    """The launcher plugin of ``cfg``, set up as a sweeper sets it up."""
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
+
+    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
+    with _plugin_errors():
+        return Plugins.instance().instantiate_launcher(hydra_context=context, task_function=task, config=cfg)
+
+
+@contextlib.contextmanager
+def _plugin_errors() -> Iterator[None]:
+    """A plugin Hydra cannot find or load (RuntimeError, ImportError) as Hydra's own error."""
+    from hydra.errors import HydraException
+
+    try:
+        yield
+    except (RuntimeError, ImportError) as e:
+        raise HydraException(str(e)) from None
 
 
 def configure_hydra_logging(cfg: Any) -> None:

@@ -1,0 +1,106 @@
+"""One job of a sweep, in each of its ranks: ``python -m numarun.sweep.job DIR index=N``.
+
+``DIR/N.job`` holds the job and its config as the launcher composed it. The task is found as
+multiprocessing's spawn finds a function of the main script: the script runs as a module under
+another name and stands for ``__main__`` (the config may name its classes there), the function
+is taken by its qualified name and unwrapped past Hydra's decorator. Hydra's ``run_job`` runs it
+as the basic launcher would (run dir, ``.hydra/``, job log, callbacks); rank 0 writes the
+``JobReturn`` to ``DIR/N.ret``, or a FAILED one naming a return value that cannot be pickled.
+``group=G``: the jobs listed in ``DIR/groupG.json``, packed on this node (an array task of
+``hydra/launcher=numarun_slurm`` with ``pack``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_task(kind: str, where: str, qualname: str, depth: int, main: bool) -> Any:
+    if kind == "file":
+        spec = importlib.util.spec_from_file_location("__mp_main__", where)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.path[0] = os.path.dirname(os.path.realpath(where))
+        sys.argv[0] = where
+        sys.modules["__mp_main__"] = sys.modules["__main__"] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+        if main:
+            sys.modules["__main__"] = module
+    task: Any = module
+    for part in qualname.split("."):
+        task = getattr(task, part)
+    for _ in range(depth):
+        task = task.__wrapped__
+    return task
+
+
+def _save(path: Path, ret: Any, idx: int) -> None:
+    from hydra.core.utils import JobStatus
+
+    try:
+        data = pickle.dumps(ret)
+    except Exception as e:
+        message = (f"bad return value of job #{idx}: {type(ret._return_value).__name__} cannot be handed back to the "
+                   f"sweeper ({e}); expected a value pickle can write (a number, a dict...)")
+        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+        ret.status, ret.return_value = JobStatus.FAILED, RuntimeError(message)
+        data = pickle.dumps(ret)
+    path.with_suffix(".tmp").write_bytes(data)
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def run_one(folder: Path, idx: int) -> int:
+    from hydra.core.utils import JobRuntime, JobStatus, setup_globals
+
+    from .. import hydra_internals as internals
+
+    with open(folder / f"{idx}.job", "rb") as f:
+        head = pickle.load(f)
+        task = load_task(*head["task"])
+        cfg = pickle.load(f)
+    internals.set_version_base(head["version_base"])
+    setup_globals()
+    JobRuntime.instance().set("name", cfg.hydra.job.name)
+    ret = internals.run_job(None, cfg, task, internals.callbacks(cfg), sweep=True)
+    if os.environ.get("RANK", "0") == "0":
+        _save(folder / f"{idx}.ret", ret, idx)
+    return 0 if ret.status is JobStatus.COMPLETED else 1
+
+
+def run_group(folder: Path, group: int) -> int:
+    from .. import envvars
+    from ..topology.discover import load_topology
+    from ..worker import current_binding
+    from .launch import run_local
+
+    # this process holds the whole node for the jobs: its own plan's variables are not theirs
+    binding = current_binding()
+    user = set(os.environ.get(envvars.USER_ENV, "").split(","))
+    for key in binding.env if binding is not None else ():
+        if key not in user:
+            os.environ.pop(key, None)
+    jobs = []
+    for idx in json.loads((folder / f"group{group}.json").read_text()):
+        with open(folder / f"{idx}.job", "rb") as f:
+            jobs.append(pickle.load(f)["job"])
+    codes = run_local(jobs, load_topology(None), folder)
+    return 0 if not any(codes.values()) else 1
+
+
+def main(argv: list[str]) -> int:
+    folder = Path(next(a for a in argv if "=" not in a))
+    key, _, value = next(a for a in argv if "=" in a).partition("=")
+    return run_group(folder, int(value)) if key == "group" else run_one(folder, int(value))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
