@@ -172,36 +172,16 @@ def run_job(loader: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sw
     )
 
 
-def sweep(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any) -> Any:
-    """The sweep of ``cfg`` run by its own sweeper plugin (Optuna...) and launcher, as Hydra's multirun runs it."""
+def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group: str) -> Any:
+    """``cfg``'s ``sweeper`` or ``launcher`` plugin (``group``), set up as Hydra's multirun sets it up."""
     from hydra.core.plugins import Plugins
-    from hydra.types import HydraContext
-    from omegaconf import OmegaConf
-
-    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
-    with _plugin_errors():
-        sweeper = Plugins.instance().instantiate_sweeper(config=cfg, hydra_context=context, task_function=task)
-    return sweeper.sweep(arguments=list(OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)))  # type: ignore[arg-type]
-
-
-def launcher(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any) -> Any:
-    """The launcher plugin of ``cfg``, set up as a sweeper sets it up."""
-    from hydra.core.plugins import Plugins
-    from hydra.types import HydraContext
-
-    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
-    with _plugin_errors():
-        return Plugins.instance().instantiate_launcher(hydra_context=context, task_function=task, config=cfg)
-
-
-@contextlib.contextmanager
-def _plugin_errors() -> Iterator[None]:
-    """A plugin Hydra cannot find or load (RuntimeError, ImportError) as Hydra's own error."""
     from hydra.errors import HydraException
+    from hydra.types import HydraContext
 
+    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
     try:
-        yield
-    except (RuntimeError, ImportError) as e:
+        return getattr(Plugins.instance(), f"instantiate_{group}")(hydra_context=context, task_function=task, config=cfg)
+    except (RuntimeError, ImportError) as e:  # a plugin Hydra cannot find or load: one line, as Hydra's own errors
         raise HydraException(str(e)) from None
 
 

@@ -51,11 +51,6 @@ class NumarunLauncher(Launcher):
 
         return launch(self, job_overrides, initial_job_idx)
 
-    def launch_configs(self, cfgs: Sequence[Any]) -> Any:
-        from numarun.sweep.launch import launch_configs
-
-        return launch_configs(self, cfgs)
-
 
 class NumarunSlurmLauncher(NumarunLauncher):
     slurm = True

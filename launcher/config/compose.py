@@ -353,10 +353,10 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
          check: JobCheck | None = None) -> Any:
     """Step 4, as Hydra's run, or multirun with its basic sweeper and launcher, runs the jobs.
 
-    Another launcher (``hydra/launcher=numarun``...) gets the jobs of a basic sweep, composed and
-    checked, at once; another sweeper runs with the configured launcher, each job checked as it
-    starts. A failed job does not stop a sweep: the first failure is raised once every job ran,
-    as Hydra's sweeper does; numarun stopped by a signal (exit code >= 128) ends it at once.
+    Another sweeper or launcher (``hydra/launcher=numarun``) runs as Hydra runs it, after the
+    jobs of a basic sweep were checked. A failed job does not stop a sweep: the first failure is
+    raised once every job ran, as Hydra's sweeper does; numarun stopped by a signal (exit code
+    >= 128) ends it at once.
     """
     from omegaconf import OmegaConf
 
@@ -390,26 +390,19 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
         hooks.on_run_end(config=command.cfg, config_name=config_name, job_return=ret)
         return ret.return_value
     hooks.on_multirun_start(config=command.cfg, config_name=config_name)
-    if not command.jobs:
-        values = [internals.sweep(app, command.cfg, any_task, hooks)]
-        hooks.on_multirun_end(config=command.cfg, config_name=config_name)
-        return values[-1]
-    basic = command.cfg.hydra.launcher.get("_target_") == internals.BASIC_LAUNCHER
-    launcher = None if basic else internals.launcher(app, command.cfg, any_task, hooks)
-    command.sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
-    log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
-    if launcher is not None:
-        if hasattr(launcher, "launch_configs"):  # numarun's: the jobs as composed here
-            returns = launcher.launch_configs([j.cfg for j in command.jobs])
-        else:
-            returns = launcher.launch([list(j.prepared.overrides) for j in command.jobs], initial_job_idx=0)
+    if not command.jobs or command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
+        # another sweeper or launcher (hydra/launcher=numarun): as Hydra's multirun runs them
+        sweeper = internals.plugin(app, command.cfg, any_task, hooks, group="sweeper")
+        values = [sweeper.sweep(arguments=[str(o) for o in command.cfg.hydra.overrides.task])]
     else:
+        command.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
+        log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
         returns = []
         for job in command.jobs:
             returns.append(internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=True))
             internals.configure_hydra_logging(command.cfg)
-    values = [r.return_value for r in returns]
+        values = [r.return_value for r in returns]
     hooks.on_multirun_end(config=command.cfg, config_name=config_name)
     return values[-1] if values else None
 

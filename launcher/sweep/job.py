@@ -6,8 +6,7 @@ another name and stands for ``__main__`` (the config may name its classes there)
 is taken by its qualified name and unwrapped past Hydra's decorator. Hydra's ``run_job`` runs it
 as the basic launcher would (run dir, ``.hydra/``, job log, callbacks); rank 0 writes the
 ``JobReturn`` to ``DIR/N.ret``, or a FAILED one naming a return value that cannot be pickled.
-``group=G``: the jobs listed in ``DIR/groupG.json``, packed on this node (an array task of
-``hydra/launcher=numarun_slurm`` with ``pack``).
+``group=G``: the jobs listed in ``DIR/groupG.json``, packed on this node (a Slurm array task).
 """
 
 from __future__ import annotations
@@ -27,35 +26,18 @@ def load_task(kind: str, where: str, qualname: str, depth: int, main: bool) -> A
         spec = importlib.util.spec_from_file_location("__mp_main__", where)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.path[0] = os.path.dirname(os.path.realpath(where))
-        sys.argv[0] = where
+        sys.path[0], sys.argv[0] = os.path.dirname(os.path.realpath(where)), where
         sys.modules["__mp_main__"] = sys.modules["__main__"] = module
         spec.loader.exec_module(module)
     else:
         module = importlib.import_module(where)
-        if main:
-            sys.modules["__main__"] = module
+        sys.modules["__main__"] = module if main else sys.modules["__main__"]
     task: Any = module
     for part in qualname.split("."):
         task = getattr(task, part)
     for _ in range(depth):
         task = task.__wrapped__
     return task
-
-
-def _save(path: Path, ret: Any, idx: int) -> None:
-    from hydra.core.utils import JobStatus
-
-    try:
-        data = pickle.dumps(ret)
-    except Exception as e:
-        message = (f"bad return value of job #{idx}: {type(ret._return_value).__name__} cannot be handed back to the "
-                   f"sweeper ({e}); expected a value pickle can write (a number, a dict...)")
-        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
-        ret.status, ret.return_value = JobStatus.FAILED, RuntimeError(message)
-        data = pickle.dumps(ret)
-    path.with_suffix(".tmp").write_bytes(data)
-    os.replace(path.with_suffix(".tmp"), path)
 
 
 def run_one(folder: Path, idx: int) -> int:
@@ -72,7 +54,16 @@ def run_one(folder: Path, idx: int) -> int:
     JobRuntime.instance().set("name", cfg.hydra.job.name)
     ret = internals.run_job(None, cfg, task, internals.callbacks(cfg), sweep=True)
     if os.environ.get("RANK", "0") == "0":
-        _save(folder / f"{idx}.ret", ret, idx)
+        try:
+            data = pickle.dumps(ret)
+        except Exception as e:
+            message = (f"bad return value of job #{idx}: {type(ret._return_value).__name__} cannot be handed back to "
+                       f"the sweeper ({e}); expected a value pickle can write (a number, a dict...)")
+            print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+            ret.status, ret.return_value = JobStatus.FAILED, RuntimeError(message)
+            data = pickle.dumps(ret)
+        (folder / f"{idx}.tmp").write_bytes(data)
+        os.replace(folder / f"{idx}.tmp", folder / f"{idx}.ret")
     return 0 if ret.status is JobStatus.COMPLETED else 1
 
 
@@ -82,18 +73,15 @@ def run_group(folder: Path, group: int) -> int:
     from ..worker import current_binding
     from .launch import run_local
 
-    # this process holds the whole node for the jobs: its own plan's variables are not theirs
-    binding = current_binding()
-    user = set(os.environ.get(envvars.USER_ENV, "").split(","))
-    for key in binding.env if binding is not None else ():
-        if key not in user:
-            os.environ.pop(key, None)
+    # this rank holds the whole node for the jobs: its own plan's variables are not theirs
+    binding, user = current_binding(), os.environ.get(envvars.USER_ENV, "").split(",")
+    for key in set(binding.env if binding is not None else ()) - set(user):
+        os.environ.pop(key, None)
     jobs = []
     for idx in json.loads((folder / f"group{group}.json").read_text()):
         with open(folder / f"{idx}.job", "rb") as f:
             jobs.append(pickle.load(f)["job"])
-    codes = run_local(jobs, load_topology(None), folder)
-    return 0 if not any(codes.values()) else 1
+    return 1 if any(run_local(jobs, load_topology(None), folder).values()) else 0
 
 
 def main(argv: list[str]) -> int:

@@ -65,6 +65,11 @@ def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(list(options))
 
 
+def _common(settings: dict[str, Any]) -> list[str]:
+    """The options of every job: the launcher's, then those given to ``numarun SCRIPT -m``."""
+    return [*(settings.get("options") or ()), *json.loads(os.environ.get(envvars.SWEEP_OPTIONS) or "[]")]
+
+
 def forwarded(args: argparse.Namespace, script: str) -> list[str]:
     """The options given to ``numarun [OPTIONS] SCRIPT -m ...`` that each job of the sweep takes."""
     argv = list(getattr(args, "argv", None) or ())
@@ -78,31 +83,27 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
 
     from ..topology.visible import visible_gpus
 
-    options: list[str] = []
-    if trainer:  # numarun's trainer: the job's own launcher group first
-        if (OmegaConf.select(cfg, "launcher.nnodes") or 1) != 1:
-            raise UsageError(f"bad launcher.nnodes {cfg.launcher.nnodes!r} in a packed sweep: expected 1 "
-                             "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
-        for key in ("nproc_per_node", "binding", "mem_policy", "nic_policy"):
-            if OmegaConf.select(cfg, f"launcher.{key}") is not None:
-                options += [f"--{key.replace('_', '-')}", str(cfg.launcher[key])]
-        options += ["--strict-binding"] if OmegaConf.select(cfg, "launcher.strict_binding") else []
+    own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group first
+    if own is not None and own.nnodes != 1:
+        raise UsageError(f"bad launcher.nnodes {own.nnodes!r} in a sweep on one node: expected 1 "
+                         "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
+    options = [o for k in ("nproc_per_node", "binding", "mem_policy", "nic_policy")
+               if own is not None and own[k] is not None for o in (f"--{k.replace('_', '-')}", str(own[k]))]
+    options += ["--strict-binding"] if own is not None and own.strict_binding else []
     if settings.get("nproc_per_node") is not None:
         options += ["--nproc-per-node", str(settings["nproc_per_node"])]
-    options += [*(settings.get("options") or ()), *json.loads(os.environ.get(envvars.SWEEP_OPTIONS) or "[]")]
+    options += _common(settings)
     ranks = _parse(options)[0].nproc_per_node
     if topology is not None and not isinstance(ranks, int):  # torchrun's words; the trainer's None: one per GPU
         gpus, cpus = len(visible_gpus(topology, os.environ.get("CUDA_VISIBLE_DEVICES"), "PCI_BUS_ID")), len(topology.usable_cpus)
         ranks = {"gpu": gpus, "auto": gpus or cpus, "cpu": cpus}.get(ranks or "", gpus if trainer else 1)
-    overrides = tuple(str(o) for o in cfg.hydra.overrides.task)
-    return Job(int(cfg.hydra.job.num), overrides, int(ranks or 1), tuple(options))
+    return Job(int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), int(ranks or 1), tuple(options))
 
 
 def _task_ref(task: Any) -> tuple[str, str, str, int, bool]:
     """(``file``|``module``, where, qualname, unwrap depth, stands for ``__main__``): how each rank finds the task."""
-    named = getattr(task, "numarun_task", None)
-    if named:
-        module_name, qualname = named.split(":")
+    if getattr(task, "numarun_task", None):
+        module_name, qualname = task.numarun_task.split(":")
         return "module", module_name, qualname, 0, False
     module = sys.modules.get(task.__module__)
     found: Any = module
@@ -114,64 +115,48 @@ def _task_ref(task: Any) -> tuple[str, str, str, int, bool]:
     if found is None:
         raise UsageError(f"bad task function {task.__qualname__!r}: each job runs in processes of its own, which find it "
                          "by name; expected a function at the top of its module (other decorators with functools.wraps)")
-    main = task.__module__ == "__main__"
-    spec = getattr(module, "__spec__", None)
+    main, spec = task.__module__ == "__main__", getattr(module, "__spec__", None)
     if main and spec is None:
         return "file", os.path.abspath(str(getattr(module, "__file__", ""))), task.__qualname__, depth, True
     return "module", spec.name if main and spec is not None else task.__module__, task.__qualname__, depth, main
 
 
 def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[Any]:
-    """Hydra's ``Launcher.launch``: each job composed as the basic launcher composes it, then run."""
-    from hydra.core.utils import setup_globals
+    """Hydra's ``Launcher.launch``: each job composed as the basic launcher composes it, then run, one
+    JobReturn each; a mistake is one line and exit 2 before any job starts."""
+    from hydra import version
+    from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
     from omegaconf import open_dict
 
     setup_globals()
-    cfgs = []
-    for i, overrides in enumerate(job_overrides):
-        cfg = launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(overrides))
+    cfgs = [launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o)) for o in job_overrides]
+    for i, cfg in enumerate(cfgs):
         with open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
-        cfgs.append(cfg)
-    return launch_configs(launcher, cfgs)
-
-
-def launch_configs(launcher: Any, cfgs: Sequence[Any]) -> list[Any]:
-    """The composed jobs run, one JobReturn each; a mistake is one line and exit 2 before any job starts."""
-    from hydra import version
-    from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides
-
     config, settings, slurm = launcher.config, dict(launcher.settings), getattr(launcher, "slurm", False)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     folder = None
     try:
-        ns = _parse([*(settings.get("options") or ()), *json.loads(os.environ.get(envvars.SWEEP_OPTIONS) or "[]")])[0]
-        if slurm:
-            topology = None
-        else:
-            from ..topology.discover import load_topology
+        from ..topology.discover import load_topology
 
-            topology = load_topology(ns.topology)
-        trainer = getattr(launcher.task_function, "numarun_task", None) is not None
-        jobs = [_job(cfg, settings, topology, trainer=trainer) for cfg in cfgs]
-        ref = _task_ref(launcher.task_function)
-        base = version.getbase()  # the app's version_base, which decides run_job's defaults (chdir) in each rank
-        version_base = str(base) if base is not None else None
+        topology = None if slurm else load_topology(_parse(_common(settings))[0].topology)
+        jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
+        base = version.getbase()  # the app's version_base: run_job's defaults (chdir) in each rank
+        head = {"task": _task_ref(launcher.task_function), "version_base": None if base is None else str(base)}
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = sweep_dir / ".numarun" if slurm else Path(tempfile.mkdtemp(prefix="numarun-sweep-"))
         folder.mkdir(exist_ok=True)
-        for job, cfg in zip(jobs, cfgs):
-            with open(folder / f"{job.idx}.job", "wb") as f:
-                pickle.dump({"task": ref, "job": job, "version_base": version_base}, f)
-                pickle.dump(cfg, f)
         log.info("Launching %d jobs with numarun", len(jobs))
-        for job in jobs:
+        for job, cfg in zip(jobs, cfgs):
             log.info("\t#%d : %s", job.idx, " ".join(filter_overrides(job.overrides)))
+            with open(folder / f"{job.idx}.job", "wb") as f:
+                pickle.dump({**head, "job": job}, f)
+                pickle.dump(cfg, f)
         codes = _submit(settings, jobs, folder) if slurm else run_local(jobs, topology, folder, limit=settings.get("max_jobs"))
         if codes is None:  # a dry run
             return [JobReturn(overrides=list(j.overrides), status=JobStatus.COMPLETED) for j in jobs]
-        return [_result(folder, job, codes.get(job.idx)) for job in jobs]
+        return [_result(folder, job, codes[job.idx]) for job in jobs]
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(e.exit_code) from None
@@ -180,11 +165,11 @@ def launch_configs(launcher: Any, cfgs: Sequence[Any]) -> list[Any]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _result(folder: Path, job: Job, code: int | None) -> Any:
+def _result(folder: Path, job: Job, code: int) -> Any:
     """The JobReturn rank 0 wrote, or a FAILED one saying why there is none."""
     from hydra.core.utils import JobReturn, JobStatus
 
-    why = f"exit code {code}" if code is None or code >= 0 else f"killed by {signal.Signals(-code).name}"
+    why = f"exit code {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
     try:
         with open(folder / f"{job.idx}.ret", "rb") as f:
             ret = pickle.load(f)
@@ -202,21 +187,14 @@ def _result(folder: Path, job: Job, code: int | None) -> Any:
 # --- one node -----------------------------------------------------------------------------------
 
 class _Stop(BaseException):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise _Stop(signum)
+    """A signal to the sweep (its number in ``args[0]``)."""
 
 
 def _plan(job: Job, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
     from ..plan.options import request_from_args
 
-    environ = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))}
-    request = request_from_args(_parse(job.options)[0], environ)
+    request = request_from_args(_parse(job.options)[0], {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"))
 
 
@@ -224,13 +202,11 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
-    plan = _plan(job, slot, topology)
-    ns, rest = _parse(job.options)
+    plan, (ns, rest) = _plan(job, slot, topology), _parse(job.options)
     env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
     env.update({"CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                envvars.DETECT: "0", envvars.HYDRA_NOW: now, envvars.LAUNCHER_PID: str(os.getpid())})
-    if ns.log_level:
-        env[envvars.LOG_LEVEL] = ns.log_level.upper()
+                envvars.DETECT: "0", envvars.HYDRA_NOW: now, envvars.LAUNCHER_PID: str(os.getpid()),
+                **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {})})
     args = [str(folder), f"index={job.idx}"]
     if job.ranks == 1 and not rest:  # nothing for torchrun's agent to do: the process is the rank
         env.update(worker_env(plan, os.environ, plan_path="", strict=ns.strict_binding))
@@ -240,19 +216,15 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
                     "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": f"sweep-{os.getpid()}-{job.idx}"})
         cmd = [sys.executable, "-u", ENTRY_FILE, "--module", JOB_MODULE, *args]
     else:
-        plan_file = folder / f"{job.idx}.plan.json"
-        plan_file.write_text(plan.to_json())
-        cmd = [sys.executable, "-m", "numarun", "run", "--no-detect", "--plan-file", str(plan_file), "--nproc-per-node",
-               str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
+        (folder / f"{job.idx}.plan.json").write_text(plan.to_json())
+        cmd = [sys.executable, "-m", "numarun", "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
+               "--nproc-per-node", str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
                *(["--strict-binding"] if ns.strict_binding else []), *rest, "--module", JOB_MODULE, *args]
-
-    def confine() -> None:  # in the child, before exec: every process of the job inherits it
-        os.sched_setaffinity(0, slot.cpus)
-
-    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=confine)
+    # the affinity is set in the child before exec: every process of the job inherits it
+    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, slot.cpus))
 
 
-def _end(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
+def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
     for p in procs:
         try:
             os.killpg(p.pid, signum)
@@ -265,15 +237,19 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     made before the first starts; SIGINT/SIGTERM end every running job and raise (exit 128+N)."""
     from ..launch.supervisor import RunFailed
 
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    slots = list(pack(topology, max(j.ranks for j in jobs), cuda_visible_devices=cvd, limit=limit))
+    slots = list(pack(topology, max(j.ranks for j in jobs), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                      limit=limit))
     for job in jobs:
         _plan(job, slots[0], topology)
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
     ports = {s.index: _free_port() for s in slots}
     waiting, codes = list(jobs), {}
     running: dict[int, tuple[subprocess.Popen[bytes], Slot]] = {}
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop(signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while waiting or running:
             while waiting and slots:
@@ -288,21 +264,20 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
                     del running[idx]
                     slots = sorted([*slots, slot], key=lambda s: s.index)
         return codes
-    except _Stop as stop:
+    except _Stop as e:
         procs = [p for p, _ in running.values()]
         for s in previous:  # a second signal: no more grace
-            signal.signal(s, lambda *_: _end(procs, signal.SIGKILL))
-        _end(procs, signal.SIGTERM)
+            signal.signal(s, lambda *_: _signal(procs, signal.SIGKILL))
+        _signal(procs, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_S
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _end([p], signal.SIGKILL)
+                _signal([p], signal.SIGKILL)
                 p.wait()
-        name = signal.Signals(stop.signum).name
-        raise RunFailed(f"stopped by {name}: {len(procs)} running jobs ended, {len(waiting)} not started",
-                        128 + stop.signum) from None
+        raise RunFailed(f"stopped by {signal.Signals(e.args[0]).name}: {len(procs)} running jobs ended, "
+                        f"{len(waiting)} not started", 128 + e.args[0]) from None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -334,9 +309,8 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
         cmd += ["--nproc-per-node", "1", "--launch-opt=--binding=none", "--launch-opt=--no-watch",
                 "--module", JOB_MODULE, str(folder), "-m", f"group=range(0,{len(groups)})"]
     else:
-        opts = [f"--launch-opt={o}" for o in _parse(jobs[0].options)[1]]
-        cmd += ["--nproc-per-node", str(sizes.pop()), *opts, "--module", JOB_MODULE, str(folder), "-m",
-                f"index=range({jobs[0].idx},{jobs[-1].idx + 1})"]
+        cmd += ["--nproc-per-node", str(sizes.pop()), *(f"--launch-opt={o}" for o in _parse(jobs[0].options)[1]),
+                "--module", JOB_MODULE, str(folder), "-m", f"index=range({jobs[0].idx},{jobs[-1].idx + 1})"]
     code = subprocess.run(cmd, check=False).returncode
     if settings.get("dry_run"):
         if code:
@@ -353,14 +327,12 @@ def describe(topology: Any, ranks: int, jobs: Sequence[str], *, limit: int | Non
     rows = [(f"NUMA {format_list(s.mems) or '?'}", f"slot {s.index}", f"GPU {format_list(s.gpus) or '-'}",
              f"CPU {format_list(s.cpus)}", f"NIC {','.join(s.nics) or '-'}") for s in slots]
     width = [max(len(r[i]) for r in rows) for i in range(5)]
-    ones = "" if ranks == 1 else "s"
-    out = [f"{f'{len(jobs)} jobs' if jobs else 'the sweeper’s jobs'} of {ranks} rank{ones}, {len(slots)} at a time on "
-           f"{topology.hostname or topology.source}; a job starts as soon as a slot frees"]
+    out = [f"{f'{len(jobs)} jobs' if jobs else 'the sweeper’s jobs'} of {ranks} rank{'s' * (ranks > 1)}, {len(slots)} "
+           f"at a time on {topology.hostname or topology.source}; a job starts as soon as a slot frees"]
     for i, r in enumerate(rows):
-        first = i == 0 or r[0] != rows[i - 1][0]
-        last = i == len(rows) - 1 or r[0] != rows[i + 1][0]
-        tree = "─" if first and last else "┌" if first else "└" if last else "├"
+        first, last = i == 0 or r[0] != rows[i - 1][0], i == len(rows) - 1 or r[0] != rows[i + 1][0]
         cells = "  ".join(c.ljust(w) for c, w in zip(r[1:], width[1:]))
+        tree = "─" if first and last else "┌" if first else "└" if last else "├"
         out.append(f"  {(r[0] if first else '').ljust(width[0])} {tree} {cells}  <- {jobs[i] if i < len(jobs) else '-'}")
     if len(jobs) > len(slots):
         out.append(f"  then, each in the first slot that frees: {', '.join(jobs[len(slots):])}")
@@ -371,17 +343,18 @@ def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequenc
     """``numarun [OPTIONS] APP -m ...`` for a user's Hydra app: the app's own Hydra sweeps, each job through
     ``hydra/launcher=numarun`` with OPTIONS. ``--dry-run``: the slots of a basic sweep's jobs; nothing runs."""
     options = forwarded(args, name)
+    given = {a.split("=")[0] for a in script_args}
     if args.dry_run:
         from ..config.compose import expand_sweep
         from ..topology.discover import load_topology
 
         ns = _parse(options)[0]
         overrides = [a for a in script_args if "=" in a and not a.lstrip("+~").startswith("hydra")]
-        sweeper = any(a.startswith("hydra/sweeper=") for a in script_args)
-        jobs = [] if sweeper else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
-        sys.stdout.write(describe(load_topology(ns.topology), ns.nproc_per_node or 1, jobs))
+        jobs = [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
+        ranks = ns.nproc_per_node if isinstance(ns.nproc_per_node, int) else 1
+        sys.stdout.write(describe(load_topology(ns.topology), ranks, jobs))
         return 0
-    launcher = [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
-    argv = [sys.executable, *(["-m"] if kind == "module" else []), name, *script_args, *launcher]
+    argv = [sys.executable, *(["-m"] if kind == "module" else []), name, *script_args,
+            *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"])]
     os.execve(sys.executable, argv, {**os.environ, envvars.SWEEP_OPTIONS: json.dumps(options)})
     return 0  # not reached
