@@ -129,6 +129,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     from omegaconf import open_dict
 
     setup_globals()
+    sys.modules.setdefault("__mp_main__", sys.modules["__main__"])  # as multiprocessing: the jobs' classes of the script
     cfgs = [launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o)) for o in job_overrides]
     for i, cfg in enumerate(cfgs):
         with open_dict(cfg):
@@ -143,7 +144,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
         base = version.getbase()  # the app's version_base: run_job's defaults (chdir) in each rank
         head = {"task": _task_ref(launcher.task_function), "version_base": None if base is None else str(base)}
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = sweep_dir / ".numarun" if slurm else Path(tempfile.mkdtemp(prefix="numarun-sweep-"))
         folder.mkdir(exist_ok=True)
