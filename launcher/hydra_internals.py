@@ -76,8 +76,6 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra.core.utils.datetime": (None, "the class the ${now:} resolver reads at call time: replaced by a fixed clock"),
     "hydra.core.utils.setup_globals": ((), "registers that ${now:} resolver (read at call time, so the patch reaches it)"),
     "hydra.core.utils._save_config": (("cfg", "filename", "output_dir"), "writes .hydra/*.yaml: a no-op off rank 0"),
-    "hydra.core.utils.OmegaConf": (None, "the OmegaConf whose save writes multirun.yaml: left out off rank 0"),
-    "omegaconf.OmegaConf.save": (("config", "f", "resolve"), "replaced by one that leaves multirun.yaml out, off rank 0"),
 }
 """Private part -> (its parameters without ``self``, or None for an attribute; what numarun uses it for)."""
 
@@ -220,30 +218,12 @@ def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
 
 def worker_hook(when: _dt.datetime, *, writer: bool) -> Callable[[Any], None]:
     """The patch of :data:`WORKER_MODULE` in a worker: Hydra's clock fixed at ``when``; unless
-    ``writer``, no ``.hydra/*.yaml`` and no ``multirun.yaml`` written by this process."""
+    ``writer``, no ``.hydra/*.yaml`` written by this process."""
 
     def hook(utils: Any) -> None:
         # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
         utils.datetime = pinned_datetime(when)
         if not writer:
             utils._save_config = lambda *_a, **_k: None  # .hydra/*.yaml
-            _skip_multirun_yaml(utils.OmegaConf)
 
     return hook
-
-
-def _skip_multirun_yaml(omegaconf_cls: Any) -> None:
-    """``OmegaConf.save`` that leaves out Hydra's ``multirun.yaml`` (a sweep config holding ``hydra``).
-
-    Patched on the class, not in Hydra's sweeper module: Hydra loads its plugins straight
-    from their files (past the import system), re-running the module each time.
-    """
-    real = omegaconf_cls.save
-
-    def save(config: Any, f: Any, resolve: bool = False) -> None:
-        name = getattr(f, "name", f)
-        if str(name).endswith(MULTIRUN_YAML) and "hydra" in config:
-            return None
-        return real(config, f, resolve=resolve)
-
-    omegaconf_cls.save = staticmethod(save)

@@ -174,11 +174,11 @@ def test_info_commands_create_no_run_dir(tmp_path: Path, flags: list[str]) -> No
 def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path: Path) -> None:
     """The worker side alone: the bootstrap with a pinned clock, as rank 1 then rank 0."""
     app = APPS / "workdir" / "my_app.py"
-    sweep = ["-m", "a=1,2", "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
+    run = ["hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
     env = {**_env(), "NUMARUN_HYDRA_NOW": "2020-01-02T03:04:05"}
     for rank in ("1", "0"):
         proc = subprocess.run(
-            [sys.executable, str(ENTRY), str(app), *sweep],
+            [sys.executable, str(ENTRY), str(app), *run],
             check=False,
             cwd=tmp_path,
             env={**env, "RANK": rank},
@@ -187,13 +187,10 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
             timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
-        sweep_dir = tmp_path / "multirun" / "2020-01-02" / "03-04-05"
-        assert (sweep_dir / "0").is_dir()  # the pinned time, in every rank
-        written = sorted(str(p.relative_to(sweep_dir)) for p in sweep_dir.rglob("*.yaml"))
-        if rank == "1":
-            assert written == []  # neither .hydra/ nor multirun.yaml
-        else:
-            assert "multirun.yaml" in written and "1/.hydra/hydra.yaml" in written
+        run_dir = tmp_path / "outputs" / "2020-01-02" / "03-04-05"
+        assert run_dir.is_dir()  # the pinned time, in every rank
+        written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.yaml"))
+        assert written == ([] if rank == "1" else [".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"])
 
 
 RUN_DIR_APP = '''

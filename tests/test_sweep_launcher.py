@@ -66,9 +66,26 @@ class RecordingSampler(TPESampler):
 '''
 
 
+CALLBACK = '''
+import os
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class Recorder(Callback):
+    def on_job_start(self, config, **kwargs):
+        Path(config.out, f"job_start.{config.x}").write_text(str(os.getpid()))
+
+    def on_job_end(self, config, job_return, **kwargs):
+        Path(config.out, f"job_end.{config.x}").write_text(job_return.status.name)
+'''
+
+
 @pytest.fixture
 def app(tmp_path: Path) -> Path:
     (tmp_path / "app.py").write_text(APP)
+    (tmp_path / "recording_cb.py").write_text(CALLBACK)
     (tmp_path / "out").mkdir()
     return tmp_path
 
@@ -85,8 +102,12 @@ def record(where: Path, kind: str) -> dict[str, dict[str, object]]:
 
 
 def test_two_one_rank_jobs_run_at_once_each_on_its_own_core(app: Path) -> None:
-    proc = sweep(app, "+x=1,2", "+meet=1")
+    proc = sweep(app, "+x=1,2", "+meet=1", "+hydra.callbacks.rec._target_=recording_cb.Recorder")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # Hydra's job callbacks, called in each job's own process
+    assert {x: int(p.read_text()) for x, p in ((p.name[10:], p) for p in (app / "out").glob("job_start.*"))} == {
+        x: r["pid"] for x, r in record(app, "started").items()}
+    assert sorted(p.read_text() for p in (app / "out").glob("job_end.*")) == ["COMPLETED", "COMPLETED"]
     ran = record(app, "ran")
     a, b = ran["1"], ran["2"]
     assert max(a["start"], b["start"]) < min(a["end"], b["end"])  # their run intervals overlap

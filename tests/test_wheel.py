@@ -247,7 +247,7 @@ import hydra
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def job(cfg):
-    Path(cfg.out, f"job{cfg.x}").write_text(os.environ["RANK"])
+    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(os.environ["WORLD_SIZE"])
 
 
 if __name__ == "__main__":
@@ -255,8 +255,13 @@ if __name__ == "__main__":
 """
 
 
-def test_installed_hydra_finds_the_launcher_plugin(venv, workdir, tmp_path):
-    (workdir / "sweep_app.py").write_text(SWEEP_APP)
-    _run([str(venv / "bin/python"), "sweep_app.py", "-m", "hydra/launcher=numarun", f"+out={tmp_path}", "+x=1,2",
-          f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=workdir, env=_user_env())
-    assert sorted(p.name for p in tmp_path.glob("job*")) == ["job1", "job2"]  # each job a rank numarun started
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_installed_hydra_finds_the_launcher_plugin(venv, workdir, tmp_path, ranks):
+    """A sweep of ``hydra/launcher=numarun`` from the decoys' folder: one-rank jobs (the rank started
+    directly) and two-rank jobs (a ``numarun run`` each)."""
+    (tmp_path / "sweep_app.py").write_text(SWEEP_APP)
+    _run([str(venv / "bin/python"), str(tmp_path / "sweep_app.py"), "-m", "hydra/launcher=numarun", f"+out={tmp_path}",
+          "+x=1,2", f"hydra.launcher.nproc_per_node={ranks}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+         cwd=workdir, env=_user_env())
+    got = sorted(p.name for p in tmp_path.glob("job*"))
+    assert got == sorted(f"job{x}.rank{r}" for x in (1, 2) for r in range(ranks))

@@ -1,13 +1,9 @@
-"""A sweep's jobs packed side by side on one node: the slots, each a disjoint part of the node. Pure.
+"""A sweep's jobs side by side on one node: the slots, each a disjoint part of the node. Pure.
 
-A slot holds one running job of ``ranks`` ranks. GPU slots: the visible GPUs are grouped by
-NVLink island, then NUMA node, then PCIe switch (GPUs linked PIX/PXB, or sharing a NIC so
-linked), and each group is cut into runs of ``ranks`` GPUs; what is left of the groups is cut
-the same way across them. A slot gets the physical cores of its GPUs' NUMA node, split evenly
-among the slots there, that node's memory, and its GPUs' own NICs. CPU slots (no GPU visible, or
-CPU-only ranks): runs of ``ranks`` physical cores of one NUMA node, then across nodes.
-The job started in a slot is confined to it (``CUDA_VISIBLE_DEVICES``, CPU affinity), and its
-own plan binds its ranks inside: :func:`slot_topology`.
+GPU slots: the visible GPUs grouped by NVLink island, NUMA node and PCIe switch, each group cut
+into runs of ``ranks``, then what the groups leave over; the cores of the slot's NUMA node split
+evenly among its slots, that node's memory, the GPUs' own NICs. CPU slots: runs of ``ranks``
+physical cores of one NUMA node, then across nodes. See docs/sweeps.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""One job of a sweep, in each of its ranks: ``python -m numarun.sweep.job DIR index=N``.
-
-``DIR/N.job`` holds the job and its config as the launcher composed it. The task is found as
-multiprocessing's spawn finds a function of the main script: the script runs as a module under
-another name and stands for ``__main__`` (the config may name its classes there), the function
-is taken by its qualified name and unwrapped past Hydra's decorator. Hydra's ``run_job`` runs it
-as the basic launcher would (run dir, ``.hydra/``, job log, callbacks); rank 0 writes the
-``JobReturn`` to ``DIR/N.ret``, or a FAILED one naming a return value that cannot be pickled.
-``group=G``: the jobs listed in ``DIR/groupG.json``, packed on this node (a Slurm array task).
-"""
+"""One job of a sweep in each of its ranks: ``python -m numarun.sweep.job DIR index=N`` runs ``DIR/N.job``
+through Hydra's ``run_job``, its task found as multiprocessing's spawn finds one; rank 0 writes the
+``JobReturn`` to ``DIR/N.ret``. ``group=G``: the jobs of ``DIR/groupG.json``, packed on this node."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""The sweep's side of numarun's Hydra launcher: jobs written, run as a queue on slots (or a Slurm array),
-their ``JobReturn`` read back.
+"""The sweep's side of numarun's Hydra launcher: jobs composed and written, run as a queue on the node's
+slots (or as a Slurm job array), their ``JobReturn`` read back.
 
-A job's options are ``numarun run``'s, later ones winning: the trainer's ``launcher`` group, the
-launcher's ``nproc_per_node`` and ``options``, then what was given to ``numarun SCRIPT -m``
-(``NUMARUN_SWEEP_OPTIONS``). A one-rank job with only planning options skips torchrun's agent:
-the process started in its slot is the rank (the bootstrap with the slot's plan). Any other job
-is a ``numarun run --plan-file`` of its own, its plan made here for its slot.
+A job's ``numarun run`` options, later ones winning: the trainer's ``launcher`` group, the launcher's
+``nproc_per_node`` and ``options``, those given to ``numarun SCRIPT -m`` (``NUMARUN_SWEEP_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -218,7 +215,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
         cmd = [sys.executable, "-u", ENTRY_FILE, "--module", JOB_MODULE, *args]
     else:
         (folder / f"{job.idx}.plan.json").write_text(plan.to_json())
-        cmd = [sys.executable, "-m", "numarun", "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
+        cmd = [*_numarun(), "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
                "--nproc-per-node", str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
                *(["--strict-binding"] if ns.strict_binding else []), *rest, "--module", JOB_MODULE, *args]
     # the affinity is set in the child before exec: every process of the job inherits it
@@ -284,6 +281,12 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
             signal.signal(s, handler)
 
 
+def _numarun() -> list[str]:
+    """The ``numarun`` command beside this Python (``python -m numarun`` would import a ``numarun/`` in the cwd)."""
+    exe = Path(sys.executable).parent / "numarun"
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "numarun"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -299,7 +302,7 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
     if len(sizes) > 1:
         raise UsageError(f"bad nproc_per_node {sorted(sizes)}: the jobs of one Slurm array take one value")
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
-    cmd = [sys.executable, "-m", "numarun", "submit", *settings.get("submit_options", ()), "--nnodes", str(settings["nnodes"]),
+    cmd = [*_numarun(), "submit", *settings.get("submit_options", ()), "--nnodes", str(settings["nnodes"]),
            "--output-dir", str(folder / "slurm"), "--env", f"{envvars.HYDRA_NOW}={now}",
            "--dry-run" if settings.get("dry_run") else "--wait"]
     n = settings.get("pack")
