@@ -180,7 +180,7 @@ def test_dry_run_shows_the_slots_and_starts_nothing(app: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("3 jobs of 1 rank, ") and "<- #0 +x=1" in lines[1]
-    assert sorted(p.name for p in app.iterdir()) == ["app.py", "out"]
+    assert sorted(p.name for p in app.iterdir()) == ["app.py", "out", "recording_cb.py"]
     nvswitch = REPO / "tests" / "fixtures" / "nvidia-smi" / "h100-8gpu-13nic-mlx5_ib-penny.txt"
     proc = subprocess.run([*numarun_cmd(), "plan", "--topology", str(nvswitch), "--nproc-per-node", "2", "--jobs", "6"],
                           cwd=app, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
