@@ -9,7 +9,7 @@ Three kinds of program (:mod:`numarun.config.detect`):
 
 * numarun's trainer: Hydra composes each job once, here (:func:`numarun.config.compose.run_hydra`);
   each job's ``launcher`` group fills the flags the user left out, then the job is planned
-  once and run; a sweep (``-m``) runs its jobs one after another, in Hydra's layout;
+  once and run; a sweep (``-m``) runs its jobs through numarun's Hydra launcher (:mod:`numarun.sweep`);
 * a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
   app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
   Hydra picks the same run dir (:mod:`numarun.worker.hydra_pin`).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as _dt
+import json
 import logging
 import os
 import sys
@@ -229,6 +230,11 @@ def main(args: argparse.Namespace) -> int:
         kind = detect_app(target.name, is_module=target.kind == "module")
         if kind is AppKind.TRAINER:
             return _run_trainer(args, target, run)
+        if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
+            from ..sweep.launch import run_app
+
+            supervisor.release()
+            return run_app(args, target.kind, target.name, target.args)
         if kind is AppKind.HYDRA_MAIN:
             # Hydra's ${now:} fixed once here: every rank's Hydra picks the same run dir
             when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
@@ -315,6 +321,14 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
             )
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
             run(job_args, Target(target.kind, target.name, ()), dict(job.env))
+        if any(a in compose.MULTIRUN_FLAGS for a in script_args):
+            from ..sweep.launch import describe
+            from ..topology.discover import load_topology
+
+            sizes = [settled(j.launcher).nproc_per_node for _, j in jobs]
+            ranks = max([n for n in sizes if isinstance(n, int)], default=1)
+            labels = [f"#{i} {' '.join(j.overrides)}" for i, (_, j) in enumerate(jobs)]
+            sys.stdout.write(describe(load_topology(args.topology), ranks, labels))
         return 0
 
     # the workers read the saved config: no arguments after the script
@@ -332,6 +346,11 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         return run(job_args, job_target, dict(job.env), run_dir=job.run_dir, prepared=ready)
 
+    if any(a in compose.MULTIRUN_FLAGS for a in script_args):  # each job through numarun's Hydra launcher
+        from ..sweep.launch import forwarded
+
+        os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, target.name))
+        script_args += [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
     compose.run_hydra(script_args, on_job, check)
     return 0
 
