@@ -44,7 +44,7 @@ fi
 # and import-linter come with the [test] extras that setup.sh installs); NUMARUN_LINT=0 skips them.
 # A finding fails the test command, after the tests have run.
 if [ "${NUMARUN_LINT:-1}" != 0 ]; then
-  .venv/bin/ruff check launcher tests scripts || status=1
+  .venv/bin/ruff check launcher hydra_plugins tests scripts || status=1
   .venv/bin/mypy launcher || status=1
   .venv/bin/lint-imports || status=1
 fi
