@@ -1,15 +1,4 @@
-"""Recorded machine trees kept as tarballs (``hwloc-gather-topology`` writes ``.tar.bz2``).
-
-A tarball is extracted once into a cache directory keyed on its content, then read like any
-directory standing for a machine's ``/``. Members are extracted with tarfile's ``data``
-filter, so nothing lands outside the cache (no absolute paths, no links leaving it).
-
-Extraction is bounded: a small compressed file can expand to gigabytes (a "tar bomb"), so
-the member headers are read first and the archive is refused when its members would
-exceed :data:`MAX_BYTES` in total or :data:`MAX_MEMBERS` in number (``NUMARUN_TAR_MAX_BYTES``
-and ``NUMARUN_TAR_MAX_MEMBERS`` raise the caps for real large trees). The tarball is hashed
-while streaming it, never read into memory whole.
-"""
+"""Recorded machine trees kept as tarballs, extracted once, safely and bounded (why: docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -24,20 +13,13 @@ from .. import envvars
 from ..errors import TopologyError
 
 MAX_BYTES = 1 << 30
-"""Default cap on the extracted size: a recorded tree of a 384-CPU, 8-GPU machine is tens of MB."""
 MAX_MEMBERS = 200_000
-"""Default cap on the member count: such a tree has about 60,000 files."""
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
 def safe_extract(tf: tarfile.TarFile, dest: Path) -> None:
-    """``extractall`` that lands nothing outside ``dest``.
-
-    tarfile's ``data`` filter where Python has it (3.12, 3.11.4+, 3.10.12+); on older
-    patch releases the same refusals are checked here first: absolute or ``..`` paths,
-    links pointing out of the tree, devices.
-    """
+    """``extractall`` that lands nothing outside ``dest`` (tarfile's ``data`` filter, or its refusals)."""
     if hasattr(tarfile, "data_filter"):
         tf.extractall(dest, filter="data")
         return
@@ -64,28 +46,19 @@ def _cap(name: str, default: int) -> int:
 
 
 def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> tuple[int, int]:
-    """(members, bytes) of ``tf`` from its headers; raises TarError past either cap.
-
-    Reads headers only (decompressing, writing nothing), and stops at the first member
-    past a cap, so a bomb costs at most ``max_members`` headers of memory.
-    """
+    """(members, bytes) of ``tf`` from its headers alone; TarError at the first member past either cap."""
     count = total = 0
     for m in tf:
         count += 1
         total += max(m.size, 0)
         if count > max_members:
-            raise tarfile.TarError(
-                f"more than {max_members} members (set {envvars.TAR_MAX_MEMBERS} to allow more)"
-            )
+            raise tarfile.TarError(f"more than {max_members} members (set {envvars.TAR_MAX_MEMBERS} to allow more)")
         if total > max_bytes:
-            raise tarfile.TarError(
-                f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)"
-            )
+            raise tarfile.TarError(f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)")
     return count, total
 
 
 def file_digest(path: Path) -> str:
-    """SHA-256 of a file, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -98,17 +71,12 @@ def is_tarball(path: Path) -> bool:
 
 
 def default_cache() -> Path:
-    """``$XDG_CACHE_HOME/numarun/trees`` (``~/.cache/numarun/trees``)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "numarun" / "trees"
 
 
 def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
-    """Extract ``tarball`` once (keyed on its SHA-256) and return the tree's ``/``.
-
-    The root is the directory holding ``sys/``: the top of the archive, or its single top
-    directory (hwloc's captures wrap the tree in one, named after the machine).
-    """
+    """Extract ``tarball`` once (keyed on its SHA-256) and return the tree's ``/``: the directory holding ``sys/``."""
     cache = cache or default_cache()
     max_bytes = _cap(envvars.TAR_MAX_BYTES, MAX_BYTES)
     max_members = _cap(envvars.TAR_MAX_MEMBERS, MAX_MEMBERS)

@@ -1,12 +1,4 @@
-"""The one bounded read of machine data: regular files only, never more than a cap.
-
-Every topology reader (sysfs trees, JSON snapshots, hwloc XML, nvidia-smi text) reads files
-through :func:`read_bounded`. A source or a tree entry that is ``/dev/zero``, a FIFO, a
-socket or a link to one would otherwise be read without end or block forever; a huge file
-would fill memory. The file is opened non-blocking (a FIFO with no writer cannot stall the
-open), checked with ``fstat`` on the open descriptor (no race with a swapped path), and read
-up to the cap.
-"""
+"""The one bounded read of machine data: a regular file, at most a cap (docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -17,19 +9,14 @@ from pathlib import Path
 
 from ..errors import TopologyError
 
-MAX_BYTES = 64 << 20
-"""The largest topology file read: an hwloc XML of a 384-PU machine is a few MB."""
+MAX_BYTES = 64 << 20  # an hwloc XML of a 384-PU machine is a few MB
 
 _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
 
 def read_bounded(path: Path | str, *, shown: str | None = None, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``limit``).
-
-    Raises ``FileNotFoundError``/``IsADirectoryError``/other ``OSError`` as ``open`` would, and a
-    one-line :class:`TopologyError` naming ``shown`` (default: the path) for anything that is not
-    a regular file or is larger than ``limit``.
-    """
+    """The bytes of the regular file ``path``; OSError as ``open`` raises it, a TopologyError naming
+    ``shown`` for anything not a regular file or larger than ``limit``."""
     name = shown or str(path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:

@@ -1,36 +1,4 @@
-"""Read an hwloc XML topology (``lstopo out.xml``, hwloc 2.x and 3.x formats) into a Topology.
-
-Pure: takes the XML text (or a path to read it from) and does no other I/O.
-
-Mapping:
-
-- ``PU`` objects -> CPUs (``os_index``); package = nearest ``Package`` ancestor's ``os_index``
-  (-1 if none), die = nearest ``Die`` (0 if none), core = nearest ``Core`` (its ``os_index``,
-  else the PU's own), SMT siblings = the PUs of that core, LLC = smallest PU of the outermost
-  data/unified cache above the PU (``L3Cache``, else ``L2Cache``...; ``Cache`` with ``depth``
-  in older files).
-- ``NUMANode`` objects -> NUMA nodes (``os_index``, ``local_memory``, CPUs from
-  ``complete_cpuset``); a node without CPUs is ``memory_only``. A CPU's node is the first
-  node (by id) whose cpuset holds it. Distances come from the ``NUMALatency`` matrix.
-- allowed CPUs / memory nodes: the root object's ``allowed_cpuset`` / ``allowed_nodeset``
-  (all when absent). CPUs in the root ``complete_cpuset`` without a PU object (hwloc hides
-  disallowed and offline PUs) are kept with core -1 and the package whose ``complete_cpuset``
-  holds them (else -1): outside ``allowed_cpuset`` as online but not allowed, inside it as
-  offline.
-- GPUs: ``PCIDev`` objects whose ``pci_type`` (class [vendor:device]) passes the GPU rule of
-  :mod:`numarun.topology.pci`; name and UUID from their GPU OSDevs (``GPUModel``, ``NVIDIAUUID``,
-  ``AMDUUID``). NUMA node and CPU affinity from the nearest non-I/O ancestor (the node only
-  when that ancestor has exactly one). ``pci_path`` = bus ids of the PCI bridges and device.
-- NICs: OpenFabrics OSDevs (``mlx5_0``; RoCE when ``Port*LinkLayer`` says Ethernet; ports
-  from ``Port<N>State``, an ibv_port_state number, and ``Port<N>LinkLayer``) and
-  network OSDevs (``eth0``) under a PCI device; a network OSDev beside an OpenFabrics one
-  is that device's netdev, not a separate NIC. ``osdev_type`` is an enum in 2.x
-  (1 GPU, 2 network, 3 OpenFabrics, 5 co-processor) and a bit field in 3.x
-  (4 GPU, 8 co-processor, 16 network, 32 OpenFabrics).
-
-hwloc 1.x files (``<topology>`` without a version, NUMA nodes as tree parents) and anything
-that is not an hwloc ``<topology>`` raise :class:`TopologyError`.
-"""
+"""An hwloc 2.x/3.x XML topology (``lstopo out.xml``) -> Topology (pure; the mapping: docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -50,12 +18,8 @@ _IO_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
 
 
 def parse_hwloc_set(text: str) -> tuple[int, ...]:
-    """``"0x00000011,0x11111111"`` -> ids. Words are 32-bit, most significant first.
-
-    A leading ``0xf...f`` word (an infinite set) contributes nothing: only finite bits count.
-    """
+    """``"0x00000011,0x11111111"`` -> ids: 32-bit words, most significant first; ``0xf...f`` adds nothing."""
     ids: list[int] = []
-    # An empty word between commas is a zero word (hwloc writes "0x000000ff,,,,0x000000ff").
     words = [w.strip() for w in text.strip().split(",")]
     if words and words[0].lower().startswith("0xf...f"):
         words = words[1:]
@@ -92,12 +56,11 @@ class _State:
     gpus: list[Gpu] = field(default_factory=list)
     nics: list[Nic] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    package_of: dict[int, int] = field(default_factory=dict)
-    """From Package ``complete_cpuset``s: places PUs that hwloc hid."""
+    package_of: dict[int, int] = field(default_factory=dict)  # places PUs that hwloc hid
 
 
 def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
-    """Parse hwloc XML from ``source``: XML text, or a path to a ``.xml`` file."""
+    """Parse hwloc XML text, or the ``.xml`` file at a path."""
     if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("<")):
         path = Path(source)
         origin = origin or str(path)
@@ -145,7 +108,6 @@ def _infos(el: ET.Element) -> dict[str, str]:
 
 
 def _osdev_kind(el: ET.Element, major: int) -> str:
-    """``gpu``, ``net``, ``ofed`` or ``""``."""
     t = el.get("osdev_type", "")
     if not t.isdigit():
         return ""
@@ -175,45 +137,17 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
     cpus: list[Cpu] = []
     for cid in sorted(set(complete) | set(st.cpus)):
         c = st.cpus.get(cid)
+        in_allowed = allowed is None or cid in allowed
         if c is None:
-            in_allowed = allowed is None or cid in allowed
-            cpus.append(
-                Cpu(
-                    id=cid,
-                    package=st.package_of.get(cid, -1),
-                    core=-1,
-                    numa_node=cpu_node.get(cid, -1),
-                    online=not in_allowed,
-                    allowed=False,
-                )
-            )
-            continue
-        cpus.append(
-            Cpu(
-                id=cid,
-                package=c.package,
-                core=c.core,
-                numa_node=cpu_node.get(cid, -1),
-                die=c.die,
-                siblings=c.siblings,
-                llc=c.llc,
-                online=True,
-                allowed=allowed is None or cid in allowed,
-            )
-        )
+            cpus.append(Cpu(cid, st.package_of.get(cid, -1), -1, cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
+        else:
+            cpus.append(Cpu(cid, c.package, c.core, cpu_node.get(cid, -1), c.die, c.siblings, c.llc, allowed=in_allowed))
     hidden = len(cpus) - len(st.cpus)
     if hidden:
         st.notes.append(f"{hidden} CPUs in complete_cpuset have no PU object (disallowed or offline)")
     dist = _numa_distances(root, node_ids)
     nodes = tuple(
-        NumaNode(
-            id=nid,
-            cpus=st.nodes[nid][0],
-            memory_bytes=st.nodes[nid][1],
-            distances=dist.get(nid, ()),
-            memory_only=not st.nodes[nid][0],
-        )
-        for nid in node_ids
+        NumaNode(nid, st.nodes[nid][0], st.nodes[nid][1], dist.get(nid, ()), memory_only=not st.nodes[nid][0]) for nid in node_ids
     )
     if not nodes:
         nodes = (NumaNode(id=0, cpus=tuple(c.id for c in cpus), memory_bytes=_attr_int(top, "local_memory", 0)),)
@@ -224,15 +158,9 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
     gpus = pci_order(tuple(st.gpus))
     infos = _infos(top)
     return Topology(
-        hostname=infos.get("HostName", ""),
-        numa_nodes=nodes,
-        cpus=tuple(cpus),
-        gpus=tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(gpus)),
-        nics=tuple(st.nics),
-        allowed_mems=allowed_mems,
-        source=f"hwloc:{origin}",
-        gpu_source="hwloc" if gpus else "none",
-        notes=tuple(st.notes),
+        hostname=infos.get("HostName", ""), numa_nodes=nodes, cpus=tuple(cpus),
+        gpus=tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(gpus)), nics=tuple(st.nics),
+        allowed_mems=allowed_mems, source=f"hwloc:{origin}", gpu_source="hwloc" if gpus else "none", notes=tuple(st.notes),
     )
 
 
@@ -280,10 +208,9 @@ def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
 
 def _is_data_cache(el: ET.Element) -> bool:
     typ = el.get("type", "")
-    m = _CACHE_LEVEL.match(typ)
-    if m:
+    if _CACHE_LEVEL.match(typ):
         return True
-    if typ == "Cache":  # hwloc 2.0 early files: type="Cache" depth="3" cache_type="0|1"
+    if typ == "Cache":  # early hwloc 2.0 files: depth="3" cache_type="0|1"
         return el.get("cache_type", "0") in ("0", "1")
     return False
 
@@ -313,35 +240,20 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
                 info = _infos(o)
                 name = name or info.get("GPUModel", "")
                 uuid = uuid or info.get("NVIDIAUUID", "") or info.get("AMDUUID", "")
-            st.gpus.append(
-                Gpu(
-                    index=0,
-                    pci_bus_id=bus,
-                    numa_node=numa,
-                    name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
-                    uuid=uuid,
-                    vendor=vendor,
-                    cpu_affinity=cpus,
-                    pci_path=ctx.pci_chain,
-                )
-            )
+            st.gpus.append(Gpu(
+                index=0, pci_bus_id=bus, numa_node=numa, name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
+                uuid=uuid, vendor=vendor, cpu_affinity=cpus, pci_path=ctx.pci_chain,
+            ))
     ofed = [o for o, k in osdevs if k == "ofed"]
     nets = [o.get("name", "") for o, k in osdevs if k == "net"]
     for o in ofed:
         info = _infos(o)
         layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
         kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
-        st.nics.append(
-            Nic(
-                name=o.get("name", ""),
-                pci_bus_id=bus,
-                numa_node=numa,
-                kind=kind,
-                netdevs=tuple(sorted(nets)),
-                pci_path=ctx.pci_chain,
-                ports=_rdma_ports(info),
-            )
-        )
+        st.nics.append(Nic(
+            name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)),
+            pci_path=ctx.pci_chain, ports=_rdma_ports(info),
+        ))
     if not ofed:
         for n in nets:
             st.nics.append(
@@ -350,8 +262,7 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
 
 
 def _rdma_ports(info: dict[str, str]) -> tuple[RdmaPort, ...]:
-    """Ports from an OpenFabrics OSDev's ``Port<N>State`` (ibv_port_state number) and
-    ``Port<N>LinkLayer`` infos; hwloc records no rate."""
+    """Ports from an OpenFabrics OSDev's ``Port<N>State`` and ``Port<N>LinkLayer`` infos (hwloc records no rate)."""
     numbers = sorted({int(m.group(1)) for k in info if (m := re.fullmatch(r"Port(\d+)(?:State|LinkLayer|LID)", k))})
     ports = []
     for n in numbers:

@@ -1,13 +1,7 @@
-"""The frozen, JSON-serialisable model of one node's topology. Pure: no I/O here.
+"""The frozen, JSON-serialisable model of one node's topology (pure).
 
-Conventions:
-- ids are the kernel's (``cpuN``, ``nodeN``); NUMA ids can be sparse, CPU 0 and node 0
-  may not exist.
-- ``-1`` means "unknown" for a NUMA node (the kernel's ``numa_node`` of -1).
-- PCI bus ids are normalised to lower case ``dddd:bb:dd.f`` with a domain of at least
-  4 hex digits (32-bit domains such as ``10000:00:04.0`` are kept whole).
-- Link codes are the ones ``nvidia-smi topo -m`` prints: ``X``, ``NV<n>``, ``PIX``,
-  ``PXB``, ``PHB``, ``NODE``, ``SYS`` (``SOC`` is read as ``SYS``), or ``""`` unknown.
+Ids are the kernel's (may be sparse); -1 is an unknown NUMA node; PCI bus ids are lower-case
+``dddd:bb:dd.f``; link codes are ``nvidia-smi topo -m``'s (``X NV<n> PIX PXB PHB NODE SYS``, "" unknown).
 """
 
 from __future__ import annotations
@@ -24,21 +18,15 @@ from ..jsonable import SchemaError, from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 
 SCHEMA_VERSION = 2
-# Snapshots this version still reads: version 1 had no RDMA ports (``Nic.ports`` stays ()).
 READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
-# Order of PCIe/SMP link codes from closest to farthest (nvidia-smi's legend).
 LINK_ORDER: tuple[str, ...] = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
 
 _BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
 def normalize_bus_id(text: str) -> str:
-    """``"00000000:18:00.0"`` / ``"18:00.0"`` / ``"0000:18:00.0"`` -> ``"0000:18:00.0"``.
-
-    NVML prints an 8-digit domain, sysfs a 4-digit one (or more for 32-bit domains).
-    Raises :class:`TopologyError` on a value that is not a PCI address.
-    """
+    """``"00000000:18:00.0"`` (NVML) / ``"18:00.0"`` -> ``"0000:18:00.0"``; TopologyError if not a PCI address."""
     m = _BDF.match(text.strip())
     if not m:
         raise TopologyError(f"bad PCI bus id {text!r}: expected the form 'dddd:bb:dd.f' such as '0000:18:00.0'")
@@ -60,16 +48,12 @@ def link_rank(code: str) -> int:
 
 
 class NicKind(str, enum.Enum):
-    """What a network device speaks; decides which NCCL/gloo variable names it."""
+    """What a network device speaks: RDMA kinds go to NCCL_IB_HCA, ETHERNET to *_SOCKET_IFNAME."""
 
     INFINIBAND = "infiniband"
-    """An RDMA device on an InfiniBand link (``mlx5_N`` with link_layer InfiniBand): NCCL_IB_HCA."""
     ROCE = "roce"
-    """An RDMA device on an Ethernet link (RoCE): NCCL_IB_HCA."""
     ETHERNET = "ethernet"
-    """A plain network interface (``eth0``, ``ens1f0``): NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME."""
-    OTHER = "other"
-    """Anything else (EFA, OmniPath, unknown)."""
+    OTHER = "other"  # EFA, OmniPath, unknown
 
 
 @dataclass(frozen=True)
@@ -77,14 +61,10 @@ class NumaNode:
     """One NUMA node as the kernel reports it."""
 
     id: int
-    cpus: tuple[int, ...]
-    """All CPUs of the node (online or not, allowed or not), ascending."""
-    memory_bytes: int
-    """MemTotal of the node; 0 when unknown or empty."""
-    distances: tuple[int, ...] = ()
-    """Distance row, aligned with ``Topology.numa_nodes`` (ascending id); () when unknown."""
-    memory_only: bool = False
-    """True for a CPU-less node (GPU HBM on GH200/POWER9, CXL, HBM on KNL)."""
+    cpus: tuple[int, ...]  # all, online or not, allowed or not
+    memory_bytes: int  # 0 when unknown
+    distances: tuple[int, ...] = ()  # aligned with Topology.numa_nodes; () unknown
+    memory_only: bool = False  # CPU-less (GPU HBM on GH200/POWER9, CXL)
 
 
 @dataclass(frozen=True)
@@ -93,31 +73,23 @@ class Cpu:
 
     id: int
     package: int
-    core: int
-    """``core_id``: unique only within (package, die)."""
+    core: int  # core_id: unique only within (package, die)
     numa_node: int = -1
     die: int = 0
-    siblings: tuple[int, ...] = ()
-    """SMT siblings including itself (``thread_siblings_list``), ascending."""
-    llc: int = -1
-    """Last-level-cache domain: smallest CPU id sharing this CPU's LLC; -1 unknown."""
+    siblings: tuple[int, ...] = ()  # SMT siblings including itself
+    llc: int = -1  # smallest CPU id sharing this CPU's last-level cache
     online: bool = True
-    allowed: bool = True
-    """In this process's affinity (``sched_getaffinity`` / ``Cpus_allowed_list``)."""
+    allowed: bool = True  # in this process's affinity
 
     @property
     def core_key(self) -> tuple[int, ...]:
-        """Identity of the physical core: its SMT sibling set (or the CPU alone)."""
+        """Identity of the physical core: its SMT sibling set."""
         return self.siblings or (self.id,)
 
 
 def physical_cores(cpus: Iterable[Cpu]) -> list[tuple[Cpu, ...]]:
-    """Online CPUs grouped into physical cores by their SMT sibling set, as hwloc groups them.
-
-    ``(package, die, core_id)`` is not an identity: multi-die packages without ``die_id``
-    repeat ``core_id`` within a package, and offline CPUs have no topology at all. Offline
-    CPUs are left out (callers list them apart). Cores in order of their lowest CPU id.
-    """
+    """Online CPUs grouped into physical cores by SMT sibling set (not ``core_id``, which repeats
+    across dies without ``die_id``), in order of their lowest CPU id."""
     groups: dict[tuple[int, ...], list[Cpu]] = {}
     for c in sorted(cpus, key=lambda c: c.id):
         if c.online:
@@ -127,12 +99,10 @@ def physical_cores(cpus: Iterable[Cpu]) -> list[tuple[Cpu, ...]]:
 
 @dataclass(frozen=True)
 class PcieLink:
-    """A PCIe function's link as sysfs shows it (``current_link_*`` / ``max_link_*``); 0 unknown."""
+    """A PCIe function's link (sysfs ``current_link_*`` / ``max_link_*``): GT/s and lanes; 0 unknown."""
 
     current_gts: float = 0.0
-    """Current link speed in GT/s (``current_link_speed`` "16.0 GT/s PCIe")."""
     current_width: int = 0
-    """Current lane count (``current_link_width``)."""
     max_gts: float = 0.0
     max_width: int = 0
 
@@ -142,7 +112,6 @@ class PcieLink:
 
     @property
     def degraded(self) -> bool:
-        """True when the link trained below its maximum speed or width."""
         return self.known and (self.current_gts < self.max_gts or self.current_width < self.max_width)
 
 
@@ -155,23 +124,15 @@ class Gpu:
     numa_node: int = -1
     name: str = ""
     uuid: str = ""
-    vendor: str = "nvidia"
-    """``nvidia`` or ``amd``."""
-    cpu_affinity: tuple[int, ...] = ()
-    """CPUs the device reports as local (NVML or ``local_cpulist``); () when unknown."""
+    vendor: str = "nvidia"  # or "amd"
+    cpu_affinity: tuple[int, ...] = ()  # CPUs the device reports as local
     memory_bytes: int = 0
-    memory_numa_node: int = -1
-    """NUMA node holding the GPU's own memory on coherent systems (GH200, POWER9); else -1."""
-    pci_path: tuple[str, ...] = ()
-    """Bus ids from the root port down to the device (sysfs ``devices/pciDDDD:BB/...``)."""
+    memory_numa_node: int = -1  # the node holding the GPU's own memory (GH200, POWER9)
+    pci_path: tuple[str, ...] = ()  # bus ids from the root port down to the device
     pcie_link: PcieLink = PcieLink()
-    """The device's PCIe link; all 0 when sysfs does not show it."""
-    minor: int = -1
-    """The device's minor number (``/dev/nvidia<minor>``), which is how Slurm numbers GPUs
-    (``SLURM_STEP_GPUS``, gres ``File=``); it need not follow the PCI order. -1 unknown."""
+    minor: int = -1  # N of /dev/nvidiaN: how Slurm numbers GPUs, not PCI order
 
 
-# InfiniBand port states as ``ibv_port_state`` numbers them (hwloc's ``Port<N>State`` info).
 PORT_STATES: dict[int, str] = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 
 
@@ -180,16 +141,12 @@ class RdmaPort:
     """One port of an RDMA device (``sys/class/infiniband/<dev>/ports/<N>``)."""
 
     number: int
-    state: str = ""
-    """``ACTIVE``, ``DOWN``, ``INIT``, ``ARMED``, ...; "" when the source does not say."""
-    link_layer: str = ""
-    """``InfiniBand`` or ``Ethernet`` (RoCE); "" unknown."""
+    state: str = ""  # ACTIVE, DOWN, INIT, ARMED...; "" unknown
+    link_layer: str = ""  # InfiniBand or Ethernet (RoCE)
     rate_gbps: float = 0.0
-    """Signalling rate (``rate``: ``200 Gb/sec (4X HDR)`` -> 200.0); 0 unknown or down."""
 
     @property
     def active(self) -> bool | None:
-        """True when ACTIVE, False when known not to be, None when unknown."""
         if not self.state:
             return None
         return self.state.upper() in ("ACTIVE", "ACTIVE_DEFER")
@@ -203,13 +160,10 @@ class Nic:
     pci_bus_id: str = ""
     numa_node: int = -1
     kind: NicKind = NicKind.OTHER
-    netdevs: tuple[str, ...] = ()
-    """Interface names of this device (``ib0``, ``ens1f0np0``); for a plain NIC, its own name."""
+    netdevs: tuple[str, ...] = ()  # interface names (ib0); a plain NIC's own name
     speed_mbps: int = 0
-    """0 when unknown."""
     pci_path: tuple[str, ...] = ()
-    ports: tuple[RdmaPort, ...] = ()
-    """RDMA ports (ascending number); () for a plain interface or a source without them."""
+    ports: tuple[RdmaPort, ...] = ()  # RDMA ports, ascending
 
     @property
     def rdma(self) -> bool:
@@ -229,7 +183,6 @@ class Nic:
                 return p.number
         return self.ports[0].number if self.ports else 1
     pcie_link: PcieLink = PcieLink()
-    """The PCI function's link; all 0 when sysfs does not show it (virtio, old kernels)."""
 
 
 @dataclass(frozen=True)
@@ -241,24 +194,15 @@ class Topology:
     cpus: tuple[Cpu, ...]
     gpus: tuple[Gpu, ...] = ()
     nics: tuple[Nic, ...] = ()
-    gpu_links: tuple[tuple[str, ...], ...] = ()
-    """Square matrix in ``gpus`` order of nvidia-smi link codes; () when unknown."""
-    nic_links: tuple[tuple[str, ...], ...] = ()
-    """``len(gpus)`` rows x ``len(nics)`` columns of link codes; () when unknown."""
-    allowed_mems: tuple[int, ...] = ()
-    """NUMA nodes this process may allocate on (``Mems_allowed_list``); () = all."""
-    source: str = ""
-    """Where this came from: ``live``, ``sysfs:<dir>``, ``hwloc:<file>``, ``nvidia-smi:<file>``
-    (a JSON snapshot keeps the one it recorded)"""
-    gpu_source: str = "none"
-    """How GPUs were found: ``nvml``, ``sysfs``, ``nvidia-smi``, ``json`` or ``none``."""
-    notes: tuple[str, ...] = ()
-    """Defaults taken while reading (missing files, -1 NUMA nodes...), for ``numarun topo``."""
-    kernel_modules: tuple[str, ...] | None = None
-    """Loaded kernel modules (``proc/modules``, else ``sys/module/*``), sorted; None when unknown."""
+    gpu_links: tuple[tuple[str, ...], ...] = ()  # GPU x GPU link codes; () unknown
+    nic_links: tuple[tuple[str, ...], ...] = ()  # GPU rows x NIC columns; () unknown
+    allowed_mems: tuple[int, ...] = ()  # Mems_allowed_list; () = all
+    source: str = ""  # live, sysfs:<dir>, hwloc:<file>, nvidia-smi:<file>
+    gpu_source: str = "none"  # nvml, sysfs, nvidia-smi, hwloc, json or none
+    notes: tuple[str, ...] = ()  # defaults taken while reading, for numarun topo
+    kernel_modules: tuple[str, ...] | None = None  # sorted; None unknown
     schema_version: int = SCHEMA_VERSION
 
-    # --- lookups (pure) ---
     def cpu(self, cpu_id: int) -> Cpu:
         for c in self.cpus:
             if c.id == cpu_id:
@@ -273,7 +217,6 @@ class Topology:
 
     @property
     def usable_cpus(self) -> tuple[int, ...]:
-        """Online and allowed CPUs, ascending."""
         return tuple(c.id for c in self.cpus if c.online and c.allowed)
 
     def node_distance(self, a: int, b: int) -> int:
@@ -288,12 +231,7 @@ class Topology:
             return 20
 
     def gpu_nic_link(self, gpu_pos: int, nic_pos: int) -> str:
-        """Link code between ``gpus[gpu_pos]`` and ``nics[nic_pos]``.
-
-        From ``nic_links`` when recorded (nvidia-smi), else derived from the PCI paths:
-        a shared bridge below the root port is PIX (one hop) or PXB, the same root
-        complex PHB, the same NUMA node NODE, otherwise SYS; "" when nothing is known.
-        """
+        """Link code between ``gpus[gpu_pos]`` and ``nics[nic_pos]``: recorded, else from PCI paths and NUMA nodes."""
         if self.nic_links:
             return self.nic_links[gpu_pos][nic_pos]
         g, n = self.gpus[gpu_pos], self.nics[nic_pos]
@@ -312,7 +250,6 @@ class Topology:
             return "NODE" if g.numa_node == n.numa_node else "SYS"
         return ""
 
-    # --- JSON snapshot ---
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(self)
 
@@ -329,8 +266,7 @@ class Topology:
                 f"bad topology snapshot {origin!r}: schema_version {version!r}, expected one of "
                 f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (re-create it with 'numarun topo --json')"
             )
-        try:
-            # older versions lack only fields that have defaults; what is read is current
+        try:  # older versions lack only fields that have defaults
             return from_jsonable(cls, {**data, "schema_version": SCHEMA_VERSION})
         except SchemaError as e:
             raise TopologyError(

@@ -1,28 +1,4 @@
-"""GPUs from NVML, in two layers.
-
-(a) :func:`read_nvml_record` is the only code here that talks to the driver: it imports
-    ``pynvml`` lazily and turns every answer into a plain, JSON-able dict (the "record").
-    Each NVML call is tried on its own; one that fails (NotSupported on a VM, no NVLink)
-    is stored as the string ``"ERR <message>"`` instead of aborting the reading. NVML
-    does not initialise CUDA, so the launcher never creates a CUDA context.
-(b) :func:`gpus_from_nvml_record`, :func:`links_from_nvml_record` and
-    :func:`reading_from_record` are pure and are tested on recorded dicts
-    (``tests/fixtures/nvml/``).
-
-Record shape (``tests/fixtures/nvml/h200-vm.json`` is a real one)::
-
-    {"driver": str, "nvml_version": str,
-     "gpus": [{"index": int, "name": str, "uuid": str, "pci_bus_id": "00000000:18:00.0",
-               "memory_total": int,
-               "cpu_affinity_words": [int, ...],     # 64-bit words, CPU 0 = bit 0 of word 0
-               "memory_affinity_words": [int, ...],  # same, NUMA nodes (scope NODE)
-               "numa_node_id": int | "ERR ...",     # node holding the GPU memory (GH200)
-               "minor_number": int | "ERR ...",     # N of /dev/nvidiaN: how Slurm numbers GPUs
-               "nvlinks": [[link, active(0/1) | "ERR ...", remote_bus_id | "ERR ..."], ...],
-               "common_ancestor": {"<peer index>": level | "ERR ..."}}, ...]}
-
-Optional keys may be missing; missing or "ERR" values mean unknown.
-"""
+"""GPUs from NVML: one reader that records the driver's answers as a dict, then pure code (docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -36,17 +12,14 @@ from .model import Gpu, normalize_bus_id
 
 log = logging.getLogger(__name__)
 
-WORD_BITS = 64
-"""pynvml passes ``c_ulonglong`` arrays to nvmlDeviceGetCpuAffinity/GetMemoryAffinity."""
-CPU_WORDS = 64
-"""Words asked for: 4096 CPUs / NUMA nodes."""
+WORD_BITS = 64  # pynvml's c_ulonglong affinity arrays
+CPU_WORDS = 64  # 4096 CPUs / NUMA nodes
 
-# nvmlGpuTopologyLevel_t -> nvidia-smi code (nvml.h; NVML_TOPOLOGY_CPU is the old name of NODE).
 NVML_LEVEL_CODES: dict[int, str] = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
 def level_code(level: Any) -> str:
-    """One NVML topology level (int) -> ``X``/``PIX``/``PXB``/``PHB``/``NODE``/``SYS``; ``""`` unknown."""
+    """One NVML topology level (int) -> its nvidia-smi code; ``""`` unknown."""
     if isinstance(level, bool) or not isinstance(level, int):
         return ""
     return NVML_LEVEL_CODES.get(level, "")
@@ -55,11 +28,7 @@ def level_code(level: Any) -> str:
 def nvml_to_smi_codes(
     levels: Sequence[Sequence[Any]], nvlink_counts: Sequence[Sequence[int]] | None = None
 ) -> tuple[tuple[str, ...], ...]:
-    """Square matrices of NVML levels and NVLink counts -> nvidia-smi link codes.
-
-    A pair joined by ``n`` > 0 active NVLinks is ``NV<n>`` (as ``nvidia-smi topo -m``
-    shows it), otherwise the PCIe level's code; the diagonal is ``X``.
-    """
+    """Square matrices of NVML levels and NVLink counts -> nvidia-smi link codes (``NV<n>`` for n > 0 links)."""
     n = len(levels)
     out: list[tuple[str, ...]] = []
     for i in range(n):
@@ -99,13 +68,7 @@ def _gpu_list(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
-    """Recorded NVML answers -> :class:`Gpu` models, in NVML index order.
-
-    ``numa_node`` comes from the memory affinity when it names exactly one node (it is
-    answered on VMs where ``nvmlDeviceGetNumaNodeId`` is NotSupported); ``memory_numa_node``
-    from ``numa_node_id`` only when that differs from the CPU-side node, i.e. the GPU's
-    memory is its own NUMA node (GH200, POWER9).
-    """
+    """Recorded NVML answers -> :class:`Gpu` models, in NVML index order."""
     out: list[Gpu] = []
     for pos, g in enumerate(_gpu_list(record)):
         try:
@@ -122,31 +85,18 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
             numa_id if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node else -1
         )
         total = g.get("memory_total")
-        out.append(
-            Gpu(
-                index=index,
-                pci_bus_id=bus,
-                numa_node=node,
-                name=str(g.get("name") or ""),
-                uuid=str(g.get("uuid") or ""),
-                vendor="nvidia",
-                cpu_affinity=_bits(g.get("cpu_affinity_words")),
-                memory_bytes=total if isinstance(total, int) and total > 0 else 0,
-                memory_numa_node=mem_node,
-                minor=_minor(g.get("minor_number")),
-            )
-        )
+        minor = g.get("minor_number")
+        out.append(Gpu(
+            index=index, pci_bus_id=bus, numa_node=node, name=str(g.get("name") or ""), uuid=str(g.get("uuid") or ""),
+            cpu_affinity=_bits(g.get("cpu_affinity_words")), memory_numa_node=mem_node,
+            memory_bytes=total if isinstance(total, int) and total > 0 else 0,
+            minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
+        ))
     return tuple(out)
 
 
-def _minor(value: Any) -> int:
-    """``nvmlDeviceGetMinorNumber``'s answer, -1 when missing or an error."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else -1
-
-
 def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
-    """GPU x GPU link codes: ``NV<n>`` from active NVLinks whose remote end is the peer's
-    PCI bus id, else the common-ancestor level; ``""`` where NVML did not answer."""
+    """GPU x GPU link codes from NVLinks and common ancestors; ``""`` where NVML did not answer."""
     gpus = _gpu_list(record)
     bus_pos: dict[str, int] = {}
     for pos, g in enumerate(gpus):
@@ -179,15 +129,13 @@ class NvmlReading:
 
     driver_version: str
     nvml_version: str
-    gpus: tuple[Gpu, ...]
-    """One per GPU, NVML index order (= PCI bus order)."""
+    gpus: tuple[Gpu, ...]  # NVML index order (= PCI bus order)
     gpu_links: tuple[tuple[str, ...], ...]
-    """nvidia-smi style codes; ``""`` where NVML did not answer."""
     notes: tuple[str, ...] = ()
 
 
 def reading_from_record(record: Mapping[str, Any]) -> NvmlReading:
-    """Pure: a recorded NVML dict -> :class:`NvmlReading` (with notes on what was unknown)."""
+    """Pure: a recorded NVML dict -> :class:`NvmlReading`, with notes on what was unknown."""
     gpus = gpus_from_nvml_record(record)
     notes: list[str] = []
     for g, raw in zip(gpus, _gpu_list(record)):
@@ -200,16 +148,7 @@ def reading_from_record(record: Mapping[str, Any]) -> NvmlReading:
     links = links_from_nvml_record(record)
     if len(gpus) > 1 and any(c == "" for row in links for c in row):
         notes.append("NVML did not give the link level of some GPU pairs")
-    return NvmlReading(
-        driver_version=str(record.get("driver", "")),
-        nvml_version=str(record.get("nvml_version", "")),
-        gpus=gpus,
-        gpu_links=links,
-        notes=tuple(notes),
-    )
-
-
-# --------------------------------------------------------------------------- I/O layer
+    return NvmlReading(str(record.get("driver", "")), str(record.get("nvml_version", "")), gpus, links, tuple(notes))
 
 
 def _call(fn: Any, *args: Any) -> Any:
@@ -224,7 +163,7 @@ def _call(fn: Any, *args: Any) -> Any:
 def read_nvml_record() -> dict[str, Any] | None:
     """Ask NVML about every GPU; None when pynvml or the driver is missing."""
     try:
-        import pynvml  # lazy: optional dependency, and absent driver must not break import
+        import pynvml  # optional
     except ImportError:
         log.debug("pynvml not installed: no NVML GPU discovery")
         return None
@@ -240,7 +179,7 @@ def read_nvml_record() -> dict[str, Any] | None:
         for i, h in enumerate(handles):
             pci = _call(pynvml.nvmlDeviceGetPciInfo, h)
             mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
-            rec: dict[str, Any] = {
+            gpus.append({
                 "index": i,
                 "name": _call(pynvml.nvmlDeviceGetName, h),
                 "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
@@ -258,8 +197,7 @@ def read_nvml_record() -> dict[str, Any] | None:
                     for j, other in enumerate(handles)
                     if j != i
                 },
-            }
-            gpus.append(rec)
+            })
         return {
             "driver": _call(pynvml.nvmlSystemGetDriverVersion),
             "nvml_version": _call(pynvml.nvmlSystemGetNVMLVersion),
@@ -296,8 +234,7 @@ def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
     out: list[list[Any]] = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         state = _call(pynvml.nvmlDeviceGetNvLinkState, handle, link)
-        if isinstance(state, str):
-            # NotSupported on link 0 means no NVLink at all (PCIe GPU, most VMs).
+        if isinstance(state, str):  # NotSupported on link 0: no NVLink at all
             out.append([link, state])
             if link == 0:
                 break
@@ -308,8 +245,6 @@ def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
 
 
 def read_nvml_gpus() -> NvmlReading | None:
-    """The live NVML reading, or None (debug-logged) without pynvml or an NVIDIA driver."""
+    """The live NVML reading, or None without pynvml or an NVIDIA driver."""
     record = read_nvml_record()
-    if record is None:
-        return None
-    return reading_from_record(record)
+    return None if record is None else reading_from_record(record)

@@ -1,22 +1,4 @@
-"""``nvidia-smi topo -m`` text -> :class:`SmiMatrix` -> :class:`Topology`. Pure: no I/O.
-
-The matrix format changed with driver age, and copies on the web are mangled, so the
-parser accepts:
-
-- TAB- or space-separated cells, trailing spaces, ANSI escapes (the driver underlines
-  the header with ``ESC[4m`` on a terminal);
-- old files: ``SOC`` for ``SYS``, no ``NUMA Affinity`` / ``GPU NUMA ID`` columns, NICs
-  as columns named after the device (``mlx5_0``) instead of ``NIC0`` plus a legend;
-- a ``NIC Legend:`` block with any names (``mlx5_3``, ``mlx5_bond_0``, ``mlx5_ib0``);
-- ``N/A`` and cpulist ranges (``6-7``) in the affinity columns;
-- two cells pasted together (``NODENODE``), found by checking the column count.
-
-Everything else raises :class:`TopologyError` naming the file, the line and the
-expected form.
-
-What the text cannot tell (PCI bus ids, SMT, sockets, memory sizes) is either inferred
-by a documented rule or left unknown; every inference is written to ``Topology.notes``.
-"""
+"""``nvidia-smi topo -m`` text -> :class:`SmiMatrix` -> :class:`Topology` (pure; forms and inferences: docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -31,13 +13,11 @@ from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
 
 log = logging.getLogger(__name__)
 
-# ESC [ ... letter: SGR (underline/bold/reset) and any other CSI sequence.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CODE = re.compile(r"X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+")
 _GPU_LABEL = re.compile(r"GPU(\d+)")
 _NIC_LABEL = re.compile(r"NIC(\d+)")
 _LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
-# Multi-word column titles, in the order the driver prints them.
 _AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _FORM = (
     "the output of 'nvidia-smi topo -m': a header 'GPU0 GPU1 ... [NIC0 ...] CPU Affinity "
@@ -51,24 +31,15 @@ class SmiMatrix:
     """One ``nvidia-smi topo -m`` matrix, as printed (codes normalised: ``SOC`` -> ``SYS``)."""
 
     origin: str
-    gpus: tuple[str, ...]
-    """Column titles of the GPUs: ``GPU0``, ``GPU1``, ..."""
-    nics: tuple[str, ...]
-    """Column titles of the NICs: ``NIC0``... (new format) or ``mlx5_0``... (old format)."""
-    nic_names: tuple[str, ...]
-    """Device names aligned with ``nics``: from the ``NIC Legend`` or the column title itself."""
+    gpus: tuple[str, ...]  # column titles GPU0, GPU1...
+    nics: tuple[str, ...]  # NIC0... (new format) or mlx5_0... (old)
+    nic_names: tuple[str, ...]  # from the NIC Legend, else the column title
     gpu_links: tuple[tuple[str, ...], ...]
-    """GPU x GPU link codes."""
-    nic_links: tuple[tuple[str, ...], ...]
-    """GPU rows x NIC columns of link codes."""
-    cpu_affinity: tuple[tuple[int, ...], ...]
-    """Per GPU: CPU ids of the ``CPU Affinity`` column (``N/A`` -> ())."""
-    numa_affinity: tuple[tuple[int, ...], ...]
-    """Per GPU: NUMA node ids of the ``NUMA Affinity`` column (``N/A`` or absent -> ())."""
-    gpu_numa_id: tuple[int, ...]
-    """Per GPU: ``GPU NUMA ID`` (the node holding the GPU's memory), -1 for ``N/A`` or absent."""
-    columns: tuple[str, ...] = _AFFINITY_COLUMNS
-    """Which affinity columns the file had (old drivers print fewer)."""
+    nic_links: tuple[tuple[str, ...], ...]  # GPU rows x NIC columns
+    cpu_affinity: tuple[tuple[int, ...], ...]  # per GPU; N/A -> ()
+    numa_affinity: tuple[tuple[int, ...], ...]  # per GPU; N/A or absent -> ()
+    gpu_numa_id: tuple[int, ...]  # per GPU; -1 for N/A or absent
+    columns: tuple[str, ...] = _AFFINITY_COLUMNS  # the affinity columns the file had
 
 
 def _fail(origin: str, lineno: int, problem: str, line: str | None = None) -> TopologyError:
@@ -91,7 +62,6 @@ def _header_tokens(line: str) -> list[str]:
         if tok.startswith("\x00"):
             out.append(_AFFINITY_COLUMNS[int(tok[1:])])
             continue
-        # Pasted titles such as "NIC8NIC9".
         parts = re.findall(r"GPU\d+|NIC\d+", tok)
         out.extend(parts if parts and "".join(parts) == tok else [tok])
     return out
@@ -100,7 +70,6 @@ def _header_tokens(line: str) -> list[str]:
 def _check_text(text: str, origin: str) -> list[str]:
     if not isinstance(text, str):
         raise TopologyError(f"bad nvidia-smi topology {origin!r}: got {type(text).__name__}, expected text; {_FORM}")
-    # A BOM comes with copies saved by Windows editors.
     lines = _ANSI.sub("", text).lstrip("\ufeff").replace("\r\n", "\n").split("\n")
     for n, line in enumerate(lines, 1):
         if any((ord(ch) < 32 and ch not in "\t") or ch in "\x7f\ufffd" for ch in line):
@@ -173,14 +142,7 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
             raise _fail(origin, n + 1, f"unexpected values {rest} after the link cells of {label}", line)
         n += 1
 
-    # After the matrix: blank lines, the generic "Legend:" text, and the NIC legend.
-    legend: dict[str, str] = {}
-    for m_no in range(n, len(lines)):
-        m = _LEGEND_ENTRY.match(lines[m_no])
-        if m:
-            legend[m.group(1)] = m.group(2)
-    # Some copies leave the legend out; the column title then stands in for the name
-    # (topology_from_smi notes it, and nic_kind() cannot guess a kind from it).
+    legend = {m.group(1): m.group(2) for line in lines[n:] if (m := _LEGEND_ENTRY.match(line))}
     nic_names = tuple(legend.get(col, col) for col in nics)
 
     ng = len(gpus)
@@ -200,16 +162,8 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
         else:
             raise _fail(origin, lineno, f"bad GPU NUMA ID {raw!r} (expected a node id or N/A) in", lines[lineno - 1])
     return SmiMatrix(
-        origin=origin,
-        gpus=tuple(gpus),
-        nics=tuple(nics),
-        nic_names=nic_names,
-        gpu_links=tuple(tuple(r[:ng]) for r in links[:ng]),
-        nic_links=tuple(tuple(r[ng:]) for r in links[:ng]),
-        cpu_affinity=tuple(cpu_aff),
-        numa_affinity=tuple(numa_aff),
-        gpu_numa_id=tuple(gpu_numa),
-        columns=tuple(columns),
+        origin, tuple(gpus), tuple(nics), nic_names, tuple(tuple(r[:ng]) for r in links[:ng]),
+        tuple(tuple(r[ng:]) for r in links[:ng]), tuple(cpu_aff), tuple(numa_aff), tuple(gpu_numa), tuple(columns),
     )
 
 
@@ -223,11 +177,7 @@ def _ids(value: str, origin: str, lineno: int, column: str) -> tuple[int, ...]:
 
 
 def nic_kind(name: str) -> NicKind:
-    """Guess a NIC's link layer from its RDMA device name (nvidia-smi does not say).
-
-    ``eth`` in the name (``mlx5_eth0``) or a bond (``mlx5_bond_0``: RDMA bonding is a
-    RoCE LAG) -> RoCE; other ``mlx*``, ``ib*``, ``qib*``, ``hfi*`` -> InfiniBand; else other.
-    """
+    """Guess a NIC's link layer from its RDMA device name (nvidia-smi does not say)."""
     low = name.lower()
     if "eth" in low or "bond" in low:
         return NicKind.ROCE
@@ -240,13 +190,7 @@ _NEAR = ("PIX", "PXB", "PHB", "NODE")
 
 
 def _smt_offset(node_cpus: dict[int, tuple[int, ...]], total: int) -> int:
-    """The SMT sibling offset when every multi-range node looks like ``a-b,(a+k)-(b'+k)``.
-
-    ``k`` must be ``ceil(total/2)`` where ``total`` is one past the highest CPU named
-    (so ``64-127,192-254`` on a 256-thread box gives k=128 even with CPU 255 missing).
-    A node of one range (``0-71``) says nothing; interleaved nodes (``0,2,4,...``) do not
-    match. Returns 0 when no node matches or two nodes disagree.
-    """
+    """The SMT sibling offset k = ceil(total/2) when every multi-range node looks like ``a-b,(a+k)-(b'+k)``, else 0."""
     half = (total + 1) // 2
     found = False
     for cpus in node_cpus.values():
@@ -272,23 +216,7 @@ def _ranges(ids: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def topology_from_smi(text: str, origin: str) -> Topology:
-    """Build a full :class:`Topology` from ``nvidia-smi topo -m`` text.
-
-    Conventions (each recorded in ``notes`` when it applies):
-
-    - GPU ``pci_bus_id`` is ``""``: the matrix does not print bus ids, and inventing one
-      would let a plan match the wrong device. Match smi GPUs by index only.
-    - GPU ``numa_node`` = its ``NUMA Affinity`` when that is one node, else -1;
-      ``memory_numa_node`` = ``GPU NUMA ID`` (GH200: 1), which becomes a memory-only node.
-    - NUMA nodes: each node's CPUs = union of the CPU affinity of its GPUs; memory 0 (unknown).
-      When no GPU has a NUMA affinity (``N/A`` or an old file), all CPUs named are put on
-      one node 0. A node with no GPU is invisible here.
-    - SMT: see :func:`_smt_offset`; a CPU whose pair is missing is a core of its own.
-      Without the pattern, siblings are unknown (()).
-    - package = NUMA node (the text cannot tell sockets apart from NPS/SNC nodes); LLC unknown.
-    - NIC ``numa_node`` = the single node of the GPUs it is PIX/PXB/PHB/NODE to; -1 when
-      there are none or they disagree. NIC kind from its name (:func:`nic_kind`).
-    """
+    """A full :class:`Topology` from ``nvidia-smi topo -m`` text; every inference is written to ``notes``."""
     mx = parse_topo_m(text, origin)
     notes: list[str] = ["nvidia-smi text has no PCI bus ids: GPUs are matched by index only"]
     if re.search(r"(?<![\w])SOC(?![\w])", _ANSI.sub("", text)):
@@ -358,13 +286,7 @@ def topology_from_smi(text: str, origin: str) -> Topology:
         for nid in sorted(frozen_nodes)
     )
     gpus = tuple(
-        Gpu(
-            index=g,
-            pci_bus_id="",
-            numa_node=gpu_nodes[g],
-            cpu_affinity=mx.cpu_affinity[g],
-            memory_numa_node=mx.gpu_numa_id[g],
-        )
+        Gpu(index=g, pci_bus_id="", numa_node=gpu_nodes[g], cpu_affinity=mx.cpu_affinity[g], memory_numa_node=mx.gpu_numa_id[g])
         for g in range(ng)
     )
     nics: list[Nic] = []
@@ -377,14 +299,6 @@ def topology_from_smi(text: str, origin: str) -> Topology:
     if nics:
         notes.append("NIC NUMA nodes inferred from the GPUs they are PIX/PXB/PHB/NODE to; NIC kinds guessed from names")
     return Topology(
-        hostname="",
-        numa_nodes=numa_nodes,
-        cpus=tuple(cpus),
-        gpus=gpus,
-        nics=tuple(nics),
-        gpu_links=mx.gpu_links,
-        nic_links=mx.nic_links if nics else (),
-        source=f"nvidia-smi:{origin}",
-        gpu_source="nvidia-smi",
-        notes=tuple(notes),
+        hostname="", numa_nodes=numa_nodes, cpus=tuple(cpus), gpus=gpus, nics=tuple(nics), gpu_links=mx.gpu_links,
+        nic_links=mx.nic_links if nics else (), source=f"nvidia-smi:{origin}", gpu_source="nvidia-smi", notes=tuple(notes),
     )

@@ -1,15 +1,4 @@
-"""Which GPUs a worker sees, in the order CUDA numbers them. Pure.
-
-CUDA reads ``CUDA_VISIBLE_DEVICES`` as a comma-separated list of device indices or
-UUIDs (``GPU-<uuid>``, a unique prefix is enough) and silently drops everything from the
-first invalid entry on. numarun is stricter: an out-of-range index, an unknown or
-ambiguous UUID, a repeated GPU or a MIG instance is an error, because a silently shorter
-list would bind ranks to the wrong devices.
-
-Indices count in ``CUDA_DEVICE_ORDER``: with ``PCI_BUS_ID`` that is NVML's order; the
-default ``FASTEST_FIRST`` can differ when the GPUs are not all the same model.
-numarun sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for its workers.
-"""
+"""Which GPUs a worker sees, in the order CUDA numbers them (pure); why stricter than CUDA: docs/design-notes.md."""
 
 from __future__ import annotations
 
@@ -26,12 +15,7 @@ _FORM = "a comma-separated list of GPU indices or GPU UUIDs such as '0,2' or 'GP
 
 
 def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | None) -> tuple[Gpu, ...]:
-    """The GPUs a process whose device cgroup lets it open only ``minors`` can use (None: all).
-
-    CUDA enumerates only the devices it can open, so under Slurm's ConstrainDevices
-    ``CUDA_VISIBLE_DEVICES=0`` names the first *allowed* GPU. Slurm numbers GPUs by minor
-    number (``/dev/nvidia<minor>``), which need not follow the PCI order.
-    """
+    """The GPUs a process whose device cgroup lets it open only ``minors`` (``/dev/nvidia<minor>``) can use (None: all)."""
     if minors is None:
         return gpus
     known = all(g.minor >= 0 for g in gpus)
@@ -57,9 +41,7 @@ def visible_gpus(
 ) -> tuple[Gpu, ...]:
     """GPUs of ``topology`` as CUDA device 0, 1, ... of a process with this environment.
 
-    ``cuda_visible_devices`` None (unset) -> all GPUs; ``""`` or ``"-1"`` -> none.
-    ``allowed_minors``: the device cgroup lets the process open only these (see :func:`openable`);
-    ``cuda_visible_devices`` then indexes into them.
+    Unset -> all, ``""``/``"-1"`` -> none; indices count among ``allowed_minors`` (see :func:`openable`).
     Raises :class:`VisibleDevicesError` for anything CUDA would truncate or reject.
     """
     gpus = pci_order(openable(tuple(topology.gpus), allowed_minors))
