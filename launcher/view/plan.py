@@ -13,7 +13,6 @@ from ..plan.model import LaunchPlan, RankBinding
 
 
 def _nic_cell(r: RankBinding) -> str:
-    """The rank's NIC, with the port it is pinned to (``mlx5_0:1``)."""
     if r.nic is None:
         return "-"
     return f"{r.nic}:{r.nic_port}" if r.nic_port else r.nic
@@ -32,14 +31,8 @@ def plan_table(plan: LaunchPlan) -> Table:
     ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in plan.ranks:
-        if r.gpu is not None:
-            gpu = f"{r.gpu.index} (cuda:{r.gpu.cuda_index})"
-            bus = r.gpu.pci_bus_id or "-"
-        else:
-            gpu, bus = "-", "-"
-        mems = format_list(r.mems) if r.mems else "-"
-        if r.mems:
-            mems = f"{mems} {r.mem_policy.value}"
+        gpu, bus = (f"{r.gpu.index} (cuda:{r.gpu.cuda_index})", r.gpu.pci_bus_id or "-") if r.gpu else ("-", "-")
+        mems = f"{format_list(r.mems)} {r.mem_policy.value}" if r.mems else "-"
         table.add_row(
             str(r.local_rank), gpu, bus, str(r.numa_node) if r.numa_node >= 0 else "?",
             format_list(r.cpus), mems, _nic_cell(r), r.env.get("OMP_NUM_THREADS", "(user)"), r.fallback or "",
@@ -47,14 +40,12 @@ def plan_table(plan: LaunchPlan) -> Table:
     return table
 
 
-# The variables that can name a rank's own NIC: NCCL's (only with --nic-policy per-rank), then
-# the transports that take one device per process.
 _NCCL_VARS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
 _DEVICE_VARS = ("UCX_NET_DEVICES", "GLOO_SOCKET_IFNAME")
 
 
 def nic_lines(plan: LaunchPlan) -> list[str]:
-    """``NCCL_IB_HCA==mlx5_0,... (every rank)`` and which per-rank variables carry the NIC column."""
+    """``NCCL_IB_HCA=mlx5_0,... (every rank)`` and which per-rank variables carry the NIC column."""
     lines = []
     if plan.nccl_nics is not None:
         lines.append(f"{plan.nccl_nics.variable}={plan.nccl_nics.value} (every rank)")

@@ -1,22 +1,7 @@
-"""A self-contained SVG picture of a :class:`Topology`, in the spirit of lstopo's, plus GPU links.
+"""A self-contained SVG picture of a :class:`Topology`, and of a :class:`LaunchPlan` on it (pure; docs/design-notes.md).
 
-Packages hold NUMA nodes, NUMA nodes hold last-level-cache domains (drawn when a node has
-several, as Zen's CCXs), those hold cores, cores hold PUs (logical CPUs, labelled with their
-id). A core is one SMT sibling set, as hwloc groups them; offline CPUs sit apart in their
-node. GPUs and NICs hang under the NUMA node they sit on; devices whose node is unknown get
-their own box. NVLink: one labelled arc per pair; "all pairs NV<n>" when every pair has the
-same link (NVSwitch: 28 identical arcs say only that); a link matrix when arcs would be too
-many to read. PCIe-level codes are left out.
-
-With a :class:`LaunchPlan`, each PU a rank is bound to is filled with that rank's colour
-(striped when ranks share a CPU, as in ``node``/``socket`` modes), each core is labelled with
-its rank numbers (colours repeat past 20 ranks, numbers do not), GPU boxes keep their model
-and add their rank, NICs in the node's NCCL list are marked, and a legend lists rank -> GPU,
-CPUs, NIC.
-
-Pure: returns a string. Stable element classes for tools and tests: ``pu``, ``core``,
-``core-rank``, ``llc``, ``offline-cpus``, ``numa``, ``package``, ``gpu``, ``nic``, ``link``,
-``link-all``, ``link-matrix``, ``link-label``, ``legend-rank``.
+Stable element classes for tools and tests: ``pu``, ``core``, ``core-rank``, ``llc``, ``offline-cpus``, ``numa``,
+``package``, ``gpu``, ``nic``, ``link``, ``link-all``, ``link-matrix``, ``link-label``, ``legend-rank``.
 """
 
 from __future__ import annotations
@@ -37,16 +22,14 @@ GAP = 4
 PAD = 6
 TITLE_H = 18
 DEV_W, DEV_H = 176, 40
-DEV_CHARS = 25
-"""Characters of a device label that fit in its box."""
+DEV_CHARS = 25  # of a device label, fit in its box
 CORES_PER_ROW = 8
 MAX_WIDTH = 1800
-RANK_H = 12
-"""Height of the rank-number line under a core's PUs (with a plan)."""
-MAX_ARCS = 12
-"""More NVLink pairs than this (and not all alike) are drawn as a matrix."""
+RANK_H = 12  # the rank-number line under a core's PUs
+MAX_ARCS = 12  # more NVLink pairs (not all alike) are a matrix
+LINK_STEP = 90  # between GPUs in the link panel
+NODE_W, NODE_H = 60, 22  # a GPU in the link panel
 
-# Distinct, print-friendly colours (Tableau 20 order); ranks beyond 20 cycle.
 RANK_COLOURS: tuple[str, ...] = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
     "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
@@ -94,7 +77,6 @@ def _dark(colour: str) -> bool:
 
 
 def _a(value: object) -> str:
-    """An attribute value, quoted and escaped."""
     return quoteattr(str(value))
 
 
@@ -104,7 +86,7 @@ def _t(value: object) -> str:
 
 @dataclass
 class _Box:
-    """A laid-out piece: its size and a function that emits SVG at an absolute position."""
+    """A laid-out piece: its size, and how to emit its SVG at an absolute position."""
 
     w: float
     h: float
@@ -118,7 +100,6 @@ class _Ctx:
     gpu_ranks: dict[int, list[int]] = field(default_factory=dict)
     planned: bool = False
     nccl_nics: frozenset[str] = frozenset()
-    """NICs in the plan's NCCL list (the same for every rank)."""
 
 
 def _flow(children: Sequence[_Box], max_w: float) -> tuple[float, float, list[tuple[float, float]]]:
@@ -199,8 +180,7 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
             f'width="{PU_W}" height="{PU_H}"{fill}>'
             f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>"
         )
-        if len(ranks) > 1:
-            # shared CPU (node/socket modes): one stripe per rank
+        if len(ranks) > 1:  # shared CPU: one stripe per rank
             sw = PU_W / len(ranks)
             for i, r in enumerate(ranks):
                 out.append(
@@ -258,8 +238,7 @@ def _plain(children: Sequence[_Box], cols: int) -> _Box:
 
 
 def _cpu_boxes(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
-    """The CPUs of one NUMA node (or package): cores by SMT sibling set, in last-level-cache
-    boxes when there are several caches, then the offline CPUs apart."""
+    """The CPUs of one NUMA node (or package): cores, in LLC boxes when there are several, then offline CPUs."""
     cores = physical_cores(cpus)
     llcs: dict[int, list[tuple[Cpu, ...]]] = {}
     for core in cores:
@@ -344,10 +323,7 @@ def _node_title(n: NumaNode, memory: int) -> str:
 def _layout(ctx: _Ctx) -> _Box:
     t = ctx.topology
     node_ids = {n.id for n in t.numa_nodes}
-    cpu_node: dict[int, int] = {}
-    for n in t.numa_nodes:
-        for cid in n.cpus:
-            cpu_node[cid] = n.id
+    cpu_node = {cid: n.id for n in t.numa_nodes for cid in n.cpus}
     cpus_by_node: dict[int, list[Cpu]] = {}
     for cpu in t.cpus:
         cpus_by_node.setdefault(cpu_node.get(cpu.id, -1), []).append(cpu)
@@ -357,8 +333,6 @@ def _layout(ctx: _Ctx) -> _Box:
     # offline CPUs have no package (-1): they follow their node, never make a package
     packages = sorted({c.package for c in t.cpus if c.online}) or [-1]
     node_pkgs = {n.id: {c.package for c in cpus_by_node[n.id] if c.online} or {packages[0]} for n in cpu_nodes}
-    # lstopo nests NUMA nodes in packages, unless a node spans packages (one-NUMA cpuid dumps):
-    # then packages go inside the node.
     nodes_in_packages = all(len(p) == 1 for p in node_pkgs.values())
 
     top: list[_Box] = []
@@ -403,10 +377,6 @@ def _layout(ctx: _Ctx) -> _Box:
     return _container("machine", f"Machine {t.hostname or '?'}", top)
 
 
-LINK_STEP = 90
-"""Horizontal spacing of GPUs in the link panel."""
-
-
 def _nv_pairs(t: Topology) -> list[tuple[int, int, str]]:
     pairs = []
     for i in range(len(t.gpus)):
@@ -418,12 +388,7 @@ def _nv_pairs(t: Topology) -> list[tuple[int, int, str]]:
 
 
 def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
-    """An arc diagram of NVLink pairs: GPUs in a row, one labelled arc per pair above them.
-
-    Drawn as its own panel rather than across the machine picture, so arcs never cover
-    CPU ids; an arc's apex (and label) is unique per pair: its x is the pair's midpoint,
-    its height grows with the distance. Returns the panel's size ((0, 0) without NVLinks).
-    """
+    """The NVLink panel (an arc per pair, one bus, or a matrix); returns its size, (0, 0) without NVLinks."""
     t = ctx.topology
     pairs = _nv_pairs(t)
     if not pairs:
@@ -434,20 +399,11 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
         return _links_all(ctx, codes.pop(), x0, y0, out)
     if len(pairs) > MAX_ARCS:
         return _links_matrix(ctx, x0, y0, out)
-    max_span = max(j - i for i, j, _ in pairs)
-    arc_room = 26 + 22 * max_span
+    arc_room = 26 + 22 * max(j - i for i, j, _ in pairs)
     base = y0 + TITLE_H + arc_room
-    node_w, node_h = 60, 22
-    w = PAD * 2 + (n - 1) * LINK_STEP + node_w
-    h = TITLE_H + arc_room + node_h + PAD
-
-    def centre(pos: int) -> float:
-        return x0 + PAD + pos * LINK_STEP + node_w / 2
-
-    out.append('<g class="links">')
-    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
-               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
-    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">GPU links (NVLink)</text>')
+    w = PAD * 2 + (n - 1) * LINK_STEP + NODE_W
+    h = TITLE_H + arc_room + NODE_H + PAD
+    centre = _panel(out, "links", "GPU links (NVLink)", x0, y0, w, h)
     labels: list[str] = []
     for i, j, code in pairs:
         ax, bx = centre(i), centre(j)
@@ -468,14 +424,22 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
     return w, h
 
 
+def _panel(out: list[str], css: str, title: str, x0: float, y0: float, w: float, h: float) -> Callable[[int], float]:
+    """Open a link panel's group and frame; returns the x of the centre of GPU ``pos``."""
+    out.append(f"<g class={_a(css)}>")
+    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
+               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
+    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">{_t(title)}</text>')
+    return lambda pos: x0 + PAD + pos * LINK_STEP + NODE_W / 2
+
+
 def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list[str]) -> None:
-    node_w, node_h = 60, 22
     for pos, g in enumerate(ctx.topology.gpus):
         ranks = ctx.gpu_ranks.get(pos, [])
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
         out.append(
-            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - node_w / 2:.0f}" y="{base:.0f}" '
-            f'width="{node_w}" height="{node_h}" rx="3"{style}/>'
+            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
+            f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>'
         )
         out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
 
@@ -483,20 +447,11 @@ def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list
 def _links_all(ctx: _Ctx, code: str, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
     """Every pair joined by the same link (NVSwitch): one bus over all GPUs, one label."""
     n = len(ctx.topology.gpus)
-    node_w, node_h = 60, 22
-    w = max(PAD * 2 + (n - 1) * LINK_STEP + node_w, 260)
+    w = max(PAD * 2 + (n - 1) * LINK_STEP + NODE_W, 260)
     bus_y = y0 + TITLE_H + 12
     base = bus_y + 16
-    h = base - y0 + node_h + PAD
-
-    def centre(pos: int) -> float:
-        return x0 + PAD + pos * LINK_STEP + node_w / 2
-
-    title = f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else "")
-    out.append('<g class="links">')
-    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
-               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
-    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">{_t(title)}</text>')
+    h = base - y0 + NODE_H + PAD
+    centre = _panel(out, "links", f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else ""), x0, y0, w, h)
     d = f"M{centre(0):.0f},{bus_y:.0f} H{centre(n - 1):.0f}" + "".join(
         f" M{centre(i):.0f},{bus_y:.0f} V{base:.0f}" for i in range(n))
     out.append(f'<path class="link-all" data-code={_a(code)} data-gpus="{n}" d="{d}"/>')
@@ -513,10 +468,7 @@ def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[floa
     cell_w, cell_h, head = 40, 16, 48
     w = PAD * 2 + head + n * cell_w
     h = TITLE_H + PAD + (n + 1) * cell_h + PAD
-    out.append('<g class="links link-matrix">')
-    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
-               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
-    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">GPU links (NVLink)</text>')
+    _panel(out, "links link-matrix", "GPU links (NVLink)", x0, y0, w, h)
     top = y0 + TITLE_H + PAD
     for j, g in enumerate(t.gpus):
         out.append(f'<text class="link-cell" x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" y="{top + 12:.0f}" '
@@ -541,10 +493,6 @@ def _legend_text(r: RankBinding) -> str:
     return text + (f"  ({r.fallback})" if r.fallback else "")
 
 
-def _legend_chars(plan: LaunchPlan) -> int:
-    return max((len(_legend_text(r)) for r in plan.ranks), default=0)
-
-
 def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
     out.append('<g class="legend">')
@@ -558,11 +506,10 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
         out.append(f'<text class="legend-nccl" x="{x:.0f}" y="{row_y + 11:.0f}">{_t(line)}</text>')
         row_y += 18
     for r in plan.ranks:
-        colour = rank_colour(r.local_rank)
-        text = _legend_text(r)
         out.append(f'<g class="legend-rank" data-rank="{r.local_rank}">')
-        out.append(f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{colour};stroke:#000"/>')
-        out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(text)}</text>')
+        out.append(f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{rank_colour(r.local_rank)};'
+                   'stroke:#000"/>')
+        out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(_legend_text(r))}</text>')
         out.append("</g>")
         row_y += 18
     out.append("</g>")
@@ -575,7 +522,7 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     if plan is not None:
         if plan.nccl_nics is not None:
             ctx.nccl_nics = frozenset(plan.nccl_nics.nics)
-        # match by bus id; by NVML index when a source has no bus ids (nvidia-smi text)
+        # by bus id; by NVML index when a source has none (nvidia-smi text)
         pos_by_bus = {g.pci_bus_id: i for i, g in enumerate(topology.gpus) if g.pci_bus_id}
         pos_by_index = {g.index: i for i, g in enumerate(topology.gpus)}
         for r in plan.ranks:
@@ -598,7 +545,7 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     if plan is not None:
         used = _legend(ctx, plan, margin, height, legend)
         height += used + margin
-        width = max(width, min(_legend_chars(plan), 250) * 7.0 + 40)
+        width = max(width, min(max((len(_legend_text(r)) for r in plan.ranks), default=0), 250) * 7.0 + 40)
     head = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '

@@ -1,10 +1,7 @@
-"""Terminal view of a :class:`Topology` (``numarun topo``), rendered to a string with rich.
+"""Terminal view of a :class:`Topology` (``numarun topo``), rendered to a string with rich (pure).
 
-A GPU's "nearest NIC" is the NIC the plan gives the rank of that GPU (:func:`numarun.plan.nic.gpu_nics`:
-closest link, then NUMA node, rails spread over GPUs, down ports left out), so ``numarun topo``
-and ``numarun plan`` name the same NIC.
-
-Pure: no I/O beyond an in-memory buffer, so tests can check the text.
+A GPU's "nearest NIC" is the one the plan gives that GPU's rank (:func:`numarun.plan.nic.gpu_nics`),
+so ``numarun topo`` and ``numarun plan`` name the same NIC.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from rich.text import Text
 
 from ..cpuset import format_list
 from ..plan.nic import gpu_nics, usable_nics
-from ..topology.model import Gpu, Topology, physical_cores
+from ..topology.model import Topology, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +28,8 @@ def gib(nbytes: int) -> str:
 
 
 def nic_cells(topology: Topology) -> list[str]:
-    """The "nearest NIC" cell of each GPU: ``mlx5_0 (PXB)``; ``unknown`` when nothing is known
-    about how the GPU reaches the usable NICs; ``-`` when no NIC is usable (none, or ports down)."""
+    """Each GPU's "nearest NIC" cell: ``mlx5_0 (PXB)``, ``unknown`` when nothing links it to a usable NIC,
+    ``-`` when no NIC is usable."""
     usable = bool(usable_nics(topology))
     cells = []
     for pos, choice in enumerate(gpu_nics(topology)):
@@ -45,9 +42,8 @@ def nic_cells(topology: Topology) -> list[str]:
 
 
 def cpu_summary(topology: Topology) -> dict[str, int | bool]:
-    """Counts for the summary line, over online CPUs (a core = one SMT sibling set, as hwloc
-    counts them): packages, cores, PUs, SMT; offline and disallowed CPUs apart; and the
-    same counts over the usable (online and allowed) CPUs, which is what hwloc shows by default."""
+    """Packages, cores (SMT sibling sets, as hwloc counts), PUs and SMT over online CPUs, offline and
+    disallowed apart, and the same counts over usable CPUs (``usable_*``, what hwloc shows by default)."""
     online = [c for c in topology.cpus if c.online]
     usable = [c for c in online if c.allowed]
     cores = physical_cores(online)
@@ -67,20 +63,20 @@ def cpu_summary(topology: Topology) -> dict[str, int | bool]:
 
 
 def no_gpu_reason(topology: Topology) -> str:
-    """The plain sentence shown when a topology has no GPUs (naming where they were looked for)."""
     kind = (topology.source or "").split(":", 1)[0]
-    if kind == "hwloc":
-        return "no GPUs found (the hwloc XML lists no GPU)"
-    if kind == "nvidia-smi":
-        return "no GPUs found (the nvidia-smi text lists no GPU)"
+    if kind in ("hwloc", "nvidia-smi"):
+        return f"no GPUs found (the {'hwloc XML' if kind == 'hwloc' else 'nvidia-smi text'} lists no GPU)"
     if topology.gpu_source in ("none", "", "nvml", "sysfs"):
         return NO_GPU_LINE
     return f"no GPUs found (GPU source: {topology.gpu_source})"
 
 
-def _table(title: str) -> Table:
+def _table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
     # min_width keeps a narrow table (one GPU, one NIC) from wrapping its own title
-    return Table(title=title, title_justify="left", min_width=len(title) + 2)
+    table = Table(title=title, title_justify="left", min_width=len(title) + 2)
+    for col in columns:
+        table.add_column(col, justify="right" if col in right else "left")
+    return table
 
 
 def _speed(mbps: int) -> str:
@@ -89,17 +85,10 @@ def _speed(mbps: int) -> str:
     return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
 
 
-def _gpu_label(g: Gpu) -> str:
-    return f"GPU{g.index}"
-
-
 def render_text(topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None,
                 container: str = "") -> str:
-    """The whole ``numarun topo`` view as one string (fixed ``width`` so output is stable).
-
-    ``snapshot``: the JSON file the topology was read from (its recorded source is where
-    it was captured, not where it is read now). ``container``: the runtime the machine is seen from.
-    """
+    """The whole ``numarun topo`` view (fixed ``width``: stable output). ``snapshot``: the JSON file read
+    (its recorded source is where it was captured); ``container``: the runtime the machine is seen from."""
     buf = io.StringIO()
     console = Console(
         file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
@@ -117,27 +106,15 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
     if not t.gpus:
         console.print(no_gpu_reason(t))
 
-    # --- NUMA nodes ---
-    numa = _table("NUMA nodes")
-    numa.add_column("node", justify="right")
-    numa.add_column("CPUs")
-    numa.add_column("allowed CPUs")
-    numa.add_column("memory", justify="right")
-    numa.add_column("kind")
-    numa.add_column("distances")
+    numa = _table("NUMA nodes", "node", "CPUs", "allowed CPUs", "memory", "kind", "distances", right=("node", "memory"))
     allowed_by_id = {c.id for c in t.cpus if c.online and c.allowed}
     for n in t.numa_nodes:
-        mem_allowed = not t.allowed_mems or n.id in t.allowed_mems
         kind = "memory-only" if n.memory_only else "cpu+mem"
-        if not mem_allowed:
+        if t.allowed_mems and n.id not in t.allowed_mems:
             kind += " (mem disallowed)"
         numa.add_row(
-            str(n.id),
-            format_list(n.cpus) or "-",
-            format_list(c for c in n.cpus if c in allowed_by_id) or "-",
-            gib(n.memory_bytes),
-            kind,
-            " ".join(str(d) for d in n.distances) or "?",
+            str(n.id), format_list(n.cpus) or "-", format_list(c for c in n.cpus if c in allowed_by_id) or "-",
+            gib(n.memory_bytes), kind, " ".join(str(d) for d in n.distances) or "?",
         )
     if not t.numa_nodes:
         numa.add_row("-", "-", "-", "-", "-", "-")
@@ -145,9 +122,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
 
     s = cpu_summary(t)
     console.print(
-        f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   "
-        f"SMT: {'yes' if s['smt'] else 'no'}   offline CPUs: {s['offline']}   "
-        f"disallowed CPUs: {s['disallowed']}"
+        f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   SMT: {'yes' if s['smt'] else 'no'}   "
+        f"offline CPUs: {s['offline']}   disallowed CPUs: {s['disallowed']}"
     )
     if s["disallowed"]:
         console.print(f"usable: {s['usable_cores']} cores, {s['usable_pus']} PUs in {s['usable_packages']} packages")
@@ -155,11 +131,9 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
     if offline:
         console.print(f"offline: {format_list(offline)}")
 
-    # --- GPUs ---
     if t.gpus:
-        gt = _table("GPUs")
-        for col in ("GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC"):
-            gt.add_column(col, justify="right" if col in ("GPU", "NUMA", "memory") else "left")
+        gt = _table("GPUs", "GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC",
+                    right=("GPU", "NUMA", "memory"))
         for g, nic_cell in zip(t.gpus, nic_cells(t)):
             numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
             if g.memory_numa_node >= 0:
@@ -169,39 +143,27 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
                 format_list(g.cpu_affinity) or "?", gib(g.memory_bytes), nic_cell,
             )
         console.print(gt)
-
-        # --- link matrices, nvidia-smi codes: GPU x GPU, then GPU x NIC (kept apart so
-        # neither gets squeezed on a box with many NICs) ---
-        if t.gpu_links:
-            lt = _table("GPU links")
-            lt.add_column("")
-            for g in t.gpus:
-                lt.add_column(_gpu_label(g), justify="center", no_wrap=True)
-            for i, g in enumerate(t.gpus):
-                lt.add_row(_gpu_label(g), *((t.gpu_links[i][j] or "?") for j in range(len(t.gpus))))
-            console.print(lt)
+        # GPU x GPU and GPU x NIC apart, so that neither is squeezed on a box with many NICs
+        matrices = [("GPU links", [f"GPU{g.index}" for g in t.gpus], lambda i, j: t.gpu_links[i][j])] if t.gpu_links else []
         if t.nics:
-            nl = _table("GPU to NIC links")
-            nl.add_column("")
-            for nic in t.nics:
-                nl.add_column(nic.name, justify="center", no_wrap=True)
+            matrices.append(("GPU to NIC links", [nic.name for nic in t.nics], t.gpu_nic_link))
+        for title, names, cell in matrices:
+            lt = _table(title, "")
+            for name in names:
+                lt.add_column(name, justify="center", no_wrap=True)
             for i, g in enumerate(t.gpus):
-                nl.add_row(_gpu_label(g), *((t.gpu_nic_link(i, k) or "?") for k in range(len(t.nics))))
-            console.print(nl)
-        if t.gpu_links or t.nics:
+                lt.add_row(f"GPU{g.index}", *((cell(i, j) or "?") for j in range(len(names))))
+            console.print(lt)
+        if matrices:
             console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
             console.print("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
 
-    # --- NICs ---
     if t.nics:
-        nt = _table("NICs")
-        for col in ("NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports"):
-            nt.add_column(col, justify="right" if col in ("NUMA", "speed") else "left")
+        nt = _table("NICs", "NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports", right=("NUMA", "speed"))
         for nic in t.nics:
             nt.add_row(
                 nic.name, nic.kind.value, ",".join(nic.netdevs) or "-", nic.pci_bus_id or "-",
-                str(nic.numa_node) if nic.numa_node >= 0 else "unknown",
-                _speed(nic.speed_mbps),
+                str(nic.numa_node) if nic.numa_node >= 0 else "unknown", _speed(nic.speed_mbps),
                 " ".join(f"{p.number}:{p.state or '?'}" for p in nic.ports) or "-",
             )
         console.print(nt)
