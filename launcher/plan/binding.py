@@ -1,29 +1,7 @@
-"""Topology + request -> LaunchPlan: each local rank's GPU, CPUs, memory nodes, NIC and env.
+"""Topology + request -> LaunchPlan: each local rank's GPU, CPUs, memory nodes, NIC and env (pure).
 
-Pure: no I/O, no torch. Rules (what ``numarun plan`` documents):
-
-- Local rank i drives the i-th GPU CUDA numbers for the worker
-  (:func:`numarun.topology.visible.visible_gpus`, honouring ``CUDA_VISIBLE_DEVICES``).
-  More ranks than visible GPUs is a :class:`PlanError`: a rank without a GPU next to
-  ranks with GPUs is almost always a typo, and ``CUDA_VISIBLE_DEVICES=`` (empty) asks for
-  CPU-only ranks explicitly. Without GPUs, ranks are CPU-only and spread in contiguous
-  blocks over the NUMA nodes that have usable CPUs.
-- A rank's home is its GPU's NUMA node. Only online and allowed CPUs are used. A node
-  without usable CPUs (cgroup/SLURM, or a CPU-less memory node such as GH200's GPU memory)
-  is replaced by the nearest node by kernel distance that has some; an unknown node (-1)
-  puts the rank in a shared pool (the GPU's local CPUs if known, else all usable CPUs)
-  split evenly. Both record a fallback on the rank and a plan warning.
-- Memory goes to the rank's CPU node, so on GH200-like machines ``bind`` targets the CPU's
-  LPDDR node, never the GPU's HBM node (that memory is reached through cudaMalloc).
-- Binding ``none`` binds neither CPUs nor memory (all usable CPUs, kernel first-touch),
-  as plain torchrun; the memory policy only applies to the other modes.
-- NICs (:mod:`numarun.plan.nic`): every rank of the node gets the same ``NCCL_IB_HCA``
-  (the compute NICs) or ``NCCL_SOCKET_IFNAME`` (the plan's ``nccl_nics``); the rank's own
-  closest NIC is ``nic`` (and ``nic_port``) and goes only to ``UCX_NET_DEVICES`` /
-  ``GLOO_SOCKET_IFNAME`` (``--nic-policy per-rank``: to NCCL's variables too).
-- ``OMP_NUM_THREADS`` is the rank's share of the physical cores it is bound to: all of
-  them in ``exclusive``/``core-complex``; divided among the ranks sharing them in
-  ``node``/``socket``/``none``, so threads never oversubscribe the cores.
+The rules are the README's (See the plan: ``numarun plan``). Memory goes to the rank's CPU-side node:
+on GH200-like machines the CPU's LPDDR node, never the GPU's HBM node (reached through cudaMalloc).
 """
 
 from __future__ import annotations
@@ -52,10 +30,8 @@ class _Rank:
     gpu: Gpu | None = None
     gpu_pos: int | None = None
     cuda_index: int = 0
-    home: int = _POOL
-    """CPU NUMA node the rank is placed on; _POOL when unknown."""
-    pool: tuple[int, ...] = ()
-    """For _POOL ranks: the CPUs they are spread over."""
+    home: int = _POOL  # CPU NUMA node the rank is placed on
+    pool: tuple[int, ...] = ()  # for _POOL ranks: the CPUs they are spread over
     fallback: list[str] = field(default_factory=list)
     cpus: tuple[int, ...] = ()
     sharers: int = 1
@@ -99,11 +75,10 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         if gpus:
             r.gpu, r.gpu_pos, r.cuda_index = gpus[i], _gpu_position(topology, positions, gpus[i]), i
             _place_gpu_rank(topology, r, node_cpus, cpu_nodes, usable)
+        elif cpu_rank_nodes:
+            r.home = cpu_rank_nodes[i]
         else:
-            if cpu_rank_nodes:
-                r.home = cpu_rank_nodes[i]
-            else:
-                r.pool = usable
+            r.pool = usable
         ranks.append(r)
     _resolve_overlapping_pools(by_id, ranks, node_cpus)
 
@@ -114,19 +89,15 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     for (home, pool), members in groups.items():
         cpus = node_cpus[home] if home != _POOL else pool
         _assign(topology, by_id, mode, cpus, members, warnings, usable)
-    if mode in (BindingMode.NODE, BindingMode.SOCKET, BindingMode.NONE):
-        # shared sets: OMP threads are the rank's share of the cores, not all of them
+    if mode in (BindingMode.NODE, BindingMode.SOCKET, BindingMode.NONE):  # shared sets: OMP gets a share
         same = Counter(r.cpus for r in ranks)
         for r in ranks:
             r.sharers = same[r.cpus]
 
-    # memory nodes and the rest
     mem_policy = request.mem_policy if mode is not BindingMode.NONE else MemPolicy.NONE
     rank_nodes = [_cpu_side_node(by_id, r) for r in ranks]
     nics = choose_nics(topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes, request.nic_policy)
-    # one list for the whole node (NVIDIA/nccl#1478), unless the user asked for one per rank
     nccl = None if request.nic_policy is NicPolicy.PER_RANK else nccl_nics(topology, gpu_ranks=bool(gpus))
-    # Warn once per variable the plan wanted to set but the user had set already.
     wanted = {"OMP_NUM_THREADS"} | {k for c in nics if c is not None for k, _ in c.env} | ({nccl.variable} if nccl else set())
     for var in ("OMP_NUM_THREADS", *NIC_VARIABLES):
         if var in wanted and var in user_env:
@@ -146,49 +117,25 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         own = tuple((k, v) for k, v in (choice.env if choice is not None else ()) if k not in user_env)
         env.update(node_env + own)
-        if r.fallback:
-            for f in r.fallback:
-                warnings.append(f"rank {r.local_rank}: {f}")
-        gpu_ref = None
-        if r.gpu is not None:
-            g = r.gpu
-            gpu_ref = GpuRef(
-                index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=r.cuda_index
-            )
-        bindings.append(
-            RankBinding(
-                local_rank=r.local_rank,
-                gpu=gpu_ref,
-                cpus=r.cpus,
-                mems=mems,
-                nic=choice.nic.name if choice is not None else None,
-                nic_port=choice.port if choice is not None else 0,
-                nic_variables=tuple(k for k, _ in own),
-                env=env,
-                numa_node=node,
-                mem_policy=mem_policy if mems else MemPolicy.NONE,
-                physical_cores=cores,
-                fallback="; ".join(r.fallback),
-            )
-        )
+        warnings += [f"rank {r.local_rank}: {f}" for f in r.fallback]
+        g = r.gpu
+        gpu_ref = GpuRef(g.index, g.pci_bus_id, g.numa_node, g.uuid, g.name, r.cuda_index) if g else None
+        bindings.append(RankBinding(
+            local_rank=r.local_rank, gpu=gpu_ref, cpus=r.cpus, mems=mems, nic=choice.nic.name if choice else None,
+            nic_port=choice.port if choice else 0, nic_variables=tuple(k for k, _ in own), env=env, numa_node=node,
+            mem_policy=mem_policy if mems else MemPolicy.NONE, physical_cores=cores, fallback="; ".join(r.fallback),
+        ))
     return LaunchPlan(
-        ranks=tuple(bindings),
-        binding=mode,
-        mem_policy=mem_policy,
-        hostname=topology.hostname,
-        topology_source=topology.source,
-        warnings=tuple(dict.fromkeys(warnings)),
-        nic_policy=request.nic_policy,
-        nccl_nics=nccl,
+        ranks=tuple(bindings), binding=mode, mem_policy=mem_policy, hostname=topology.hostname,
+        topology_source=topology.source, warnings=tuple(dict.fromkeys(warnings)), nic_policy=request.nic_policy, nccl_nics=nccl,
     )
 
 
 def _spread_cpu_ranks(
     by_id: dict[int, Cpu], node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], nproc: int
 ) -> list[int]:
-    """Home node of each CPU-only rank: contiguous blocks in node order, sized in proportion
-    to each node's usable physical cores (largest remainder), so a node cut down by a cgroup
-    gets fewer ranks. Equal nodes get equal shares."""
+    """Home node of each CPU-only rank: contiguous blocks in node order, in proportion to each node's usable
+    physical cores (largest remainder), so a node cut down by a cgroup gets fewer ranks."""
     if not cpu_nodes:
         return []
     cores = {n: len({by_id[c].core_key for c in node_cpus[n]}) for n in cpu_nodes}
@@ -225,13 +172,11 @@ def _place_gpu_rank(
         nearest = _nearest_cpu_node(topology, node, cpu_nodes)
         if nearest is not None:
             r.home = nearest
-            why = (
-                "is memory-only" if _is_memory_only(topology, node) else "has no usable CPUs (offline or outside the allowed set)"
-            )
+            why = "is memory-only" if _is_memory_only(topology, node) else \
+                "has no usable CPUs (offline or outside the allowed set)"
             r.fallback.append(f"GPU {g.index} NUMA node {node} {why}: using nearest node {nearest}")
             return
-    # Unknown node, but the GPU's memory is a NUMA node (POWER9/GH200): its distance row
-    # may single out one CPU node.
+    # unknown node, but the GPU's memory is a NUMA node (POWER9/GH200): its distances may single out a CPU node
     if node < 0 and g.memory_numa_node >= 0 and cpu_nodes:
         dist = {n: topology.node_distance(g.memory_numa_node, n) for n in cpu_nodes}
         best = min(dist.values())
@@ -242,7 +187,6 @@ def _place_gpu_rank(
                 f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, nearest to its memory node {g.memory_numa_node}"
             )
             return
-    # Unknown node: the GPU's local CPUs when the device reports them, else everything usable.
     local = tuple(c for c in g.cpu_affinity if c in set(usable))
     local_nodes = {topology.cpu(c).numa_node for c in local} if local else set()
     if len(local_nodes) == 1 and min(local_nodes) >= 0 and node < 0:
@@ -255,12 +199,8 @@ def _place_gpu_rank(
 
 
 def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_cpus: dict[int, tuple[int, ...]]) -> None:
-    """Keep CPU sets disjoint when ranks of unknown node share CPUs with other groups.
-
-    A pool is split on its own only when nothing else uses its CPUs (the usual VM where no
-    GPU has a node). Otherwise its ranks join NUMA nodes one by one, each to the node of the
-    pool with the most usable cores per rank, so that every group owns whole nodes.
-    """
+    """Keep CPU sets disjoint: a pool that shares CPUs with another group has its ranks join NUMA nodes one by one,
+    each the pool's node with the most usable cores per rank, so that every group owns whole nodes."""
     homed: set[int] = set()
     for r in ranks:
         if r.home != _POOL:
@@ -324,28 +264,16 @@ def _split(cores: list[Core], k: int) -> list[list[Core]]:
 
 
 def _assign(
-    topology: Topology,
-    by_id: dict[int, Cpu],
-    mode: BindingMode,
-    cpus: tuple[int, ...],
-    members: list[_Rank],
-    warnings: list[str],
-    usable: tuple[int, ...],
+    topology: Topology, by_id: dict[int, Cpu], mode: BindingMode, cpus: tuple[int, ...], members: list[_Rank],
+    warnings: list[str], usable: tuple[int, ...],
 ) -> None:
     k = len(members)
-    if mode is BindingMode.NONE:
+    if mode in (BindingMode.NONE, BindingMode.NODE, BindingMode.SOCKET):
+        if mode is BindingMode.SOCKET:
+            packages = {by_id[c].package for c in cpus}
+            cpus = tuple(c for c in usable if by_id[c].package in packages)
         for r in members:
-            r.cpus = usable
-        return
-    if mode is BindingMode.NODE:
-        for r in members:
-            r.cpus = cpus
-        return
-    if mode is BindingMode.SOCKET:
-        packages = {by_id[c].package for c in cpus}
-        sock = tuple(c for c in usable if by_id[c].package in packages)
-        for r in members:
-            r.cpus = sock
+            r.cpus = usable if mode is BindingMode.NONE else cpus
         return
     cores = _cores(by_id, cpus)
     where = f"NUMA node {members[0].home}" if members[0].home != _POOL else "the shared CPU pool"
@@ -354,16 +282,13 @@ def _assign(
         for core in cores:
             llcs[by_id[core[0]].llc].append(core)
         known = [v for key, v in llcs.items() if key >= 0]
-        if len(known) == len(llcs) and len(known) >= k:
-            # spread the chosen cache domains over the ones available
+        if len(known) == len(llcs) and len(known) >= k:  # spread over the domains available
             picked = [known[i * len(known) // k] for i in range(k)]
             for r, domain in zip(members, picked):
                 r.cpus = tuple(sorted(c for core in domain for c in core))
             return
         n_llc = len(known) if len(known) == len(llcs) else 0
-        warnings.append(
-            f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive"
-        )
+        warnings.append(f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive")
     if len(cores) < k:
         raise PlanError(
             f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
@@ -374,7 +299,7 @@ def _assign(
 
 
 def _cpu_side_node(by_id: dict[int, Cpu], r: _Rank) -> int:
-    """The NUMA node holding most of the rank's CPUs (its home when it has one)."""
+    """The rank's home, else the NUMA node holding most of its CPUs."""
     if r.home != _POOL:
         return r.home
     counts = Counter(by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0)
@@ -388,10 +313,7 @@ def _mems(
 ) -> tuple[int, ...]:
     if policy is MemPolicy.NONE:
         return ()
-    if r.home != _POOL:
-        nodes = [node]
-    else:
-        nodes = sorted({by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0})
+    nodes = [node] if r.home != _POOL else sorted({by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0})
     allowed = set(topology.allowed_mems)
     if allowed:
         kept = [n for n in nodes if n in allowed]

@@ -1,9 +1,6 @@
-"""The launch plan: one RankBinding per local rank. What ``numarun plan --json`` prints
-and what each worker's bootstrap reads (``NUMARUN_PLAN`` names the file).
+"""The launch plan: one RankBinding per local rank; what ``numarun plan --json`` prints and each worker reads.
 
-The NIC choices are fields (:attr:`LaunchPlan.nccl_nics`, :attr:`RankBinding.nic`,
-``nic_port``, ``nic_variables``); each rank's ``env`` holds the variables made from them, for
-the worker to set. Views read the fields, never the variables back.
+The NIC choices are fields; each rank's ``env`` holds the variables made from them. Views read the fields.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from ..jsonable import SchemaError, from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 
 PLAN_SCHEMA_VERSION = 2
-# Plan files this version still reads: version 1 kept the NIC choices only in each rank's env
-# (they are read back from there, see _nic_fields_of_v1).
 READABLE_PLAN_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
 
@@ -53,57 +48,44 @@ class NicPolicy(str, enum.Enum):
     """How the NCCL NIC variables are set for the ranks of a node."""
 
     NODE = "node"
-    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs,
-    the same for every rank (NCCL's own advice)."""
+    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs (NCCL's own advice)."""
     PER_RANK = "per-rank"
-    """Each rank's ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` names only its closest NIC
-    (rails that never meet; see NVIDIA/nccl#1478)."""
+    """Each rank's NCCL variable names only its closest NIC (for rails that never meet)."""
 
 
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked for."""
 
-    nproc_per_node: int | None = None
-    """None: one rank per visible GPU (or 1 without GPUs)."""
+    nproc_per_node: int | None = None  # None: one rank per visible GPU (or 1 without GPUs)
     binding: BindingMode = BindingMode.EXCLUSIVE
     mem_policy: MemPolicy = MemPolicy.BIND
-    cuda_visible_devices: str | None = None
-    """The user's ``CUDA_VISIBLE_DEVICES`` (None = unset: all GPUs)."""
+    cuda_visible_devices: str | None = None  # None = unset: all GPUs
     cuda_device_order: str | None = None
-    """The user's ``CUDA_DEVICE_ORDER``."""
-    user_env: dict[str, str] = field(default_factory=dict)
-    """Variables the user already set that the plan may want to set (never overridden)."""
+    user_env: dict[str, str] = field(default_factory=dict)  # never overridden
     nic_policy: NicPolicy = NicPolicy.NODE
-    allowed_gpu_minors: tuple[int, ...] | None = None
-    """GPUs the scheduler's device cgroup lets the ranks open, by minor number (None: all); CUDA
-    numbers only those, and ``cuda_visible_devices`` indexes into them."""
+    allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
 
 
 @dataclass(frozen=True)
 class GpuRef:
     """The GPU a rank drives."""
 
-    index: int
-    """NVML index (PCI bus order)."""
+    index: int  # NVML index (PCI bus order)
     pci_bus_id: str
     numa_node: int
     uuid: str = ""
     name: str = ""
-    cuda_index: int = 0
-    """The ``cuda:N`` ordinal the worker sees with the plan's CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER."""
+    cuda_index: int = 0  # the cuda:N the worker sees
 
 
 @dataclass(frozen=True)
 class NcclNics:
     """The NIC list NCCL gets in every GPU rank of a node: one per node (NVIDIA/nccl#1478)."""
 
-    variable: str
-    """``NCCL_IB_HCA`` for RDMA NICs, ``NCCL_SOCKET_IFNAME`` for Ethernet interfaces."""
-    nics: tuple[str, ...]
-    """The NICs named, by their topology name, in topology order."""
-    value: str
-    """The variable's value: exact-match names (``=mlx5_0,mlx5_1``; interface names for sockets)."""
+    variable: str  # NCCL_IB_HCA (RDMA) or NCCL_SOCKET_IFNAME
+    nics: tuple[str, ...]  # topology names, topology order
+    value: str  # exact match: =mlx5_0,mlx5_1 (interface names for sockets)
 
 
 @dataclass(frozen=True)
@@ -112,27 +94,16 @@ class RankBinding:
 
     local_rank: int
     gpu: GpuRef | None
-    cpus: tuple[int, ...]
-    """CPUs for sched_setaffinity; never empty."""
-    mems: tuple[int, ...]
-    """NUMA nodes for set_mempolicy; () with mem_policy none."""
-    nic: str | None
-    """The rank's own NIC: the closest to its GPU, rails spread over ranks (:mod:`numarun.plan.nic`)."""
-    env: dict[str, str]
-    """Variables set in the worker (OMP_NUM_THREADS, NCCL_IB_HCA, ...), user's values excluded."""
-    numa_node: int = -1
-    """The CPU-side NUMA node the rank was placed on (-1: spread / unknown)."""
+    cpus: tuple[int, ...]  # for sched_setaffinity; never empty
+    mems: tuple[int, ...]  # for set_mempolicy; () with mem_policy none
+    nic: str | None  # the rank's own NIC
+    env: dict[str, str]  # set in the worker; the user's values excluded
+    numa_node: int = -1  # CPU-side node placed on (-1: spread / unknown)
     mem_policy: MemPolicy = MemPolicy.BIND
     physical_cores: int = 0
-    fallback: str = ""
-    """Why the rank is not where the ideal plan wanted it ("" when it is)."""
-    nic_port: int = 0
-    """The port of ``nic`` the plan pins the rank to (``UCX_NET_DEVICES=<nic>:<port>``); 0 when none:
-    an Ethernet NIC, or ``--nic-policy per-rank`` (NCCL then takes every port of the HCA)."""
-    nic_variables: tuple[str, ...] = ()
-    """The variables in ``env`` that name ``nic`` for this rank alone (``UCX_NET_DEVICES``,
-    ``GLOO_SOCKET_IFNAME``; NCCL's own with ``--nic-policy per-rank``). One the user set is not
-    among them: the user's value is kept, and ``nic``/``nic_port`` stay the plan's choice."""
+    fallback: str = ""  # why the rank is not where the ideal plan wanted it
+    nic_port: int = 0  # UCX_NET_DEVICES=<nic>:<port>; 0: Ethernet, or per-rank (NCCL takes every port)
+    nic_variables: tuple[str, ...] = ()  # the variables in env naming nic for this rank alone (not the user's)
 
 
 @dataclass(frozen=True)
@@ -147,13 +118,9 @@ class LaunchPlan:
     warnings: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
     nic_policy: NicPolicy = NicPolicy.NODE
-    nccl_nics: NcclNics | None = None
-    """The node's NCCL list, set in every GPU rank's env; None when the plan sets none: nothing
-    needs choosing, ``--nic-policy per-rank``, or the user set the variable (a warning says so)."""
-    container: str = ""
-    """The container runtime the node runs in (:class:`numarun.jobenv.container.Runtime`); "" none."""
-    mem_unbound: str = ""
-    """Why the ranks' memory is not bound as ``mem_policy`` asks (``seccomp``); "" when it is."""
+    nccl_nics: NcclNics | None = None  # None: nothing to choose, per-rank, or the user's own
+    container: str = ""  # the runtime the node runs in (jobenv.container.Runtime)
+    mem_unbound: str = ""  # why memory is not bound as mem_policy asks (seccomp); "" when it is
 
     @property
     def nproc_per_node(self) -> int:
@@ -181,25 +148,18 @@ class LaunchPlan:
                 raise SchemaError(f"$.schema_version: expected {expected}")
             if version == 1:
                 data = _nic_fields_of_v1(data)
-            # what is read is current
             return from_jsonable(cls, {**data, "schema_version": PLAN_SCHEMA_VERSION})
         except (json.JSONDecodeError, SchemaError) as e:
             raise PlanError(f"bad plan file {origin!r}: {e}; expected the output of 'numarun plan --json'") from None
 
 
-# The variables a version-1 plan wrote for its NIC choices.
 _V1_NODE_VARIABLES = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
 _V1_RANK_VARIABLES = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES")
 
 
 def _nic_fields_of_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 plan with the NIC fields of version 2, read back from each rank's env.
-
-    Version 1 had them only as variables: ``node`` policy set one ``NCCL_IB_HCA`` or
-    ``NCCL_SOCKET_IFNAME`` in every GPU rank, and the rank's own NIC went to ``UCX_NET_DEVICES``
-    (``<nic>:<port>``) or ``GLOO_SOCKET_IFNAME``; ``per-rank`` put it in NCCL's variables instead.
-    Anything of the wrong shape is left for :func:`from_jsonable` to report.
-    """
+    """A version-1 plan (NIC choices only as variables in each rank's env) with version 2's NIC fields read back;
+    anything of the wrong shape is left for :func:`from_jsonable` to report."""
     ranks = data.get("ranks")
     if not isinstance(ranks, list) or not all(
         isinstance(r, dict) and isinstance(r.get("env"), dict) and all(isinstance(v, str) for v in r["env"].values())

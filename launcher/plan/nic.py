@@ -1,30 +1,7 @@
-"""NICs for a node's ranks: one NCCL list per node, the closest NIC per rank. Pure.
+"""NICs for a node's ranks: one NCCL list per node, the closest NIC per rank (pure).
 
-NCCL pairs HCAs across ranks, builds rings and trees over every rail and routes through a
-peer GPU's NIC (PXN), so every rank of a node must get the same ``NCCL_IB_HCA``; a value per
-rank breaks that ("You should not set NCCL_IB_HCA differently on each rank",
-NVIDIA/nccl#1478). The node's list names its compute NICs:
-
-- a compute NIC is an RDMA NIC (InfiniBand or RoCE) whose port is not known to be down and
-  that is PIX/PXB to at least one GPU. A machine with no such NIC takes its RDMA NICs of the
-  closest link class present; when no GPU/NIC link is known at all, the RDMA NICs on a GPU's
-  NUMA node;
-- so a storage or management NIC (SYS to every GPU while closer ones exist) and a NIC whose
-  ports are all down are left out;
-- nothing is set when nothing needs choosing: no GPU rank, no compute NIC, or the compute
-  NICs are every RDMA NIC (what NCCL takes on its own).
-
-``NCCL_SOCKET_IFNAME`` follows the same rule over the plain Ethernet NICs, for nodes without
-compute RDMA NICs. The per-rank closest NIC (link code, then NUMA node, round-robin among
-ties so ranks get distinct rails while there are enough) stays in the plan and is exported
-only to transports that take a device per process: ``UCX_NET_DEVICES=<hca>:<port>`` and,
-for an Ethernet NIC, ``GLOO_SOCKET_IFNAME``. :attr:`NicPolicy.PER_RANK` restores a value of
-``NCCL_IB_HCA``/``NCCL_SOCKET_IFNAME`` per rank, for fabrics whose rails do not connect
-across (each GPU's NIC on its own switch plane).
-
-The choices are plan fields (:class:`NcclNics` on the plan; ``nic``, ``nic_port`` on each rank);
-the variables are made from them here. ``numarun topo`` shows each GPU's NIC by the same rule
-(:func:`gpu_nics`), so the two never name different NICs.
+The rules and why (NVIDIA/nccl#1478) are the README's (See the plan, NICs). The choices are plan fields;
+the variables are made from them here, and ``numarun topo`` names each GPU's NIC by the same rule (:func:`gpu_nics`).
 """
 
 from __future__ import annotations
@@ -39,7 +16,6 @@ from .model import NcclNics, NicPolicy
 
 log = logging.getLogger(__name__)
 
-# Variables the plan may set for a NIC; the user's own values always win.
 NIC_VARIABLES: tuple[str, ...] = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES")
 
 _UNKNOWN = link_rank("")
@@ -51,17 +27,13 @@ class NicChoice:
     """The NIC picked for one rank, and the variables that name it for that rank alone."""
 
     nic: Nic
-    position: int
-    """Its index in ``topology.nics``."""
-    port: int
-    """The port the rank is pinned to (``UCX_NET_DEVICES``); 0 when none is."""
-    env: tuple[tuple[str, str], ...]
-    """Per-rank variables, before the user's values are taken out."""
+    position: int  # in topology.nics
+    port: int  # pinned to (UCX_NET_DEVICES); 0 none
+    env: tuple[tuple[str, str], ...]  # before the user's values are taken out
 
 
 def _is_loopback(nic: Nic) -> bool:
-    names = (nic.name, *nic.netdevs)
-    return any(n == "lo" or n.startswith("lo:") for n in names)
+    return any(n == "lo" or n.startswith("lo:") for n in (nic.name, *nic.netdevs))
 
 
 def _ifname(nic: Nic) -> str:
@@ -74,14 +46,13 @@ def usable_nics(topology: Topology) -> list[tuple[int, Nic]]:
 
 
 def _closest_class(topology: Topology, candidates: list[tuple[int, Nic]]) -> list[tuple[int, Nic]]:
-    """The candidates a node's NCCL list should name (see the module docstring)."""
+    """The candidates a node's NCCL list should name: the closest link class (PIX = PXB), else those on a GPU's node."""
     if not candidates or not topology.gpus:
         return []
     best = {pos: min(link_rank(topology.gpu_nic_link(g, pos)) for g in range(len(topology.gpus))) for pos, _ in candidates}
     if all(b == _UNKNOWN for b in best.values()):
         gpu_nodes = {g.numa_node for g in topology.gpus if g.numa_node >= 0}
         return [(pos, n) for pos, n in candidates if n.numa_node in gpu_nodes]
-    # PIX and PXB are one class: a NIC under any PCIe switch shared with a GPU is a rail
     tier = {pos: min(b, _PXB) if b <= _PXB else b for pos, b in best.items()}
     top = min(tier.values())
     return [(pos, n) for pos, n in candidates if tier[pos] == top]
@@ -94,12 +65,9 @@ def compute_nics(topology: Topology) -> tuple[Nic, ...]:
 
 
 def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
-    """The ``NCCL_IB_HCA`` or ``NCCL_SOCKET_IFNAME`` list for every rank of the node; None when
-    nothing needs choosing.
+    """The ``NCCL_IB_HCA`` or ``NCCL_SOCKET_IFNAME`` list for every rank of the node; None when nothing needs choosing.
 
-    Exact-match syntax (a leading ``=``) because a bare ``mlx5_1`` is a prefix that also
-    matches ``mlx5_10``..``mlx5_17`` on 13-NIC boards (and ``eth1`` matches ``eth10``); no port
-    suffix, so NCCL may use every port of an HCA (it skips ports that are not ACTIVE itself).
+    Exact match (``=``): a bare ``mlx5_1`` also matches ``mlx5_10``; no port, so NCCL may use every ACTIVE port.
     """
     if not gpu_ranks:
         return None
@@ -124,13 +92,7 @@ def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
 
 
 def rank_nic(nic: Nic, position: int, *, gpu_rank: bool, policy: NicPolicy = NicPolicy.NODE) -> NicChoice:
-    """``nic`` as one rank's NIC, with the variables naming it for that rank.
-
-    ``node`` policy: ``UCX_NET_DEVICES=<hca>:<port>`` for an RDMA NIC of a GPU rank,
-    ``GLOO_SOCKET_IFNAME`` for an Ethernet NIC. ``per-rank``: ``NCCL_IB_HCA==<hca>`` or
-    ``NCCL_SOCKET_IFNAME==<if>`` + ``GLOO_SOCKET_IFNAME`` for that rank alone.
-    CPU-only ranks only need gloo's variable.
-    """
+    """``nic`` as one rank's NIC, with the variables naming it for that rank alone (NCCL's only with ``per-rank``)."""
     env: tuple[tuple[str, str], ...] = ()
     port = 0
     if nic.rdma:
@@ -149,29 +111,20 @@ def rank_nic(nic: Nic, position: int, *, gpu_rank: bool, policy: NicPolicy = Nic
 
 
 def choose_nics(
-    topology: Topology,
-    gpu_positions: Sequence[int | None],
-    rank_nodes: Sequence[int],
-    policy: NicPolicy = NicPolicy.NODE,
+    topology: Topology, gpu_positions: Sequence[int | None], rank_nodes: Sequence[int], policy: NicPolicy = NicPolicy.NODE,
 ) -> list[NicChoice | None]:
-    """One choice per rank (None: nothing clearly close, no per-rank variable is set).
+    """One choice per rank, None when nothing is clearly close; ``gpu_positions[i]`` indexes ``topology.gpus``
+    (None: CPU-only), ``rank_nodes[i]`` is the rank's CPU node (-1 unknown).
 
-    ``gpu_positions[i]`` is the index into ``topology.gpus`` of rank i's GPU (None for a
-    CPU-only rank); ``rank_nodes[i]`` its CPU NUMA node (-1 unknown).
-    GPU ranks take the closest NIC by link code then NUMA node, round-robin among ties;
-    they take none when no link or node is known. CPU-only ranks take an Ethernet NIC
-    on their own NUMA node, and none otherwise (a guess would only misroute gloo).
-    NICs whose ports are all down are never chosen.
+    GPU ranks: the closest usable NIC by link code, then NUMA node, round-robin among ties. CPU-only ranks: an
+    Ethernet NIC on their own node, else none (a guess would only misroute gloo).
     """
     nics = usable_nics(topology)
     uses: dict[int, int] = {}
     out: list[NicChoice | None] = []
     for gpu_pos, node in zip(gpu_positions, rank_nodes):
         if gpu_pos is None:
-            cands = [
-                (0, pos, n) for pos, n in nics
-                if n.kind is NicKind.ETHERNET and node >= 0 and n.numa_node == node
-            ]
+            cands = [(0, pos, n) for pos, n in nics if n.kind is NicKind.ETHERNET and node >= 0 and n.numa_node == node]
         else:
             gpu_node = topology.gpus[gpu_pos].numa_node
             scored = []
@@ -189,7 +142,6 @@ def choose_nics(
         if not cands:
             out.append(None)
             continue
-        # Least used first, then topology order: round-robin among equally close NICs.
         _, pos, nic = min(cands, key=lambda c: (uses.get(c[1], 0), c[1]))
         uses[pos] = uses.get(pos, 0) + 1
         out.append(rank_nic(nic, pos, gpu_rank=gpu_pos is not None, policy=policy))
@@ -197,9 +149,7 @@ def choose_nics(
 
 
 def gpu_nics(topology: Topology) -> tuple[NicChoice | None, ...]:
-    """Each GPU's NIC (in ``topology.gpus`` order) as the plan gives it when one rank drives each
-    GPU: :func:`choose_nics` over the GPUs in CUDA's PCI order, as :func:`numarun.plan.binding.make_plan`
-    takes them without ``CUDA_VISIBLE_DEVICES``. What ``numarun topo`` shows as a GPU's nearest NIC."""
+    """Each GPU's NIC (``topology.gpus`` order) as the plan gives it with one rank per GPU, all visible."""
     position = {id(g): i for i, g in enumerate(topology.gpus)}
     ranks = [position[id(g)] for g in pci_order(topology.gpus)]
     by_gpu = dict(zip(ranks, choose_nics(topology, ranks, [-1] * len(ranks))))

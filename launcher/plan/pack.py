@@ -1,10 +1,4 @@
-"""A sweep's jobs side by side on one node: the slots, each a disjoint part of the node. Pure.
-
-GPU slots: the visible GPUs grouped by NVLink island, NUMA node and PCIe switch, each group cut
-into runs of ``ranks``, then what the groups leave over; the cores of the slot's NUMA node split
-evenly among its slots, that node's memory, the GPUs' own NICs. CPU slots: runs of ``ranks``
-physical cores of one NUMA node, then across nodes. See docs/sweeps.md.
-"""
+"""A sweep's jobs side by side on one node: the slots, each a disjoint part of the node (pure; rules: docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -22,13 +16,10 @@ class Slot:
     """One part of the node that runs one job at a time."""
 
     index: int
-    gpus: tuple[int, ...]
-    """NVML indices (PCI order) of its GPUs; () for a CPU slot."""
+    gpus: tuple[int, ...]  # NVML indices; () for a CPU slot
     cpus: tuple[int, ...]
-    mems: tuple[int, ...]
-    """NUMA nodes of its memory; () when unknown."""
-    nics: tuple[str, ...] = ()
-    """Its GPUs' own NICs (one rail each where there are rails)."""
+    mems: tuple[int, ...]  # () when unknown
+    nics: tuple[str, ...] = ()  # its GPUs' own NICs
 
 
 def _groups(topology: Topology, gpus: tuple[Gpu, ...]) -> list[list[Gpu]]:
