@@ -1,8 +1,6 @@
-"""Distributed state inside a worker: ``init()``, hierarchical groups and all-reduce.
+"""Distributed state inside a worker: ``init()``, hierarchical groups and all-reduce (docs/allreduce.md).
 
-Submodules import torch; this package itself does not, so ``numarun.comm.groups``'s
-pure rank-list logic stays usable without it.
-"""
+Submodules import torch; this package itself does not."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Hierarchical all-reduce and the DDP communication hook built on it.
-
-Of S bytes, a flat ring all-reduce over N nodes x G ranks sends 2(NG-1)/(NG)*S out of
-each node; reduce-scatter inside the node, all-reduce of the 1/G shard across nodes (the
-G shards cross in parallel, one per local rank) and all-gather inside the node send
-2(N-1)/N*S. NCCL already does this on NVSwitch + multi-rail IB, so it is opt-in
-(``comm.allreduce: hierarchical``); it pays on TCP/gloo clusters, VMs where NCCL cannot
-see the topology, and with compression of the inter-node step only.
-"""
+"""Hierarchical all-reduce and the DDP communication hooks built on it (when it pays: docs/allreduce.md)."""
 
 from __future__ import annotations
 
@@ -35,15 +27,11 @@ def _context(context: DistContext | None) -> DistContext:
     return ctx
 
 
-HIERARCHICAL_BUCKET_MB = 2.0
-"""DDP's ``bucket_cap_mb`` the trainer uses with the hierarchical hook unless told: the
-stream pipelines across buckets, so small buckets cost little and let the link start early
-in backward instead of waiting for one big bucket at its end."""
+HIERARCHICAL_BUCKET_MB = 2.0  # small buckets start the link early in backward (docs/allreduce.md)
 
 
 def ddp_bucket_mb(bucket_mb: float | None, mode: str | CommMode) -> float | None:
-    """DDP's ``bucket_cap_mb`` for ``comm.bucket_mb`` under ``mode``: the value given, else
-    :data:`HIERARCHICAL_BUCKET_MB` for the hierarchical hook, else None (DDP's default)."""
+    """DDP's ``bucket_cap_mb``: the value given, else 2 MiB for the hierarchical hook, else None (DDP's default)."""
     if bucket_mb is None and parse_comm_mode(mode) is not CommMode.FLAT:
         return HIERARCHICAL_BUCKET_MB
     return bucket_mb
@@ -57,17 +45,11 @@ def hierarchical_all_reduce(
     inter_dtype: torch.dtype | None = None,
     chunk_bytes: int | None = None,
 ) -> torch.Tensor:
-    """All-reduce ``tensor`` in place over the whole job, one node at a time; returns it.
+    """All-reduce ``tensor`` in place over the whole job (docs/allreduce.md); returns it.
 
-    ``op``: SUM (default), AVG, MAX, MIN or PRODUCT. AVG is computed as SUM then a division by
-    the world size on every backend, so results do not depend on a backend's AVG support.
-    ``inter_dtype``: cast the shard to this dtype (bf16/fp16) for the inter-node step only.
-    ``chunk_bytes``: tensors larger than this are reduced in chunks, pipelined so that one
-    chunk crosses nodes while the next is reduced inside the node (default None: about
-    ``collectives.PIPELINE_DEPTH`` chunks of 256 KiB..2 MiB; 0 = one shot). Chunks change a
-    float result by rounding at most: in a group of three or more ranks, the order of a sum
-    can follow the chunk boundaries. The first reduction on a context is one
-    shot: it shows whether the backend has the collectives the pipeline needs.
+    ``op``: SUM (default), AVG (SUM, then a division by the world size), MAX, MIN or PRODUCT. ``inter_dtype``:
+    the shard's dtype on the inter-node step only. ``chunk_bytes``: the pipelining chunk (None: about 16 chunks
+    of 256 KiB..2 MiB; 0: one shot).
     """
     import torch.distributed as dist
 
@@ -99,13 +81,9 @@ class HookState:
 
     context: DistContext
     inter_dtype: torch.dtype | None = None
-    overlap: bool = True
-    """Reduce buckets on a communication thread while backward continues (False: in the hook)."""
-    chunk_bytes: int | None = None
-    """Pipelining chunk of each bucket (None: the stream's 1 MiB, or
-    :func:`~numarun.comm.collectives.default_chunk_bytes` of the bucket without ``overlap``; 0: one shot)."""
+    overlap: bool = True  # reduce on a communication thread while backward goes on (False: in the hook)
+    chunk_bytes: int | None = None  # None: the stream's 1 MiB, or the default of the bucket without overlap
     stream: BucketStream | None = field(default=None, repr=False)
-    """With ``overlap``: the pipeline all of a backward pass's buckets go through."""
 
     def __post_init__(self) -> None:
         if self.overlap and self.stream is None:
@@ -121,13 +99,7 @@ class HookState:
 
 
 def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: average the bucket with :func:`hierarchical_all_reduce`.
-
-    With ``state.overlap`` (default) the bucket goes to the state's :class:`BucketStream`,
-    which reduces every bucket of the backward pass in one pipeline on its communication
-    thread while backward goes on; the returned Future completes when the bucket is done.
-    Otherwise it is reduced here and the Future is already complete.
-    """
+    """DDP comm hook: average the bucket hierarchically, in the state's :class:`BucketStream` with ``overlap``."""
     import torch
 
     if state.stream is not None:
@@ -138,10 +110,7 @@ def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.future
 
 
 def flat_compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: flat all-reduce of the bucket cast to ``state.inter_dtype`` (every hop compressed).
-
-    torch's own bf16 hook refuses non-NCCL backends; this one works on gloo too.
-    """
+    """DDP comm hook: flat all-reduce of the bucket cast to ``state.inter_dtype`` (torch's own refuses gloo)."""
     import torch
     import torch.distributed as dist
 
@@ -157,7 +126,6 @@ def flat_compressed_hook(state: HookState, bucket: dist.GradBucket) -> torch.fut
 
 def _real_hook_annotations() -> None:
     # DDP compares the hook's annotations with the real classes; this module's are strings
-    # (postponed evaluation), so give DDP the objects it looks for.
     import torch
     import torch.distributed as dist
 
@@ -166,21 +134,10 @@ def _real_hook_annotations() -> None:
 
 
 def apply_comm(
-    model_ddp: Any,
-    mode: str | CommMode,
-    compression: str | Compression | None,
-    context: DistContext | None,
-    *,
-    overlap: bool = True,
-    chunk_bytes: int | None = None,
+    model_ddp: Any, mode: str | CommMode, compression: str | Compression | None, context: DistContext | None, *,
+    overlap: bool = True, chunk_bytes: int | None = None,
 ) -> CommMode:
-    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model; returns the mode used.
-
-    flat + no compression leaves DDP's own all-reduce; flat + bf16/fp16 registers
-    :func:`flat_compressed_hook` (every hop compressed); hierarchical registers
-    :func:`hierarchical_hook` (compression of the inter-node step only), reducing each
-    bucket while backward goes on unless ``overlap`` is False.
-    """
+    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, In DDP); returns the mode."""
     m = parse_comm_mode(mode)
     c = parse_compression(compression)
     if m is CommMode.FLAT:
@@ -199,14 +156,6 @@ def apply_comm(
 
 
 __all__ = [
-    "CommMode",
-    "Compression",
-    "BucketStream",
-    "HookState",
-    "apply_comm",
-    "hierarchical_all_reduce",
-    "flat_compressed_hook",
-    "hierarchical_hook",
-    "parse_comm_mode",
-    "parse_compression",
+    "CommMode", "Compression", "BucketStream", "HookState", "apply_comm", "hierarchical_all_reduce",
+    "flat_compressed_hook", "hierarchical_hook", "parse_comm_mode", "parse_compression",
 ]

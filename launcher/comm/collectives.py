@@ -1,10 +1,4 @@
-"""The collectives a hierarchical reduction is made of, and how a tensor is cut for them.
-
-Reduce-scatter and all-gather in their tensor forms (one flat tensor in, one out), with the
-fallbacks a backend without them needs; the zero padding that makes a tensor split evenly
-over the G ranks of a node; and the chunk sizes of the pipeline. No scheduling here: the
-order in which chunks go through these steps is :mod:`numarun.comm.pipeline`'s.
-"""
+"""The collectives a hierarchical reduction is made of, with their fallbacks, and how a tensor is padded and cut."""
 
 from __future__ import annotations
 
@@ -36,22 +30,12 @@ def ag_single(output: Any, input: Any, **kwargs: Any) -> Any:
 
 @dataclass(eq=False)
 class TensorForms:
-    """What the backend has shown of its tensor forms of reduce-scatter and all-gather (older
-    gloo lacks them), as seen by the hierarchical reductions on one context.
+    """What one context's reductions have shown of the backend's tensor forms of reduce-scatter and
+    all-gather (older gloo lacks them); the pipeline needs both (docs/allreduce.md)."""
 
-    The pipeline issues them asynchronously with no fallback, so it is used only once a
-    one-shot reduction has used them. Which path a reduction takes then follows from the
-    sequence of hierarchical reductions on the context, which is the same on every rank. One
-    record per :class:`~numarun.comm.context.DistContext`, never per process: a new context
-    (another backend) starts over.
-    """
-
-    tried: bool = False
-    """A one-shot reduction has run."""
+    tried: bool = False  # a one-shot reduction has run
     reduce_scatter: bool = True
-    """False once the backend has said it lacks the tensor form of reduce-scatter."""
     all_gather: bool = True
-    """False once the backend has said it lacks the tensor form of all-gather."""
 
     @property
     def pipeline_ok(self) -> bool:
@@ -79,7 +63,6 @@ def reduce_scatter(out: torch.Tensor, full: torch.Tensor, op: Any, group: Any, f
                 raise
             forms.reduce_scatter = False
             log.info("reduce_scatter_tensor unsupported here (%s); using all_reduce + slice", e)
-    # Fallback: costs a full all-reduce inside the node, still never crosses nodes.
     g = dist.get_world_size(group)
     me = dist.get_rank(group)
     tmp = full.clone()
@@ -106,8 +89,7 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any, forms: Tenso
 
 
 def padded(flat: torch.Tensor, g: int) -> torch.Tensor:
-    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy. The ops
-    are elementwise, so the pad never mixes with the data; the caller copies ``[:n]`` back."""
+    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy (the caller copies ``[:n]`` back)."""
     import torch
 
     n = flat.numel()
@@ -121,10 +103,7 @@ def padded(flat: torch.Tensor, g: int) -> torch.Tensor:
 
 MAX_CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_BYTES = 256 * 2**10
-PIPELINE_DEPTH = 16
-"""Default pipelining of one tensor: about this many chunks, each MIN..MAX_CHUNK_BYTES. Only
-the in-node steps of the first and last chunk are not hidden behind the link, so more chunks
-hide more, until per-collective overhead dominates."""
+PIPELINE_DEPTH = 16  # chunks of one tensor by default: more hide more, until per-collective overhead dominates
 
 
 def default_chunk_bytes(total_bytes: int) -> int:
@@ -132,8 +111,7 @@ def default_chunk_bytes(total_bytes: int) -> int:
 
 
 def chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> int:
-    """Elements per chunk: ``chunk_bytes`` (None: :func:`default_chunk_bytes` of the tensor;
-    0: the whole tensor in one), rounded down to a multiple of ``g``, at least ``g``."""
+    """Elements per chunk of ``chunk_bytes`` (None: the default; 0: one chunk), a multiple of ``g``, at least ``g``."""
     b = default_chunk_bytes(numel * elem_size) if chunk_bytes is None else chunk_bytes
     if b <= 0:
         return 1 << 62
@@ -141,8 +119,7 @@ def chunk_elems(chunk_bytes: int | None, elem_size: int, g: int, numel: int) -> 
 
 
 def chunk_bounds(numel: int, step: int, g: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of ceil(numel / step) chunks of near-equal length, each a multiple of
-    ``g`` (``numel`` is one): no short tail chunk paying a collective's fixed cost on its own."""
+    """``[start, end)`` of ceil(numel / step) chunks of near-equal length, each a multiple of ``g`` (no short tail)."""
     n = max(1, -(-numel // step))
     base, extra = divmod(numel // g, n)
     bounds, s = [], 0

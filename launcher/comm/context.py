@@ -1,8 +1,4 @@
-"""``numarun.init()``: one call in the worker sets up the distributed state from numarun's plan.
-
-Works under plain torchrun as well (no plan: no binding; groups are still built from
-torchrun's environment). Idempotent: the second call returns the first call's context.
-"""
+"""``numarun.init()``: one call in the worker sets up the distributed state from numarun's plan, or torchrun's environment."""
 
 from __future__ import annotations
 
@@ -42,31 +38,21 @@ class DistContext:
     node_rank: int
     num_nodes: int
     local_world_size: int
-    """Ranks on this node."""
     backend: str
     device: torch.device
-    binding: RankBinding | None
-    """This rank's binding from the launch plan (None under plain torchrun)."""
+    binding: RankBinding | None  # None under plain torchrun
     layout: GroupLayout
     intra_group: dist.ProcessGroup | None
-    """This node's ranks."""
-    inter_group: dist.ProcessGroup | None
-    """The ranks with this local rank on every node (None when nodes differ in size)."""
-    mesh: Any
-    """2D ``DeviceMesh`` with dims ("inter", "intra") = (num_nodes, local_world_size); None when nodes differ."""
+    inter_group: dist.ProcessGroup | None  # None when nodes differ in size
+    mesh: Any  # DeviceMesh ("inter", "intra"); None when nodes differ
+    # used by one thread at a time, as collectives on these groups are: the caller's, or the bucket stream's
     tensor_forms: TensorForms = field(default_factory=TensorForms, repr=False)
-    """What the hierarchical reductions on this context have shown of the backend. One thread
-    at a time uses it, as one thread at a time may issue collectives on these groups: the
-    caller's, or a DDP bucket stream's during backward, handed over through the stream's queue
-    and the buckets' futures (DDP waits for them before backward returns)."""
 
     @property
     def hierarchical_ok(self) -> bool:
-        """Every node runs the same number of ranks, so intra/inter collectives are well formed."""
         return self.layout.uniform
 
     def require_hierarchical(self) -> None:
-        """Raise HierarchyError (naming the node sizes) when hierarchical use is impossible."""
         self.layout.require_uniform()
 
 
@@ -86,7 +72,6 @@ def _env_int(name: str, default: int | None = None) -> int:
 
 
 def _current_binding() -> RankBinding | None:
-    """This rank's binding; None under plain torchrun (no plan)."""
     from ..worker import current_binding
 
     try:
@@ -99,12 +84,10 @@ def _current_binding() -> RankBinding | None:
 
 
 def restart_store(environ: Mapping[str, str], *, world_size: int, timeout: timedelta | None) -> Any:
-    """The agent's store seen under a prefix of its own for this restart, or None (torch's default).
+    """The agent's store under a prefix of this restart's own, or None (torch's default).
 
-    torchrun's static rendezvous hosts one store for the whole run and hands every attempt
-    of ``--max-restarts`` the same one, unprefixed (pytorch/pytorch#135712): a process group
-    made after a restart can read the previous attempt's addresses (gloo) or unique id (NCCL)
-    and wait forever on a dead peer. Every worker of an attempt shares its restart count.
+    torchrun hands every restart the same unprefixed store (pytorch/pytorch#135712): a group made after a restart
+    could read the previous attempt's addresses and wait forever on a dead peer.
     """
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in environ:
         return None
@@ -121,20 +104,13 @@ def restart_store(environ: Mapping[str, str], *, world_size: int, timeout: timed
 
 
 def current_context() -> DistContext | None:
-    """The context made by :func:`init` in this process, or None before it."""
     return _CONTEXT
 
 
-def init(
-    backend: str | None = None,
-    *,
-    timeout: timedelta | None = None,
-    build_mesh: bool = True,
-) -> DistContext:
-    """Initialise torch.distributed from torchrun's environment and build the hierarchical groups.
+def init(backend: str | None = None, *, timeout: timedelta | None = None, build_mesh: bool = True) -> DistContext:
+    """Initialise torch.distributed from torchrun's environment and build the hierarchical groups; idempotent.
 
-    ``backend`` None: NCCL when this rank has a GPU (CUDA available and, with a plan, a GPU
-    in its binding), else gloo. The rank's GPU is selected with ``torch.cuda.set_device``.
+    ``backend`` None: NCCL when this rank has a GPU (in its binding, with a plan), else gloo.
     """
     global _CONTEXT
     if _CONTEXT is not None:
@@ -184,15 +160,13 @@ def init(
             f"expected RANK={rank} WORLD_SIZE={world_size} from the environment"
         )
 
-    # Each rank reports where it runs; the layout is then identical everywhere.
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", -1))
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 0)
     mine = torch.tensor([node_rank, local_rank, local_world_size], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(gathered, mine)
     rows = [tuple(int(v) for v in t.tolist()) for t in gathered]
-    if any(r[0] < 0 for r in rows):
-        # No node rank in the environment (launched by hand): torchrun's contiguous numbering.
+    if any(r[0] < 0 for r in rows):  # no node rank (launched by hand): torchrun's contiguous numbering
         lws = [r[2] for r in rows]
         if len(set(lws)) != 1 or lws[0] <= 0:
             raise DistInitError(
@@ -203,33 +177,16 @@ def init(
     layout = layout_from_places([RankPlace(r[0], r[1]) for r in rows])
     for r, row in enumerate(rows):
         if row[2] and row[2] != len(layout.intra_of(r)):
-            raise DistInitError(
-                f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks"
-            )
+            raise DistInitError(f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks")
     me = layout.places[rank]
     groups = create_groups(layout, rank)
-    mesh = None
-    if build_mesh and layout.uniform:
-        mesh = _make_mesh(layout, groups.intra, groups.inter, device)
+    mesh = _make_mesh(layout, groups.intra, groups.inter, device) if build_mesh and layout.uniform else None
     if not layout.uniform:
-        log.warning(
-            "nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes
-        )
-
+        log.warning("nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes)
     _CONTEXT = DistContext(
-        rank=rank,
-        local_rank=me.local_rank,
-        world_size=world_size,
-        node_rank=me.node_rank,
-        num_nodes=layout.num_nodes,
-        local_world_size=len(layout.intra_of(rank)),
-        backend=str(dist.get_backend()),
-        device=device,
-        binding=binding,
-        layout=layout,
-        intra_group=groups.intra,
-        inter_group=groups.inter,
-        mesh=mesh,
+        rank=rank, local_rank=me.local_rank, world_size=world_size, node_rank=me.node_rank, num_nodes=layout.num_nodes,
+        local_world_size=len(layout.intra_of(rank)), backend=str(dist.get_backend()), device=device, binding=binding,
+        layout=layout, intra_group=groups.intra, inter_group=groups.inter, mesh=mesh,
     )
     log.info(
         "rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
@@ -250,9 +207,7 @@ def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: torch.device
         log.debug("DeviceMesh.from_group failed (%s); using init_device_mesh", e)
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(
-            device.type, (layout.num_nodes, layout.local_world_size), mesh_dim_names=("inter", "intra")
-        )
+        return init_device_mesh(device.type, (layout.num_nodes, layout.local_world_size), mesh_dim_names=("inter", "intra"))
 
 
 def destroy() -> None:

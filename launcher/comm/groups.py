@@ -1,13 +1,7 @@
-"""Hierarchical process groups: pure rank-list logic plus their creation in torch.
+"""Hierarchical process groups: pure rank-list logic, and their creation in torch.
 
-A job of N nodes with G ranks each gets N intra-node groups (one node's ranks) and G
-inter-node groups (the ranks with the same local rank on every node). Every rank must
-create every group, in the same order (``new_group`` is collective over the default
-group): all intra groups by node rank, then all inter groups by local rank.
-
-The rank lists are derived from what each rank reports (its node rank and local rank),
-not assumed from ``rank // G``: torchrun's ranks are contiguous per node, but deriving
-them keeps the groups right even if a launcher numbers them differently.
+Every rank creates every group in the same order (``new_group`` is collective): intra groups by node rank,
+then inter groups by local rank. The lists come from what each rank reports, not from ``rank // G``.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import NumarunError
 
-if TYPE_CHECKING:  # torch is imported only by the functions that need it
+if TYPE_CHECKING:
     import torch.distributed as dist
 
 log = logging.getLogger(__name__)
@@ -42,11 +36,8 @@ class GroupLayout:
     """Rank lists of the hierarchical groups of a job (index = global rank in ``places``)."""
 
     places: tuple[RankPlace, ...]
-    intra: tuple[tuple[int, ...], ...]
-    """Global ranks of each node, by node rank; each list ordered by local rank."""
-    inter: tuple[tuple[int, ...], ...]
-    """Global ranks with the same local rank, by local rank; each list ordered by node rank.
-    Empty when the nodes have different rank counts (no well-formed inter groups)."""
+    intra: tuple[tuple[int, ...], ...]  # per node rank, by local rank
+    inter: tuple[tuple[int, ...], ...]  # per local rank, by node rank; () when nodes differ in size
 
     @property
     def num_nodes(self) -> int:
@@ -58,7 +49,6 @@ class GroupLayout:
 
     @property
     def uniform(self) -> bool:
-        """All nodes run the same number of ranks (hierarchical collectives are possible)."""
         return len(set(self.node_sizes)) == 1
 
     @property
@@ -80,11 +70,8 @@ class GroupLayout:
 
 
 def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) -> GroupLayout:
-    """Build the layout from each global rank's (node_rank, local_rank), index = global rank.
-
-    Node ranks must be 0..N-1 and local ranks 0..G_n-1 on each node without gaps or repeats;
-    anything else means the ranks were not started by one launcher and is an error.
-    """
+    """The layout from each global rank's (node_rank, local_rank); HierarchyError unless they are
+    0..N-1 and 0..G_n-1 per node, without gaps or repeats."""
     norm = tuple(p if isinstance(p, RankPlace) else RankPlace(int(p[0]), int(p[1])) for p in places)
     if not norm:
         raise HierarchyError("bad job shape: no ranks; expected at least one (node_rank, local_rank)")

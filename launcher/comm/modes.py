@@ -1,5 +1,4 @@
-"""Choices of the gradient all-reduce, as the config names them. Torch-free, so the
-config layer can check them before any worker starts."""
+"""Choices of the gradient all-reduce, as the config names them (torch-free: the config layer checks them)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ class CommMode(str, enum.Enum):
     """How DDP all-reduces gradients (config ``comm.allreduce``)."""
 
     FLAT = "flat"
-    """One all-reduce over all ranks (torch's default; NCCL builds its own hierarchy)."""
+    """One all-reduce over all ranks (torch's default)."""
     HIERARCHICAL = "hierarchical"
     """Reduce-scatter in the node, all-reduce across nodes, all-gather in the node."""
 
@@ -27,11 +26,10 @@ class Compression(str, enum.Enum):
     """Wire format of the gradient traffic that crosses nodes (config ``comm.compression``)."""
 
     NONE = "none"
-    """Send gradients in their own dtype."""
     BF16 = "bf16"
-    """Cast to bfloat16 for the inter-node step (fp32 range, 8-bit mantissa)."""
+    """bfloat16 on the inter-node step (fp32 range, 8-bit mantissa)."""
     FP16 = "fp16"
-    """Cast to float16 for the inter-node step (more mantissa, smaller range)."""
+    """float16 on the inter-node step (more mantissa, smaller range)."""
 
     def dtype(self) -> torch.dtype | None:
         import torch

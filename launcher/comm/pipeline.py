@@ -1,17 +1,7 @@
-"""The chunk pipeline: one scheduler for every hierarchical reduction.
+"""The chunk pipeline: one scheduler for every hierarchical reduction (docs/allreduce.md).
 
-Each chunk of a tensor goes through three steps (:class:`Steps`): reduce-scatter inside the
-node (intra group), all-reduce of this rank's 1/G shard across nodes (inter group), all-gather
-inside the node (intra group). :func:`run` overlaps them across chunks, so that while one
-chunk crosses nodes the next ones are reduce-scattered and earlier ones all-gathered inside
-the node. It takes the chunks as an iterator: :func:`reduce_flat` feeds it the chunks of one
-tensor (``hierarchical_all_reduce``), :class:`~numarun.comm.stream.BucketStream` the chunks of
-all of a backward pass's DDP buckets, one bucket after another.
-
-Collectives must be issued in the same order on every rank, per process group. :func:`run`
-waits on a collective before the next step of the same chunk, but what it issues next never
-depends on whether a collective has finished: the order per group follows from the chunk
-sequence alone (and so, for the stream, from the buckets' sizes and ``is_last()``).
+What :func:`run` issues next never depends on whether a collective has finished: the order per group
+follows from the chunk sequence alone, the same on every rank.
 """
 
 from __future__ import annotations
@@ -34,29 +24,22 @@ class Job:
     """One tensor through the pipeline: the tensor of one all-reduce call, or a DDP bucket."""
 
     flat: torch.Tensor
-    full: torch.Tensor
-    """``flat`` padded to a multiple of the ranks per node (``flat`` itself when it is one)."""
-    done: Callable[[], None] | None = None
-    """Called once every chunk is all-gathered and the data is back in ``flat``."""
-    pending: int = 0
-    """Chunks not yet all-gathered."""
-    gathers: list[Any] = field(default_factory=list)
-    """The all-gathers issued for its chunks, not yet waited on."""
+    full: torch.Tensor  # flat padded to a multiple of the ranks per node
+    done: Callable[[], None] | None = None  # once all chunks are gathered and back in flat
+    pending: int = 0  # chunks not yet all-gathered
+    gathers: list[Any] = field(default_factory=list)  # issued, not yet waited on
 
 
 @dataclass(eq=False)
 class Chunk:
     job: Job
-    data: torch.Tensor
-    """A slice of ``job.full``: reduce-scattered from and all-gathered into."""
-    shard: torch.Tensor
-    """This rank's 1/G of the chunk (``data`` itself with one rank per node)."""
-    wire: torch.Tensor | None = None
-    """The shard cast to the inter-node dtype while it crosses (compression)."""
+    data: torch.Tensor  # a slice of job.full
+    shard: torch.Tensor  # this rank's 1/G (data itself with one rank per node)
+    wire: torch.Tensor | None = None  # the shard in the inter-node dtype while it crosses
 
 
 def chunks_of(job: Job, step: int, g: int) -> Iterator[Chunk]:
-    """The chunks of ``job.full``, at most ``step`` elements each (see :func:`coll.chunk_bounds`)."""
+    """The chunks of ``job.full``, at most ``step`` elements each."""
     import torch
 
     bounds = coll.chunk_bounds(job.full.numel(), step, g)
@@ -72,13 +55,9 @@ class Steps:
     """The three steps of a chunk over this rank's groups, each issued asynchronously."""
 
     context: DistContext
-    op: Any
-    """The reduction (a ``dist.ReduceOp``; SUM for an average)."""
-    inter_dtype: torch.dtype | None = None
-    """The dtype of the shard on the inter-node link (compression; SUM only)."""
-    divisor: int | None = None
-    """AVG: the reduced shard is divided by this before the all-gather, 1/G of the work of
-    dividing the gathered tensor on every rank."""
+    op: Any  # a dist.ReduceOp; SUM for an average
+    inter_dtype: torch.dtype | None = None  # on the inter-node link (SUM only)
+    divisor: int | None = None  # AVG: divides the reduced shard before the all-gather (1/G of the work)
 
     def reduce_scatter(self, c: Chunk) -> Any:
         if self.context.local_world_size == 1:
@@ -111,12 +90,8 @@ class Steps:
 
 
 def run(chunks: Iterator[Chunk], steps: Steps, *, prefetch: int, crossing: int) -> None:
-    """Reduce every chunk, overlapped. Per chunk c, in this order: cross(c) once RS(c) is done;
-    RS of the chunks up to c + ``prefetch``; gather(c - ``crossing`` + 1) once its crossing is
-    done. So ``prefetch`` chunks are reduce-scattered ahead of the link and ``crossing`` chunks
-    are on it at once. Taking the next chunk may block (the stream waits for the next bucket);
-    the chunks already crossing keep the link busy meanwhile. A job's ``done`` is called once
-    its chunks are all gathered, jobs in order."""
+    """Reduce every chunk, overlapped: per chunk c, cross(c) once RS(c) is done, RS up to c + ``prefetch``,
+    gather(c - ``crossing`` + 1) once its crossing is done; jobs' ``done`` in order."""
     ahead: deque[tuple[Chunk, Any]] = deque()  # reduce-scattered (or being), not yet crossing
     on_link: deque[tuple[Chunk, Any]] = deque()
     landed: deque[Job] = deque()  # all chunks gathered; waiting for their all-gathers to finish
@@ -150,8 +125,7 @@ def run(chunks: Iterator[Chunk], steps: Steps, *, prefetch: int, crossing: int) 
 
 
 def _finish(landed: deque[Job], *, block: bool) -> None:
-    """Complete the jobs whose all-gathers have finished (all of them with ``block``), first
-    job first, so that DDP sees its buckets complete in order."""
+    """Complete the jobs whose all-gathers have finished (all with ``block``), in order, as DDP expects."""
     while landed:
         job = landed[0]
         if not block and not all(_completed(w) for w in job.gathers):
@@ -166,15 +140,12 @@ def _finish(landed: deque[Job], *, block: bool) -> None:
             job.done()
 
 
-ONE_TENSOR_PREFETCH = 1
-"""Chunks of one tensor reduce-scattered ahead of the one about to cross."""
-ONE_TENSOR_CROSSING = 2
-"""Chunks of one tensor on the inter-node link at once: one starts while the other finishes."""
+ONE_TENSOR_PREFETCH = 1  # chunks reduce-scattered ahead of the one about to cross
+ONE_TENSOR_CROSSING = 2  # chunks on the link at once: one starts while the other finishes
 
 
 def one_shot(full: torch.Tensor, steps: Steps, forms: coll.TensorForms) -> None:
-    """The three steps on the whole (padded) tensor, one after the other, with the fallbacks of
-    a backend that lacks the tensor forms; records in ``forms`` what the backend has shown."""
+    """The three steps on the whole (padded) tensor in turn, with fallbacks; records in ``forms`` what the backend showed."""
     import torch
 
     ctx = steps.context
@@ -191,9 +162,8 @@ def one_shot(full: torch.Tensor, steps: Steps, forms: coll.TensorForms) -> None:
 
 
 def reduce_flat(flat: torch.Tensor, steps: Steps, *, forms: coll.TensorForms, chunk_bytes: int | None) -> None:
-    """Reduce one flat, contiguous, non-empty tensor in place: in one shot until ``forms`` has
-    seen the tensor forms work (or when it fits in one chunk), else in pipelined chunks of
-    ``chunk_bytes`` (None: :func:`coll.default_chunk_bytes`; 0: one shot)."""
+    """Reduce one flat, contiguous, non-empty tensor in place: one shot until ``forms`` shows the pipeline can run
+    (or when it fits one chunk), else pipelined chunks of ``chunk_bytes``."""
     g = steps.context.local_world_size
     full = coll.padded(flat, g)
     step = coll.chunk_elems(chunk_bytes, full.element_size(), g, full.numel())

@@ -1,20 +1,6 @@
-"""One pipeline for all of a backward pass's DDP buckets: the link never waits for a bucket's tail.
+"""One pipeline for all of a backward pass's DDP buckets, so the link never waits for a bucket's tail (docs/allreduce.md).
 
-:func:`numarun.comm.allreduce.hierarchical_all_reduce` pipelines the chunks of one tensor:
-while chunk c crosses nodes, chunk c+1 is reduce-scattered and chunk c-1 all-gathered
-inside the node. Run once per DDP bucket, each bucket starts with the link idle (its first
-chunk is being reduce-scattered) and ends with the link idle (its last chunk is being
-all-gathered), and the next bucket waits for both. :class:`BucketStream` feeds the chunks of
-every bucket of a backward pass to the same scheduler (:func:`numarun.comm.pipeline.run`) as
-one stream instead: the first chunk of bucket k+1 is reduce-scattered while the last chunk of
-bucket k crosses, so with buckets arriving in time the link is busy from the first bucket to
-the last.
-
-Collectives must be issued in the same order on every rank, per process group. The order
-here depends only on the buckets' sizes and on ``bucket.is_last()``, never on timing: when a
-bucket's chunks run out and it is not the last of the pass, the stream waits for the next
-bucket before it issues anything more on the intra-node group (the chunk already crossing
-keeps the link busy meanwhile).
+The order of collectives depends only on the buckets' sizes and ``is_last()``, never on timing.
 """
 
 from __future__ import annotations
@@ -35,14 +21,9 @@ if TYPE_CHECKING:
 
     from .context import DistContext
 
-STREAM_CHUNK_BYTES = 2**20
-"""Default chunk: the same for every bucket, so small buckets (which start the link early
-in backward) are not cut into chunks too small to keep the link busy between collectives."""
-PREFETCH = 2
-"""Chunks reduce-scattered ahead of the one about to cross: the link need not wait for the
-in-node step of the next chunk, which shares the CPU with backward."""
+STREAM_CHUNK_BYTES = 2**20  # the same for every bucket: small buckets are not cut too small
+PREFETCH = 2  # the in-node step of the next chunk shares the CPU with backward
 CROSSING = 2
-"""Chunks on the inter-node link at once: one starts while the other finishes."""
 
 
 @dataclass(eq=False)
@@ -53,23 +34,17 @@ class _Bucket:
 
 
 class BucketStream:
-    """Averages DDP buckets hierarchically on one communication thread, all of a backward
-    pass's buckets in one chunk pipeline. ``submit`` returns a Future completed when that
-    bucket is reduced (in place).
-
-    Until the backend has shown the collectives the pipeline needs (the context's
-    ``tensor_forms``), a pass reduces its buckets one at a time, the first in one shot."""
+    """Averages DDP buckets on one communication thread, a backward pass's buckets in one chunk pipeline;
+    ``submit`` returns a Future completed when that bucket is reduced in place."""
 
     def __init__(self, context: DistContext, *, inter_dtype: torch.dtype | None, chunk_bytes: int | None) -> None:
         import torch.distributed as dist
 
         self.context = context
         self.chunk_bytes = chunk_bytes
-        self.steps = Steps(context, op=dist.ReduceOp.SUM, inter_dtype=inter_dtype, divisor=context.world_size)
-        """Every bucket is averaged: SUM, then each reduced shard divided by the world size."""
+        self.steps = Steps(context, op=dist.ReduceOp.SUM, inter_dtype=inter_dtype, divisor=context.world_size)  # average
         self._jobs: queue.SimpleQueue[_Bucket] = queue.SimpleQueue()
-        self._taken: list[_Bucket] = []
-        """The buckets of the pass in progress taken off the queue so far."""
+        self._taken: list[_Bucket] = []  # of the pass in progress
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -83,8 +58,6 @@ class BucketStream:
                 self._thread.start()
         self._jobs.put(_Bucket(buffer, is_last, fut))
         return fut
-
-    # -------------------------------------------------------------------------- the thread
 
     def _loop(self) -> None:
         while True:
