@@ -1,13 +1,6 @@
 """All-reduce benchmark: flat ``all_reduce`` vs :func:`hierarchical_all_reduce`.
 
-Runs inside a distributed job (every rank runs it)::
-
-    numarun --nnodes 2 --node-rank 0 ... -m numarun.bench.allreduce --sizes 1M,16M
-    numarun bench allreduce --nproc-per-node 4 --sizes 1M,16M      # launches the job itself
-
-For each size the two modes are alternated iteration by iteration (so drift in the machine
-hits both alike), after warmup. An iteration's time is the slowest rank's. Bus bandwidth
-follows nccl-tests: algbw = S / t, busbw = algbw * 2(n-1)/n with n = world size.
+Run by every rank of a job; what it measures and prints: docs/allreduce.md.
 """
 
 from __future__ import annotations
@@ -30,8 +23,7 @@ from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
-DISTRIBUTED = True
-"""Every rank of a job runs this benchmark."""
+DISTRIBUTED = True  # every rank of a job runs this benchmark
 
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -39,8 +31,7 @@ _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB"
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
-MAX_SIZE = 2**40
-"""One buffer of a benchmark: 1 TiB, past any host's or GPU's memory."""
+MAX_SIZE = 2**40  # one buffer: 1 TiB, past any host's or GPU's memory
 
 
 def parse_size(text: str) -> int:
@@ -89,9 +80,7 @@ def node_bytes(*, size_bytes: int, num_nodes: int, local_world_size: int, hierar
 def bound_ratio(*, num_nodes: int, local_world_size: int) -> float | None:
     """hierarchical/flat ratio of inter-node bytes: (N-1)/N / ((NG-1)/(NG)); None on one node (no inter-node bytes)."""
     n = num_nodes * local_world_size
-    if num_nodes < 2:
-        return None
-    return ((num_nodes - 1) / num_nodes) / ((n - 1) / n)
+    return ((num_nodes - 1) / num_nodes) / ((n - 1) / n) if num_nodes >= 2 else None
 
 
 ONE_NODE_NOTE = (
@@ -108,18 +97,14 @@ class SizeResult:
     mode: str
     times_s: tuple[float, ...]
     median_s: float
-    algbw_gbps: float
-    """GB/s (1e9 bytes) of payload: size / median time."""
+    algbw_gbps: float  # 1e9 bytes/s of payload: size / median time
     busbw_gbps: float
 
 
 def summarize(*, size_bytes: int, mode: str, times: Sequence[float], world_size: int) -> SizeResult:
     med = statistics.median(times)
     alg = size_bytes / med / 1e9 if med > 0 else float("inf")
-    return SizeResult(
-        size_bytes=size_bytes, mode=mode, times_s=tuple(times), median_s=med, algbw_gbps=alg,
-        busbw_gbps=alg * bus_factor(world_size),
-    )
+    return SizeResult(size_bytes, mode, tuple(times), med, alg, alg * bus_factor(world_size))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -172,18 +157,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elem = torch.tensor([], dtype=dtype).element_size()
     world = ctx.world_size
 
-    def flat(t: torch.Tensor) -> None:
-        dist.all_reduce(t)
-
-    def hier(t: torch.Tensor) -> None:
-        hierarchical_all_reduce(t, context=ctx, chunk_bytes=args.chunk_bytes)
-
-    fns = {"flat": flat, "hierarchical": hier}
+    fns = {"flat": dist.all_reduce,
+           "hierarchical": lambda t: hierarchical_all_reduce(t, context=ctx, chunk_bytes=args.chunk_bytes)}
     results: list[SizeResult] = []
     checks: dict[str, bool] = {}
     for size in sizes:
         numel = max(1, size // elem)
-        # Small integers: the sum is exact in every dtype used here, so modes must agree bit for bit.
+        # small integers: the sum is exact in every dtype here, so the modes must agree bit for bit
         pos = torch.arange(numel, dtype=torch.int64) % 7
         base = ((pos + ctx.rank) % 7).to(dtype).to(ctx.device)
         table = torch.tensor([sum((k + r) % 7 for r in range(world)) for k in range(7)], dtype=torch.int64)
@@ -205,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ok = ok and bool(torch.equal(t, want))
                 if it >= args.warmup:
                     times[m].append(dt)
-        # One collective per size: every rank learns the slowest rank's time and the check result.
+        # one collective per size: every rank learns the slowest rank's times and the check
         flat_times = torch.tensor([x for m in modes for x in times[m]] + [0.0 if ok else 1.0], dtype=torch.float64)
         flat_times_dev = flat_times.to(ctx.device)
         dist.all_reduce(flat_times_dev, op=dist.ReduceOp.MAX)
@@ -217,25 +197,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if ctx.rank == 0:
             log.info("size %s done", human_size(size))
 
-    report: dict[str, Any] = {
-        "benchmark": "allreduce",
-        "world_size": world,
-        "num_nodes": ctx.num_nodes,
-        "local_world_size": ctx.local_world_size,
-        "backend": ctx.backend,
-        "dtype": args.dtype,
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "link_rate_bps": rate,
-        "chunk_bytes": args.chunk_bytes,
-        "rank0_cpus": list(ctx.binding.cpus) if ctx.binding is not None else None,
+    return {
+        "benchmark": "allreduce", "world_size": world, "num_nodes": ctx.num_nodes, "local_world_size": ctx.local_world_size,
+        "backend": ctx.backend, "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup, "link_rate_bps": rate,
+        "chunk_bytes": args.chunk_bytes, "rank0_cpus": list(ctx.binding.cpus) if ctx.binding is not None else None,
         "bound_ratio": bound_ratio(num_nodes=ctx.num_nodes, local_world_size=ctx.local_world_size)
         if ctx.hierarchical_ok else None,
         "results": [asdict(r) for r in results],
         "correct": checks,
         "comparisons": _comparisons(results, ctx.num_nodes, ctx.local_world_size if ctx.hierarchical_ok else 0, rate),
     }
-    return report
 
 
 def _comparisons(results: Sequence[SizeResult], num_nodes: int, g: int, rate: float | None) -> list[dict[str, Any]]:
@@ -259,7 +230,6 @@ def _comparisons(results: Sequence[SizeResult], num_nodes: int, g: int, rate: fl
 
 
 def render(report: dict[str, Any]) -> None:
-    """Rich table on stdout."""
     from rich.console import Console
     from rich.table import Table
 
@@ -299,8 +269,7 @@ def run_and_report(args: argparse.Namespace) -> int:
     report = run(args)
     if report["world_size"] and _rank0():
         render(report)
-        if args.json_path:
-            # allow_nan=False: NaN/Infinity are not JSON; a value that cannot be measured is null
+        if args.json_path:  # allow_nan=False: NaN is not JSON
             write_atomic(Path(args.json_path), json.dumps(report, indent=1, allow_nan=False) + "\n")
     destroy()
     return 0 if all(report["correct"].values()) else 1

@@ -1,20 +1,6 @@
 """Host<->device copy bandwidth: pinned memory on the rank's NUMA node vs pageable vs raw torch.
 
-    numarun bench h2d [--size 1GiB] [--iters 10] [--json FILE]
-
-Two workers measure, one after the other, so they never share the PCIe link:
-
-- **numarun**: started by ``numarun run --nproc-per-node 1``, so the bootstrap has bound
-  the rank's CPUs and set its memory policy (``bind`` to the GPU's NUMA node) before torch
-  is imported; the pinned buffer (``cudaHostAlloc`` touches every page while pinning) and
-  the pageable buffer are allocated after that, so their pages land on the bound node.
-- **raw**: plain ``python -m numarun.bench.h2d --worker``, no binding: what torch gives
-  without numarun.
-
-Each measures host->device and device->host from pinned and from pageable memory.
-The launcher process never imports torch, so it never initialises CUDA. Without a CUDA
-device the bench prints one line and exits 2 (nothing was measured; a script that asked for
-a measurement must not take silence for success).
+See docs/gpu.md. The launcher side never imports torch; the bound worker and the raw one run one after the other.
 """
 
 from __future__ import annotations
@@ -40,11 +26,9 @@ from .allreduce import human_size, parse_size
 
 log = logging.getLogger(__name__)
 
-DISTRIBUTED = False
-"""The command starts its own workers (one bound, one raw); it is not run by every rank of a job."""
+DISTRIBUTED = False  # starts its own workers, one bound, one raw
 
 NO_CUDA_EXIT = 2
-"""Exit code when no CUDA device is visible in the worker."""
 DIRECTIONS = ("h2d", "d2h")
 _MOVE_PAGES = {"x86_64": 279, "amd64": 279, "aarch64": 239, "arm64": 239}
 
@@ -53,23 +37,18 @@ _MOVE_PAGES = {"x86_64": 279, "amd64": 279, "aarch64": 239, "arm64": 239}
 class WorkerResult:
     """What one worker measured (GB/s = 1e9 bytes/s), plus where it ran."""
 
-    label: str
-    """``numarun`` (bound by the bootstrap) or ``raw`` (plain torch)."""
+    label: str  # numarun (bound by the bootstrap) or raw
     cuda: bool
     size_bytes: int = 0
     iters: int = 0
-    gbps: dict[str, float] = field(default_factory=dict)
-    """``h2d_pinned``, ``d2h_pinned``, ``h2d_pageable``, ``d2h_pageable`` -> GB/s."""
+    gbps: dict[str, float] = field(default_factory=dict)  # {h2d,d2h}_{pinned,pageable}
     device: str = ""
     torch_version: str = ""
     cpus: tuple[int, ...] = ()
     mem_policy: str = ""
     mems: tuple[int, ...] = ()
-    pinned_page_nodes: tuple[int, ...] = ()
-    """NUMA nodes of sampled pages of the pinned buffer (``move_pages(2)`` query); () unknown
-    (the driver may map pinned memory in a way the query cannot see)."""
+    pinned_page_nodes: tuple[int, ...] = ()  # sampled by move_pages(2); () when the driver's mapping hides them
     pageable_page_nodes: tuple[int, ...] = ()
-    """The same for the pageable buffer (ordinary anonymous memory: always answerable)."""
     error: str = ""
 
 
@@ -82,20 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_args(size: str, iters: int) -> int:
-    """Validate the options; returns the size in bytes."""
+    """The size in bytes, the options checked."""
     nbytes = parse_size(size)
     if not 1 <= iters <= argtypes.MAX_COUNT:
         raise UsageError(expected(iters, "a positive number of timed copies", "--iters"))
     return nbytes
 
 
-# -- worker side (imports torch) ------------------------------------------------------------------
-
 def page_nodes(address: int, length: int, *, samples: int = 16) -> tuple[int, ...]:
-    """NUMA nodes of ``samples`` pages spread over [address, address+length); () when unknown.
-
-    ``move_pages(2)`` with a NULL node array only reports where each page is.
-    """
+    """NUMA nodes of ``samples`` pages over [address, address+length) (``move_pages(2)``, NULL nodes: query); () unknown."""
     number = _MOVE_PAGES.get(platform.machine().lower())
     if number is None or length <= 0:
         return ()
@@ -113,7 +87,7 @@ def page_nodes(address: int, length: int, *, samples: int = 16) -> tuple[int, ..
 
 
 def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
-    """Run in a worker: time the four copies on the current CUDA device."""
+    """In a worker: time the four copies on the rank's CUDA device."""
     import torch
 
     from ..worker import affinity
@@ -128,7 +102,6 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     from ..worker import current_binding
 
     binding = current_binding()
-    # The plan's CUDA index (CUDA_DEVICE_ORDER=PCI_BUS_ID is in the rank's env); raw: device 0.
     index = binding.gpu.cuda_index if binding is not None and binding.gpu is not None else 0
     dev = torch.device("cuda", index)
     device_buf = torch.empty(size_bytes, dtype=torch.uint8, device=dev)
@@ -178,8 +151,6 @@ def worker_main(argv: Sequence[str]) -> int:
     return 0
 
 
-# -- launcher side (no torch) ---------------------------------------------------------------------
-
 def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[str]:
     """The worker's command: under ``numarun run`` (bound) for ``numarun``, plain python for ``raw``."""
     tail = ["--worker", f"--label={label}", f"--out={out}", f"--size-bytes={size_bytes}", f"--iters={iters}"]
@@ -202,7 +173,7 @@ def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, fl
 
 
 def format_table(bound: WorkerResult, raw: WorkerResult) -> str:
-    """The printed report: one row per direction, GB/s per worker and memory kind, then ratios."""
+    """The printed report: GB/s per direction, worker and memory kind, then the ratios."""
     head = f"{'GB/s':<6}{'numarun pinned':>16}{'numarun pageable':>18}{'raw pinned':>12}{'raw pageable':>14}"
     lines = [f"host<->device copies of {human_size(bound.size_bytes)} x {bound.iters} on {bound.device}", head]
     for d in DIRECTIONS:
@@ -223,9 +194,7 @@ def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> Worker
     out = tmp / f"{label}.json"
     cmd = worker_argv(label=label, out=str(out), size_bytes=size_bytes, iters=iters)
     log.info("running: %s", " ".join(cmd))
-    env = dict(os.environ)
-    # The bootstrap's per-rank INFO line would repeat what the report prints.
-    env.setdefault("NUMARUN_LOG_LEVEL", "WARNING")
+    env = {"NUMARUN_LOG_LEVEL": "WARNING", **os.environ}  # the bootstrap's INFO line would repeat the report
     rc = subprocess.call(cmd, env=env)
     if not out.exists():
         return WorkerResult(label=label, cuda=True, error=f"worker exited with code {rc} without a result")

@@ -1,8 +1,6 @@
-"""The settings ``numarun tune`` tries: plan options as lists and Hydra override lists.
+"""The settings ``numarun tune`` tries: the product of its axes, the first slowest.
 
-A candidate is one value per axis, the cartesian product of the axes in the order given
-(the first axis varies slowest). Plan axes: ``binding``, ``mem-policy`` and ``omp``
-(``plan`` = the plan's own OMP_NUM_THREADS); Hydra axes: every ``key=a,b,c`` argument.
+Plan axes: ``binding``, ``mem-policy``, ``omp`` (``plan``: the plan's own OMP_NUM_THREADS); Hydra axes: ``key=a,b,c``.
 """
 
 from __future__ import annotations
@@ -18,21 +16,19 @@ from ..plan.model import BindingMode, MemPolicy
 
 PLAN_AXES = ("binding", "mem-policy", "omp")
 OMP_FROM_PLAN = "plan"
+# what numarun run uses without options: ratios are taken against it
 DEFAULTS: dict[str, str] = {"binding": BindingMode.EXCLUSIVE.value, "mem-policy": MemPolicy.BIND.value, "omp": OMP_FROM_PLAN}
-"""What ``numarun run`` uses when no option is given: the candidate that ratios are taken against."""
 
 
 @dataclass(frozen=True)
 class Axis:
-    name: str
-    """``binding``, ``mem-policy``, ``omp``, or a Hydra key such as ``trainer.batch_size``."""
+    name: str  # a plan axis, or a Hydra key such as trainer.batch_size
     values: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Candidate:
-    options: tuple[tuple[str, str], ...]
-    """(axis name, value) in axis order."""
+    options: tuple[tuple[str, str], ...]  # (axis name, value) in axis order
 
     def get(self, name: str) -> str | None:
         return dict(self.options).get(name)
@@ -109,8 +105,7 @@ def candidates(axes: Sequence[Axis]) -> list[Candidate]:
 
 
 def default_index(cands: Sequence[Candidate], axes: Sequence[Axis]) -> int:
-    """The candidate ``numarun run`` would use (plan axes at their defaults, each override at
-    its first value); the first candidate when none matches."""
+    """The candidate ``numarun run`` would use (each override at its first value); else the first."""
     want = {ax.name: DEFAULTS.get(ax.name, ax.values[0]) for ax in axes}
     for i, c in enumerate(cands):
         if c.as_dict() == want:

@@ -1,10 +1,4 @@
-"""What one run measured, from the text of the files it left (parsing only, no I/O).
-
-Sources, best first: the reference trainer's ``metrics.jsonl`` (tokens/s, else samples/s,
-the median over logged steps after the first, which includes warm-up), then the lines
-``numarun.report(samples=N)`` appended (each rank's samples / seconds, summed over ranks),
-then nothing (the caller falls back to wall time).
-"""
+"""What one run measured, from the text of the files it left (pure; the sources and their order are the README's)."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ from .. import jsonable
 @dataclass(frozen=True)
 class Measured:
     throughput: float | None
-    unit: str
-    """``tokens/s``, ``samples/s`` or ``s`` (wall time only)."""
+    unit: str  # tokens/s, samples/s or s (wall time only)
     peak_mem_mb: float | None = None
 
 

@@ -1,14 +1,8 @@
-"""The order of runs: every round runs every candidate once, rotated by one each round, so
-that a slow drift of the machine (another job starting, a warming page cache) falls on
-every candidate alike and no candidate always runs first."""
+"""The order of runs: every round runs every candidate once, rotated by one, so that drift falls on all alike."""
 
 from __future__ import annotations
 
 
 def alternate(num_candidates: int, rounds: int) -> list[tuple[int, int]]:
     """(round, candidate index) pairs in run order."""
-    order = []
-    for r in range(rounds):
-        for i in range(num_candidates):
-            order.append((r, (i + r) % num_candidates))
-    return order
+    return [(r, (i + r) % num_candidates) for r in range(rounds) for i in range(num_candidates)]

@@ -12,10 +12,7 @@ from .candidates import Candidate
 
 @dataclass(frozen=True)
 class Run:
-    """One run of one candidate."""
-
-    seconds: float
-    """Wall time of the whole command."""
+    seconds: float  # wall time of the whole command
     throughput: float | None
     unit: str
     peak_mem_mb: float | None = None
@@ -26,13 +23,11 @@ class Summary:
     candidate: Candidate
     runs: tuple[Run, ...]
     median_s: float
-    throughput: float | None
-    """Median throughput over the runs; None when a run reported none (then time decides)."""
+    throughput: float | None  # median; None when a run reported none (then time decides)
     throughput_range: tuple[float, float] | None
     unit: str
     peak_mem_mb: float | None
-    ratio: float
-    """Speed relative to the default candidate (> 1: faster), by throughput, else by 1/time."""
+    ratio: float  # speed relative to the default candidate (> 1: faster)
 
 
 def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default: int) -> list[Summary]:
@@ -43,8 +38,7 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
     med_tp = [statistics.median(t) if with_tp else None for t in tps]
     out = []
     for i, (c, rs) in enumerate(zip(cands, runs)):
-        tp = med_tp[i]
-        base_tp = med_tp[default]
+        tp, base_tp = med_tp[i], med_tp[default]
         if tp is not None and base_tp:
             ratio = tp / base_tp
         else:
