@@ -30,7 +30,7 @@ def _mismatches(reports: Sequence[NodeReport]) -> list[tuple[Finding, list[int]]
                 values.setdefault(repr(r.facts[key]), []).append(r.node_rank)
         if len(values) <= 1:
             continue
-        # the majority value is taken as intended; the others are named
+        # the majority value is taken as intended
         ranked = sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[1]))
         common, _ = ranked[0]
         for value, ranks in ranked[1:]:
@@ -44,8 +44,7 @@ def _mismatches(reports: Sequence[NodeReport]) -> list[tuple[Finding, list[int]]
 
 
 def pair_figures(directed: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], float]:
-    """Per measured pair (low rank first): its slower direction. A pair measured one way only
-    (a stream cut) is left out."""
+    """Per pair measured both ways (low rank first): its slower direction."""
     out = {}
     for (a, b), ab in directed.items():
         if a < b and (b, a) in directed:
@@ -54,11 +53,7 @@ def pair_figures(directed: Mapping[tuple[int, int], float]) -> dict[tuple[int, i
 
 
 def node_link_figures(directed: Mapping[tuple[int, int], float], n: int) -> dict[int, float]:
-    """Per node: the best pair bandwidth it reached, a pair counting its slower direction.
-
-    A slow node (or its link) is slow to every peer; a healthy node has at least one fast
-    peer, so its best pair stays high even when its pair with the slow node is not.
-    """
+    """Per node: the best pair bandwidth it reached (a slow node is slow to every peer, a healthy one fast to some)."""
     best: dict[int, float] = {i: 0.0 for i in range(n)}
     for (a, b), gbs in pair_figures(directed).items():
         best[a] = max(best[a], gbs)
@@ -78,28 +73,17 @@ def slow_nodes(figures: Mapping[int, float], min_fraction: float) -> list[int]:
 class LinkVerdict:
     """What the measured pairs say about the nodes and the links between them."""
 
-    pairs: dict[tuple[int, int], float]
-    """Measured pairs (low rank first) -> GB/s of the slower direction."""
-    node_gbs: dict[int, float]
-    """Per node, its best pair."""
-    peers: dict[int, int]
-    """Per node, how many distinct peers it was measured against."""
-    median_gbs: float
-    """The median of the nodes' best pairs: what a healthy node reaches."""
+    pairs: dict[tuple[int, int], float]  # low rank first -> GB/s of the slower direction
+    node_gbs: dict[int, float]  # per node, its best pair
+    peers: dict[int, int]  # per node, distinct peers measured
+    median_gbs: float  # of the nodes' best pairs
     slow_nodes: tuple[int, ...]
-    """Nodes whose best pair is below ``min_fraction`` of the median: slow to every peer measured."""
-    slow_links: tuple[tuple[int, int, float], ...]
-    """(a, b, GB/s): pairs below ``min_fraction`` of the median whose both ends are not slow nodes."""
+    slow_links: tuple[tuple[int, int, float], ...]  # (a, b, GB/s), neither end a slow node
 
 
 def link_verdict(directed: Mapping[tuple[int, int], float], n: int, min_fraction: float) -> LinkVerdict:
-    """The slow nodes and slow links from directed stream figures ``{(sender, receiver): GB/s}``.
-
-    A fast pair clears both its ends; a node without one is slow. A slow pair between two
-    nodes that each have a fast pair elsewhere is a slow link (a cable, a switch port, a route).
-    With fewer than three nodes nothing is judged: a slow pair there is a slow node or a slow
-    link, and links alone cannot tell which.
-    """
+    """The slow nodes and slow links from directed figures ``{(sender, receiver): GB/s}`` (rules: docs/scale.md);
+    nothing is judged below three nodes, where links alone cannot tell a slow node from a slow link."""
     pairs = pair_figures(directed)
     best = node_link_figures(directed, n)
     peers = {i: 0 for i in range(n)}

@@ -1,15 +1,7 @@
-"""Bounded bandwidth measurements of one node, run in a child process.
+"""Bounded bandwidth measurements of one node, in a child process (the launcher must not initialise CUDA or rebind).
 
-``python -m numarun.doctor.measure NODE[,NODE...]`` prints one JSON object:
-
-- ``mem_bw_gbs``: ``{"<numa node>": GB/s}``: a CPU copy (numpy) on a thread bound to the
-  node's CPUs with memory bound to the node (``set_mempolicy``), best of the copies that fit
-  in :data:`MEM_SECONDS`; memory-only nodes are read from the first CPU node.
-- ``h2d_gbs`` / ``d2h_gbs``: ``{"<pci bus id>": GB/s}`` per visible CUDA GPU, pinned memory,
-  best within :data:`H2D_SECONDS`; empty without CUDA.
-
-A child process because the launcher itself must not initialise CUDA, and its own
-affinity and memory policy stay as they were.
+Prints ``mem_bw_gbs`` ``{"<numa node>": GB/s}`` (a numpy copy bound to the node, best within :data:`MEM_SECONDS`;
+memory-only nodes read from the first CPU node) and ``h2d_gbs`` / ``d2h_gbs`` ``{"<pci bus id>": GB/s}`` (pinned, per GPU).
 """
 
 from __future__ import annotations
@@ -47,9 +39,7 @@ def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
         while True:
             t0 = time.perf_counter()
             np.copyto(dst, src)
-            dt = time.perf_counter() - t0
-            # a copy reads and writes every byte once
-            best = max(best, 2 * src.nbytes / dt / 1e9)
+            best = max(best, 2 * src.nbytes / (time.perf_counter() - t0) / 1e9)  # read and written once
             if time.perf_counter() > end:
                 break
         return best
@@ -102,7 +92,7 @@ def measure(nodes: dict[int, set[int]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    # argv[0]: JSON {"<node>": [cpus]}
+    """``argv[0]``: JSON ``{"<node>": [cpus]}``; prints one JSON object of figures."""
     spec = json.loads(argv[0]) if argv else {}
     nodes = {int(k): set(v) for k, v in spec.items()}
     print(json.dumps(measure(nodes)))

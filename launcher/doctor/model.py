@@ -19,9 +19,9 @@ class Severity(str, enum.Enum):
     """How bad a finding is; the command exits 1 when any finding is an error."""
 
     ERROR = "error"
-    """The job would fail or run far below speed here: fix it before launching."""
+    """The job would fail or run far below speed here."""
     WARN = "warn"
-    """Likely to cost speed or robustness; the job can still run."""
+    """Likely to cost speed or robustness."""
     INFO = "info"
     """A fact worth knowing (SMT state, what was not checked)."""
 
@@ -34,12 +34,9 @@ class Finding:
     """One thing the doctor found."""
 
     severity: Severity
-    check: str
-    """Short name of the check, e.g. ``pcie-link``, ``rdma-port``, ``nvml-ecc``."""
-    device: str
-    """What it concerns: a PCI bus id, NIC name, CPU list, NUMA node, node rank."""
-    message: str
-    """What is wrong and what to do."""
+    check: str  # pcie-link, rdma-port, nvml-ecc...
+    device: str  # a PCI bus id, NIC name, CPU list, NUMA node, node rank
+    message: str  # what is wrong and what to do
 
     def to_dict(self) -> dict[str, str]:
         return {"severity": self.severity.value, "check": self.check, "device": self.device, "message": self.message}
@@ -60,19 +57,12 @@ class NodeReport:
     node_rank: int
     hostname: str
     findings: tuple[Finding, ...]
-    facts: dict[str, Any] = field(default_factory=dict)
-    """What the nodes must agree on: ``gpu_count``, ``gpu_models``, ``compute_nics``, versions."""
-    figures: dict[str, Any] = field(default_factory=dict)
-    """Measurements: ``mem_bw_gbs`` per NUMA node, ``h2d_gbs`` per GPU, ``link_gbs``."""
+    facts: dict[str, Any] = field(default_factory=dict)  # what the nodes must agree on
+    figures: dict[str, Any] = field(default_factory=dict)  # mem_bw_gbs per NUMA node, h2d_gbs per GPU, link_gbs
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "node_rank": self.node_rank,
-            "hostname": self.hostname,
-            "findings": [f.to_dict() for f in self.findings],
-            "facts": self.facts,
-            "figures": self.figures,
-        }
+        return {"node_rank": self.node_rank, "hostname": self.hostname, "findings": [f.to_dict() for f in self.findings],
+                "facts": self.facts, "figures": self.figures}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeReport:

@@ -26,14 +26,11 @@ MEASURE_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class Inputs:
-    topology: str | None
-    """As ``--topology``: None for the live machine."""
+    topology: str | None  # as --topology: None for the live machine
     request: PlanRequest
-    nvml_record: str | None = None
-    """A recorded NVML record (JSON) instead of asking the driver."""
+    nvml_record: str | None = None  # a recorded NVML record (JSON) instead of the driver's
     measure: bool = False
-    compare: bool = False
-    """Several nodes: read the torch/CUDA/NCCL versions they must share (imports torch)."""
+    compare: bool = False  # several nodes: read the versions they must share (imports torch)
 
 
 def tree_root(topo: Topology, source: str | None) -> Path | None:
@@ -60,8 +57,7 @@ def load_nvml_record(path: str) -> dict[str, Any]:
     return data
 
 
-def hostname(topo: Topology) -> str:
-    # Slurm's node name is what --exclude takes
+def hostname(topo: Topology) -> str:  # Slurm's node name is what --exclude takes
     return os.environ.get("SLURMD_NODENAME") or (socket.gethostname() if topo.source == "live" else topo.hostname)
 
 
@@ -122,11 +118,5 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
     if live and pr.nvml is None and any(g.vendor == "nvidia" for g in topo.gpus):
         findings.append(Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked"))
     figures = measure(topo) if inputs.measure and live else {}
-    report = NodeReport(
-        node_rank=node_rank,
-        hostname=hostname(topo),
-        findings=tuple(findings),
-        facts=facts(topo, pr, versions(pr.nvml, live=live and inputs.compare)),
-        figures=figures,
-    )
-    return report, topo
+    fact = facts(topo, pr, versions(pr.nvml, live=live and inputs.compare))
+    return NodeReport(node_rank, hostname(topo), tuple(findings), fact, figures), topo

@@ -1,10 +1,6 @@
-"""``numarun run --preflight`` / ``numarun submit --preflight``: the doctor before the job.
+"""``numarun run --preflight`` / ``numarun submit --preflight``: the doctor on every node, with the job's own flags.
 
-Every node runs the doctor with the job's own flags (topology, ranks, binding, rendezvous);
-node 0's store listens one port above the job's rendezvous port, so that it is closed and
-out of the way before torchrun's own store starts. On any error the job stops on every
-node (exit 1) with the report; under Slurm the report names the nodes to leave out as an
-``--exclude`` list for the resubmission.
+Node 0's store listens one port above the job's rendezvous port, closed before torchrun's own starts.
 """
 
 from __future__ import annotations
@@ -43,9 +39,8 @@ def preflight(args: argparse.Namespace) -> int:
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
     counts = result.get("counts") or {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
     if result["ok"]:
-        print(
-            f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)", file=sys.stderr, flush=True
-        )
+        print(f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)",
+              file=sys.stderr, flush=True)
         return 0
     if node0:
         sys.stderr.write(render(result))
@@ -53,11 +48,8 @@ def preflight(args: argparse.Namespace) -> int:
     if os.environ.get("SLURM_JOB_ID") and exclude:
         print(f"numarun: preflight: leave out node(s) {exclude}: resubmit with "
               f"'numarun submit --sbatch-option=--exclude={exclude} ...'", file=sys.stderr, flush=True)
-    print(
-        f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
+          file=sys.stderr, flush=True)
     return 1
 
 

@@ -1,6 +1,4 @@
-"""The doctor's I/O beside topology discovery: SMT control, NVML health,
-software versions. Every file is read below ``root`` so that recorded trees work as the
-live machine does."""
+"""The doctor's I/O beside topology discovery (SMT control, NVML health, versions), below ``root`` as a recorded tree."""
 
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ def read_smt_control(root: Path) -> str:
     return _text(root / "sys/devices/system/cpu/smt/control").strip()
 
 
-# Health queries added to an NVML record, each answered or "ERR <message>" on its own.
 def nvml_health(pynvml: Any, handle: Any) -> dict[str, Any]:
     from ..topology.nvml import _call
 
@@ -83,8 +80,7 @@ def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) 
 
 
 def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:
-    """Driver, CUDA, NCCL and torch versions (what every node of a job must share); torch's
-    only when ``live`` (importing torch takes seconds, a one-node check does without)."""
+    """Driver, CUDA, NCCL and torch versions, which the nodes of a job must share; torch's only when ``live`` (slow import)."""
     out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
     if not live:
         return out

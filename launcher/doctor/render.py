@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-NODE_ROWS = 32
-"""Above this many nodes the table lists only the nodes with an error or a warning."""
+NODE_ROWS = 32  # above it, the table lists only the nodes with an error or a warning
 
 
 def render(result: dict[str, Any]) -> str:

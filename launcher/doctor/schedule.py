@@ -1,22 +1,6 @@
-"""Which pairs of nodes measure their link, and in which round. Pure.
+"""Which pairs of nodes measure their link, and in which round (pure; the schedules and why: docs/scale.md).
 
-In a round every node streams with at most one peer, so that a slow node slows only its own
-pair's figure. Two schedules:
-
-- ``all-pairs``: every pair once (circle method), n-1 rounds (n for odd n). At 1,024 nodes that
-  is 1,023 rounds of about a second; it is the only schedule that measures every link.
-- ``bounded``: :data:`FIRST_ROUNDS` rounds of disjoint pairs from a seeded shuffle of the
-  ranks (every node computes them from the seed node 0 publishes), then up to
-  :data:`RETEST_ROUNDS` rounds that node 0 plans one at a time from the figures so far
-  (:func:`next_round`) while something is in doubt: each suspect node (no fast pair yet) meets a
-  known-good node it has not met, each suspect link (slow, both ends with a fast pair) is
-  measured once more, and the other nodes meet a new peer. At most :data:`MAX_ROUNDS` rounds
-  whatever the node count.
-
-``auto`` takes all-pairs while it needs no more rounds than bounded's bound (up to 6 nodes).
-Why three and three: a healthy node with at most two slow links that met only slow peers in
-the first rounds is cleared by the third known-good node it meets at the latest; see
-docs/scale.md for the simulation over 2 to 4,096 nodes.
+In a round every node streams with at most one peer, so that a slow node slows only its own pair.
 """
 
 from __future__ import annotations
@@ -32,30 +16,21 @@ Pair = tuple[int, int]
 Round = list[Pair]
 
 FIRST_ROUNDS = 3
-"""Rounds of the first pass: every node meets up to three distinct peers."""
 RETEST_ROUNDS = 3
-"""Rounds planned from the figures: a healthy node that met only slow peers meets up to three
-known-good nodes it has not met; with at most two slow links at that node, one of the three is fast."""
 MAX_ROUNDS = FIRST_ROUNDS + RETEST_ROUNDS
-ALWAYS_FULL_BELOW = 16
-"""Below this many nodes the bounded schedule runs all its rounds even when nothing looks in
-doubt: with as many slow nodes as healthy ones less one (3 of 7), every pair of the first
-rounds can hold a slow node, and uniform figures then look healthy. The extra rounds cost
-three seconds where all pairs would cost up to fifteen."""
-# A bound on the augmenting-path search of the suspects' matching (pair visits per round): it
-# matters only when about half the nodes are suspects, where the verdict is already "broken".
-_MATCH_BUDGET = 2_000_000
+ALWAYS_FULL_BELOW = 16  # below it the retests always run: 3 slow nodes of 7 can hide in every first pair
+_MATCH_BUDGET = 2_000_000  # pair visits per round; reached only when about half the nodes are suspects
 
 
 class LinkSchedule(str, enum.Enum):
     """Which node pairs ``numarun doctor --nnodes`` measures (``--link-schedule``)."""
 
     AUTO = "auto"
-    """``all-pairs`` while it takes at most :data:`MAX_ROUNDS` rounds (up to 6 nodes), else ``bounded``."""
+    """``all-pairs`` up to 6 nodes, else ``bounded``."""
     BOUNDED = "bounded"
     """At most 6 rounds at any node count: 3 rounds of seeded random pairs, then re-tests of the suspects."""
     ALL_PAIRS = "all-pairs"
-    """Every pair of nodes, n-1 rounds: finds every slow link, at about a second per round."""
+    """Every pair of nodes, n-1 rounds: finds every slow link."""
 
 
 def pair(a: int, b: int) -> Pair:
@@ -80,9 +55,7 @@ def pairwise_schedule(n: int) -> list[Round]:
 
 
 def matching_rounds(n: int, *, rounds: int, seed: int) -> list[Round]:
-    """``rounds`` rounds of disjoint pairs, no pair twice: the circle method over a shuffle of
-    the ranks drawn from ``seed`` (node 0 draws the seed and publishes it, so every node
-    computes the same rounds)."""
+    """``rounds`` rounds of disjoint pairs, no pair twice: the circle method over a shuffle of the ranks by ``seed``."""
     ids = list(range(n))
     random.Random(seed).shuffle(ids)
     return _circle(ids, rounds)
@@ -110,22 +83,14 @@ def first_rounds(n: int, schedule: LinkSchedule, *, seed: int) -> list[Round]:
 class Doubts:
     """What the rounds so far leave in doubt (node 0's view, before the next round)."""
 
-    known_good: frozenset[int]
-    """Ends of a fast pair: a pair within ``min_fraction`` of the fastest pair measured."""
-    suspects: tuple[int, ...]
-    """Nodes without a fast pair yet: slow nodes, and healthy nodes that met only slow peers."""
-    suspect_links: tuple[Pair, ...]
-    """Slow pairs between known-good nodes, measured once so far."""
+    known_good: frozenset[int]  # ends of a pair within min_fraction of the fastest
+    suspects: tuple[int, ...]  # without a fast pair yet
+    suspect_links: tuple[Pair, ...]  # slow pairs between known-good nodes, measured once so far
 
 
 def doubts(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
            min_fraction: float) -> Doubts:
-    """Known-good nodes, suspects and suspect links after ``rounds``.
-
-    Judged against the fastest pair, not the median: early on, when a healthy node may have
-    met only slow peers, the median can itself be slow. A fast outlier only makes more
-    suspects, that is more re-tests; the verdict itself is judged against the median.
-    """
+    """Known-good nodes, suspects and suspect links after ``rounds``, judged against the fastest pair (docs/scale.md)."""
     pairs = pair_figures(directed)
     if not pairs:
         return Doubts(frozenset(), (), ())
@@ -143,13 +108,8 @@ def doubts(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[S
 
 def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
                min_fraction: float, seed: int) -> Round:
-    """Node 0's next round of a ``bounded`` schedule after ``rounds``: [] when nothing is in
-    doubt or the bound is reached.
-
-    In the round each suspect link is measured again, each suspect meets a known-good node it
-    has not met, a node that met fewer than :data:`FIRST_ROUNDS` peers (it sat out a round:
-    odd n) meets one more, and the others meet a new peer (more links covered at no cost in time).
-    """
+    """Node 0's next round of a ``bounded`` schedule after ``rounds`` (who meets whom: docs/scale.md); [] when nothing
+    is in doubt or the bound is reached."""
     if len(rounds) >= MAX_ROUNDS or len(rounds) < FIRST_ROUNDS:
         return []
     d = doubts(n, directed, rounds, min_fraction=min_fraction)
@@ -170,8 +130,7 @@ def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequen
             out.append((a, b))
             busy.update((a, b))
     free_good = [g for g in sorted(d.known_good) if g not in busy]
-    # known-good partners go first to the suspects that have met the fewest known-good nodes:
-    # a suspect slow to several is settled, one that has met only slow peers is not
+    # known-good partners go first to the suspects that have met the fewest known-good nodes
     good_met = {x: 0 for x in d.suspects}
     for a, b in met:
         if a in good_met and b in d.known_good:
@@ -182,8 +141,7 @@ def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequen
     for s, g in _match(order, free_good, met, rng).items():
         out.append(pair(s, g))
         busy.update((s, g))
-    # suspects left without a known-good partner meet each other (two healthy ones clear both),
-    # the nodes short of peers meet new ones, then everyone else meets a new peer
+    # suspects left over meet each other (two healthy ones clear both), then the thin nodes, then everyone else
     out += _pair_up([s for s in d.suspects if s not in busy], met, rng, busy)
     thin = [x for x in thin if x not in busy]
     thin_set = set(thin)
@@ -215,8 +173,7 @@ def _pair_up(nodes: list[int], met: Collection[Pair], rng: random.Random, busy: 
 
 
 def _match(left: Sequence[int], right: Sequence[int], forbidden: Collection[Pair], rng: random.Random) -> dict[int, int]:
-    """A maximum matching of ``left`` to ``right`` avoiding ``forbidden`` pairs (within a
-    budget): greedy from a random start per node, then augmenting paths for those left over."""
+    """A maximum matching of ``left`` to ``right`` avoiding ``forbidden``, within a budget: greedy, then augmenting paths."""
     if not left or not right:
         return {}
     order = list(right)
