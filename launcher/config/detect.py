@@ -1,8 +1,4 @@
-"""Which kind of program numarun is about to launch: numarun's trainer, a user's Hydra app, or any script.
-
-Read from the module name or the script's source (never imported here: a user's script is
-imported only in the workers, after binding, as its author wrote it).
-"""
+"""Which kind of program numarun is about to launch, from its module name or source (never imported in the launcher)."""
 
 from __future__ import annotations
 
@@ -56,9 +52,7 @@ def detect_app(target: str, *, is_module: bool) -> AppKind:
 
 
 def runs_trainer(source: str) -> bool:
-    """The script runs numarun's trainer: it imports ``main`` from ``numarun.train`` or calls
-    ``numarun.train.main`` / ``train.main``. A script that only borrows parts of the trainer
-    (``from numarun.train.models import Gpt``) is a script of its own."""
+    """The script imports ``main`` from ``numarun.train`` or calls ``numarun.train.main`` (borrowing parts does not count)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:

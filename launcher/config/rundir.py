@@ -1,8 +1,6 @@
 """Run-dir safety: never create or write through a symbolic link planted at a run dir's name.
 
-Hydra creates the run dir (``mkdir -p``, which follows links); numarun checks the path
-first (:func:`check_run_dir`, when it composes the job, before Hydra's job runner makes the
-dir) and writes its own files with :func:`write_text_nofollow`.
+Hydra's ``mkdir -p`` follows links, so the path is checked when the job is composed, before Hydra makes it.
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ from ..fsutil import write_atomic
 
 
 def check_run_dir(path: Path, *, root: Path | None = None) -> None:
-    """Refuse ``path`` when it, or a directory between ``root`` (default: the cwd) and it, is a symlink.
-
-    Only the part below ``root`` is checked: a path the user spelled through a link of
-    their own above it (``/scratch -> /lus/scratch``) is theirs to choose.
-    """
+    """Refuse ``path`` when it, or a directory between ``root`` (default: the cwd) and it, is a symlink
+    (a link above ``root``, such as ``/scratch -> /lus/scratch``, is the user's own choice)."""
     path = Path(os.path.abspath(path))
     base = Path(os.path.abspath(root or os.getcwd()))
     below = [p for p in (path, *path.parents) if base in p.parents] if base in path.parents else [path]
@@ -41,13 +36,7 @@ def check_run_dir(path: Path, *, root: Path | None = None) -> None:
 
 
 def write_text_nofollow(path: Path, text: str) -> None:
-    """Write a file atomically, refusing a symlink planted at its name.
-
-    The text goes to a fresh temp file beside it (O_EXCL) and is renamed over the name:
-    on a multi-node job every node's numarun writes the same config into the shared run
-    dir, and a rank must never read a half-written one. A rename replaces a link rather
-    than writing through it, and a planted link is refused outright.
-    """
+    """Write a file atomically (every node writes the same config into a shared run dir), refusing a planted symlink."""
     if path.is_symlink():
         raise ConfigError(f"bad run dir file {str(path)!r}: it is a symbolic link; expected a regular file")
     try:

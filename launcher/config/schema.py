@@ -1,10 +1,7 @@
-"""Structured configs: the types and defaults of every key a job config may hold.
+"""Structured configs: the types and defaults of every key a job config may hold (OmegaConf; no Hydra import).
 
-Hydra merges the YAML files under ``configs/`` into :class:`JobConfig`, so an unknown
-key or a value of the wrong type is caught while composing, before any process starts.
-These are OmegaConf structured configs (mutable dataclasses by necessity); the trainer
-reads them back from the run directory's ``config.yaml`` with :func:`load_job_config`.
-No Hydra import here: workers only need OmegaConf.
+Hydra merges ``configs/`` into :class:`JobConfig`, so a wrong key or type fails while composing; the trainer
+reads the run dir's ``config.yaml`` back with :func:`load_job_config`.
 """
 
 # ruff: noqa: UP045  (Optional[...] kept: OmegaConf reads these annotations at runtime)
@@ -25,9 +22,9 @@ class ModelKind(str, enum.Enum):
     """Which reference model the trainer builds."""
 
     MLP = "mlp"
-    """A stack of Linear+GELU layers classifying synthetic vectors."""
+    """Linear+GELU layers classifying synthetic vectors."""
     GPT = "gpt"
-    """A small decoder-only transformer (causal self-attention) predicting the next token."""
+    """A small decoder-only transformer predicting the next token."""
 
 
 class DataKind(str, enum.Enum):
@@ -56,7 +53,6 @@ class Precision(str, enum.Enum):
     """Numeric precision of the forward pass."""
 
     FP32 = "fp32"
-    """Plain float32."""
     BF16 = "bf16"
     """``torch.autocast`` to bfloat16 (CPU and GPU); parameters and optimizer stay float32."""
 
@@ -67,7 +63,6 @@ class OptimKind(str, enum.Enum):
     ADAMW = "adamw"
     """AdamW: fused on GPU; the per-tensor path under TP (DTensor and plain parameters mixed)."""
     SGD = "sgd"
-    """SGD with momentum."""
 
 
 class Schedule(str, enum.Enum):
@@ -83,14 +78,12 @@ class Schedule(str, enum.Enum):
 class LauncherConfig:
     """What ``numarun run`` needs; a flag given on the command line wins over these."""
 
-    nproc_per_node: Optional[int] = None
-    """None: one rank per visible GPU (1 without GPUs)."""
+    nproc_per_node: Optional[int] = None  # None: one rank per visible GPU (1 without GPUs)
     nnodes: int = 1
     node_rank: int = 0
     binding: str = BindingMode.EXCLUSIVE.value
     mem_policy: str = MemPolicy.BIND.value
-    nic_policy: str = NicPolicy.NODE.value
-    """``node``: one NCCL_IB_HCA per node; ``per-rank``: each rank's closest NIC (--nic-policy)."""
+    nic_policy: str = NicPolicy.NODE.value  # node: one NCCL_IB_HCA per node; per-rank: each rank's closest NIC
     master_addr: Optional[str] = None
     master_port: Optional[int] = None
     rdzv_endpoint: Optional[str] = None
@@ -118,72 +111,54 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     kind: str = DataKind.SYNTHETIC.value
-    path: Optional[str] = None
-    """Token file for ``kind: tokens``."""
-    dtype: str = "uint16"
-    """Token file element type: uint16 or int32."""
-    num_workers: int = 0
-    """DataLoader worker processes per rank; they pin themselves to the rank's CPUs."""
-    num_samples: int = 4096
-    """Synthetic dataset size (samples are drawn by index, so any size works)."""
+    path: Optional[str] = None  # Token file for ``kind: tokens``
+    dtype: str = "uint16"  # Token file element type: uint16 or int32
+    num_workers: int = 0  # DataLoader worker processes per rank; they pin themselves to the rank's CPUs
+    num_samples: int = 4096  # Synthetic dataset size (samples are drawn by index, so any size works)
 
 
 @dataclass
 class ParallelConfig:
     kind: str = ParallelKind.DDP.value
-    reshard_after_forward: bool = True
-    """FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)
 
 
 @dataclass
 class OptimConfig:
     kind: str = OptimKind.ADAMW.value
-    """adamw or sgd (``kind``, as in model/data/parallel)."""
     lr: float = 3e-3
     min_lr: float = 3e-4
     weight_decay: float = 0.0
     momentum: float = 0.9
     warmup_steps: int = 0
     schedule: str = Schedule.CONSTANT.value
-    grad_clip: float = 1.0
-    """Clip the global gradient norm (0 disables)."""
+    grad_clip: float = 1.0  # Clip the global gradient norm (0 disables)
 
 
 @dataclass
 class TrainerConfig:
     steps: int = 20
-    batch_size: Any = 16
-    """Global batch size (an int, or "auto": the largest that fits, searched at start)."""
+    batch_size: Any = 16  # Global batch size (an int, or "auto": the largest that fits, searched at start)
     grad_accum: int = 1
     precision: str = Precision.FP32.value
     compile: bool = False
     seed: int = 1234
     log_interval: int = 1
-    checkpoint_dir: Optional[str] = None
-    """None: ``<run dir>/checkpoints``."""
-    checkpoint_interval: int = 0
-    """Save every N steps (0: only at the end and on SIGUSR1/SIGTERM)."""
-    resume: bool = False
-    """Continue from the latest checkpoint in ``checkpoint_dir`` when there is one."""
-    progress: bool = True
-    """A rich progress bar on rank 0 (when stderr is a terminal)."""
-    memory_limit_mb: Optional[int] = None
-    """batch_size=auto on CPU: the peak RSS a rank may reach (None: available RAM / local ranks)."""
-    auto_max_batch: int = 4096
-    """batch_size=auto: the largest size tried."""
+    checkpoint_dir: Optional[str] = None  # None: ``<run dir>/checkpoints``
+    checkpoint_interval: int = 0  # Save every N steps (0: only at the end and on SIGUSR1/SIGTERM)
+    resume: bool = False  # Continue from the latest checkpoint in ``checkpoint_dir`` when there is one
+    progress: bool = True  # A rich progress bar on rank 0 (when stderr is a terminal)
+    memory_limit_mb: Optional[int] = None  # batch_size=auto on CPU: a rank's peak RSS (None: RAM / local ranks)
+    auto_max_batch: int = 4096  # batch_size=auto: the largest size tried
 
 
 @dataclass
 class CommConfig:
     allreduce: str = CommMode.FLAT.value
-    compression: Optional[str] = None
-    """Compression of the inter-node step (e.g. bf16), passed to numarun.comm."""
-    overlap: bool = True
-    """Hierarchical DDP: reduce each bucket while backward goes on (false: inside the hook)."""
-    bucket_mb: Optional[float] = None
-    """DDP's bucket_cap_mb (None: DDP's default, 25, with flat; 2 with hierarchical)."""
-    chunk_mb: Optional[float] = None
-    """Hierarchical: pipelining chunk of the buckets' reduction in MiB (None: 1; 0: one shot per bucket)."""
+    compression: Optional[str] = None  # Compression of the inter-node step (e.g. bf16), passed to numarun.comm
+    overlap: bool = True  # Hierarchical DDP: reduce each bucket while backward goes on (false: inside the hook)
+    bucket_mb: Optional[float] = None  # DDP's bucket_cap_mb (None: DDP's default, 25, with flat; 2 with hierarchical)
+    chunk_mb: Optional[float] = None  # hierarchical: pipelining chunk in MiB (None: 1; 0: one shot per bucket)
 
 
 @dataclass
@@ -192,11 +167,8 @@ class SlurmConfig:
     time: str = "01:00:00"
     account: Optional[str] = None
     gpus_per_node: Optional[int] = None
-    requeue_limit: int = 3
-    """How often the job requeues itself near its time limit (``--requeue-limit``; 0: never)."""
-    signal_before: int = 120
-    """Seconds before the time limit that the job is signalled (``--signal-before``): the ranks get
-    this minus a margin to checkpoint before they are killed, then the job requeues."""
+    requeue_limit: int = 3  # How often the job requeues itself near its time limit (``--requeue-limit``; 0: never)
+    signal_before: int = 120  # seconds before the time limit the job is signalled, to checkpoint and requeue
 
 
 @dataclass
@@ -211,8 +183,7 @@ class JobConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
-# str fields holding an Enum's value: OmegaConf would match Enum *names* (CORE_COMPLEX), and
-# torch's mode names are lower case with dashes ("core-complex"), so they are checked here.
+# str, checked here: OmegaConf would match Enum names (CORE_COMPLEX), not torch's values ("core-complex")
 ENUM_KEYS: dict[str, type[enum.Enum]] = {
     "launcher.binding": BindingMode,
     "launcher.mem_policy": MemPolicy,
@@ -239,17 +210,10 @@ def check_values(cfg: Any) -> None:
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
         raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
-    positive = {
-        "trainer.steps": cfg.trainer.steps,
-        "trainer.grad_accum": cfg.trainer.grad_accum,
-        "trainer.log_interval": cfg.trainer.log_interval,
-        "launcher.nnodes": cfg.launcher.nnodes,
-        "model.num_layers": cfg.model.num_layers,
-        "model.n_layers": cfg.model.n_layers,
-        "model.n_heads": cfg.model.n_heads,
-    }
-    for key, value in positive.items():
-        if value < 1:
+    for key in ("trainer.steps", "trainer.grad_accum", "trainer.log_interval", "launcher.nnodes", "model.num_layers",
+                "model.n_layers", "model.n_heads"):
+        section, name = key.split(".")
+        if (value := cfg[section][name]) < 1:
             raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
     if cfg.launcher.nproc_per_node is not None and not 1 <= cfg.launcher.nproc_per_node <= MAX_LOCAL_RANKS:
         raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
