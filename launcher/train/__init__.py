@@ -1,9 +1,7 @@
 """numarun's reference trainer: MLP or small GPT, ddp / fsdp / hsdp / tp, Hydra-configured.
 
-Run it under numarun (``numarun scripts/train.py parallel=fsdp model=gpt ...``): numarun
-composes the config once and every rank reads ``$NUMARUN_CONFIG``. Without numarun
-(``python scripts/train.py key=value ...`` or torchrun), rank 0 composes the config and
-creates the run dir, and the other ranks read the file it saved.
+Under numarun every rank reads the config numarun composed once (``$NUMARUN_CONFIG``); under plain torchrun
+or python, rank 0 composes it and creates the run dir, and the others read the file it saved.
 """
 
 from __future__ import annotations
@@ -32,11 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Exit as Python would, without the module teardown that can abort a finished rank.
-
-    See :func:`numarun.worker.bootstrap.finish`; used by the trainer's entry points so
-    that the trainer run under plain torchrun or python exits the same way.
-    """
+    """Exit as Python would, without the teardown that can abort a finished rank (:func:`numarun.worker.finish`)."""
     from ..worker import finish
 
     finish(code)

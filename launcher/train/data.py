@@ -1,10 +1,7 @@
-"""Batches that depend only on (seed, step, data-parallel rank), so a resumed run sees the
-same data as an uninterrupted one without saving any loader state.
+"""Batches that depend only on (seed, step, data-parallel rank): a resumed run sees the same data without loader state.
 
-Samples are addressed by a global index; :class:`StepBatchSampler` maps step ``s`` to the
-indices ``[s*B, (s+1)*B)`` of the global batch ``B`` and gives each data-parallel rank its
-slice (split into ``grad_accum`` micro-batches). DataLoader workers pin themselves to the
-rank's CPUs (:func:`pin_worker`), so input pipelines stay on the cores numarun gave the rank.
+Step ``s`` takes the global indices ``[s*B, (s+1)*B)``, each data-parallel rank its slice, in ``grad_accum``
+micro-batches; DataLoader workers pin themselves to the rank's CPUs.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ log = logging.getLogger(__name__)
 
 
 def _generator(seed: int, index: int) -> torch.Generator:
-    # a distinct, reproducible stream per sample
     return torch.Generator().manual_seed((seed * 1_000_003 + index) % (2**63 - 1))
 
 
@@ -63,11 +59,8 @@ class SyntheticTokens(Dataset):
 
 
 class TokenFile(Dataset):
-    """A flat file of token ids (uint16 or int32, native byte order), memory-mapped.
-
-    Sample ``i`` is the window of ``seq_len + 1`` tokens at a position drawn from (seed, i).
-    The map is opened lazily in each process (DataLoader workers included).
-    """
+    """A memory-mapped file of token ids (uint16 or int32, native order); sample ``i`` is the ``seq_len + 1`` tokens
+    at a position drawn from (seed, i). The map is opened lazily in each process."""
 
     def __init__(self, path: str, *, dtype: str, seq_len: int, vocab_size: int, seed: int) -> None:
         import numpy as np
@@ -76,7 +69,7 @@ class TokenFile(Dataset):
         from .preflight import check_token_file
 
         self.np_dtype = np.dtype(np.uint16 if dtype == "uint16" else np.int32)
-        # type, whole tokens and length here in every rank; the id scan ran once in the launcher
+        # the id scan ran once in the launcher
         self.num_tokens = check_token_file(path, dtype=dtype, seq_len=seq_len, vocab_size=vocab_size, scan=False)
         self._map: Any = None
 
@@ -146,27 +139,18 @@ def rank_cpus() -> tuple[int, ...]:
 
 def build_dataset(data_cfg: Any, model_cfg: Any, *, seed: int) -> Dataset:
     if data_cfg.kind == DataKind.TOKENS:
-        return TokenFile(
-            data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size, seed=seed
-        )
+        return TokenFile(data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size,
+                         seed=seed)
     if model_cfg.kind == ModelKind.GPT:
-        return SyntheticTokens(
-            vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples, seed=seed
-        )
-    return SyntheticVectors(
-        input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples, seed=seed
-    )
+        return SyntheticTokens(vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples,
+                               seed=seed)
+    return SyntheticVectors(input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples,
+                            seed=seed)
 
 
-def build_loader(
-    dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int, cpus: tuple[int, ...] | None = None
-) -> DataLoader:
+def build_loader(dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int,
+                 cpus: tuple[int, ...] | None = None) -> DataLoader:
     """A DataLoader over ``sampler``'s micro-batches; workers pinned to ``cpus`` (default: the rank's)."""
     cpus = rank_cpus() if cpus is None else cpus
-    return DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=num_workers,
-        worker_init_fn=functools.partial(pin_worker, cpus) if num_workers > 0 else None,
-        persistent_workers=False,
-    )
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, persistent_workers=False,
+                      worker_init_fn=functools.partial(pin_worker, cpus) if num_workers > 0 else None)

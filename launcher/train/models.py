@@ -1,8 +1,7 @@
 """Reference models, tiny by default: an MLP classifier and a small GPT-style decoder.
 
-Layer names are stable because the tensor-parallel plan (``parallel.tp_plan``) refers to them.
-Attention and MLP widths are read from the (possibly sharded) weights at run time, so the
-same forward works with a full layer and with a column-sharded one under tensor parallelism.
+Layer names are stable (the tensor-parallel plan names them); widths are read from the weights at run time,
+so one forward serves a full layer and a column-sharded one.
 """
 
 from __future__ import annotations
@@ -111,14 +110,8 @@ def build_model(cfg: Any) -> nn.Module:
     if cfg.kind == ModelKind.MLP:
         return Mlp(input_dim=cfg.input_dim, hidden_dim=cfg.hidden_dim, num_layers=cfg.num_layers, num_classes=cfg.num_classes)
     if cfg.kind == ModelKind.GPT:
-        return Gpt(
-            vocab_size=cfg.vocab_size,
-            seq_len=cfg.seq_len,
-            d_model=cfg.d_model,
-            n_heads=cfg.n_heads,
-            n_layers=cfg.n_layers,
-            dropout=cfg.dropout,
-        )
+        return Gpt(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                   n_layers=cfg.n_layers, dropout=cfg.dropout)
     raise errors.ConfigError(f"bad model.kind {cfg.kind!r}: expected mlp or gpt")
 
 

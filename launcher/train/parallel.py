@@ -1,10 +1,8 @@
 """Wrap a model for the chosen parallelism (config group ``parallel``).
 
-* ddp  - DistributedDataParallel; ``comm.allreduce=hierarchical`` registers numarun.comm's hook.
-* fsdp - FSDP2 ``fully_shard`` on a 1D mesh of all ranks (each block, then the root).
-* hsdp - FSDP2 on the 2D mesh ("inter", "intra"): replicate across nodes, shard inside.
-* tp   - DTensor ``parallelize_module`` on the "intra" mesh (column-sharded up/q/k/v/fc,
-         row-sharded down/proj), plain gradient all-reduce across nodes (:func:`sync_tp_grads`).
+ddp: DistributedDataParallel (with numarun.comm's hook for ``comm.allreduce=hierarchical``); fsdp: FSDP2 on all
+ranks; hsdp: FSDP2 on the ("inter", "intra") mesh, replicated across nodes; tp: ``parallelize_module`` on
+"intra", gradients averaged across nodes by :func:`sync_tp_grads`.
 """
 
 from __future__ import annotations
@@ -31,8 +29,7 @@ class Wrapped:
     kind: ParallelKind
     dp_rank: int
     dp_size: int
-    inter_group: Any = None
-    """tp: the group whose gradients are averaged across nodes (None: one node)."""
+    inter_group: Any = None  # tp: averages gradients across nodes (None: one node)
 
 
 def tp_plan(model: nn.Module) -> dict[str, Any]:
@@ -62,9 +59,8 @@ def _check_tp(model: nn.Module, tp_size: int) -> None:
         # submodules reached through nn.Module.__getattr__ are typed Tensor | Module
         heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim if len(model.blocks) else tp_size  # type: ignore[union-attr,operator]
         if heads % tp_size:
-            raise ConfigError(
-                f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) with parallel=tp"
-            )
+            raise ConfigError(f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) "
+                              "with parallel=tp")
 
 
 def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrapped:
@@ -86,9 +82,8 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
                        chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
         return Wrapped(ddp, kind, ctx.rank, world)
     if comm_cfg.allreduce != CommMode.FLAT.value:
-        raise ConfigError(
-            f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: expected flat (hierarchical is for ddp)"
-        )
+        raise ConfigError(f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: "
+                          "expected flat (hierarchical is for ddp)")
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -113,10 +108,8 @@ def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrappe
 def _mesh(ctx: Any) -> Any:
     mesh = getattr(ctx, "mesh", None)
     if mesh is None:
-        raise ConfigError(
-            "bad layout for parallel=hsdp/tp: nodes run different numbers "
-            "of ranks; expected the same --nproc-per-node on every node"
-        )
+        raise ConfigError("bad layout for parallel=hsdp/tp: nodes run different numbers of ranks; "
+                          "expected the same --nproc-per-node on every node")
     return mesh
 
 

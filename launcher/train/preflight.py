@@ -1,14 +1,8 @@
-"""Checks of the trainer's inputs and outputs made in the launcher, before any rank starts.
+"""Checks of the trainer's inputs and outputs in the launcher, in one line each, before any run dir exists.
 
-Everything a run would otherwise discover after training (a read-only checkpoint dir) or
-halfway (a bad token file) is checked once here, in one line, before a run dir exists:
-
-* ``trainer.checkpoint_dir`` (or the run dir's ``checkpoints/``) can be written: a real probe
-  (root passes ``access(2)`` on a read-only filesystem);
-* with ``trainer.resume=true``: the checkpoints are trusted (:func:`checkpoint.check_trusted`),
-  the newest intact one is for the same model (:func:`checkpoint.check_model`);
-* ``data=tokens``: ``data.path`` is a regular file of whole tokens, long enough, and every
-  token id is below ``model.vocab_size``.
+The checkpoint dir can be written (a real probe: root passes ``access(2)`` on a read-only filesystem); with
+``trainer.resume``, its checkpoints are trusted and for the same model; with ``data=tokens``, ``data.path``
+holds whole tokens, enough of them, every id below ``model.vocab_size``.
 """
 
 from __future__ import annotations
@@ -84,13 +78,12 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
 
 
 def check_prepared(job: PreparedJob) -> None:
-    """:func:`check_job` for a job the launcher composed: the ``check`` the trainer's callers hand
-    to :mod:`numarun.config.compose`, which runs it on every job before any run dir exists."""
+    """:func:`check_job` for a job the launcher composed (the ``check`` handed to :mod:`numarun.config.compose`)."""
     check_job(job.config, run_dir=job.run_dir)
 
 
 def check_job(cfg: Any, *, run_dir: Path) -> None:
-    """All the checks above for one composed trainer config (see the module doc)."""
+    """Every check of the module docstring, for one composed trainer config."""
     from ..config.schema import DataKind
     from . import checkpoint
 
