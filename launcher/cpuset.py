@@ -7,21 +7,14 @@ from collections.abc import Iterable
 
 from .errors import CpuListError, expected
 
-# Anything above this is a typo or garbage: Linux's NR_CPUS tops out at 8192
-# (CONFIG_NR_CPUS_RANGE_END for MAXSMP), node ids at 1024 (NODES_SHIFT=10).
-MAX_ID = 1 << 16
+MAX_ID = 1 << 16  # Linux's NR_CPUS tops out at 8192 (MAXSMP), node ids at 1024: above is garbage
 
 _ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+)/(\d+))?)?$")
 _LIST_FORM = "a list such as '0-3,8,10-11' (ascending ranges of non-negative integers)"
 
 
 def parse_list(text: str, what: str = "cpu list") -> tuple[int, ...]:
-    """Parse a kernel cpulist (``Documentation/admin-guide/cputopology.rst``).
-
-    Accepts ``""`` (empty set), ``"0-3,8"``, and the ``a-b:used/group`` stride
-    form of ``bitmap_parselist``. Raises :class:`CpuListError` on anything else
-    (``3-1``, ``a-b``, negative or huge ids).
-    """
+    """Parse a kernel cpulist: ``""``, ``"0-3,8"``, or ``bitmap_parselist``'s ``a-b:used/group``; CpuListError otherwise."""
     text = text.strip()
     if not text:
         return ()

@@ -1,9 +1,4 @@
-"""One base error for every user mistake numarun can name.
-
-The CLI prints ``numarun: error: <message>`` on one line and exits 2 for any
-:class:`NumarunError`; no traceback is shown for these. Each message quotes the
-bad value and says which form was expected.
-"""
+"""One base error for every user mistake numarun can name: the CLI prints it on one line, no traceback, and exits 2."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Frozen dataclasses <-> plain JSON values, driven by the type hints. Pure.
-
-Used for the topology snapshot (``numarun topo --json``) and the launch plan
-(``numarun plan --json``), so that a snapshot read back equals the original.
-Every JSON file numarun reads goes through :func:`loads`, which bounds the nesting depth.
-"""
+"""Frozen dataclasses <-> plain JSON values, driven by the type hints (pure); every JSON numarun reads goes
+through :func:`loads`, which bounds the nesting depth."""
 
 from __future__ import annotations
 
@@ -16,17 +12,11 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-MAX_DEPTH = 64
-"""Nesting of any JSON numarun reads: its own files nest at most 5 levels; Python's parser and
-every recursive reader of the result would end in a RecursionError near 1,000."""
+MAX_DEPTH = 64  # numarun's own files nest 5 levels; recursive readers fail near 1,000
 
 
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads`` that refuses nesting deeper than ``max_depth``.
-
-    Too deep is a :class:`json.JSONDecodeError` (a ValueError), the error every caller
-    already reports in one line, never a RecursionError.
-    """
+    """``json.loads`` whose nesting deeper than ``max_depth`` is a :class:`json.JSONDecodeError`, never a RecursionError."""
     try:
         data = json.loads(text)
     except RecursionError:
@@ -64,7 +54,7 @@ def to_jsonable(obj: Any) -> Any:
 
 
 class SchemaError(ValueError):
-    """The JSON value does not have the shape of the target type; message has the path."""
+    """The JSON value does not have the shape of the target type; the message names the path."""
 
 
 def from_jsonable(cls: type[T], data: Any, path: str = "$") -> T:

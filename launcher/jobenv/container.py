@@ -24,11 +24,9 @@ class Runtime(str, enum.Enum):
 @dataclass(frozen=True)
 class Container:
     runtime: Runtime
-    markers: tuple[str, ...]
-    """What was found, e.g. ``('/.dockerenv',)``."""
+    markers: tuple[str, ...]  # what was found, e.g. ('/.dockerenv',)
 
-    def describe(self) -> str:
-        """``docker (/.dockerenv)``."""
+    def describe(self) -> str:  # docker (/.dockerenv)
         return f"{self.runtime.value} ({', '.join(self.markers)})"
 
 
@@ -54,19 +52,15 @@ def _text(root: Path, path: str) -> str:
 
 
 def detect_container(environ: Mapping[str, str], root: Path = Path("/")) -> Container | None:
-    """The runtime this process runs in; None when no marker says it runs in one.
-
-    Checked most specific first: a pod is a pod whatever engine runs it, and its fixes belong in
-    the pod spec; ``/.dockerenv`` also appears under other engines that mimic Docker.
-    """
+    """The runtime this process runs in, most specific first (a pod is a pod whatever its engine); None when no
+    marker says it runs in one."""
     found: dict[Runtime, list[str]] = {}
 
     def mark(runtime: Runtime, what: str) -> None:
         found.setdefault(runtime, []).append(what)
 
-    for key in ("KUBERNETES_SERVICE_HOST",):
-        if key in environ:
-            mark(Runtime.KUBERNETES, key)
+    if "KUBERNETES_SERVICE_HOST" in environ:
+        mark(Runtime.KUBERNETES, "KUBERNETES_SERVICE_HOST")
     if _exists(root, "/var/run/secrets/kubernetes.io"):
         mark(Runtime.KUBERNETES, "/var/run/secrets/kubernetes.io")
     for key in sorted(environ):

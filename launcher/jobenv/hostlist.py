@@ -1,11 +1,5 @@
-"""Slurm hostlist expressions (``node[01-03,07]``, ``a[1-2]b[3-4]``) -> host names. Pure.
-
-Every task of a Slurm step expands the step's node list with it (:mod:`numarun.jobenv.slurm`)
-to find the node order and its own place in it, without asking slurmctld. It follows ``scontrol show
-hostnames``' rules:
-comma-separated items at top level, each a mix of text and ``[ranges]``; several bracket
-groups in one item give their cartesian product; zero padding of a range's start is kept.
-"""
+"""Slurm hostlist expressions (``node[01-03,07]``, ``a[1-2]b[3-4]``) -> host names, by ``scontrol show hostnames``'
+rules, so that every task finds the node order without asking slurmctld (pure)."""
 
 from __future__ import annotations
 
@@ -14,14 +8,13 @@ import itertools
 from ..errors import SlurmError, expected
 
 FORM = "a Slurm hostlist such as 'node[01-03,07]' or 'a[1-2]b[3-4],login1'"
-# A bad range like '[1-99999999]' would otherwise allocate without bound.
-MAX_HOSTS = 1_000_000
+MAX_HOSTS = 1_000_000  # '[1-99999999]' would otherwise allocate without bound
 
 
 def _split_top(text: str, original: str) -> list[str]:
     """Split on commas that are not inside brackets."""
     if "[" not in text and "]" not in text:
-        return text.split(",")  # names spelt out: no bracket to skip over
+        return text.split(",")
     parts: list[str] = []
     depth = 0
     cur: list[str] = []

@@ -33,8 +33,7 @@ from ..plan.pack import Slot, pack, slot_topology
 log = logging.getLogger(__name__)
 
 JOB_MODULE = "numarun.sweep.job"
-GRACE_S = 30.0
-"""Seconds the running jobs get between SIGTERM and SIGKILL when the sweep is stopped."""
+GRACE_S = 30.0  # between SIGTERM and SIGKILL when the sweep is stopped
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,7 @@ class Job:
     idx: int
     overrides: tuple[str, ...]
     ranks: int
-    options: tuple[str, ...]
-    """``numarun run`` options of the job (later ones win)."""
+    options: tuple[str, ...]  # numarun run options (later ones win)
 
 
 def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -182,8 +180,6 @@ def _result(folder: Path, job: Job, code: int) -> Any:
     return ret
 
 
-# --- one node -----------------------------------------------------------------------------------
-
 class _Stop(BaseException):
     """A signal to the sweep (its number in ``args[0]``)."""
 
@@ -293,8 +289,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# --- Slurm --------------------------------------------------------------------------------------
-
 def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict[int, int] | None:
     """The jobs as a job array of ``numarun submit`` (``pack``: that many jobs per array task, packed on its
     node); waits for it. None for a dry run (the script is printed)."""
@@ -322,8 +316,6 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
         return None
     return {j.idx: 0 if (folder / f"{j.idx}.ret").exists() else code or 1 for j in jobs}
 
-
-# --- what numarun shows and starts ---------------------------------------------------------------
 
 def describe(topology: Any, ranks: int, jobs: Sequence[str], *, limit: int | None = None) -> str:
     """Which job takes which slot: one line per slot under its NUMA node, then the queue."""
