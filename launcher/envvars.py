@@ -56,6 +56,8 @@ DETECT = "NUMARUN_DETECT"
 """``0``: do not read the job's shape from a scheduler's environment (Slurm step, mpirun); ``--no-detect``."""
 PLAN_JSON = "NUMARUN_PLAN_JSON"
 """The plan itself (JSON) when there is no plan file: a rank started by the scheduler (per-rank mode)."""
+SWEEP_OPTIONS = "NUMARUN_SWEEP_OPTIONS"
+"""JSON list of the 'numarun run' options given to ``numarun SCRIPT -m``, for each job of the sweep."""
 
 ALL: tuple[str, ...] = tuple(
     v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")

@@ -63,6 +63,10 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra.core.utils.run_job": (
         ("task_function", "config", "job_dir_key", "job_subdir_key", "hydra_context", "configure_logging"),
         "one job as Hydra's launchers run it: run dir, .hydra/*.yaml, job logging, env_set, job callbacks"),
+    "hydra.core.plugins.Plugins.instantiate_sweeper": (
+        ("hydra_context", "task_function", "config"), "a sweep by any sweeper plugin, as Hydra's multirun runs it"),
+    "hydra.core.plugins.Plugins.instantiate_launcher": (
+        ("hydra_context", "task_function", "config"), "the configured launcher, for the jobs of a basic sweep"),
     "hydra.core.utils.configure_log": (
         ("log_config", "verbose_config"), "Hydra's logging set up again after each job of a sweep"),
     "hydra.core.hydra_config.HydraConfig.cfg": (
@@ -72,14 +76,13 @@ SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra.core.utils.datetime": (None, "the class the ${now:} resolver reads at call time: replaced by a fixed clock"),
     "hydra.core.utils.setup_globals": ((), "registers that ${now:} resolver (read at call time, so the patch reaches it)"),
     "hydra.core.utils._save_config": (("cfg", "filename", "output_dir"), "writes .hydra/*.yaml: a no-op off rank 0"),
-    "hydra.core.utils.OmegaConf": (None, "the OmegaConf whose save writes multirun.yaml: left out off rank 0"),
-    "omegaconf.OmegaConf.save": (("config", "f", "resolve"), "replaced by one that leaves multirun.yaml out, off rank 0"),
 }
 """Private part -> (its parameters without ``self``, or None for an attribute; what numarun uses it for)."""
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-"""``_target_`` of the sweeper and launcher whose work :mod:`numarun.config.compose` does itself."""
+"""``_target_`` of the sweeper and launcher whose work :mod:`numarun.config.compose` does itself
+(any other sweeper or launcher plugin runs as Hydra runs it)."""
 
 MULTIRUN_YAML = "multirun.yaml"
 """The sweep's config, which Hydra's basic sweeper saves in the sweep dir."""
@@ -101,16 +104,22 @@ def args_parser() -> argparse.ArgumentParser:
 def create_app(*, task_name: str, config_path: str, extra_dir: str | None, version_base: str) -> Any:
     """Hydra's application object for the configs in ``config_path`` (and ``extra_dir``, ``-cd``),
     made the global Hydra, as ``@hydra.main`` creates it."""
-    from hydra import version
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
-    version.setbase(version_base)
+    set_version_base(version_base)
     search_path = create_automatic_config_search_path(None, None, config_path)
     if extra_dir is not None:
         search_path.prepend(provider="command-line", path=f"file://{extra_dir}", anchor=SearchPathQuery(provider="schema"))
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
+
+
+def set_version_base(base: str | None) -> None:
+    """Hydra's ``version_base`` for this process, as ``@hydra.main(version_base=...)`` sets it."""
+    from hydra import version
+
+    version.setbase(base)
 
 
 def split_sweep(overrides: Sequence[str], config_loader: Any = None) -> list[list[str]]:
@@ -145,10 +154,10 @@ def job_dir(cfg: Any, *, sweep: bool) -> Path:
     return Path(os.path.abspath(path))
 
 
-def run_job(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep: bool) -> Any:
+def run_job(loader: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep: bool) -> Any:
     """``task`` run as Hydra's launchers run a job: run dir made, ``.hydra/*.yaml`` written, job
     logging and ``env_set`` set up, ``hooks`` told. Returns Hydra's ``JobReturn``, whose
-    ``return_value`` raises the task's exception."""
+    ``return_value`` raises the task's exception. ``loader``: the app's config loader (None in a rank)."""
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
@@ -157,8 +166,21 @@ def run_job(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sweep
         config=cfg,
         job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
         job_subdir_key="hydra.sweep.subdir" if sweep else None,
-        hydra_context=HydraContext(config_loader=app.config_loader, callbacks=hooks),
+        hydra_context=HydraContext(config_loader=loader, callbacks=hooks),
     )
+
+
+def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group: str) -> Any:
+    """``cfg``'s ``sweeper`` or ``launcher`` plugin (``group``), set up as Hydra's multirun sets it up."""
+    from hydra.core.plugins import Plugins
+    from hydra.errors import HydraException
+    from hydra.types import HydraContext
+
+    context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
+    try:
+        return getattr(Plugins.instance(), f"instantiate_{group}")(hydra_context=context, task_function=task, config=cfg)
+    except (RuntimeError, ImportError) as e:  # a plugin Hydra cannot find or load: one line, as Hydra's own errors
+        raise HydraException(str(e)) from None
 
 
 def configure_hydra_logging(cfg: Any) -> None:
@@ -196,30 +218,12 @@ def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
 
 def worker_hook(when: _dt.datetime, *, writer: bool) -> Callable[[Any], None]:
     """The patch of :data:`WORKER_MODULE` in a worker: Hydra's clock fixed at ``when``; unless
-    ``writer``, no ``.hydra/*.yaml`` and no ``multirun.yaml`` written by this process."""
+    ``writer``, no ``.hydra/*.yaml`` written by this process."""
 
     def hook(utils: Any) -> None:
         # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
         utils.datetime = pinned_datetime(when)
         if not writer:
             utils._save_config = lambda *_a, **_k: None  # .hydra/*.yaml
-            _skip_multirun_yaml(utils.OmegaConf)
 
     return hook
-
-
-def _skip_multirun_yaml(omegaconf_cls: Any) -> None:
-    """``OmegaConf.save`` that leaves out Hydra's ``multirun.yaml`` (a sweep config holding ``hydra``).
-
-    Patched on the class, not in Hydra's sweeper module: Hydra loads its plugins straight
-    from their files (past the import system), re-running the module each time.
-    """
-    real = omegaconf_cls.save
-
-    def save(config: Any, f: Any, resolve: bool = False) -> None:
-        name = getattr(f, "name", f)
-        if str(name).endswith(MULTIRUN_YAML) and "hydra" in config:
-            return None
-        return real(config, f, resolve=resolve)
-
-    omegaconf_cls.save = staticmethod(save)

@@ -9,17 +9,18 @@ cd "$(dirname "$0")/.."
 # The cluster's daemons, runuser, ip and tc live in sbin, which a minimal PATH can leave out.
 export PATH="$PATH:/usr/sbin:/sbin"
 # System packages, as root where apt-get is: Slurm and munge for the test cluster
-# (scripts/test-cluster.sh install) and Debian's MPI launchers (openmpi-bin, mpich) for the tests
-# that start ranks with mpirun/mpiexec. They install while setup.sh installs the Python ones.
-# NUMARUN_TEST_MPI is exported even when the install fails: those tests then fail naming the
-# missing launcher instead of being skipped.
+# (scripts/test-cluster.sh install), Debian's MPI launchers (openmpi-bin, mpich) for the tests
+# that start ranks with mpirun/mpiexec, and the OCI runtime crun for the container tests
+# (tests/containers.py). They install while setup.sh installs the Python ones.
+# NUMARUN_TEST_MPI and NUMARUN_TEST_CRUN are exported even when the install fails: those tests
+# then fail naming what is missing instead of being skipped.
 cluster_wanted() { [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUSTER:-}" != 1 ]; }
 mpi_wanted() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ "${NUMARUN_NO_MPI:-}" != 1 ]; }
 install_mpi() {
-  command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null && return 0
-  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin mpich)
+  command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null && command -v crun >/dev/null && return 0
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openmpi-bin mpich crun)
   { "${apt[@]}" || { apt-get update -qq && "${apt[@]}"; }; } >/tmp/numarun-apt-mpi.log 2>&1 \
-    || echo "could not install openmpi-bin and mpich (see /tmp/numarun-apt-mpi.log): MPI tests will fail" >&2
+    || echo "could not install openmpi-bin, mpich and crun (see /tmp/numarun-apt-mpi.log): MPI and container tests will fail" >&2
 }
 packages=
 if command -v apt-get >/dev/null && { cluster_wanted || mpi_wanted; }; then
@@ -29,7 +30,7 @@ if command -v apt-get >/dev/null && { cluster_wanted || mpi_wanted; }; then
 fi
 bash scripts/setup.sh
 [ -z "$packages" ] || wait "$packages" || true
-if mpi_wanted; then export NUMARUN_TEST_MPI=1; fi
+if mpi_wanted; then export NUMARUN_TEST_MPI=1 NUMARUN_TEST_CRUN=1; fi
 status=0
 if cluster_wanted; then
   trap 'bash scripts/test-cluster.sh down || true' EXIT
@@ -43,7 +44,7 @@ fi
 # and import-linter come with the [test] extras that setup.sh installs); NUMARUN_LINT=0 skips them.
 # A finding fails the test command, after the tests have run.
 if [ "${NUMARUN_LINT:-1}" != 0 ]; then
-  .venv/bin/ruff check launcher tests scripts || status=1
+  .venv/bin/ruff check launcher hydra_plugins tests scripts || status=1
   .venv/bin/mypy launcher || status=1
   .venv/bin/lint-imports || status=1
 fi

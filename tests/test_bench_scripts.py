@@ -105,3 +105,13 @@ def test_bench_job_start_times_the_per_node_path() -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     rows = re.findall(r"^ +(\d+) +([\d.]+) ms +[\d.]+ ms +0 \(2 for the whole job\)$", r.stdout, re.M)
     assert [n for n, _ in rows] == ["8", "300"], r.stdout
+
+
+def test_bench_sweep_times_both_launchers_side_by_side() -> None:
+    """scripts/bench_sweep.py runs one Hydra sweep under the basic launcher and under numarun's, and prints the ratio."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_sweep.py"), "--jobs", "2", "--seconds", "0.2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^  hydra/launcher=basic +[\d.]+ s", r.stdout, re.M), r.stdout
+    assert re.search(r"^  hydra/launcher=numarun +[\d.]+ s", r.stdout, re.M), r.stdout
+    assert re.search(r"^  numarun / basic +[\d.]+x$", r.stdout, re.M), r.stdout

@@ -123,15 +123,45 @@ def test_run_dir_dot_writes_into_the_working_dir(tmp_path: Path) -> None:
     assert (ours / ".hydra" / "config.yaml").is_file() and not (ours / "outputs").exists()
 
 
-def test_sweep_runs_hydras_sweeper_with_its_layout(tmp_path: Path) -> None:
-    _, files = compare(
-        tmp_path, APPS / "workdir" / "my_app.py", "-m", "a=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"
-    )
-    assert "sweep_dir/multirun.yaml" in files
-    for num, sub in enumerate(("a=1", "a=2")):
-        hydra_node = yaml.safe_load(files[f"sweep_dir/{sub}/.hydra/hydra.yaml"])["hydra"]
-        assert hydra_node["mode"] == "MULTIRUN" and hydra_node["job"]["num"] == num
-        assert hydra_node["overrides"]["hydra"] == ["hydra.sweep.subdir=${hydra.job.override_dirname}", "hydra.mode=MULTIRUN"]
+def _without_launcher(files: dict[str, str]) -> dict[str, object]:
+    """The files, with the launcher a run chose taken out of Hydra's records of it (hydra.yaml, multirun.yaml)."""
+    out: dict[str, object] = {}
+    for name, text in files.items():
+        data = yaml.safe_load(text) if name.endswith(".yaml") else text
+        node = data.get("hydra") if isinstance(data, dict) else None
+        if node:
+            node.pop("launcher")
+            node["runtime"]["choices"].pop("hydra/launcher")
+            node["overrides"]["hydra"] = [o for o in node["overrides"]["hydra"] if not o.startswith("hydra/launcher=")]
+        out[name] = data
+    return out
+
+
+@pytest.mark.parametrize(
+    "app, args",
+    [
+        ("workdir/my_app.py", ["-m", "a=1,2", "hydra.sweep.subdir=${hydra.job.override_dirname}"]),
+        ("structured_defaults/my_app.py", ["-m", "db=mysql,postgresql"]),
+    ],
+)
+def test_a_sweep_under_numarun_matches_hydras_basic_launcher(tmp_path: Path, app: str, args: list[str]) -> None:
+    """``numarun APP -m`` (each job through hydra/launcher=numarun, two at a time) makes the run dirs, files and
+    output that ``python APP -m`` makes with Hydra's basic launcher."""
+    basic, ours = tmp_path / "basic", tmp_path / "numarun"
+    basic.mkdir()
+    ours.mkdir()
+    expected = _run([sys.executable, str(APPS / app), *args], basic)
+    got = _run([sys.executable, "-m", "numarun", str(APPS / app), *args], ours)
+    assert "hydra/launcher=numarun" in (next(ours.rglob("multirun.yaml"))).read_text()
+    printed = [ln for ln in stdout_lines(got, ours) if "[HYDRA]" not in ln]
+    assert printed == [ln for ln in stdout_lines(expected, basic) if "[HYDRA]" not in ln] and printed
+    assert _without_launcher(tree(ours)) == _without_launcher(tree(basic))
+
+    def made(root: Path, pattern: str) -> list[str]:
+        return sorted(STAMP.sub("<ts>", str(p.relative_to(root))) for p in root.rglob(pattern))
+
+    assert made(ours, ".hydra") == made(basic, ".hydra") and len(made(ours, ".hydra")) == 2  # the two run dirs
+    assert made(ours, "*.log") == made(basic, "*.log") and len(made(ours, "*.log")) == 2  # each job's log
 
 
 @pytest.mark.parametrize("flags", [["--cfg", "job"], ["--help"], ["--info"]])
@@ -144,11 +174,11 @@ def test_info_commands_create_no_run_dir(tmp_path: Path, flags: list[str]) -> No
 def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path: Path) -> None:
     """The worker side alone: the bootstrap with a pinned clock, as rank 1 then rank 0."""
     app = APPS / "workdir" / "my_app.py"
-    sweep = ["-m", "a=1,2", "hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
+    run = ["hydra.run.dir=outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"]
     env = {**_env(), "NUMARUN_HYDRA_NOW": "2020-01-02T03:04:05"}
     for rank in ("1", "0"):
         proc = subprocess.run(
-            [sys.executable, str(ENTRY), str(app), *sweep],
+            [sys.executable, str(ENTRY), str(app), *run],
             check=False,
             cwd=tmp_path,
             env={**env, "RANK": rank},
@@ -157,13 +187,10 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
             timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
-        sweep_dir = tmp_path / "multirun" / "2020-01-02" / "03-04-05"
-        assert (sweep_dir / "0").is_dir()  # the pinned time, in every rank
-        written = sorted(str(p.relative_to(sweep_dir)) for p in sweep_dir.rglob("*.yaml"))
-        if rank == "1":
-            assert written == []  # neither .hydra/ nor multirun.yaml
-        else:
-            assert "multirun.yaml" in written and "1/.hydra/hydra.yaml" in written
+        run_dir = tmp_path / "outputs" / "2020-01-02" / "03-04-05"
+        assert run_dir.is_dir()  # the pinned time, in every rank
+        written = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.yaml"))
+        assert written == ([] if rank == "1" else [".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"])
 
 
 RUN_DIR_APP = '''

@@ -126,11 +126,10 @@ def test_off_rank_0_hydras_files_are_left_out(hydra_utils, tmp_path: Path) -> No
 
     from omegaconf import OmegaConf
 
-    sweep = OmegaConf.create({"hydra": {"mode": "MULTIRUN"}, "a": 1})
+    cfg = OmegaConf.create({"hydra": {"mode": "RUN"}, "a": 1})
     hydra_internals.worker_hook(dt.datetime(2020, 1, 2), writer=False)(hydra_utils)
-    hydra_utils._save_config(sweep, "config.yaml", tmp_path / ".hydra")
-    OmegaConf.save(sweep, tmp_path / "multirun.yaml")  # Hydra's sweeper, through the class
-    OmegaConf.save(sweep, tmp_path / "mine.yaml")  # anything else is saved
+    hydra_utils._save_config(cfg, "config.yaml", tmp_path / ".hydra")
+    OmegaConf.save(cfg, tmp_path / "mine.yaml")  # anything else is saved
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]
 
 

@@ -311,3 +311,73 @@ def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", fields
     got = _metric_steps(run_dir)
     assert got == list(range(1, steps + 1)), f"steps lost or repeated around {sorted(set(range(1, steps + 1)) ^ set(got))[:5]}"
+
+
+SWEEP_APP = '''
+import os
+import socket
+from pathlib import Path
+
+import hydra
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def job(cfg):
+    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(socket.gethostname())
+    return (cfg.x - 2) ** 2
+
+
+if __name__ == "__main__":
+    job()
+'''
+
+RECORDING_SAMPLER = '''
+import json, os
+
+from optuna.samplers import TPESampler
+
+
+class RecordingSampler(TPESampler):
+    def after_trial(self, study, trial, state, values):
+        with open(os.environ["TRIALS"], "a") as f:
+            f.write(json.dumps({"params": trial.params, "state": state.name, "values": values}) + "\\n")
+        super().after_trial(study, trial, state, values)
+'''
+
+
+def hydra_sweep(cluster, tmp_path: Path, *args: str, env: tuple[str, ...] = (),
+                timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python app.py -m hydra/launcher=numarun_slurm ...`` where the cluster's clients run."""
+    (tmp_path / "app.py").write_text(SWEEP_APP)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    options = f"[--time,5,--poll-seconds,0.5,--env,GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}]"
+    return slurm(cluster, "bash", "-c", 'cd "$0" && exec "$@"', str(tmp_path), "env", *env, sys.executable, "app.py", "-m",
+                 "hydra/launcher=numarun_slurm", f"hydra.launcher.submit_options={options}", f"+out={tmp_path / 'out'}",
+                 f"hydra.sweep.dir={tmp_path / 'sweep'}", *args, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("pack", [None, 2])
+def test_hydra_launcher_numarun_slurm_runs_the_sweep_as_a_job_array(cluster, tmp_path, pack):
+    """Every job of the sweep an array task on whole nodes (two nodes of one rank each), or two jobs per task
+    packed on its node; each job's run dir in Hydra's layout, in the shared sweep dir."""
+    nodes = [] if pack else ["hydra.launcher.nnodes=2"]
+    proc = hydra_sweep(cluster, tmp_path, "+x=1,2,3", *nodes, *([f"hydra.launcher.pack={pack}"] if pack else []))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = range(1) if pack else range(2)
+    written = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
+    assert sorted(written) == sorted(f"job{x}.rank{r}" for x in (1, 2, 3) for r in ranks)
+    if not pack:  # each job's two ranks on the two nodes of its array task
+        assert all(written[f"job{x}.rank0"] != written[f"job{x}.rank1"] for x in (1, 2, 3))
+    assert sorted(p.parent.parent.name for p in (tmp_path / "sweep").glob("*/.hydra/hydra.yaml")) == ["0", "1", "2"]
+
+
+def test_an_optuna_sweep_on_slurm_reaches_optuna(cluster, tmp_path):
+    (tmp_path / "recording.py").write_text(RECORDING_SAMPLER)
+    trials = tmp_path / "trials.jsonl"
+    proc = hydra_sweep(cluster, tmp_path, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+                       "+x=interval(0,4)", "hydra.sweeper.sampler._target_=recording.RecordingSampler",
+                       env=(f"TRIALS={trials}",))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    told = [json.loads(line) for line in trials.read_text().splitlines()]
+    assert len(told) == 4 and all(t["state"] == "COMPLETE" for t in told)
+    assert all(t["values"] == [pytest.approx((t["params"]["+x"] - 2) ** 2)] for t in told)

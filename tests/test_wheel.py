@@ -98,6 +98,8 @@ def test_wheel_holds_configs_template_and_entry_as_real_files(dist_dir):
     links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
     assert links == []
     assert not any(n.startswith(("launcher/", "configs/", "tests/")) for n in infos), "only the numarun package"
+    # Hydra's launcher plugin, in Hydra's namespace package (no __init__.py of its own there)
+    assert "hydra_plugins/numarun_launcher/numarun_launcher.py" in infos and "hydra_plugins/__init__.py" not in infos
     licenses = [n for n in infos if ".dist-info/licenses/" in n]
     assert [n.rsplit("/", 1)[1] for n in licenses] == ["LICENSE"], licenses  # the Apache-2.0 text pyproject names
     assert "Apache License" in wheel.read(licenses[0]).decode()
@@ -234,3 +236,32 @@ def test_submit_dry_run_module_trainer(venv, workdir):
     out = _run(["numarun", "submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "-m", "numarun.train",
                 "trainer.steps=3"], cwd=workdir, env=_user_env())
     _check_sbatch(out.stdout, "numarun.train")
+
+
+SWEEP_APP = """\
+import os
+from pathlib import Path
+
+import hydra
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def job(cfg):
+    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(os.environ["WORLD_SIZE"])
+
+
+if __name__ == "__main__":
+    job()
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_installed_hydra_finds_the_launcher_plugin(venv, workdir, tmp_path, ranks):
+    """A sweep of ``hydra/launcher=numarun`` from the decoys' folder: one-rank jobs (the rank started
+    directly) and two-rank jobs (a ``numarun run`` each)."""
+    (tmp_path / "sweep_app.py").write_text(SWEEP_APP)
+    _run([str(venv / "bin/python"), str(tmp_path / "sweep_app.py"), "-m", "hydra/launcher=numarun", f"+out={tmp_path}",
+          "+x=1,2", f"hydra.launcher.nproc_per_node={ranks}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+         cwd=workdir, env=_user_env())
+    got = sorted(p.name for p in tmp_path.glob("job*"))
+    assert got == sorted(f"job{x}.rank{r}" for x in (1, 2) for r in range(ranks))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
+from ..jobenv.container import Container, detect_container
 from ..jobenv.settle import Given, JobConflict, NodeRendezvous, agent_options, settle_node
 from ..plan.model import LaunchPlan, RankBinding
 
@@ -161,31 +162,57 @@ def refuse(job: JobShape, error: JobConflict, given: Given, environ: Mapping[str
     return 2
 
 
-def step_gpu_minors(topology: Any, source: str | None, job: JobShape,
-                    environ: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
-    """Per-node mode: the minors of the GPUs the device cgroup lets this node's ranks open; None when
-    it refuses none. The device files answer (a denied open is the cgroup); without them, Slurm's
-    ``SLURM_STEP_GPUS`` when ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0."""
-    from ..plan.scheduled import renumbered
+@dataclass(frozen=True)
+class Here:
+    """What confines this node's ranks beside the topology (the topology's machine, or the live one)."""
+
+    container: Container | None
+    gpu_minors: tuple[int, ...] | None
+    """The GPUs the ranks may open, by minor number; None when nothing refuses any."""
+    mem_refused: str
+    """Why this process may not set a memory policy (:func:`numarun.worker.affinity.mempolicy_refusal`)."""
+
+
+def container_at(source: str | None, environ: Mapping[str, str] | None = None) -> Container | None:
+    """The container of the machine ``source`` names: the live one reads this process's environment too."""
     from ..topology.discover import device_root
 
-    env = os.environ if environ is None else environ
-    if not topology.gpus:
+    root = device_root(source)
+    if root is None:
         return None
-    access, allowed = _openable_minors(topology, device_root(source))
-    if allowed is None and not any(v is not None for v in access.values()) and job.scheduler is Scheduler.SLURM:
-        allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
-    return tuple(sorted(allowed)) if allowed is not None else None
+    live = root.resolve() == root.__class__("/").resolve()
+    return detect_container((os.environ if environ is None else environ) if live else {}, root)
 
 
-def _openable_minors(topology: Any, root: Any) -> tuple[dict[int, bool | None], frozenset[int] | None]:
-    """(minor -> may it be opened, the minors the device cgroup lets this process open when it
-    refuses some, else None), by opening the topology's GPU device files under ``root``."""
+def here(topology: Any, source: str | None, job: JobShape | None = None,
+         environ: Mapping[str, str] | None = None) -> Here:
+    """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
+    one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
+    ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0), the container, and the memory-policy probe."""
+    from ..plan.scheduled import renumbered
+    from ..topology.discover import device_root
+    from ..worker.affinity import mempolicy_refusal
+
+    env = os.environ if environ is None else environ
+    container = container_at(source, env)
+    allowed = None
+    if topology.gpus:
+        access, allowed = _openable_minors(topology, device_root(source), container)
+        if (allowed is None and not any(v is not None for v in access.values()) and job is not None
+                and job.scheduler is Scheduler.SLURM):
+            allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
+    return Here(container, tuple(sorted(allowed)) if allowed is not None else None, mempolicy_refusal())
+
+
+def _openable_minors(topology: Any, root: Any,
+                     container: Container | None) -> tuple[dict[int, bool | None], frozenset[int] | None]:
+    """(minor -> may it be opened, the minors this process may open when some are refused, else None),
+    by opening the topology's GPU device files under ``root``."""
     from ..plan.scheduled import refused_minors
     from ..topology.devices import gpu_device_access
 
     access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
-    return access, refused_minors(access)
+    return access, refused_minors(access, in_container=container is not None)
 
 
 @dataclass(frozen=True)
@@ -209,7 +236,7 @@ def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, st
 
     from ..plan.binding import make_plan
     from ..plan.options import request_for
-    from ..plan.scheduled import narrow, own_binding, own_gpu_refs, with_usable_cpus
+    from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, with_usable_cpus
     from ..topology.devices import cgroup_cpus
     from ..topology.discover import device_root, load_topology
 
@@ -222,7 +249,8 @@ def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, st
         step_cpus = cgroup_cpus()
         if step_cpus:
             topology = with_usable_cpus(topology, step_cpus)
-    _, own_minors = _openable_minors(topology, root)
+    container = container_at(args.topology, env)
+    _, own_minors = _openable_minors(topology, root, container)
     node_minors = tuple(job.job_gpus) if job.job_gpus else None
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     per_task_gpus = own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors)
@@ -241,7 +269,9 @@ def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, st
                 job.gpus_on_node or 0):
             notes.append("this task sees fewer GPUs than the job holds on the node, and no device file tells which: "
                          "planned by local rank")
-    plan = make_plan(topology, request)
+    from ..worker.affinity import mempolicy_refusal
+
+    plan = confine(make_plan(topology, request), container, mempolicy_refusal())
     binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
     # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)
     binding = narrow(binding, topology, os.sched_getaffinity(0))

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from .. import argtypes
 from ..fsutil import write_output
 from ..plan.options import add_plan_options, request_for
 
@@ -24,6 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured"
     )
+    parser.add_argument("--jobs", type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT), default=None, metavar="N",
+                        help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
     parser.set_defaults(func=main)
     return parser
 
@@ -32,10 +35,16 @@ def main(args: argparse.Namespace) -> int:
     from ..jobenv import Mode
     from ..plan.binding import make_plan
     from ..topology.discover import load_topology
-    from .detected import announce, detect_job, rank_setup, step_gpu_minors
+    from .detected import announce, detect_job, here, rank_setup
 
     job, _ = detect_job(args, None)
     topology = load_topology(args.topology)
+    if args.jobs:
+        from ..sweep.launch import describe
+
+        ranks = args.nproc_per_node if isinstance(args.nproc_per_node, int) else 1
+        sys.stdout.write(describe(topology, ranks, [f"#{i}" for i in range(args.jobs)]))
+        return 0
     if job is not None:
         # stderr, so that --json output stays the plan alone
         announce(args, job.describe())
@@ -45,8 +54,11 @@ def main(args: argparse.Namespace) -> int:
         setup = rank_setup(args, job)  # the node's plan, as every task of it makes it
         plan = task_plan(setup.plan, setup.binding)
     else:
-        allowed = step_gpu_minors(topology, args.topology, job) if job is not None else None
-        plan = make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=allowed))
+        from ..plan.scheduled import confine
+
+        node = here(topology, args.topology, job)
+        plan = confine(make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=node.gpu_minors)),
+                       node.container, node.mem_refused)
     if args.svg:
         from ..view.svg import render_svg
 

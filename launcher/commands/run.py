@@ -9,7 +9,7 @@ Three kinds of program (:mod:`numarun.config.detect`):
 
 * numarun's trainer: Hydra composes each job once, here (:func:`numarun.config.compose.run_hydra`);
   each job's ``launcher`` group fills the flags the user left out, then the job is planned
-  once and run; a sweep (``-m``) runs its jobs one after another, in Hydra's layout;
+  once and run; a sweep (``-m``) runs its jobs through numarun's Hydra launcher (:mod:`numarun.sweep`);
 * a user's ``@hydra.main`` app, or any other script: run as torchrun runs it. For a Hydra
   app numarun fixes Hydra's clock once (``NUMARUN_HYDRA_NOW``) so that every rank's own
   Hydra picks the same run dir (:mod:`numarun.worker.hydra_pin`).
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as _dt
+import json
 import logging
 import os
 import sys
@@ -42,7 +43,7 @@ from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options, request_for
-from .detected import step_gpu_minors
+from ..plan.scheduled import confine, mem_refused_line
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ class _Planner:
     def __init__(self, job: JobShape | None = None) -> None:
         self._job = job
         self._topology: Any = None
+        self._here: Any = None
 
     def plan(self, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
         """(plan, path) from --plan-file, or a fresh plan (path '')."""
@@ -172,7 +174,11 @@ class _Planner:
                 raise UsageError(
                     f"bad --plan-file {args.plan_file!r}: {e.strerror}; expected a file from 'numarun plan --json'"
                 ) from None
-            plan = LaunchPlan.from_json(text, origin=args.plan_file)
+            from ..jobenv.container import detect_container
+            from ..worker.affinity import mempolicy_refusal
+
+            plan = confine(LaunchPlan.from_json(text, origin=args.plan_file), detect_container(os.environ),
+                           mempolicy_refusal())  # the ranks run here, wherever the plan was made
             if isinstance(args.nproc_per_node, int) and args.nproc_per_node != plan.nproc_per_node:
                 raise UsageError(
                     f"bad --nproc-per-node {args.nproc_per_node!r}: the plan file {args.plan_file!r} has "
@@ -182,11 +188,14 @@ class _Planner:
             return plan, os.path.abspath(args.plan_file)
         from ..plan.binding import make_plan
         from ..topology.discover import load_topology
+        from .detected import here
 
         if self._topology is None:
             self._topology = load_topology(args.topology)
-        allowed = step_gpu_minors(self._topology, args.topology, self._job) if self._job is not None else None
-        return make_plan(self._topology, request_for(args, os.environ, self._topology, allowed_gpu_minors=allowed)), ""
+            self._here = here(self._topology, args.topology, self._job)
+        node = self._here
+        request = request_for(args, os.environ, self._topology, allowed_gpu_minors=node.gpu_minors)
+        return confine(make_plan(self._topology, request), node.container, node.mem_refused), ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -222,6 +231,11 @@ def main(args: argparse.Namespace) -> int:
         kind = detect_app(target.name, is_module=target.kind == "module")
         if kind is AppKind.TRAINER:
             return _run_trainer(args, target, run)
+        if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
+            from ..sweep.launch import run_app
+
+            supervisor.release()
+            return run_app(args, target.kind, target.name, target.args)
         if kind is AppKind.HYDRA_MAIN:
             # Hydra's ${now:} fixed once here: every rank's Hydra picks the same run dir
             when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
@@ -255,7 +269,8 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
 
         addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
     setup = rank_setup(args, job)
-    for note in (*setup.plan.warnings, *setup.notes):
+    refuse_unbound(setup.plan, args.strict_binding)
+    for note in (*(setup.plan.warnings if job.local_rank == 0 else ()), *setup.notes):  # the node's: said once
         log.warning("%s", note)
     addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
     env = rank_env(job, master_addr=addr, master_port=port, environ=os.environ)
@@ -310,6 +325,14 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
             )
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
             run(job_args, Target(target.kind, target.name, ()), dict(job.env))
+        if any(a in compose.MULTIRUN_FLAGS for a in script_args):
+            from ..sweep.launch import describe
+            from ..topology.discover import load_topology
+
+            sizes = [settled(j.launcher).nproc_per_node for _, j in jobs]
+            ranks = max([n for n in sizes if isinstance(n, int)], default=1)
+            labels = [f"#{i} {' '.join(j.overrides)}" for i, (_, j) in enumerate(jobs)]
+            sys.stdout.write(describe(load_topology(args.topology), ranks, labels))
         return 0
 
     # the workers read the saved config: no arguments after the script
@@ -327,8 +350,21 @@ def _run_trainer(args: argparse.Namespace, target: Target, run: _Runner) -> int:
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         return run(job_args, job_target, dict(job.env), run_dir=job.run_dir, prepared=ready)
 
+    if any(a in compose.MULTIRUN_FLAGS for a in script_args):  # each job through numarun's Hydra launcher
+        from ..sweep.launch import forwarded
+
+        os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, target.name))
+        script_args += [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
     compose.run_hydra(script_args, on_job, check)
     return 0
+
+
+def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
+    """``--strict-binding`` where the kernel refuses the ranks' memory policy: one line before any rank starts."""
+    if strict and plan.mem_unbound:
+        from ..errors import BindingError
+
+        raise BindingError(mem_refused_line(plan, strict=True))
 
 
 def _watch_env(args: argparse.Namespace) -> dict[str, str]:
@@ -353,6 +389,7 @@ class _Runner:
 
     def prepare(self, args: argparse.Namespace, target: Target) -> _Prepared:
         plan, plan_path = self.planner.plan(args)
+        refuse_unbound(plan, args.strict_binding)
         spec = launch_spec(vars(args), nproc_per_node=plan.nproc_per_node, target=target,
                            nics=[r.nic for r in plan.ranks if r.nic])
         return plan, plan_path, spec

@@ -101,7 +101,11 @@ def main(args: argparse.Namespace) -> int:
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
         snapshot = args.topology if args.topology and str(args.topology).endswith(".json") else None
-        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot))
+        from .detected import container_at
+
+        found = container_at(args.topology) if snapshot is None else None
+        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot,
+                                     container=found.describe() if found else ""))
         if out_svg is not None:
             sys.stdout.write(f"picture written to {out_svg}\n")
     return 0

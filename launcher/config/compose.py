@@ -40,7 +40,7 @@ from typing import Any
 from .. import envvars
 from .. import hydra_internals as internals
 from ..errors import ConfigError, NumarunError
-from .files import PreparedJob, prepare_job, save_job
+from .files import PreparedJob, prepare_job, running_job, save_job
 from .rundir import check_run_dir
 from .schema import JobConfig
 
@@ -50,6 +50,8 @@ SCHEMA_NAME = "numarun_schema"
 TASK_NAME = "train"
 """``hydra.job.name`` of numarun's trainer (the script is scripts/train.py or numarun.train)."""
 VERSION_BASE = "1.3"
+TRAINER_TASK = "numarun.train.run:hydra_task"
+"""The trainer as a Hydra task in each rank, for a launcher that runs jobs elsewhere (``hydra/launcher=numarun``)."""
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 """Hydra's flags that make the arguments a sweep."""
@@ -103,7 +105,7 @@ def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any], 
         command = _compose(app, config_name, args, log_configuration=True)
         _check_run_dirs(command)
         _check(command, check)
-        return _run(app, config_name, command, on_job)
+        return _run(app, config_name, command, on_job, check)
 
 
 def compose_dry(script_args: Sequence[str], check: JobCheck | None = None) -> list[tuple[Path, PreparedJob]]:
@@ -185,6 +187,7 @@ class _Command:
     sweep_dir: Path | None
     """The sweep's dir (``hydra.sweep.dir``); None for one job (``hydra.run.dir``)."""
     jobs: tuple[_Job, ...]
+    """Every job; () when a sweeper plugin makes them as it goes (Optuna...)."""
 
 
 class _Stopped(BaseException):
@@ -301,10 +304,11 @@ def _compose(app: Any, config_name: str, args: Any, *, log_configuration: bool) 
     )
     if mode == RunMode.RUN:
         return _Command(cfg, sweep_dir=None, jobs=(_prepare(cfg, sweep=False),))
-    _refuse_other_sweepers(cfg)
     # the sweep dir first, as Hydra's sweeper does: its ${now:} is then cached, and every job copies the cache
     with internals.hydra_config(cfg):
         sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    if cfg.hydra.sweeper.get("_target_") != internals.BASIC_SWEEPER:
+        return _Command(cfg, sweep_dir=sweep_dir, jobs=())
     # as Hydra's basic sweeper: hydra.sweeper.params, then the command line's own overrides
     params = [f"{k}={v}" for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()]
     task_overrides = [str(o) for o in cfg.hydra.overrides.task]
@@ -316,17 +320,6 @@ def _compose(app: Any, config_name: str, args: Any, *, log_configuration: bool) 
             job_cfg.hydra.job.num = num
         jobs.append(_prepare(job_cfg, sweep=True))
     return _Command(cfg, sweep_dir=sweep_dir, jobs=tuple(jobs))
-
-
-def _refuse_other_sweepers(cfg: Any) -> None:
-    """numarun runs a sweep's jobs itself, as Hydra's basic sweeper and launcher do: another plugin would be ignored."""
-    for group, basic in (("sweeper", internals.BASIC_SWEEPER), ("launcher", internals.BASIC_LAUNCHER)):
-        target = cfg.hydra[group].get("_target_")
-        if target != basic:
-            raise ConfigError(
-                f"bad hydra/{group} {target!r}: numarun runs the jobs of a sweep one after another itself; "
-                f"expected Hydra's basic {group} ({basic})"
-            )
 
 
 def _prepare(cfg: Any, *, sweep: bool) -> _Job:
@@ -356,11 +349,14 @@ def _check(command: _Command, check: JobCheck | None) -> None:
             check(job.prepared)
 
 
-def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[PreparedJob], Any]) -> Any:
+def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[PreparedJob], Any],
+         check: JobCheck | None = None) -> Any:
     """Step 4, as Hydra's run, or multirun with its basic sweeper and launcher, runs the jobs.
 
-    A failed job does not stop a sweep: the first failure is raised once every job ran, as
-    Hydra's sweeper does; numarun stopped by a signal (exit code >= 128) ends it at once.
+    Another sweeper or launcher (``hydra/launcher=numarun``) runs as Hydra runs it, after the
+    jobs of a basic sweep were checked. A failed job does not stop a sweep: the first failure is
+    raised once every job ran, as Hydra's sweeper does; numarun stopped by a signal (exit code
+    >= 128) ends it at once.
     """
     from omegaconf import OmegaConf
 
@@ -380,21 +376,33 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
 
         return task
 
+    def any_task(cfg: Any) -> Any:  # a job as Hydra's run_job runs it, outside a basic sweep
+        job = running_job(cfg)
+        if check is not None:
+            check(job)
+        return task_of(job)(cfg)
+
+    any_task.numarun_task = TRAINER_TASK  # type: ignore[attr-defined]
     if command.sweep_dir is None:
         (job,) = command.jobs
         hooks.on_run_start(config=command.cfg, config_name=config_name)
-        ret = internals.run_job(app, job.cfg, task_of(job.prepared), hooks, sweep=False)
+        ret = internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=False)
         hooks.on_run_end(config=command.cfg, config_name=config_name, job_return=ret)
         return ret.return_value
     hooks.on_multirun_start(config=command.cfg, config_name=config_name)
-    command.sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
-    log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
-    returns = []
-    for job in command.jobs:
-        returns.append(internals.run_job(app, job.cfg, task_of(job.prepared), hooks, sweep=True))
-        internals.configure_hydra_logging(command.cfg)
-    values = [r.return_value for r in returns]
+    if not command.jobs or command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
+        # another sweeper or launcher (hydra/launcher=numarun): as Hydra's multirun runs them
+        sweeper = internals.plugin(app, command.cfg, any_task, hooks, group="sweeper")
+        values = [sweeper.sweep(arguments=[str(o) for o in command.cfg.hydra.overrides.task])]
+    else:
+        command.sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
+        log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
+        returns = []
+        for job in command.jobs:
+            returns.append(internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=True))
+            internals.configure_hydra_logging(command.cfg)
+        values = [r.return_value for r in returns]
     hooks.on_multirun_end(config=command.cfg, config_name=config_name)
     return values[-1] if values else None
 

@@ -89,6 +89,14 @@ def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
     )
 
 
+def running_job(cfg: Any) -> PreparedJob:
+    """The job Hydra's ``run_job`` is running, seen from its task (``cfg``: the job's config without ``hydra``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    return prepare_job(cfg, Path(hydra.runtime.output_dir), [str(o) for o in hydra.overrides.task])
+
+
 def save_job(job: PreparedJob) -> None:
     """Write the job's resolved config into its run dir (made by Hydra), never through a planted link."""
     write_text_nofollow(job.config_file, job.config_text)

@@ -194,9 +194,13 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         siblings = any(len(topo.cpu(c).siblings) > 1 for c in usable)
         out.append(Finding(
             Severity.INFO, "smt", "cpu",
-            f"SMT is {smt}" + (" (hardware threads share cores: ranks get whole cores)" if siblings else ""),
+            f"SMT is {_SMT.get(smt, smt)}" + (" (hardware threads share cores: ranks get whole cores)" if siblings else ""),
         ))
     return out
+
+
+# sysfs smt/control values (Documentation/ABI/testing/sysfs-devices-system-cpu) in words
+_SMT = {"forceoff": "off (forced)", "notsupported": "not supported by this CPU", "notimplemented": "not known to this kernel"}
 
 
 def _int(v: Any) -> int | None:

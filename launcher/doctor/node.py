@@ -18,7 +18,7 @@ from ..launch.net import host_view
 from ..plan.model import PlanRequest
 from ..topology.model import NicKind, Topology
 from .checks import Probe, check_hostname, check_node
-from .model import Finding, NodeReport, Severity
+from .model import Finding, NodeReport, Severity, sort_findings
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,11 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
     root = tree_root(topo, inputs.topology)
     pr = probe(root, live=live, nvml_record=record) if root is not None else Probe(nvml=record)
     findings = list(check_node(topo, pr, inputs.request))
+    if root is not None:
+        from .container import check_confinement, read_confinement
+
+        confinement = read_confinement(root, os.environ, live=live, topo=topo)
+        findings = list(sort_findings(findings + check_confinement(topo, confinement, inputs.request)))
     if root is None:
         findings.append(Finding(Severity.INFO, "source", topo.source,
                                 "not a machine tree: RDMA ports, SMT and kernel modules not checked"))

@@ -150,6 +150,10 @@ class LaunchPlan:
     nccl_nics: NcclNics | None = None
     """The node's NCCL list, set in every GPU rank's env; None when the plan sets none: nothing
     needs choosing, ``--nic-policy per-rank``, or the user set the variable (a warning says so)."""
+    container: str = ""
+    """The container runtime the node runs in (:class:`numarun.jobenv.container.Runtime`); "" none."""
+    mem_unbound: str = ""
+    """Why the ranks' memory is not bound as ``mem_policy`` asks (``seccomp``); "" when it is."""
 
     @property
     def nproc_per_node(self) -> int:

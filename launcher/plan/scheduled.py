@@ -11,18 +11,42 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..jobenv.container import Container, Fix, fix
 from ..topology.model import Topology, physical_cores
 from ..topology.pci import pci_order
 from ..topology.visible import openable
 from .model import GpuRef, LaunchPlan, MemPolicy, RankBinding
 
 
-def refused_minors(access: Mapping[int, bool | None]) -> frozenset[int] | None:
+def refused_minors(access: Mapping[int, bool | None], *, in_container: bool = False) -> frozenset[int] | None:
     """The GPU minors the device cgroup lets this process open, when it refuses some; None when it
-    refuses none (no confinement, or nothing could be checked)."""
-    if not any(v is False for v in access.values()):
+    refuses none (no confinement, or nothing could be checked). ``in_container``: a GPU whose device
+    file is absent was not given to the container (its ``/sys`` still shows every GPU)."""
+    if not any(v is False or (in_container and v is None) for v in access.values()):
         return None
     return frozenset(m for m, v in access.items() if v)
+
+
+def confine(plan: LaunchPlan, container: Container | None, mem_refused: str = "") -> LaunchPlan:
+    """The plan as it runs in ``container`` (None: none), where the kernel refuses the memory-policy
+    syscalls for ``mem_refused`` (the cause; "" when it does not): the ranks keep their CPUs, leave
+    memory to first touch, and one warning names the cause and the fix (:func:`mem_refused_line`)."""
+    plan = dataclasses.replace(plan, container=container.runtime.value if container else "")
+    if not mem_refused or all(r.mem_policy is MemPolicy.NONE for r in plan.ranks):
+        return plan
+    ranks = tuple(dataclasses.replace(r, mem_policy=MemPolicy.NONE, mems=()) for r in plan.ranks)
+    plan = dataclasses.replace(plan, ranks=ranks, mem_unbound=mem_refused)
+    return dataclasses.replace(plan, warnings=(*plan.warnings, mem_refused_line(plan)))
+
+
+def mem_refused_line(plan: LaunchPlan, *, strict: bool = False) -> str:
+    """Why a confined plan's memory is not bound, and the fix; ``strict``: as ``--strict-binding``'s refusal."""
+    why = ("Docker's and containerd's default seccomp profiles allow set_mempolicy and mbind only with CAP_SYS_NICE"
+           if plan.mem_unbound == "seccomp" else "set_mempolicy fails")
+    head = (f"--strict-binding, but the ranks' memory cannot be bound here ({plan.mem_unbound})" if strict else
+            f"memory not bound ({plan.mem_unbound})")
+    tail = "" if strict else "; the ranks are bound to their CPUs only"
+    return f"{head}: {why}{tail}; fix: {fix(Fix.MEMPOLICY, plan.container)}, or --mem-policy none"
 
 
 def renumbered(cuda_visible: str | None, step_gpus: Sequence[int] | None) -> frozenset[int] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -27,26 +28,35 @@ def _config_without_numarun(overrides: list[str], rank: int) -> Path:
     return Path(path[0])
 
 
-def run(argv: list[str]) -> int:
+def hydra_task(cfg: Any) -> int:
+    """The trainer as the task of the Hydra job each rank runs (``hydra/launcher=numarun``): rank 0 saves
+    the resolved ``config.yaml`` in the run dir Hydra made, every rank trains on the same config."""
+    from ..config.files import running_job, save_job
+
+    job = running_job(cfg)
+    if os.environ.get("RANK", "0") == "0":
+        save_job(job)
+    return run([], job.config, job.run_dir)
+
+
+def run(argv: list[str], job_cfg: Any = None, job_dir: Path | None = None) -> int:
     from .loop import Trainer, init_context, install_signal_handlers
 
     install_signal_handlers()
-    env_config = os.environ.get("NUMARUN_CONFIG")
+    env_config = None if job_cfg is not None else os.environ.get("NUMARUN_CONFIG")
     if env_config and argv:
         log.warning("NUMARUN_CONFIG is set: ignoring command-line overrides %s", argv)
-    if env_config:
-        cfg = load_job_config(env_config)  # checked before any process group is made
+    cfg = load_job_config(env_config) if env_config else job_cfg  # checked before any process group is made
     ctx = init_context()
     try:
         if env_config:
-            config_file = Path(env_config)
-        else:
+            job_dir = Path(os.environ.get("NUMARUN_RUN_DIR") or Path(env_config).parent)
+        elif cfg is None:
             config_file = _config_without_numarun(argv, ctx.rank)
-            cfg = load_job_config(config_file)
-        run_dir = Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
-        if not run_dir.is_dir():
-            raise ConfigError(f"bad NUMARUN_RUN_DIR {str(run_dir)!r}: expected an existing run directory")
-        code = Trainer(cfg, run_dir, ctx).run()
+            cfg, job_dir = load_job_config(config_file), Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
+        if job_dir is None or not job_dir.is_dir():
+            raise ConfigError(f"bad NUMARUN_RUN_DIR {str(job_dir)!r}: expected an existing run directory")
+        code = Trainer(cfg, job_dir, ctx).run()
         if dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank past its last collective before any rank tears its sockets down:
             # a peer that closes while another still waits on it aborts that one (SIGABRT).

@@ -22,7 +22,9 @@ def _nic_cell(r: RankBinding) -> str:
 def plan_table(plan: LaunchPlan) -> Table:
     """One row per local rank: GPU, bus id, NUMA node, CPUs, memory nodes, NIC, OMP threads, fallback."""
     ranks = f"{plan.nproc_per_node} rank" + ("" if plan.nproc_per_node == 1 else "s")
-    title = f"{plan.hostname or 'this node'}: {ranks}, binding {plan.binding.value}, memory {plan.mem_policy.value}"
+    memory = f"not bound ({plan.mem_unbound})" if plan.mem_unbound else plan.mem_policy.value
+    where = f" in a {plan.container} container" if plan.container else ""
+    title = f"{plan.hostname or 'this node'}{where}: {ranks}, binding {plan.binding.value}, memory {memory}"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
     for name, justify in (
         ("rank", "right"), ("GPU", "left"), ("bus id", "left"), ("NUMA", "right"), ("CPUs", "left"),

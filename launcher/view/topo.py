@@ -93,11 +93,12 @@ def _gpu_label(g: Gpu) -> str:
     return f"GPU{g.index}"
 
 
-def render_text(topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None) -> str:
+def render_text(topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None,
+                container: str = "") -> str:
     """The whole ``numarun topo`` view as one string (fixed ``width`` so output is stable).
 
     ``snapshot``: the JSON file the topology was read from (its recorded source is where
-    it was captured, not where it is read now).
+    it was captured, not where it is read now). ``container``: the runtime the machine is seen from.
     """
     buf = io.StringIO()
     console = Console(
@@ -110,6 +111,8 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
     header.append(f"host: {t.hostname or '?'}", style="bold")
     source = f"snapshot {snapshot} (recorded from {t.source or '?'})" if snapshot else (t.source or "?")
     header.append(f"   source: {source}   GPU source: {t.gpu_source or 'none'}")
+    if container:
+        header.append(f"   container: {container}")
     console.print(header)
     if not t.gpus:
         console.print(no_gpu_reason(t))

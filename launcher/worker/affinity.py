@@ -207,6 +207,35 @@ def get_mempolicy() -> tuple[Mpol, tuple[int, ...]]:
     return Mpol(mode.value & ~_MPOL_MODE_FLAGS), nodes
 
 
+def mempolicy_refusal(status: Path = Path("/proc/self/status")) -> str:
+    """Why the kernel refuses this process the memory-policy syscalls: ``seccomp`` (EPERM from a seccomp
+    filter), another refusal's strerror; "" when they work or cannot be called here (ENOSYS).
+
+    Probed in a thread of its own that reads its policy and sets the default: a thread's policy ends
+    with it, so the caller's is left as it was."""
+    import threading
+
+    failed: list[OSError] = []
+
+    def probe() -> None:
+        try:
+            get_mempolicy()
+            set_mempolicy(Mpol.DEFAULT)
+        except OSError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=probe, name="numarun-mempolicy-probe")
+    thread.start()
+    thread.join()
+    if not failed or failed[0].errno not in (errno.EPERM, errno.EACCES):
+        return ""
+    try:
+        filtered = status_field(status.read_text(), "Seccomp") == "2"  # SECCOMP_MODE_FILTER
+    except OSError:
+        filtered = False
+    return "seccomp" if filtered else os.strerror(failed[0].errno or errno.EPERM)
+
+
 def _status_field(name: str, status: Path) -> str:
     value = status_field(status.read_text(), name)
     if value is None:

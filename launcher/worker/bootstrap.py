@@ -117,7 +117,8 @@ def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str])
     rank = environ.get("RANK", str(binding.local_rank))
     who = f"rank {rank}" if rank == str(binding.local_rank) else f"rank {rank} (local {binding.local_rank})"
     gpu = f"gpu {binding.gpu.index} ({binding.gpu.pci_bus_id})" if binding.gpu else "gpu -"
-    mems = f"{format_list(applied.mems) or '-'} ({applied.mem_mode})"
+    mode = "not bound" if binding.mem_policy is MemPolicy.NONE and applied.mem_mode == "?" else applied.mem_mode
+    mems = f"{format_list(applied.mems) or '-'} ({mode})"
     omp = environ.get("OMP_NUM_THREADS", "-")
     return f"{who}: {gpu} cpus {format_list(applied.cpus)} mems {mems} nic {binding.nic or '-'} OMP {omp}"
 

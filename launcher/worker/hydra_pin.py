@@ -1,16 +1,15 @@
 """Worker side of a user's Hydra app under numarun: one run dir for every rank, Hydra's files once.
 
 A ``@hydra.main`` app runs in every rank exactly as Hydra runs it: the script is imported
-as its author wrote it and Hydra composes, picks the run dir (``hydra.run.dir``, or
-``hydra.sweep.dir``/``subdir`` with ``-m``), runs its own sweeper and configures logging.
+as its author wrote it and Hydra composes, picks the run dir and configures logging (each
+job of a sweep runs Hydra's job runner in its ranks the same way: :mod:`numarun.sweep.job`).
 Under plain torchrun the ranks disagree on one input only, the clock behind ``${now:}``: two
 ranks started a second apart get two timestamped run dirs. numarun fixes the clock once, in
 the launcher (``NUMARUN_HYDRA_NOW``), so every rank's Hydra computes the same dirs from the
 same config; on several nodes, whose launchers start apart, the ranks take the first rank's
-value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra/`` and
-``multirun.yaml``; the other ranks' Hydra skips those writes, so a file is never written by
-two processes at once. Hydra's job log
-(``<job>.log``) keeps every rank's lines, as under torchrun.
+value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra/``; the
+other ranks' Hydra skips those writes, so a file is never written by two processes at once.
+Hydra's job log (``<job>.log``) keeps every rank's lines, as under torchrun.
 
 The hook (:func:`numarun.hydra_internals.worker_hook`, with every other use of Hydra's
 private parts) is installed when Hydra's module is first imported, so a script that never

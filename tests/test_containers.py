@@ -1,0 +1,130 @@
+"""numarun inside a Docker-like container that a real OCI runtime (crun) starts over this host's root:
+Docker's capabilities and seccomp rule for the memory-policy syscalls, 64 MiB /dev/shm, memlock
+64 KiB, its own PID and UTS namespaces (tests/containers.py). Root only; skipped elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from containers import Crun, Spec, crun_or_skip
+from helpers import REPO, error_lines
+
+pytestmark = pytest.mark.slow
+
+REPORT = "tests/scripts/report_binding.py"
+UNBOUND = "memory not bound (seccomp)"
+
+
+@pytest.fixture(scope="session")
+def crun() -> Iterator[Crun]:
+    runner = crun_or_skip()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory any UID may write: the containers' TMPDIR and the ranks' reports."""
+    d = Path(tempfile.mkdtemp(prefix="numarun-ctr-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _reports(d: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in d.glob("rank*.json")}
+
+
+def _two_ranks(crun: Crun, scratch: Path, spec: Spec, *flags: str):
+    return crun.run(["numarun", *flags, "--nproc-per-node", "2", REPORT, str(scratch)], spec)
+
+
+def test_doctor_names_the_refused_memory_policy_the_small_shm_and_memlock_each_with_its_fix(crun):
+    r = crun.run(["numarun", "doctor", "--json"])
+    assert r.returncode == 0, r.stderr
+    found = {f["check"]: f for f in json.loads(r.stdout)["findings"]}
+    assert found["container"]["device"] == "docker"
+    assert "seccomp" in found["mempolicy"]["message"] and "docker run --cap-add SYS_NICE" in found["mempolicy"]["message"]
+    assert "/dev/shm holds 64 MiB" in found["shm"]["message"] and "docker run --ipc=host" in found["shm"]["message"]
+    assert "64 KiB" in found["memlock"]["message"] and "docker run --ulimit memlock=-1" in found["memlock"]["message"]
+    assert found["smt"]["message"].startswith("SMT is ") and "notsupported" not in found["smt"]["message"]
+    assert "docker run --init" in found["pid1"]["message"]  # the container's command is its PID 1
+    plan = crun.run(["numarun", "plan"])
+    assert plan.returncode == 0 and "in a docker container" in plan.stdout and UNBOUND in plan.stdout
+    plan = crun.run(["numarun", "plan", "--json"])
+    assert json.loads(plan.stdout)["mem_unbound"] == "seccomp"
+    dry = crun.run(["numarun", "--dry-run", "--nproc-per-node", "2", REPORT, "/nowhere"])
+    assert dry.returncode == 0 and UNBOUND in dry.stdout
+
+
+def test_two_ranks_name_the_seccomp_cause_once_and_finish(crun, scratch):
+    r = _two_ranks(crun, scratch, Spec())
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if "seccomp" in ln or "set_mempolicy" in ln]
+    assert UNBOUND in line and "docker run --cap-add SYS_NICE" in line
+    reports = _reports(scratch)
+    assert sorted(reports) == [0, 1] and all(rep["mempolicy"][0] == "?" for rep in reports.values())
+    assert [reports[i]["cpus"] for i in (0, 1)] == [[0], [1]]  # the CPUs are still bound
+
+
+def test_per_rank_mode_under_mpiexec_says_it_once_for_the_node(crun, scratch):
+    if shutil.which("mpiexec.mpich") is None:
+        if os.environ.get("NUMARUN_TEST_MPI") == "1":
+            pytest.fail("NUMARUN_TEST_MPI=1 but mpiexec.mpich is not installed (scripts/test.sh installs mpich)")
+        pytest.skip("mpiexec.mpich is not installed (Debian's mpich; scripts/test.sh installs it as root)")
+    r = crun.run(["mpiexec.mpich", "-n", "2", "numarun", REPORT, str(scratch)], Spec(env={"TMPDIR": str(scratch)}))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(UNBOUND) == 1 and sorted(_reports(scratch)) == [0, 1]
+
+
+def test_strict_binding_refuses_before_any_rank_starts(crun, scratch):
+    r = _two_ranks(crun, scratch, Spec(), "--strict-binding")
+    assert r.returncode == 2
+    (line,) = error_lines(r.stderr)
+    assert "--strict-binding" in line and "seccomp" in line and "--cap-add SYS_NICE" in line
+    assert r.stderr.strip() == line and not _reports(scratch)
+
+
+def test_with_cap_sys_nice_memory_is_bound(crun, scratch):
+    r = _two_ranks(crun, scratch, Spec(add_caps=("CAP_SYS_NICE",)))
+    assert r.returncode == 0, r.stderr
+    assert "seccomp" not in r.stderr and "warning" not in r.stderr.lower()
+    assert [rep["mempolicy"] for rep in _reports(scratch).values()] == [["bind", [0]], ["bind", [0]]]
+
+
+def test_a_cpuset_of_one_cpu_is_what_the_plan_uses(crun):
+    one = Spec(cpus="0")
+    r = crun.run(["numarun", "plan", "--json"], one)
+    assert r.returncode == 0, r.stderr
+    assert [rank["cpus"] for rank in json.loads(r.stdout)["ranks"]] == [[0]]
+    r = crun.run(["numarun", "--nproc-per-node", "2", "--binding", "exclusive", REPORT, "/nowhere"], one)
+    assert r.returncode == 2
+    (line,) = error_lines(r.stderr)
+    assert "1 usable physical cores for 2 ranks" in line and r.stderr.strip() == line
+
+
+def test_a_read_only_root_with_tmpdir_elsewhere(crun, scratch):
+    r = _two_ranks(crun, scratch, Spec(readonly=True, writable=(scratch,), env={"TMPDIR": str(scratch)}))
+    assert r.returncode == 0, r.stderr
+    assert sorted(_reports(scratch)) == [0, 1]
+
+
+def test_an_unknown_uid_without_home(crun, scratch):
+    r = _two_ranks(crun, scratch, Spec(uid=54321, writable=(scratch,), env={"TMPDIR": str(scratch)}))
+    assert r.returncode == 0, r.stderr
+    reports = _reports(scratch)
+    assert sorted(reports) == [0, 1] and all("HOME" not in rep["env"] for rep in reports.values())
+
+
+def test_the_readmes_job_runs_inside(crun, scratch):
+    r = crun.run(["numarun", str(REPO / "scripts/train.py"), "launcher=cpu2", "parallel=fsdp", "model=gpt",
+                  "trainer.batch_size=32", "trainer.steps=5"],
+                 Spec(writable=(scratch,), cwd=scratch, env={"TMPDIR": str(scratch)}))
+    assert r.returncode == 0, r.stderr
+    assert "done: 5 steps" in r.stdout and r.stderr.count(UNBOUND) == 1
