@@ -1,4 +1,4 @@
-"""Number options of every command: whole numbers with an upper bound, finite floats.
+"""Number and address options of every command: bounded whole numbers, finite floats, host:port.
 
 A number option feeds something with a range of its own: a rank count becomes a list of
 bindings and a process each, a node count a 32-bit world size in c10d's store, a port a
@@ -10,9 +10,12 @@ naming the flag, the value and the range (argparse then exits 2), before any pro
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import re
 from collections.abc import Callable
+
+from .errors import UsageError
 
 MAX_LOCAL_RANKS = 8192
 """Ranks per node: Linux's largest NR_CPUS (one rank per CPU of the largest machine it builds for)."""
@@ -74,6 +77,43 @@ def float_in(flag: str, *, low: float, high: float, above: bool = False, unit: s
 
 def port(flag: str) -> Callable[[str], int]:
     return int_in(flag, low=1, high=MAX_PORT)
+
+
+def parse_endpoint(text: object, flag: str, *, port: bool | None = None) -> tuple[str, int | None]:
+    """``host``, ``host:port``, ``[v6]:port``, ``[v6]`` or a bare IPv6 address (no port) -> (host, port or None);
+    ``port`` True requires one, False refuses one. Anything else: a one-line :class:`UsageError`."""
+    s = str(text).strip()
+    form = (f"HOST:PORT (IPv6: [ADDR]:PORT) with PORT from 1 to {MAX_PORT}, e.g. node0:29500" if port else
+            "a host name or address without a port (IPv6 bare or in brackets), e.g. node0 or fe80::1" if port is False else
+            f"HOST or HOST:PORT (IPv6: [ADDR]:PORT, or a bare ADDR without one) with PORT from 1 to {MAX_PORT}, e.g. node0:29500")
+    if s.startswith("["):
+        host, close, rest = s[1:].partition("]")
+        good = bool(close) and rest[:1] in ("", ":") and ":" in host and ip_address(host) is not None
+        sep, digits = rest[:1], rest[1:]
+    else:
+        host, sep, digits = s.partition(":") if s.count(":") == 1 else (s, "", "")
+        good = ":" not in host or ip_address(host) is not None  # a colon: IPv6
+    if not good or not host or any(c.isspace() or c in "[]/" for c in host) or (port and not sep) or (sep and port is False):
+        raise UsageError(f"bad {flag} {s!r}: expected {form}")
+    if not sep:
+        return host, None
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 5 and 1 <= int(digits) <= MAX_PORT):
+        raise UsageError(f"bad {flag} {s!r}: port {digits!r} is not a number from 1 to {MAX_PORT}; expected {form}")
+    return host, int(digits)
+
+
+def ip_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``text`` as an IP address (a zone such as ``%eth0`` ignored); None for a name."""
+    try:
+        return ipaddress.ip_address(text.partition("%")[0])
+    except ValueError:
+        return None
+
+
+def host_port(host: str, port: int | None = None) -> str:
+    """``host:port`` with an IPv6 address in brackets (``[::1]:29500``); ``host`` alone (bracketed) without a port."""
+    h = f"[{host}]" if ":" in host else host
+    return h if port is None else f"{h}:{port}"
 
 
 def seconds(flag: str, *, low: float = 0.0, above: bool = True) -> Callable[[str], float]:

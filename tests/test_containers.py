@@ -128,3 +128,13 @@ def test_the_readmes_job_runs_inside(crun, scratch):
                  Spec(writable=(scratch,), cwd=scratch, env={"TMPDIR": str(scratch)}))
     assert r.returncode == 0, r.stderr
     assert "done: 5 steps" in r.stdout and r.stderr.count(UNBOUND) == 1
+
+
+def test_a_hostname_that_resolves_to_nothing_finishes_and_the_doctor_names_it(crun, scratch):
+    spec = Spec(resolvable=False, hostname="numarun-nores.invalid")
+    r = _two_ranks(crun, scratch, spec)
+    assert r.returncode == 0, r.stderr
+    assert sorted(_reports(scratch)) == [0, 1] and "cannot be retrieved" not in r.stderr
+    found = {f["check"]: f for f in json.loads(crun.run(["numarun", "doctor", "--json"], spec).stdout)["findings"]}
+    assert found["hostname"]["severity"] == "warn" and "does not resolve" in found["hostname"]["message"]
+    assert "127.0.0.1 for a job of one node" in found["hostname"]["message"] and "/etc/hosts" in found["hostname"]["message"]

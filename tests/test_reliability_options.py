@@ -40,6 +40,10 @@ CASES: list[Case] = [
     case("event-log-handler-unknown", f"--event-log-handler loud {EXIT} 0 0", "'loud'", "console"),
     case("logs-specs-unknown", f"--logs-specs nope {EXIT} 0 0", "'nope'", "torchrun.logs_specs"),
     case("role-empty", [*"--role".split(), "", EXIT, "0", "0"], "--role", "non-empty"),
+    case("master-addr-unresolvable", f"--master-addr no-such-host.invalid --nnodes 2 {EXIT} 0 0", "'no-such-host.invalid'",
+         "/etc/hosts"),
+    case("master-addr-with-port", f"--master-addr node0:29500 {EXIT} 0 0", "'node0:29500'", "without a port"),
+    case("rdzv-endpoint-bad-ipv6", f"--rdzv-backend c10d --rdzv-endpoint fe80::1::2 {EXIT} 0 0", "'fe80::1::2'", "[ADDR]:PORT"),
     case("local-addr-unresolvable", f"--local-addr no-such-host.invalid {EXIT} 0 0", "'no-such-host.invalid'", "resolves"),
     case("module-missing", "-m no_such_module_numarun", "'no_such_module_numarun'", "importable module"),
     case("module-parent-missing", "-m no_such_pkg_numarun.train", "'no_such_pkg_numarun.train'", "importable module"),
@@ -76,14 +80,6 @@ def test_good_rdzv_conf_passes(value: str) -> None:
     from numarun.launch.torchrun import check_rdzv_conf
 
     assert set(check_rdzv_conf(value)) == {kv.split("=")[0] for kv in value.split(",") if kv}
-
-
-@pytest.mark.parametrize("endpoint,expected", [("node0", ("node0", None)), ("node0:29400", ("node0", 29400)),
-                                                ("[::1]:29400", ("::1", 29400)), ("10.0.0.1:1", ("10.0.0.1", 1))])
-def test_good_endpoints_parse(endpoint: str, expected: tuple[str, int | None]) -> None:
-    from numarun.launch.torchrun import parse_endpoint
-
-    assert parse_endpoint(endpoint) == expected
 
 
 def test_runtime_errors_name_their_cause() -> None:

@@ -27,7 +27,7 @@ CASES: list[list[str]] = [
     [SCRIPT, "1", "3"],
     ["--nproc-per-node", "2", "--standalone", SCRIPT, "--lr=3", "x=1", "--nproc-per-node", "9"],
     ["--nproc_per_node=4", "--nnodes=2", "--node_rank", "1", "--master_addr", "10.0.0.1", "--master_port=29501", SCRIPT],
-    ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv_endpoint", "head:29400", "--rdzv-id", "job7",
+    ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv_endpoint", "localhost:29400", "--rdzv-id", "job7",
      "--rdzv-conf", "timeout=900,read_timeout=60", "--max_restarts", "3", "--monitor-interval", "0.5", SCRIPT],
     ["--start_method", "fork", "--role", "trainer", "--log_dir", "/tmp/logs", "-r", "3", "-t", "2",
      "--local_ranks_filter", "0", "--local-addr", "127.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1",
@@ -64,17 +64,20 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
     assert back.nproc_per_node == str(ns.nproc_per_node or 3)
     assert not back.module and back.training_script == ENTRY_FILE and back.numa_binding is None
     assert back.training_script_args == target.bootstrap_args()
-    skipped = {"nproc_per_node", "module", "no_python", "numa_binding", "training_script", "training_script_args", "help"}
+    skipped = {"nproc_per_node", "module", "no_python", "numa_binding", "training_script", "training_script_args", "help",
+               "local_addr"}
     for action in torchrun_parser()._actions:
         if action.dest not in skipped:
             assert getattr(back, action.dest) == getattr(ns, action.dest), action.dest
+    # the address rule: loopback for one node (and for nodes meeting at a loopback endpoint); not needed by static
+    assert back.local_addr == (ns.local_addr or (None if args == CASES[2] else "127.0.0.1"))
 
 
 def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
     spec = spec_for(CASES[3])  # c10d, 1:4 nodes, rdzv conf
     assert spec.nnodes == "1:4" and spec.multi_node and spec.max_restarts == 3
     assert spec.rendezvous_deadline() == (615, "join_timeout=600 + 15 s")
-    assert spec.store_address() == ("head", 29400) and spec.node_label().endswith(f".{os.getpid()}")
+    assert spec.store_address() == ("localhost", 29400) and spec.node_label().endswith(f".{os.getpid()}")
     spec = spec_for(CASES[2])  # static, node 1 of 2
     assert spec.store_address() == ("10.0.0.1", 29501) and spec.node_label() == "node1"
     assert spec.rendezvous_deadline() == (915, "timeout=900 + 15 s")

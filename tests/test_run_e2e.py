@@ -107,7 +107,7 @@ def test_dry_run_prints_plan_and_command_and_runs_nothing(tmp_path: Path) -> Non
     i = words.index("torchrun")
     assert "NUMARUN_PLAN=plan.json" in words[:i]
     assert words[i + 1:] == [
-        "--nproc-per-node=2", "--max-restarts=1", ENTRY_FILE,
+        "--nproc-per-node=2", "--local-addr=127.0.0.1", "--max-restarts=1", ENTRY_FILE,
         "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1",
     ]
 

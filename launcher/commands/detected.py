@@ -106,7 +106,6 @@ def _facts(job: JobShape, given: Given, environ: Mapping[str, str], *, need_swit
 def settle_node_args(args: argparse.Namespace, job: JobShape, given: Given,
                      environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, NodeRendezvous]:
     """Per-node mode: a copy of ``args`` with the rendezvous the job implies (static, Slurm's node order)."""
-    from ..launch.net import route_address
     from ..slurm.controller import head_address
 
     env = os.environ if environ is None else environ
@@ -122,10 +121,6 @@ def settle_node_args(args: argparse.Namespace, job: JobShape, given: Given,
     settled = copy.copy(args)
     for dest, value in rdv.options(addr).items():
         setattr(settled, dest, value)
-    if not own and job.nnodes > 1 and not getattr(args, "local_addr", None):
-        mine = (facts.addrs.get(job.node_name) if facts is not None else None) or route_address(addr, rdv.master_port or 0)
-        if mine:
-            settled.local_addr = mine
     return settled, rdv
 
 

@@ -37,6 +37,7 @@ from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import JobShape, Mode
 from ..jobenv.settle import Given, JobConflict
+from ..launch.net import addressing
 from ..launch.spec import LaunchSpec, launch_spec
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
@@ -271,7 +272,10 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
     refuse_unbound(setup.plan, args.strict_binding)
     for note in (*(setup.plan.warnings if job.local_rank == 0 else ()), *setup.notes):  # the node's: said once
         log.warning("%s", note)
+    addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
     env = rank_env(job, master_addr=addr, master_port=port, environ=os.environ)
+    env.update(addressing(multi_node=job.nnodes > 1, backend="static", endpoint=(addr, port),
+                          flag="--master-addr (MASTER_ADDR)", node_rank=job.node_index).env)
     from ..plan.scheduled import task_plan
 
     plan = task_plan(setup.plan, setup.binding)
@@ -386,7 +390,8 @@ class _Runner:
     def prepare(self, args: argparse.Namespace, target: Target) -> _Prepared:
         plan, plan_path = self.planner.plan(args)
         refuse_unbound(plan, args.strict_binding)
-        spec = launch_spec(vars(args), nproc_per_node=plan.nproc_per_node, target=target)
+        spec = launch_spec(vars(args), nproc_per_node=plan.nproc_per_node, target=target,
+                           nics=[r.nic for r in plan.ranks if r.nic])
         return plan, plan_path, spec
 
     def __call__(self, args: argparse.Namespace, target: Target, job_env: dict[str, str],
@@ -403,6 +408,7 @@ class _Runner:
             from ..view.plan import render_plan
 
             env = {
+                **dict(spec.env),
                 **worker_env(plan, os.environ, plan_path=plan_path or "plan.json", strict=args.strict_binding),
                 **job_env,
                 **_watch_env(args),

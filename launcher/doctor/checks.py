@@ -7,7 +7,7 @@ health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,6 +267,30 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                                f"{name} has persistence mode off: every job start re-initialises the driver "
                                "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'"))
     return out
+
+
+def check_hostname(hostname: str, resolved: Sequence[str], own: Mapping[str, str], address: str | None, *,
+                   multi_node: bool) -> list[Finding]:
+    """Whether the hostname resolves (``resolved``: its addresses), to what, and the address numarun uses
+    (``address``: what a job of several nodes advertises; None: this host has none but loopback or link-local)."""
+    from ..launch.net import loopback
+
+    if address is None:
+        return [Finding(Severity.ERROR if multi_node else Severity.WARN, "hostname", hostname,
+                        "this host has no address but loopback or link-local: other nodes cannot reach it; fix: attach "
+                        "a network (docker run --network host) or give --local-addr ADDR")]
+    found, local = ", ".join(resolved), [a for a in resolved if loopback(a)]
+    severity, what = (Severity.INFO, f"resolves to {found}") if local or set(resolved) & set(own) else (
+        Severity.WARN, f"resolves to {found}, not an address of this host" if resolved else
+        "does not resolve (torchrun hangs on such a host)")
+    if resolved and len(local) == len(resolved):
+        severity = Severity.WARN if multi_node else Severity.INFO
+        what = (f"resolves to loopback {found} only: other nodes cannot reach this one by it (torchrun then lets no node "
+                "host the c10d store at this node's IP)")
+    text = (f"hostname {hostname!r} {what}; numarun uses 127.0.0.1 for a job of one node and {address} "
+            f"({own.get(address, '?')}) for several")
+    fix = f"; fix: map it in /etc/hosts ('{address} {hostname}'; docker run --add-host {hostname}:{address})"
+    return [Finding(severity, "hostname", hostname, text + ("" if what == f"resolves to {found}" else fix))]
 
 
 def check_node(topo: Topology, probe: Probe, request: PlanRequest) -> tuple[Finding, ...]:

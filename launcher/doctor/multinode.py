@@ -36,7 +36,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Protocol
 
+from ..argtypes import host_port, parse_endpoint
 from ..errors import UsageError
+from ..launch.net import await_endpoint, route_address
 from .compare import compare_nodes, link_verdict, odd_nodes
 from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
 from .schedule import LinkSchedule, first_rounds, next_round, resolve
@@ -52,7 +54,7 @@ class _StreamServer(threading.Thread):
 
     def __init__(self, host: str) -> None:
         super().__init__(daemon=True, name="numarun-doctor-streams")
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
         self.sock.listen(8)
@@ -109,9 +111,9 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 def _stream_to(addr: str, my_rank: int, seconds: float) -> None:
-    host, port = addr.rsplit(":", 1)
+    host, port = parse_endpoint(addr, "stream address", port=True)
     payload = memoryview(bytes(CHUNK))
-    with socket.create_connection((host, int(port)), timeout=60) as s:
+    with socket.create_connection((host, port or 0), timeout=60) as s:
         s.sendall(struct.pack("!i", my_rank))
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -120,25 +122,17 @@ def _stream_to(addr: str, my_rank: int, seconds: float) -> None:
         s.recv(1)  # the receiver has everything: the next stream does not overlap this one
 
 
-def local_address(master_addr: str, master_port: int) -> str:
-    """The address of the interface this node reaches node 0 through (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((socket.gethostbyname(master_addr), master_port))
-            return str(s.getsockname()[0])
-        except OSError:
-            return "0.0.0.0"
-
-
 def _store(master_addr: str, master_port: int, nnodes: int, node_rank: int, timeout_s: float) -> Any:
     from torch.distributed import TCPStore
 
+    if node_rank != 0:
+        await_endpoint(master_addr, master_port, timeout_s, "--doctor-timeout")
     try:
         return TCPStore(master_addr, master_port, nnodes, node_rank == 0, timeout=timedelta(seconds=timeout_s),
                         wait_for_workers=False)
     except (RuntimeError, OSError) as e:
         raise UsageError(
-            f"bad --master-addr/--master-port {master_addr}:{master_port}: cannot reach node 0's store ({e}); "
+            f"bad --master-addr/--master-port {host_port(master_addr, master_port)}: cannot reach node 0's store ({e}); "
             "expected the address and a free port of node rank 0"
         ) from None
 
@@ -226,7 +220,7 @@ class TcpLink:
 
     @property
     def address(self) -> str:
-        return f"{self.server.sock.getsockname()[0]}:{self.server.port}"
+        return host_port(self.server.sock.getsockname()[0], self.server.port)
 
     @property
     def received(self) -> dict[int, float]:
@@ -244,7 +238,7 @@ def exchange(
     return it without the per-node detail (``nodes``)."""
     rank = report.node_rank
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
-    server = _StreamServer(local_address(master_addr, master_port))
+    server = _StreamServer(route_address(master_addr, master_port) or ("::" if ":" in master_addr else "0.0.0.0"))
     server.start()
     t0 = time.perf_counter()
     try:

@@ -14,9 +14,10 @@ from typing import Any
 
 from .. import jsonable
 from ..errors import UsageError
+from ..launch.net import host_view
 from ..plan.model import PlanRequest
 from ..topology.model import NicKind, Topology
-from .checks import Probe, check_node
+from .checks import Probe, check_hostname, check_node
 from .model import Finding, NodeReport, Severity, sort_findings
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class Inputs:
     nvml_record: str | None = None  # a recorded NVML record (JSON) instead of the driver's
     measure: bool = False
     compare: bool = False  # several nodes: read the versions they must share (imports torch)
+    endpoint: str | None = None  # several nodes: node 0's address (the hostname check names the address toward it)
 
 
 def tree_root(topo: Topology, source: str | None) -> Path | None:
@@ -117,6 +119,8 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
                                 "not a machine tree: RDMA ports, SMT and kernel modules not checked"))
     if live and pr.nvml is None and any(g.vendor == "nvidia" for g in topo.gpus):
         findings.append(Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked"))
+    if live:
+        findings += check_hostname(*host_view(inputs.endpoint), multi_node=inputs.endpoint is not None)
     figures = measure(topo) if inputs.measure and live else {}
     fact = facts(topo, pr, versions(pr.nvml, live=live and inputs.compare))
     return NodeReport(node_rank, hostname(topo), tuple(findings), fact, figures), topo

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import argtypes
 from ..errors import UsageError
+from ..launch.net import resolve
 from ..plan.options import request_from_args
 
 
@@ -29,19 +30,16 @@ def parse_nnodes(text: str) -> int:
 
 
 def rendezvous(args: argparse.Namespace, *, port_offset: int = 0) -> tuple[str, int]:
-    """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint."""
-    host, port = args.master_addr, args.master_port
-    if getattr(args, "rdzv_endpoint", ""):
-        ep = args.rdzv_endpoint
-        h, sep, p = ep.rpartition(":")
-        if not sep or not p.isdigit():
-            raise UsageError(f"bad --rdzv-endpoint {ep!r}: expected HOST:PORT such as 'node0:29500'")
-        host, port = h.strip("[]"), int(p)
-    if not host:
+    """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint; the host resolves."""
+    endpoint = getattr(args, "rdzv_endpoint", "")
+    flag = "--rdzv-endpoint" if endpoint else "--master-addr"
+    if not (endpoint or args.master_addr):
         raise UsageError("missing --master-addr (or --rdzv-endpoint): expected node rank 0's address for --nnodes > 1")
-    port = 29500 if port is None else port
+    host, given = argtypes.parse_endpoint(endpoint or args.master_addr, flag, port=None if endpoint else False)
+    port = (29500 if args.master_port is None else args.master_port) if given is None else given
     if not 0 < port + port_offset < 65536:
         raise UsageError(f"bad --master-port {port!r}: expected a port 1..65535")
+    resolve(host, flag=flag)
     return host, port + port_offset
 
 
@@ -70,6 +68,7 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
         nvml_record=getattr(args, "nvml_record", None),
         measure=(nnodes > 1 and not getattr(args, "no_measure", False)) or getattr(args, "measure", False),
         compare=nnodes > 1,
+        endpoint=host if nnodes > 1 else None,
     )
     report, topo = run_node(inputs, node_rank=args.node_rank if nnodes > 1 else 0)
     if nnodes == 1:

@@ -11,12 +11,12 @@ as nodes (no ``world_size``), so the rendezvous itself is not disturbed.
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from .net import await_endpoint
 
 ABORT_KEY = "numarun/abort"
 TELL_TIMEOUT_S = 20.0
@@ -24,23 +24,10 @@ TELL_TIMEOUT_S = 20.0
 POLL_S = 0.5
 
 
-def _listening(host: str, port: int) -> bool:
-    """Whether something accepts connections at host:port (checked before a store client is made:
-    torch's client logs a C++ stack trace each time it gives up)."""
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
 def _client(host: str, port: int, timeout_s: float, *, give_up: Callable[[], bool] = lambda: False) -> Any:
     """A store client at host:port once the store listens there; None after ``timeout_s`` or ``give_up()``."""
-    deadline = time.monotonic() + timeout_s
-    while not _listening(host, port):
-        if time.monotonic() >= deadline or give_up():
-            return None
-        time.sleep(POLL_S)
+    if not await_endpoint(host, port, timeout_s, give_up=give_up):
+        return None
     from torch.distributed import TCPStore
 
     try:

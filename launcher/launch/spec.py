@@ -11,12 +11,15 @@ is read from the spec's fields, never back out of the argv.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..argtypes import host_port, parse_endpoint
+from ..errors import UsageError
 from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options, torchrun_parser
 
 DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -24,6 +27,7 @@ DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 FORWARDED_SIGNALS = ("SIGUSR1", "SIGUSR2")
 """Sent on to every worker (the trainer checkpoints and exits 0); numarun keeps waiting."""
 RDZV_MARGIN_S = 15
+_TRUE = ("1", "true", "t", "yes", "y")
 """Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
 
 # torchrun options the spec holds as fields, or that numarun replaces
@@ -59,6 +63,10 @@ class LaunchSpec:
     """Other torchrun options, ``("--redirects", "3")``, rendered as given."""
     rdzv_margin_s: int = RDZV_MARGIN_S
     """Seconds numarun waits past torch's rendezvous timeout (``NUMARUN_RDZV_MARGIN``)."""
+    hosts_store: bool = True
+    """Whether this node hosts the rendezvous store; one that does not waits for it to listen first."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables the address rule gives the workers (:mod:`numarun.launch.net`)."""
 
     # --- what numarun reads from the launch ---
     @property
@@ -81,22 +89,22 @@ class LaunchSpec:
         base = int(dict(self.rdzv_conf).get(key, default))
         return base + self.rdzv_margin_s, f"{key}={base} + {self.rdzv_margin_s} s"
 
+    def endpoint(self) -> tuple[str, int]:
+        """(host, port) of the rendezvous store (``--standalone``: localhost, on a port torch picks)."""
+        if self.standalone:
+            return "localhost", 0
+        if self.backend == "static":
+            return self.master_addr or "127.0.0.1", self.master_port or 29500
+        host, port = parse_endpoint(self.rdzv_endpoint or "localhost", "--rdzv-endpoint")
+        return host, port or 29400
+
     def store_address(self) -> tuple[str, int] | None:
         """(host, port) of the store a multi-node rendezvous creates on the head; None for one node."""
-        if not self.multi_node:
-            return None
-        if self.rdzv_endpoint and self.backend != "static":
-            from .torchrun import parse_endpoint
-
-            host, port = parse_endpoint(self.rdzv_endpoint)
-            return host, port or 29400
-        return self.master_addr or "127.0.0.1", self.master_port or 29500
+        return self.endpoint() if self.multi_node else None
 
     def endpoint_text(self) -> str:
         """Where the rendezvous happens, for messages."""
-        if self.rdzv_endpoint:
-            return self.rdzv_endpoint
-        return f"{self.master_addr or '127.0.0.1'}:{self.master_port or 29500}"
+        return host_port(*self.endpoint())
 
     def node_label(self) -> str | None:
         """This node's name in a multi-node job's run dir (None for one node): ``node<rank>`` under a
@@ -144,8 +152,9 @@ def _option_text(value: Any) -> str:
 
 
 def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target,
-                parser: argparse.ArgumentParser | None = None) -> LaunchSpec:
-    """Check every torchrun option in ``options`` (dests -> values) once, and build the spec."""
+                parser: argparse.ArgumentParser | None = None, nics: Sequence[str] = ()) -> LaunchSpec:
+    """Check every torchrun option in ``options`` (dests -> values) once, and build the spec with the
+    address rule applied (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred)."""
     check_torchrun_options(options, nproc_per_node=nproc_per_node)
     parser = parser or torchrun_parser()
     defaults = {a.dest: a.default for a in parser._actions}  # noqa: SLF001
@@ -168,28 +177,44 @@ def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Targ
         value = options.get(dest)
         return None if value is None or value == defaults.get(dest) else value
 
+    def host(dest: str) -> str | None:
+        value = given(dest)
+        return None if not value else parse_endpoint(value, "--" + dest.replace("_", "-"), port=False)[0]
+
     conf = check_rdzv_conf(str(options.get("rdzv_conf") or ""))
     signals = str(options.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
     port = given("master_port")
-    return LaunchSpec(
+    endpoint = str(options.get("rdzv_endpoint") or "")
+    spec = LaunchSpec(
         target=target, nproc_per_node=nproc_per_node, nnodes=str(options.get("nnodes") or "1:1"),
         node_rank=int(options.get("node_rank") or 0), rdzv_backend=str(options.get("rdzv_backend") or "static"),
-        rdzv_endpoint=str(options.get("rdzv_endpoint") or ""), rdzv_id=str(options.get("rdzv_id") or "none"),
-        rdzv_conf=tuple(conf.items()), master_addr=given("master_addr"),
-        master_port=int(port) if port is not None else None,
-        local_addr=options.get("local_addr") or None, standalone=bool(options.get("standalone")),
-        max_restarts=int(options.get("max_restarts") or 0),
+        rdzv_endpoint=host_port(*parse_endpoint(endpoint, "--rdzv-endpoint")) if endpoint else "",
+        rdzv_id=str(options.get("rdzv_id") or "none"), rdzv_conf=tuple(conf.items()), master_addr=host("master_addr"),
+        master_port=int(port) if port is not None else None, local_addr=host("local_addr"),
+        standalone=bool(options.get("standalone")), max_restarts=int(options.get("max_restarts") or 0),
         death_signals=tuple(n.strip() for n in signals.split(",") if n.strip()),
         shutdown_timeout=int(options["shutdown_timeout"]) if options.get("shutdown_timeout") is not None else None,
         log_dir=str(options["log_dir"]) if options.get("log_dir") else None, passthrough=tuple(passthrough),
         rdzv_margin_s=rdzv_margin(os.environ),
     )
+    from .net import addressing
+
+    is_host = conf.get("is_host")
+    a = addressing(multi_node=spec.multi_node, backend=spec.backend, endpoint=spec.endpoint(), node_rank=spec.node_rank,
+                   flag="--master-addr" if spec.backend == "static" else "--rdzv-endpoint", prefer=nics,
+                   given_local_addr=spec.local_addr, given_is_host=None if is_host is None else is_host.lower() in _TRUE)
+    advertise = not spec.multi_node or spec.backend != "static"  # static: torchrun ignores --local-addr
+    if advertise and a.local_addr is None:
+        raise UsageError("no address for the other nodes to reach (only loopback or link-local); expected --local-addr ADDR")
+    if a.is_host is not None and is_host is None:
+        conf["is_host"] = "true" if a.is_host else "false"
+    return dataclasses.replace(spec, local_addr=a.local_addr if advertise else spec.local_addr,
+                               rdzv_conf=tuple(conf.items()), hosts_store=a.hosts_store, env=a.env)
 
 
 def rdzv_margin(environ: Mapping[str, str]) -> int:
     """:data:`RDZV_MARGIN_S`, or the whole seconds in ``NUMARUN_RDZV_MARGIN`` (0 to 3600)."""
     from ..envvars import RDZV_MARGIN
-    from ..errors import UsageError
 
     text = environ.get(RDZV_MARGIN, "").strip()
     if not text:

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from .. import envvars, ledger
 from ..errors import NumarunError
-from . import reaper
+from . import net, reaper
 from .spec import FORWARDED_SIGNALS, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -334,8 +334,11 @@ class Supervisor:
             previous[signum] = signal.signal(signum, self._terminate if signum in death else self._forward)
         self._reported = False
         stops = [self._watch_death(death), self._watch_rendezvous(spec), self._watch_abort(spec)]
-        updates = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(state)}
+        updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(state)}
         try:
+            if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
+                seconds, source = spec.rendezvous_deadline()
+                net.await_endpoint(*spec.endpoint(), seconds - spec.rdzv_margin_s, source.partition(" +")[0])
             with scoped_environ(updates):
                 torchrun_main(spec.argv(log_dir=str(state / "logs")))
         except ChildFailedError as e:

@@ -147,30 +147,6 @@ def _int_option(options: Mapping[str, Any], dest: str, flag: str, *, low: int, h
     return int(text)
 
 
-def parse_endpoint(endpoint: str, *, flag: str = "--rdzv-endpoint") -> tuple[str, int | None]:
-    """``host[:port]`` / ``[v6]:port`` -> (host, port or None); refuses a port that is not 1-65535."""
-    text = endpoint.strip()
-    form = "HOST or HOST:PORT with PORT from 1 to 65535 (IPv6 as [ADDR]:PORT), e.g. node0:29400"
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise UsageError(f"bad {flag} {endpoint!r}: expected {form}")
-        port_text = rest[1:] if rest else None
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    elif ":" in text:  # a bare IPv6 address
-        host, port_text = text, None
-    else:
-        host, port_text = text, None
-    if not host or any(c.isspace() for c in host):
-        raise UsageError(f"bad {flag} {endpoint!r}: expected {form}")
-    if port_text is None:
-        return host, None
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise UsageError(f"bad {flag} {endpoint!r}: port {port_text!r} is not a number from 1 to 65535; expected {form}")
-    return host, int(port_text)
-
-
 def check_rdzv_conf(conf: str) -> dict[str, str]:
     """``key=value,...`` with the keys torch reads and values of their type."""
     form = "KEY=VALUE,... with KEY one of " + ", ".join((*RDZV_INT_KEYS, *RDZV_BOOL_KEYS, *RDZV_STR_KEYS))
@@ -276,11 +252,12 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     """Refuse every value torchrun would only reject later with a traceback, or ignore.
 
     Types, ranges and names of every torchrun option numarun passes on: ``--nnodes``,
-    ``--node-rank`` (below the node count), ``--rdzv-backend``, ``--rdzv-endpoint``,
+    ``--node-rank`` (below the node count), ``--rdzv-backend``,
     ``--rdzv-conf`` (known keys, typed values), ``--max-restarts``, ``--monitor-interval``,
-    ``--master-port`` (and free on node 0 of a static rendezvous), ``--local-addr``,
+    ``--master-port`` (and free on node 0 of a static rendezvous),
     ``--log-dir``, ``--redirects``/``--tee``, ``--local-ranks-filter``, ``--signals-to-handle``,
-    ``--shutdown-timeout``, ``--event-log-handler``, ``--logs-specs``, ``--role``.
+    ``--shutdown-timeout``, ``--event-log-handler``, ``--logs-specs``, ``--role``. The addresses are read
+    (one parser, :func:`numarun.argtypes.parse_endpoint`) and resolved where the spec is built.
     """
     nnodes = str(options.get("nnodes", "1"))
     parts = nnodes.split(":")
@@ -307,14 +284,10 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
             ok = False
         if not ok:
             raise UsageError(f"bad --monitor-interval {interval!r}: expected a finite number of seconds > 0, e.g. 0.1")
-    endpoint = str(options.get("rdzv_endpoint") or "")
-    if endpoint:
-        parse_endpoint(endpoint)
     check_rdzv_conf(str(options.get("rdzv_conf") or ""))
-    for dest, flag in (("master_addr", "--master-addr"), ("role", "--role")):
-        value = options.get(dest)
-        if value is not None and (not str(value).strip() or any(c.isspace() for c in str(value))):
-            raise UsageError(f"bad {flag} {value!r}: expected a non-empty name without spaces")
+    role = options.get("role")
+    if role is not None and (not str(role).strip() or any(c.isspace() for c in str(role))):
+        raise UsageError(f"bad --role {role!r}: expected a non-empty name without spaces")
     handler = options.get("event_log_handler")
     if handler is not None and handler not in EVENT_LOG_HANDLERS:
         raise UsageError(f"bad --event-log-handler {handler!r}: expected one of {', '.join(EVENT_LOG_HANDLERS)}")
@@ -334,10 +307,6 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     if options.get("log_dir"):
         check_log_dir(str(options["log_dir"]))
     check_redirects(options, nproc=nproc_per_node)
-    if options.get("local_addr"):
-        from .net import resolve
-
-        resolve(str(options["local_addr"]), flag="--local-addr")
     if port is not None and backend == "static" and not options.get("standalone") and (node_rank or 0) == 0:
         check_port_free(port)
 

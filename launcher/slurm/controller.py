@@ -21,7 +21,7 @@ from pathlib import Path
 from ..envvars import SLURM_INFO
 from ..errors import SlurmError
 from ..jobenv.slurm import parse_leaf_switches, parse_node_addrs
-from ..launch.net import resolves
+from ..launch.net import resolve
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ def handed_over(environ: Mapping[str, str]) -> SlurmFacts | None:
 
 def gather(
     environ: Mapping[str, str], *, need_switches: bool, head: str | None,
-    ask: Callable[..., str | None] = scontrol, name_resolves: Callable[[str], bool] = resolves,
+    ask: Callable[..., str | None] = scontrol,
+    name_resolves: Callable[[str], bool] = lambda h: bool(resolve(h, flag=None, timeout=2.0)),
 ) -> SlurmFacts:
     """The facts this task needs: the handed-over ones, else at most two ``scontrol`` calls.
 
