@@ -50,8 +50,10 @@ SLURM_INFO = "NUMARUN_SLURM_INFO"
 RDZV_MARGIN = "NUMARUN_RDZV_MARGIN"
 """Seconds numarun waits past torch's rendezvous timeout before it ends a rendezvous that hangs (default 15)."""
 READY_FD = "NUMARUN_READY_FD"
-"""A pipe (file descriptor) numarun writes one byte to once its signal handlers are in place: the Slurm
-node task holds the signals it gets until then."""
+"""A pipe (file descriptor) numarun writes one byte to once its signal handlers are in place: the relay
+that started it (the Slurm node task, numarun as PID 1) holds the signals it gets until then."""
+INIT = "NUMARUN_INIT"
+"""``1``: this numarun's parent is numarun as PID 1, which reaps orphans (so this one is no subreaper)."""
 DETECT = "NUMARUN_DETECT"
 """``0``: do not read the job's shape from a scheduler's environment (Slurm step, mpirun); ``--no-detect``."""
 PLAN_JSON = "NUMARUN_PLAN_JSON"

@@ -3,7 +3,7 @@
 A mistake can show on some nodes only: ``--node-rank $SLURM_NODEID`` expanded by the batch shell
 gives every node rank 0, and only the nodes whose ``SLURM_NODEID`` is not 0 can tell. Those
 nodes refuse (one line, exit 2) and set :data:`ABORT_KEY` in the head's store; every node's
-launcher polls that key while it waits in the rendezvous (:func:`watch`), and stops naming the
+launcher polls that key while it waits in the rendezvous (:class:`AbortWatch`), and stops naming the
 node that refused. The store is the one torchrun's rendezvous creates on the head (static:
 ``--master-addr:--master-port``; c10d: the ``--rdzv-endpoint``); the clients here do not count
 as nodes (no ``world_size``), so the rendezvous itself is not disturbed.
@@ -12,9 +12,7 @@ as nodes (no ``world_size``), so the rendezvous itself is not disturbed.
 from __future__ import annotations
 
 import socket
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -34,17 +32,17 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _client(host: str, port: int, timeout_s: float, *, give_up: Callable[[], bool] = lambda: False) -> Any:
-    """A store client at host:port once the store listens there; None after ``timeout_s`` or ``give_up()``."""
+def _client(host: str, port: int, timeout_s: float) -> Any:
+    """A store client at host:port once the store listens there; None after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not _listening(host, port):
-        if time.monotonic() >= deadline or give_up():
+        if time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)
     from torch.distributed import TCPStore
 
     try:
-        return TCPStore(host, port, None, False, timeout=timedelta(seconds=30), wait_for_workers=False)
+        return TCPStore(host, port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False)
     except Exception:
         return None
 
@@ -61,23 +59,24 @@ def tell(host: str, port: int, message: str, *, timeout_s: float = TELL_TIMEOUT_
         return False
 
 
-def watch(host: str, port: int, *, until: Callable[[], bool], on_abort: Callable[[str], None],
-          connect_timeout_s: float = 600.0) -> Callable[[], None]:
-    """Poll the store at host:port for an abort message until ``until()`` holds; call ``on_abort(message)``
-    when one comes. Runs in a daemon thread; returns a function that stops it."""
-    stop = threading.Event()
+class AbortWatch:
+    """The abort message in the store at host:port, asked one step at a time (by the supervisor's loop):
+    each :meth:`poll` connects if the store listens yet (for up to ``connect_timeout_s``), then checks."""
 
-    def loop() -> None:
-        store = _client(host, port, connect_timeout_s, give_up=lambda: stop.is_set() or until())
-        while store is not None and not stop.is_set() and not until():
-            try:
-                if store.check([ABORT_KEY]):
-                    value = store.get(ABORT_KEY)
-                    on_abort(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
-                    return
-            except Exception:
-                return  # the store went away: the rendezvous reports that itself
-            stop.wait(POLL_S)
+    def __init__(self, host: str, port: int, connect_timeout_s: float = 600.0) -> None:
+        self.host, self.port = host, port
+        self._until = time.monotonic() + connect_timeout_s
+        self._store: Any = None
 
-    threading.Thread(target=loop, name="numarun-abort-watch", daemon=True).start()
-    return stop.set
+    def poll(self) -> str | None:
+        if self._store is None and time.monotonic() < self._until:
+            self._store = _client(self.host, self.port, 0)
+        if not self._store:
+            return None
+        try:
+            if self._store.check([ABORT_KEY]):
+                value = self._store.get(ABORT_KEY)
+                return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        except Exception:
+            self._store = False  # the store went away: the rendezvous reports that itself
+        return None

@@ -9,6 +9,8 @@ Process groups do not reach a daemon that called ``setsid``; a cgroup and a subr
   its session, and ``cgroup.kill`` (Linux 5.14+) ends all of them at once. Used when this process
   can create the directory (root, or a delegated subtree) and is not in a Slurm job (Slurm's own
   cgroup tree is left alone: its proctrack ends the step's processes at step end).
+* **init** (its parent is numarun as PID 1, :func:`numarun.launch.signals.init_main`): orphans go to
+  that init, which reaps them at once; they are ended from its process tree, and all of them with it.
 * **subreaper** (everywhere else): numarun sets ``PR_SET_CHILD_SUBREAPER``, so an orphaned
   descendant is re-parented to numarun instead of init and stays in its process tree; the
   cleaner process watches that tree (``/proc``, every :data:`WATCH_S`) and, when numarun dies
@@ -26,6 +28,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..envvars import INIT
 from ..topology.procfs import cgroup2_mount, own_cgroup2_path
 
 log = logging.getLogger(__name__)
@@ -34,13 +37,13 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 WATCH_S = 0.25
 """How often the cleaner re-reads the tree in subreaper mode."""
 CAGE_FILE = "cage"
-"""In numarun's private directory: ``cgroup <path>`` or ``subreaper <pid>``, read by the cleaner."""
+"""In numarun's private directory: ``<kind> <cgroup path or pid>``, read by the cleaner."""
 
 
 @dataclass(frozen=True)
 class Cage:
-    """How this numarun finds its descendants: ``kind`` ``cgroup`` (``path`` the cgroup's directory)
-    or ``subreaper``."""
+    """How this numarun finds its descendants: ``kind`` ``cgroup`` (``path`` the cgroup's directory),
+    ``init`` or ``subreaper``."""
 
     kind: str
     path: str = ""
@@ -50,12 +53,11 @@ class Cage:
 
     def end_others(self, *, spare: frozenset[int] = frozenset()) -> int:
         """End every process of the job but this one (and ``spare``, e.g. the cleaner); returns how
-        many were signalled. Zombies left re-parented to this process are reaped."""
+        many were signalled."""
         if self.kind == "cgroup":
-            count = _end_cgroup(Path(self.path), keep=os.getpid())
-        else:
-            count = _end_descendants(os.getpid(), spare=spare)
-        return count
+            return _end_cgroup(Path(self.path), keep=os.getpid())
+        orphans = _end_descendants(1, spare=spare | {os.getpid()}) if self.kind == "init" else 0
+        return orphans + _end_descendants(os.getpid(), spare=spare)
 
 
 def enter(environ: dict[str, str] | None = None) -> Cage:
@@ -74,6 +76,8 @@ def enter(environ: dict[str, str] | None = None) -> Cage:
                 cage.rmdir()
         except OSError as e:
             log.debug("no cgroup of numarun's own (%s): watching its process tree instead", e)
+    if env.get(INIT) == "1" and os.getppid() == 1:
+        return Cage("init")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -114,20 +118,6 @@ def _end_cgroup(path: Path, *, keep: int | None) -> int:
         except ProcessLookupError:
             pass
     return len(others)
-
-
-def reap_zombies() -> int:
-    """Collect the exit status of children that are gone (orphans a subreaper inherited); only when
-    no one else waits for a child of this process (after torchrun has returned)."""
-    count = 0
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return count
-        if pid == 0:
-            return count
-        count += 1
 
 
 def _children_map() -> dict[int, list[int]]:

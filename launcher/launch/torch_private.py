@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
+import signal
 import sys
 import types
 from typing import Any
@@ -103,15 +105,10 @@ def install(module: Any | None = None) -> bool:
 def signal_exception(signum: int) -> BaseException:
     """What torchrun's agent raises in its main thread for a death signal (``SignalException``), so
     that a signal during the rendezvous ends the run the way one during the run does."""
-    import os
-    import signal
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    return SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    return signal_exception_type()(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
-def signal_exception_type() -> type[BaseException]:
+def signal_exception_type() -> Any:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     return SignalException

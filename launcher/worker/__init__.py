@@ -71,8 +71,9 @@ def report(*, samples: float, seconds: float | None = None) -> None:
         os.close(fd)
 
 
-def finish(code: object) -> NoReturn:
-    """Leave as Python would after the script ends, minus module teardown.
+def finish(code: object, *, signum: int = 0) -> NoReturn:
+    """Leave as Python would after the script ends, minus module teardown (``signum``: then die of
+    that signal, as Python does after an uncaught KeyboardInterrupt, less its traceback).
 
     What the interpreter does at exit is done here in the same order while it is still
     whole: wait for non-daemon threads, run atexit handlers (logging.shutdown,
@@ -86,7 +87,9 @@ def finish(code: object) -> NoReturn:
     import gc
     import threading
 
-    if code is None:
+    if signum:
+        status = 128 + signum
+    elif code is None:
         status = 0
     elif isinstance(code, int):
         status = code
@@ -97,7 +100,7 @@ def finish(code: object) -> NoReturn:
     from ..ledger import record_exit
 
     record_exit(os.environ, status)
-    if os.environ.get(envvars.FULL_EXIT) == "1":
+    if os.environ.get(envvars.FULL_EXIT) == "1" and not signum:
         sys.exit(status)
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
@@ -113,4 +116,9 @@ def finish(code: object) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):
             pass
+    if signum:
+        import signal
+
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(status & 0xFF)
