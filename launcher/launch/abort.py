@@ -1,12 +1,7 @@
-"""One node refuses to start: the others hear it through the rendezvous store, instead of waiting out a timeout.
-
-A mistake can show on some nodes only: ``--node-rank $SLURM_NODEID`` expanded by the batch shell
-gives every node rank 0, and only the nodes whose ``SLURM_NODEID`` is not 0 can tell. Those
-nodes refuse (one line, exit 2) and set :data:`ABORT_KEY` in the head's store; every node's
-launcher polls that key while it waits in the rendezvous (:class:`AbortWatch`), and stops naming the
-node that refused. The store is the one torchrun's rendezvous creates on the head (static:
-``--master-addr:--master-port``; c10d: the ``--rdzv-endpoint``); the clients here do not count
-as nodes (no ``world_size``), so the rendezvous itself is not disturbed.
+"""One node refuses to start (``--node-rank $SLURM_NODEID`` expanded by the batch shell gives every node
+rank 0; only the others can tell): it sets :data:`ABORT_KEY` in the head's rendezvous store, and every
+node's launcher, polling that key while it waits in the rendezvous (:class:`AbortWatch`), stops naming
+it instead of waiting out a timeout. These store clients do not count as nodes (no ``world_size``).
 """
 
 from __future__ import annotations

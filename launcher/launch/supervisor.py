@@ -95,7 +95,7 @@ def _names_to_numbers(names: tuple[str, ...]) -> set[int]:
 
 @dataclass
 class _Job:
-    """What the loop watches while a job runs (its deadline, another node's refusal)."""
+    """What the loop watches while a job runs."""
 
     spec: LaunchSpec
     deadline_s: int
@@ -223,9 +223,9 @@ class Supervisor:
         if self.private_dir is not None:
             return self.private_dir
         directory = Path(tempfile.mkdtemp(prefix="numarun-"))
-        # started before numarun enters its cage: the cleaner must outlive what it ends
+        # before numarun enters its cage: the cleaner outlives what it ends
         self._cleaner = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", reaper.CLEANER, str(directory), str(os.getpid()), str(reaper.WATCH_S)],
+            [sys.executable, "-I", "-S", reaper.CLEANER, str(directory), str(os.getpid()), str(reaper.WATCH_S)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         self._cage = reaper.enter()
@@ -235,13 +235,8 @@ class Supervisor:
         return directory
 
     def write_plan(self, text: str, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
-        """The plan as a file (mode 0600) for this node's workers; returns its path.
-
-        Always in the private directory: a run dir is shared by every node of a job on a shared
-        filesystem, and a plan there would be read by the workers of whichever node wrote it last.
-        With ``run_dir`` a copy is kept there as the record of how the job ran:
-        ``numarun_plan.json``, or ``numarun_plan.<node>.json`` on a job of several nodes.
-        """
+        """The plan for this node's workers, in the private directory (mode 0600: a run dir may be shared by
+        every node); returns its path. ``run_dir`` keeps the record, ``numarun_plan[.<node>].json``."""
         from ..fsutil import write_atomic
 
         if self.private_dir is None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..cpuset import format_list
 from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
 from ..launch.signals import Relay
@@ -65,12 +66,6 @@ def should_requeue(preempted: bool, restart_count: int, requeue_limit: int) -> b
     return preempted and restart_count < requeue_limit
 
 
-def _cpulist(cpus: Sequence[int]) -> str:
-    from ..cpuset import format_list
-
-    return format_list(cpus)
-
-
 def task_main(opts: argparse.Namespace) -> int:
     env = os.environ
     relay = Relay()  # first thing: from now on a signal is held for numarun, never lost
@@ -89,7 +84,7 @@ def task_main(opts: argparse.Namespace) -> int:
         )
     cpus = sorted(os.sched_getaffinity(0))
     print(
-        f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {_cpulist(cpus)}, "
+        f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {format_list(cpus)}, "
         f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')} "
         f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
         flush=True,
