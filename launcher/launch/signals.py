@@ -37,7 +37,7 @@ ON_SIGNAL: Mapping[Phase, tuple[Act, Act]] = {
     # phase:          (a death signal, SIGUSR1/SIGUSR2)
     Phase.STARTING:   (Act.END, Act.HOLD),
     Phase.RENDEZVOUS: (Act.STOP, Act.FORWARD),  # torch may wait in C++: the loop ends the run after a grace
-    Phase.RUNNING:    (Act.STOP, Act.FORWARD),  # torchrun's own handler is in place: it stops the workers
+    Phase.RUNNING:    (Act.STOP, Act.FORWARD),
     Phase.STOPPING:   (Act.NOTE, Act.FORWARD),
     Phase.BETWEEN:    (Act.END, Act.HOLD),
 }

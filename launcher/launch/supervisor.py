@@ -161,21 +161,24 @@ class Supervisor:
         while True:
             got = self._wakeup.read(TICK_S)
             now = time.monotonic()
-            for signum in got:
-                if signum in self._death:
-                    if self._phase is not Phase.STOPPING and not self.live_workers():
-                        waiting.setdefault(signum, now)
-                elif signum:
-                    self._act(signum)
+            try:  # the loop outlives any one failure (the private directory removed under it at exit...)
+                for signum in got:
+                    if signum in self._death:
+                        if self._phase is not Phase.STOPPING and not self.live_workers():
+                            waiting.setdefault(signum, now)
+                    elif signum:
+                        self._act(signum)
+                for signum, since in list(waiting.items()):
+                    if now - since >= SIGNAL_GRACE_S:
+                        del waiting[signum]
+                        # the handler never ran: the main thread waits in C++ (torch's rendezvous)
+                        if self._phase is not Phase.STOPPING and not self.live_workers():
+                            self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
+                self._watch_job(now)
+            except Exception as e:
+                log.debug("signal loop: %s", e)
             if 0 in got:
                 return  # released
-            for signum, since in list(waiting.items()):
-                if now - since >= SIGNAL_GRACE_S:
-                    del waiting[signum]
-                    # the handler never ran: the main thread waits in C++ (torch's rendezvous)
-                    if self._phase is not Phase.STOPPING and not self.live_workers():
-                        self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
-            self._watch_job(now)
 
     def _act(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -260,6 +263,7 @@ class Supervisor:
         from torch.distributed.run import main as torchrun_main
 
         torch_private.install()
+        torch_private.route_signals(self._on_signal)
         directory = self.start()
         ledger.clear(directory)
         deadline_s, source = spec.rendezvous_deadline()
@@ -273,7 +277,7 @@ class Supervisor:
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
         handled = self._death | self._forwarded
-        for signum in handled:  # torchrun's own handlers replace these once its workers start
+        for signum in handled:  # torchrun installs them again as its workers start (route_signals)
             signal.signal(signum, self._on_signal)
         updates = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
         try:
@@ -317,7 +321,7 @@ class Supervisor:
                     self._phase = Phase.BETWEEN
                 self._job, self._death = None, base_death
             for signum in handled:
-                signal.signal(signum, self._on_signal)  # torchrun's handlers out until the next job
+                signal.signal(signum, self._on_signal)  # torchrun's own, outside the checked torch versions
             if self._cage is not None:
                 self._cage.end_others(spare=self._spare())  # what the workers left behind, in any session
                 if self._cage.kind == "subreaper":

@@ -1,12 +1,12 @@
 """Every use of torch's private parts, in one place, each guarded by the torch versions it was checked on.
 
-numarun drives torchrun from inside its own process and reaches into it in three places:
+numarun drives torchrun from inside its own process and reaches into it in four places:
 
 * **GC paused while torch is imported** (:func:`import_torchrun`; public API, a cost saving);
 * **``get_method_name`` of the dynamic rendezvous replaced** (:func:`install`): a private function;
-* **torch's ``SignalException``** raised by numarun's own death-signal handler during the
-  rendezvous, exactly as torchrun's (private) ``_terminate_process_handler`` raises it once the
-  workers run (:func:`signal_exception`).
+* **torch's ``SignalException``** raised by numarun's own death-signal handler, exactly as torchrun's
+  (private) ``_terminate_process_handler`` raises it, which torchrun installs numarun's handler in place
+  of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
 
 :data:`CHECKED` names the torch versions these were checked on; outside them the private patch is
 skipped (torch behaves as plain torchrun, only slower) and ``tests/test_launch_torch_private.py``
@@ -99,6 +99,17 @@ def install(module: Any | None = None) -> bool:
     if getattr(target, "get_method_name", None) is None:
         return False
     target.get_method_name = method_name
+    return True
+
+
+def route_signals(handler: Any) -> bool:
+    """Have torchrun's agent install ``handler`` for its death signals instead of its own; False (torch
+    left as it is) outside :data:`CHECKED`."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    if not checked() or getattr(api, "_terminate_process_handler", None) is None:
+        return False
+    api._terminate_process_handler = handler
     return True
 
 
