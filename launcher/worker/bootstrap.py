@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = e.code
     except KeyboardInterrupt:  # Ctrl-C: numarun's one line says it; the rank ends quietly, as interrupted
         finish(None, signum=2)  # SIGINT
-    except Exception as e:  # as an uncaught exception in 'python script.py' (KeyboardInterrupt is left alone)
+    except Exception as e:  # as an uncaught exception in 'python script.py'
         report_failure(e, os.environ)
         code = 1
     else:
