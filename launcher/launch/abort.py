@@ -55,16 +55,15 @@ def tell(host: str, port: int, message: str, *, timeout_s: float = TELL_TIMEOUT_
 
 
 class AbortWatch:
-    """The abort message in the store at host:port, asked one step at a time (by the supervisor's loop):
-    each :meth:`poll` connects if the store listens yet (for up to ``connect_timeout_s``), then checks."""
+    """The abort message in the store at host:port, asked a step at a time by the supervisor's loop (until
+    the rendezvous deadline): each :meth:`poll` connects once the store listens, then checks."""
 
-    def __init__(self, host: str, port: int, connect_timeout_s: float = 600.0) -> None:
+    def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
-        self._until = time.monotonic() + connect_timeout_s
         self._store: Any = None
 
     def poll(self) -> str | None:
-        if self._store is None and time.monotonic() < self._until:
+        if self._store is None:
             self._store = _client(self.host, self.port, 0)
         if not self._store:
             return None

@@ -7,6 +7,7 @@ tree every WATCH_S meanwhile (once numarun is gone, its orphans are re-parented 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -44,12 +45,10 @@ def tree(roots: Iterable[int]) -> set[int]:
 
 
 def _cage(d: str) -> tuple[str, str]:
-    try:
-        with open(os.path.join(d, "cage")) as f:
-            kind, _, where = f.read().strip().partition(" ")
+    with contextlib.suppress(OSError), open(os.path.join(d, "cage")) as f:
+        kind, _, where = f.read().strip().partition(" ")
         return kind, where
-    except OSError:
-        return "", ""
+    return "", ""
 
 
 def main(d: str, launcher: int, watch_s: float) -> None:
@@ -66,25 +65,16 @@ def main(d: str, launcher: int, watch_s: float) -> None:
                     seen[p] = st[1]
     kind, where = _cage(d)
     if kind == "cgroup":
-        try:
-            with open(os.path.join(where, "cgroup.kill"), "w") as f:
-                f.write("1")
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(os.path.join(where, "cgroup.kill"), "w") as f:
+            f.write("1")
     # the recorded workers' process groups, then everything seen in numarun's tree and below it
-    for n in os.listdir(d) if os.path.isdir(d) else []:
-        if n.startswith("pid."):
-            try:
-                with open(os.path.join(d, n)) as f:
-                    os.killpg(int(f.read().split()[0]), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+    for n in [n for n in (os.listdir(d) if os.path.isdir(d) else []) if n.startswith("pid.")]:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(d, n)) as f:
+            os.killpg(int(f.read().split()[0]), signal.SIGKILL)
     alive = [p for p, start in seen.items() if (stat(p) or (0, None))[1] == start]
     for p in alive + sorted(tree(alive)):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
     for _ in range(50 if kind == "cgroup" else 0):
         try:
             os.rmdir(where)

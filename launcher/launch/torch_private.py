@@ -11,22 +11,6 @@ numarun drives torchrun from inside its own process and reaches into it in four 
 :data:`CHECKED` names the torch versions these were checked on; outside them the private patch is
 skipped (torch behaves as plain torchrun, only slower) and ``tests/test_launch_torch_private.py``
 fails when torch changes the shape of anything patched here, so the next torch is checked on purpose.
-
-Start-up work the launcher process need not pay for: two costs torchrun pays on every launch.
-
-* **Garbage collection while torch is imported.** ``import torch`` creates a few hundred
-  thousand objects, and CPython's cyclic collector walks all of them again and again as
-  they pile up (about a fifth of the import on a small host). :func:`import_torchrun`
-  imports ``torch.distributed.run`` with the collector paused, then moves what it created
-  into the permanent generation (``gc.freeze``), so later collections in this long-lived
-  process skip torch's modules too. Only the launcher does this: workers run the user's
-  program with the interpreter's defaults.
-* **``inspect.stack()`` in the rendezvous.** torchrun's dynamic rendezvous names each
-  recorded event after the calling method with ``inspect.stack()``, which reads every
-  frame's source file and searches ``sys.modules`` for its module, twice per event.
-  :func:`install` swaps in the same lookup by frame depth (``sys._getframe``); the events,
-  their names and where they are logged stay torchrun's.
-
 ``scripts/bench_launch.py`` measures the launch against plain torchrun.
 """
 
@@ -63,7 +47,9 @@ def checked(version: tuple[int, int] | None = None) -> bool:
 
 
 def import_torchrun() -> types.ModuleType:
-    """``torch.distributed.run``, imported with the cyclic collector paused, then frozen."""
+    """``torch.distributed.run``, imported with the cyclic collector paused (it would walk torch's few hundred
+    thousand new objects again and again: a fifth of the import on a small host), then frozen (later
+    collections in this long-lived process skip them). The launcher only: workers keep Python's defaults."""
     if "torch.distributed.run" in sys.modules:
         return sys.modules["torch.distributed.run"]
     enabled = gc.isenabled()
@@ -87,9 +73,9 @@ def method_name(depth: int = 2) -> str:
 
 
 def install(module: Any | None = None) -> bool:
-    """Replace ``get_method_name`` in torchrun's dynamic rendezvous module (or ``module``);
-    False when that torch has no such function or is not a version it was checked on (nothing is
-    changed then)."""
+    """Replace ``get_method_name`` in torchrun's dynamic rendezvous module (or ``module``), which names each
+    event with ``inspect.stack()`` (every frame's source file read, twice an event), by the same lookup
+    by frame depth; False when that torch has no such function or was not checked (nothing changed)."""
     target: Any = module
     if target is None:
         if not checked():

@@ -75,13 +75,10 @@ def finish(code: object, *, signum: int = 0) -> NoReturn:
     """Leave as Python would after the script ends, minus module teardown (``signum``: then die of
     that signal, as Python does after an uncaught KeyboardInterrupt, less its traceback).
 
-    What the interpreter does at exit is done here in the same order while it is still
-    whole: wait for non-daemon threads, run atexit handlers (logging.shutdown,
-    multiprocessing's child reaping, the user's own), then drop the script's objects and
-    collect them. Only the final teardown of modules is skipped (``os._exit``): a DDP
-    reducer or gloo work object destroyed during that teardown can abort a rank that
-    finished fine (SIGABRT, "terminate called without an active exception"), a few runs
-    in a hundred with torch 2.13's gloo. ``NUMARUN_FULL_EXIT=1`` keeps the plain exit.
+    In the interpreter's order, while it is whole: non-daemon threads joined, atexit handlers run, the
+    script's objects dropped and collected. The module teardown is skipped (``os._exit``): a DDP reducer
+    or gloo work destroyed there can abort a rank that finished fine (SIGABRT, a few runs in a hundred
+    with torch 2.13's gloo). ``NUMARUN_FULL_EXIT=1`` keeps the plain exit.
     """
     import atexit
     import gc
