@@ -6,11 +6,9 @@
 * ``signals.json``: the signals numarun forwarded (SIGUSR1/SIGUSR2), each with the worker group
   it is for and the local ranks that got it.
 
-A forwarded signal reaches every worker whenever it arrives: numarun sends it to the workers it
-knows, and a worker that starts afterwards sends itself what its group has not had yet
-(:func:`register`). Both sides hold ``lock`` meanwhile (never in a signal handler: numarun's loop
-takes it), so a worker gets each signal exactly once, whether it arrived before the worker existed,
-while it was in the bootstrap, or later.
+numarun sends a forwarded signal to the workers it knows; a worker that starts later sends itself what
+its group has not had (:func:`register`). Both hold ``lock`` meanwhile (numarun's signal loop, never a
+handler): each worker gets each signal exactly once, whenever it came.
 
 No torch, no psutil: the bootstrap imports this before the user's script.
 """

@@ -59,10 +59,7 @@ def main(d: str, launcher: int, watch_s: float) -> None:
         if ready and not os.read(fd, 4096):
             break
         if _cage(d)[0] == "subreaper":
-            for p in tree([launcher]):
-                st = stat(p)
-                if st:
-                    seen[p] = st[1]
+            seen.update((p, st[1]) for p in tree([launcher]) if (st := stat(p)))
     kind, where = _cage(d)
     if kind == "cgroup":
         with contextlib.suppress(OSError), open(os.path.join(where, "cgroup.kill"), "w") as f:

@@ -94,9 +94,7 @@ def _names_to_numbers(names: tuple[str, ...]) -> set[int]:
 
 
 @dataclass
-class _Job:
-    """What the loop watches while a job runs."""
-
+class _Job:  # what the loop watches while a job runs
     spec: LaunchSpec
     deadline_s: int
     source: str
