@@ -168,6 +168,10 @@ def _split_command(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if os.getpid() == 1:  # a container's command: init's duties come with it
+        from .launch.signals import init_main
+
+        return init_main(list(sys.argv[1:] if argv is None else argv))
     stdout = sys.stdout
     sys.stdout = _CheckedStdout(stdout)
     try:
@@ -198,6 +202,10 @@ def _main(args_list: list[str]) -> int:
         # for the parser is held for the workers (or ends the run), never lost
         supervisor = Supervisor()
         supervisor.hold_signals()
+    else:
+        from .launch.signals import say_ready
+
+        say_ready()  # Python's own dispositions are this command's
     parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
     args = parser.parse_args(args_list)
     if command is not None:

@@ -27,6 +27,7 @@ SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"  # seconds each Slurm client call of num
 SLURM_INFO = "NUMARUN_SLURM_INFO"
 RDZV_MARGIN = "NUMARUN_RDZV_MARGIN"  # seconds past torch's rendezvous timeout before a hung rendezvous ends (default 15)
 READY_FD = "NUMARUN_READY_FD"  # a pipe numarun writes a byte to once its signal handlers are in place
+INIT = "NUMARUN_INIT"  # 1: this numarun's parent is numarun as PID 1, which reaps orphans (so this one is no subreaper)
 DETECT = "NUMARUN_DETECT"  # 0: do not read the job's shape from a scheduler's environment (--no-detect)
 PLAN_JSON = "NUMARUN_PLAN_JSON"  # the plan itself when there is no plan file (per-rank mode)
 SWEEP_OPTIONS = "NUMARUN_SWEEP_OPTIONS"  # JSON list of the numarun run options given to numarun SCRIPT -m, for each job

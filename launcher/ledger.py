@@ -6,10 +6,9 @@
 * ``signals.json``: the signals numarun forwarded (SIGUSR1/SIGUSR2), each with the worker group
   it is for and the local ranks that got it.
 
-A forwarded signal reaches every worker whenever it arrives: numarun sends it to the workers it
-knows, and a worker that starts afterwards sends itself what its group has not had yet
-(:func:`register`). Both sides hold ``lock`` meanwhile, so a worker gets each signal exactly
-once, whether it arrived before the worker existed, while it was in the bootstrap, or later.
+numarun sends a forwarded signal to the workers it knows; a worker that starts later sends itself what
+its group has not had (:func:`register`). Both hold ``lock`` meanwhile (numarun's signal loop, never a
+handler): each worker gets each signal exactly once, whenever it came.
 
 No torch, no psutil: the bootstrap imports this before the user's script.
 """
@@ -19,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,5 +146,3 @@ def clear(state: Path) -> None:
     for f in [*state.glob("exit.*"), *state.glob("pid.*"), state / "signals.json"]:
         f.unlink(missing_ok=True)
 
-
-SIGNAL_NAMES = {int(s): s.name for s in signal.Signals}

@@ -104,6 +104,8 @@ def test_the_private_parts_used_have_the_shape_they_were_checked_with() -> None:
     assert list(inspect.signature(api.SignalException.__init__).parameters)[1:] == ["msg", "sigval"]
     e = startup.signal_exception(int(signal.SIGTERM))
     assert isinstance(e, api.SignalException) and e.sigval == signal.SIGTERM
+    # route_signals: the agent installs whatever the module's name holds when its workers start
+    assert callable(api._terminate_process_handler) and "_terminate_process_handler" in api.PContext.start.__code__.co_names
     assert startup.checked((2, 4)) and startup.checked((2, 15)) and not startup.checked((2, 16))
     assert not startup.checked((2, 3))
 

@@ -121,42 +121,31 @@ def test_a_death_signal_before_any_worker_ends_the_run_in_one_line(tmp_path):
 
 
 def test_every_rendezvous_has_a_deadline_restarts_included(tmp_path, monkeypatch):
-    """The watch ends numarun when no worker has run for longer than the rendezvous deadline: before
+    """The loop ends numarun when no worker has run for longer than the rendezvous deadline: before
     the first group, and between groups (a restart's re-rendezvous), naming which one it was."""
-    import threading
-
     from numarun import ledger
+    from numarun.launch.signals import Phase
     from numarun.launch.spec import LaunchSpec
-    from numarun.launch.supervisor import Supervisor
+    from numarun.launch.supervisor import Supervisor, _Job
     from numarun.launch.torchrun import Target
 
     sup = Supervisor()
-    sup._dir = tmp_path  # no cleaner, no cage: the watch alone
+    sup.private_dir = tmp_path  # no cleaner, no cage: the loop's watch alone, on a clock of our own
     alive: list[int] = []
     monkeypatch.setattr(sup, "live_workers", lambda: list(alive))
     died: list[tuple[int, str]] = []
-    ended = threading.Event()
-    stops = []
-
-    def die(code, message):
-        died.append((code, message))
-        ended.set()
-        stops[0]()  # the watch ends on its next tick
-
-    monkeypatch.setattr(sup, "die", die)
+    monkeypatch.setattr(sup, "die", lambda code, message: died.append((code, message)))
     spec = LaunchSpec(target=Target("script", "x.py"), nproc_per_node=1, rdzv_conf=(("timeout", "1"),), rdzv_margin_s=1)
+    sup._job = _Job(spec, *spec.rendezvous_deadline(), abort=None, idle_since=0.0)
+    sup._phase = Phase.RENDEZVOUS
     # a group ran (registered, alive), then its worker failed and the restart's rendezvous hangs
     (tmp_path / "pid.0").write_text("4242 0\n")
     alive.append(4242)
-    stop = sup._watch_rendezvous(spec)
-    stops.append(stop)
-    try:
-        time.sleep(3.5)  # alive: no deadline runs
-        assert not died
-        alive.clear()
-        assert ended.wait(30)
-    finally:
-        stop()
+    sup._watch_job(100.0)  # alive: the deadline starts again from here
+    alive.clear()
+    sup._watch_job(101.5)
+    assert not died
+    sup._watch_job(102.0)
     (code, message), = died
     assert code == 1 and message.startswith("the rendezvous after restart 1 did not complete within 2 s (timeout=1 + 1 s)")
     assert ledger.workers(tmp_path) == {"0": (4242, 0)}

@@ -145,6 +145,7 @@ def test_plan_file_is_private_and_reads_back(tmp_path: Path) -> None:
     sup = Supervisor()
     plan = _plan({"OMP_NUM_THREADS": "1"})
     try:
+        sup.start()
         path = sup.write_plan(plan.to_json())
         assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
         assert LaunchPlan.from_json(path.read_text()) == plan
@@ -167,6 +168,7 @@ def test_nodes_sharing_a_run_dir_keep_their_own_plans(tmp_path: Path) -> None:
     sup = Supervisor()
     plans = [_plan({"OMP_NUM_THREADS": str(n)}) for n in (1, 2)]
     try:
+        sup.start()
         used = [sup.write_plan(p.to_json(), tmp_path, node=f"node{i}") for i, p in enumerate(plans)]
         assert LaunchPlan.from_json(used[0].read_text()) == plans[1]  # one numarun: one private file
     finally:

@@ -418,6 +418,7 @@ class _Runner:
                 sys.stdout.write("\n# plan.json: the output of 'numarun plan --json' with the same options\n")
             sys.stdout.write(command_line(env, spec.argv()) + "\n")
             return 0
+        self.supervisor.start()
         if not plan_path:
             plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
         env = {**worker_env(plan, os.environ, plan_path=plan_path, strict=args.strict_binding), **job_env,

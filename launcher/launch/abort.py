@@ -1,18 +1,11 @@
-"""One node refuses to start: the others hear it through the rendezvous store, instead of waiting out a timeout.
-
-A mistake can show on some nodes only: ``--node-rank $SLURM_NODEID`` expanded by the batch shell
-gives every node rank 0, and only the nodes whose ``SLURM_NODEID`` is not 0 can tell. Those
-nodes refuse (one line, exit 2) and set :data:`ABORT_KEY` in the head's store; every node's
-launcher polls that key while it waits in the rendezvous (:func:`watch`), and stops naming the
-node that refused. The store is the one torchrun's rendezvous creates on the head (static:
-``--master-addr:--master-port``; c10d: the ``--rdzv-endpoint``); the clients here do not count
-as nodes (no ``world_size``), so the rendezvous itself is not disturbed.
+"""One node refuses to start (``--node-rank $SLURM_NODEID`` expanded by the batch shell gives every node
+rank 0; only the others can tell): it sets :data:`ABORT_KEY` in the head's rendezvous store, and every
+node's launcher, polling that key while it waits in the rendezvous (:class:`AbortWatch`), stops naming
+it instead of waiting out a timeout. These store clients do not count as nodes (no ``world_size``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -21,17 +14,16 @@ from .net import await_endpoint
 ABORT_KEY = "numarun/abort"
 TELL_TIMEOUT_S = 20.0
 """How long a refusing node tries to reach the head's store (it may not be up yet)."""
-POLL_S = 0.5
 
 
-def _client(host: str, port: int, timeout_s: float, *, give_up: Callable[[], bool] = lambda: False) -> Any:
-    """A store client at host:port once the store listens there; None after ``timeout_s`` or ``give_up()``."""
-    if not await_endpoint(host, port, timeout_s, give_up=give_up):
+def _client(host: str, port: int, timeout_s: float) -> Any:
+    """A store client at host:port once the store listens there; None after ``timeout_s``."""
+    if not await_endpoint(host, port, timeout_s):
         return None
     from torch.distributed import TCPStore
 
     try:
-        return TCPStore(host, port, None, False, timeout=timedelta(seconds=30), wait_for_workers=False)
+        return TCPStore(host, port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False)
     except Exception:
         return None
 
@@ -48,23 +40,23 @@ def tell(host: str, port: int, message: str, *, timeout_s: float = TELL_TIMEOUT_
         return False
 
 
-def watch(host: str, port: int, *, until: Callable[[], bool], on_abort: Callable[[str], None],
-          connect_timeout_s: float = 600.0) -> Callable[[], None]:
-    """Poll the store at host:port for an abort message until ``until()`` holds; call ``on_abort(message)``
-    when one comes. Runs in a daemon thread; returns a function that stops it."""
-    stop = threading.Event()
+class AbortWatch:
+    """The abort message in the store at host:port, asked a step at a time by the supervisor's loop (until
+    the rendezvous deadline): each :meth:`poll` connects once the store listens, then checks."""
 
-    def loop() -> None:
-        store = _client(host, port, connect_timeout_s, give_up=lambda: stop.is_set() or until())
-        while store is not None and not stop.is_set() and not until():
-            try:
-                if store.check([ABORT_KEY]):
-                    value = store.get(ABORT_KEY)
-                    on_abort(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
-                    return
-            except Exception:
-                return  # the store went away: the rendezvous reports that itself
-            stop.wait(POLL_S)
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._store: Any = None
 
-    threading.Thread(target=loop, name="numarun-abort-watch", daemon=True).start()
-    return stop.set
+    def poll(self) -> str | None:
+        if self._store is None:
+            self._store = _client(self.host, self.port, 0)
+        if not self._store:
+            return None
+        try:
+            if self._store.check([ABORT_KEY]):
+                value = self._store.get(ABORT_KEY)
+                return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        except Exception:
+            self._store = False  # the store went away: the rendezvous reports that itself
+        return None

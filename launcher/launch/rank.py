@@ -1,11 +1,6 @@
-"""Per-rank mode: this process is one rank the scheduler started; it binds itself and runs the script.
-
-There is no torchrun agent: the scheduler (``srun --ntasks-per-node=G``, ``mpirun``) started every
-rank, restarts nothing and forwards signals itself. numarun gives the process the environment
-torchrun gives its workers (:func:`numarun.jobenv.settle.rank_env`), then becomes the worker:
-the same bootstrap applies the binding (affinity on every thread, memory policy, environment),
-starts the watcher and runs the script in this interpreter, as ``python script.py`` would, so
-no second interpreter starts and torch is imported once, by the script, after the binding.
+"""Per-rank mode: no torchrun agent (the scheduler started every rank, and signals them); this process,
+given the environment torchrun gives its workers (:func:`numarun.jobenv.settle.rank_env`), becomes the
+worker in this interpreter: torch is imported once, by the script, after the bootstrap's binding.
 """
 
 from __future__ import annotations

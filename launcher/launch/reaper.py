@@ -1,24 +1,16 @@
-"""Every process a job starts is found and ended: the workers, and what they start in other
-sessions or process groups (``setsid``, ``start_new_session=True``, a tool's daemon).
+"""Every process a job starts is found and ended, in whatever session it runs (docs/reliability.md,
+"Every descendant ends with numarun"). The cage, by kind:
 
-Process groups do not reach a daemon that called ``setsid``; a cgroup and a subreaper do:
-
-* **cgroup** (where numarun may create one): numarun moves itself into a cgroup v2 of its own,
-  ``numarun-<pid>`` below its current one (on hosts that mount the v1 controllers, the unified
-  hierarchy beside them), before it starts any worker. Every descendant is born in it, whatever
-  its session, and ``cgroup.kill`` (Linux 5.14+) ends all of them at once. Used when this process
-  can create the directory (root, or a delegated subtree) and is not in a Slurm job (Slurm's own
-  cgroup tree is left alone: its proctrack ends the step's processes at step end).
-* **subreaper** (everywhere else): numarun sets ``PR_SET_CHILD_SUBREAPER``, so an orphaned
-  descendant is re-parented to numarun instead of init and stays in its process tree; the
-  cleaner process watches that tree (``/proc``, every :data:`WATCH_S`) and, when numarun dies
-  however it died, ends every process it last saw there and their descendants.
-
-At a normal exit numarun ends what is left the same way (:meth:`Cage.end_others`).
+* ``cgroup``: a cgroup v2 of numarun's own, ended by ``cgroup.kill`` (root or a delegated subtree, not in
+  a Slurm job, whose own cgroups end the step's processes);
+* ``init``: numarun's parent is numarun as PID 1, which reaps the job's orphans: they are ended from its tree;
+* ``subreaper`` (elsewhere): ``PR_SET_CHILD_SUBREAPER`` keeps orphans in numarun's tree, and the cleaner
+  (:mod:`numarun.launch.cleaner`) ends what it saw there once numarun is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -26,21 +18,24 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..envvars import INIT
 from ..topology.procfs import cgroup2_mount, own_cgroup2_path
+from .cleaner import tree
 
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 WATCH_S = 0.25
 """How often the cleaner re-reads the tree in subreaper mode."""
+CLEANER = str(Path(__file__).with_name("cleaner.py"))
 CAGE_FILE = "cage"
-"""In numarun's private directory: ``cgroup <path>`` or ``subreaper <pid>``, read by the cleaner."""
+"""In numarun's private directory: ``<kind> <cgroup path or pid>``, read by the cleaner."""
 
 
 @dataclass(frozen=True)
 class Cage:
-    """How this numarun finds its descendants: ``kind`` ``cgroup`` (``path`` the cgroup's directory)
-    or ``subreaper``."""
+    """How this numarun finds its descendants: ``kind`` ``cgroup`` (``path`` the cgroup's directory),
+    ``init`` or ``subreaper``."""
 
     kind: str
     path: str = ""
@@ -50,12 +45,15 @@ class Cage:
 
     def end_others(self, *, spare: frozenset[int] = frozenset()) -> int:
         """End every process of the job but this one (and ``spare``, e.g. the cleaner); returns how
-        many were signalled. Zombies left re-parented to this process are reaped."""
+        many were signalled."""
         if self.kind == "cgroup":
-            count = _end_cgroup(Path(self.path), keep=os.getpid())
-        else:
-            count = _end_descendants(os.getpid(), spare=spare)
-        return count
+            return _end_cgroup(Path(self.path), keep=os.getpid())
+        # under a numarun init, the job's orphans are that init's children
+        doomed = tree([1 if self.kind == "init" else os.getpid()]) - tree(spare) - spare - {os.getpid()}
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(doomed)
 
 
 def enter(environ: dict[str, str] | None = None) -> Cage:
@@ -74,6 +72,8 @@ def enter(environ: dict[str, str] | None = None) -> Cage:
                 cage.rmdir()
         except OSError as e:
             log.debug("no cgroup of numarun's own (%s): watching its process tree instead", e)
+    if env.get(INIT) == "1" and os.getppid() == 1:
+        return Cage("init")
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -109,138 +109,6 @@ def _end_cgroup(path: Path, *, keep: int | None) -> int:
         except OSError:
             pass
     for pid in others:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return len(others)
-
-
-def reap_zombies() -> int:
-    """Collect the exit status of children that are gone (orphans a subreaper inherited); only when
-    no one else waits for a child of this process (after torchrun has returned)."""
-    count = 0
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return count
-        if pid == 0:
-            return count
-        count += 1
-
-
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def _end_descendants(pid: int, *, spare: frozenset[int] = frozenset()) -> int:
-    kids = _children_map()
-    found, todo = [], [k for k in kids.get(pid, ()) if k not in spare]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(kids.get(p, ()))
-    for p in found:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(found)
-
-
-# The cleaner's own code (run with python -I -S: nothing of the user's loads). It blocks on a pipe
-# whose only writer is numarun: EOF means numarun exited, however. In subreaper mode it re-reads
-# numarun's process tree every WATCH_S meanwhile, since once numarun is gone its orphans are
-# re-parented out of reach.
-CLEANER = r"""
-import os, select, shutil, signal, sys
-d, launcher, watch_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-
-def stat(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            s = f.read()
-    except OSError:
-        return None
-    rest = s[s.rindex(b")") + 2:].split()
-    return int(rest[1]), rest[19]  # ppid, start time
-
-def tree(roots):
-    kids = {}
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            st = stat(int(e))
-            if st:
-                kids.setdefault(st[0], []).append(int(e))
-    out, todo = set(), list(roots)
-    while todo:
-        p = todo.pop()
-        for c in kids.get(p, ()):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-def cage():
-    try:
-        kind, _, where = open(os.path.join(d, "cage")).read().strip().partition(" ")
-        return kind, where
-    except OSError:
-        return "", ""
-
-seen = {}
-fd = sys.stdin.fileno()
-while True:
-    ready, _, _ = select.select([fd], [], [], watch_s)
-    if ready and not os.read(fd, 4096):
-        break
-    if cage()[0] == "subreaper":
-        for p in tree([launcher]):
-            st = stat(p)
-            if st:
-                seen[p] = st[1]
-
-kind, where = cage()
-if kind == "cgroup":
-    try:
-        open(os.path.join(where, "cgroup.kill"), "w").write("1")
-    except OSError:
-        pass
-# the recorded workers' process groups, then everything seen in numarun's tree and below it
-try:
-    names = os.listdir(d)
-except OSError:
-    names = []
-for n in names:
-    if n.startswith("pid."):
-        try:
-            os.killpg(int(open(os.path.join(d, n)).read().split()[0]), signal.SIGKILL)
-        except (OSError, ValueError):
-            pass
-alive = [p for p, start in seen.items() if (stat(p) or (0, None))[1] == start]
-for p in alive + sorted(tree(alive)):
-    try:
-        os.kill(p, signal.SIGKILL)
-    except OSError:
-        pass
-if kind == "cgroup":
-    for _ in range(50):
-        try:
-            os.rmdir(where)
-            break
-        except OSError:
-            select.select([], [], [], 0.1)
-shutil.rmtree(d, ignore_errors=True)
-"""

@@ -1,21 +1,13 @@
-"""One numarun's life around torchrun: its private directory and cleaner, where its processes are,
-its signals, its deadlines and the environment it hands the workers.
+"""One numarun's life around torchrun, in the order a run goes through it:
 
-:class:`Supervisor` owns what a launch needs beyond torchrun itself, so that nothing of it lives
-in module globals:
-
-* a private directory (0700, ``$TMPDIR/numarun-*``) for the plan file, torchelastic's logs
-  (``--log-dir``) and the :mod:`ledger <numarun.ledger>` the workers keep there; removed
-  on every exit path, by an atexit handler or, when numarun dies without running it (SIGKILL), by
-  a small cleaner process;
-* a cage (:mod:`numarun.launch.reaper`): every process the job starts, in whatever session, is
-  ended when numarun ends;
-* signals, from the moment the run command starts: death signals (SIGTERM, SIGINT, SIGHUP,
-  SIGQUIT) end the run, forwarded ones (SIGUSR1, SIGUSR2) reach every worker, whenever they
-  arrive (before the workers exist, in their bootstrap, or later);
-* deadlines: every rendezvous, the first and each one after a restart, ends by torch's own
-  timeout plus a margin, named in the error; a refusal by another node ends this one at once;
-* the environment: the variables a job sets are put back afterwards (a sweep runs several).
+1. :meth:`Supervisor.hold_signals`, first thing: the signal handlers and the one loop that acts on
+   them (:mod:`numarun.launch.signals` says what each signal does in each phase);
+2. :meth:`Supervisor.start`, before the first job: the private directory (0700, ``$TMPDIR/numarun-*``:
+   the plan, torchelastic's logs, the :mod:`ledger <numarun.ledger>`), its cleaner (which removes it
+   and ends the job's processes when numarun dies, however) and the cage (:mod:`numarun.launch.reaper`);
+3. :meth:`Supervisor.run`, each job: torchrun in the main thread, while the loop forwards SIGUSR1/2,
+   keeps the rendezvous deadline and listens for another node's refusal;
+4. :meth:`Supervisor.close` (atexit too): the job's processes ended, the directory removed.
 """
 
 from __future__ import annotations
@@ -32,18 +24,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import envvars, ledger
 from ..errors import NumarunError
-from . import net, reaper
-from .spec import FORWARDED_SIGNALS, LaunchSpec
+from . import net, reaper, torch_private
+from .abort import AbortWatch
+from .signals import ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
+from .spec import DEATH_SIGNALS, FORWARDED_SIGNALS, LaunchSpec
 
 log = logging.getLogger(__name__)
 
 SIGNAL_GRACE_S = 5.0
-"""How long a death signal may wait for Python code to see it before numarun ends anyway."""
+"""How long a death signal may wait for the main thread (stuck in C++) to take it before the loop ends the run."""
+TICK_S = 0.5
 
 
 class RunFailed(NumarunError):
@@ -97,79 +93,156 @@ def _names_to_numbers(names: tuple[str, ...]) -> set[int]:
     return {int(getattr(signal, n)) for n in names if isinstance(getattr(signal, n, None), signal.Signals)}
 
 
+@dataclass
+class _Job:  # what the loop watches while a job runs
+    spec: LaunchSpec
+    deadline_s: int
+    source: str
+    abort: AbortWatch | None
+    idle_since: float
+
+
 class Supervisor:
     """What one numarun process owns around its launches (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._dir: Path | None = None
+        self.private_dir: Path | None = None
         self._cleaner: subprocess.Popen[bytes] | None = None
         self._cage: reaper.Cage | None = None
-        self._pending: list[int] = []
-        self._reported = False
-        self._death: set[int] = _names_to_numbers(("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"))
-        self._forwarded: set[int] = _names_to_numbers(FORWARDED_SIGNALS)
+        self._phase = Phase.STARTING
+        self._death = _names_to_numbers(DEATH_SIGNALS)
+        self._forwarded = _names_to_numbers(FORWARDED_SIGNALS)
+        self._held: list[int] = []  # forwarded signals kept for the next job's workers
+        self._lock = threading.Lock()  # the loop's and the main thread's, never a handler's
+        self._job: _Job | None = None
+        self._wakeup: Wakeup | None = None
+        self._loop_thread: threading.Thread | None = None
         self._closed = False
 
-    # ----------------------------------------------------------------- signals before the run
-    def hold_signals(self, environ: Mapping[str, str] | None = None) -> None:
-        """From now on numarun handles its signals: until the workers run, each is held (a death
-        signal: the run does not start; a forwarded one: the workers get it when they start).
-        Tells a Slurm node task waiting on ``NUMARUN_READY_FD`` that signals are safe to send."""
-        env = os.environ if environ is None else environ
+    # ----------------------------------------------------------------- 1. signals
+    def hold_signals(self, environ: dict[str, str] | None = None) -> None:
+        """From now on numarun handles its signals (:data:`ON_SIGNAL`); tells a relay waiting on
+        ``NUMARUN_READY_FD`` that signals are safe to send."""
+        self._wakeup = Wakeup()
         for signum in self._death | self._forwarded:
-            signal.signal(signum, self._hold)
-        fd = env.get(envvars.READY_FD, "")
-        if fd.isdigit():
-            try:
-                os.write(int(fd), b"1")
-                os.close(int(fd))
-            except OSError:
-                pass
+            signal.signal(signum, self._on_signal)
+        self._loop_thread = threading.Thread(target=self._loop, name="numarun-signals", daemon=True)
+        self._loop_thread.start()
+        say_ready(environ)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """The handler: the wake-up byte is the record; raises where :data:`ON_SIGNAL` says END or STOP."""
+        act = ON_SIGNAL[self._phase][0 if signum in self._death else 1]
+        if act is Act.END:
+            self._phase = Phase.STOPPING
+            raise RunFailed(f"stopped by {signal.Signals(signum).name}; no worker was running", 128 + signum)
+        if act is Act.STOP:
+            self._phase = Phase.STOPPING
+            raise torch_private.signal_exception(signum)
 
     def release(self) -> None:
-        """Hand the signals back to Python's defaults and deliver what was held to this process, as if
-        it had come now (per-rank mode: the process becomes the rank, which handles its own)."""
-        held, self._pending = self._pending, []
+        """Per-rank mode: Python's own dispositions back, the loop ended, and what was held delivered to
+        this process as if it came now (the process becomes the rank, which handles its own)."""
         for signum in self._death | self._forwarded:
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        for signum in held:
+        assert self._wakeup is not None and self._loop_thread is not None
+        self._wakeup.poke()
+        self._loop_thread.join()
+        left = [s for s in self._wakeup.close() if s in self._forwarded]
+        for signum in [*self._held, *left]:
             os.kill(os.getpid(), signum)
 
-    def _hold(self, signum: int, frame: object) -> None:
-        self._pending.append(signum)
-        if signum in self._death:
-            # nothing has started: stop now, as torchrun would before its workers exist
-            self._reported = True
-            raise RunFailed(f"stopped by {signal.Signals(signum).name}; no worker was running", 128 + signum)
+    def _loop(self) -> None:
+        """The one loop: acts on the signals that came, and keeps the job's deadlines every :data:`TICK_S`."""
+        assert self._wakeup is not None
+        waiting: dict[int, float] = {}  # death signals that came while no worker was alive -> when
+        while True:
+            got = self._wakeup.read(TICK_S)
+            now = time.monotonic()
+            try:  # the loop outlives any one failure (the private directory removed under it at exit...)
+                for signum in got:
+                    if signum in self._death:
+                        if self._phase is not Phase.STOPPING and not self.live_workers():
+                            waiting.setdefault(signum, now)
+                    elif signum:
+                        self._act(signum)
+                for signum, since in list(waiting.items()):
+                    if now - since >= SIGNAL_GRACE_S:
+                        del waiting[signum]
+                        # the handler never ran: the main thread waits in C++ (torch's rendezvous)
+                        if self._phase is not Phase.STOPPING and not self.live_workers():
+                            self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
+                self._watch_job(now)
+            except Exception as e:
+                log.debug("signal loop: %s", e)
+            if 0 in got:
+                return  # released
 
-    # ----------------------------------------------------------------- private directory
-    @property
-    def state(self) -> Path:
-        """The private directory, created (with its cleaner and cage) on first use."""
-        if self._dir is None:
-            directory = Path(tempfile.mkdtemp(prefix="numarun-"))
-            # started before numarun enters its cage: the cleaner must outlive what it ends
-            self._cleaner = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", reaper.CLEANER, str(directory), str(os.getpid()), str(reaper.WATCH_S)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
-            self._dir = directory
-            self._cage = reaper.enter()
-            (directory / reaper.CAGE_FILE).write_text(self._cage.record())
-            atexit.register(self.close)
-        return self._dir
+    def _act(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        with self._lock:
+            if ON_SIGNAL[self._phase][1] is Act.HOLD or self.private_dir is None:
+                self._held.append(signum)
+                log.warning("got %s: the workers get it when they start", name)
+                return
+        import psutil
+
+        assert self.private_dir is not None
+        sent = ledger.forward(self.private_dir, signum, {c.pid for c in psutil.Process().children()})
+        log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)", name, len(sent))
+
+    def _watch_job(self, now: float) -> None:
+        """The rendezvous deadline (the first, and each after a restart) and another node's refusal."""
+        job = self._job
+        if job is None or self._phase is not Phase.RENDEZVOUS or self.private_dir is None:
+            return
+        if self.live_workers():
+            job.idle_since, job.abort = now, None
+            return
+        if now - job.idle_since >= job.deadline_s:
+            groups = [g for _, g in ledger.workers(self.private_dir).values()]
+            which = f"the rendezvous after restart {max(groups) + 1}" if groups else "the rendezvous"
+            self.die(1, f"{which} did not complete within {job.deadline_s} s ({job.source}) at "
+                        f"{job.spec.endpoint_text()!r}; expected every node to join and the rendezvous store at "
+                        "that endpoint (is another program listening on it, or is a node gone?)")
+        message = job.abort.poll() if job.abort is not None else None
+        if message:
+            self.die(2, f"{message}; this node stops too")
+
+    def live_workers(self) -> list[int]:
+        """Pids of this numarun's workers (registered in the ledger, still its children)."""
+        if self.private_dir is None:
+            return []
+        import psutil
+
+        children = {c.pid for c in psutil.Process().children()}
+        return sorted(pid for pid, _ in ledger.workers(self.private_dir).values() if pid in children)
+
+    # ----------------------------------------------------------------- 2. the private directory
+    def start(self) -> Path:
+        """Make the private directory, start its cleaner, enter the cage; later calls return the directory."""
+        if self.private_dir is not None:
+            return self.private_dir
+        directory = Path(tempfile.mkdtemp(prefix="numarun-"))
+        # before numarun enters its cage: the cleaner outlives what it ends
+        self._cleaner = subprocess.Popen(
+            [sys.executable, "-I", "-S", reaper.CLEANER, str(directory), str(os.getpid()), str(reaper.WATCH_S)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        self._cage = reaper.enter()
+        (directory / reaper.CAGE_FILE).write_text(self._cage.record())
+        self.private_dir = directory
+        atexit.register(self.close)
+        return directory
 
     def write_plan(self, text: str, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
-        """The plan as a file (mode 0600) for this node's workers; returns its path.
-
-        Always in the private directory: a run dir is shared by every node of a job on a shared
-        filesystem, and a plan there would be read by the workers of whichever node wrote it last.
-        With ``run_dir`` a copy is kept there as the record of how the job ran:
-        ``numarun_plan.json``, or ``numarun_plan.<node>.json`` on a job of several nodes.
-        """
+        """The plan for this node's workers, in the private directory (mode 0600: a run dir may be shared by
+        every node); returns its path. ``run_dir`` keeps the record, ``numarun_plan[.<node>].json``."""
         from ..fsutil import write_atomic
 
-        path = self.state / "plan.json"
+        if self.private_dir is None:
+            raise RuntimeError("Supervisor.start() comes before write_plan()")
+        path = self.private_dir / "plan.json"
         path.unlink(missing_ok=True)  # the next job of a sweep
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -179,168 +252,38 @@ class Supervisor:
             write_atomic(record, text, mode=0o600)
         return path
 
-    def close(self) -> None:
-        """End what the job left (in its cage), remove the private directory, release the cleaner."""
-        if self._closed or self._dir is None:
-            return
-        self._closed = True
-        if self._cage is not None:
-            self._cage.end_others(spare=self._spare())
-            reaper.leave(self._cage)
-        shutil.rmtree(self._dir, ignore_errors=True)  # first: the cleaner then finds nothing to do
-        if self._cleaner is not None and self._cleaner.stdin is not None:
-            self._cleaner.stdin.close()
-            try:
-                self._cleaner.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._cleaner.kill()
-
-    def _spare(self) -> frozenset[int]:
-        return frozenset({self._cleaner.pid}) if self._cleaner is not None else frozenset()
-
-    def die(self, code: int, message: str) -> NoReturn:
-        """From a watcher thread: one line, everything ended, exit ``code`` now."""
-        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
-        self.close()
-        os._exit(code)
-
-    # ----------------------------------------------------------------- workers
-    def live_workers(self) -> list[int]:
-        """Pids of this numarun's workers (registered in the ledger, still its children)."""
-        import psutil
-
-        children = {c.pid for c in psutil.Process().children()}
-        return sorted(pid for pid, _ in ledger.workers(self.state).values() if pid in children)
-
-    def _forward(self, signum: int, frame: object) -> None:
-        import psutil
-
-        alive = {c.pid for c in psutil.Process().children()}
-        sent = ledger.forward(self.state, signum, alive)
-        log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)",
-                    signal.Signals(signum).name, len(sent))
-
-    def _terminate(self, signum: int, frame: object) -> None:
-        from .torch_private import signal_exception
-
-        raise signal_exception(signum)
-
-    # ----------------------------------------------------------------- watchers
-    def _watch_death(self, death: set[int]) -> Any:
-        """End numarun when a death signal arrives while its main thread is stuck in C++.
-
-        Python runs signal handlers only between bytecodes of the main thread; torch's rendezvous
-        waits inside C++ (a TCPStore wait) and would not see SIGTERM until its own timeout. The
-        signal module's wakeup fd is written by the C-level handler at once, so a thread reading it
-        learns of the signal; if no worker is running and the run has not reported the signal
-        within :data:`SIGNAL_GRACE_S`, it prints the same line and exits 128 + N.
-        """
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-
-        def loop() -> None:
-            while True:
-                try:
-                    data = os.read(r, 64)
-                except OSError:
-                    return
-                if not data:
-                    return
-                for signum in data:
-                    if signum not in death:
-                        continue
-                    time.sleep(SIGNAL_GRACE_S)
-                    if self._reported or self.live_workers():
-                        continue
-                    self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
-
-        threading.Thread(target=loop, name="numarun-signals", daemon=True).start()
-
-        def stop() -> None:
-            signal.set_wakeup_fd(old)
-            os.close(w)
-
-        return stop
-
-    def _watch_rendezvous(self, spec: LaunchSpec) -> Any:
-        """A deadline on every rendezvous: the first, and each after a restart. torch's c10d client
-        waits without end on an endpoint where another program listens, and a re-rendezvous after a
-        rank failed waits for nodes that may be gone. When no worker runs for longer than the
-        deadline, numarun prints one line naming it and exits 1."""
-        seconds, source = spec.rendezvous_deadline()
-        done = threading.Event()
-
-        def wait() -> None:
-            idle_since = time.monotonic()
-            while not done.wait(1.0):
-                if self.live_workers():
-                    idle_since = time.monotonic()
-                    continue
-                if time.monotonic() - idle_since < seconds:
-                    continue
-                groups = [g for _, g in ledger.workers(self.state).values()]
-                which = f"the rendezvous after restart {max(groups) + 1}" if groups else "the rendezvous"
-                self.die(1, f"{which} did not complete within {seconds} s ({source}) at {spec.endpoint_text()!r}; "
-                            "expected every node to join and the rendezvous store at that endpoint (is another program "
-                            "listening on it, or is a node gone?)")
-
-        threading.Thread(target=wait, name="numarun-rendezvous", daemon=True).start()
-        return done.set
-
-    def _watch_abort(self, spec: LaunchSpec) -> Any:
-        """Stop this node when another node of the job refused to start (:mod:`numarun.launch.abort`)."""
-        where = spec.store_address()
-        if where is None:
-            return lambda: None
-        from . import abort
-
-        return abort.watch(where[0], where[1], until=lambda: bool(ledger.workers(self.state)),
-                           on_abort=lambda message: self.die(2, f"{message}; this node stops too"))
-
-    # ----------------------------------------------------------------- the run
+    # ----------------------------------------------------------------- 3. a job
     def run(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
-        :class:`RunFailed`.
-
-        A failed run exits with the exit code of the lowest global rank that exited non-zero
-        (1 when every failed rank died from a signal). Signals to numarun:
-
-        * SIGTERM, SIGINT, SIGHUP, SIGQUIT (``--signals-to-handle``): sent on to every worker,
-          which gets torchrun's 30 s (``--shutdown-timeout``) before SIGKILL. When every worker
-          then exits 0 on its own (the trainer's checkpoint-and-stop) the run is a clean stop:
-          one line, exit 0. Otherwise one error line and exit 128 + N. During rendezvous: 128 + N.
-        * SIGUSR1, SIGUSR2: sent on to every worker; numarun keeps waiting, and the run's result is
-          the workers' (the trainer checkpoints and exits 0; a script without a handler dies).
-        * SIGKILL: workers die with it (each has a parent-death signal), and the cleaner ends what
-          is left in the cage and removes the private directory.
-        """
+        :class:`RunFailed` (README, "Exit codes" and "Signals")."""
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.run import main as torchrun_main
 
-        from . import torch_private
-
         torch_private.install()
-        state = self.state
-        ledger.clear(state)
-        death = _names_to_numbers(spec.death_signals)
-        for signum in self._pending:  # held since the run command started
-            if signum in self._forwarded:
-                ledger.forward(state, signum, alive=set())
-        self._pending.clear()
-        previous = {}
-        for signum in death | self._forwarded:
-            previous[signum] = signal.signal(signum, self._terminate if signum in death else self._forward)
-        self._reported = False
-        stops = [self._watch_death(death), self._watch_rendezvous(spec), self._watch_abort(spec)]
-        updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(state)}
+        torch_private.route_signals(self._on_signal)
+        directory = self.start()
+        ledger.clear(directory)
+        deadline_s, source = spec.rendezvous_deadline()
+        where = spec.store_address()
+        self._job = _Job(spec, deadline_s, source, AbortWatch(*where) if where else None, time.monotonic())
+        base_death = self._death
+        with self._lock:
+            self._death = base_death | _names_to_numbers(spec.death_signals)
+            self._phase = Phase.RENDEZVOUS
+            held, self._held = self._held, []
+        for signum in held:  # noted for the workers before any of them can register
+            ledger.forward(directory, signum, alive=set())
+        handled = self._death | self._forwarded
+        for signum in handled:  # torchrun installs them again as its workers start (route_signals)
+            signal.signal(signum, self._on_signal)
+        updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
         try:
             if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
                 seconds, source = spec.rendezvous_deadline()
                 net.await_endpoint(*spec.endpoint(), seconds - spec.rdzv_margin_s, source.partition(" +")[0])
             with scoped_environ(updates):
-                torchrun_main(spec.argv(log_dir=str(state / "logs")))
+                torchrun_main(spec.argv(log_dir=str(directory / "logs")))
         except ChildFailedError as e:
             parts = []
             for rank in sorted(e.failures):
@@ -363,9 +306,9 @@ class Supervisor:
                 1,
             ) from None
         except torch_private.signal_exception_type() as e:
-            self._reported = True
+            self._phase = Phase.STOPPING
             sig = signal.Signals(getattr(e, "sigval", signal.SIGTERM))
-            if ledger.stopped_cleanly(state, spec.nproc_per_node):
+            if ledger.stopped_cleanly(directory, spec.nproc_per_node):
                 print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
                 return
             raise RunFailed(f"stopped by {sig.name}; all workers were ended", 128 + int(sig)) from None
@@ -374,10 +317,41 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
         finally:
-            for stop in stops:
-                stop()
-            for signum in previous:
-                signal.signal(signum, self._hold)  # held again until the next job of a sweep
+            with self._lock:
+                if self._phase is not Phase.STOPPING:
+                    self._phase = Phase.BETWEEN
+                self._job, self._death = None, base_death
+            for signum in handled:
+                signal.signal(signum, self._on_signal)  # torchrun's own, outside the checked torch versions
             if self._cage is not None:
                 self._cage.end_others(spare=self._spare())  # what the workers left behind, in any session
-                reaper.reap_zombies()
+                if self._cage.kind == "subreaper":
+                    for _ in reap():  # orphans it inherited (no one else waits for a child now)
+                        pass
+
+    # ----------------------------------------------------------------- 4. the end
+    def close(self) -> None:
+        """End what the job left (in its cage), remove the private directory, release the cleaner."""
+        self._phase = Phase.STOPPING  # a death signal now changes nothing
+        if self._closed or self.private_dir is None:
+            return
+        self._closed = True
+        if self._cage is not None:
+            self._cage.end_others(spare=self._spare())
+            reaper.leave(self._cage)
+        shutil.rmtree(self.private_dir, ignore_errors=True)  # first: the cleaner then finds nothing to do
+        if self._cleaner is not None and self._cleaner.stdin is not None:
+            self._cleaner.stdin.close()
+            try:
+                self._cleaner.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._cleaner.kill()
+
+    def _spare(self) -> frozenset[int]:
+        return frozenset({self._cleaner.pid}) if self._cleaner is not None else frozenset()
+
+    def die(self, code: int, message: str) -> NoReturn:
+        """From the loop: one line, everything ended, exit ``code`` now."""
+        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+        self.close()
+        os._exit(code)

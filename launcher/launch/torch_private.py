@@ -1,32 +1,16 @@
 """Every use of torch's private parts, in one place, each guarded by the torch versions it was checked on.
 
-numarun drives torchrun from inside its own process and reaches into it in three places:
+numarun drives torchrun from inside its own process and reaches into it in four places:
 
 * **GC paused while torch is imported** (:func:`import_torchrun`; public API, a cost saving);
 * **``get_method_name`` of the dynamic rendezvous replaced** (:func:`install`): a private function;
-* **torch's ``SignalException``** raised by numarun's own death-signal handler during the
-  rendezvous, exactly as torchrun's (private) ``_terminate_process_handler`` raises it once the
-  workers run (:func:`signal_exception`).
+* **torch's ``SignalException``** raised by numarun's own death-signal handler, exactly as torchrun's
+  (private) ``_terminate_process_handler`` raises it, which torchrun installs numarun's handler in place
+  of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
 
 :data:`CHECKED` names the torch versions these were checked on; outside them the private patch is
 skipped (torch behaves as plain torchrun, only slower) and ``tests/test_launch_torch_private.py``
 fails when torch changes the shape of anything patched here, so the next torch is checked on purpose.
-
-Start-up work the launcher process need not pay for: two costs torchrun pays on every launch.
-
-* **Garbage collection while torch is imported.** ``import torch`` creates a few hundred
-  thousand objects, and CPython's cyclic collector walks all of them again and again as
-  they pile up (about a fifth of the import on a small host). :func:`import_torchrun`
-  imports ``torch.distributed.run`` with the collector paused, then moves what it created
-  into the permanent generation (``gc.freeze``), so later collections in this long-lived
-  process skip torch's modules too. Only the launcher does this: workers run the user's
-  program with the interpreter's defaults.
-* **``inspect.stack()`` in the rendezvous.** torchrun's dynamic rendezvous names each
-  recorded event after the calling method with ``inspect.stack()``, which reads every
-  frame's source file and searches ``sys.modules`` for its module, twice per event.
-  :func:`install` swaps in the same lookup by frame depth (``sys._getframe``); the events,
-  their names and where they are logged stay torchrun's.
-
 ``scripts/bench_launch.py`` measures the launch against plain torchrun.
 """
 
@@ -34,7 +18,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
+import signal
 import sys
 import types
 from typing import Any
@@ -61,7 +47,9 @@ def checked(version: tuple[int, int] | None = None) -> bool:
 
 
 def import_torchrun() -> types.ModuleType:
-    """``torch.distributed.run``, imported with the cyclic collector paused, then frozen."""
+    """``torch.distributed.run``, imported with the cyclic collector paused (it would walk torch's few hundred
+    thousand new objects again and again: a fifth of the import on a small host), then frozen (later
+    collections in this long-lived process skip them). The launcher only: workers keep Python's defaults."""
     if "torch.distributed.run" in sys.modules:
         return sys.modules["torch.distributed.run"]
     enabled = gc.isenabled()
@@ -85,9 +73,9 @@ def method_name(depth: int = 2) -> str:
 
 
 def install(module: Any | None = None) -> bool:
-    """Replace ``get_method_name`` in torchrun's dynamic rendezvous module (or ``module``);
-    False when that torch has no such function or is not a version it was checked on (nothing is
-    changed then)."""
+    """Replace ``get_method_name`` in torchrun's dynamic rendezvous module (or ``module``), which names each
+    event with ``inspect.stack()`` (every frame's source file read, twice an event), by the same lookup
+    by frame depth; False when that torch has no such function or was not checked (nothing changed)."""
     target: Any = module
     if target is None:
         if not checked():
@@ -100,18 +88,24 @@ def install(module: Any | None = None) -> bool:
     return True
 
 
+def route_signals(handler: Any) -> bool:
+    """Have torchrun's agent install ``handler`` for its death signals instead of its own; False (torch
+    left as it is) outside :data:`CHECKED`."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    if not checked() or getattr(api, "_terminate_process_handler", None) is None:
+        return False
+    api._terminate_process_handler = handler
+    return True
+
+
 def signal_exception(signum: int) -> BaseException:
     """What torchrun's agent raises in its main thread for a death signal (``SignalException``), so
     that a signal during the rendezvous ends the run the way one during the run does."""
-    import os
-    import signal
-
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    return SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+    return signal_exception_type()(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
-def signal_exception_type() -> type[BaseException]:
+def signal_exception_type() -> Any:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     return SignalException

@@ -5,9 +5,9 @@ step it is part of (:mod:`numarun.jobenv`, the same code path as a user's own ``
 nnodes from the step, the node rank in Slurm's order regrouped by leaf switch, the head's
 ``NodeAddr``, a port derived from the job and step ids, static rendezvous. The batch script has
 asked Slurm once for the whole job and handed the answers over (``NUMARUN_SLURM_INFO``), so no
-node asks slurmctld anything. ``task`` itself forwards signals to numarun and records a failed
-node's exit code; ``finish`` gives the job's exit code (the first node that failed, by time) and
-decides the requeue. Pure helpers are tested without Slurm.
+node asks slurmctld anything. ``task`` passes its signals on to numarun (Slurm signals only the
+task: :class:`numarun.launch.signals.Relay`) and records a failed node's exit code; ``finish`` gives
+the job's exit code (the first node that failed, by time) and decides the requeue.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..envvars import READY_FD
+from ..cpuset import format_list
 from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
+from ..launch.signals import Relay
 from .controller import SCONTROL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -66,72 +66,9 @@ def should_requeue(preempted: bool, restart_count: int, requeue_limit: int) -> b
     return preempted and restart_count < requeue_limit
 
 
-def _cpulist(cpus: Sequence[int]) -> str:
-    from ..cpuset import format_list
-
-    return format_list(cpus)
-
-
-class SignalRelay:
-    """Passes the signals the task gets to its numarun, holding them until numarun can handle them.
-
-    Slurm (proctrack/cgroup) signals only the step's task process; numarun's agent passes the
-    signal to its ranks and gives them the shutdown grace before it kills them. A signal that
-    arrives before numarun has installed its handlers (it says so on the pipe named by
-    ``NUMARUN_READY_FD``) is held and delivered then: sent at once, it would kill a Python that
-    is still starting, or be lost. This task outlives numarun, to collect its exit code.
-    """
-
-    def __init__(self) -> None:
-        self.child: subprocess.Popen[bytes] | None = None
-        self.forwarded: set[int] = set()
-        self._held: list[int] = []
-        self._ready = False
-        self._lock = threading.Lock()
-
-    def handle(self, signum: int, frame: object) -> None:
-        with self._lock:
-            self.forwarded.add(signum)
-            if not self._ready:
-                self._held.append(signum)
-                return
-        self._send(signum)
-
-    def _send(self, signum: int) -> None:
-        if self.child is not None and self.child.poll() is None:
-            try:
-                self.child.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-    def start(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start numarun with a readiness pipe; deliver held signals once it reports ready."""
-        r, w = os.pipe()
-        env = {**env, READY_FD: str(w)}
-        self.child = subprocess.Popen(argv, env=env, pass_fds=(w,))
-        os.close(w)
-
-        def wait_ready() -> None:
-            with os.fdopen(r, "rb") as pipe:
-                said = pipe.read(1)  # b"" when numarun ended (or closed it) without getting there
-            with self._lock:
-                self._ready = True
-                held, self._held = self._held, []
-            if said:
-                for signum in held:
-                    self._send(signum)
-
-        threading.Thread(target=wait_ready, name="numarun-ready", daemon=True).start()
-        return self.child
-
-
 def task_main(opts: argparse.Namespace) -> int:
     env = os.environ
-    relay = SignalRelay()
-    for sig in RELAYED:
-        # first thing: a signal from now on is held for numarun, never lost. A handler, not
-        # SIG_IGN: an ignored disposition would survive exec into numarun
-        signal.signal(sig, relay.handle)
+    relay = Relay()  # first thing: from now on a signal is held for numarun, never lost
     job = detect(env)
     if job is None or job.scheduler is not Scheduler.SLURM or job.mode is not Mode.PER_NODE:
         raise SlurmError(
@@ -147,20 +84,13 @@ def task_main(opts: argparse.Namespace) -> int:
         )
     cpus = sorted(os.sched_getaffinity(0))
     print(
-        f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {_cpulist(cpus)}, "
+        f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {format_list(cpus)}, "
         f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')} "
         f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
         flush=True,
     )
-    argv = [sys.executable, "-m", "numarun", *opts.command]
-    proc = relay.start(argv, dict(env))
-    rc = proc.wait()  # PEP 475: the wait resumes after each forwarded signal
-    if rc < 0:
-        rc = 128 - rc
+    rc = relay.run([sys.executable, "-m", "numarun", *opts.command], dict(env))
     return node_outcome(rc, relay.forwarded, record=run_dir / EXIT_FILE.format(rank=job.node_index), node=job.node_name)
-
-
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 
 
 def node_outcome(rc: int, forwarded: set[int], *, record: Path, node: str) -> int:

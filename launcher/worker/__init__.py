@@ -71,22 +71,22 @@ def report(*, samples: float, seconds: float | None = None) -> None:
         os.close(fd)
 
 
-def finish(code: object) -> NoReturn:
-    """Leave as Python would after the script ends, minus module teardown.
+def finish(code: object, *, signum: int = 0) -> NoReturn:
+    """Leave as Python would after the script ends, minus module teardown (``signum``: then die of
+    that signal, as Python does after an uncaught KeyboardInterrupt, less its traceback).
 
-    What the interpreter does at exit is done here in the same order while it is still
-    whole: wait for non-daemon threads, run atexit handlers (logging.shutdown,
-    multiprocessing's child reaping, the user's own), then drop the script's objects and
-    collect them. Only the final teardown of modules is skipped (``os._exit``): a DDP
-    reducer or gloo work object destroyed during that teardown can abort a rank that
-    finished fine (SIGABRT, "terminate called without an active exception"), a few runs
-    in a hundred with torch 2.13's gloo. ``NUMARUN_FULL_EXIT=1`` keeps the plain exit.
+    In the interpreter's order, while it is whole: non-daemon threads joined, atexit handlers run, the
+    script's objects dropped and collected. The module teardown is skipped (``os._exit``): a DDP reducer
+    or gloo work destroyed there can abort a rank that finished fine (SIGABRT, a few runs in a hundred
+    with torch 2.13's gloo). ``NUMARUN_FULL_EXIT=1`` keeps the plain exit.
     """
     import atexit
     import gc
     import threading
 
-    if code is None:
+    if signum:
+        status = 128 + signum
+    elif code is None:
         status = 0
     elif isinstance(code, int):
         status = code
@@ -97,7 +97,7 @@ def finish(code: object) -> NoReturn:
     from ..ledger import record_exit
 
     record_exit(os.environ, status)
-    if os.environ.get(envvars.FULL_EXIT) == "1":
+    if os.environ.get(envvars.FULL_EXIT) == "1" and not signum:
         sys.exit(status)
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
@@ -113,4 +113,9 @@ def finish(code: object) -> NoReturn:
                 stream.flush()
         except (OSError, ValueError):
             pass
+    if signum:
+        import signal
+
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
     os._exit(status & 0xFF)

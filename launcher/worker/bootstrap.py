@@ -255,7 +255,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_target(kind, target, args)
     except SystemExit as e:
         code = e.code
-    except Exception as e:  # as an uncaught exception in 'python script.py' (KeyboardInterrupt is left alone)
+    except KeyboardInterrupt:  # Ctrl-C: numarun's one line says it; the rank ends quietly, as interrupted
+        finish(None, signum=2)  # SIGINT
+    except Exception as e:  # as an uncaught exception in 'python script.py'
         report_failure(e, os.environ)
         code = 1
     else:
