@@ -31,12 +31,15 @@ import hydra
 def job(cfg):
     out, me = Path(cfg.out), str(cfg.x)
     start = time.time()
+    if cfg.get("usr1"):  # SIGUSR1 ends the wait (a trainer would checkpoint)
+        import signal
+        signal.signal(signal.SIGUSR1, lambda *_: (out / f"usr1.{me}").write_text("1"))
     (out / f"started.{me}").write_text(json.dumps({"pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}))
     if cfg.get("meet"):  # wait until the other job of the pair has started too
         deadline = time.monotonic() + 120
         while len(list(out.glob("started.*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-    while cfg.get("block") and not (out / "release").exists():
+    while cfg.get("block") and not (out / "release").exists() and not (out / f"usr1.{me}").exists():
         time.sleep(0.05)
     (out / f"ran.{me}").write_text(json.dumps({"start": start, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0))}))
     if cfg.get("fail") == cfg.x:
@@ -161,6 +164,17 @@ def test_a_signal_to_the_sweep_ends_every_job(app: Path) -> None:
     assert error_lines(err) == ["numarun: error: stopped by SIGINT: 2 running jobs ended, 2 not started"]
     assert not any(psutil.pid_exists(int(s["pid"])) for s in started.values())  # type: ignore[call-overload]
     assert record(app, "ran") == {} and len(record(app, "started")) == 2
+
+
+def test_sigusr1_to_the_sweep_reaches_every_running_job(app: Path) -> None:
+    cmd = [sys.executable, "app.py", "-m", "hydra/launcher=numarun", "hydra.launcher.max_jobs=2", f"+out={app / 'out'}",
+           "+x=1,2", "+block=1", "+usr1=1"]
+    sweeper = subprocess.Popen(cmd, cwd=app, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until("two jobs started", lambda: len(record(app, "started")) == 2 or None, proc=sweeper)
+    sweeper.send_signal(signal.SIGUSR1)
+    _, err = sweeper.communicate(timeout=TIMEOUT)
+    assert sweeper.returncode == 0, err[-2000:]
+    assert sorted(record(app, "usr1")) == sorted(record(app, "ran")) == ["1", "2"]
 
 
 def test_numarun_app_m_runs_each_job_of_two_ranks_in_a_slot(app: Path) -> None:

@@ -53,7 +53,7 @@ class Wakeup:
         self.r, self.w = os.pipe()
         for fd in (self.r, self.w):
             os.set_blocking(fd, False)
-        signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        self.previous = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
 
     def read(self, timeout: float | None) -> list[int]:
         """The signals that came (0: a wake-up from :meth:`poke`), after waiting up to ``timeout``."""
@@ -66,8 +66,8 @@ class Wakeup:
         os.write(self.w, b"\0")
 
     def close(self) -> list[int]:
-        """Stop writing; returns what was still unread."""
-        signal.set_wakeup_fd(-1)
+        """Stop writing (the wake-up fd before this one is put back); returns what was still unread."""
+        signal.set_wakeup_fd(self.previous)
         left = self.read(0)
         os.close(self.r)
         os.close(self.w)
@@ -76,6 +76,22 @@ class Wakeup:
 
 def _record(signum: int, frame: object) -> None:
     """The wake-up byte is the record."""
+
+
+@contextlib.contextmanager
+def recorded(signums: Sequence[int]) -> Iterator[Wakeup]:
+    """For the block, ``signums`` only wake the returned :class:`Wakeup` (whose reader acts on them);
+    afterwards the handlers and wake-up fd from before."""
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    wakeup = Wakeup()
+    for signum in signums:
+        signal.signal(signum, _record)
+    try:
+        yield wakeup
+    finally:
+        for signum in signums:
+            signal.signal(signum, previous[signum])
+        wakeup.close()
 
 
 def say_ready(environ: dict[str, str] | os._Environ[str] | None = None) -> None:

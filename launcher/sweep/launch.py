@@ -180,10 +180,6 @@ def _result(folder: Path, job: Job, code: int) -> Any:
     return ret
 
 
-class _Stop(BaseException):
-    """A signal to the sweep (its number in ``args[0]``)."""
-
-
 def _plan(job: Job, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
     from ..plan.options import request_from_args
@@ -228,7 +224,9 @@ def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
 
 def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | None = None) -> dict[int, int]:
     """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is
-    made before the first starts; SIGINT/SIGTERM end every running job and raise (exit 128+N)."""
+    made before the first starts. SIGUSR1/SIGUSR2 go on to every running job; SIGINT/SIGTERM end every
+    running job (SIGKILL after :data:`GRACE_S`, or at a second one) and raise (exit 128+N)."""
+    from ..launch.signals import recorded
     from ..launch.supervisor import RunFailed
 
     slots = list(pack(topology, max(j.ranks for j in jobs), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -239,42 +237,38 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     ports = {s.index: _free_port() for s in slots}
     waiting, codes = list(jobs), {}
     running: dict[int, tuple[subprocess.Popen[bytes], Slot]] = {}
-
-    def stop(signum: int, frame: object) -> None:
-        raise _Stop(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    stopped_by, kill_at, ended = 0, 0.0, 0
+    death = (signal.SIGINT, signal.SIGTERM)
+    with recorded((*death, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)) as wakeup:
         while waiting or running:
-            while waiting and slots:
+            while waiting and slots and not stopped_by:
                 job, slot = waiting.pop(0), slots.pop(0)
                 running[job.idx] = (_start(job, slot, ports[slot.index], topology, folder, now), slot)
                 log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, format_list(slot.cpus),
                          format_list(slot.gpus) or "-")
-            time.sleep(0.05)
+            if stopped_by and not running:
+                break
+            for signum in wakeup.read(1.0):  # a job's end (SIGCHLD) wakes it too
+                procs = [p for p, _ in running.values()]
+                if signum in death:
+                    if stopped_by:  # a second one: no more grace
+                        kill_at = time.monotonic()
+                    else:
+                        stopped_by, kill_at, ended = signum, time.monotonic() + GRACE_S, len(procs)
+                        _signal(procs, signal.SIGTERM)
+                elif signum in (signal.SIGUSR1, signal.SIGUSR2):
+                    _signal(procs, signum)
+            if stopped_by and time.monotonic() >= kill_at:
+                _signal([p for p, _ in running.values()], signal.SIGKILL)
             for idx, (proc, slot) in list(running.items()):
                 if proc.poll() is not None:
                     codes[idx] = proc.returncode
                     del running[idx]
                     slots = sorted([*slots, slot], key=lambda s: s.index)
-        return codes
-    except _Stop as e:
-        procs = [p for p, _ in running.values()]
-        for s in previous:  # a second signal: no more grace
-            signal.signal(s, lambda *_: _signal(procs, signal.SIGKILL))
-        _signal(procs, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_S
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal([p], signal.SIGKILL)
-                p.wait()
-        raise RunFailed(f"stopped by {signal.Signals(e.args[0]).name}: {len(procs)} running jobs ended, "
-                        f"{len(waiting)} not started", 128 + e.args[0]) from None
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    if stopped_by:
+        raise RunFailed(f"stopped by {signal.Signals(stopped_by).name}: {ended} running jobs ended, "
+                        f"{len(waiting)} not started", 128 + stopped_by)
+    return codes
 
 
 def _numarun() -> list[str]:
