@@ -17,6 +17,7 @@ someone other than the running user or root, or is writable by others.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -275,20 +276,17 @@ def remove_stale(root: Path) -> None:
 
 def latest(root: Path) -> tuple[int, Path] | None:
     """The newest complete checkpoint under ``root`` (one with meta.json), or None."""
-    best: tuple[int, Path] | None = None
-    if not root.is_dir():
-        return None
-    for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / "meta.json").is_file():
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, child)
-    return best
+    return next(iter(_candidates(root)), None)
 
 
 def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, Any], rank: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint dir."""
+    """Collective: every rank calls it. Returns the final checkpoint dir.
+
+    A failure at any point (torch's writer, ``.metadata``, ``meta.json``, the rename) is a
+    :class:`CheckpointError` on every rank, the ``.tmp`` removed and the previous checkpoint
+    kept; rank 0's message names the cause (:func:`_failure`).
+    """
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -300,8 +298,11 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
             shutil.rmtree(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    old = root / f".{final.name}.old"
+    failed: BaseException | None = None
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        dcp.save(state, checkpoint_id=str(tmp))
         world_size = dist.get_world_size()
         # every rank hashes what it wrote, at once; the gather replaces a barrier (rank 0
         # hears from every rank only once all have written)
@@ -313,62 +314,85 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
             sums: dict[str, str] = {k: v for share in shares or [] for k, v in share.items()}
             sums.update({name: file_digest(tmp / name) for name in files if name not in sums})  # none expected
             record = {"step": step, **meta, "files": files, "hash": HASH, "checksums": dict(sorted(sums.items()))}
-            (tmp / "meta.json").write_text(json.dumps(record, indent=1) + "\n")
+            with open(tmp / "meta.json", "w") as f:
+                f.write(json.dumps(record, indent=1) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # ENOSPC on a filesystem that allocates at writeback shows here
+            # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
+            # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
+            if old.exists():
+                shutil.rmtree(old)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
     except (Exception, BaseException) as e:  # dcp's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        failed = e
+    # rank 0's part can fail alone (meta.json): the ranks agree instead of a barrier
+    flag = torch.tensor([failed is not None], dtype=torch.int32, device="cuda" if "nccl" in dist.get_backend() else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest(root)
-        kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
-        cause = _cause(e)
-        try:
-            st = os.statvfs(root)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = None
-        if free is not None and "space" not in cause:
-            # torch's zip writer reports a short write as "unexpected pos ..." and loses ENOSPC
-            need = sum(f.stat().st_size for f in previous[1].iterdir() if f.is_file()) if previous else 1 << 20
-            if free < need:
-                cause = f"No space left on device ({free} bytes free; torch said: {cause})"
-        raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
-                              "trainer.checkpoint_dir with room for a checkpoint", exit_code=1) from None
+            log.info("checkpoint saved: %s", final)
+        return final
+    cause = _failure(failed, root, state) if failed is not None else "another rank failed"
     if rank == 0:
-        # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
-        # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
-        old = root / f".{final.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-        log.info("checkpoint saved: %s", final)
-    dist.barrier()
-    return final
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():  # failed between the two renames
+            os.replace(old, final)
+    previous = latest(root)
+    kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
+    raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
+                          "trainer.checkpoint_dir with room for a checkpoint", exit_code=1)
 
 
-def _cause(e: BaseException) -> str:
-    """The root OSError of a dcp failure ('No space left on device'...), else its first line."""
+def _failure(e: BaseException, root: Path, state: Any) -> str:
+    """Why a save failed, read before its ``.tmp`` is removed: the OSError at its root (torch's
+    CheckpointException holds every rank's), else the filesystem's own word when it has less room
+    than a checkpoint takes (torch's zip writer reports a short write as "unexpected pos 704 vs
+    598" and loses ENOSPC), else the first line of the error."""
     seen: list[BaseException] = [e]
     failures = getattr(e, "failures", None)
     if isinstance(failures, dict):
-        for f in failures.values():
-            seen.append(f[0] if isinstance(f, tuple) else f)
-    text = str(e)
+        seen += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    found: OSError | None = None
     for x in seen:
-        while x is not None:
+        while x is not None and found is None:
             if isinstance(x, OSError) and x.strerror:
-                return x.strerror
+                found = x
             x = x.__cause__ or x.__context__  # type: ignore[assignment]
-    if len(seen) > 1 and isinstance(seen[1], BaseException):
-        text = str(seen[1])
-    for marker in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
-        if marker in text:
-            return marker
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(e).__name__
+    mount = root
+    while not os.path.ismount(mount) and mount.parent != mount:
+        mount = mount.parent
+    try:
+        st = os.statvfs(root)
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    except OSError:
+        free = total = -1
+    previous = latest(root)
+    need = max(sum(f.stat().st_size for f in previous[1].iterdir()) if previous else 0,
+               sum(t.nbytes for t in _tensors(state)))
+    if found is not None and found.errno not in (errno.ENOSPC, errno.EFBIG):
+        return str(found.strerror)
+    if found is None and not 0 <= free < need:
+        text = str(seen[1] if len(seen) > 1 else e)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[0] if lines else type(e).__name__
+    return (f"No space left on device: {free} bytes free of {total} on {mount} (statvfs of {root}), "
+            f"a checkpoint takes about {need} bytes")
+
+
+def _tensors(obj: Any) -> list[Any]:
+    """The tensors in a (nested) state dict, a sharded tensor's local part where it has one."""
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    local = getattr(obj, "to_local", None)
+    obj = local() if callable(local) else obj
+    return [obj] if hasattr(obj, "nbytes") and hasattr(obj, "dtype") else []
 
 
 def load(path: Path, model: Any, optimizer: Any) -> int:
