@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 
 from .. import envvars, ledger
 from ..errors import NumarunError
-from . import reaper
+from . import oom, reaper
 from .spec import FORWARDED_SIGNALS, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -335,6 +335,7 @@ class Supervisor:
         self._reported = False
         stops = [self._watch_death(death), self._watch_rendezvous(spec), self._watch_abort(spec)]
         updates = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(state)}
+        kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             with scoped_environ(updates):
                 torchrun_main(spec.argv(log_dir=str(state / "logs")))
@@ -342,8 +343,8 @@ class Supervisor:
             parts = []
             for rank in sorted(e.failures):
                 failure = e.failures[rank]
-                how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0
-                       else f"was killed by {failure.signal_name()}")
+                how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else
+                       f"was killed by {failure.signal_name()}{oom.explain(kills, failure.pid, signum=-failure.exitcode)}")
                 cause = failure_cause(failure)
                 who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
                 parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")
