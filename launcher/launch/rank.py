@@ -6,16 +6,30 @@ torchrun gives its workers (:func:`numarun.jobenv.settle.rank_env`), then become
 the same bootstrap applies the binding (affinity on every thread, memory policy, environment),
 starts the watcher and runs the script in this interpreter, as ``python script.py`` would, so
 no second interpreter starts and torch is imported once, by the script, after the binding.
+
+What no variable gives, the ranks agree on before the script (:func:`agree`): an MPI launcher does
+not say which node a rank is on, and a Hydra app's ranks need one clock for one run dir.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as _dt
+import io
+import json
 import logging
 import os
+import socket
+import time
 from collections.abc import Mapping
 from typing import NoReturn
 
+from ..errors import UsageError
+from ..jobenv import JobShape, Scheduler
 from .torchrun import Target
+
+AGREE_TIMEOUT_S = 300.0
+"""How long the ranks wait for each other before the script starts (they were started together)."""
 
 
 def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
@@ -35,3 +49,75 @@ def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
 
     main(target.bootstrap_args())
     raise SystemExit(0)  # main() ends the process through worker.finish; not reached
+
+
+def agree(job: JobShape, addr: str, port: int, *, clock: bool) -> tuple[JobShape, str]:
+    """The job with its node index and count where the MPI launcher left them out (its ranks span
+    nodes: the node of a rank is the order of its host among the hosts by their lowest rank), and
+    rank 0's clock (ISO time) when ``clock``; '' otherwise. One exchange through rank 0 on the
+    job's ``addr:port``, closed before the script opens its own store there; none when nothing is
+    to be agreed."""
+    hosts_unknown = job.node_index < 0 and job.scheduler is not Scheduler.SLURM
+    now = _dt.datetime.now().isoformat() if clock else ""
+    if not hosts_unknown and (not clock or job.world_size == 1):
+        return job, now
+    hosts, now = _exchange(addr, port, rank=job.rank, world_size=job.world_size, host=socket.gethostname(), now=now)
+    if hosts_unknown:
+        order = list(dict.fromkeys(hosts))
+        job = dataclasses.replace(job, nnodes=len(order), node_index=order.index(hosts[job.rank]))
+    return job, now
+
+
+def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, now: str) -> tuple[list[str], str]:
+    """Every rank's host, in rank order, and rank 0's ``now``: each rank sends rank 0 its own, rank 0
+    answers every rank with all of them."""
+    deadline = time.monotonic() + AGREE_TIMEOUT_S
+    where = f"{addr}:{port}"
+    try:
+        if rank != 0:
+            while True:
+                try:
+                    conn = socket.create_connection((addr, port), timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)  # rank 0 is not listening yet
+            with conn, conn.makefile("rw") as f:
+                f.write(json.dumps([rank, host]) + "\n")
+                f.flush()
+                answer = json.loads(f.readline())
+            return answer["hosts"], answer["now"]
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one connection per rank at once
+        if soft != resource.RLIM_INFINITY and soft < world_size + 64:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, world_size + 64) if hard >= 0 else world_size + 64, hard))
+        dual = socket.has_dualstack_ipv6()
+        hosts = [host] + [""] * (world_size - 1)
+        with socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual,
+                                  backlog=min(world_size, 4096)) as server:
+            files: list[tuple[socket.socket, io.TextIOWrapper]] = []
+            while len(files) < world_size - 1:
+                server.settimeout(max(0.1, deadline - time.monotonic()))
+                conn, _ = server.accept()
+                conn.settimeout(max(1.0, deadline - time.monotonic()))
+                f = conn.makefile("rw")
+                try:
+                    other, name = json.loads(f.readline())
+                    if not (isinstance(other, int) and 0 < other < world_size and isinstance(name, str)):
+                        raise ValueError(other)
+                    hosts[other] = name
+                except (OSError, ValueError, TypeError, IndexError):  # not a rank (a port probe): dropped
+                    f.close()
+                    conn.close()
+                    continue
+                files.append((conn, f))
+            for conn, f in files:
+                with conn, f:
+                    f.write(json.dumps({"hosts": hosts, "now": now}) + "\n")
+                    f.flush()
+        return hosts, now
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"the ranks could not agree through {where} within {AGREE_TIMEOUT_S:.0f} s ({e}); expected "
+                         "every rank of the job started and rank 0's MASTER_ADDR:MASTER_PORT reachable from each") from None
