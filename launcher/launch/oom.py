@@ -52,8 +52,7 @@ def _field(text: str, key: str) -> int | None:
 
 
 def kills(root: Path = Path("/")) -> Kills:
-    """The counts now: the innermost v2 ``memory.events`` and v1 ``memory.oom_control`` (a kill counts
-    in the victim's own cgroup, where numarun's workers are), then ``/proc/vmstat``."""
+    """The counts now: this process's (and so its workers') innermost v2 and v1 memory cgroup, the host."""
     read, dirs = _reader(root)
     vmstat = read("/proc/vmstat")
     found = [cgroup_read(dirs, {2: ("memory.events",)}, read), cgroup_read(dirs, {1: ("memory.oom_control",)}, read),
@@ -67,9 +66,8 @@ def _size(n: int) -> str:
 
 def explain(before: Kills, pid: int, *, signum: int, root: Path = Path("/"), environ: Mapping[str, str] | None = None,
             kernel_log: str | None = None) -> str:
-    """``: out of memory (...)`` for a rank killed by ``signum`` when a kill count rose since ``before``,
-    naming the count, the limit that applied and where it was read, and what was used; '' otherwise.
-    ``kernel_log``: the kernel's "Killed process" lines (default: read from ``/dev/kmsg`` under ``/``)."""
+    """``: out of memory (limit, where it was read, what was used, the count that rose)`` for a rank killed
+    by ``signum`` when a kill count rose since ``before``, else ''. ``kernel_log``: default /dev/kmsg's."""
     if signum != signal.SIGKILL:
         return ""
     read, dirs = _reader(root)

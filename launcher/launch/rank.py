@@ -52,11 +52,9 @@ def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
 
 
 def agree(job: JobShape, addr: str, port: int, *, clock: bool) -> tuple[JobShape, str]:
-    """The job with its node index and count where the MPI launcher left them out (its ranks span
-    nodes: the node of a rank is the order of its host among the hosts by their lowest rank), and
-    rank 0's clock (ISO time) when ``clock``; '' otherwise. One exchange through rank 0 on the
-    job's ``addr:port``, closed before the script opens its own store there; none when nothing is
-    to be agreed."""
+    """The job with the node index and count an MPI launcher leaves out (a host's place among the hosts
+    by their lowest rank), and rank 0's clock (ISO time) when ``clock``, else ''. One exchange through
+    rank 0 on ``addr:port``, closed before the script opens its store there; none when nothing to agree."""
     hosts_unknown = job.node_index < 0 and job.scheduler is not Scheduler.SLURM
     now = _dt.datetime.now().isoformat() if clock else ""
     if not hosts_unknown and (not clock or job.world_size == 1):
@@ -72,7 +70,6 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
     """Every rank's host, in rank order, and rank 0's ``now``: each rank sends rank 0 its own, rank 0
     answers every rank with all of them."""
     deadline = time.monotonic() + AGREE_TIMEOUT_S
-    where = f"{addr}:{port}"
     try:
         if rank != 0:
             while True:
@@ -88,11 +85,6 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
                 f.flush()
                 answer = json.loads(f.readline())
             return answer["hosts"], answer["now"]
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one connection per rank at once
-        if soft != resource.RLIM_INFINITY and soft < world_size + 64:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, world_size + 64) if hard >= 0 else world_size + 64, hard))
         dual = socket.has_dualstack_ipv6()
         hosts = [host] + [""] * (world_size - 1)
         with socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual,
@@ -108,10 +100,9 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
                     if not (isinstance(other, int) and 0 < other < world_size and isinstance(name, str)):
                         raise ValueError(other)
                     hosts[other] = name
-                except (OSError, ValueError, TypeError, IndexError):  # not a rank (a port probe): dropped
-                    f.close()
-                    conn.close()
-                    continue
+                except (OSError, ValueError, TypeError):  # not a rank (a port probe): dropped
+                    with conn, f:
+                        continue
                 files.append((conn, f))
             for conn, f in files:
                 with conn, f:
@@ -119,5 +110,5 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
                     f.flush()
         return hosts, now
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"the ranks could not agree through {where} within {AGREE_TIMEOUT_S:.0f} s ({e}); expected "
+        raise UsageError(f"the ranks could not agree through {addr}:{port} within {AGREE_TIMEOUT_S:.0f} s ({e}); expected "
                          "every rank of the job started and rank 0's MASTER_ADDR:MASTER_PORT reachable from each") from None

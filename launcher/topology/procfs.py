@@ -1,10 +1,7 @@
-"""The ``/proc`` formats numarun reads in more than one place, and the one walk of this process's
-cgroups (v1 and v2) that every cgroup reader shares. Pure: files are read through a callable.
-
-``/proc/<pid>/status``: by the sysfs reader and by a worker reading back its own binding.
-``/proc/self/mounts`` and ``/proc/self/cgroup``: by the sysfs reader and the step's cpuset
-(:mod:`numarun.topology.devices`), by the launcher's cage (:mod:`numarun.launch.reaper`) and by
-its out-of-memory report (:mod:`numarun.launch.oom`)."""
+"""The ``/proc`` formats numarun reads in more than one place (``/proc/<pid>/status``, ``mounts``,
+``cgroup``), and the one walk of this process's cgroups, v1 and v2, that the sysfs reader, the
+step's cpuset, the launcher's cage and its out-of-memory report share. Pure: files are read
+through a callable."""
 
 from __future__ import annotations
 

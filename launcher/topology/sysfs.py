@@ -1,7 +1,7 @@
 """Read a node's topology from a Linux ``/sys`` + ``/proc`` tree.
 
 This module is the only code that reads the machine from ``/sys`` and ``/proc`` (a worker
-reads back its own binding from ``/proc/self`` in ``launch/affinity.py``). Every path goes through
+reads back its own binding from ``/proc/self`` in ``worker/affinity.py``). Every path goes through
 ``root`` so that tests run on recorded trees (hwloc's ``hwloc-gather-topology`` captures,
 our own ``live-h200-vm`` capture) exactly as on the live machine (``root == Path("/")``).
 
@@ -12,10 +12,8 @@ What is read (kernel docs: ``Documentation/admin-guide/cputopology.rst``,
   when an old kernel has no ``cpulist``).
 - CPUs: ``sys/devices/system/cpu/cpu<N>/topology/{physical_package_id,die_id,core_id,
   thread_siblings_list}``, ``cpu/online``, and the highest ``cache/index*/level`` for the LLC.
-- Allowed CPUs / memory nodes: ``os.sched_getaffinity(0)`` on the live machine, else
-  ``proc/self/status`` (``Cpus_allowed_list``, ``Mems_allowed_list``), both narrowed by the
-  cgroup v2 ``cpuset.cpus.effective`` / ``cpuset.mems.effective`` of the process's cgroup
-  (found through ``proc/mounts`` and ``proc/self/cgroup`` or ``proc/self/cpuset``).
+- Allowed CPUs / memory nodes: ``os.sched_getaffinity(0)`` live, else ``proc/self/status``, both
+  narrowed by the process's cpuset cgroup, v2 or v1 (:func:`numarun.topology.procfs.cgroup_dirs`).
 - GPUs: ``sys/bus/pci/devices/*`` whose ``vendor``, ``class`` and ``device`` pass the GPU rule
   of :mod:`numarun.topology.pci` (NVIDIA/AMD display classes, on-board VGA chips left out).
   A device whose ``vendor`` file is missing counts as NVIDIA when the NVIDIA driver lists it in

@@ -1,18 +1,10 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (sharded: works for DDP, FSDP2, HSDP, TP).
 
 Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, world size,
-parallel mode, the model config, and the size and xxh3-128 checksum of every file, so a
-truncated file or a flipped byte is found before torch reads it). Each rank hashes the files
-it wrote, right after writing them and in parallel with the other ranks; a resume splits the
-files among the ranks the same way and every rank verifies its share before anything is
-loaded. A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
-every rank has written, so a killed job never leaves a half-written ``step_*`` behind.
-The directory must be shared by all nodes. RNG and data position need no saving: batches
-and dropout seeds are functions of the step (see ``numarun.train.data``).
-
-A checkpoint is code: torch's loader unpickles ``.metadata``. :func:`check_trusted` refuses to
-load from a directory, a ``step_*`` or a file in it that is a symbolic link, is owned by
-someone other than the running user or root, or is writable by others.
+parallel mode, the model config, the size and xxh3-128 checksum of every file). A save goes to
+``<dir>/.step_00000010.tmp`` first and is renamed once complete; the directory must be shared
+by all nodes. RNG and data position need no saving: batches and dropout seeds are functions of
+the step (``numarun.train.data``). Why each piece: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -50,7 +42,8 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def check_trusted(root: Path) -> None:
-    """Refuse a checkpoint tree someone else could have planted (see the module doc)."""
+    """Refuse a checkpoint dir, ``step_*`` or file in it that is a symlink, owned by someone other than
+    this user or root, or writable by others: torch's loader unpickles ``.metadata``."""
     uid = os.getuid()
     paths = [root]
     if root.is_dir() and not root.is_symlink():
@@ -353,16 +346,13 @@ def _failure(e: BaseException, root: Path, state: Any) -> str:
     CheckpointException holds every rank's), else the filesystem's own word when it has less room
     than a checkpoint takes (torch's zip writer reports a short write as "unexpected pos 704 vs
     598" and loses ENOSPC), else the first line of the error."""
-    seen: list[BaseException] = [e]
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict):
-        seen += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    seen = [e, *(f[0] if isinstance(f, tuple) else f for f in (getattr(e, "failures", None) or {}).values())]
     found: OSError | None = None
     for x in seen:
         while x is not None and found is None:
             if isinstance(x, OSError) and x.strerror:
                 found = x
-            x = x.__cause__ or x.__context__  # type: ignore[assignment]
+            x = x.__cause__ or x.__context__
     mount = root
     while not os.path.ismount(mount) and mount.parent != mount:
         mount = mount.parent
@@ -372,8 +362,7 @@ def _failure(e: BaseException, root: Path, state: Any) -> str:
     except OSError:
         free = total = -1
     previous = latest(root)
-    need = max(sum(f.stat().st_size for f in previous[1].iterdir()) if previous else 0,
-               sum(t.nbytes for t in _tensors(state)))
+    need = max(sum(f.stat().st_size for f in previous[1].iterdir()) if previous else 0, _nbytes(state))
     if found is not None and found.errno not in (errno.ENOSPC, errno.EFBIG):
         return str(found.strerror)
     if found is None and not 0 <= free < need:
@@ -384,15 +373,11 @@ def _failure(e: BaseException, root: Path, state: Any) -> str:
             f"a checkpoint takes about {need} bytes")
 
 
-def _tensors(obj: Any) -> list[Any]:
-    """The tensors in a (nested) state dict, a sharded tensor's local part where it has one."""
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    local = getattr(obj, "to_local", None)
-    obj = local() if callable(local) else obj
-    return [obj] if hasattr(obj, "nbytes") and hasattr(obj, "dtype") else []
+def _nbytes(obj: Any) -> int:
+    """The bytes of the tensors in a (nested) state dict, a sharded tensor's whole."""
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_nbytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return int(obj.nbytes) if hasattr(obj, "nbytes") and hasattr(obj, "dtype") else 0
 
 
 def load(path: Path, model: Any, optimizer: Any) -> int:
