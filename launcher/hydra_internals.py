@@ -183,6 +183,16 @@ def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group:
         raise HydraException(str(e)) from None
 
 
+def job_value(ret: Any) -> Any:
+    """``ret.return_value``; numarun's own error is raised without Hydra's "Error executing job
+    with overrides" line before it (it is its own one line)."""
+    from .errors import NumarunError
+
+    if ret.status.name == "FAILED" and isinstance(ret._return_value, NumarunError):
+        raise ret._return_value
+    return ret.return_value
+
+
 def configure_hydra_logging(cfg: Any) -> None:
     """Hydra's own logging set up again from ``cfg``, as its basic launcher does after each job."""
     from hydra.core.utils import configure_log

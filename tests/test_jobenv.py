@@ -2,6 +2,8 @@
 variables they set (recorded from Slurm 22.05's srun, Open MPI 4.1's mpirun and MPICH 4.0's mpiexec),
 and reconciled with the user's options. Pure: no process is started."""
 
+import dataclasses
+
 import pytest
 
 from numarun.errors import NumarunError, SlurmError, UsageError
@@ -245,7 +247,7 @@ def test_mpich_and_intel_mpi_ranks_are_per_rank():
 
 def test_pmix_alone_needs_the_size_from_the_environment():
     job = detect({"PMIX_RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
-    assert job.scheduler is Scheduler.PMIX and (job.rank, job.node_index, job.nnodes) == (3, 1, 2)
+    assert job.scheduler is Scheduler.PMIX and (job.rank, job.node_index, job.nnodes) == (3, -1, 0)  # the ranks agree
     with pytest.raises(UsageError, match="WORLD_SIZE None"):
         detect({"PMIX_RANK": "0"})
 
@@ -253,7 +255,7 @@ def test_pmix_alone_needs_the_size_from_the_environment():
 def test_several_mpi_nodes_need_an_address():
     env = {**OMPI, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3"}
     job = detect(env)
-    assert job.nnodes == 2 and job.node_index == 1
+    assert job.nnodes == 0 and job.node_index == -1  # told by the ranks' exchange, before the script
     with pytest.raises(UsageError, match="expected --master-addr HOST or MASTER_ADDR"):
         rank_master(job, Given(), {})
     assert rank_master(job, Given(), {"MASTER_ADDR": "n0"}) == ("n0", 29500)
@@ -277,18 +279,19 @@ def test_malformed_mpi_environment_is_one_line(change):
     assert "bad openmpi environment: OMPI_COMM_WORLD_" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_ranks_mapped_by_node_are_refused_in_one_line():
-    # mpirun --map-by node on 2 nodes x 2: rank 1 is local rank 0 of node 1; by slot it would be node 0's second
+def test_mpi_ranks_on_several_nodes_leave_the_node_to_the_ranks():
+    """MPI does not say which node a rank is on: any mapping (--map-by node), any uneven nodes, is
+    taken, and the node index and count come from the ranks' exchange (numarun.launch.rank.agree)."""
     env = {**OMPI, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
-    with pytest.raises(UsageError) as e:
-        detect(env)
-    assert "rank 1 is local rank 0 of 2" in str(e.value) and "--map-by slot" in str(e.value) and "\n" not in str(e.value)
-    # the same ranks mapped by slot, and uneven nodes (3 ranks: 2 + 1), are taken
-    for rank in range(4):
-        job = detect({**env, "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank % 2)})
-        assert job.node_index == rank // 2
-    assert detect({**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                   "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}).rank == 2
+    job = detect(env)
+    assert (job.node_index, job.nnodes) == (-1, 0) and "several nodes, 2 tasks on this node" in job.describe()
+    check_rank(job, Given(nnodes="3", node_rank=5))  # not refused before the ranks agree...
+    with pytest.raises(JobConflict, match="bad --nnodes '3'"):  # ...and checked once they have
+        check_rank(dataclasses.replace(job, nnodes=2, node_index=1), Given(nnodes="3"))
+    uneven = detect({**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    assert (uneven.rank, uneven.node_index, uneven.nnodes) == (2, -1, 0)
+    one_node = detect({**env, "OMPI_COMM_WORLD_SIZE": "2"})
+    assert (one_node.node_index, one_node.nnodes) == (0, 1)
 
 
 def test_mpirun_inside_a_slurm_allocation_is_mpi_not_the_daemons_step():

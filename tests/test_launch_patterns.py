@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SCRIPTS, TIMEOUT, clean_env, error_lines, numarun_cmd
+from helpers import REPO, SCRIPTS, TIMEOUT, clean_env, error_lines, free_port, listening, numarun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -213,3 +213,75 @@ def test_mpi_launchers_give_one_bound_world(tmp_path, launcher, argv):
         assert r["affinity"] == r["plan_cpus"] and not r["torch_loaded_before_script"], r
     if len(os.sched_getaffinity(0)) >= 2:
         assert not set(got[0]["affinity"]) & set(got[1]["affinity"])
+
+
+# ----------------------------------------------------------------------------- uneven nodes, any mapping
+
+
+@pytest.mark.parametrize(
+    ("launcher", "argv"),
+    [
+        # Open MPI: 2 slots on nodea, 1 on nodeb, mapped by node: ranks 0 and 2 on nodea, 1 on nodeb
+        ("mpirun.openmpi", ["-np", "3", "--host", "nodea:2,nodeb:1", "--map-by", "node", "--mca", "plm_rsh_agent",
+                            str(SCRIPTS / "fake_ssh")]),
+        # MPICH: by slot on 2 + 1 (rank 2 alone on nodeb), and round robin (ranks 0 and 2 on nodea)
+        ("mpiexec.mpich", ["-n", "3", "-hosts", "nodea:2,nodeb:1", "-launcher", "ssh", "-launcher-exec",
+                           str(SCRIPTS / "fake_ssh")]),
+        ("mpiexec.mpich", ["-n", "3", "-hosts", "nodea:1,nodeb:1", "-launcher", "ssh", "-launcher-exec",
+                           str(SCRIPTS / "fake_ssh")]),
+    ],
+    ids=["openmpi-map-by-node", "mpich-by-slot", "mpich-round-robin"],
+)
+def test_mpi_ranks_on_uneven_nodes_know_their_node(tmp_path, launcher, argv):
+    """Two fake nodes (a UTS namespace each, named by the launcher's ssh): every rank's GROUP_RANK is
+    its host's place among the hosts by their lowest rank, and the node count is 2."""
+    exe = _mpi(launcher)
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("fake nodes need unshare --uts as root")
+    env = clean_env(**MPI_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run([exe, *argv, *numarun_cmd(), str(SCRIPTS / "slurm_ranks.py"), "--out", str(tmp_path)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = reports(tmp_path)
+    assert [r["rank"] for r in got] == [0, 1, 2] and {r["all_reduce_sum"] for r in got} == {3.0}, got
+    order = list(dict.fromkeys(r["node"] for r in got))
+    assert sorted(order) == ["nodea", "nodeb"], got
+    for r in got:
+        assert r["group_rank"] == order.index(r["node"]), got
+        assert r["nproc_per_node"] == sum(s["node"] == r["node"] for s in got), got
+
+
+RUN_DIR_APP = """
+import os
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+
+@hydra.main(version_base=None, config_path=None)
+def main(cfg):
+    print("RUNDIR", os.environ["RANK"], HydraConfig.get().runtime.output_dir, flush=True)
+
+
+main()
+"""
+
+
+def test_per_rank_hydra_app_ranks_share_one_run_dir_with_no_variable_set(tmp_path):
+    """Rank 1 starts in a later second than rank 0: one run dir all the same, from rank 0's clock."""
+    app = tmp_path / "app.py"
+    app.write_text(RUN_DIR_APP)
+    port = free_port()
+    kw = {"MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"}
+    first = start_tasks([str(app), "hydra.run.dir=" + str(tmp_path / "outputs" / "${now:%H-%M-%S}")], 1, **kw)
+    wait_until("rank 0 waiting for the other ranks", lambda: listening(port), proc=first[0])
+    read = time.time()  # rank 0 read its clock before it listened
+    wait_until("the wall clock's next second", lambda: time.time() >= int(read) + 1)
+    procs = [*first, subprocess.Popen(
+        [*numarun_cmd(), str(app), "hydra.run.dir=" + str(tmp_path / "outputs" / "${now:%H-%M-%S}")], cwd=REPO,
+        env=task_env(1, **kw), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    dirs = {}
+    for rc, out, err in finish(procs):
+        assert rc == 0 and "NUMARUN_HYDRA_NOW" not in err, err
+        dirs.update(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("RUNDIR "))
+    assert sorted(dirs) == ["0", "1"] and dirs["0"] == dirs["1"], dirs
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == [Path(dirs["0"]).name]

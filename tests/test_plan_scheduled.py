@@ -155,6 +155,12 @@ def test_the_steps_cpuset_replaces_this_tasks_affinity(topo):
         ("0::/system.slice/job\n", {"sys/fs/cgroup/system.slice/job/cpuset.cpus.effective": "1-2\n"}, (1, 2)),
         ("0::/a/b\n", {"sys/fs/cgroup/a/cpuset.cpus.effective": "5\n"}, (5,)),
         ("0::/\n", {}, None),
+        (  # the hierarchies where the mount table says, not where they usually are
+            "3:cpuset:/job\n0::/\n",
+            {"proc/self/mounts": "cgroup /cg/cs cgroup rw,cpuset 0 0\ncgroup2 /cg/v2 cgroup2 rw 0 0\n",
+             "cg/cs/job/cpuset.effective_cpus": "7\n", "sys/fs/cgroup/cpuset/job/cpuset.effective_cpus": "1\n"},
+            (7,),
+        ),
     ],
 )
 def test_cgroup_cpus_v1_and_v2(tmp_path, cgroup, files, want):

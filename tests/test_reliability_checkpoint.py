@@ -255,14 +255,12 @@ def test_only_damaged_checkpoints_is_one_line(saved: Path, tmp_path: Path) -> No
 
 @pytest.fixture
 def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A 2.5 MB tmpfs: room for two checkpoints of the default model (about 1 MB each)."""
+    """A 4 MB tmpfs, to be filled to the byte (tmpfs counts whole pages)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2500k", "tmpfs", str(mnt)], capture_output=True, timeout=30
-    ).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, timeout=30).returncode:
         pytest.skip("mount -t tmpfs is not allowed here")
     try:
         yield mnt
@@ -270,29 +268,55 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
 
 
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+# Where the save of step 2 runs out of room: the bytes left free before it, in pages of the
+# files it writes in order (the shard, then DCP's .metadata, then meta.json).
+FULL_AT = {
+    "before": lambda shard, metadata: 0,  # a disk already full
+    "torch-writer": lambda shard, metadata: shard // 2,  # torch's own zip writer: "unexpected pos ..."
+    "metadata": lambda shard, metadata: shard,  # DCP's .metadata, on rank 0 after every shard
+    "meta-json": lambda shard, metadata: shard + metadata,  # numarun's meta.json with the checksums
+}
+
+
 @pytest.mark.slow
-def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous(small_disk: Path, tmp_path: Path) -> None:
-    ck = small_disk / "ck"
-    r = _train(
-        [f"trainer.checkpoint_dir={ck}", "trainer.checkpoint_interval=1", "trainer.steps=6", f"hydra.run.dir={tmp_path / 'run'}"],
-        tmp_path,
-    )
-    assert r.returncode == 1, r.stderr[-3000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]
-    errors = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]
-    # the cause once (rank 0), then numarun's line naming the failed rank
-    assert len(errors) == 2 and "No space left on device" in errors[0] and "is kept" in errors[0], r.stderr[-3000:]
-    assert "exited with code 1" in errors[1]
-    assert not list(ck.glob(".step_*")), list(ck.iterdir())  # no stale .tmp
+@pytest.mark.parametrize("point", list(FULL_AT))
+def test_disk_full_at_any_point_of_a_save_is_named_and_keeps_the_previous(point: str, small_disk: Path, saved: Path,
+                                                                          tmp_path: Path) -> None:
     from numarun.train import checkpoint
 
-    found = checkpoint.newest_intact(ck)
-    assert found is not None and checkpoint.damage(found[1]) == ""
-    # the previous checkpoint loads: resuming at its step trains nothing and saves nothing
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", f"trainer.steps={found[0]}",
-                f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads((tmp_path / "run2" / "summary.json").read_text())["start_step"] == found[0]
+    page = os.statvfs(small_disk).f_frsize
+    sizes = json.loads((saved / "step_00000002" / "meta.json").read_text())["files"]
+    pages = {name: -(-size // page) * page for name, size in sizes.items()}
+    ck = small_disk / "ck"
+    ck.mkdir()
+    shutil.copytree(saved / "step_00000001", ck / "step_00000001")
+    left = FULL_AT[point](pages["__0_0.distcp"], pages[".metadata"]) // page * page
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (_free(small_disk) - left))
+    assert _free(small_disk) == left
+    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=2", "trainer.checkpoint_interval=1",
+                f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "Error executing job" not in r.stderr and "unexpected pos" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]
+    # the cause once (rank 0), from the filesystem itself; then numarun's line naming the failed rank
+    assert len(errors) == 2 and "exited with code 1" in errors[1], r.stderr[-3000:]
+    assert "No space left on device: " in errors[0] and f"bytes free of {4 << 20} on {small_disk} (statvfs" in errors[0]
+    assert f"the previous checkpoint {ck / 'step_00000001'} is kept" in errors[0], errors[0]
+    assert sorted(p.name for p in ck.iterdir()) == ["step_00000001"]  # no .tmp, nothing half-renamed
+    kept = ck / "step_00000001"
+    assert checkpoint.damage(kept) == "" and checkpoint.verify_share(kept, rank=0, world_size=1) == ""
+    if point == "torch-writer":  # room again: the resume redoes step 2 to the uninterrupted run's loss, to the bit
+        filler.unlink()
+        r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=2",
+                    f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert _losses(tmp_path / "run2")[2] == _losses(saved.parent / "run")[2]
 
 
 def test_a_stale_tmp_is_removed(saved: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from numarun.topology.hwloc_xml import read_hwloc_xml
 from numarun.topology.model import Gpu
 from numarun.topology.pci import bus_sort_key, gpu_vendor, is_onboard_vga, pci_order
-from numarun.topology.procfs import cgroup2_mount, own_cgroup2_path, status_field
+from numarun.topology.procfs import cgroup2_mount, cgroup_dirs, cgroup_read, own_cgroup2_path, status_field
 from numarun.worker import affinity
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -81,6 +81,31 @@ def test_cgroup2_mount_and_own_path() -> None:
     assert own_cgroup2_path("12:cpuset:/slurm/uid_0/job_5\n0::/user.slice/session-1.scope\n") == "/user.slice/session-1.scope"
     assert own_cgroup2_path("0::/\n") == "/" and own_cgroup2_path("0::\n") == "/"
     assert own_cgroup2_path("4:memory:/x\n") is None
+
+
+HYBRID_MOUNTS = ("cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n"
+                 "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+                 "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+HYBRID_CGROUP = "4:memory:/process_api/6ef7\n3:cpuset:/\n0::/\n"  # this project's CI host
+
+
+def test_one_cgroup_walk_for_v1_and_v2() -> None:
+    """Every cgroup reader (discovery's cpuset, the step's cpuset, the out-of-memory report) walks the same dirs."""
+    assert cgroup_dirs(HYBRID_MOUNTS, HYBRID_CGROUP, "memory") == [
+        (2, "/sys/fs/cgroup/unified"), (1, "/sys/fs/cgroup/memory/process_api/6ef7"),
+        (1, "/sys/fs/cgroup/memory/process_api"), (1, "/sys/fs/cgroup/memory")]
+    v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n"
+    assert cgroup_dirs(v2, "0::/job/step\n", "cpuset") == [
+        (2, "/sys/fs/cgroup/job/step"), (2, "/sys/fs/cgroup/job"), (2, "/sys/fs/cgroup")]  # no v1 hierarchy mounted
+    # no mount table (a recorded tree): the usual layout; an hwloc capture's proc/self/cpuset as the path
+    assert cgroup_dirs(None, None, "cpuset", fallback="/a") == [
+        (2, "/sys/fs/cgroup/a"), (2, "/sys/fs/cgroup"), (1, "/sys/fs/cgroup/cpuset/a"), (1, "/sys/fs/cgroup/cpuset")]
+    files = {"/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes": "1073741824\n",
+             "/sys/fs/cgroup/memory/process_api/6ef7/memory.limit_in_bytes": "  \n"}  # empty: not an answer
+    names = {2: ("memory.max",), 1: ("memory.limit_in_bytes",)}
+    assert cgroup_read(cgroup_dirs(HYBRID_MOUNTS, HYBRID_CGROUP, "memory"), names, files.get) == (
+        "/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes", "1073741824")
+    assert cgroup_read(cgroup_dirs(v2, "0::/job\n", "memory"), names, files.get) is None
 
 
 def test_worker_readback_uses_the_same_format(tmp_path: Path) -> None:

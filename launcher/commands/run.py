@@ -254,10 +254,13 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
             f"bad option '--preflight': {job.describe()}; the pre-flight runs once per node: expected it left out, or "
             "one task per node (srun --ntasks-per-node=1)"
         )
+    hydra_app = False
     if target.kind != "exec":
         from ..config.detect import AppKind, detect_app
 
-        if detect_app(target.name, is_module=target.kind == "module") is AppKind.TRAINER:
+        kind = detect_app(target.name, is_module=target.kind == "module")
+        hydra_app = kind is AppKind.HYDRA_MAIN
+        if kind is AppKind.TRAINER:
             raise UsageError(
                 f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config and "
                 "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
@@ -268,6 +271,12 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
         from ..slurm.controller import head_addr
 
         addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
+    clock = hydra_app and not os.environ.get(envvars.HYDRA_NOW)
+    if not args.dry_run:  # the node and Hydra's clock, where no variable says: one for every rank
+        from ..launch.rank import agree
+
+        job, now = agree(job, addr, port, clock=clock)
+        check_rank(job, given)
     setup = rank_setup(args, job)
     refuse_unbound(setup.plan, args.strict_binding)
     for note in (*(setup.plan.warnings if job.local_rank == 0 else ()), *setup.notes):  # the node's: said once
@@ -284,6 +293,8 @@ def _run_rank(args: argparse.Namespace, target: Target, job: JobShape, given: Gi
     env.pop(envvars.PLAN, None)
     env[envvars.PLAN_JSON] = plan_text
     env.update(_watch_env(args))
+    if clock and not args.dry_run:
+        env[envvars.HYDRA_NOW] = now
     if getattr(args, "log_level", None) and envvars.LOG_LEVEL not in os.environ:
         env[envvars.LOG_LEVEL] = str(args.log_level).upper()
     if args.dry_run:

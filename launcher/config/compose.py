@@ -388,7 +388,7 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
         hooks.on_run_start(config=command.cfg, config_name=config_name)
         ret = internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=False)
         hooks.on_run_end(config=command.cfg, config_name=config_name, job_return=ret)
-        return ret.return_value
+        return internals.job_value(ret)
     hooks.on_multirun_start(config=command.cfg, config_name=config_name)
     if not command.jobs or command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
         # another sweeper or launcher (hydra/launcher=numarun): as Hydra's multirun runs them
@@ -402,7 +402,7 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
         for job in command.jobs:
             returns.append(internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=True))
             internals.configure_hydra_logging(command.cfg)
-        values = [r.return_value for r in returns]
+        values = [internals.job_value(r) for r in returns]
     hooks.on_multirun_end(config=command.cfg, config_name=config_name)
     return values[-1] if values else None
 

@@ -41,6 +41,7 @@ class JobShape:
     job: str
     """``1234.0`` (Slurm job and step), or the MPI job's name; '' when the scheduler gives none."""
     nnodes: int
+    """0 when unknown (an MPI job on several nodes, until its ranks agree)."""
     node_index: int
     """This node's index in the scheduler's node order (``SLURM_NODEID``); -1 when unknown."""
     nodes: tuple[str, ...]
@@ -60,11 +61,6 @@ class JobShape:
     step_gpus: tuple[int, ...] | None = None
     """The step's GPUs on this node as device minor numbers (``SLURM_STEP_GPUS``); None when not said."""
 
-    @property
-    def contiguous(self) -> bool:
-        """Ranks are numbered node by node (block distribution), as torchrun numbers them."""
-        return self.rank - self.local_rank == self.node_index * self.local_world_size
-
     def describe(self) -> str:
         """``Slurm step 1234.0: node 1 of 2, 2 tasks per node: per-rank mode`` (the first log line)."""
         what = {
@@ -73,7 +69,7 @@ class JobShape:
             Scheduler.MPICH: "MPICH/Intel MPI job",
             Scheduler.PMIX: "PMIx job" + (f" {self.job}" if self.job else ""),
         }[self.scheduler]
-        where = f"node {self.node_index} of {self.nnodes}" if self.node_index >= 0 else f"{self.nnodes} node(s)"
+        where = f"node {self.node_index} of {self.nnodes}" if self.node_index >= 0 else "several nodes"
         tasks = f"{self.local_world_size} task{'' if self.local_world_size == 1 else 's'} on this node"
         if self.mode is Mode.PER_RANK:
             rank = f"rank {self.rank} of {self.world_size}, local rank {self.local_rank}"

@@ -8,10 +8,9 @@
 
 Every process is one rank (per-rank mode), except one process per node (local size 1) asked
 to start several ranks with ``--nproc-per-node``: then it is a node (per-node mode). MPI does
-not give a node index; with mpirun's default mapping (by slot: a node's ranks are consecutive)
-it is ``rank // local_size``, which is what :attr:`JobShape.node_index` holds. A rank placed
-otherwise on equal nodes (``--map-by node``) is refused in one line: its node index cannot be
-told from its own variables.
+not say which node a rank is on: on one node it is 0; on several, a rank's node index and the
+node count are -1 and 0 here, and the ranks agree on them before the script
+(:func:`numarun.launch.rank.agree`), whatever the mapping and however uneven the nodes.
 """
 
 from __future__ import annotations
@@ -62,18 +61,9 @@ def shape_from_env(environ: Mapping[str, str], scheduler: Scheduler, *, nproc_gi
     rank = _int(environ, rank_var, scheduler, below=size)
     local_size = _int(environ, local_size_var, scheduler, low=1, below=size + 1)
     local_rank = _int(environ, local_var, scheduler, below=local_size)
-    nnodes = -(-size // local_size)
-    # mpirun maps by slot by default: a node's ranks are consecutive
-    node_index = rank // local_size
-    if size % local_size == 0 and local_rank != rank % local_size:
-        # equal nodes, yet this rank is not where a by-slot mapping puts it (--map-by node, say):
-        # the node index would be wrong, and with it GROUP_RANK and the node count the ranks see
-        raise UsageError(
-            f"bad {scheduler.value} rank mapping: rank {rank} is local rank {local_rank} of {local_size} on its node, "
-            f"where mapping by slot puts local rank {rank % local_size}: numarun needs each node's ranks "
-            f"consecutive (mpirun's default, --map-by slot) to number the nodes ({OPT_OUT})"
-        )
-    mode = Mode.PER_NODE if local_size == 1 and nproc_given else Mode.PER_RANK
+    per_node = local_size == 1 and nproc_given
+    nnodes, node_index = (1, 0) if local_size == size else (size, rank) if per_node else (0, -1)
+    mode = Mode.PER_NODE if per_node else Mode.PER_RANK
     job = environ.get("PMIX_NAMESPACE", "") if scheduler is not Scheduler.MPICH else ""
     return JobShape(
         scheduler=scheduler, mode=mode, job=job, nnodes=nnodes, node_index=node_index, nodes=(),

@@ -196,9 +196,10 @@ def check_rank(shape: JobShape, given: Given) -> None:
             f"task{'s' if shape.local_world_size != 1 else ''} on this node, each one rank (per-rank mode); expected no "
             "--nproc-per-node, or one task per node (srun --ntasks-per-node=1) for numarun to start the node's ranks"
         )
-    _check_nnodes(shape, given)
-    _check_standalone(shape, given)
-    _check_node_rank(shape, given)
+    if shape.node_index >= 0:  # else checked again once the ranks agree on it
+        _check_nnodes(shape, given)
+        _check_standalone(shape, given)
+        _check_node_rank(shape, given)
     if given.agent_options:
         flag = given.agent_options[0]
         raise JobConflict(

@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 from .. import envvars, ledger
 from ..errors import NumarunError
-from . import net, reaper, torch_private
+from . import net, oom, reaper, torch_private
 from .abort import AbortWatch
 from .signals import ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
 from .spec import DEATH_SIGNALS, FORWARDED_SIGNALS, LaunchSpec
@@ -278,6 +278,7 @@ class Supervisor:
         for signum in handled:  # torchrun installs them again as its workers start (route_signals)
             signal.signal(signum, self._on_signal)
         updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
+        kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
                 seconds, source = spec.rendezvous_deadline()
@@ -288,8 +289,8 @@ class Supervisor:
             parts = []
             for rank in sorted(e.failures):
                 failure = e.failures[rank]
-                how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0
-                       else f"was killed by {failure.signal_name()}")
+                how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else
+                       f"was killed by {failure.signal_name()}{oom.explain(kills, failure.pid, signum=-failure.exitcode)}")
                 cause = failure_cause(failure)
                 who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
                 parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")

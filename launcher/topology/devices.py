@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..cpuset import parse_list
-from ..errors import CpuListError
+from ..errors import CpuListError, TopologyError
+from .fileio import read_bounded
+from .procfs import cgroup_dirs, cgroup_read
 
 DENIED = (errno.EPERM, errno.EACCES)
 
@@ -44,45 +46,21 @@ def gpu_device_access(root: Path, minors: Iterable[int]) -> dict[int, bool | Non
     return out
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path | str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            return f.read(1 << 16).decode("ascii", "replace")
-    except OSError:
+        return read_bounded(path, limit=1 << 16).decode("ascii", "replace")
+    except (OSError, TopologyError):
         return None
 
 
 def cgroup_cpus(root: Path = Path("/")) -> tuple[int, ...] | None:
     """The CPUs of this process's cpuset cgroup (v2 ``cpuset.cpus.effective``, v1
-    ``cpuset.effective_cpus``), the nearest ancestor that has the file; None when unknown.
-
-    This is what the scheduler gave the whole step, before any per-task ``--cpu-bind``.
-    """
-    text = _read(root / "proc/self/cgroup")
-    if not text:
+    ``cpuset.effective_cpus`` or ``cpuset.cpus``), the nearest ancestor that has the file; None when
+    unknown. This is what the scheduler gave the whole step, before any per-task ``--cpu-bind``."""
+    dirs = cgroup_dirs(_read(root / "proc/self/mounts"), _read(root / "proc/self/cgroup"), "cpuset")
+    found = cgroup_read(dirs, {2: ("cpuset.cpus.effective",), 1: ("cpuset.effective_cpus", "cpuset.cpus")},
+                        lambda p: _read(root / p.lstrip("/")))
+    try:
+        return parse_list(found[1]) if found else None
+    except CpuListError:
         return None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, rel = parts
-        names: tuple[str, ...]
-        if controllers == "":
-            base, names = root / "sys/fs/cgroup", ("cpuset.cpus.effective",)
-        elif "cpuset" in controllers.split(","):
-            base, names = root / "sys/fs/cgroup/cpuset", ("cpuset.effective_cpus", "cpuset.cpus")
-        else:
-            continue
-        d = base / rel.strip().lstrip("/")
-        while True:
-            for name in names:
-                value = _read(d / name)
-                if value is not None and value.strip():
-                    try:
-                        return parse_list(value.strip())
-                    except CpuListError:
-                        return None
-            if d == base or base not in d.parents:
-                break
-            d = d.parent
-    return None

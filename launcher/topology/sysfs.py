@@ -1,7 +1,7 @@
 """Read a node's topology from a Linux ``/sys`` + ``/proc`` tree.
 
 This module is the only code that reads the machine from ``/sys`` and ``/proc`` (a worker
-reads back its own binding from ``/proc/self`` in ``launch/affinity.py``). Every path goes through
+reads back its own binding from ``/proc/self`` in ``worker/affinity.py``). Every path goes through
 ``root`` so that tests run on recorded trees (hwloc's ``hwloc-gather-topology`` captures,
 our own ``live-h200-vm`` capture) exactly as on the live machine (``root == Path("/")``).
 
@@ -12,10 +12,8 @@ What is read (kernel docs: ``Documentation/admin-guide/cputopology.rst``,
   when an old kernel has no ``cpulist``).
 - CPUs: ``sys/devices/system/cpu/cpu<N>/topology/{physical_package_id,die_id,core_id,
   thread_siblings_list}``, ``cpu/online``, and the highest ``cache/index*/level`` for the LLC.
-- Allowed CPUs / memory nodes: ``os.sched_getaffinity(0)`` on the live machine, else
-  ``proc/self/status`` (``Cpus_allowed_list``, ``Mems_allowed_list``), both narrowed by the
-  cgroup v2 ``cpuset.cpus.effective`` / ``cpuset.mems.effective`` of the process's cgroup
-  (found through ``proc/mounts`` and ``proc/self/cgroup`` or ``proc/self/cpuset``).
+- Allowed CPUs / memory nodes: ``os.sched_getaffinity(0)`` live, else ``proc/self/status``, both
+  narrowed by the process's cpuset cgroup, v2 or v1 (:func:`numarun.topology.procfs.cgroup_dirs`).
 - GPUs: ``sys/bus/pci/devices/*`` whose ``vendor``, ``class`` and ``device`` pass the GPU rule
   of :mod:`numarun.topology.pci` (NVIDIA/AMD display classes, on-board VGA chips left out).
   A device whose ``vendor`` file is missing counts as NVIDIA when the NVIDIA driver lists it in
@@ -69,7 +67,7 @@ from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, PcieLink, RdmaPort, Topology, normalize_bus_id
 from .pci import gpu_vendor, is_onboard_vga, pci_order
-from .procfs import cgroup2_mount, own_cgroup2_path, status_field
+from .procfs import cgroup_dirs, cgroup_read, status_field
 
 log = logging.getLogger(__name__)
 
@@ -404,26 +402,15 @@ def _parse_status_list(r: _Reader, name: str) -> tuple[int, ...] | None:
 
 
 def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
-    """The cgroup v2 ``cpuset.<name>.effective`` of this process's cgroup, if recorded."""
-    mounts = r.text(r.path("proc/mounts"), form="mount table lines")
-    mount = (cgroup2_mount(mounts) if mounts else None) or "/sys/fs/cgroup"
-    cg = r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines")
-    own = own_cgroup2_path(cg) if cg else None
-    rel = own or "/"
-    if own is None:
-        # hwloc captures record the path in proc/self/cpuset (the cgroup v1 cpuset file).
-        cs = r.text(r.path("proc/self/cpuset"), form="a cgroup path")
-        if cs and cs.strip().startswith("/"):
-            rel = cs.strip()
-    d = r.path(mount) / rel.lstrip("/")
-    top = r.path(mount)
-    while True:
-        eff = d / f"cpuset.{name}.effective"
-        if eff.is_file():
-            return r.cpulist(eff)
-        if d == top or top not in d.parents:
-            return None
-        d = d.parent
+    """The ``cpus`` or ``mems`` of this process's cpuset cgroup (v2 ``cpuset.<name>.effective``, v1
+    ``cpuset.<name>``, as hwloc reads them), if recorded. hwloc captures record the path in ``proc/self/cpuset``."""
+    cs = r.text(r.path("proc/self/cpuset"), form="a cgroup path")
+    dirs = cgroup_dirs(r.text(r.path("proc/mounts"), form="mount table lines"),
+                       r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines"), "cpuset",
+                       fallback=cs.strip() if cs and cs.strip().startswith("/") else None)
+    found = cgroup_read(dirs, {2: (f"cpuset.{name}.effective",), 1: (f"cpuset.{name}",)},
+                        lambda p: r.text(r.path(p), form="a cpu list such as '0-3,8'"))
+    return r.cpulist(r.path(found[0])) if found else None
 
 
 def _allowed_cpus(r: _Reader, cpu_ids: tuple[int, ...], *, live: bool) -> set[int]:

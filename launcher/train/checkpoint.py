@@ -1,22 +1,15 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (sharded: works for DDP, FSDP2, HSDP, TP).
 
 Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, world size,
-parallel mode, the model config, and the size and xxh3-128 checksum of every file, so a
-truncated file or a flipped byte is found before torch reads it). Each rank hashes the files
-it wrote, right after writing them and in parallel with the other ranks; a resume splits the
-files among the ranks the same way and every rank verifies its share before anything is
-loaded. A save goes to ``<dir>/.step_00000010.tmp`` first; rank 0 renames it when
-every rank has written, so a killed job never leaves a half-written ``step_*`` behind.
-The directory must be shared by all nodes. RNG and data position need no saving: batches
-and dropout seeds are functions of the step (see ``numarun.train.data``).
-
-A checkpoint is code: torch's loader unpickles ``.metadata``. :func:`check_trusted` refuses to
-load from a directory, a ``step_*`` or a file in it that is a symbolic link, is owned by
-someone other than the running user or root, or is writable by others.
+parallel mode, the model config, the size and xxh3-128 checksum of every file). A save goes to
+``<dir>/.step_00000010.tmp`` first and is renamed once complete; the directory must be shared
+by all nodes. RNG and data position need no saving: batches and dropout seeds are functions of
+the step (``numarun.train.data``). Why each piece: docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -49,7 +42,8 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def check_trusted(root: Path) -> None:
-    """Refuse a checkpoint tree someone else could have planted (see the module doc)."""
+    """Refuse a checkpoint dir, ``step_*`` or file in it that is a symlink, owned by someone other than
+    this user or root, or writable by others: torch's loader unpickles ``.metadata``."""
     uid = os.getuid()
     paths = [root]
     if root.is_dir() and not root.is_symlink():
@@ -275,20 +269,17 @@ def remove_stale(root: Path) -> None:
 
 def latest(root: Path) -> tuple[int, Path] | None:
     """The newest complete checkpoint under ``root`` (one with meta.json), or None."""
-    best: tuple[int, Path] | None = None
-    if not root.is_dir():
-        return None
-    for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / "meta.json").is_file():
-            step = int(m.group(1))
-            if best is None or step > best[0]:
-                best = (step, child)
-    return best
+    return next(iter(_candidates(root)), None)
 
 
 def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, Any], rank: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint dir."""
+    """Collective: every rank calls it. Returns the final checkpoint dir.
+
+    A failure at any point (torch's writer, ``.metadata``, ``meta.json``, the rename) is a
+    :class:`CheckpointError` on every rank, the ``.tmp`` removed and the previous checkpoint
+    kept; rank 0's message names the cause (:func:`_failure`).
+    """
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -300,8 +291,11 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
             shutil.rmtree(tmp)
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    old = root / f".{final.name}.old"
+    failed: BaseException | None = None
     try:
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+        dcp.save(state, checkpoint_id=str(tmp))
         world_size = dist.get_world_size()
         # every rank hashes what it wrote, at once; the gather replaces a barrier (rank 0
         # hears from every rank only once all have written)
@@ -313,62 +307,77 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
             sums: dict[str, str] = {k: v for share in shares or [] for k, v in share.items()}
             sums.update({name: file_digest(tmp / name) for name in files if name not in sums})  # none expected
             record = {"step": step, **meta, "files": files, "hash": HASH, "checksums": dict(sorted(sums.items()))}
-            (tmp / "meta.json").write_text(json.dumps(record, indent=1) + "\n")
+            with open(tmp / "meta.json", "w") as f:
+                f.write(json.dumps(record, indent=1) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # ENOSPC on a filesystem that allocates at writeback shows here
+            # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
+            # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
+            if old.exists():
+                shutil.rmtree(old)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
     except (Exception, BaseException) as e:  # dcp's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
+        failed = e
+    # rank 0's part can fail alone (meta.json): the ranks agree instead of a barrier
+    flag = torch.tensor([failed is not None], dtype=torch.int32, device="cuda" if "nccl" in dist.get_backend() else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if not flag.item():
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        previous = latest(root)
-        kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
-        cause = _cause(e)
-        try:
-            st = os.statvfs(root)
-            free = st.f_bavail * st.f_frsize
-        except OSError:
-            free = None
-        if free is not None and "space" not in cause:
-            # torch's zip writer reports a short write as "unexpected pos ..." and loses ENOSPC
-            need = sum(f.stat().st_size for f in previous[1].iterdir() if f.is_file()) if previous else 1 << 20
-            if free < need:
-                cause = f"No space left on device ({free} bytes free; torch said: {cause})"
-        raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
-                              "trainer.checkpoint_dir with room for a checkpoint", exit_code=1) from None
+            log.info("checkpoint saved: %s", final)
+        return final
+    cause = _failure(failed, root, state) if failed is not None else "another rank failed"
     if rank == 0:
-        # Re-saving a step (a signal at a checkpoint step): move the old copy aside with a
-        # rename first, so a kill never leaves a half-deleted step_* that latest() would pick.
-        old = root / f".{final.name}.old"
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-        log.info("checkpoint saved: %s", final)
-    dist.barrier()
-    return final
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():  # failed between the two renames
+            os.replace(old, final)
+    previous = latest(root)
+    kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
+    raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
+                          "trainer.checkpoint_dir with room for a checkpoint", exit_code=1)
 
 
-def _cause(e: BaseException) -> str:
-    """The root OSError of a dcp failure ('No space left on device'...), else its first line."""
-    seen: list[BaseException] = [e]
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict):
-        for f in failures.values():
-            seen.append(f[0] if isinstance(f, tuple) else f)
-    text = str(e)
+def _failure(e: BaseException, root: Path, state: Any) -> str:
+    """Why a save failed, read before its ``.tmp`` is removed: the OSError at its root (torch's
+    CheckpointException holds every rank's), else the filesystem's own word when it has less room
+    than a checkpoint takes (torch's zip writer reports a short write as "unexpected pos 704 vs
+    598" and loses ENOSPC), else the first line of the error."""
+    seen = [e, *(f[0] if isinstance(f, tuple) else f for f in (getattr(e, "failures", None) or {}).values())]
+    found: OSError | None = None
     for x in seen:
-        while x is not None:
+        while x is not None and found is None:
             if isinstance(x, OSError) and x.strerror:
-                return x.strerror
-            x = x.__cause__ or x.__context__  # type: ignore[assignment]
-    if len(seen) > 1 and isinstance(seen[1], BaseException):
-        text = str(seen[1])
-    for marker in ("No space left on device", "Read-only file system", "Permission denied", "Disk quota exceeded"):
-        if marker in text:
-            return marker
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(e).__name__
+                found = x
+            x = x.__cause__ or x.__context__
+    mount = root
+    while not os.path.ismount(mount) and mount.parent != mount:
+        mount = mount.parent
+    try:
+        st = os.statvfs(root)
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    except OSError:
+        free = total = -1
+    previous = latest(root)
+    need = max(sum(f.stat().st_size for f in previous[1].iterdir()) if previous else 0, _nbytes(state))
+    if found is not None and found.errno not in (errno.ENOSPC, errno.EFBIG):
+        return str(found.strerror)
+    if found is None and not 0 <= free < need:
+        text = str(seen[1] if len(seen) > 1 else e)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[0] if lines else type(e).__name__
+    return (f"No space left on device: {free} bytes free of {total} on {mount} (statvfs of {root}), "
+            f"a checkpoint takes about {need} bytes")
+
+
+def _nbytes(obj: Any) -> int:
+    """The bytes of the tensors in a (nested) state dict, a sharded tensor's whole."""
+    if isinstance(obj, (dict, list, tuple)):
+        return sum(_nbytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return int(obj.nbytes) if hasattr(obj, "nbytes") and hasattr(obj, "dtype") else 0
 
 
 def load(path: Path, model: Any, optimizer: Any) -> int:

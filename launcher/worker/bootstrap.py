@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = e.code
     except KeyboardInterrupt:  # Ctrl-C: numarun's one line says it; the rank ends quietly, as interrupted
         finish(None, signum=2)  # SIGINT
-    except Exception as e:  # as an uncaught exception in 'python script.py'
+    except BaseException as e:  # as an uncaught exception in 'python script.py'
         report_failure(e, os.environ)
         code = 1
     else:
@@ -279,21 +279,40 @@ def announce_restart(environ: Mapping[str, str]) -> None:
         log.warning("restart %s of %s (--max-restarts): the workers%s were started again after a failure", restart, limit, where)
 
 
-_OWN_FILES = (os.path.abspath(__file__), os.path.join(os.path.dirname(os.path.abspath(__file__)), "entry.py"), runpy.__file__)
+_BOOTSTRAP = os.path.abspath(__file__)
+_LOADERS = ("<frozen runpy>", "<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>",
+            os.path.abspath(runpy.__file__))
+
+
+def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` from the first frame after the bootstrap's last and after runpy's and importlib's that
+    follow it (the CLI's too, in per-rank mode); ``tb`` itself when no user frame is left."""
+    start, t = tb, tb
+    while t is not None:
+        if os.path.abspath(t.tb_frame.f_code.co_filename) == _BOOTSTRAP:
+            start = t.tb_next
+        t = t.tb_next
+    while start is not None and start.tb_frame.f_code.co_filename in _LOADERS:
+        start = start.tb_next
+    return start or tb
 
 
 def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
-    """Print the traceback from the user's first frame, as Python would, and name the exception
-    in torchelastic's error file so the launcher's last line can say what failed."""
+    """Print the traceback from the user's first frame through ``sys.excepthook``, as Python would
+    (every exception of the chain), and name the exception in torchelastic's error file so the
+    launcher's last line can say what failed."""
     import json
     import time
     import traceback
 
-    tb = e.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _OWN_FILES:
-        tb = tb.tb_next  # the bootstrap's and runpy's frames: not the user's code
-    text = "".join(traceback.format_exception(type(e), e, tb))
-    sys.stderr.write(text)
+    x: BaseException | None = e
+    seen: set[int] = set()
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        x.__traceback__ = _from_user_code(x.__traceback__)
+        x = x.__cause__ or x.__context__
+    text = "".join(traceback.format_exception(e))
+    sys.excepthook(type(e), e, e.__traceback__)
     sys.stderr.flush()
     path = environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:

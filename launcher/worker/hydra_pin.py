@@ -7,7 +7,8 @@ Under plain torchrun the ranks disagree on one input only, the clock behind ``${
 ranks started a second apart get two timestamped run dirs. numarun fixes the clock once, in
 the launcher (``NUMARUN_HYDRA_NOW``), so every rank's Hydra computes the same dirs from the
 same config; on several nodes, whose launchers start apart, the ranks take the first rank's
-value through the job's store (:func:`agreed_now`). Rank 0 alone writes ``.hydra/``; the
+value through the job's store (:func:`agreed_now`); in per-rank mode, rank 0's through the ranks'
+exchange (:func:`numarun.launch.rank.agree`). Rank 0 alone writes ``.hydra/``; the
 other ranks' Hydra skips those writes, so a file is never written by two processes at once.
 Hydra's job log (``<job>.log``) keeps every rank's lines, as under torchrun.
 
