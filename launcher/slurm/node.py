@@ -26,6 +26,7 @@ from pathlib import Path
 from ..envvars import READY_FD
 from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
+from ..launch.child import numarun_command
 from .controller import SCONTROL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def task_main(opts: argparse.Namespace) -> int:
         f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
         flush=True,
     )
-    argv = [sys.executable, "-m", "numarun", *opts.command]
+    argv = numarun_command(*opts.command)
     proc = relay.start(argv, dict(env))
     rc = proc.wait()  # PEP 475: the wait resumes after each forwarded signal
     if rc < 0:
