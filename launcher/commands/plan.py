@@ -7,7 +7,8 @@ import os
 import sys
 
 from ..fsutil import write_output
-from ..plan.options import add_plan_options, request_for
+from ..launch.options import PLAN_FIELDS, from_args, track
+from ..plan.options import add_plan_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -24,36 +25,28 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured"
     )
+    parser.add_argument("--show-sources", action="store_true",
+                        help="also print each planning option with its value and source (on stderr)")
+    track(parser, PLAN_FIELDS)
     parser.set_defaults(func=main)
     return parser
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..jobenv import Mode
-    from ..plan.binding import make_plan
     from ..topology.discover import load_topology
-    from .detected import announce, detect_job, here, rank_setup
+    from .planning import Planner, announce, detect_job
 
-    job, _ = detect_job(args, None)
-    topology = load_topology(args.topology)
+    options = from_args(args, os.environ)
+    job = detect_job(options, no_detect=args.no_detect)
     if job is not None:
-        # stderr, so that --json output stays the plan alone
-        announce(args, job.describe())
-    if job is not None and job.mode is Mode.PER_RANK:
-        from ..plan.scheduled import task_plan
-
-        setup = rank_setup(args, job)  # the node's plan, as every task of it makes it
-        plan = task_plan(setup.plan, setup.binding)
-    else:
-        from ..plan.scheduled import confine
-
-        node = here(topology, args.topology, job)
-        plan = confine(make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=node.gpu_minors)),
-                       node.container, node.mem_refused)
+        announce(args, job.describe())  # stderr, so that --json output stays the plan alone
+    if args.show_sources:
+        sys.stderr.write(options.describe())
+    plan = Planner(job).plan(options).plan  # per-rank mode: the node's plan as every task makes it, with this task's row
     if args.svg:
         from ..view.svg import render_svg
 
-        write_output(args.svg, render_svg(topology, plan), flag="--svg")
+        write_output(args.svg, render_svg(load_topology(options.topology), plan), flag="--svg")
     if args.json:
         sys.stdout.write(plan.to_json())
     else:

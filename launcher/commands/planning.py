@@ -1,15 +1,15 @@
-"""The job a command finds itself in (a Slurm step, mpirun), for ``run``, ``plan`` and ``doctor``.
+"""The one way into planning, for ``run``, ``plan``, ``doctor`` and ``tune``: the job a command runs in
+(a Slurm step, mpirun), the options settled against it, and the plan of this node or of this task.
 
-:func:`detect_job` reads the scheduler's shape (:mod:`numarun.jobenv`) and says it in one line;
-:func:`settle_node_args` fills the rendezvous options of per-node mode; :func:`rank_setup`
-plans the node and picks this task's binding for per-rank mode; :func:`refuse` makes a
-conflict end the whole job, not only the task that saw it.
+:func:`detect_job` reads the scheduler's shape (:mod:`numarun.jobenv`); :func:`settle` gives per-node
+mode the rendezvous the job implies; :class:`Planner` plans (a plan file, this node, or the node
+every task of per-rank mode plans alike, with this task's binding); :func:`refuse` makes a conflict
+end the whole job, not only the task that saw it.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import os
 import subprocess
@@ -18,63 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
 from ..jobenv.container import Container, detect_container
-from ..jobenv.settle import Given, JobConflict, NodeRendezvous, agent_options, settle_node
-from ..plan.model import LaunchPlan, RankBinding
+from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
+from ..launch.options import Options
+from ..plan.model import LaunchPlan
 
 log = logging.getLogger(__name__)
-
-_TORCHRUN_DEFAULTS = {"nnodes": "1:1", "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500,
-                      "rdzv_backend": "static", "rdzv_endpoint": "", "standalone": False}
-
-
-def given_dests(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> set[str]:
-    """The dests the user gave on the command line, even with their default value.
-
-    Parsed again with every default suppressed; without the argv (a programmatic call), the
-    dests whose value differs from the torchrun default.
-    """
-    argv = getattr(args, "argv", None)
-    if parser is None or argv is None:
-        return {d for d, v in _TORCHRUN_DEFAULTS.items() if getattr(args, d, v) != v} | (
-            {"nproc_per_node"} if getattr(args, "nproc_per_node", None) is not None else set())
-    saved = [(a, a.default) for a in parser._actions]  # noqa: SLF001
-    saved_defaults = dict(parser._defaults)  # noqa: SLF001
-    try:
-        for a, _ in saved:
-            a.default = argparse.SUPPRESS
-        parser._defaults.clear()  # noqa: SLF001
-        ns, _ = parser.parse_known_args(list(argv))
-    finally:
-        for a, d in saved:
-            a.default = d
-        parser._defaults.update(saved_defaults)  # noqa: SLF001
-    return set(vars(ns))
-
-
-def given_options(args: argparse.Namespace, parser: argparse.ArgumentParser | None) -> Given:
-    dests = given_dests(args, parser)
-
-    def value(dest: str) -> Any:
-        return getattr(args, dest, None) if dest in dests else None
-
-    spelling = {}
-    if parser is not None:
-        for a in parser._actions:  # noqa: SLF001
-            longs = [s for s in a.option_strings if s.startswith("--")]
-            if longs:
-                spelling[a.dest] = longs[0]
-    port = value("master_port")
-    node_rank = value("node_rank")
-    return Given(
-        nnodes=None if value("nnodes") is None else str(value("nnodes")),
-        node_rank=None if node_rank is None else int(node_rank),
-        master_addr=value("master_addr"), master_port=None if port is None else int(port),
-        rdzv_backend=value("rdzv_backend"), rdzv_endpoint=value("rdzv_endpoint") or None,
-        standalone=bool(value("standalone")), nproc_per_node=value("nproc_per_node"),
-        agent_options=agent_options(dests, spelling),
-    )
 
 
 def announce(args: argparse.Namespace, text: str) -> None:
@@ -84,52 +35,48 @@ def announce(args: argparse.Namespace, text: str) -> None:
         print(f"numarun: {text}", file=sys.stderr, flush=True)
 
 
-def detect_job(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None,
-               environ: Mapping[str, str] | None = None) -> tuple[JobShape | None, Given]:
-    """(the job found in the environment or None, the options the user gave)."""
+def detect_job(options: Options, *, no_detect: bool = False, environ: Mapping[str, str] | None = None) -> JobShape | None:
+    """The job found in the environment, or None."""
     env = os.environ if environ is None else environ
-    given = given_options(args, parser)
-    if not detection_enabled(env, no_detect=bool(getattr(args, "no_detect", False))):
-        return None, given
-    return detect(env, nproc_given=given.nproc_per_node is not None), given
+    if not detection_enabled(env, no_detect=no_detect):
+        return None
+    return detect(env, nproc_given="nproc_per_node" in options.stated())
 
 
-def _facts(job: JobShape, given: Given, environ: Mapping[str, str], *, need_switches: bool) -> Any:
+def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool) -> Any:
     from ..slurm.controller import gather
 
     head = job.nodes[0] if job.nodes and job.nnodes > 1 else None
-    if head is not None and (given.master_addr or environ.get("MASTER_ADDR")):
+    if head is not None and ("master_addr" in stated or environ.get("MASTER_ADDR")):
         head = None
     return gather(environ, need_switches=need_switches, head=head)
 
 
-def settle_node_args(args: argparse.Namespace, job: JobShape, given: Given,
-                     environ: Mapping[str, str] | None = None) -> tuple[argparse.Namespace, NodeRendezvous]:
-    """Per-node mode: a copy of ``args`` with the rendezvous the job implies (static, Slurm's node order)."""
+def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = None) -> tuple[Options, NodeRendezvous]:
+    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
     from ..launch.net import route_address
     from ..slurm.controller import head_address
 
     env = os.environ if environ is None else environ
-    own = bool(given.rdzv_endpoint) or given.standalone or given.rdzv_backend not in (None, "static")
-    rdv = settle_node(job, given, env)  # conflicts first, before asking Slurm anything
+    stated = options.stated()
+    own = own_rendezvous(stated)
+    rdv = settle_node(job, stated, env)  # conflicts first, before asking Slurm anything
     facts = None
     if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and not own:
-        facts = _facts(job, given, env, need_switches=given.node_rank is None)
-        rdv = settle_node(job, given, env, leaf_switch=facts.leaf_switch)
+        facts = _facts(job, stated, env, need_switches="node_rank" not in stated)
+        rdv = settle_node(job, stated, env, leaf_switch=facts.leaf_switch)
     addr = rdv.master_addr
     if addr is None:
         addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
-    settled = copy.copy(args)
-    for dest, value in rdv.options(addr).items():
-        setattr(settled, dest, value)
-    if not own and job.nnodes > 1 and not getattr(args, "local_addr", None):
+    fixed = rdv.options(addr)
+    if not own and job.nnodes > 1 and not getattr(options, "local_addr", None):
         mine = (facts.addrs.get(job.node_name) if facts is not None else None) or route_address(addr, rdv.master_port or 0)
         if mine:
-            settled.local_addr = mine
-    return settled, rdv
+            fixed["local_addr"] = mine
+    return options.with_job(fixed, job.describe().split(":")[0]), rdv
 
 
-def refuse(job: JobShape, error: JobConflict, given: Given, environ: Mapping[str, str] | None = None) -> int:
+def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping[str, str] | None = None) -> int:
     """Print the conflict, make sure the rest of the job stops too, and return exit code 2.
 
     A conflict every task sees (``--nnodes 3`` on two nodes) stops every task by itself. One that
@@ -154,7 +101,7 @@ def refuse(job: JobShape, error: JobConflict, given: Given, environ: Mapping[str
         return 2
     from ..jobenv.settle import rank_master
 
-    addr, port = rank_master(job, given, env) if job.nnodes > 1 else (None, 0)
+    addr, port = rank_master(job, options.stated(), env) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
         from ..slurm.controller import head_addr
 
@@ -213,71 +160,109 @@ def _openable_minors(topology: Any, root: Any,
                      container: Container | None) -> tuple[dict[int, bool | None], frozenset[int] | None]:
     """(minor -> may it be opened, the minors this process may open when some are refused, else None),
     by opening the topology's GPU device files under ``root``."""
-    from ..plan.scheduled import refused_minors
+    from ..plan.scheduled import allowed_minors
     from ..topology.devices import gpu_device_access
 
     access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
-    return access, refused_minors(access, in_container=container is not None)
+    return access, allowed_minors(access, in_container=container is not None)
 
 
 @dataclass(frozen=True)
-class RankSetup:
-    """Per-rank mode: the node's plan (the same in every task) and this task's binding in it."""
-
+class Planned:
     plan: LaunchPlan
-    binding: RankBinding
+    path: str = ""
+    """The plan file it was read from ('' for a fresh plan)."""
     notes: tuple[str, ...] = ()
+    """What to say besides the plan's warnings (per-rank mode)."""
 
 
-def rank_setup(args: argparse.Namespace, job: JobShape, environ: Mapping[str, str] | None = None) -> RankSetup:
-    """Plan the whole node as every task of it does, and take this task's binding.
+class Planner:
+    """The one way into planning. Reads the machine once for all the jobs of a run (a sweep plans each job
+    once); in per-node mode plans this node's ranks on the GPUs the step may open (:func:`here`); in
+    per-rank mode plans the whole node as every task does, and takes this task's binding in it."""
 
-    The node's CPUs are the step's cpuset (the same for every task, whatever ``--cpu-bind`` gave
-    each); the GPUs are the job's on this node, by minor number. A task that Slurm gave GPUs of
-    its own (``--gpus-per-task``: its device cgroup opens only them) takes the entry of its GPU;
-    the binding is then narrowed to the CPUs this task may use.
-    """
-    import dataclasses
+    def __init__(self, job: JobShape | None = None, environ: Mapping[str, str] | None = None) -> None:
+        self.job = job
+        self._env = os.environ if environ is None else environ
+        self._read: dict[str | None, tuple[Any, Here]] = {}
 
-    from ..plan.binding import make_plan
-    from ..plan.options import request_for
-    from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, with_usable_cpus
-    from ..topology.devices import cgroup_cpus
-    from ..topology.discover import device_root, load_topology
+    def plan(self, options: Options, *, plan_file: str | None = None) -> Planned:
+        from ..plan.binding import make_plan
+        from ..plan.options import request_for
+        from ..plan.scheduled import confine
+        from ..topology.discover import load_topology
 
-    env = os.environ if environ is None else environ
-    notes: list[str] = []
-    topology = load_topology(args.topology)
-    root = device_root(args.topology)
-    live = root is not None and root.resolve() == root.__class__("/").resolve()
-    if live:
-        step_cpus = cgroup_cpus()
-        if step_cpus:
-            topology = with_usable_cpus(topology, step_cpus)
-    container = container_at(args.topology, env)
-    _, own_minors = _openable_minors(topology, root, container)
-    node_minors = tuple(job.job_gpus) if job.job_gpus else None
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    per_task_gpus = own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors)
-    if per_task_gpus:
-        request = request_for(args, env, topology)
-        request = dataclasses.replace(
-            request, nproc_per_node=max(job.local_world_size, len(node_minors or ())), cuda_visible_devices=None,
-            allowed_gpu_minors=node_minors,
-        )
-        own = own_gpu_refs(topology, own_minors or (), cvd)
-    else:
-        request = dataclasses.replace(request_for(args, env, topology), nproc_per_node=job.local_world_size,
-                                      allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
-        own = ()
-        if (job.gpus_on_node or 0) > job.local_world_size and own_minors is None and cvd and len(cvd.split(",")) < (
-                job.gpus_on_node or 0):
-            notes.append("this task sees fewer GPUs than the job holds on the node, and no device file tells which: "
-                         "planned by local rank")
-    from ..worker.affinity import mempolicy_refusal
+        if plan_file:
+            return self._from_file(options, plan_file)
+        if self.job is not None and self.job.mode is Mode.PER_RANK:
+            return self._rank(options, self.job)
+        if options.topology not in self._read:
+            topology = load_topology(options.topology)
+            self._read[options.topology] = topology, here(topology, options.topology, self.job, self._env)
+        topology, node = self._read[options.topology]
+        request = request_for(options, self._env, topology, allowed_gpu_minors=node.gpu_minors)
+        return Planned(confine(make_plan(topology, request), node.container, node.mem_refused))
 
-    plan = confine(make_plan(topology, request), container, mempolicy_refusal())
-    binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
-    # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)
-    binding = narrow(binding, topology, os.sched_getaffinity(0))
-    return RankSetup(plan=plan, binding=binding, notes=tuple(notes))
+    def _from_file(self, options: Options, path: str) -> Planned:
+        from ..plan.scheduled import confine
+        from ..worker.affinity import mempolicy_refusal
+
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"bad --plan-file {path!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+        # the ranks run here, wherever the plan was made
+        plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(self._env), mempolicy_refusal())
+        nproc = options.setting("nproc_per_node")
+        if isinstance(nproc.value, int) and nproc.value != plan.nproc_per_node:
+            raise UsageError(
+                f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
+                f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}"
+            )
+        return Planned(plan, os.path.abspath(path))
+
+    def _rank(self, options: Options, job: JobShape) -> Planned:
+        """The node's CPUs are the step's cpuset (the same for every task, whatever ``--cpu-bind`` gave
+        each); the GPUs are the job's on this node, by minor number. A task that Slurm gave GPUs of its
+        own (``--gpus-per-task``: its device cgroup opens only them) takes the entry of its GPU; the
+        binding is then narrowed to the CPUs this task may use."""
+        import dataclasses
+
+        from ..plan.binding import make_plan
+        from ..plan.options import request_for
+        from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
+        from ..topology.devices import cgroup_cpus
+        from ..topology.discover import device_root, load_topology
+        from ..worker.affinity import mempolicy_refusal
+
+        env = self._env
+        notes: list[str] = []
+        topology = load_topology(options.topology)
+        root = device_root(options.topology)
+        if root is not None and root.resolve() == root.__class__("/").resolve():
+            step_cpus = cgroup_cpus()
+            if step_cpus:
+                topology = with_usable_cpus(topology, step_cpus)
+        container = container_at(options.topology, env)
+        _, own_minors = _openable_minors(topology, root, container)
+        node_minors = tuple(job.job_gpus) if job.job_gpus else None
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        request = request_for(options, env, topology)
+        if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
+            request = dataclasses.replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
+                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors)
+            own = own_gpu_refs(topology, own_minors, cvd)
+        else:
+            request = dataclasses.replace(request, nproc_per_node=job.local_world_size,
+                                          allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
+            own = ()
+            if (job.gpus_on_node or 0) > job.local_world_size and own_minors is None and cvd and len(cvd.split(",")) < (
+                    job.gpus_on_node or 0):
+                notes.append("this task sees fewer GPUs than the job holds on the node, and no device file tells "
+                             "which: planned by local rank")
+        plan = confine(make_plan(topology, request), container, mempolicy_refusal())
+        binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
+        # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)
+        binding = narrow(binding, topology, os.sched_getaffinity(0))
+        return Planned(task_plan(plan, binding), notes=tuple(notes))

@@ -46,8 +46,8 @@ CHECKED = ((2, 4), (2, 15))
 
 
 def torch_version() -> tuple[int, int] | None:
-    """torch's (major, minor) from its version.py, without importing torch; None when not found."""
-    from .torchrun_options import installed_torch_version
+    """torch's (major, minor) from its package metadata, without importing torch; None when not found."""
+    from .torchrun import installed_torch_version
 
     text = installed_torch_version() or ""
     m = re.match(r"(\d+)\.(\d+)", text)
