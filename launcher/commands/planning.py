@@ -223,10 +223,8 @@ class Planner:
         return Planned(plan, os.path.abspath(path))
 
     def _rank(self, options: Options, job: JobShape) -> Planned:
-        """The node's CPUs are the step's cpuset (the same for every task, whatever ``--cpu-bind`` gave
-        each); the GPUs are the job's on this node, by minor number. A task that Slurm gave GPUs of its
-        own (``--gpus-per-task``: its device cgroup opens only them) takes the entry of its GPU; the
-        binding is then narrowed to the CPUs this task may use."""
+        """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
+        under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
         import dataclasses
 
         from ..plan.binding import make_plan

@@ -315,11 +315,12 @@ class Supervisor:
         * SIGKILL: workers die with it (each has a parent-death signal), and the cleaner ends what
           is left in the cage and removes the private directory.
         """
+        from . import torch_private
+
+        torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.run import main as torchrun_main
-
-        from . import torch_private
 
         torch_private.install()
         state = self.state

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from ..envvars import USER_ENV
 from ..errors import UsageError
 from ..fsutil import cache_dir, write_atomic
 from ..plan.model import LaunchPlan
+from .torch_private import import_torchrun, installed_torch_version
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,6 @@ for a in get_args_parser()._actions:
                 "type": t if t in ("int", "float") else None})
 json.dump(out, sys.stdout)
 """
-
-
-def installed_torch_version() -> str | None:
-    """The installed torch's version, from its package metadata (torch is not imported); None without torch."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -293,12 +285,13 @@ def check_log_dir(path: str) -> None:
 
 
 def check_redirects(options: Mapping[str, Any], *, nproc: int | None) -> None:
-    from torch.distributed.elastic.multiprocessing.api import Std
-
     for dest, flag in (("redirects", "--redirects"), ("tee", "--tee")):
         value = options.get(dest)
         if value is None or value == "0":
             continue
+        import_torchrun()  # torch's first import, with the collector paused
+        from torch.distributed.elastic.multiprocessing.api import Std
+
         try:
             Std.from_str(str(value))
         except (ValueError, KeyError, TypeError):
