@@ -5,7 +5,7 @@ Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 Only the named subcommand's module is imported; ``numarun --help`` lists the others
 from the first line of their module docstrings, read without importing them. Help
 screens and ``--version`` never import torch (``numarun run --help`` shows torchrun's
-options from their record in ``launch/torchrun_options.py``).
+options from :func:`numarun.launch.torchrun.torchrun_record`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _help_only(argv: list[str], command: str) -> bool:
     return any(a in ("-h", "--help") for a in rest) and all(a.startswith("-") for a in rest)
 
 
-def build_parser(only: str | None = None, *, for_help: bool = False) -> OneLineParser:
+def build_parser(only: str | None = None) -> OneLineParser:
     parser = OneLineParser(
         prog="numarun",
         description="Topology-aware launcher for PyTorch distributed training. "
@@ -86,10 +86,6 @@ def build_parser(only: str | None = None, *, for_help: bool = False) -> OneLineP
         "bootstrap, whose default INFO shows the one binding line per rank",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
-    if for_help:
-        from .launch import torchrun
-
-        torchrun._FOR_HELP = True  # noqa: SLF001
     for name, mod in _available_commands().items():
         if name != only:
             # list every command without importing its module (and torch with it)
@@ -206,11 +202,10 @@ def _main(args_list: list[str]) -> int:
         from .launch.signals import say_ready
 
         say_ready()  # Python's own dispositions are this command's
-    parser = build_parser(only=command, for_help=command is not None and _help_only(args_list, command))
+    parser = build_parser(only=command)
     args = parser.parse_args(args_list)
     if command is not None:
-        # what the subcommand was given, as typed: an option given with its default value still counts
-        args.argv = args_list[args_list.index(command) + 1:]
+        args.argv = args_list[args_list.index(command) + 1:]  # what the subcommand was given, as typed
     if supervisor is not None:
         args.supervisor = supervisor
     level = getattr(logging, str(args.log_level or "WARNING").upper(), None)

@@ -9,6 +9,11 @@ from pathlib import Path
 from .errors import OutputError, UsageError
 
 
+def cache_dir() -> Path:
+    """numarun's cache: ``$XDG_CACHE_HOME/numarun``, else ``~/.cache/numarun``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numarun"
+
+
 def write_atomic(path: Path, text: str, mode: int = 0o666) -> None:
     """Write ``text`` to a fresh temp file beside ``path`` (O_EXCL|O_NOFOLLOW, ``mode`` under the umask) and rename it
     over ``path``, replacing a symlink there rather than writing through it; OSError leaves nothing behind."""

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from numarun.jobenv import detect
-from numarun.jobenv.settle import Given, settle_node
+from numarun.jobenv.settle import settle_node
 from numarun.slurm.controller import handed_over
 
 
@@ -49,7 +49,7 @@ def per_node(env: dict[str, str]) -> tuple[int, str]:
     assert job is not None
     facts = handed_over(env)
     assert facts is not None and facts.calls == 0
-    rdv = settle_node(job, Given(), env, leaf_switch=facts.leaf_switch)
+    rdv = settle_node(job, {}, env, leaf_switch=facts.leaf_switch)
     return rdv.node_rank, facts.addrs[rdv.head]
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from numarun.bench import h2d
 from numarun.errors import UsageError
+from numarun.launch.child import numarun_command
 from numarun.worker import affinity
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def test_numarun_worker_runs_bound_to_the_plan(tmp_path: Path) -> None:
                           text=True, timeout=120, env=_env(), check=True)
     rank = json.loads(plan.stdout)["ranks"][0]
     cmd = h2d.worker_argv(label="numarun", out=str(out), size_bytes=4096, iters=1)
-    assert cmd[1:4] == ["-m", "numarun", "run"]
+    assert cmd[:len(numarun_command("run"))] == numarun_command("run")
     subprocess.run(cmd, env=_env(), timeout=180, check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())
     assert result["label"] == "numarun"

@@ -13,9 +13,7 @@ import pytest
 
 from numarun import cli
 from numarun.launch import torchrun as torchrun_mod
-from numarun.launch import torchrun_options
 
-REGEN = os.environ.get("NUMARUN_REGEN_GOLDEN") == "1"
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|(\s*)(\S+)$")
 
 
@@ -47,47 +45,55 @@ def test_main_help_lists_every_command_with_its_summary() -> None:
     assert "measure" in out  # tune's summary, read from its module docstring
 
 
-def _run_help(for_help: bool) -> str:
-    try:
-        parser = cli.build_parser("run", for_help=for_help)
-    finally:
-        torchrun_mod._FOR_HELP = False
-    sub = next(a for a in parser._actions if isinstance(a, type(parser._subparsers._group_actions[0])))
-    return sub.choices["run"].format_help()
-
-
-def _recorded_torch_installed() -> bool:
-    return torchrun_options.installed_torch_version() == torchrun_options.TORCH_VERSION
-
-
-def test_run_help_from_the_record_matches_torchruns_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The help screen is the same with the record (the recorded torch) or without it (any other
-    torch, e.g. a GPU host's build): the record is used only when it fits."""
-    monkeypatch.setenv("COLUMNS", "100")
-    if _recorded_torch_installed():
-        assert torchrun_options.help_parser() is not None
-    else:
-        assert torchrun_options.help_parser() is None  # another torch: its own parser serves the help
-    assert _run_help(True) == _run_help(False)
-
-
-def test_record_matches_installed_torch() -> None:
-    """The record is torchrun's parser for the recorded version; with another torch installed, the
-    record must then be ignored, and is."""
-    import torch
+def test_torchruns_options_rebuilt_from_the_record_are_torchruns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parser numarun rebuilds from the record has torchrun's options, defaults and help screen."""
     from torch.distributed.run import get_args_parser
 
-    path = Path(torchrun_options.__file__)
-    if REGEN:
-        path.write_text(torchrun_options.render_module(get_args_parser(), torch.__version__))
-        pytest.skip(f"regenerated {path}")
-    assert torchrun_options.installed_torch_version() == torch.__version__
-    if not _recorded_torch_installed():
-        assert torchrun_options.help_parser() is None
-        return
-    assert json.loads(json.dumps(torchrun_options.record(get_args_parser()))) == list(torchrun_options.OPTIONS), (
-        "torchrun's options changed: regenerate with NUMARUN_REGEN_GOLDEN=1"
-    )
+    for k in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("COLUMNS", "100")
+    real, rebuilt = get_args_parser(), torchrun_mod.torchrun_parser()
+    fields = ("option_strings", "dest", "default", "nargs", "choices", "required", "help", "metavar")
+    for a, b in zip(real._actions, rebuilt._actions, strict=True):
+        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], a.dest
+        assert b.type is (a.type if a.type in (int, float) else None), a.dest
+    rebuilt.prog = real.prog
+    assert rebuilt.format_help() == real.format_help()
+
+
+@pytest.mark.slow
+def test_record_is_built_once_per_torch_version_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any torch version: the record is read from that torch (a child interpreter) on first use, kept in
+    $XDG_CACHE_HOME, and read from there afterwards; a cache that cannot be written is skipped."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torchrun_mod, "installed_torch_version", lambda: "9.9.9+other")
+    torchrun_mod.torchrun_record.cache_clear()
+    try:
+        record = torchrun_mod.torchrun_record()
+        cached = tmp_path / "numarun" / f"torchrun-options.{torchrun_mod.RECORD_FORMAT}.9.9.9+other.json"
+        assert json.loads(cached.read_text()) == list(record)
+        # warm: what the file says is what numarun serves (no child interpreter again)
+        changed = [{**o, "help": "FROM THE CACHE"} if o["dest"] == "role" else o for o in record]
+        cached.write_text(json.dumps(changed))
+        torchrun_mod.torchrun_record.cache_clear()
+        assert "FROM THE CACHE" in torchrun_mod.torchrun_parser().format_help()
+        # a cache that cannot be written (a file where its directory should be): built, served, not stored
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+        torchrun_mod.torchrun_record.cache_clear()
+        assert torchrun_mod.torchrun_record() == record
+    finally:
+        torchrun_mod.torchrun_record.cache_clear()
+
+
+@pytest.mark.slow
+def test_run_help_with_an_empty_cache_never_imports_torch(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "numarun", "run", "--help"], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert r.returncode == 0 and "--rdzv-backend" in r.stdout, r.stderr[-2000:]
+    mods = {m.group(2) for line in r.stderr.splitlines() if (m := IMPORT_LINE.match(line))}
+    assert not {m for m in mods if m == "torch" or m.startswith("torch.")}
+    assert list((tmp_path / "numarun").glob("torchrun-options.*.json"))
 
 
 def test_help_only_detection() -> None:
@@ -96,8 +102,3 @@ def test_help_only_detection() -> None:
     assert not cli._help_only(["run", "train.py", "--help"], "run")  # the script's own --help
     assert not cli._help_only(["run", "--nproc-per-node", "2", "--help"], "run")  # not sure: full parser
     assert not cli._help_only(["run", "train.py"], "run")
-
-
-def test_record_is_ignored_for_another_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torchrun_options, "installed_torch_version", lambda: "0.0.0")
-    assert torchrun_options.help_parser() is None

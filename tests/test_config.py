@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ast
 import collections
 import os
@@ -359,20 +358,6 @@ def test_only_a_script_that_runs_the_trainer_is_the_trainer(tmp_path: Path, sour
     script = tmp_path / "script.py"
     script.write_text(source)
     assert (detect_app(str(script), is_module=False) is AppKind.TRAINER) is trainer
-
-
-def test_launcher_settings_fill_flags_left_at_default() -> None:
-    from numarun.commands.run import apply_launcher_settings
-    from numarun.plan.model import BindingMode
-
-    defaults = {"nproc_per_node": None, "binding": BindingMode.EXCLUSIVE, "nnodes": "1:1", "master_port": 29500}
-    args = argparse.Namespace(nproc_per_node=None, binding=BindingMode.EXCLUSIVE, nnodes="1:1", master_port=29600)
-    applied = apply_launcher_settings(
-        args, {"nproc_per_node": 2, "binding": "socket", "nnodes": 1, "master_port": 29999}, defaults
-    )
-    assert args.nproc_per_node == 2 and args.binding is BindingMode.SOCKET and args.nnodes == "1"
-    assert args.master_port == 29600  # given on the command line: the flag wins
-    assert sorted(applied) == ["binding", "nnodes", "nproc_per_node"]
 
 
 def test_saved_config_with_unknown_key_is_rejected(tmp_path: Path) -> None:

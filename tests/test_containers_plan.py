@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, extract_tree
 
 from numarun.cli import main as cli_main
-from numarun.commands.detected import container_at, here
+from numarun.commands.planning import container_at, here
 from numarun.commands.run import refuse_unbound
 from numarun.doctor.checks import check_cpus
 from numarun.doctor.container import (

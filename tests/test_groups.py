@@ -12,6 +12,7 @@ from numarun.comm.allreduce import CommMode, Compression, parse_comm_mode, parse
 from numarun.comm.groups import HierarchyError, RankPlace, layout_from_places
 from numarun.commands import bench as bench_cmd
 from numarun.errors import ConfigError, NumarunError, UsageError
+from numarun.launch.child import numarun_command
 
 
 @pytest.mark.parametrize("n,g", [(1, 1), (1, 4), (2, 2), (2, 3), (3, 2), (4, 8)])
@@ -154,9 +155,10 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
                         "--master-addr", "10.0.0.1", "--master-port", "1234", "--sizes", "1M,2M", "--iters", "4",
                         "--json", "/tmp/x.json"])
     argv = bench_cmd.launch_argv(args, bench_cmd.bench_argv(args))
-    i = argv.index("-m", 2)
-    assert argv[1:4] == ["-m", "numarun", "run"]  # bound ranks by default
-    assert argv[4:i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
+    head = numarun_command("run")
+    i = argv.index("-m", len(head))
+    assert argv[:len(head)] == head  # bound ranks by default
+    assert argv[len(head):i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
                          "--master-port=1234"]
     assert argv[i + 1] == "numarun.bench.allreduce"
     rest = argv[i + 2:]
@@ -172,7 +174,7 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
 def test_bench_launchers() -> None:
     args = _bench_args(["bench", "allreduce", "--binding", "none"])
     argv = bench_cmd.launch_argv(args, [])
-    assert argv[1:4] == ["-m", "numarun", "run"] and "--binding=none" in argv
+    assert argv[:len(numarun_command("run"))] == numarun_command("run") and "--binding=none" in argv
     args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
     argv = bench_cmd.launch_argv(args, [])
     assert argv[1:3] == ["-m", "torch.distributed.run"] and not any(a.startswith("--binding") for a in argv)

@@ -17,10 +17,10 @@ from numarun.errors import VisibleDevicesError
 from numarun.plan.binding import make_plan
 from numarun.plan.model import MemPolicy, PlanRequest
 from numarun.plan.scheduled import (
+    allowed_minors,
     narrow,
     own_binding,
     own_gpu_refs,
-    refused_minors,
     renumbered,
     task_plan,
     with_usable_cpus,
@@ -100,8 +100,8 @@ def test_device_files_tell_which_gpus_the_cgroup_allows(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "open", cgroup_open)
     access = gpu_device_access(tmp_path, [0, 1, 2])
     assert access == {0: False, 1: True, 2: None}
-    assert refused_minors(access) == frozenset({1})
-    assert refused_minors({0: True, 1: True}) is None and refused_minors({0: None}) is None
+    assert allowed_minors(access) == frozenset({1})
+    assert allowed_minors({0: True, 1: True}) is None and allowed_minors({0: None}) is None
 
 
 def test_renumbered_cuda_visible_devices_read_as_the_steps_gpus():

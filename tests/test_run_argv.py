@@ -15,8 +15,9 @@ from golden import check_golden
 
 from numarun.cli import build_parser
 from numarun.errors import UsageError
+from numarun.launch.options import NOT_LAUNCH, Options, from_args
 from numarun.launch.spec import LaunchSpec, launch_spec
-from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, torchrun_parser, worker_env
+from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, worker_env
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,9 +42,13 @@ def parse(args: list[str]):
     return build_parser(only="run").parse_args(["run", *args])
 
 
+def options(args: list[str], environ: dict[str, str] | None = None) -> Options:
+    return from_args(parse(args), environ or {})
+
+
 def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
-    ns = parse(args)
-    return launch_spec(vars(ns), nproc_per_node=ns.nproc_per_node or nproc, target=target_from_args(ns))
+    opts = options(args)
+    return launch_spec(opts.values(), nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
 
 
 def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
@@ -58,19 +63,22 @@ def test_golden_argv() -> None:
 
 @pytest.mark.parametrize("args", CASES, ids=range(len(CASES)))
 def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
-    ns = parse(args)
+    from torch.distributed.run import get_args_parser  # torch's own parser, as torchrun parses the argv
+
+    opts = options(args)
     argv, target = argv_for(args, nproc=3)
-    back = torchrun_parser().parse_args(argv)
-    assert back.nproc_per_node == str(ns.nproc_per_node or 3)
+    back = get_args_parser().parse_args(argv)
+    assert back.nproc_per_node == str(opts.nproc_per_node or 3)
     assert not back.module and back.training_script == ENTRY_FILE and back.numa_binding is None
     assert back.training_script_args == target.bootstrap_args()
-    skipped = {"nproc_per_node", "module", "no_python", "numa_binding", "training_script", "training_script_args", "help",
-               "local_addr"}
-    for action in torchrun_parser()._actions:
+    skipped = {"nproc_per_node", "numa_binding", "local_addr", *NOT_LAUNCH}
+    for action in get_args_parser()._actions:
         if action.dest not in skipped:
-            assert getattr(back, action.dest) == getattr(ns, action.dest), action.dest
+            want = getattr(opts, action.dest)  # the text, for an option torch's own type parses (a comma list)
+            want = action.type(want) if isinstance(want, str) and callable(action.type) else want
+            assert getattr(back, action.dest) == want, action.dest
     # the address rule: loopback for one node (and for nodes meeting at a loopback endpoint); not needed by static
-    assert back.local_addr == (ns.local_addr or (None if args == CASES[2] else "127.0.0.1"))
+    assert back.local_addr == (opts.local_addr or (None if args == CASES[2] else "127.0.0.1"))
 
 
 def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
@@ -93,14 +101,14 @@ def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
 
 
 def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
-    ns = parse(CASES[5])
-    assert ns.binding is BindingMode.NODE and ns.mem_policy is MemPolicy.PREFERRED
-    assert ns.strict_binding and ns.dry_run and ns.module
+    ns, opts = parse(CASES[5]), options(CASES[5])
+    assert opts.binding is BindingMode.NODE and opts.mem_policy is MemPolicy.PREFERRED
+    assert opts.strict_binding and ns.dry_run and ns.module
     assert (ns.training_script, ns.training_script_args) == ("json.tool", ["--config", "a.yaml"])
     ns = parse(CASES[1])
-    assert ns.nproc_per_node == 2 and ns.training_script_args == ["--lr=3", "x=1", "--nproc-per-node", "9"]
-    assert parse(CASES[6]).binding is BindingMode.SOCKET  # torchrun's spelling of --binding
-    assert parse([SCRIPT]).nproc_per_node is None  # one rank per GPU, decided by the plan
+    assert options(CASES[1]).nproc_per_node == 2 and ns.training_script_args == ["--lr=3", "x=1", "--nproc-per-node", "9"]
+    assert options(CASES[6]).binding is BindingMode.SOCKET  # torchrun's spelling of --binding
+    assert options([SCRIPT]).nproc_per_node is None  # one rank per GPU, decided by the plan
 
 
 @pytest.mark.parametrize(
@@ -199,8 +207,8 @@ def test_a_run_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyP
     assert dict(os.environ) == before
 
 
-def test_pet_environment_sets_the_rank_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PET_NPROC_PER_NODE", "3")
-    assert parse([SCRIPT]).nproc_per_node == 3
-    monkeypatch.setenv("PET_NPROC_PER_NODE", "gpu")
-    assert parse([SCRIPT]).nproc_per_node == "gpu"  # torchrun's word, resolved on the topology
+def test_pet_environment_sets_the_rank_count() -> None:
+    assert options([SCRIPT], {"PET_NPROC_PER_NODE": "3"}).nproc_per_node == 3
+    assert options([SCRIPT], {"PET_NPROC_PER_NODE": "gpu"}).nproc_per_node == "gpu"  # resolved on the topology
+    with pytest.raises(UsageError, match="bad PET_NPROC_PER_NODE '0': expected a positive integer"):
+        options([SCRIPT], {"PET_NPROC_PER_NODE": "0"})

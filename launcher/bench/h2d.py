@@ -156,8 +156,9 @@ def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[st
     tail = ["--worker", f"--label={label}", f"--out={out}", f"--size-bytes={size_bytes}", f"--iters={iters}"]
     if label == "raw":
         return [sys.executable, "-m", "numarun.bench.h2d", *tail]
-    return [sys.executable, "-m", "numarun", "run", "--nproc-per-node=1", "--standalone",
-            "-m", "numarun.bench.h2d", *tail]
+    from ..launch.child import numarun_command
+
+    return numarun_command("run", "--nproc-per-node=1", "--standalone", "-m", "numarun.bench.h2d", *tail)
 
 
 def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, float]:

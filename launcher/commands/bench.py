@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import argtypes
 from ..errors import UsageError, expected
+from ..launch.child import numarun_command
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def launch_argv(args: argparse.Namespace, bench_argv: list[str]) -> list[str]:
             raise UsageError(expected(f"--binding {args.binding}", "no --binding with --launcher torchrun", "option"))
         head = [sys.executable, "-m", "torch.distributed.run"]
     else:
-        head = [sys.executable, "-m", "numarun", "run"]
+        head = numarun_command("run")
         if args.binding is not None:
             job.append(f"--binding={args.binding}")
     return [*head, *job, "-m", args.bench_module, *bench_argv]

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .. import argtypes
 from ..doctor.render import render
 from ..doctor.run import diagnose
 from ..errors import UsageError
+from ..launch.options import PLAN_FIELDS, from_args, track
 from ..plan.options import add_plan_options
 
 
@@ -49,9 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     g.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="")
     p.add_argument("--no-detect", action="store_true",
                    help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
+    track(p, (*PLAN_FIELDS, "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "rdzv_backend",
+              "rdzv_id", "rdzv_conf"))
     p.set_defaults(func=main)
-    global _PARSER
-    _PARSER = p
     return p
 
 
@@ -78,41 +80,29 @@ def parse_link_schedule(text: str) -> str:
 
 
 
-
-
-
-
-
-
-
-
-
-_PARSER: argparse.ArgumentParser | None = None
-
-
 def _detected(args: argparse.Namespace) -> argparse.Namespace:
-    """Under ``srun`` on every node (one task each), the nodes and node 0's store come from the step,
-    as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
+    """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
+    step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
     from ..jobenv import Mode
     from ..jobenv.settle import JobConflict
-    from .detected import announce, detect_job, refuse, settle_node_args
+    from .planning import announce, detect_job, refuse, settle
 
-    job, given = detect_job(args, _PARSER)
-    if job is None:
-        return args
-    announce(args, job.describe())
-    if job.mode is Mode.PER_RANK:
-        raise UsageError(
-            f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task per "
-            "node (srun --ntasks-per-node=1 numarun doctor)"
-        )
-    try:
-        settled, rendezvous = settle_node_args(args, job, given)
-    except JobConflict as e:
-        raise SystemExit(refuse(job, e, given)) from None
-    if rendezvous.own_rendezvous:
-        return args
-    return settled
+    options = from_args(args, os.environ)
+    job = detect_job(options, no_detect=args.no_detect)
+    if job is not None:
+        announce(args, job.describe())
+        if job.mode is Mode.PER_RANK:
+            raise UsageError(
+                f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task per "
+                "node (srun --ntasks-per-node=1 numarun doctor)"
+            )
+        try:
+            settled, rendezvous = settle(options, job)
+        except JobConflict as e:
+            raise SystemExit(refuse(job, e, options)) from None
+        if not rendezvous.own_rendezvous:
+            options = settled
+    return options.applied(args)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ import sys
 
 from .. import argtypes
 from ..fsutil import write_output
-from ..plan.options import add_plan_options, request_for
+from ..launch.options import PLAN_FIELDS, from_args, track
+from ..plan.options import add_plan_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -27,42 +28,34 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--jobs", type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT), default=None, metavar="N",
                         help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
+    parser.add_argument("--show-sources", action="store_true",
+                        help="also print each planning option with its value and source (on stderr)")
+    track(parser, PLAN_FIELDS)
     parser.set_defaults(func=main)
     return parser
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..jobenv import Mode
-    from ..plan.binding import make_plan
     from ..topology.discover import load_topology
-    from .detected import announce, detect_job, here, rank_setup
+    from .planning import Planner, announce, detect_job
 
-    job, _ = detect_job(args, None)
-    topology = load_topology(args.topology)
+    options = from_args(args, os.environ)
+    job = detect_job(options, no_detect=args.no_detect)
     if args.jobs:
         from ..sweep.launch import describe
 
-        ranks = args.nproc_per_node if isinstance(args.nproc_per_node, int) else 1
-        sys.stdout.write(describe(topology, ranks, [f"#{i}" for i in range(args.jobs)]))
+        ranks = options.nproc_per_node if isinstance(options.nproc_per_node, int) else 1
+        sys.stdout.write(describe(load_topology(options.topology), ranks, [f"#{i}" for i in range(args.jobs)]))
         return 0
     if job is not None:
-        # stderr, so that --json output stays the plan alone
-        announce(args, job.describe())
-    if job is not None and job.mode is Mode.PER_RANK:
-        from ..plan.scheduled import task_plan
-
-        setup = rank_setup(args, job)  # the node's plan, as every task of it makes it
-        plan = task_plan(setup.plan, setup.binding)
-    else:
-        from ..plan.scheduled import confine
-
-        node = here(topology, args.topology, job)
-        plan = confine(make_plan(topology, request_for(args, os.environ, topology, allowed_gpu_minors=node.gpu_minors)),
-                       node.container, node.mem_refused)
+        announce(args, job.describe())  # stderr, so that --json output stays the plan alone
+    if args.show_sources:
+        sys.stderr.write(options.describe())
+    plan = Planner(job).plan(options).plan  # per-rank mode: the node's plan as every task makes it, with this task's row
     if args.svg:
         from ..view.svg import render_svg
 
-        write_output(args.svg, render_svg(topology, plan), flag="--svg")
+        write_output(args.svg, render_svg(load_topology(options.topology), plan), flag="--svg")
     if args.json:
         sys.stdout.write(plan.to_json())
     else:

@@ -105,14 +105,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def default_numarun() -> tuple[str, ...]:
-    """The numarun of this installation, so the nodes run the same version (shared filesystem)."""
-    exe = Path(sys.executable).parent / "numarun"
-    if exe.is_file() and os.access(exe, os.X_OK):
-        return (str(exe),)
-    return (sys.executable, "-m", "numarun")
-
-
 def _config_settings(script: str, user_args: list[str], *, is_module: bool = False) -> tuple[AppKind, dict[str, Any]]:
     """(kind of script, sbatch settings from the job config's ``slurm``/``launcher`` groups).
 
@@ -263,7 +255,9 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         if not numarun:
             raise SlurmError(expected(args.numarun, "a command such as '/opt/venv/bin/numarun'", "--numarun"))
     else:
-        numarun = default_numarun()
+        from ..launch.child import numarun_command
+
+        numarun = tuple(numarun_command())
     return SlurmJob(
         script=args.script if module else str(script.resolve()),
         module=module,

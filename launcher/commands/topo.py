@@ -101,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
         snapshot = args.topology if args.topology and str(args.topology).endswith(".json") else None
-        from .detected import container_at
+        from .planning import container_at
 
         found = container_at(args.topology) if snapshot is None else None
         sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot,

@@ -26,6 +26,7 @@ from pathlib import Path
 from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
+from ..launch.child import numarun_command
 from ..plan.options import parse_nproc
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
@@ -103,7 +104,7 @@ def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
 
 
 def _command(args: argparse.Namespace, c: cand.Candidate, rest: list[str], run_dir: Path | None) -> list[str]:
-    cmd = [sys.executable, "-m", "numarun", "run", "--standalone"]
+    cmd = numarun_command("run", "--standalone")
     if args.nproc_per_node:
         cmd += ["--nproc-per-node", str(args.nproc_per_node)]
     if args.topology:
@@ -146,17 +147,15 @@ def _measure(run_dir: Path | None, report_file: Path) -> Measured | None:
 
 
 def _save_plan(args: argparse.Namespace, winner: cand.Candidate) -> str:
-    from ..plan.binding import make_plan
+    from ..launch.options import given
     from ..plan.model import BindingMode, MemPolicy
-    from ..plan.options import parse_nproc, request_from_args
-    from ..topology.discover import load_topology
+    from .planning import Planner
 
-    ns = argparse.Namespace(
-        nproc_per_node=parse_nproc(str(args.nproc_per_node)) if args.nproc_per_node else None,
+    plan = Planner().plan(given(
+        topology=args.topology, nproc_per_node=args.nproc_per_node,
         binding=BindingMode(winner.get("binding") or cand.DEFAULTS["binding"]),
         mem_policy=MemPolicy(winner.get("mem-policy") or cand.DEFAULTS["mem-policy"]),
-    )
-    plan = make_plan(load_topology(args.topology), request_from_args(ns, os.environ))
+    )).plan
     omp = winner.get("omp")
     if omp and omp != cand.OMP_FROM_PLAN:
         ranks = tuple(dataclasses.replace(r, env={**r.env, "OMP_NUM_THREADS": omp}) for r in plan.ranks)

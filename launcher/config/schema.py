@@ -76,11 +76,11 @@ class Schedule(str, enum.Enum):
 
 @dataclass
 class LauncherConfig:
-    """What ``numarun run`` needs; a flag given on the command line wins over these."""
+    """What ``numarun run`` needs, below its command line and environment (README); None: not set here."""
 
     nproc_per_node: Optional[int] = None  # None: one rank per visible GPU (1 without GPUs)
-    nnodes: int = 1
-    node_rank: int = 0
+    nnodes: Optional[int] = None
+    node_rank: Optional[int] = None
     binding: str = BindingMode.EXCLUSIVE.value
     mem_policy: str = MemPolicy.BIND.value
     nic_policy: str = NicPolicy.NODE.value  # node: one NCCL_IB_HCA per node; per-rank: each rank's closest NIC
@@ -210,7 +210,7 @@ def check_values(cfg: Any) -> None:
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
         raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
-    for key in ("trainer.steps", "trainer.grad_accum", "trainer.log_interval", "launcher.nnodes", "model.num_layers",
+    for key in ("trainer.steps", "trainer.grad_accum", "trainer.log_interval", "model.num_layers",
                 "model.n_layers", "model.n_heads"):
         section, name = key.split(".")
         if (value := cfg[section][name]) < 1:
@@ -218,8 +218,8 @@ def check_values(cfg: Any) -> None:
     if cfg.launcher.nproc_per_node is not None and not 1 <= cfg.launcher.nproc_per_node <= MAX_LOCAL_RANKS:
         raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
                           f"{MAX_LOCAL_RANKS} or null")
-    if cfg.launcher.nnodes > MAX_NODES:
-        raise ConfigError(f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES}")
+    if cfg.launcher.nnodes is not None and not 1 <= cfg.launcher.nnodes <= MAX_NODES:
+        raise ConfigError(f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES} or null")
     if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
         raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
     if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:

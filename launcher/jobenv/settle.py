@@ -1,16 +1,17 @@
-"""The user's launch options against the job found in the environment. Pure.
+"""The launch options a source stated, against the job found in the environment. Pure.
 
-What the user left out is taken from the scheduler; what the user gave is used as given when it
-agrees, and is one line naming both values when it does not (:class:`JobConflict`). Per-node
-mode settles torchrun's rendezvous (:func:`settle_node`); per-rank mode checks that no option
-asks for what only torchrun's agent does, and builds the environment torchrun gives its workers
-(:func:`rank_env`).
+What no source stated is taken from the scheduler; a stated value is used when it agrees, and is
+one line naming both values when it does not (:class:`JobConflict`). Per-node mode settles
+torchrun's rendezvous (:func:`settle_node`); per-rank mode checks that no option asks for what
+only torchrun's agent does, and builds the environment torchrun gives its workers (:func:`rank_env`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import UsageError
 from .model import JobShape, Mode, Scheduler
@@ -30,20 +31,41 @@ class JobConflict(UsageError):
         self.node_varying = node_varying
 
 
-@dataclass(frozen=True)
-class Given:
-    """The launch options the user gave explicitly (None / False: not given)."""
+class Source(enum.IntEnum):
+    """Where an option's value came from; a higher source wins (:mod:`numarun.launch.options`)."""
 
-    nnodes: str | None = None
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    standalone: bool = False
-    nproc_per_node: int | str | None = None
-    agent_options: tuple[str, ...] = ()
-    """Other torchrun options given (``--max-restarts``...), as typed: they configure torchrun's agent."""
+    DEFAULT = 0
+    JOB = 1
+    CONFIG = 2
+    ENVIRONMENT = 3
+    COMMAND_LINE = 4
+
+    def __str__(self) -> str:
+        return self.name.lower().replace("_", " ").replace("config", "job config")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option's value, its source, and where in that source: ``--nnodes``, ``PET_NNODES``,
+    ``launcher.nnodes``, the job (``Slurm step 12.0``) or the default's owner (``torch 2.13.0``)."""
+
+    value: Any
+    source: Source
+    where: str
+
+
+Stated = Mapping[str, Setting]
+"""The settings a source other than the default gave, by option dest."""
+
+
+def _stated(stated: Stated, dest: str) -> Any:
+    s = stated.get(dest)
+    return None if s is None else s.value
+
+
+def _flag(stated: Stated, dest: str) -> str:
+    s = stated.get(dest)
+    return s.where if s is not None else "--" + dest.replace("_", "-")
 
 
 @dataclass(frozen=True)
@@ -87,21 +109,24 @@ def _nnodes_range(text: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[-1])
 
 
-def _check_nnodes(shape: JobShape, given: Given) -> None:
-    if given.nnodes is None:
+def _check_nnodes(shape: JobShape, stated: Stated) -> None:
+    nnodes = _stated(stated, "nnodes")
+    if nnodes is None:
         return
-    span = _nnodes_range(given.nnodes)
+    span = _nnodes_range(str(nnodes))
     if span is not None and span[0] <= shape.nnodes <= span[1]:
         return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
+    flag = _flag(stated, "nnodes")
     raise JobConflict(
-        f"bad --nnodes {given.nnodes!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
-        f"({tasks}); expected --nnodes {shape.nnodes} or no --nnodes (numarun reads it from the scheduler)"
+        f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
+        f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)"
     )
 
 
-def _check_node_rank(shape: JobShape, given: Given) -> None:
-    if given.node_rank is None or given.node_rank == shape.node_index:
+def _check_node_rank(shape: JobShape, stated: Stated) -> None:
+    node_rank = _stated(stated, "node_rank")
+    if node_rank is None or node_rank == shape.node_index:
         return
     if shape.scheduler is Scheduler.SLURM:
         hint = (
@@ -112,44 +137,46 @@ def _check_node_rank(shape: JobShape, given: Given) -> None:
     else:
         hint = "; leave --node-rank out: numarun reads it from the scheduler"
         where = f"this process is on node {shape.node_index} of {_who(shape)}"
-    raise JobConflict(f"bad --node-rank {given.node_rank}: {where}{hint}", node_varying=True)
+    raise JobConflict(f"bad {_flag(stated, 'node_rank')} {node_rank}: {where}{hint}", node_varying=True)
 
 
-def _check_standalone(shape: JobShape, given: Given) -> None:
-    if given.standalone and shape.nnodes > 1:
+def _check_standalone(shape: JobShape, stated: Stated) -> None:
+    if _stated(stated, "standalone") and shape.nnodes > 1:
         raise JobConflict(
-            f"bad option '--standalone': {_who(shape)} spans {shape.nnodes} nodes, and --standalone runs a job of one "
-            "node; expected it left out (numarun joins the nodes of the step)"
+            f"bad option {_flag(stated, 'standalone')!r}: {_who(shape)} spans {shape.nnodes} nodes, and --standalone "
+            "runs a job of one node; expected it left out (numarun joins the nodes of the step)"
         )
 
 
+def own_rendezvous(stated: Stated) -> bool:
+    """The user's own rendezvous (``--rdzv-endpoint``, c10d, ``--standalone``): the job sets only the node count."""
+    return bool(_stated(stated, "rdzv_endpoint") or _stated(stated, "standalone")) or (
+        _stated(stated, "rdzv_backend") not in (None, "static"))
+
+
 def settle_node(
-    shape: JobShape, given: Given, environ: Mapping[str, str], *, leaf_switch: Mapping[str, str] | None = None
+    shape: JobShape, stated: Stated, environ: Mapping[str, str], *, leaf_switch: Mapping[str, str] | None = None
 ) -> NodeRendezvous:
-    """Per-node mode: the rendezvous of this node, from what the user gave and the scheduler's job.
+    """Per-node mode: the rendezvous of this node, from the stated options and the scheduler's job.
 
     The node rank is the node's index in Slurm's order, regrouped by leaf switch (``leaf_switch``,
-    from ``scontrol show topology``) unless the user gave ``--node-rank`` (checked against
+    from ``scontrol show topology``) unless ``--node-rank`` was stated (checked against
     ``SLURM_NODEID``). The head is node rank 0, the port derives from the job and step ids.
-    ``MASTER_ADDR``/``MASTER_PORT`` in the environment count as given.
+    ``MASTER_ADDR``/``MASTER_PORT`` in the environment count as stated.
     """
-    _check_nnodes(shape, given)
-    _check_standalone(shape, given)
-    _check_node_rank(shape, given)
-    own = bool(given.rdzv_endpoint) or given.standalone or (given.rdzv_backend not in (None, "static"))
-    if own:
+    _check_nnodes(shape, stated)
+    _check_standalone(shape, stated)
+    _check_node_rank(shape, stated)
+    if own_rendezvous(stated):
         return NodeRendezvous(nnodes=shape.nnodes, node_rank=shape.node_index, head="", master_addr=None,
                               master_port=None, own_rendezvous=True)
     if shape.nodes:
-        order = shape.nodes if given.node_rank is not None else tuple(node_order(shape.nodes, leaf_switch))
+        order = shape.nodes if "node_rank" in stated else tuple(node_order(shape.nodes, leaf_switch))
         node_rank = order.index(shape.node_name)
     else:  # MPI: the rank of a one-process-per-node job is its node
         order, node_rank = (), shape.node_index
     head = order[0] if order else ""
-    addr = given.master_addr or environ.get("MASTER_ADDR") or None
-    if addr is None and not order:
-        addr = _mpi_head_addr(shape)
-    port = given.master_port or _env_port(environ) or _derived_port(shape)
+    addr, port = _master(shape, stated, environ, nodes=order)
     return NodeRendezvous(nnodes=shape.nnodes, node_rank=node_rank, head=head, master_addr=addr, master_port=port,
                           own_rendezvous=False, order=order)
 
@@ -179,42 +206,43 @@ def _mpi_head_addr(shape: JobShape) -> str:
     )
 
 
-# Options of numarun run that make sense when the scheduler starts every rank (no torchrun agent).
-PER_RANK_OPTIONS = frozenset({
-    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone", "training_script",
-    "training_script_args", "module", "no_python", "topology", "binding", "mem_policy", "nic_policy", "dry_run",
-    "strict_binding", "plan_file", "watch_interval", "no_watch", "no_detect", "log_level", "command", "func", "argv",
-    "supervisor",
-})
+# Launch options that make sense when the scheduler starts every rank (no torchrun agent).
+PER_RANK_OPTIONS = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
+                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding"})
 
 
-def check_rank(shape: JobShape, given: Given) -> None:
+def check_rank(shape: JobShape, stated: Stated) -> None:
     """Per-rank mode: the options must not contradict the scheduler nor ask for torchrun's agent."""
-    if given.nproc_per_node is not None and given.nproc_per_node != 1:
+    nproc = _stated(stated, "nproc_per_node")
+    if nproc is not None and nproc != 1:
         raise JobConflict(
-            f"bad --nproc-per-node {given.nproc_per_node}: {_who(shape)} already starts {shape.local_world_size} "
+            f"bad {_flag(stated, 'nproc_per_node')} {nproc}: {_who(shape)} already starts {shape.local_world_size} "
             f"task{'s' if shape.local_world_size != 1 else ''} on this node, each one rank (per-rank mode); expected no "
             "--nproc-per-node, or one task per node (srun --ntasks-per-node=1) for numarun to start the node's ranks"
         )
     if shape.node_index >= 0:  # else checked again once the ranks agree on it
-        _check_nnodes(shape, given)
-        _check_standalone(shape, given)
-        _check_node_rank(shape, given)
-    if given.agent_options:
-        flag = given.agent_options[0]
+        _check_nnodes(shape, stated)
+        _check_standalone(shape, stated)
+        _check_node_rank(shape, stated)
+    agent = sorted(s.where for d, s in stated.items() if d not in PER_RANK_OPTIONS)
+    if agent:
+        flag = agent[0]
         raise JobConflict(
             f"bad option {flag!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no torchrun "
             "agent, which that option configures; expected it left out, or one task per node for numarun to start the ranks"
         )
 
 
-def rank_master(shape: JobShape, given: Given, environ: Mapping[str, str]) -> tuple[str | None, int]:
-    """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
-    addr = given.master_addr or environ.get("MASTER_ADDR") or None
-    if addr is None and not shape.nodes:
+def _master(shape: JobShape, stated: Stated, environ: Mapping[str, str], *, nodes: object) -> tuple[str | None, int]:
+    addr = _stated(stated, "master_addr") or environ.get("MASTER_ADDR") or None
+    if addr is None and not nodes:
         addr = _mpi_head_addr(shape)
-    port = given.master_port or _env_port(environ) or _derived_port(shape)
-    return addr, port
+    return addr, _stated(stated, "master_port") or _env_port(environ) or _derived_port(shape)
+
+
+def rank_master(shape: JobShape, stated: Stated, environ: Mapping[str, str]) -> tuple[str | None, int]:
+    """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
+    return _master(shape, stated, environ, nodes=shape.nodes)
 
 
 def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:
@@ -231,7 +259,3 @@ def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Ma
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
 
-
-def agent_options(given_dests: Iterable[str], spelling: Mapping[str, str]) -> tuple[str, ...]:
-    """The given options outside :data:`PER_RANK_OPTIONS`, spelled as typed (``spelling``: dest -> flag)."""
-    return tuple(spelling.get(d, "--" + d.replace("_", "-")) for d in sorted(given_dests) if d not in PER_RANK_OPTIONS)

@@ -1,7 +1,7 @@
 """The launch as one frozen value: what torchrun is asked to do, built once per job.
 
-The run command parses torchrun's options, numarun's planning decides the rank count, and
-:func:`launch_spec` turns both into a :class:`LaunchSpec` after checking every option (the
+The run command resolves the launch options (:mod:`numarun.launch.options`), numarun's planning
+decides the rank count, and :func:`launch_spec` turns both into a :class:`LaunchSpec` after checking every option (the
 checks that probe the machine, a free port and a writable log dir, run here, once). torchrun's
 argv is rendered from the spec (:meth:`LaunchSpec.argv`), and everything numarun needs to know
 about the launch (rank count, rendezvous and its deadline, signals, shutdown grace, log dir)
@@ -153,18 +153,16 @@ def _option_text(value: Any) -> str:
 
 def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target,
                 parser: argparse.ArgumentParser | None = None, nics: Sequence[str] = ()) -> LaunchSpec:
-    """Check every torchrun option in ``options`` (dests -> values) once, and build the spec with the
-    address rule applied (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred)."""
+    """Check every torchrun option in ``options`` once, and build the spec with the address rule applied
+    (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). ``options``: dest -> value of
+    the options some source stated (:meth:`numarun.launch.options.Options.values`); torchrun's defaults
+    stand for the rest."""
     check_torchrun_options(options, nproc_per_node=nproc_per_node)
-    parser = parser or torchrun_parser()
-    defaults = {a.dest: a.default for a in parser._actions}  # noqa: SLF001
     passthrough = []
-    for action in parser._actions:  # noqa: SLF001  (torchrun exposes no other listing)
+    for action in (parser or torchrun_parser())._actions:  # noqa: SLF001  (torchrun exposes no other listing)
         dest = action.dest
-        if not action.option_strings or dest in _FIELDS or dest not in options:
-            continue
-        value = options[dest]
-        if value == action.default or value is None:
+        value = options.get(dest)
+        if not action.option_strings or dest in _FIELDS or value is None:
             continue
         spelling = next(s for s in action.option_strings if s.startswith("--"))
         if action.nargs == 0:
@@ -173,17 +171,13 @@ def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Targ
         else:
             passthrough.append((spelling, _option_text(value)))
 
-    def given(dest: str) -> Any:
-        value = options.get(dest)
-        return None if value is None or value == defaults.get(dest) else value
-
     def host(dest: str) -> str | None:
-        value = given(dest)
+        value = options.get(dest)
         return None if not value else parse_endpoint(value, "--" + dest.replace("_", "-"), port=False)[0]
 
     conf = check_rdzv_conf(str(options.get("rdzv_conf") or ""))
     signals = str(options.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
-    port = given("master_port")
+    port = options.get("master_port")
     endpoint = str(options.get("rdzv_endpoint") or "")
     spec = LaunchSpec(
         target=target, nproc_per_node=nproc_per_node, nnodes=str(options.get("nnodes") or "1:1"),

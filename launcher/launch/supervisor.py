@@ -256,6 +256,7 @@ class Supervisor:
     def run(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
         :class:`RunFailed` (README, "Exit codes" and "Signals")."""
+        torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.run import main as torchrun_main

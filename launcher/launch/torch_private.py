@@ -31,10 +31,18 @@ CHECKED = ((2, 4), (2, 15))
 """torch versions (inclusive, major.minor) whose private parts used here were read and tested."""
 
 
-def torch_version() -> tuple[int, int] | None:
-    """torch's (major, minor) from its version.py, without importing torch; None when not found."""
-    from .torchrun_options import installed_torch_version
+def installed_torch_version() -> str | None:
+    """The installed torch's version, from its package metadata (torch is not imported); None without torch."""
+    from importlib import metadata
 
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def torch_version() -> tuple[int, int] | None:
+    """torch's (major, minor), as :func:`installed_torch_version`."""
     text = installed_torch_version() or ""
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else None

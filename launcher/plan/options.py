@@ -2,8 +2,8 @@
 
 ``add_plan_options(parser)`` registers ``--topology``, ``--nproc-per-node``, ``--binding``
 (alias ``--numa-binding``, torchrun's spelling), ``--mem-policy`` and ``--nic-policy``;
-``request_from_args(args, environ)`` turns them plus the user's environment into a
-:class:`PlanRequest`. The environment is read here, in the command layer, never in planning.
+``request_from_args(options, environ)`` turns their values plus the user's environment into a
+:class:`PlanRequest`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import enum
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..argtypes import MAX_LOCAL_RANKS
 from ..errors import UsageError
@@ -129,8 +129,8 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> PlanRequest:
-    """The request for ``args`` (from :func:`add_plan_options`) in environment ``environ``."""
+def request_from_args(args: Any, environ: Mapping[str, str]) -> PlanRequest:
+    """The request for ``args`` (the planning options' values, by dest) in environment ``environ``."""
     return PlanRequest(
         nproc_per_node=getattr(args, "nproc_per_node", None),
         binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
@@ -143,7 +143,7 @@ def request_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> P
 
 
 def request_for(
-    args: argparse.Namespace, environ: Mapping[str, str], topology: Topology, *,
+    args: Any, environ: Mapping[str, str], topology: Topology, *,
     allowed_gpu_minors: tuple[int, ...] | None = None,
 ) -> PlanRequest:
     """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.

@@ -18,7 +18,7 @@ from ..topology.visible import openable
 from .model import GpuRef, LaunchPlan, MemPolicy, RankBinding
 
 
-def refused_minors(access: Mapping[int, bool | None], *, in_container: bool = False) -> frozenset[int] | None:
+def allowed_minors(access: Mapping[int, bool | None], *, in_container: bool = False) -> frozenset[int] | None:
     """The GPU minors the device cgroup lets this process open, when it refuses some; None when it
     refuses none (no confinement, or nothing could be checked). ``in_container``: a GPU whose device
     file is absent was not given to the container (its ``/sys`` still shows every GPU)."""

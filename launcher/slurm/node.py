@@ -25,6 +25,7 @@ from pathlib import Path
 from ..cpuset import format_list
 from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
+from ..launch.child import numarun_command
 from ..launch.signals import Relay
 from .controller import SCONTROL_TIMEOUT_S
 
@@ -89,7 +90,7 @@ def task_main(opts: argparse.Namespace) -> int:
         f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
         flush=True,
     )
-    rc = relay.run([sys.executable, "-m", "numarun", *opts.command], dict(env))
+    rc = relay.run(numarun_command(*opts.command), dict(env))
     return node_outcome(rc, relay.forwarded, record=run_dir / EXIT_FILE.format(rank=job.node_index), node=job.node_name)
 
 

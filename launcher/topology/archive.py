@@ -71,8 +71,9 @@ def is_tarball(path: Path) -> bool:
 
 
 def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "numarun" / "trees"
+    from ..fsutil import cache_dir
+
+    return cache_dir() / "trees"
 
 
 def extract_tree(tarball: Path, cache: Path | None = None) -> Path:

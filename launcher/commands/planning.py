@@ -1,0 +1,260 @@
+"""The one way into planning, for ``run``, ``plan``, ``doctor`` and ``tune``: the job a command runs in
+(a Slurm step, mpirun), the options settled against it, and the plan of this node or of this task.
+
+:func:`detect_job` reads the scheduler's shape (:mod:`numarun.jobenv`); :func:`settle` gives per-node
+mode the rendezvous the job implies; :class:`Planner` plans (a plan file, this node, or the node
+every task of per-rank mode plans alike, with this task's binding); :func:`refuse` makes a conflict
+end the whole job, not only the task that saw it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
+from ..jobenv.container import Container, detect_container
+from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
+from ..launch.options import Options
+from ..plan.model import LaunchPlan
+
+log = logging.getLogger(__name__)
+
+
+def announce(args: argparse.Namespace, text: str) -> None:
+    """One line on stderr, shown unless the user asked for WARNING or quieter (like the binding line)."""
+    level = getattr(args, "log_level", None)
+    if level is None or getattr(logging, str(level).upper(), logging.INFO) <= logging.INFO:
+        print(f"numarun: {text}", file=sys.stderr, flush=True)
+
+
+def detect_job(options: Options, *, no_detect: bool = False, environ: Mapping[str, str] | None = None) -> JobShape | None:
+    """The job found in the environment, or None."""
+    env = os.environ if environ is None else environ
+    if not detection_enabled(env, no_detect=no_detect):
+        return None
+    return detect(env, nproc_given="nproc_per_node" in options.stated())
+
+
+def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool) -> Any:
+    from ..slurm.controller import gather
+
+    head = job.nodes[0] if job.nodes and job.nnodes > 1 else None
+    if head is not None and ("master_addr" in stated or environ.get("MASTER_ADDR")):
+        head = None
+    return gather(environ, need_switches=need_switches, head=head)
+
+
+def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = None) -> tuple[Options, NodeRendezvous]:
+    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
+    from ..slurm.controller import head_address
+
+    env = os.environ if environ is None else environ
+    stated = options.stated()
+    own = own_rendezvous(stated)
+    rdv = settle_node(job, stated, env)  # conflicts first, before asking Slurm anything
+    facts = None
+    if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and not own:
+        facts = _facts(job, stated, env, need_switches="node_rank" not in stated)
+        rdv = settle_node(job, stated, env, leaf_switch=facts.leaf_switch)
+    addr = rdv.master_addr
+    if addr is None:
+        addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
+    return options.with_job(rdv.options(addr), job.describe().split(":")[0]), rdv
+
+
+def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping[str, str] | None = None) -> int:
+    """Print the conflict, make sure the rest of the job stops too, and return exit code 2.
+
+    A conflict every task sees (``--nnodes 3`` on two nodes) stops every task by itself. One that
+    only some tasks see (``--node-rank``) must reach the others: in per-node mode through the head's
+    rendezvous store (they wait there, and name this node when they stop); in per-rank mode, where
+    the others are already running the script, by cancelling the Slurm step.
+    """
+    env = os.environ if environ is None else environ
+    print(f"numarun: error: {error}", file=sys.stderr, flush=True)
+    if not error.node_varying:
+        return 2
+    index = "SLURM_NODEID" if job.scheduler is Scheduler.SLURM else "node"
+    who = f"node {job.node_name or job.node_index} ({index} {job.node_index})"
+    if job.mode is Mode.PER_RANK:
+        if job.scheduler is Scheduler.SLURM and job.job_id is not None:
+            try:
+                subprocess.run(["scancel", "--quiet", f"{job.job_id}.{job.step_id}"], timeout=30, check=False,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                print(f"numarun: cancelled Slurm step {job.job}: {who} refused to start", file=sys.stderr, flush=True)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        return 2
+    from ..jobenv.settle import rank_master
+
+    addr, port = rank_master(job, options.stated(), env) if job.nnodes > 1 else (None, 0)
+    if addr is None and job.nodes:
+        from ..slurm.controller import head_addr
+
+        addr = head_addr(env, job.nodes[0])
+    if addr is not None:
+        from ..launch import abort
+
+        if abort.tell(addr, port, f"{who} refused to start: {error}"):
+            print(f"numarun: told the other nodes to stop (rendezvous store {addr}:{port})", file=sys.stderr, flush=True)
+    return 2
+
+
+@dataclass(frozen=True)
+class Here:
+    """What confines this node's ranks beside the topology (the topology's machine, or the live one)."""
+
+    container: Container | None
+    gpu_minors: tuple[int, ...] | None
+    """The GPUs the ranks may open, by minor number; None when nothing refuses any."""
+    mem_refused: str
+    """Why this process may not set a memory policy (:func:`numarun.worker.affinity.mempolicy_refusal`)."""
+
+
+def container_at(source: str | None, environ: Mapping[str, str] | None = None) -> Container | None:
+    """The container of the machine ``source`` names: the live one reads this process's environment too."""
+    from ..topology.discover import device_root
+
+    root = device_root(source)
+    if root is None:
+        return None
+    live = root.resolve() == root.__class__("/").resolve()
+    return detect_container((os.environ if environ is None else environ) if live else {}, root)
+
+
+def here(topology: Any, source: str | None, job: JobShape | None = None,
+         environ: Mapping[str, str] | None = None) -> Here:
+    """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
+    one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
+    ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0), the container, and the memory-policy probe."""
+    from ..plan.scheduled import renumbered
+    from ..topology.discover import device_root
+    from ..worker.affinity import mempolicy_refusal
+
+    env = os.environ if environ is None else environ
+    container = container_at(source, env)
+    allowed = None
+    if topology.gpus:
+        access, allowed = _openable_minors(topology, device_root(source), container)
+        if (allowed is None and not any(v is not None for v in access.values()) and job is not None
+                and job.scheduler is Scheduler.SLURM):
+            allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
+    return Here(container, tuple(sorted(allowed)) if allowed is not None else None, mempolicy_refusal())
+
+
+def _openable_minors(topology: Any, root: Any,
+                     container: Container | None) -> tuple[dict[int, bool | None], frozenset[int] | None]:
+    """(minor -> may it be opened, the minors this process may open when some are refused, else None),
+    by opening the topology's GPU device files under ``root``."""
+    from ..plan.scheduled import allowed_minors
+    from ..topology.devices import gpu_device_access
+
+    access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
+    return access, allowed_minors(access, in_container=container is not None)
+
+
+@dataclass(frozen=True)
+class Planned:
+    plan: LaunchPlan
+    path: str = ""
+    """The plan file it was read from ('' for a fresh plan)."""
+    notes: tuple[str, ...] = ()
+    """What to say besides the plan's warnings (per-rank mode)."""
+
+
+class Planner:
+    """The one way into planning. Reads the machine once for all the jobs of a run (a sweep plans each job
+    once); in per-node mode plans this node's ranks on the GPUs the step may open (:func:`here`); in
+    per-rank mode plans the whole node as every task does, and takes this task's binding in it."""
+
+    def __init__(self, job: JobShape | None = None, environ: Mapping[str, str] | None = None) -> None:
+        self.job = job
+        self._env = os.environ if environ is None else environ
+        self._read: dict[str | None, tuple[Any, Here]] = {}
+
+    def plan(self, options: Options, *, plan_file: str | None = None) -> Planned:
+        from ..plan.binding import make_plan
+        from ..plan.options import request_for
+        from ..plan.scheduled import confine
+        from ..topology.discover import load_topology
+
+        if plan_file:
+            return self._from_file(options, plan_file)
+        if self.job is not None and self.job.mode is Mode.PER_RANK:
+            return self._rank(options, self.job)
+        if options.topology not in self._read:
+            topology = load_topology(options.topology)
+            self._read[options.topology] = topology, here(topology, options.topology, self.job, self._env)
+        topology, node = self._read[options.topology]
+        request = request_for(options, self._env, topology, allowed_gpu_minors=node.gpu_minors)
+        return Planned(confine(make_plan(topology, request), node.container, node.mem_refused))
+
+    def _from_file(self, options: Options, path: str) -> Planned:
+        from ..plan.scheduled import confine
+        from ..worker.affinity import mempolicy_refusal
+
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"bad --plan-file {path!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+        # the ranks run here, wherever the plan was made
+        plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(self._env), mempolicy_refusal())
+        nproc = options.setting("nproc_per_node")
+        if isinstance(nproc.value, int) and nproc.value != plan.nproc_per_node:
+            raise UsageError(
+                f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
+                f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}"
+            )
+        return Planned(plan, os.path.abspath(path))
+
+    def _rank(self, options: Options, job: JobShape) -> Planned:
+        """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
+        under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
+        import dataclasses
+
+        from ..plan.binding import make_plan
+        from ..plan.options import request_for
+        from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
+        from ..topology.devices import cgroup_cpus
+        from ..topology.discover import device_root, load_topology
+        from ..worker.affinity import mempolicy_refusal
+
+        env = self._env
+        notes: list[str] = []
+        topology = load_topology(options.topology)
+        root = device_root(options.topology)
+        if root is not None and root.resolve() == root.__class__("/").resolve():
+            step_cpus = cgroup_cpus()
+            if step_cpus:
+                topology = with_usable_cpus(topology, step_cpus)
+        container = container_at(options.topology, env)
+        _, own_minors = _openable_minors(topology, root, container)
+        node_minors = tuple(job.job_gpus) if job.job_gpus else None
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        request = request_for(options, env, topology)
+        if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
+            request = dataclasses.replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
+                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors)
+            own = own_gpu_refs(topology, own_minors, cvd)
+        else:
+            request = dataclasses.replace(request, nproc_per_node=job.local_world_size,
+                                          allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
+            own = ()
+            if (job.gpus_on_node or 0) > job.local_world_size and own_minors is None and cvd and len(cvd.split(",")) < (
+                    job.gpus_on_node or 0):
+                notes.append("this task sees fewer GPUs than the job holds on the node, and no device file tells "
+                             "which: planned by local rank")
+        plan = confine(make_plan(topology, request), container, mempolicy_refusal())
+        binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
+        # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)
+        binding = narrow(binding, topology, os.sched_getaffinity(0))
+        return Planned(task_plan(plan, binding), notes=tuple(notes))
