@@ -11,10 +11,10 @@ import os
 import select
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 
 from ..envvars import INIT, READY_FD
+from .child import numarun_command
 
 
 class Phase(enum.Enum):
@@ -158,4 +158,4 @@ def init_main(argv: Sequence[str]) -> int:
     a child numarun (no subreaper: its orphans come here too); this process passes it its signals, reaps
     every process that ends under it and exits with the child's exit code."""
     relay = Relay(reap_all=True)
-    return relay.run([sys.executable, "-m", "numarun", *argv], {**os.environ, INIT: "1"}, foreground=True)
+    return relay.run(numarun_command(*argv), {**os.environ, INIT: "1"}, foreground=True)

@@ -28,6 +28,7 @@ from typing import Any
 from .. import envvars
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
+from ..launch.child import numarun_command
 from ..plan.pack import Slot, pack, slot_topology
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     from ..topology.visible import visible_gpus
 
     own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group first
-    if own is not None and own.nnodes != 1:
+    if own is not None and own.nnodes not in (None, 1):
         raise UsageError(f"bad launcher.nnodes {own.nnodes!r} in a sweep on one node: expected 1 "
                          "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
     options = [o for k in ("nproc_per_node", "binding", "mem_policy", "nic_policy")
@@ -207,7 +208,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
         cmd = [sys.executable, "-u", ENTRY_FILE, "--module", JOB_MODULE, *args]
     else:
         (folder / f"{job.idx}.plan.json").write_text(plan.to_json())
-        cmd = [*_numarun(), "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
+        cmd = [*numarun_command(), "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
                "--nproc-per-node", str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
                *(["--strict-binding"] if ns.strict_binding else []), *rest, "--module", JOB_MODULE, *args]
     # the affinity is set in the child before exec: every process of the job inherits it
@@ -271,12 +272,6 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     return codes
 
 
-def _numarun() -> list[str]:
-    """The ``numarun`` command beside this Python (``python -m numarun`` would import a ``numarun/`` in the cwd)."""
-    exe = Path(sys.executable).parent / "numarun"
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "numarun"]
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -290,7 +285,7 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
     if len(sizes) > 1:
         raise UsageError(f"bad nproc_per_node {sorted(sizes)}: the jobs of one Slurm array take one value")
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
-    cmd = [*_numarun(), "submit", *settings.get("submit_options", ()), "--nnodes", str(settings["nnodes"]),
+    cmd = [*numarun_command(), "submit", *settings.get("submit_options", ()), "--nnodes", str(settings["nnodes"]),
            "--output-dir", str(folder / "slurm"), "--env", f"{envvars.HYDRA_NOW}={now}",
            "--dry-run" if settings.get("dry_run") else "--wait"]
     n = settings.get("pack")
