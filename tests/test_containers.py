@@ -138,3 +138,12 @@ def test_a_hostname_that_resolves_to_nothing_finishes_and_the_doctor_names_it(cr
     found = {f["check"]: f for f in json.loads(crun.run(["numarun", "doctor", "--json"], spec).stdout)["findings"]}
     assert found["hostname"]["severity"] == "warn" and "does not resolve" in found["hostname"]["message"]
     assert "127.0.0.1 for a job of one node" in found["hostname"]["message"] and "/etc/hosts" in found["hostname"]["message"]
+
+
+def test_numarun_as_the_containers_pid_1_reaps_every_orphan(crun, scratch):
+    """The container's command is numarun, its PID 1: each rank's three short-lived daemons are re-parented
+    to it and must be reaped (a zombie keeps its /proc entry, and the rank waits for every entry to go)."""
+    (scratch / "go").write_text("")
+    r = crun.run(["numarun", "--nproc-per-node", "2", "tests/scripts/short_daemons.py", str(scratch)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in scratch.glob("reaped.*")) == ["reaped.0", "reaped.1"]

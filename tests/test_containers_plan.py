@@ -212,7 +212,7 @@ def test_doctor_names_each_confinement_with_its_fix(tmp_path):
     assert found["memlock"].severity.value == "info" and "64 KiB" in found["memlock"].message
     assert "8 GPUs under /sys, 2 may be opened here (/dev/nvidia2,/dev/nvidia5)" in found["gpus"].message
     assert found["cgroup"].message == "cgroup v2, cpuset 0-1 (2 CPUs)"
-    assert found["pid1"].severity.value == "warn" and "docker run --init" in found["pid1"].message
+    assert found["pid1"].severity.value == "info" and "docker run --init" in found["pid1"].message
 
 
 def test_doctor_memlock_with_rdma_and_no_gpu_for_a_pod(tmp_path):

@@ -323,7 +323,7 @@ import hydra
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def job(cfg):
-    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(socket.gethostname())
+    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(os.environ.get('SLURMD_NODENAME', socket.gethostname()))
     return (cfg.x - 2) ** 2
 
 
@@ -350,7 +350,7 @@ def hydra_sweep(cluster, tmp_path: Path, *args: str, env: tuple[str, ...] = (),
     """``python app.py -m hydra/launcher=numarun_slurm ...`` where the cluster's clients run."""
     (tmp_path / "app.py").write_text(SWEEP_APP)
     (tmp_path / "out").mkdir(exist_ok=True)
-    options = f"[--time,5,--poll-seconds,0.5,--env,GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}]"
+    options = "[--time,5,--poll-seconds,0.5]"  # the address rule picks the nodes' interface
     return slurm(cluster, "bash", "-c", 'cd "$0" && exec "$@"', str(tmp_path), "env", *env, sys.executable, "app.py", "-m",
                  "hydra/launcher=numarun_slurm", f"hydra.launcher.submit_options={options}", f"+out={tmp_path / 'out'}",
                  f"hydra.sweep.dir={tmp_path / 'sweep'}", *args, timeout=timeout, check=False)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cpuset import format_list
+from ..envvars import INIT
 from ..jobenv.container import Container, Fix, detect_container, fix
 from ..plan.model import MemPolicy, PlanRequest
 from ..topology.model import NicKind, Topology
@@ -90,7 +91,8 @@ def read_confinement(root: Path, environ: Mapping[str, str], *, live: bool, topo
         container=detect_container(environ if live else {}, root), mem_refused=mem_refused, shm_bytes=shm,
         memlock_bytes=memlock, gpu_access=gpu_device_access(root, minors) if minors else {},
         nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES") if live else None, cgroup=cgroup,
-        cpuset=cgroup_cpus(root), pid1=live and os.getpid() == 1,
+        cpuset=cgroup_cpus(root),
+        pid1=live and (os.getpid() == 1 or (environ.get(INIT) == "1" and os.getppid() == 1)),  # numarun as PID 1 runs it
     )
 
 
@@ -157,7 +159,7 @@ def check_confinement(topo: Topology, c: Confinement, request: PlanRequest) -> l
         out.append(Finding(Severity.INFO, "cgroup", c.cgroup or "?", f"cgroup {c.cgroup or 'unknown'}{cpus}"))
     if c.pid1:
         out.append(Finding(
-            Severity.WARN, "pid1", "pid 1",
-            f"this process is PID 1 with no init: orphaned processes are re-parented to it; fix: {fix(Fix.INIT, runtime)}",
+            Severity.INFO, "pid1", "pid 1", "numarun is the container's PID 1 and does init's duties (reaps orphans, "
+            f"passes on signals); a command other than numarun as PID 1 needs an init: {fix(Fix.INIT, runtime)}",
         ))
     return out

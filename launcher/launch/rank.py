@@ -53,11 +53,21 @@ def agree(job: JobShape, addr: str, port: int, *, clock: bool) -> tuple[JobShape
     now = _dt.datetime.now().isoformat() if clock else ""
     if not hosts_unknown and (not clock or job.world_size == 1):
         return job, now
-    hosts, now = _exchange(addr, port, rank=job.rank, world_size=job.world_size, host=socket.gethostname(), now=now)
+    hosts, now = _exchange(addr, port, rank=job.rank, world_size=job.world_size, host=_node_id(), now=now)
     if hosts_unknown:
         order = list(dict.fromkeys(hosts))
         job = dataclasses.replace(job, nnodes=len(order), node_index=order.index(hosts[job.rank]))
     return job, now
+
+
+def _node_id() -> str:
+    """This node as the exchange tells nodes apart: its hostname and network namespace (nodes that share a
+    kernel, as containers and namespaced test nodes do, may share a hostname)."""
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = 0
+    return f"{socket.gethostname()}/{netns}"
 
 
 def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, now: str) -> tuple[list[str], str]:
