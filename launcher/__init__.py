@@ -1,7 +1,8 @@
 """numarun: a topology-aware launcher for PyTorch distributed training.
 
 ``import numarun`` stays light (no torch import): ``init`` and
-``hierarchical_all_reduce`` are loaded on first use.
+``hierarchical_all_reduce`` are loaded on first use. Words (node, rank, task, job, slot...) mean one
+thing each: docs/glossary.md.
 """
 
 from __future__ import annotations

@@ -183,13 +183,19 @@ def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group:
         raise HydraException(str(e)) from None
 
 
+def raw_value(ret: Any) -> Any:
+    """What a job returned or raised, as a ``JobReturn`` holds it (reading ``ret.return_value`` of a failed
+    job raises)."""
+    return ret._return_value
+
+
 def job_value(ret: Any) -> Any:
     """``ret.return_value``; numarun's own error is raised without Hydra's "Error executing job
     with overrides" line before it (it is its own one line)."""
     from .errors import NumarunError
 
-    if ret.status.name == "FAILED" and isinstance(ret._return_value, NumarunError):
-        raise ret._return_value
+    if ret.status.name == "FAILED" and isinstance(raw_value(ret), NumarunError):
+        raise raw_value(ret)
     return ret.return_value
 
 

@@ -1,4 +1,4 @@
-"""The launcher's start-up savings (numarun.launch.torch_private) change cost, never behaviour."""
+"""The launcher's start-up savings (numarun.torch_private) change cost, never behaviour."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
-from numarun.launch import torch_private as startup
+from numarun import torch_private as startup
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _stack_name(depth: int) -> str:
@@ -93,14 +96,15 @@ def test_the_launcher_imports_torch_through_the_paused_collector(tmp_path, extra
 
 
 def test_the_private_parts_used_have_the_shape_they_were_checked_with() -> None:
-    """Fails when torch changes anything numarun.launch.torch_private relies on: then check the new
+    """Fails when torch changes anything numarun.torch_private relies on: then check the new
     torch and widen CHECKED, or change the patch."""
     import signal
 
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    assert startup.checked(), f"torch {startup.torch_version()} is outside {startup.CHECKED}: check torch_private against it"
+    assert startup.checked(), (f"numarun.torch_private: torch {startup.torch_version()} is outside {startup.CHECKED}, the "
+                               "versions its private uses were checked on: check each against it, then widen CHECKED")
     params = list(inspect.signature(dynamic_rendezvous.get_method_name).parameters.values())
     assert [(p.name, p.default) for p in params] == [("depth", 2)]
     assert list(inspect.signature(api.SignalException.__init__).parameters)[1:] == ["msg", "sigval"]
@@ -118,3 +122,26 @@ def test_outside_the_checked_versions_torch_is_left_as_it_is(monkeypatch: pytest
     original = dynamic_rendezvous.get_method_name
     monkeypatch.setattr(startup, "torch_version", lambda: (9, 0))
     assert startup.install() is False and dynamic_rendezvous.get_method_name is original
+
+
+def test_a_ranks_error_file_is_read_back_by_torchelastic_as_numarun_names_it(tmp_path: Path) -> None:
+    """The error file a rank writes has torchelastic's layout: torch's own ProcessFailure reads it, and
+    the launcher's line takes the exception from it."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tmp_path / "error.json"
+    startup.record_error(str(path), ValueError("boom\nsecond line"), "Traceback ...")
+    failure = ProcessFailure(local_rank=0, pid=42, exitcode=1, error_file=str(path))
+    assert startup.failure_cause(failure) == "ValueError: boom"
+    placeholder = ProcessFailure(local_rank=0, pid=42, exitcode=1, error_file=str(tmp_path / "none.json"))
+    assert startup.failure_cause(placeholder) == ""  # torchelastic's own text when the rank wrote none
+
+
+def test_no_other_module_touches_torch_or_hydra_private_parts() -> None:
+    """torch's and Hydra's private parts are used in numarun.torch_private and numarun.hydra_internals only."""
+    private = ("hydra._internal", "_terminate_process_handler", "get_method_name", "_return_value", "extraInfo",
+               "record_exception", "SignalException")
+    found = [f"{p.relative_to(REPO)}: {word}" for p in sorted((REPO / "launcher").rglob("*.py"))
+             if p.name not in ("torch_private.py", "hydra_internals.py")
+             for word in private if word in p.read_text()]
+    assert found == []

@@ -187,7 +187,7 @@ def test_user_local_addr_wins_and_gloo_follows_the_address() -> None:
 def test_doctor_reads_a_bare_ipv6_endpoint() -> None:
     import argparse
 
-    from numarun.doctor.run import rendezvous
+    from numarun.doctor.diagnose import rendezvous
 
     args = argparse.Namespace(master_addr=None, master_port=None, rdzv_endpoint="fe80::1")
     assert rendezvous(args) == ("fe80::1", 29500)  # not host 'fe80:' port 1

@@ -140,7 +140,8 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
 def test_the_handlers_only_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every signal handler numarun installs, run in every phase under a profiler: no lock, no file or
     pipe I/O, no logging, no psutil, no sleep or wait. At most it raises (END and STOP)."""
-    from numarun.launch import signals, torch_private
+    from numarun import torch_private
+    from numarun.launch import signals
     from numarun.launch.supervisor import RunFailed, Supervisor
 
     saved = {s: signal.getsignal(s) for s in (*signals.RELAYED, signal.SIGCHLD)}

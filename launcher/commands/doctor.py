@@ -15,8 +15,8 @@ import os
 import sys
 
 from .. import argtypes
+from ..doctor.diagnose import diagnose
 from ..doctor.render import render
-from ..doctor.run import diagnose
 from ..errors import UsageError
 from ..launch.options import PLAN_FIELDS, from_args, track
 from ..plan.options import add_plan_options

@@ -26,11 +26,11 @@ from ..launch.net import addressing
 from ..launch.options import NOT_LAUNCH, PLAN_FIELDS, Options, from_args, track
 from ..launch.spec import LaunchSpec, launch_spec
 from ..launch.supervisor import Supervisor
-from ..launch.torch_private import installed_torch_version
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
 from ..plan.options import add_plan_options
 from ..plan.scheduled import mem_refused_line
+from ..torch_private import installed_torch_version
 from .planning import Planned, Planner, announce, detect_job, refuse, settle
 
 log = logging.getLogger(__name__)

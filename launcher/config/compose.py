@@ -50,7 +50,7 @@ SCHEMA_NAME = "numarun_schema"
 TASK_NAME = "train"
 """``hydra.job.name`` of numarun's trainer (the script is scripts/train.py or numarun.train)."""
 VERSION_BASE = "1.3"
-TRAINER_TASK = "numarun.train.run:hydra_task"
+TRAINER_TASK = "numarun.train.entry:hydra_task"
 """The trainer as a Hydra task in each rank, for a launcher that runs jobs elsewhere (``hydra/launcher=numarun``)."""
 
 MULTIRUN_FLAGS = ("-m", "--multirun")

@@ -23,8 +23,8 @@ PORT_OFFSET = 1
 
 def preflight(args: argparse.Namespace) -> int:
     """0 when the doctor found no error (the job may start), else 1 after printing why."""
+    from .diagnose import diagnose
     from .render import render
-    from .run import diagnose
 
     ns = copy.copy(args)
     for key, value in DEFAULTS.items():

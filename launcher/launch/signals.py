@@ -27,7 +27,7 @@ class Phase(enum.Enum):
 
 class Act(enum.Enum):
     END = "the handler raises RunFailed: one line, exit 128+N (nothing to stop)"
-    STOP = "the handler raises torch's SignalException: torchrun stops its workers, as for its own handler"
+    STOP = "the handler raises torch's signal exception: torchrun stops its workers, as for its own handler"
     HOLD = "the loop keeps it for the next job's workers"
     FORWARD = "the loop sends it to the live workers and notes it in the ledger for those yet to start"
     NOTE = "nothing more"

@@ -26,11 +26,11 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from .. import envvars, ledger
+from .. import envvars, ledger, torch_private
 from ..errors import NumarunError
-from . import net, oom, reaper, torch_private
+from . import net, oom, reaper
 from .abort import AbortWatch
 from .signals import ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
 from .spec import DEATH_SIGNALS, FORWARDED_SIGNALS, LaunchSpec
@@ -48,29 +48,6 @@ class RunFailed(NumarunError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def failure_cause(failure: Any) -> str:
-    """``ValueError: boom`` from a failed worker's torchelastic error file ('' when it wrote none)."""
-    message = getattr(failure, "message", "")
-    if isinstance(message, dict):
-        message = message.get("message", "")
-    if not isinstance(message, str) or not message or message.startswith(("To enable traceback", "Signal ")):
-        return ""  # torchelastic's own placeholder: the worker wrote no error file
-    return message.splitlines()[0]
-
-
-def runtime_cause(e: BaseException) -> str:
-    """``Type: first line`` of an exception, with the endpoint a network error names."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    # c10d's errors put the cause last: "... The server socket has failed to listen on any local
-    # network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
-    for line in lines:
-        if "EADDRINUSE" in line or "address already in use" in line:
-            text = f"{text} (address already in use)"
-            break
-    return f"{type(e).__name__}: {text}"
 
 
 @contextlib.contextmanager
@@ -292,7 +269,7 @@ class Supervisor:
                 failure = e.failures[rank]
                 how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else
                        f"was killed by {failure.signal_name()}{oom.explain(kills, failure.pid, signum=-failure.exitcode)}")
-                cause = failure_cause(failure)
+                cause = torch_private.failure_cause(failure)
                 who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
                 parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")
             # Ranks torchrun itself stopped after the first failure show up killed by a signal:
@@ -317,7 +294,7 @@ class Supervisor:
         except (RuntimeError, ValueError, OSError) as e:
             # torchrun's own runtime failures (a taken port, a store that cannot be reached...):
             # one line naming the cause instead of its traceback.
-            raise RunFailed(f"torchrun failed: {runtime_cause(e)}", 1) from None
+            raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
             with self._lock:
                 if self._phase is not Phase.STOPPING:

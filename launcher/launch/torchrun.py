@@ -35,7 +35,7 @@ from ..envvars import USER_ENV
 from ..errors import UsageError
 from ..fsutil import cache_dir, write_atomic
 from ..plan.model import LaunchPlan
-from .torch_private import import_torchrun, installed_torch_version
+from ..torch_private import import_torchrun, installed_torch_version
 
 log = logging.getLogger(__name__)
 

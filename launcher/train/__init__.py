@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..errors import CheckpointError, NumarunError
 
     try:
-        from .run import run
+        from .entry import run
 
         return run(list(sys.argv[1:] if argv is None else argv))
     except NumarunError as e:

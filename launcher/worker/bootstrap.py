@@ -301,8 +301,6 @@ def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
     """Print the traceback from the user's first frame through ``sys.excepthook``, as Python would
     (every exception of the chain), and name the exception in torchelastic's error file so the
     launcher's last line can say what failed."""
-    import json
-    import time
     import traceback
 
     x: BaseException | None = e
@@ -315,19 +313,9 @@ def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
     sys.excepthook(type(e), e, e.__traceback__)
     sys.stderr.flush()
     path = environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    # the layout of torch.distributed.elastic's ErrorHandler.record_exception
-    data = {
-        "message": {
-            "message": f"{type(e).__name__}: {e}",
-            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
-        }
-    }
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f)
-    except OSError:
-        pass
+    if path:
+        from ..torch_private import record_error
+
+        record_error(path, e, text)
 
 

@@ -1,9 +1,12 @@
 """Every use of torch's private parts, in one place, each guarded by the torch versions it was checked on.
 
-numarun drives torchrun from inside its own process and reaches into it in four places:
+numarun drives torchrun from inside its own process and reaches into it in these places:
 
 * **GC paused while torch is imported** (:func:`import_torchrun`; public API, a cost saving);
 * **``get_method_name`` of the dynamic rendezvous replaced** (:func:`install`): a private function;
+* **torchelastic's messages**: the error file a rank writes (:func:`record_error`, the layout of
+  ``ErrorHandler.record_exception``) and what numarun reads back from a failed run (:func:`failure_cause`,
+  :func:`runtime_cause`);
 * **torch's ``SignalException``** raised by numarun's own death-signal handler, exactly as torchrun's
   (private) ``_terminate_process_handler`` raises it, which torchrun installs numarun's handler in place
   of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
@@ -117,3 +120,41 @@ def signal_exception_type() -> Any:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     return SignalException
+
+
+def failure_cause(failure: Any) -> str:
+    """``ValueError: boom`` from a failed worker's torchelastic error file ('' when it wrote none)."""
+    message = getattr(failure, "message", "")
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    if not isinstance(message, str) or not message or message.startswith(("To enable traceback", "Signal ")):
+        return ""  # torchelastic's own placeholder: the worker wrote no error file
+    return message.splitlines()[0]
+
+
+def runtime_cause(e: BaseException) -> str:
+    """``Type: first line`` of an exception, with the endpoint a network error names."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    # c10d's errors put the cause last: "... The server socket has failed to listen on any local
+    # network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    for line in lines:
+        if "EADDRINUSE" in line or "address already in use" in line:
+            text = f"{text} (address already in use)"
+            break
+    return f"{type(e).__name__}: {text}"
+
+
+def record_error(path: str, e: BaseException, text: str) -> None:
+    """Name ``e`` (``text``: its traceback) in torchelastic's error file at ``path``, as
+    ``ErrorHandler.record_exception`` lays it out, so that the launcher's last line says what failed."""
+    import json
+    import time
+
+    data = {"message": {"message": f"{type(e).__name__}: {e}",
+                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
