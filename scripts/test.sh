@@ -48,5 +48,7 @@ if [ "${NUMARUN_LINT:-1}" != 0 ]; then
   .venv/bin/mypy launcher || status=1
   .venv/bin/lint-imports || status=1
 fi
-.venv/bin/python -m pytest "$@" || status=$?
+# Three pytest-xdist workers (NUMARUN_TEST_WORKERS; tests/conftest.py keeps a file, the Slurm cluster and the
+# network namespaces each on one worker): on 2 cores the tests wait on processes as much as they compute.
+.venv/bin/python -m pytest -n "${NUMARUN_TEST_WORKERS:-3}" "$@" || status=$?
 exit $status

@@ -98,6 +98,32 @@ def pytest_runtest_call(item: pytest.Item):
         yield
 
 
+@pytest.fixture(scope="session")
+def torchrun_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What plain torchrun's two ranks end with on tests/scripts/ddp_train.py: the reference that
+    numarun's launcher and per-rank modes are held to. Run once for the whole session, also across
+    pytest-xdist's workers (they share the parent of their temporary roots; a lock orders them)."""
+    import fcntl
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO, SCRIPTS, TIMEOUT, clean_env
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common root, this run's
+    out = shared / "torchrun-ddp.json"
+    with open(shared / "torchrun-ddp.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            t = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                                str(SCRIPTS / "ddp_train.py"), str(out)], cwd=REPO, env=clean_env(),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            assert t.returncode == 0, t.stderr
+        return json.loads(out.read_text())
+
+
 @pytest.fixture
 def procs():
     """Popen objects to kill (with their process groups) however the test ends."""
@@ -113,3 +139,40 @@ def procs():
             except ProcessLookupError:
                 pass
         p.wait(timeout=120)
+
+
+# -- parallel runs (pytest-xdist; scripts/test.sh runs `-n 3`) -----------------------------------------
+# A file's tests stay on one worker (module fixtures, such as the wheel's venv, are built once), and
+# files that share a machine-wide resource form one unit, run on one worker one after another: the
+# Slurm test cluster, and the network namespaces (a test there checks `ip netns list` is left as it
+# found it). The longest units start first so that neither worker is left alone with one at the end.
+SHARED = {
+    "test_slurm_cluster.py": "slurm-cluster", "test_slurm_patterns.py": "slurm-cluster",
+    "test_doctor_multinode.py": "netns", "test_net.py": "netns", "test_bench_scripts.py": "netns",
+    "test_dist_multinode.py": "netns",
+}
+LONGEST_FIRST = ("slurm-cluster", "netns", "test_train_dist.py", "test_reliability_checkpoint.py",
+                 "test_reliability_faults.py", "test_hydra_apps.py", "test_launch_patterns.py",
+                 "test_tune_e2e.py", "test_wheel.py", "test_containers.py", "test_reliability_signals.py")
+
+
+def _unit(nodeid: str) -> str:
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED.get(name, name)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 (xdist's types)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep LONGEST_FIRST's order
+    return ByUnit(config, log)

@@ -121,6 +121,16 @@ def listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler in place for ``signum`` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(caught >> (signum - 1) & 1)
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie counts as gone)."""
     import psutil

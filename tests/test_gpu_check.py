@@ -207,20 +207,10 @@ def test_gpu_check_sh_self_test_imports_numarun_from_this_tree(tmp_path: Path) -
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "numarun").resolve() == (REPO / "launcher").resolve()
-    assert proc.stdout.splitlines()[-1].startswith("self-test: PASS")
-    assert "PASS binding.nic_rule:" in proc.stdout
-
-
-@pytest.mark.slow
-def test_self_test_runs_on_this_machine() -> None:
-    env = dict(os.environ)
-    env.pop("NUMARUN_TOPOLOGY", None)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--self-test"],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1].startswith("self-test: PASS")
-    for name in ("topo.gpu0.bus_id", "binding.cpus", "binding.threads", "binding.mem_policy", "binding.job_plan"):
+    assert lines[-1].startswith("self-test: PASS")  # scripts/gpu_check.py --self-test, run by the wrapper
+    for name in ("topo.gpu0.bus_id", "binding.cpus", "binding.threads", "binding.mem_policy", "binding.job_plan",
+                 "binding.nic_rule"):
         assert any(line.startswith(f"PASS {name}:") for line in lines), name
 
 

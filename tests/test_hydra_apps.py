@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import listening, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -224,7 +225,10 @@ def test_nodes_started_seconds_apart_share_one_run_dir(tmp_path: Path) -> None:
     env = {**_env(), "GLOO_SOCKET_IFNAME": "lo"}
     procs = [subprocess.Popen([*base, "--node-rank", "0", str(app)], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
-    time.sleep(1.5)  # node 1's launcher fixes its clock in a later second than node 0's
+    # node 0 has fixed its clock once its store listens; node 1 starts in a later second than that
+    wait_until("node 0's store", lambda: listening(port), 120, 0.05, proc=procs[0])
+    fixed = int(time.time())
+    wait_until("the next second", lambda: int(time.time()) > fixed, 5, 0.05)
     procs.append(subprocess.Popen([*base, "--node-rank", "1", str(app)], cwd=tmp_path, env=env, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = []

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SCRIPTS, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
+from helpers import SCRIPTS, TIMEOUT, clean_env, error_lines, handles, numarun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -76,41 +75,56 @@ def test_no_process_a_rank_started_outlives_numarun(tmp_path, reap, how):
 SLEEPER = "import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\ntime.sleep(600)\n"
 
 
-def test_a_forwarded_signal_reaches_the_workers_at_every_point_of_the_start(tmp_path):
-    """SIGUSR2 to numarun at many moments from its start to its workers' run: whenever it comes, the
+def _workers(p: subprocess.Popen) -> list[psutil.Process]:  # type: ignore[type-arg]
+    try:
+        return [c for c in psutil.Process(p.pid).children(recursive=True) if "sleep.py" in " ".join(c.cmdline())]
+    except psutil.Error:
+        return []
+
+
+# The moments of a start, each a condition on what numarun has done so far (never a fixed delay).
+MOMENTS = {
+    "at once": lambda p, run: True,
+    "its handlers in place": lambda p, run: handles(p.pid, signal.SIGUSR2),
+    "its private directory made": lambda p, run: list((run / "tmp").glob("numarun-*")),
+    "a worker process started": lambda p, run: _workers(p),
+    "one rank running": lambda p, run: list(run.glob("started.*")),
+    "both ranks running": lambda p, run: len(list(run.glob("started.*"))) == 2,
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_forwarded_signal_reaches_the_workers_at_every_point_of_the_start(tmp_path, moment):
+    """SIGUSR2 to numarun at each moment from its start to its workers' run: whenever it comes, the
     workers get it (the script has no handler, so they die of it) and numarun ends; never a run
     whose workers keep going while numarun waits."""
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPER)
-    outcomes = []
-    for delay in (0.0, 0.15, 0.4, 0.8, 1.5, 2.5, 4.0, 6.0):
-        run = tmp_path / f"d{delay}"
-        run.mkdir()
-        p = _start(run, "--nproc-per-node", "2", str(script), str(run))
-        time.sleep(delay)
+    p = _start(tmp_path, "--nproc-per-node", "2", str(script), str(tmp_path))
+    try:
+        wait_until(moment, lambda: MOMENTS[moment](p, tmp_path), TIMEOUT, 0.01, proc=p)
         p.send_signal(signal.SIGUSR2)
-        try:
-            code = p.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        code = p.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"SIGUSR2 at {moment} was lost: numarun still waits, workers {[w.pid for w in _workers(p)]}")
+    finally:
+        if p.poll() is None:
             p.kill()
-            pytest.fail(f"SIGUSR2 {delay} s after the start was lost: numarun still waits, workers {workers}")
-        log = (run / "log").read_text()
-        if code == -signal.SIGUSR2:
-            # before numarun's own code ran (the interpreter was starting): it died of the signal
-            # itself, and no worker ever started
-            assert not list(run.glob("started.*")), (delay, log[-2000:])
-        else:
-            assert code == 1 and "killed by SIGUSR2" in log and "Traceback" not in log, (delay, code, log[-2000:])
-        outcomes.append(code)
-    assert outcomes[-4:] == [1] * 4, outcomes  # once numarun runs, the workers always get it
+    log = (tmp_path / "log").read_text()
+    if code == -signal.SIGUSR2:
+        # before numarun's own code ran (the interpreter was starting): it died of the signal
+        # itself, and no worker ever started
+        assert moment == "at once" and not list(tmp_path.glob("started.*")), (moment, log[-2000:])
+    else:
+        assert code == 1 and "killed by SIGUSR2" in log and "Traceback" not in log, (moment, code, log[-2000:])
 
 
 def test_a_death_signal_before_any_worker_ends_the_run_in_one_line(tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text(SLEEPER)
     p = _start(tmp_path, "--nproc-per-node", "2", str(script), str(tmp_path))
-    time.sleep(1.0)  # numarun is importing torch for the parser
+    # as soon as numarun handles it: it is still importing torch for the parser then, seconds before a worker
+    wait_until("numarun's handler for SIGTERM", lambda: handles(p.pid, signal.SIGTERM), TIMEOUT, 0.005, proc=p)
     p.send_signal(signal.SIGTERM)
     code = p.wait(timeout=120)
     log = (tmp_path / "log").read_text()

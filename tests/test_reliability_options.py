@@ -83,7 +83,7 @@ def test_good_rdzv_conf_passes(value: str) -> None:
 
 
 def test_runtime_errors_name_their_cause() -> None:
-    from numarun.launch.supervisor import runtime_cause
+    from numarun.torch_private import runtime_cause
 
     e = RuntimeError("The server socket has failed to listen on any local network address.\n"
                      "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")

@@ -41,3 +41,28 @@ def test_walking_the_checkout_through_links_ends() -> None:
 
     walk(REPO, ())
     assert cycles == [] and budget[0] >= 0
+
+
+def _fixed_sleeps(source: str) -> list[int]:
+    """Lines of ``time.sleep`` calls outside any ``while`` loop (a poll waits on a condition; a bare
+    sleep bets on a duration). Scripts that tests write for their children are strings: not seen."""
+    import ast
+
+    found: list[int] = []
+
+    def visit(node: ast.AST, in_loop: bool) -> None:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sleep"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "time" and not in_loop):
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_loop or isinstance(node, ast.While))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_no_test_waits_a_fixed_time() -> None:
+    assert _fixed_sleeps("import time\ntime.sleep(1)\nwhile x:\n    time.sleep(0.1)\n") == [2]  # the check itself
+    here = Path(__file__).resolve().parent
+    offenders = {p.name: lines for p in sorted(here.glob("*.py")) if (lines := _fixed_sleeps(p.read_text()))}
+    assert offenders == {}, f"tests that sleep instead of waiting on a condition: {offenders}"

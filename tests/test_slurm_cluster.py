@@ -173,7 +173,8 @@ def _start_requeued_now(cluster, job_id: str) -> None:
     # one-second resolution, so a start within the same second would be refused.
     wait_until("the job back in the queue", lambda: job_fields(cluster, job_id).get("JobState") == "PENDING", 120)
     wait_until("the previous batch shell to end", lambda: _batch_shell_pid(job_id) is None, 60)
-    time.sleep(2)
+    ended = int(time.time())  # the revocation's second is this one or the next
+    wait_until("a second clear of the revocation", lambda: int(time.time()) >= ended + 2, 5, 0.05)
     slurm(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
 
