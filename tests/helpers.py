@@ -152,3 +152,23 @@ def leaked(pids: list[int], *, within_s: float = 30) -> list[int]:
 def pid_files(out: Path) -> list[int]:
     """The pids test workers wrote as ``OUT/pid<RANK>`` (tests/scripts/fault_allreduce.py and others)."""
     return [int(p.read_text()) for p in out.glob("pid*") if not p.name.endswith(".tmp")]
+
+
+RECORDING_SAMPLER = '''
+import json, os
+
+from optuna.samplers import TPESampler
+
+
+class RecordingSampler(TPESampler):
+    """Optuna's TPE sampler, writing down every trial Optuna is told about."""
+
+    def after_trial(self, study, trial, state, values):
+        with open(os.environ["TRIALS"], "a") as f:
+            f.write(json.dumps({"params": trial.params, "state": state.name, "values": values}) + "\\n")
+        super().after_trial(study, trial, state, values)
+'''
+"""An Optuna sampler (a module for a sweep's config to name) that appends every trial Optuna is told about to $TRIALS."""
+
+SLEEPER = "import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\ntime.sleep(600)\n"
+"""A rank's script: writes ``started.RANK`` into the folder named by its argument, then sleeps (no signal handler)."""

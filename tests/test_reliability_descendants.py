@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SCRIPTS, TIMEOUT, clean_env, error_lines, handles, numarun_cmd, wait_until
+from helpers import SCRIPTS, SLEEPER, TIMEOUT, clean_env, error_lines, handles, numarun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +70,6 @@ def test_no_process_a_rank_started_outlives_numarun(tmp_path, reap, how):
         assert code == 0, (tmp_path / "log").read_text()[-3000:]
     wait_until("every daemon to end", lambda: _gone(daemons), 30)
     wait_until("numarun's private directory to go", lambda: not list((tmp_path / "tmp").glob("numarun-*")), 30)
-
-
-SLEEPER = "import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\ntime.sleep(600)\n"
 
 
 def _workers(p: subprocess.Popen) -> list[psutil.Process]:  # type: ignore[type-arg]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SCRIPTS, TIMEOUT, clean_env, error_lines, free_port, listening, numarun_cmd, wait_until
+from helpers import SCRIPTS, SLEEPER, TIMEOUT, clean_env, error_lines, free_port, listening, numarun_cmd, wait_until
 
 STORM_RANK = str(SCRIPTS / "storm_rank.py")
 COUNTER = str(SCRIPTS / "signal_counter")
@@ -120,8 +120,7 @@ def test_a_storm_during_a_rendezvous_that_never_completes_ends_in_one_line(tmp_p
 def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
     """SIGINT to numarun's process group, as a terminal sends it: every rank ends quietly."""
     script = tmp_path / "sleep.py"
-    script.write_text("import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w')"
-                      ".close()\ntime.sleep(600)\n")
+    script.write_text(SLEEPER)
     p = _start(tmp_path, "--nproc-per-node", "2", str(script), str(tmp_path))
     try:
         wait_until("both ranks to run", lambda: len(list(tmp_path.glob("started.*"))) == 2, TIMEOUT, 0.05, proc=p)
@@ -274,8 +273,7 @@ def test_numarun_as_pid_1_reaps_every_orphan_and_exits_with_the_job(tmp_path: Pa
 @pytest.mark.slow
 def test_sigterm_to_numarun_as_pid_1_is_143(tmp_path: Path) -> None:
     script = tmp_path / "sleep.py"
-    script.write_text("import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w')"
-                      ".close()\ntime.sleep(600)\n")
+    script.write_text(SLEEPER)
     p = _as_pid_1(tmp_path, "--nproc-per-node", "2", str(script), str(tmp_path))
     try:
         init = wait_until("PID 1 of the namespace", lambda: psutil.Process(p.pid).children(), TIMEOUT, 0.05, proc=p)[0].pid

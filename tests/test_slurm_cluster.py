@@ -14,10 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SCRIPTS, cluster_env, slurm, wait_until
+from helpers import RECORDING_SAMPLER, REPO, SCRIPTS, cluster_env, slurm, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
 
 
 NUMARUN = [str(Path(sys.executable).parent / "numarun")]
@@ -330,19 +329,6 @@ def job(cfg):
 
 if __name__ == "__main__":
     job()
-'''
-
-RECORDING_SAMPLER = '''
-import json, os
-
-from optuna.samplers import TPESampler
-
-
-class RecordingSampler(TPESampler):
-    def after_trial(self, study, trial, state, values):
-        with open(os.environ["TRIALS"], "a") as f:
-            f.write(json.dumps({"params": trial.params, "state": state.name, "values": values}) + "\\n")
-        super().after_trial(study, trial, state, values)
 '''
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from golden import GOLDEN_DIR, check_golden
-from helpers import REPO, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
+from helpers import RECORDING_SAMPLER, REPO, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -51,21 +51,6 @@ def job(cfg):
 
 if __name__ == "__main__":
     job()
-'''
-
-RECORDING = '''
-import json, os
-
-from optuna.samplers import TPESampler
-
-
-class RecordingSampler(TPESampler):
-    """Optuna's TPE sampler, writing down every trial Optuna is told about."""
-
-    def after_trial(self, study, trial, state, values):
-        with open(os.environ["TRIALS"], "a") as f:
-            f.write(json.dumps({"params": trial.params, "state": state.name, "values": values}) + "\\n")
-        super().after_trial(study, trial, state, values)
 '''
 
 
@@ -122,7 +107,7 @@ def test_two_one_rank_jobs_run_at_once_each_on_its_own_core(app: Path) -> None:
 
 
 def test_an_optuna_sweep_of_two_jobs_at_a_time_reaches_optuna(app: Path) -> None:
-    (app / "recording.py").write_text(RECORDING)
+    (app / "recording.py").write_text(RECORDING_SAMPLER)
     trials = app / "trials.jsonl"
     proc = sweep(app, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.n_jobs=2", "+x=interval(0,4)",
                  "hydra.sweeper.sampler._target_=recording.RecordingSampler", TRIALS=str(trials))
