@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import listening, wait_until
+from helpers import free_port, listening, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -212,14 +212,11 @@ main()
 def test_nodes_started_seconds_apart_share_one_run_dir(tmp_path: Path) -> None:
     """Two launchers, the second started after the first's clock has moved to another second,
     no clock handed to them: the ranks agree through the job's store on one run dir."""
-    import socket
     import time
 
     app = tmp_path / "app.py"
     app.write_text(RUN_DIR_APP)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = [sys.executable, "-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
             "--master-port", str(port), "--binding", "none"]
     env = {**_env(), "GLOO_SOCKET_IFNAME": "lo"}

@@ -126,8 +126,12 @@ def container_at(source: str | None, environ: Mapping[str, str] | None = None) -
     root = device_root(source)
     if root is None:
         return None
-    live = root.resolve() == root.__class__("/").resolve()
-    return detect_container((os.environ if environ is None else environ) if live else {}, root)
+    return detect_container((os.environ if environ is None else environ) if _live(root) else {}, root)
+
+
+def _live(root: Any) -> bool:
+    """Whether the device root is this machine's own ``/`` (not a recorded tree)."""
+    return bool(root.resolve() == root.__class__("/").resolve())
 
 
 def here(topology: Any, source: str | None, job: JobShape | None = None,
@@ -232,7 +236,7 @@ class Planner:
         notes: list[str] = []
         topology = load_topology(options.topology)
         root = device_root(options.topology)
-        if root is not None and root.resolve() == root.__class__("/").resolve():
+        if root is not None and _live(root):
             step_cpus = cgroup_cpus()
             if step_cpus:
                 topology = with_usable_cpus(topology, step_cpus)
