@@ -10,10 +10,12 @@ naming the flag, the value and the range (argparse then exits 2), before any pro
 from __future__ import annotations
 
 import argparse
+import enum
 import ipaddress
 import math
 import re
 from collections.abc import Callable
+from typing import TypeVar
 
 from .errors import UsageError
 
@@ -26,6 +28,8 @@ MAX_SECONDS = 30 * 86400
 """Timeouts and intervals: 30 days (far past any job; timers overflow long before 1e20 s)."""
 MAX_COUNT = 1_000_000
 """Iterations, trials, restarts."""
+
+E = TypeVar("E", bound=enum.Enum)
 
 _WHOLE = re.compile(r"\s*[+-]?\d{1,30}\s*")
 
@@ -71,6 +75,19 @@ def float_in(flag: str, *, low: float, high: float, above: bool = False, unit: s
             return check_float(text, flag, low=low, high=high, above=above, unit=unit)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def choice(kind: type[E], flag: str) -> Callable[[str], E]:
+    """An argparse ``type=`` for a ``str`` Enum: a member by its value."""
+
+    def parse(text: str) -> E:
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad {flag} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}") from None
 
     return parse
 

@@ -138,7 +138,7 @@ def load_sweep_job(app: Any, sweep_cfg: Any, overrides: Sequence[str]) -> Any:
 
 
 def callbacks(cfg: Any) -> Any:
-    """The callbacks named in ``cfg.hydra.callbacks``, instantiated as Hydra's run and multirun do."""
+    """The callbacks named in ``cfg.hydra.callbacks``, instantiated as Hydra's run and multirun do (``cfg`` None: none)."""
     from hydra._internal.callbacks import Callbacks
 
     return Callbacks(cfg)

@@ -10,7 +10,14 @@ from numarun.errors import NumarunError, SlurmError, UsageError
 from numarun.jobenv import Mode, Scheduler, detect, detection_enabled, scheduler_in
 from numarun.jobenv.settle import JobConflict, check_rank, rank_env, rank_master, settle_node
 from numarun.jobenv.slurm import parse_node_addrs, parse_tasks_per_node, rendezvous_port
-from numarun.launch.options import given
+from numarun.launch.options import DECLARED, from_environ, given
+
+PER_RANK = {o.dest for o in DECLARED if o.per_rank}
+
+
+def in_job(environ: dict[str, str]) -> dict:
+    """What the options model states from a job's environment (``MASTER_ADDR``/``MASTER_PORT``, ``PET_*``)."""
+    return from_environ(("master_addr", "master_port"), environ).with_job_env(environ).stated()
 
 
 def slurm_env(node: int = 0, *, nodes: str = "node[1,3]", names=("node1", "node3"), per_node: int = 1,
@@ -129,7 +136,7 @@ def four(node: int, **extra):
 
 def test_settle_fills_the_rendezvous_from_the_step():
     job = detect(four(1))
-    rdv = settle_node(job, given().stated(), {}, leaf_switch=LEAF)
+    rdv = settle_node(job, given().stated(), leaf_switch=LEAF)
     # node2 sits under switch s2, after node1 and node3 of s1
     assert rdv.order == ("node1", "node3", "node2", "node4") and rdv.node_rank == 2 and rdv.head == "node1"
     opts = rdv.options("10.231.0.9")
@@ -138,36 +145,36 @@ def test_settle_fills_the_rendezvous_from_the_step():
 
 
 def test_an_explicit_node_rank_that_agrees_keeps_slurms_order():
-    rdv = settle_node(detect(four(1)), given(node_rank=1, nnodes="4").stated(), {}, leaf_switch=LEAF)
+    rdv = settle_node(detect(four(1)), given(node_rank=1, nnodes="4").stated(), leaf_switch=LEAF)
     assert rdv.node_rank == 1 and rdv.order == ("node1", "node2", "node3", "node4")
 
 
 def test_explicit_options_that_agree_are_used_as_given():
     stated = given(nnodes="2", node_rank=1, master_addr="head.example", master_port=29555).stated()
-    rdv = settle_node(detect(slurm_env(1)), stated, {})
+    rdv = settle_node(detect(slurm_env(1)), stated)
     assert rdv.options() == {"nnodes": "2", "node_rank": 1, "rdzv_backend": "static", "master_addr": "head.example",
                              "master_port": 29555, "rdzv_endpoint": ""}
 
 
 def test_master_addr_and_port_from_the_environment_count_as_given():
-    rdv = settle_node(detect(slurm_env(0)), given().stated(), {"MASTER_ADDR": "h0", "MASTER_PORT": "23456"})
+    rdv = settle_node(detect(slurm_env(0)), in_job({"MASTER_ADDR": "h0", "MASTER_PORT": "23456"}))
     assert rdv.master_addr == "h0" and rdv.master_port == 23456
-    with pytest.raises(UsageError, match="MASTER_PORT 'x'"):
-        settle_node(detect(slurm_env(0)), given().stated(), {"MASTER_PORT": "x"})
+    with pytest.raises(UsageError, match="bad MASTER_PORT 'x': expected a whole number from 1 to 65535"):
+        in_job({"MASTER_PORT": "x"})
 
 
 def test_the_users_own_c10d_rendezvous_is_kept_with_the_steps_node_count():
-    rdv = settle_node(detect(slurm_env(1)), given(rdzv_backend="c10d", rdzv_endpoint="h:29400").stated(), {})
+    rdv = settle_node(detect(slurm_env(1)), given(rdzv_backend="c10d", rdzv_endpoint="h:29400").stated())
     assert rdv.own_rendezvous and rdv.options() == {"nnodes": "2"}
     # an elastic range holding the step's node count agrees
-    assert settle_node(detect(slurm_env(1)), given(nnodes="1:4", rdzv_backend="c10d").stated(), {}).own_rendezvous
+    assert settle_node(detect(slurm_env(1)), given(nnodes="1:4", rdzv_backend="c10d").stated()).own_rendezvous
 
 
 def test_early_expanded_node_rank_is_refused_on_the_node_that_can_tell():
     stated = given(nnodes="2", node_rank=0).stated()  # the batch shell expanded $SLURM_NODEID to 0 for every node
-    settle_node(detect(slurm_env(0)), stated, {})  # node 0 sees nothing wrong
+    settle_node(detect(slurm_env(0)), stated)  # node 0 sees nothing wrong
     with pytest.raises(JobConflict) as e:
-        settle_node(detect(slurm_env(1)), stated, {})
+        settle_node(detect(slurm_env(1)), stated)
     text = str(e.value)
     assert e.value.node_varying and "--node-rank 0" in text and "SLURM_NODEID 1" in text and "node3" in text
     assert "expanded by the batch shell before srun" in text and "\n" not in text
@@ -184,7 +191,7 @@ def test_early_expanded_node_rank_is_refused_on_the_node_that_can_tell():
 )
 def test_options_contradicting_the_step_are_one_line(stated, named):
     with pytest.raises(JobConflict) as e:
-        settle_node(detect(slurm_env(0)), stated, {})
+        settle_node(detect(slurm_env(0)), stated)
     assert named in str(e.value) and not e.value.node_varying and e.value.exit_code == 2
 
 
@@ -203,9 +210,10 @@ def test_rank_env_is_what_torchrun_gives_its_workers():
 
 def test_rank_master_is_the_steps_port_and_the_head_to_look_up():
     job = detect(slurm_env(1, per_node=2, local=0))
-    assert rank_master(job, given().stated(), {}) == (None, rendezvous_port(1234, 0))
-    assert rank_master(job, given(master_addr="a", master_port=1).stated(), {}) == ("a", 1)
-    assert rank_master(job, given().stated(), {"MASTER_ADDR": "b", "MASTER_PORT": "7"}) == ("b", 7)
+    assert rank_master(job, given().stated()) == (None, rendezvous_port(1234, 0))
+    assert rank_master(job, given(master_addr="a", master_port=1).stated()) == ("a", 1)
+    assert rank_master(job, in_job({"MASTER_ADDR": "b", "MASTER_PORT": "7"})) == ("b", 7)
+    assert rank_master(job, in_job({"MASTER_ADDR": "b", "PET_MASTER_ADDR": "c"})) == ("c", rendezvous_port(1234, 0))
 
 
 @pytest.mark.parametrize(
@@ -219,12 +227,12 @@ def test_rank_master_is_the_steps_port_and_the_head_to_look_up():
 )
 def test_per_rank_refuses_what_contradicts_the_step(stated, named, varying):
     with pytest.raises(JobConflict) as e:
-        check_rank(detect(slurm_env(1, per_node=2, local=1)), stated)
+        check_rank(detect(slurm_env(1, per_node=2, local=1)), stated, per_rank=PER_RANK)
     assert named in str(e.value) and e.value.node_varying is varying
 
 
 def test_per_rank_accepts_agreeing_options():
-    check_rank(detect(slurm_env(1, per_node=2, local=1)), given(nproc_per_node=1, nnodes="2", node_rank=1).stated())
+    check_rank(detect(slurm_env(1, per_node=2, local=1)), given(nproc_per_node=1, nnodes="2", node_rank=1).stated(), per_rank=PER_RANK)
 
 
 # ----------------------------------------------------------------------------- MPI
@@ -238,7 +246,7 @@ def test_open_mpi_ranks_are_per_rank():
     job = detect(OMPI)
     assert job.scheduler is Scheduler.OPENMPI and job.mode is Mode.PER_RANK
     assert (job.rank, job.world_size, job.local_rank, job.local_world_size, job.nnodes) == (1, 2, 1, 2, 1)
-    assert rank_master(job, given().stated(), {}) == ("127.0.0.1", 29500)
+    assert rank_master(job, given().stated()) == ("127.0.0.1", 29500)
 
 
 def test_mpich_and_intel_mpi_ranks_are_per_rank():
@@ -258,8 +266,8 @@ def test_several_mpi_nodes_need_an_address():
     job = detect(env)
     assert job.nnodes == 0 and job.node_index == -1  # told by the ranks' exchange, before the script
     with pytest.raises(UsageError, match="expected --master-addr HOST or MASTER_ADDR"):
-        rank_master(job, given().stated(), {})
-    assert rank_master(job, given().stated(), {"MASTER_ADDR": "n0"}) == ("n0", 29500)
+        rank_master(job, given().stated())
+    assert rank_master(job, in_job({"MASTER_ADDR": "n0"})) == ("n0", 29500)
 
 
 def test_one_mpi_process_per_node_with_nproc_per_node_is_per_node_mode():
@@ -268,7 +276,7 @@ def test_one_mpi_process_per_node_with_nproc_per_node_is_per_node_mode():
     assert detect(env).mode is Mode.PER_RANK
     job = detect(env, nproc_given=True)
     assert job.mode is Mode.PER_NODE and job.nnodes == 2
-    rdv = settle_node(job, given(nproc_per_node=4).stated(), {"MASTER_ADDR": "n0"})
+    rdv = settle_node(job, {**given(nproc_per_node=4).stated(), **in_job({"MASTER_ADDR": "n0"})})
     assert rdv.options()["node_rank"] == 1 and rdv.options()["master_addr"] == "n0"
 
 
@@ -286,9 +294,9 @@ def test_mpi_ranks_on_several_nodes_leave_the_node_to_the_ranks():
     env = {**OMPI, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
     job = detect(env)
     assert (job.node_index, job.nnodes) == (-1, 0) and "several nodes, 2 tasks on this node" in job.describe()
-    check_rank(job, given(nnodes="3", node_rank=5).stated())  # not refused before the ranks agree...
+    check_rank(job, given(nnodes="3", node_rank=5).stated(), per_rank=PER_RANK)  # not refused before the ranks agree...
     with pytest.raises(JobConflict, match="bad --nnodes '3'"):  # ...and checked once they have
-        check_rank(dataclasses.replace(job, nnodes=2, node_index=1), given(nnodes="3").stated())
+        check_rank(dataclasses.replace(job, nnodes=2, node_index=1), given(nnodes="3").stated(), per_rank=PER_RANK)
     uneven = detect({**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
     assert (uneven.rank, uneven.node_index, uneven.nnodes) == (2, -1, 0)
     one_node = detect({**env, "OMPI_COMM_WORLD_SIZE": "2"})

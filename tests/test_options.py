@@ -17,11 +17,10 @@ import pytest
 from test_jobenv import slurm_env
 
 from numarun.cli import build_parser
-from numarun.config.files import LAUNCHER_KEYS
 from numarun.errors import UsageError
 from numarun.jobenv import detect
 from numarun.jobenv.settle import JobConflict, Source
-from numarun.launch.options import Options, from_args
+from numarun.launch.options import DECLARED, Options, config_keys, from_args
 from numarun.launch.torchrun import installed_torch_version
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 
@@ -72,7 +71,7 @@ def options(cli: list[str] = (), environ: dict[str, str] | None = None, config: 
 
 
 def test_the_matrix_holds_every_field_of_the_launcher_group() -> None:
-    assert set(FIELDS) == set(LAUNCHER_KEYS)
+    assert set(FIELDS) == {k for k, _ in config_keys()}
 
 
 @pytest.mark.parametrize("dest", FIELDS)
@@ -98,9 +97,9 @@ def _sample(field: Any) -> tuple[str, Any]:
     """A value of the field's type, as text and as parsed."""
     if field.switch:
         return "1", True
-    if field.convert is int:
+    if field.parse is int:
         return "7", 7
-    if field.convert is float:
+    if field.parse is float:
         return "0.5", 0.5
     return {"start_method": ("fork", "fork")}.get(field.dest, ("x", "x"))
 
@@ -109,12 +108,12 @@ def test_every_other_torchrun_option_reads_the_command_line_then_pet() -> None:
     others = [f for f in options().fields if f.dest not in FIELDS and f.dest != "topology"]
     assert {f.dest for f in others} >= {"rdzv_backend", "standalone", "max_restarts", "monitor_interval", "log_dir"}
     for f in others:
-        assert f.env == "PET_" + f.dest.upper() and f.owner == TORCH
+        assert f.variable == "PET_" + f.dest.upper() and f.owner == TORCH
         text, value = _sample(f)
-        s = options([], {f.env: text}).setting(f.dest)
-        assert (s.value, s.source, s.where) == (value, Source.ENVIRONMENT, f.env), f.dest
+        s = options([], {f.variable: text}).setting(f.dest)
+        assert (s.value, s.source, s.where) == (value, Source.ENVIRONMENT, f.variable), f.dest
         cli = [f.flag] if f.switch else [f"{f.flag}={text}"]
-        s = options(cli, {f.env: "0" if f.switch else text}).setting(f.dest)
+        s = options(cli, {f.variable: "0" if f.switch else text}).setting(f.dest)
         assert (s.value, s.source, s.where) == (value, Source.COMMAND_LINE, f.flag), f.dest
         assert options().setting(f.dest).source is Source.DEFAULT
 
@@ -131,7 +130,8 @@ def test_torchruns_defaults_are_torchs_own() -> None:
 
 @pytest.mark.parametrize(("environ", "config", "message"), [
     ({"NUMARUN_BINDING": "tight"}, None, "bad NUMARUN_BINDING 'tight': expected one of"),
-    ({"PET_MASTER_PORT": "x"}, None, "bad PET_MASTER_PORT 'x': expected a value --master-port takes"),
+    ({"PET_MASTER_PORT": "x"}, None, "bad PET_MASTER_PORT 'x': expected a whole number from 1 to 65535"),
+    ({"PET_MAX_RESTARTS": "x"}, None, "bad PET_MAX_RESTARTS 'x': expected a value --max-restarts takes"),
     ({"PET_STANDALONE": "yes"}, None, "bad PET_STANDALONE 'yes': expected 1 or 0"),
     ({}, {"binding": "tight"}, "bad launcher.binding 'tight': expected one of"),
     ({}, {"nproc_per_node": 0}, "bad launcher.nproc_per_node '0': expected a positive integer"),
@@ -176,11 +176,11 @@ def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str,
 
     job = detect(OMPI_NODE, nproc_given=True)
     agree, contradict = SHAPE[dest]
-    settled, _ = settle(_from(source, dest, agree), job, OMPI_NODE)
+    settled, _ = settle(_from(source, dest, agree).with_job_env(OMPI_NODE), job, OMPI_NODE)
     kept = settled.setting(dest)
     assert kept.source is {"cli": Source.COMMAND_LINE, "env": Source.ENVIRONMENT, "config": Source.CONFIG}[source]
     with pytest.raises(JobConflict) as e:
-        settle(_from(source, dest, contradict), job, OMPI_NODE)
+        settle(_from(source, dest, contradict).with_job_env(OMPI_NODE), job, OMPI_NODE)
     where = {"cli": contradict["cli"][0], "env": contradict["env"][0], "config": f"launcher.{dest}"}[source]
     assert str(e.value).startswith(f"bad {where} ") and "\n" not in str(e.value)
 
@@ -189,11 +189,17 @@ def test_what_no_source_gave_comes_from_the_job() -> None:
     from numarun.commands.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
-    settled, _ = settle(options(["--nproc-per-node", "2"]), job, OMPI_NODE)
-    for dest, value in (("nnodes", "2"), ("node_rank", 1), ("master_addr", "127.0.0.1"), ("master_port", 29500)):
+    settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)
+    for dest, value in (("nnodes", "2"), ("node_rank", 1), ("master_port", 29500)):
         s = settled.setting(dest)
         assert (s.value, s.source) == (value, Source.JOB) and s.where.startswith("Open MPI job"), dest
-    s = settle(options(["--nproc-per-node", "2"], {}, {"master_port": 29511}), job, OMPI_NODE)[0].setting("master_port")
+    # the launcher's MASTER_ADDR (mpirun -x): the environment's, below PET_MASTER_ADDR
+    s = settled.setting("master_addr")
+    assert (s.value, s.source, s.where) == ("127.0.0.1", Source.ENVIRONMENT, "MASTER_ADDR")
+    s = settle(options([], {"PET_MASTER_ADDR": "h-pet"}).with_job_env(OMPI_NODE), job, OMPI_NODE)[0].setting("master_addr")
+    assert (s.value, s.where) == ("h-pet", "PET_MASTER_ADDR")
+    s = settle(options(["--nproc-per-node", "2"], {}, {"master_port": 29511}).with_job_env(OMPI_NODE), job,
+               OMPI_NODE)[0].setting("master_port")
     assert (s.value, s.source) == (29511, Source.CONFIG)  # above the job's derived port
 
 
@@ -201,9 +207,9 @@ def test_a_slurm_step_refuses_a_variable_that_contradicts_it_on_the_node_that_ca
     from numarun.jobenv.settle import settle_node
 
     stated = options([], {"PET_NODE_RANK": "0"}).stated()
-    settle_node(detect(slurm_env(0)), stated, {})
+    settle_node(detect(slurm_env(0)), stated)
     with pytest.raises(JobConflict, match="bad PET_NODE_RANK 0: this task runs on node3") as e:
-        settle_node(detect(slurm_env(1)), stated, {})
+        settle_node(detect(slurm_env(1)), stated)
     assert e.value.node_varying
 
 

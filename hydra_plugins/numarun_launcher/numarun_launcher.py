@@ -42,6 +42,8 @@ class NumarunLauncher(Launcher):
 
     def __init__(self, **settings: Any) -> None:
         self.settings = settings
+        self.composed: dict[tuple[str, ...], Any] = {}
+        """Jobs' configs composed before the sweep, by their overrides (numarun's trainer checks every job first)."""
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
         self.hydra_context, self.task_function, self.config = hydra_context, task_function, config

@@ -16,11 +16,17 @@ import subprocess
 import sys
 from typing import Any
 
-from .. import argtypes
 from ..errors import UsageError, expected
+from ..jobenv.settle import Source
 from ..launch.child import numarun_command
+from ..launch.options import Options, add_options, from_args, option, shown
 
 log = logging.getLogger(__name__)
+
+JOB = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "binding")
+"""The launch options a benchmark's job takes (run's own; the environment's are read by the job itself)."""
+BENCH_RANKS = 2
+"""A benchmark's ranks on this node when nothing says: one rank measures no collective."""
 
 # name -> module; add a benchmark by adding a line here.
 BENCHMARKS: dict[str, str] = {
@@ -38,18 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         module = importlib.import_module(modname)
         p = sub.add_parser(name, help=(module.__doc__ or name).strip().splitlines()[0])
         if getattr(module, "DISTRIBUTED", True):
-            g = p.add_argument_group("job (ignored inside a numarun/torchrun job)")
-            g.add_argument("--nproc-per-node", type=argtypes.int_in("--nproc-per-node", low=1, high=argtypes.MAX_LOCAL_RANKS),
-                           default=None, help="ranks on this node (default 2)")
-            g.add_argument("--nnodes", type=argtypes.int_in("--nnodes", low=1, high=argtypes.MAX_NODES), default=1,
-                           help="number of nodes (default 1)")
-            g.add_argument("--node-rank", type=argtypes.int_in("--node-rank", low=0, high=argtypes.MAX_NODES - 1), default=0,
-                           help="this node's rank (default 0)")
-            g.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
-            g.add_argument("--master-port", type=argtypes.port("--master-port"), default=29500,
-                           help="port on node 0 (default 29500)")
-            g.add_argument("--binding", default=None, metavar="MODE",
-                           help="CPU binding of the ranks, as 'numarun run --binding' (default: run's default)")
+            g = p.add_argument_group(f"job, as 'numarun run' takes it ({BENCH_RANKS} ranks unless told; "
+                                     "ignored inside a numarun/torchrun job)")
+            add_options(p, JOB, group=g)
             g.add_argument("--launcher", choices=("numarun", "torchrun"), default="numarun",
                            help="start the ranks with 'numarun run' (bound, default) or plain torchrun")
         own = argparse.ArgumentParser(add_help=False)
@@ -63,25 +60,23 @@ def _inside_job() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch_argv(args: argparse.Namespace, bench_argv: list[str]) -> list[str]:
-    """The command that runs the benchmark as a job on this node (a value: printed with --log-level INFO)."""
-    nproc = args.nproc_per_node if args.nproc_per_node is not None else 2
-    if nproc < 1:
-        raise UsageError(expected(nproc, "a positive number of ranks", "--nproc-per-node"))
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        raise UsageError(expected(f"--nnodes {args.nnodes} --node-rank {args.node_rank}",
-                                  "nnodes >= 1 and 0 <= node-rank < nnodes", "job shape"))
-    job = [f"--nproc-per-node={nproc}", f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank}",
-           f"--master-addr={args.master_addr}", f"--master-port={args.master_port}"]
-    if args.launcher == "torchrun":
-        if args.binding is not None:
-            raise UsageError(expected(f"--binding {args.binding}", "no --binding with --launcher torchrun", "option"))
-        head = [sys.executable, "-m", "torch.distributed.run"]
-    else:
-        head = numarun_command("run")
-        if args.binding is not None:
-            job.append(f"--binding={args.binding}")
-    return [*head, *job, "-m", args.bench_module, *bench_argv]
+def job_options(args: argparse.Namespace) -> Options:
+    """The job's launch options: typed, from the environment, :data:`BENCH_RANKS` ranks, else run's defaults."""
+    return from_args(args, os.environ).with_defaults("numarun bench", nproc_per_node=BENCH_RANKS)
+
+
+def launch_argv(args: argparse.Namespace, options: Options, bench_argv: list[str]) -> list[str]:
+    """The command that runs the benchmark as a job on this node (a value: printed with --log-level INFO): the
+    options typed here on its command line (the job reads the environment's itself), and the rank count."""
+    typed = {d: s.value for d, s in options.stated().items() if s.source is Source.COMMAND_LINE}
+    if args.launcher == "torchrun" and "binding" in typed:
+        raise UsageError(expected(f"--binding {typed['binding'].value}", "no --binding with --launcher torchrun", "option"))
+    from ..launch.torchrun import check_torchrun_options
+
+    check_torchrun_options(typed)  # --node-rank below --nnodes...: refused here, before any rank starts
+    job = [f"{option(d).flag}={getattr(v, 'value', v)}" for d, v in typed.items() if d != "nproc_per_node"]
+    head = [sys.executable, "-m", "torch.distributed.run"] if args.launcher == "torchrun" else numarun_command("run")
+    return [*head, f"--nproc-per-node={options.nproc_per_node}", *job, "-m", args.bench_module, *bench_argv]
 
 
 def bench_argv(args: argparse.Namespace) -> list[str]:
@@ -108,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     check = getattr(module, "check_options", None)
     if check is not None:
         check(args)  # every option refused here, before any rank starts
-    cmd = launch_argv(args, bench_argv(args))
+    cmd = launch_argv(args, shown(args, job_options(args)), bench_argv(args))
     log.info("launching: %s", " ".join(cmd))
     env = dict(os.environ)
     if args.launcher == "torchrun":

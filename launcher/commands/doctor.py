@@ -15,11 +15,13 @@ import os
 import sys
 
 from .. import argtypes
-from ..doctor.diagnose import diagnose
+from ..doctor.diagnose import Settings, diagnose
 from ..doctor.render import render
 from ..errors import UsageError
-from ..launch.options import PLAN_FIELDS, from_args, track
-from ..plan.options import add_plan_options
+from ..launch.options import PLANNING, Options, add_options, from_args, shown
+
+RENDEZVOUS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf")
+"""torchrun's options the doctor takes, in their spellings: with --nnodes, every node reports to node rank 0."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -30,7 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "like the live machine); with --nnodes, every node reports to node rank 0, which compares "
         "them and measures the nodes' links in pairs (at most 6 rounds at any node count). Exit 1 when any finding is an error.",
     )
-    add_plan_options(p)
+    add_options(p, PLANNING)
     add_doctor_options(p)
     p.add_argument("--json", action="store_true", help="print {'findings': [...], ...} as JSON")
     p.add_argument("--nvml-record", metavar="FILE", default=None,
@@ -39,33 +41,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--measure", action="store_true", help="also measure memory and host<->device bandwidth (always with --nnodes)"
     )
     p.add_argument("--no-measure", action="store_true", help="with --nnodes: measure only the links")
-    g = p.add_argument_group("multi-node (torchrun's spellings)")
-    g.add_argument("--nnodes", default="1", help="number of nodes (N or N:N)")
-    g.add_argument("--node-rank", "--node_rank", dest="node_rank",
-                   type=argtypes.int_in("--node-rank", low=0, high=argtypes.MAX_NODES - 1), default=0)
-    g.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None)
-    g.add_argument("--master-port", "--master_port", dest="master_port", type=argtypes.port("--master-port"), default=None)
-    g.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default="", metavar="HOST:PORT")
-    g.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", default="static")
-    g.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default="none")
-    g.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="")
+    add_options(p, RENDEZVOUS, group=p.add_argument_group("multi-node (torchrun's options)"))
     p.add_argument("--no-detect", action="store_true",
                    help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
-    track(p, (*PLAN_FIELDS, "nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "rdzv_backend",
-              "rdzv_id", "rdzv_conf"))
     p.set_defaults(func=main)
     return p
 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--min-link-fraction", type=float, default=0.5, metavar="F",  # check_fraction: (0, 1], no nan
-                   help="a node whose best pair, or one pair, below F x the nodes' median is slow (default 0.5)")
-    p.add_argument("--doctor-timeout", type=argtypes.seconds("--doctor-timeout"), default=120.0, metavar="SECONDS",
-                   help="how long a node waits for the others (default 120)")
-    p.add_argument("--link-schedule", type=parse_link_schedule, default="auto", metavar="NAME",
-                   help="which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
-                   "bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds)")
-    p.add_argument("--link-seconds", type=argtypes.seconds("--link-seconds"), default=0.5, help=argparse.SUPPRESS)
+    d = Settings()
+    p.add_argument("--min-link-fraction", type=float, default=d.min_link_fraction, metavar="F",  # check_fraction: (0, 1]
+                   help=f"a node whose best pair, or one pair, below F x the median is slow (default {d.min_link_fraction})")
+    p.add_argument("--doctor-timeout", type=argtypes.seconds("--doctor-timeout"), default=d.doctor_timeout, metavar="SECONDS",
+                   help=f"how long a node waits for the others (default {d.doctor_timeout:g})")
+    p.add_argument("--link-schedule", type=parse_link_schedule, default=d.link_schedule, metavar="NAME",
+                   help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
+                   f"bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds); default {d.link_schedule}")
+    p.add_argument("--link-seconds", type=argtypes.seconds("--link-seconds"), default=d.link_seconds, help=argparse.SUPPRESS)
 
 
 def parse_link_schedule(text: str) -> str:
@@ -80,15 +72,14 @@ def parse_link_schedule(text: str) -> str:
 
 
 
-def _detected(args: argparse.Namespace) -> argparse.Namespace:
+def _detected(args: argparse.Namespace) -> Options:
     """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
     from ..jobenv import Mode
     from ..jobenv.settle import JobConflict
     from .planning import announce, detect_job, refuse, settle
 
-    options = from_args(args, os.environ)
-    job = detect_job(options, no_detect=args.no_detect)
+    job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
     if job is not None:
         announce(args, job.describe())
         if job.mode is Mode.PER_RANK:
@@ -102,12 +93,11 @@ def _detected(args: argparse.Namespace) -> argparse.Namespace:
             raise SystemExit(refuse(job, e, options)) from None
         if not rendezvous.own_rendezvous:
             options = settled
-    return options.applied(args)
+    return options
 
 
 def main(args: argparse.Namespace) -> int:
-    args = _detected(args)
-    result = diagnose(args)
+    result = diagnose(shown(args, _detected(args)), Settings.of(args))
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     elif result.get("node_rank", 0) == 0:  # one node, or node 0 of several: the report

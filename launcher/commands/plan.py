@@ -8,8 +8,7 @@ import sys
 
 from .. import argtypes
 from ..fsutil import write_output
-from ..launch.options import PLAN_FIELDS, from_args, track
-from ..plan.options import add_plan_options
+from ..launch.options import PLANNING, add_options, from_args, shown
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -19,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
         "for this node (or a recorded topology) and print it; runs nothing.",
     )
-    add_plan_options(parser)
+    add_options(parser, PLANNING)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
     parser.add_argument("--no-detect", action="store_true",
                         help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)")
@@ -28,9 +27,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     parser.add_argument("--jobs", type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT), default=None, metavar="N",
                         help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
-    parser.add_argument("--show-sources", action="store_true",
-                        help="also print each planning option with its value and source (on stderr)")
-    track(parser, PLAN_FIELDS)
     parser.set_defaults(func=main)
     return parser
 
@@ -39,8 +35,7 @@ def main(args: argparse.Namespace) -> int:
     from ..topology.discover import load_topology
     from .planning import Planner, announce, detect_job
 
-    options = from_args(args, os.environ)
-    job = detect_job(options, no_detect=args.no_detect)
+    job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
     if args.jobs:
         from ..sweep.launch import describe
 
@@ -49,8 +44,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if job is not None:
         announce(args, job.describe())  # stderr, so that --json output stays the plan alone
-    if args.show_sources:
-        sys.stderr.write(options.describe())
+    shown(args, options)
     plan = Planner(job).plan(options).plan  # per-rank mode: the node's plan as every task makes it, with this task's row
     if args.svg:
         from ..view.svg import render_svg

@@ -35,20 +35,21 @@ def announce(args: argparse.Namespace, text: str) -> None:
         print(f"numarun: {text}", file=sys.stderr, flush=True)
 
 
-def detect_job(options: Options, *, no_detect: bool = False, environ: Mapping[str, str] | None = None) -> JobShape | None:
-    """The job found in the environment, or None."""
+def detect_job(options: Options, *, no_detect: bool = False,
+               environ: Mapping[str, str] | None = None) -> tuple[JobShape | None, Options]:
+    """The job found in the environment, or None, and the options with the job's own variables
+    (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.launch.options.Options.with_job_env`) where there is one."""
     env = os.environ if environ is None else environ
     if not detection_enabled(env, no_detect=no_detect):
-        return None
-    return detect(env, nproc_given="nproc_per_node" in options.stated())
+        return None, options
+    job = detect(env, nproc_given="nproc_per_node" in options.stated())
+    return job, options.with_job_env(env) if job is not None else options
 
 
 def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool) -> Any:
     from ..slurm.controller import gather
 
-    head = job.nodes[0] if job.nodes and job.nnodes > 1 else None
-    if head is not None and ("master_addr" in stated or environ.get("MASTER_ADDR")):
-        head = None
+    head = job.nodes[0] if job.nodes and job.nnodes > 1 and "master_addr" not in stated else None
     return gather(environ, need_switches=need_switches, head=head)
 
 
@@ -59,11 +60,11 @@ def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = 
     env = os.environ if environ is None else environ
     stated = options.stated()
     own = own_rendezvous(stated)
-    rdv = settle_node(job, stated, env)  # conflicts first, before asking Slurm anything
+    rdv = settle_node(job, stated)  # conflicts first, before asking Slurm anything
     facts = None
     if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and not own:
         facts = _facts(job, stated, env, need_switches="node_rank" not in stated)
-        rdv = settle_node(job, stated, env, leaf_switch=facts.leaf_switch)
+        rdv = settle_node(job, stated, leaf_switch=facts.leaf_switch)
     addr = rdv.master_addr
     if addr is None:
         addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
@@ -95,7 +96,7 @@ def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping
         return 2
     from ..jobenv.settle import rank_master
 
-    addr, port = rank_master(job, options.stated(), env) if job.nnodes > 1 else (None, 0)
+    addr, port = rank_master(job, options.stated()) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
         from ..slurm.controller import head_addr
 

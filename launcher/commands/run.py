@@ -1,7 +1,7 @@
 """``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]``: torchrun with each rank bound.
 
-torchrun's options in its spellings, the planning options, ``--dry-run``, ``--strict-binding`` and
-``--plan-file``, resolved once with their sources (:mod:`numarun.launch.options`). numarun's trainer
+torchrun's options in its spellings, numarun's launch options, ``--dry-run`` and ``--plan-file``,
+resolved once with their sources (:mod:`numarun.launch.options`). numarun's trainer
 is composed by Hydra once per job, here (:func:`numarun.config.compose.run_hydra`), its ``launcher``
 group one of those sources; a user's ``@hydra.main`` app or any other script runs as torchrun runs it
 (a Hydra app's clock fixed once for every rank: :mod:`numarun.worker.hydra_pin`). Exit codes: README.
@@ -23,14 +23,12 @@ from ..errors import UsageError
 from ..jobenv import Mode
 from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
 from ..launch.net import addressing
-from ..launch.options import NOT_LAUNCH, PLAN_FIELDS, Options, from_args, track
+from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
 from ..launch.spec import LaunchSpec, launch_spec
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
-from ..plan.options import add_plan_options
 from ..plan.scheduled import mem_refused_line
-from ..torch_private import installed_torch_version
 from .planning import Planned, Planner, announce, detect_job, refuse, settle
 
 log = logging.getLogger(__name__)
@@ -45,12 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "run",
         parents=[torchrun],
         add_help=False,
-        # the planning options take over torchrun's --nproc-per-node and --numa-binding
+        # numarun's --nproc-per-node and --binding take over torchrun's --nproc-per-node and --numa-binding
         conflict_handler="resolve",
         help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",
         description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
     )
-    add_plan_options(parser)
+    add_options(parser, launch_dests())
     add_run_options(parser)
     from .doctor import add_doctor_options
 
@@ -68,8 +66,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
-    launch = {a.dest for a in torchrun._actions if a.dest not in NOT_LAUNCH} | {*PLAN_FIELDS, "strict_binding"}
-    track(parser, launch, torch=f"torch {installed_torch_version()}")
     parser.set_defaults(func=main)
     return parser
 
@@ -81,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     if supervisor is None:
         supervisor = Supervisor()
         supervisor.hold_signals()
-    job = detect_job(options, no_detect=args.no_detect)
+    job, options = detect_job(options, no_detect=args.no_detect)
     run = _Runner(args, supervisor, Planner(job))
     try:
         if job is not None:
@@ -91,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         if args.preflight and not args.dry_run:
             from ..doctor.preflight import preflight
 
-            if preflight((settle(options, job)[0] if job is not None else options).applied(args)):
+            if preflight(settle(options, job)[0] if job is not None else options, args):
                 return 1
         if target.kind != "exec":
             from ..config.detect import AppKind, detect_app
@@ -120,7 +116,8 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
     args, job = run.args, run.job
     assert job is not None
     stated = options.stated()
-    check_rank(job, stated)
+    per_rank = {o.dest for o in DECLARED if o.per_rank}
+    check_rank(job, stated, per_rank=per_rank)
     if args.preflight:
         raise JobConflict(
             f"bad option '--preflight': {job.describe()}; the pre-flight runs once per node: expected it left out, or "
@@ -138,7 +135,7 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
                 "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
                 "the node's ranks"
             )
-    addr, port = rank_master(job, stated, os.environ)
+    addr, port = rank_master(job, stated)
     if addr is None:
         from ..slurm.controller import head_addr
 
@@ -149,10 +146,10 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
 
         job, now = agree(job, addr, port, clock=clock)
         run.job = run.planner.job = job
-        check_rank(job, stated)
+        check_rank(job, stated, per_rank=per_rank)
     addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
-    options = options.with_job({"nproc_per_node": job.local_world_size, "nnodes": str(job.nnodes),
-                                "node_rank": job.node_index, "master_addr": addr, "master_port": port},
+    node = {"nnodes": str(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}  # a dry run may not know
+    options = options.with_job({"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
                                job.describe().split(":")[0])
     planned = run.planner.plan(options)
     plan = planned.plan
@@ -167,11 +164,15 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
     if clock and not args.dry_run:
         env[envvars.HYDRA_NOW] = now
     if args.dry_run:
-        shown = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
+        listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
+        unknown = "" if job.node_index >= 0 else (
+            "\n# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks when they "
+            "start, as the launcher does not say which node a rank is on")
         return dry_run(plan, options, f"# this task is local rank {job.local_rank}: it would bind itself as that row "
-                       "and run, with", " ".join([*shown, shlex.join([target.name, *target.args])]))
+                       f"and run, with{unknown}", " ".join([*listed, shlex.join([target.name, *target.args])]))
     from ..launch.rank import become_rank
 
+    shown(args, options)
     run.supervisor.release()  # the rank handles its own signals, as under plain python
     become_rank(target, env)
 
@@ -276,6 +277,8 @@ class _Runner:
                                     f"{options.master_addr}:{options.master_port} (static{order})")
         planned = self.planner.plan(options, plan_file=self.args.plan_file)
         refuse_unbound(planned.plan, options.strict_binding)
+        if not self.args.dry_run:  # a dry run prints the same block on stdout
+            shown(self.args, options)
         spec = launch_spec(options.values(), nproc_per_node=planned.plan.nproc_per_node, target=target,
                            nics=[r.nic for r in planned.plan.ranks if r.nic])
         return options, planned, spec

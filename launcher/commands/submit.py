@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
-from ..errors import SlurmError, expected
+from ..errors import SlurmError, UsageError, expected
+from ..launch.options import Options, add_options, from_args, shown
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
@@ -36,12 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    g.add_argument("--nnodes", type=argtypes.int_in("--nnodes", low=1, high=argtypes.MAX_NODES), default=None,
-                   help="number of nodes (default: launcher.nnodes of the job config, else 1)")
-    g.add_argument("--nodes", dest="nnodes", type=argtypes.int_in("--nodes", low=1, high=argtypes.MAX_NODES), default=None,
-                   help=argparse.SUPPRESS)  # sbatch's spelling
-    g.add_argument("--nproc-per-node", type=argtypes.int_in("--nproc-per-node", low=1, high=argtypes.MAX_LOCAL_RANKS),
-                   default=None, help="ranks per node (default: one per GPU, else 1)")
+    # the node count and ranks per node: launch options, also from the environment and the job config (1 node unless told)
+    add_options(p, ("nnodes", "nproc_per_node"), group=g)
+    g.add_argument("--nodes", dest="nnodes", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # sbatch's spelling
     g.add_argument(
         "--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
     )
@@ -105,8 +103,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _config_settings(script: str, user_args: list[str], *, is_module: bool = False) -> tuple[AppKind, dict[str, Any]]:
-    """(kind of script, sbatch settings from the job config's ``slurm``/``launcher`` groups).
+def _config_settings(script: str, user_args: list[str], *,
+                     is_module: bool = False) -> tuple[AppKind, dict[str, Any], dict[str, Any]]:
+    """(kind of script, sbatch settings from the job config's ``slurm`` group, its ``launcher`` group).
 
     Only numarun's trainer composes numarun's configs/: every job of a sweep is composed once
     and checked, as 'numarun run -m' does, so a wrong key fails before anything is submitted.
@@ -117,7 +116,7 @@ def _config_settings(script: str, user_args: list[str], *, is_module: bool = Fal
 
     kind = detect_app(script, is_module=is_module)
     if kind is not AppKind.TRAINER:
-        return kind, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
+        return kind, {}, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
     (_, first), *_ = compose_dry(list(user_args), check_prepared)
     cfg = first.config
     slurm = cfg.slurm
@@ -129,11 +128,7 @@ def _config_settings(script: str, user_args: list[str], *, is_module: bool = Fal
         "signal_before": slurm.signal_before,
         "requeue_limit": slurm.requeue_limit,
     }
-    if cfg.launcher.get("nnodes") is not None:
-        settings["nnodes"] = int(cfg.launcher.nnodes)
-    if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
-        settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
-    return kind, settings
+    return kind, settings, dict(first.launcher)
 
 
 # 'numarun run' options the job sets on each node itself, from Slurm's allocation
@@ -208,7 +203,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     elif not script.is_file():
         raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     user_args = list(args.args)
-    kind, from_config = _config_settings(args.script if module else str(script), user_args, is_module=module)
+    kind, from_config, launcher = _config_settings(args.script if module else str(script), user_args, is_module=module)
+    launch = shown(args, from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1"))
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
@@ -219,8 +215,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         return default if value is None else value
 
     options = _with_node_gpus(SlurmOptions(
-        nodes=pick("nnodes", 1),
-        nproc_per_node=pick("nproc_per_node"),
+        nodes=_count(launch, "nnodes", argtypes.MAX_NODES, "a node count") or 1,
+        nproc_per_node=_count(launch, "nproc_per_node", argtypes.MAX_LOCAL_RANKS, "a number of ranks"),
         gpus_per_node=pick("gpus_per_node"),
         partition=pick("partition"),
         time=pick("time"),
@@ -273,6 +269,17 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         ),
         hydra_run_dir=hydra_run_dir,
     )
+
+
+def _count(options: Options, dest: str, high: int, what: str) -> int | None:
+    """A launch option that sbatch takes as a whole number (None: not given)."""
+    s = options.setting(dest)
+    if s.value is None:
+        return None
+    try:
+        return argtypes.check_int(s.value, s.where, low=1, high=high)
+    except ValueError as e:
+        raise UsageError(f"{e} ({what} for sbatch)") from None
 
 
 def _made_dirs(path: Path) -> list[Path]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import argtypes
 from ..errors import TopologyError, UsageError
 from ..fsutil import write_output
+from ..launch.options import add_options, from_args, shown
 from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -27,12 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
         "that --topology reads back; --svg draws the picture.",
     )
-    p.add_argument(
-        "--topology", metavar="PATH", default=None,
-        help="topology source: a directory standing for a machine's / (with sys/ and proc/), a JSON "
-        "snapshot from 'numarun topo --json', an hwloc XML, or a saved 'nvidia-smi topo -m' text "
-        "(default: $NUMARUN_TOPOLOGY, else this machine)",
-    )
+    add_options(p, ("topology",))
     p.add_argument("--json", action="store_true", help="print the JSON snapshot instead of the table view")
     p.add_argument("--svg", metavar="FILE", default=None, help="also write an SVG picture of the topology to FILE")
     p.add_argument(
@@ -69,8 +65,11 @@ def merge_smi(topology: Topology, smi_path: str) -> Topology:
 
 
 def main(args: argparse.Namespace) -> int:
+    import os
+
     from ..topology.discover import load_topology
 
+    source = shown(args, from_args(args, os.environ)).topology
     out_svg = args.svg
     if out_svg is not None:
         # refuse before doing any work, so nothing is half-done
@@ -82,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
     if args.width is not None and args.width < 40:
         raise UsageError(f"bad --width {args.width!r}: expected an integer of at least 40")
 
-    topology = load_topology(args.topology)
+    topology = load_topology(source)
     if args.smi:
         topology = merge_smi(topology, args.smi)
 
@@ -100,10 +99,10 @@ def main(args: argparse.Namespace) -> int:
         from ..view.topo import render_text
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
-        snapshot = args.topology if args.topology and str(args.topology).endswith(".json") else None
+        snapshot = source if source and str(source).endswith(".json") else None
         from .planning import container_at
 
-        found = container_at(args.topology) if snapshot is None else None
+        found = container_at(source) if snapshot is None else None
         sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot,
                                      container=found.describe() if found else ""))
         if out_svg is not None:

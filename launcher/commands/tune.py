@@ -21,13 +21,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
 from ..launch.child import numarun_command
-from ..plan.options import parse_nproc
+from ..launch.options import Options, add_options, from_args, from_environ, option, shown
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
@@ -59,10 +60,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Run a short job once per candidate setting, alternated over --trials rounds, and report "
         "each candidate's median throughput (metrics.jsonl, numarun.report(samples=N), else wall time).",
     )
-    parser.add_argument("--binding", "--numa-binding", type=_axis(cand.binding_axis), default=None, metavar="LIST",
-                        help="binding modes to try, e.g. exclusive,node,none")
-    parser.add_argument("--mem-policy", type=_axis(cand.mem_policy_axis), default=None, metavar="LIST",
-                        help="memory policies to try, e.g. bind,preferred")
+    # numarun run's --binding and --mem-policy, each a list of values to try
+    parser.add_argument(*option("binding").flags, dest="binding", type=_axis(cand.binding_axis), default=None,
+                        metavar="LIST", help="binding modes to try, e.g. exclusive,node,none")
+    parser.add_argument(*option("mem_policy").flags, dest="mem_policy", type=_axis(cand.mem_policy_axis), default=None,
+                        metavar="LIST", help="memory policies to try, e.g. bind,preferred")
     parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
                         help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
     parser.add_argument(
@@ -74,10 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)"
     )
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=parse_nproc, default=None,
-                        metavar="N",
-                        help="local ranks of every run (passed to numarun run)")
-    parser.add_argument("--topology", metavar="PATH", default=None, help="topology source for planning (passed to numarun run)")
+    add_options(parser, ("nproc_per_node", "topology"), group=parser.add_argument_group("every run's (numarun run's)"))
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
     parser.add_argument(
@@ -103,12 +102,11 @@ def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
     return axes, rest, kind
 
 
-def _command(args: argparse.Namespace, c: cand.Candidate, rest: list[str], run_dir: Path | None) -> list[str]:
+def _command(args: argparse.Namespace, options: Options, c: cand.Candidate, rest: list[str],
+             run_dir: Path | None) -> list[str]:
     cmd = numarun_command("run", "--standalone")
-    if args.nproc_per_node:
-        cmd += ["--nproc-per-node", str(args.nproc_per_node)]
-    if args.topology:
-        cmd += ["--topology", args.topology]
+    for dest, value in options.values().items():  # given here or in the environment: every run's the same
+        cmd += [option(dest).flag, str(value)]
     for flag in ("binding", "mem-policy"):
         if c.get(flag) is not None:
             cmd += [f"--{flag}", str(c.get(flag))]
@@ -146,15 +144,21 @@ def _measure(run_dir: Path | None, report_file: Path) -> Measured | None:
     return None
 
 
-def _save_plan(args: argparse.Namespace, winner: cand.Candidate) -> str:
+def _baseline(environ: Mapping[str, str]) -> Options:
+    """What each run takes for the plan axes it is not given: the environment's, else numarun's defaults."""
+    return from_environ(("binding", "mem_policy", "nic_policy"), environ)
+
+
+def _save_plan(options: Options, winner: cand.Candidate) -> str:
     from ..launch.options import given
     from ..plan.model import BindingMode, MemPolicy
     from .planning import Planner
 
+    base = _baseline(os.environ)
     plan = Planner().plan(given(
-        topology=args.topology, nproc_per_node=args.nproc_per_node,
-        binding=BindingMode(winner.get("binding") or cand.DEFAULTS["binding"]),
-        mem_policy=MemPolicy(winner.get("mem-policy") or cand.DEFAULTS["mem-policy"]),
+        topology=options.topology, nproc_per_node=options.nproc_per_node, nic_policy=base.nic_policy,
+        binding=BindingMode(winner.get("binding") or base.binding),
+        mem_policy=MemPolicy(winner.get("mem-policy") or base.mem_policy),
     )).plan
     omp = winner.get("omp")
     if omp and omp != cand.OMP_FROM_PLAN:
@@ -178,9 +182,11 @@ def main(args: argparse.Namespace) -> int:
     if not args.module and not Path(args.script).is_file():
         raise UsageError(f"bad script {args.script!r}: no such file; expected a path to a Python script (or -m MODULE)")
     _check_outputs(args)
+    options = shown(args, from_args(args, os.environ))
     axes, rest, kind = _axes(args)
     cands = cand.candidates(axes)
-    default = cand.default_index(cands, axes)
+    base = _baseline(os.environ)
+    default = cand.default_index(cands, axes, {"binding": base.binding.value, "mem-policy": base.mem_policy.value})
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="numarun-tune-"))
     try:
         work.mkdir(parents=True, exist_ok=True)
@@ -199,7 +205,7 @@ def main(args: argparse.Namespace) -> int:
             omp = c.get("omp")
             if omp and omp != cand.OMP_FROM_PLAN:
                 env["OMP_NUM_THREADS"] = omp  # a value the user set wins over the plan's
-            cmd = _command(args, c, rest, run_dir)
+            cmd = _command(args, options, c, rest, run_dir)
             code, wall, rss = _run_once(cmd, env, work / f"{tag}.log")
             if code != 0:
                 tail = (work / f"{tag}.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
@@ -208,8 +214,8 @@ def main(args: argparse.Namespace) -> int:
             m = _measure(run_dir, report_file)
             runs[i].append(Run(seconds=wall, throughput=m.throughput if m else None, unit=m.unit if m else "s",
                                peak_mem_mb=(m.peak_mem_mb if m and m.peak_mem_mb is not None else rss)))
-            shown = f"{m.throughput:.4g} {m.unit}" if m and m.throughput is not None else "no throughput reported"
-            print(f"run {n}/{len(order)}  {c.label()}: {wall:.2f} s, {shown}", file=sys.stderr, flush=True)
+            said = f"{m.throughput:.4g} {m.unit}" if m and m.throughput is not None else "no throughput reported"
+            print(f"run {n}/{len(order)}  {c.label()}: {wall:.2f} s, {said}", file=sys.stderr, flush=True)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -231,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
 
         write_output(args.svg, render_chart(summaries, default=default, winner=winner), flag="--svg")
     if args.save:
-        write_output(args.save, _save_plan(args, cands[winner]), flag="--save")
+        write_output(args.save, _save_plan(options, cands[winner]), flag="--save")
         overrides = cands[winner].overrides()
         if overrides:
             print(f"the plan holds no Hydra overrides: pass {' '.join(overrides)} to the job yourself", file=sys.stderr)

@@ -393,6 +393,9 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
     if not command.jobs or command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
         # another sweeper or launcher (hydra/launcher=numarun): as Hydra's multirun runs them
         sweeper = internals.plugin(app, command.cfg, any_task, hooks, group="sweeper")
+        composed = getattr(getattr(sweeper, "launcher", None), "composed", None)
+        if command.jobs and isinstance(composed, dict):  # numarun's launcher: each job composed once, here
+            composed.update((tuple(j.prepared.overrides), j.cfg) for j in command.jobs)
         values = [sweeper.sweep(arguments=[str(o) for o in command.cfg.hydra.overrides.task])]
     else:
         command.sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -20,22 +20,6 @@ from .rundir import write_text_nofollow
 
 log = logging.getLogger(__name__)
 
-# the config's ``launcher`` group: settings for ``numarun run`` (a flag the user gave wins)
-LAUNCHER_KEYS = (
-    "nproc_per_node",
-    "nnodes",
-    "node_rank",
-    "binding",
-    "mem_policy",
-    "nic_policy",
-    "master_addr",
-    "master_port",
-    "rdzv_endpoint",
-    "rdzv_id",
-    "strict_binding",
-)
-
-
 @dataclass(frozen=True)
 class PreparedJob:
     """One trainer job composed by the launcher, ready for ``numarun run``."""
@@ -76,7 +60,9 @@ def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
 
     text = resolved_yaml(cfg)
     checked = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
-    launcher = {k: _plain(checked.launcher[k]) for k in LAUNCHER_KEYS}
+    from ..launch.options import config_keys
+
+    launcher = {k: plain(checked.launcher[k]) for k, _ in config_keys()}
     config_file = run_dir / "config.yaml"
     return PreparedJob(
         run_dir=run_dir,
@@ -103,7 +89,8 @@ def save_job(job: PreparedJob) -> None:
     log.info("job config saved in %s", job.run_dir)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A config value as the options read it (an Enum member as its value)."""
     return value.value if isinstance(value, enum.Enum) else value
 
 

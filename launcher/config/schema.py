@@ -10,12 +10,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
 from ..errors import ConfigError
-from ..plan.model import BindingMode, MemPolicy, NicPolicy
 
 
 class ModelKind(str, enum.Enum):
@@ -74,21 +73,22 @@ class Schedule(str, enum.Enum):
     """Cosine decay to ``optim.min_lr`` at ``trainer.steps``."""
 
 
-@dataclass
-class LauncherConfig:
-    """What ``numarun run`` needs, below its command line and environment (README); None: not set here."""
+def _launcher_config() -> type:
+    """What ``numarun run`` needs, below its command line and environment (README): a key per launch option that
+    declares one (:func:`numarun.launch.options.config_keys`), each None: not set here."""
+    from dataclasses import make_dataclass
 
-    nproc_per_node: Optional[int] = None  # None: one rank per visible GPU (1 without GPUs)
-    nnodes: Optional[int] = None
-    node_rank: Optional[int] = None
-    binding: str = BindingMode.EXCLUSIVE.value
-    mem_policy: str = MemPolicy.BIND.value
-    nic_policy: str = NicPolicy.NODE.value  # node: one NCCL_IB_HCA per node; per-rank: each rank's closest NIC
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    rdzv_endpoint: Optional[str] = None
-    rdzv_id: Optional[str] = None
-    strict_binding: bool = False
+    from ..launch.options import config_keys
+
+    made = make_dataclass("LauncherConfig", [(k, Optional[t], field(default=None)) for k, t in config_keys()])
+    made.__module__, made.__doc__ = __name__, _launcher_config.__doc__
+    return made
+
+
+if TYPE_CHECKING:
+    LauncherConfig = Any
+else:
+    LauncherConfig = _launcher_config()
 
 
 @dataclass
@@ -185,9 +185,6 @@ class JobConfig:
 
 # str, checked here: OmegaConf would match Enum names (CORE_COMPLEX), not torch's values ("core-complex")
 ENUM_KEYS: dict[str, type[enum.Enum]] = {
-    "launcher.binding": BindingMode,
-    "launcher.mem_policy": MemPolicy,
-    "launcher.nic_policy": NicPolicy,
     "model.kind": ModelKind,
     "data.kind": DataKind,
     "parallel.kind": ParallelKind,
@@ -220,6 +217,7 @@ def check_values(cfg: Any) -> None:
                           f"{MAX_LOCAL_RANKS} or null")
     if cfg.launcher.nnodes is not None and not 1 <= cfg.launcher.nnodes <= MAX_NODES:
         raise ConfigError(f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES} or null")
+    _check_launcher(cfg.launcher)
     if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
         raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
     if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:
@@ -235,6 +233,19 @@ def check_values(cfg: Any) -> None:
             raise ConfigError("bad data.path None: expected a token file path with data=tokens")
         if cfg.model.kind != ModelKind.GPT:
             raise ConfigError(f"bad model {cfg.model.kind!r} for data=tokens: expected model=gpt")
+
+
+def _check_launcher(launcher: Any) -> None:
+    """Each value of the ``launcher`` group read as its option reads it (null: not set)."""
+    from ..errors import UsageError
+    from ..launch.options import DECLARED
+
+    for o in DECLARED:
+        if o.config is not None and launcher[o.dest] is not None:
+            try:
+                o.read(launcher[o.dest], f"launcher.{o.dest}")
+            except UsageError as e:
+                raise ConfigError(str(e)) from None
 
 
 def load_job_config(path: str | Path) -> Any:

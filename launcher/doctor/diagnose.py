@@ -7,13 +7,35 @@ JSON-able dict (``ok`` says whether no finding is an error) that :mod:`numarun.d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from .. import argtypes
 from ..errors import UsageError
+from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
+from ..launch.options import Options
 from ..plan.options import request_from_args
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The doctor's own settings (``numarun doctor``'s flags, and ``numarun run --preflight``'s), defaults here."""
+
+    min_link_fraction: float = 0.5
+    doctor_timeout: float = 120.0
+    link_schedule: str = "auto"
+    link_seconds: float = 0.5
+    nvml_record: str | None = None
+    measure: bool = False
+    no_measure: bool = False
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Settings:
+        """The settings a command's parsed flags hold (those it has no flag for at their defaults)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
 def parse_nnodes(text: str) -> int:
@@ -29,14 +51,16 @@ def parse_nnodes(text: str) -> int:
     return values[0]
 
 
-def rendezvous(args: argparse.Namespace, *, port_offset: int = 0) -> tuple[str, int]:
-    """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint; the host resolves."""
-    endpoint = getattr(args, "rdzv_endpoint", "")
-    flag = "--rdzv-endpoint" if endpoint else "--master-addr"
-    if not (endpoint or args.master_addr):
+def rendezvous(options: Options, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
+    """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint (``endpoint`` False:
+    a static rendezvous's, not read); the host resolves. Without a port, torchrun's static rendezvous's."""
+    stated = options.stated()
+    given_endpoint = str(options.rdzv_endpoint or "") if endpoint else ""
+    flag = options.setting("rdzv_endpoint").where if given_endpoint else options.setting("master_addr").where
+    if not (given_endpoint or "master_addr" in stated):
         raise UsageError("missing --master-addr (or --rdzv-endpoint): expected node rank 0's address for --nnodes > 1")
-    host, given = argtypes.parse_endpoint(endpoint or args.master_addr, flag, port=None if endpoint else False)
-    port = (29500 if args.master_port is None else args.master_port) if given is None else given
+    host, given = argtypes.parse_endpoint(given_endpoint or options.master_addr, flag, port=None if given_endpoint else False)
+    port = (options.master_port or TORCHRUN_DEFAULT_PORT) if given is None else given
     if not 0 < port + port_offset < 65536:
         raise UsageError(f"bad --master-port {port!r}: expected a port 1..65535")
     resolve(host, flag=flag)
@@ -49,28 +73,30 @@ def check_fraction(value: float) -> float:
     return value
 
 
-def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any]:
-    """Run the doctor as the parsed flags say; returns the JSON-able result (``ok`` says whether no error)."""
+def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endpoint: bool = True) -> dict[str, Any]:
+    """Run the doctor with the launch options and its own settings; returns the JSON-able result (``ok`` says
+    whether no error). ``port_offset``, ``endpoint``: :func:`rendezvous`."""
     from ..doctor.model import has_error
     from ..doctor.multinode import exchange
     from ..doctor.node import Inputs, run_node
     from ..doctor.schedule import LinkSchedule
 
-    nnodes = parse_nnodes(args.nnodes)
-    fraction = check_fraction(args.min_link_fraction)
+    nnodes = parse_nnodes(options.nnodes)
+    fraction = check_fraction(settings.min_link_fraction)
+    node_rank = int(options.node_rank or 0)
     if nnodes > 1:
-        host, port = rendezvous(args, port_offset=port_offset)
-        if not 0 <= args.node_rank < nnodes:
-            raise UsageError(f"bad --node-rank {args.node_rank!r}: expected 0..{nnodes - 1}")
+        host, port = rendezvous(options, port_offset=port_offset, endpoint=endpoint)
+        if not 0 <= node_rank < nnodes:
+            raise UsageError(f"bad --node-rank {node_rank!r}: expected 0..{nnodes - 1}")
     inputs = Inputs(
-        topology=args.topology,
-        request=request_from_args(args, os.environ),
-        nvml_record=getattr(args, "nvml_record", None),
-        measure=(nnodes > 1 and not getattr(args, "no_measure", False)) or getattr(args, "measure", False),
+        topology=options.topology,
+        request=request_from_args(options, os.environ),
+        nvml_record=settings.nvml_record,
+        measure=(nnodes > 1 and not settings.no_measure) or settings.measure,
         compare=nnodes > 1,
         endpoint=host if nnodes > 1 else None,
     )
-    report, topo = run_node(inputs, node_rank=args.node_rank if nnodes > 1 else 0)
+    report, topo = run_node(inputs, node_rank=node_rank if nnodes > 1 else 0)
     if nnodes == 1:
         return {
             "findings": [f.to_dict() for f in report.findings],
@@ -82,9 +108,9 @@ def diagnose(args: argparse.Namespace, *, port_offset: int = 0) -> dict[str, Any
             "exclude": report.hostname if has_error(report.findings) else "",
         }
     verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
-                       seconds=args.link_seconds, timeout_s=args.doctor_timeout,
-                       schedule=LinkSchedule(getattr(args, "link_schedule", None) or "auto"))
-    verdict["node_rank"] = args.node_rank
+                       seconds=settings.link_seconds, timeout_s=settings.doctor_timeout,
+                       schedule=LinkSchedule(settings.link_schedule))
+    verdict["node_rank"] = node_rank
     return verdict
 
 

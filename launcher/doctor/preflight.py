@@ -6,35 +6,25 @@ Node 0's store listens one port above the job's rendezvous port, closed before t
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import os
 import sys
 
+from ..launch.options import Options
+
 log = logging.getLogger(__name__)
 
-DEFAULTS = {
-    "nvml_record": None, "measure": False, "no_measure": False, "min_link_fraction": 0.5,
-    "doctor_timeout": 120.0, "link_seconds": 0.5, "link_schedule": "auto", "nnodes": "1", "node_rank": 0,
-    "master_addr": None, "master_port": None, "rdzv_endpoint": "",
-}
 PORT_OFFSET = 1
 
 
-def preflight(args: argparse.Namespace) -> int:
-    """0 when the doctor found no error (the job may start), else 1 after printing why."""
-    from .diagnose import diagnose
+def preflight(options: Options, args: argparse.Namespace) -> int:
+    """0 when the doctor found no error (the job may start), else 1 after printing why. ``options``: the job's
+    launch options; ``args``: its command's flags, the doctor's among them."""
+    from .diagnose import Settings, diagnose
     from .render import render
 
-    ns = copy.copy(args)
-    for key, value in DEFAULTS.items():
-        if getattr(ns, key, None) is None:
-            setattr(ns, key, value)
-    if str(getattr(ns, "rdzv_backend", "")) == "static":
-        ns.rdzv_endpoint = ""  # static rendezvous: --master-addr/--master-port name node 0
-    if ns.node_rank is None or int(ns.node_rank) < 0:
-        ns.node_rank = 0
-    result = diagnose(ns, port_offset=PORT_OFFSET)
+    # a static rendezvous: --master-addr/--master-port name node 0
+    result = diagnose(options, Settings.of(args), port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static")
     node0 = result.get("node_rank", 0) == 0
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
     counts = result.get("counts") or {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}

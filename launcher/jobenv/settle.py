@@ -9,7 +9,7 @@ only torchrun's agent does, and builds the environment torchrun gives its worker
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
 
 TORCHRUN_DEFAULT_PORT = 29500
+"""The port torchrun gives a static rendezvous without --master-port (torch.distributed.run.config_from_args)."""
 
 
 class JobConflict(UsageError):
@@ -154,15 +155,13 @@ def own_rendezvous(stated: Stated) -> bool:
         _stated(stated, "rdzv_backend") not in (None, "static"))
 
 
-def settle_node(
-    shape: JobShape, stated: Stated, environ: Mapping[str, str], *, leaf_switch: Mapping[str, str] | None = None
-) -> NodeRendezvous:
+def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, str] | None = None) -> NodeRendezvous:
     """Per-node mode: the rendezvous of this node, from the stated options and the scheduler's job.
 
     The node rank is the node's index in Slurm's order, regrouped by leaf switch (``leaf_switch``,
     from ``scontrol show topology``) unless ``--node-rank`` was stated (checked against
     ``SLURM_NODEID``). The head is node rank 0, the port derives from the job and step ids.
-    ``MASTER_ADDR``/``MASTER_PORT`` in the environment count as stated.
+    ``MASTER_ADDR``/``MASTER_PORT`` in the job's environment are stated options (the options model reads them).
     """
     _check_nnodes(shape, stated)
     _check_standalone(shape, stated)
@@ -176,18 +175,9 @@ def settle_node(
     else:  # MPI: the rank of a one-process-per-node job is its node
         order, node_rank = (), shape.node_index
     head = order[0] if order else ""
-    addr, port = _master(shape, stated, environ, nodes=order)
+    addr, port = _master(shape, stated, nodes=order)
     return NodeRendezvous(nnodes=shape.nnodes, node_rank=node_rank, head=head, master_addr=addr, master_port=port,
                           own_rendezvous=False, order=order)
-
-
-def _env_port(environ: Mapping[str, str]) -> int | None:
-    text = environ.get("MASTER_PORT", "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise UsageError(f"bad MASTER_PORT {text!r}: expected a port from 1 to 65535")
-    return int(text)
 
 
 def _derived_port(shape: JobShape) -> int:
@@ -206,13 +196,9 @@ def _mpi_head_addr(shape: JobShape) -> str:
     )
 
 
-# Launch options that make sense when the scheduler starts every rank (no torchrun agent).
-PER_RANK_OPTIONS = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
-                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding"})
-
-
-def check_rank(shape: JobShape, stated: Stated) -> None:
-    """Per-rank mode: the options must not contradict the scheduler nor ask for torchrun's agent."""
+def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) -> None:
+    """Per-rank mode: the options must not contradict the scheduler nor ask for torchrun's agent (any option
+    but those of ``per_rank``, which make sense when the scheduler starts every rank)."""
     nproc = _stated(stated, "nproc_per_node")
     if nproc is not None and nproc != 1:
         raise JobConflict(
@@ -224,7 +210,7 @@ def check_rank(shape: JobShape, stated: Stated) -> None:
         _check_nnodes(shape, stated)
         _check_standalone(shape, stated)
         _check_node_rank(shape, stated)
-    agent = sorted(s.where for d, s in stated.items() if d not in PER_RANK_OPTIONS)
+    agent = sorted(s.where for d, s in stated.items() if d not in per_rank)
     if agent:
         flag = agent[0]
         raise JobConflict(
@@ -233,26 +219,27 @@ def check_rank(shape: JobShape, stated: Stated) -> None:
         )
 
 
-def _master(shape: JobShape, stated: Stated, environ: Mapping[str, str], *, nodes: object) -> tuple[str | None, int]:
-    addr = _stated(stated, "master_addr") or environ.get("MASTER_ADDR") or None
+def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | None, int]:
+    addr = _stated(stated, "master_addr") or None
     if addr is None and not nodes:
         addr = _mpi_head_addr(shape)
-    return addr, _stated(stated, "master_port") or _env_port(environ) or _derived_port(shape)
+    return addr, _stated(stated, "master_port") or _derived_port(shape)
 
 
-def rank_master(shape: JobShape, stated: Stated, environ: Mapping[str, str]) -> tuple[str | None, int]:
+def rank_master(shape: JobShape, stated: Stated) -> tuple[str | None, int]:
     """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
-    return _master(shape, stated, environ, nodes=shape.nodes)
+    return _master(shape, stated, nodes=shape.nodes)
 
 
 def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables torchrun gives each worker, from the scheduler's numbering (per-rank mode)."""
+    """The variables torchrun gives each worker, from the scheduler's numbering (per-rank mode); the node's
+    (``GROUP_RANK``, ``GROUP_WORLD_SIZE``) only once known (an MPI launcher does not say: the ranks agree on it)."""
     if shape.mode is not Mode.PER_RANK:
         raise ValueError("rank_env is for per-rank mode")
+    group = {"GROUP_RANK": str(shape.node_index), "GROUP_WORLD_SIZE": str(shape.nnodes)} if shape.node_index >= 0 else {}
     return {
         "RANK": str(shape.rank), "LOCAL_RANK": str(shape.local_rank), "WORLD_SIZE": str(shape.world_size),
-        "LOCAL_WORLD_SIZE": str(shape.local_world_size), "GROUP_RANK": str(shape.node_index),
-        "GROUP_WORLD_SIZE": str(shape.nnodes), "ROLE_NAME": "default", "ROLE_RANK": str(shape.rank),
+        "LOCAL_WORLD_SIZE": str(shape.local_world_size), **group, "ROLE_NAME": "default", "ROLE_RANK": str(shape.rank),
         "ROLE_WORLD_SIZE": str(shape.world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": shape.job or "none", "TORCHELASTIC_USE_AGENT_STORE": "False",

@@ -1,6 +1,13 @@
-"""Signals, one way: handlers only record (the C-level handler writes the signal's number on a
-self-pipe, ``signal.set_wakeup_fd``), one loop acts, and :data:`ON_SIGNAL` says what (docs/reliability.md,
-"Signals to numarun"). A handler only raises, where the act is END or STOP: nothing else unwinds the main thread.
+"""Signals, one way: one loop per process acts on them (:func:`loop`), and every handler only records.
+
+The C-level handler of each signal with a Python handler writes the signal's number on the loop's self-pipe
+(``signal.set_wakeup_fd``): that byte is the record. The loop, a thread of its own (``numarun-signals``),
+reads it, looks up what the signal does in the phase the process is in (:data:`ON_SIGNAL`) and has its
+:class:`Target` do it: the supervisor of a run, a sweep's queue of jobs, a relay. It also runs the periodic
+checks registered with it (:meth:`Loop.every`: a rendezvous deadline, a sweep's kill after its grace).
+Only the main thread can be made to unwind: where the act needs it (END, and the supervisor's STOP), the loop
+asks the main thread to raise (:meth:`Loop.interrupt`), and the Python-level handler raises what it was asked
+to, nothing else (docs/reliability.md, "Signals to numarun").
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ import os
 import select
 import signal
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 from ..envvars import INIT, READY_FD
 from .child import numarun_command
@@ -20,78 +30,225 @@ from .child import numarun_command
 class Phase(enum.Enum):
     STARTING = "before the plan"
     RENDEZVOUS = "torchrun runs, no worker alive (a rendezvous: the first, or after a restart)"
-    RUNNING = "torchrun runs, workers alive (the loop tells it from RENDEZVOUS)"
-    STOPPING = "a death signal was taken; torchrun or numarun is ending the run"
-    BETWEEN = "between the jobs of a sweep"
+    RUNNING = "torchrun runs, workers alive"
+    STOPPING = "a death signal was taken; torchrun, a sweep or numarun is ending the run"
+    JOBS = "a sweep's jobs run, each a process of its own"
+    BETWEEN = "between the jobs of a sweep (or its batches)"
+    RELAYING = "a relay: its child numarun runs the job"
 
 
 class Act(enum.Enum):
-    END = "the handler raises RunFailed: one line, exit 128+N (nothing to stop)"
-    STOP = "the handler raises torch's signal exception: torchrun stops its workers, as for its own handler"
-    HOLD = "the loop keeps it for the next job's workers"
-    FORWARD = "the loop sends it to the live workers and notes it in the ledger for those yet to start"
-    NOTE = "nothing more"
+    END = "the main thread raises the target's error: one line, exit 128+N (nothing to stop)"
+    STOP = ("the target stops what runs: torchrun's shutdown (torch's signal exception in the main thread, as "
+            "torchrun's own handler raises it), or SIGTERM to a sweep's jobs and SIGKILL after a grace")
+    AGAIN = ("a death signal after the first: the target's stop again (a sweep kills its jobs at once; torchrun's "
+             "shutdown goes on)")
+    HOLD = "kept for the workers of the next job (the supervisor notes them in the ledger)"
+    FORWARD = "the target passes it on: to the live workers (and the ledger, for those yet to start), the jobs, the child"
 
 
 ON_SIGNAL: Mapping[Phase, tuple[Act, Act]] = {
     # phase:          (a death signal, SIGUSR1/SIGUSR2)
     Phase.STARTING:   (Act.END, Act.HOLD),
-    Phase.RENDEZVOUS: (Act.STOP, Act.FORWARD),  # torch may wait in C++: the loop ends the run after a grace
+    Phase.RENDEZVOUS: (Act.STOP, Act.FORWARD),  # torch may wait in C++: the supervisor ends the run after a grace
     Phase.RUNNING:    (Act.STOP, Act.FORWARD),
-    Phase.STOPPING:   (Act.NOTE, Act.FORWARD),
+    Phase.STOPPING:   (Act.AGAIN, Act.FORWARD),
+    Phase.JOBS:       (Act.STOP, Act.FORWARD),
     Phase.BETWEEN:    (Act.END, Act.HOLD),
+    Phase.RELAYING:   (Act.FORWARD, Act.FORWARD),
 }
 
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+DEATH = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""torchrun's ``--signals-to-handle`` default: what ends a run (a job's own list may add more)."""
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+"""Passed on to every worker (the trainer checkpoints and exits 0); numarun keeps waiting."""
+RELAYED = (*DEATH, *FORWARDED)
 """What a relay (Slurm's node task, numarun as PID 1) passes on to its numarun."""
 
 
-class Wakeup:
-    """The self-pipe the C-level handler of every signal with a Python handler writes to."""
+class Target(Protocol):
+    """What the loop has do the acts of :data:`ON_SIGNAL` (HOLD it does itself)."""
+
+    def forward(self, signum: int) -> None: ...
+
+    def stop(self, signum: int, *, again: bool) -> None: ...
+
+    def end(self, signum: int) -> BaseException:
+        """What the main thread raises for END."""
+        ...
+
+
+class _Check:
+    def __init__(self, seconds: float, check: Callable[[float], None]) -> None:
+        self.seconds, self.check, self.due = seconds, check, time.monotonic() + seconds
+
+
+class Loop:
+    """The one loop of this process. Made once (:func:`loop`), in the main thread."""
 
     def __init__(self) -> None:
         self.r, self.w = os.pipe()
         for fd in (self.r, self.w):
             os.set_blocking(fd, False)
-        self.previous = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        self._previous_fd = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        self.phase = Phase.STARTING
+        self.target: Target | None = None
+        self.held: list[int] = []
+        self.death: set[int] = set(DEATH)
+        self.handled: set[int] = set()
+        self.lock = threading.Lock()  # the loop's and the main thread's, never a handler's
+        self._pending: BaseException | None = None
+        self._echoes: dict[int, int] = {}
+        self._checks: list[_Check] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="numarun-signals", daemon=True)
+        self._thread.start()
 
-    def read(self, timeout: float | None) -> list[int]:
-        """The signals that came (0: a wake-up from :meth:`poke`), after waiting up to ``timeout``."""
-        with contextlib.suppress(BlockingIOError):
-            if select.select([self.r], [], [], timeout)[0]:
-                return list(os.read(self.r, 4096))
-        return []
+    # ----------------------------------------------------------------- the main thread's side
+    def handle(self, signums: Sequence[int]) -> None:
+        """Record ``signums`` from now on (main thread); each handler is installed once for the process."""
+        for signum in signums:
+            if signum not in self.handled:
+                signal.signal(signum, self.handler)
+                self.handled.add(signum)
 
-    def poke(self) -> None:
-        os.write(self.w, b"\0")
+    def handler(self, signum: int, frame: object) -> None:
+        """Every signal's handler: the wake-up byte the C-level handler wrote is the record; raises only
+        what the loop asked the main thread to (:meth:`interrupt`)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            raise pending
+
+    def every(self, seconds: float, check: Callable[[float], None]) -> Callable[[], None]:
+        """Run ``check(now)`` in the loop every ``seconds`` (a periodic check: a deadline, a watchdog); returns
+        its cancel. A check that raises is logged at debug level and kept."""
+        entry = _Check(seconds, check)
+        with self.lock:
+            self._checks.append(entry)
+        self.poke()
+
+        def cancel() -> None:
+            with self.lock:
+                if entry in self._checks:
+                    self._checks.remove(entry)
+
+        return cancel
+
+    def take_held(self) -> list[int]:
+        """The signals HOLD kept, now handed over (call with :attr:`lock` held, with the phase change)."""
+        held, self.held = self.held, []
+        return held
+
+    @contextlib.contextmanager
+    def serving(self, target: Target, phase: Phase) -> Iterator[None]:
+        """``target`` acts in ``phase`` for the block (a sweep's jobs); then BETWEEN, and the target before
+        (where there was one) acts again."""
+        with self.lock:
+            previous, self.target, self.phase = self.target, target, phase
+        try:
+            yield
+        finally:
+            with self.lock:
+                if self.phase is not Phase.STOPPING:
+                    self.phase = Phase.BETWEEN
+                self.target = previous or target
 
     def close(self) -> list[int]:
-        """Stop writing (the wake-up fd before this one is put back); returns what was still unread."""
-        signal.set_wakeup_fd(self.previous)
-        left = self.read(0)
+        """Per-rank mode: the loop ended, Python's own dispositions back; returns what was held or still unread."""
+        for signum in self.handled:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        self._closed = True
+        self.poke()
+        self._thread.join()
+        signal.set_wakeup_fd(self._previous_fd)
+        left = [s for s in _read(self.r, 0) if s]
         os.close(self.r)
         os.close(self.w)
-        return left
+        global _LOOP
+        _LOOP = None
+        return [*self.held, *left]
+
+    def poke(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.w, b"\0")
+
+    # ----------------------------------------------------------------- the loop's side
+    def interrupt(self, error: BaseException, signum: int) -> None:
+        """Have the main thread raise ``error``: the handler of ``signum``, sent to it again, raises it (unless
+        another handler, torchrun's own outside the checked torch versions, is in place and raises by itself)."""
+        if signal.getsignal(signum) != self.handler:
+            return
+        self._pending = error
+        self._echoes[signum] = self._echoes.get(signum, 0) + 1
+        signal.pthread_kill(threading.main_thread().ident or 0, signum)
+
+    def interrupted(self) -> bool:
+        """Whether the main thread took what :meth:`interrupt` asked (False while it waits in C code)."""
+        return self._pending is None
+
+    def _run(self) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        while not self._closed:
+            with self.lock:
+                due = min((c.due for c in self._checks), default=time.monotonic() + 1.0)
+            got = _read(self.r, max(0.0, due - time.monotonic()))
+            try:  # the loop outlives any one failure (the private directory removed under it at exit...)
+                for signum in got:
+                    if signum and not self._echo(signum):
+                        self._act(signum)
+                now = time.monotonic()
+                with self.lock:
+                    ready = [c for c in self._checks if c.due <= now]
+                for c in ready:
+                    c.due = now + c.seconds
+                    c.check(now)
+            except Exception as e:
+                log.debug("signal loop: %s", e)
+
+    def _echo(self, signum: int) -> bool:
+        if self._echoes.get(signum, 0) > 0:  # the record of the loop's own interrupt
+            self._echoes[signum] -= 1
+            return True
+        return False
+
+    def _act(self, signum: int) -> None:
+        with self.lock:
+            death = signum in self.death
+            if signum not in self.handled or (not death and signum not in FORWARDED):
+                return
+            act, target = ON_SIGNAL[self.phase][0 if death else 1], self.target
+            if act is Act.HOLD or target is None:
+                self.held.append(signum)
+                return
+            if act in (Act.END, Act.STOP):
+                self.phase = Phase.STOPPING
+        if act is Act.END:
+            self.interrupt(target.end(signum), signum)
+        elif act in (Act.STOP, Act.AGAIN):
+            target.stop(signum, again=act is Act.AGAIN)
+        else:
+            target.forward(signum)
 
 
-def _record(signum: int, frame: object) -> None:
-    """The wake-up byte is the record."""
+def _read(fd: int, timeout: float | None) -> list[int]:
+    """The records on ``fd`` (0: a wake-up), after waiting up to ``timeout``."""
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        if select.select([fd], [], [], timeout)[0]:
+            return list(os.read(fd, 4096))
+    return []
 
 
-@contextlib.contextmanager
-def recorded(signums: Sequence[int]) -> Iterator[Wakeup]:
-    """For the block, ``signums`` only wake the returned :class:`Wakeup` (whose reader acts on them);
-    afterwards the handlers and wake-up fd from before."""
-    previous = {signum: signal.getsignal(signum) for signum in signums}
-    wakeup = Wakeup()
-    for signum in signums:
-        signal.signal(signum, _record)
-    try:
-        yield wakeup
-    finally:
-        for signum in signums:
-            signal.signal(signum, previous[signum])
-        wakeup.close()
+_LOOP: Loop | None = None
+
+
+def loop() -> Loop:
+    """This process's loop, made on the first call (in the main thread)."""
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = Loop()
+    return _LOOP
 
 
 def say_ready(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
@@ -102,17 +259,55 @@ def say_ready(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
         os.close(int(fd))
 
 
+class Requests:
+    """Signals a process takes as requests, not as its end (the trainer's SIGUSR1, SIGUSR2, SIGTERM: finish the
+    step, save, exit 0). The handler only records; the process's own loop reads them (:meth:`first`: the
+    training loop, after each step)."""
+
+    def __init__(self, signums: Sequence[int]) -> None:
+        self._got: list[int] = []
+        for signum in signums:
+            signal.signal(signum, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self._got.append(signum)
+
+    def first(self) -> int:
+        """The first signal that came (0: none)."""
+        return self._got[0] if self._got else 0
+
+
 class Relay:
-    """Runs numarun as a child and passes it the signals this process gets (:data:`RELAYED`), each held
-    until the child says its handlers are in place (sent at once, it would kill a Python still starting).
-    ``reap_all`` (PID 1): every child that ends is reaped, as init's are. Made first thing: nothing is lost."""
+    """A relay's target: runs numarun as a child and passes it the signals this process gets (:data:`RELAYED`),
+    each held until the child says its handlers are in place (sent at once, it would kill a Python still
+    starting). ``reap_all`` (PID 1): every child that ends is reaped, as init's are. Made first thing: nothing is lost."""
 
     def __init__(self, *, reap_all: bool = False) -> None:
         self.reap_all = reap_all
         self.forwarded: set[int] = set()
-        self.wakeup = Wakeup()
-        for signum in (*RELAYED, signal.SIGCHLD):
-            signal.signal(signum, _record)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._early: list[int] | None = []  # None once the child is ready
+        self._lock = threading.Lock()
+        self.loop = loop()
+        with self.loop.lock:
+            self.loop.target, self.loop.phase = self, Phase.RELAYING
+        self.loop.handle(RELAYED)
+
+    def forward(self, signum: int) -> None:
+        self.forwarded.add(signum)
+        with self._lock:
+            if self._early is not None:
+                self._early.append(signum)
+                return
+            child = self._child
+        if child is not None:
+            _send(child, signum)
+
+    def stop(self, signum: int, *, again: bool) -> None:  # not in RELAYING: death signals are passed on
+        self.forward(signum)
+
+    def end(self, signum: int) -> BaseException:  # not in RELAYING
+        return SystemExit(128 + signum)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], *, foreground: bool = False) -> int:
         """The child's exit code (128+N when killed by signal N). ``foreground``: the child leads the
@@ -121,24 +316,21 @@ class Relay:
         child = subprocess.Popen(list(argv), env={**env, READY_FD: str(w)}, pass_fds=(w,),
                                  preexec_fn=os.setpgrp if foreground else None)
         os.close(w)
+        with self._lock:
+            self._child = child
         if foreground and os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
             os.tcsetpgrp(0, child.pid)
-        held: list[int] | None = []  # None once the child is ready
-        status = None
-        while status is None:  # a signal wakes it (SIGCHLD too); the timeout is a safety net
-            if r in select.select([self.wakeup.r, *([r] if held is not None else [])], [], [], 1.0)[0]:
-                for signum in held if os.read(r, 1) and held else []:
-                    _send(child, signum)
-                held = None
-            for signum in self.wakeup.read(0):
-                if signum in RELAYED:
-                    self.forwarded.add(signum)
-                    _send(child, signum) if held is None else held.append(signum)
-            for pid, ended in reap() if self.reap_all else [os.waitpid(child.pid, os.WNOHANG)]:
-                if pid == child.pid:
-                    child.returncode, status = os.waitstatus_to_exitcode(ended), ended  # Popen must not wait again
+        os.read(r, 1)  # the child is ready, or gone (its end of the pipe closed)
         os.close(r)
-        return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        with self._lock:
+            early, self._early = self._early or [], None
+        for signum in early:
+            _send(child, signum)
+        while True:  # this thread only waits; the loop passes the signals on
+            pid, status = os.waitpid(-1 if self.reap_all else child.pid, 0)
+            if pid == child.pid:
+                child.returncode = os.waitstatus_to_exitcode(status)  # Popen must not wait again
+                return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
 def _send(child: subprocess.Popen[bytes], signum: int) -> None:

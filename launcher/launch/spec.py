@@ -20,14 +20,14 @@ from typing import Any
 
 from ..argtypes import host_port, parse_endpoint
 from ..errors import UsageError
+from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
+from .signals import DEATH
 from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options, torchrun_parser
 
-DEATH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+DEATH_SIGNALS = tuple(s.name for s in DEATH)
 """torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
-FORWARDED_SIGNALS = ("SIGUSR1", "SIGUSR2")
-"""Sent on to every worker (the trainer checkpoints and exits 0); numarun keeps waiting."""
-RDZV_MARGIN_S = 15
 _TRUE = ("1", "true", "t", "yes", "y")
+RDZV_MARGIN_S = 15
 """Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
 
 # torchrun options the spec holds as fields, or that numarun replaces
@@ -94,7 +94,7 @@ class LaunchSpec:
         if self.standalone:
             return "localhost", 0
         if self.backend == "static":
-            return self.master_addr or "127.0.0.1", self.master_port or 29500
+            return self.master_addr or "127.0.0.1", self.master_port or TORCHRUN_DEFAULT_PORT
         host, port = parse_endpoint(self.rdzv_endpoint or "localhost", "--rdzv-endpoint")
         return host, port or 29400
 

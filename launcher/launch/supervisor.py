@@ -1,13 +1,17 @@
 """One numarun's life around torchrun, in the order a run goes through it:
 
-1. :meth:`Supervisor.hold_signals`, first thing: the signal handlers and the one loop that acts on
-   them (:mod:`numarun.launch.signals` says what each signal does in each phase);
+1. :meth:`Supervisor.hold_signals`, first thing: the process's one signal loop
+   (:mod:`numarun.launch.signals` says what each signal does in each phase), with this supervisor as
+   its target and its periodic check (:meth:`Supervisor._tick`);
 2. :meth:`Supervisor.start`, before the first job: the private directory (0700, ``$TMPDIR/numarun-*``:
    the plan, torchelastic's logs, the :mod:`ledger <numarun.ledger>`), its cleaner (which removes it
    and ends the job's processes when numarun dies, however) and the cage (:mod:`numarun.launch.reaper`);
 3. :meth:`Supervisor.run`, each job: torchrun in the main thread, while the loop forwards SIGUSR1/2,
    keeps the rendezvous deadline and listens for another node's refusal;
 4. :meth:`Supervisor.close` (atexit too): the job's processes ended, the directory removed.
+
+Whatever stops the ranks (a death signal, a deadline, another node's refusal) goes through
+:meth:`Supervisor.stopping` first: what must be written before ranks are killed is called there.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -30,10 +33,10 @@ from typing import NoReturn
 
 from .. import envvars, ledger, torch_private
 from ..errors import NumarunError
-from . import net, oom, reaper
+from . import net, oom, reaper, signals
 from .abort import AbortWatch
-from .signals import ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
-from .spec import DEATH_SIGNALS, FORWARDED_SIGNALS, LaunchSpec
+from .signals import Phase, reap, say_ready
+from .spec import LaunchSpec
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ def scoped_environ(updates: Mapping[str, str]) -> Iterator[None]:
 
 
 def _names_to_numbers(names: tuple[str, ...]) -> set[int]:
+    """``--signals-to-handle``'s names as numbers."""
     return {int(getattr(signal, n)) for n in names if isinstance(getattr(signal, n, None), signal.Signals)}
 
 
@@ -80,100 +84,89 @@ class _Job:  # what the loop watches while a job runs
 
 
 class Supervisor:
-    """What one numarun process owns around its launches (see the module docstring)."""
+    """What one numarun process owns around its launches (see the module docstring); the target of the
+    process's signal loop while no sweep's jobs are (:class:`numarun.launch.signals.Target`)."""
 
     def __init__(self) -> None:
         self.private_dir: Path | None = None
         self._cleaner: subprocess.Popen[bytes] | None = None
         self._cage: reaper.Cage | None = None
-        self._phase = Phase.STARTING
-        self._death = _names_to_numbers(DEATH_SIGNALS)
-        self._forwarded = _names_to_numbers(FORWARDED_SIGNALS)
-        self._held: list[int] = []  # forwarded signals kept for the next job's workers
-        self._lock = threading.Lock()  # the loop's and the main thread's, never a handler's
         self._job: _Job | None = None
-        self._wakeup: Wakeup | None = None
-        self._loop_thread: threading.Thread | None = None
+        self._loop: signals.Loop | None = None
+        self._stopped: tuple[float, int] | None = None  # when a death signal was taken, which (the grace for C++)
         self._closed = False
+
+    @property
+    def loop(self) -> signals.Loop:
+        assert self._loop is not None, "hold_signals() comes first"
+        return self._loop
 
     # ----------------------------------------------------------------- 1. signals
     def hold_signals(self, environ: dict[str, str] | None = None) -> None:
-        """From now on numarun handles its signals (:data:`ON_SIGNAL`); tells a relay waiting on
-        ``NUMARUN_READY_FD`` that signals are safe to send."""
-        self._wakeup = Wakeup()
-        for signum in self._death | self._forwarded:
-            signal.signal(signum, self._on_signal)
-        self._loop_thread = threading.Thread(target=self._loop, name="numarun-signals", daemon=True)
-        self._loop_thread.start()
+        """From now on numarun handles its signals (:data:`~numarun.launch.signals.ON_SIGNAL`); tells a relay
+        waiting on ``NUMARUN_READY_FD`` that signals are safe to send."""
+        self._loop = signals.loop()
+        with self.loop.lock:
+            self.loop.target, self.loop.phase = self, Phase.STARTING
+        self.loop.handle((*signals.DEATH, *signals.FORWARDED))
+        self.loop.every(TICK_S, self._tick)
         say_ready(environ)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        """The handler: the wake-up byte is the record; raises where :data:`ON_SIGNAL` says END or STOP."""
-        act = ON_SIGNAL[self._phase][0 if signum in self._death else 1]
-        if act is Act.END:
-            self._phase = Phase.STOPPING
-            raise RunFailed(f"stopped by {signal.Signals(signum).name}; no worker was running", 128 + signum)
-        if act is Act.STOP:
-            self._phase = Phase.STOPPING
-            raise torch_private.signal_exception(signum)
 
     def release(self) -> None:
         """Per-rank mode: Python's own dispositions back, the loop ended, and what was held delivered to
         this process as if it came now (the process becomes the rank, which handles its own)."""
-        for signum in self._death | self._forwarded:
-            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-        assert self._wakeup is not None and self._loop_thread is not None
-        self._wakeup.poke()
-        self._loop_thread.join()
-        left = [s for s in self._wakeup.close() if s in self._forwarded]
-        for signum in [*self._held, *left]:
-            os.kill(os.getpid(), signum)
+        for signum in self.loop.close():
+            if signum in signals.FORWARDED:
+                os.kill(os.getpid(), signum)
 
-    def _loop(self) -> None:
-        """The one loop: acts on the signals that came, and keeps the job's deadlines every :data:`TICK_S`."""
-        assert self._wakeup is not None
-        waiting: dict[int, float] = {}  # death signals that came while no worker was alive -> when
-        while True:
-            got = self._wakeup.read(TICK_S)
-            now = time.monotonic()
-            try:  # the loop outlives any one failure (the private directory removed under it at exit...)
-                for signum in got:
-                    if signum in self._death:
-                        if self._phase is not Phase.STOPPING and not self.live_workers():
-                            waiting.setdefault(signum, now)
-                    elif signum:
-                        self._act(signum)
-                for signum, since in list(waiting.items()):
-                    if now - since >= SIGNAL_GRACE_S:
-                        del waiting[signum]
-                        # the handler never ran: the main thread waits in C++ (torch's rendezvous)
-                        if self._phase is not Phase.STOPPING and not self.live_workers():
-                            self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
-                self._watch_job(now)
-            except Exception as e:
-                log.debug("signal loop: %s", e)
-            if 0 in got:
-                return  # released
+    # what the loop has the supervisor do (signals.Target)
+    def end(self, signum: int) -> BaseException:
+        return RunFailed(f"stopped by {signal.Signals(signum).name}; no worker was running", 128 + signum)
 
-    def _act(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        with self._lock:
-            if ON_SIGNAL[self._phase][1] is Act.HOLD or self.private_dir is None:
-                self._held.append(signum)
-                log.warning("got %s: the workers get it when they start", name)
-                return
+    def stop(self, signum: int, *, again: bool) -> None:
+        """A death signal while torchrun runs: torchrun's shutdown, through torch's own signal exception in the
+        main thread (a second one changes nothing: torchrun's shutdown goes on)."""
+        if again:
+            return
+        self._stopped = (time.monotonic(), signum)
+        self.stopping(f"stopped by {signal.Signals(signum).name}")
+        self.loop.interrupt(torch_private.signal_exception(signum), signum)
+
+    def forward(self, signum: int) -> None:
         import psutil
 
-        assert self.private_dir is not None
-        sent = ledger.forward(self.private_dir, signum, {c.pid for c in psutil.Process().children()})
-        log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)", name, len(sent))
-
-    def _watch_job(self, now: float) -> None:
-        """The rendezvous deadline (the first, and each after a restart) and another node's refusal."""
-        job = self._job
-        if job is None or self._phase is not Phase.RENDEZVOUS or self.private_dir is None:
+        if self.private_dir is None:
+            with self.loop.lock:
+                self.loop.held.append(signum)
+            log.warning("got %s: the workers get it when they start", signal.Signals(signum).name)
             return
-        if self.live_workers():
+        sent = ledger.forward(self.private_dir, signum, {c.pid for c in psutil.Process().children()})
+        log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)",
+                    signal.Signals(signum).name, len(sent))
+
+    def stopping(self, reason: str) -> None:
+        """The one place the supervisor begins stopping ranks (a death signal, a deadline, another node's refusal),
+        called before any rank is sent anything; what must be written before ranks are killed is called here."""
+        log.debug("stopping the ranks: %s", reason)
+
+    def _tick(self, now: float) -> None:
+        """The loop's periodic check: the phase (workers alive or not), the rendezvous deadline (the first, and
+        each after a restart), another node's refusal, and a death signal the main thread could not take."""
+        job = self._job
+        if job is None or self.private_dir is None:
+            return
+        alive = bool(self.live_workers())
+        with self.loop.lock:
+            if self.loop.phase in (Phase.RENDEZVOUS, Phase.RUNNING):
+                self.loop.phase = Phase.RUNNING if alive else Phase.RENDEZVOUS
+            phase = self.loop.phase
+        if phase is Phase.STOPPING:
+            taken, signum = self._stopped or (now, 0)
+            if signum and not self.loop.interrupted() and not alive and now - taken >= SIGNAL_GRACE_S:
+                # the main thread waits in C++ (torch's rendezvous) and cannot take the signal
+                self.die(128 + signum, f"stopped by {signal.Signals(signum).name}; no worker was running")
+            return
+        if alive:
             job.idle_since, job.abort = now, None
             return
         if now - job.idle_since >= job.deadline_s:
@@ -239,22 +232,20 @@ class Supervisor:
         from torch.distributed.run import main as torchrun_main
 
         torch_private.install()
-        torch_private.route_signals(self._on_signal)
+        torch_private.route_signals(self.loop.handler)  # torchrun installs the loop's handler, not its own
         directory = self.start()
         ledger.clear(directory)
         deadline_s, source = spec.rendezvous_deadline()
         where = spec.store_address()
         self._job = _Job(spec, deadline_s, source, AbortWatch(*where) if where else None, time.monotonic())
-        base_death = self._death
-        with self._lock:
-            self._death = base_death | _names_to_numbers(spec.death_signals)
-            self._phase = Phase.RENDEZVOUS
-            held, self._held = self._held, []
+        death = _names_to_numbers(spec.death_signals)
+        self.loop.handle(sorted(death))  # a --signals-to-handle of its own: once, for the process
+        with self.loop.lock:
+            base_death, self.loop.death = self.loop.death, self.loop.death | death
+            self.loop.phase = Phase.RENDEZVOUS
+            held = self.loop.take_held()
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
-        handled = self._death | self._forwarded
-        for signum in handled:  # torchrun installs them again as its workers start (route_signals)
-            signal.signal(signum, self._on_signal)
         updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
@@ -285,7 +276,6 @@ class Supervisor:
                 1,
             ) from None
         except torch_private.signal_exception_type() as e:
-            self._phase = Phase.STOPPING
             sig = signal.Signals(getattr(e, "sigval", signal.SIGTERM))
             if ledger.stopped_cleanly(directory, spec.nproc_per_node):
                 print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
@@ -296,12 +286,13 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
-            with self._lock:
-                if self._phase is not Phase.STOPPING:
-                    self._phase = Phase.BETWEEN
-                self._job, self._death = None, base_death
-            for signum in handled:
-                signal.signal(signum, self._on_signal)  # torchrun's own, outside the checked torch versions
+            with self.loop.lock:
+                if self.loop.phase is not Phase.STOPPING:
+                    self.loop.phase = Phase.BETWEEN
+                self._job, self.loop.death = None, base_death
+            for signum in self.loop.handled:  # torchrun's own handlers, outside the checked torch versions
+                if signal.getsignal(signum) != self.loop.handler:
+                    signal.signal(signum, self.loop.handler)
             if self._cage is not None:
                 self._cage.end_others(spare=self._spare())  # what the workers left behind, in any session
                 if self._cage.kind == "subreaper":
@@ -311,7 +302,8 @@ class Supervisor:
     # ----------------------------------------------------------------- 4. the end
     def close(self) -> None:
         """End what the job left (in its cage), remove the private directory, release the cleaner."""
-        self._phase = Phase.STOPPING  # a death signal now changes nothing
+        if self._loop is not None:
+            self._loop.phase = Phase.STOPPING  # a death signal now changes nothing
         if self._closed or self.private_dir is None:
             return
         self._closed = True
@@ -331,6 +323,7 @@ class Supervisor:
 
     def die(self, code: int, message: str) -> NoReturn:
         """From the loop: one line, everything ended, exit ``code`` now."""
+        self.stopping(message)
         print(f"numarun: error: {message}", file=sys.stderr, flush=True)
         self.close()
         os._exit(code)

@@ -92,6 +92,11 @@ def torchrun_record() -> tuple[dict[str, Any], ...]:
     return tuple(json.loads(r.stdout))
 
 
+def torch_owner() -> str:
+    """Whose defaults torchrun's options have: ``torch <version>``."""
+    return f"torch {installed_torch_version()}"
+
+
 def torchrun_parser() -> argparse.ArgumentParser:
     """A parser with torchrun's options, rebuilt from :func:`torchrun_record` (torch itself parses
     torchrun's argv again when it runs)."""
@@ -114,10 +119,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     """numarun's own ``run`` options, next to torchrun's and the planning ones."""
     group = parser.add_argument_group("numarun")
     group.add_argument("--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing")
-    group.add_argument(
-        "--strict-binding", action="store_true",
-        help=f"a rank whose binding cannot be applied fails instead of running unbound (sets {STRICT_ENV}=1)",
-    )
     group.add_argument(
         "--plan-file", metavar="PATH", default=None, help="use this saved plan ('numarun plan --json' output) instead of planning"
     )

@@ -55,7 +55,8 @@ class NicPolicy(str, enum.Enum):
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What the user asked for."""
+    """What the user asked for. Its defaults are numarun's, stated here once (the launch options' declarations,
+    :data:`numarun.launch.options.DECLARED`, and a plan's fields name these)."""
 
     nproc_per_node: int | None = None  # None: one rank per visible GPU (or 1 without GPUs)
     binding: BindingMode = BindingMode.EXCLUSIVE
@@ -111,13 +112,13 @@ class LaunchPlan:
     """The whole node's plan. JSON contract: ``{"ranks": [RankBinding...], ...}``."""
 
     ranks: tuple[RankBinding, ...]
-    binding: BindingMode = BindingMode.EXCLUSIVE
-    mem_policy: MemPolicy = MemPolicy.BIND
+    binding: BindingMode = PlanRequest.binding
+    mem_policy: MemPolicy = PlanRequest.mem_policy
     hostname: str = ""
     topology_source: str = ""
     warnings: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
-    nic_policy: NicPolicy = NicPolicy.NODE
+    nic_policy: NicPolicy = PlanRequest.nic_policy
     nccl_nics: NcclNics | None = None  # None: nothing to choose, per-rank, or the user's own
     container: str = ""  # the runtime the node runs in (jobenv.container.Runtime)
     mem_unbound: str = ""  # why memory is not bound as mem_policy asks (seccomp); "" when it is

@@ -1,15 +1,12 @@
-"""The planning flags shared by ``numarun plan`` and ``numarun run``, and the request they make.
+"""The request the planning options make (:func:`request_for`), and torchrun's words for ``--nproc-per-node``.
 
-``add_plan_options(parser)`` registers ``--topology``, ``--nproc-per-node``, ``--binding``
-(alias ``--numa-binding``, torchrun's spelling), ``--mem-policy`` and ``--nic-policy``;
-``request_from_args(options, environ)`` turns their values plus the user's environment into a
-:class:`PlanRequest`.
+The options themselves (``--topology``, ``--nproc-per-node``, ``--binding``, ``--mem-policy``, ``--nic-policy``)
+are declared once, with the other launch options, in :mod:`numarun.launch.options`.
 """
 
 from __future__ import annotations
 
 import argparse
-import enum
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -17,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..argtypes import MAX_LOCAL_RANKS
 from ..errors import UsageError
-from .model import BindingMode, MemPolicy, NicPolicy, PlanRequest
+from .model import PlanRequest
 
 if TYPE_CHECKING:
     from ..topology.model import Topology
@@ -25,10 +22,6 @@ from .nic import NIC_VARIABLES
 
 # Variables the plan may set; a value the user already set is kept and reported.
 USER_ENV_VARIABLES: tuple[str, ...] = ("OMP_NUM_THREADS", "CUDA_DEVICE_ORDER", *NIC_VARIABLES)
-
-
-def _choices(enum_cls: type[enum.Enum]) -> str:
-    return ", ".join(m.value for m in enum_cls)
 
 
 NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
@@ -45,7 +38,7 @@ def parse_nproc(text: str) -> int | str | None:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
         raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
+            f"bad --nproc-per-node {text!r}: expected a positive integer from 1 to {MAX_LOCAL_RANKS} "
             f"or one of {', '.join(NPROC_KEYWORDS)}"
         )
     return value
@@ -80,62 +73,13 @@ def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int =
     return replace(request, nproc_per_node=cpus, cuda_visible_devices="")  # cpu
 
 
-def parse_binding(text: str) -> BindingMode:
-    try:
-        return BindingMode(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --binding {text!r}: expected one of {_choices(BindingMode)}") from None
-
-
-def parse_mem_policy(text: str) -> MemPolicy:
-    try:
-        return MemPolicy(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --mem-policy {text!r}: expected one of {_choices(MemPolicy)}") from None
-
-
-def parse_nic_policy(text: str) -> NicPolicy:
-    try:
-        return NicPolicy(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad --nic-policy {text!r}: expected one of {_choices(NicPolicy)}") from None
-
-
-def add_plan_options(parser: argparse.ArgumentParser) -> None:
-    """Register the planning flags on ``parser`` (dests: topology, nproc_per_node, binding, mem_policy, nic_policy)."""
-    parser.add_argument(
-        "--topology", metavar="PATH", default=None,
-        help="topology source: a machine root holding sys/ and proc/, a 'numarun topo --json' snapshot, "
-        "hwloc XML, or saved 'nvidia-smi topo -m' text (default: $NUMARUN_TOPOLOGY, else this machine)",
-    )
-    parser.add_argument(
-        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=parse_nproc, default=None, metavar="N",
-        help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu "
-        "(default: one per visible GPU, or 1 without GPUs)",
-    )
-    parser.add_argument(
-        "--binding", "--numa-binding", "--numa_binding", dest="binding", type=parse_binding,
-        default=BindingMode.EXCLUSIVE, metavar="MODE",
-        help=f"CPU binding: {_choices(BindingMode)} (default exclusive)",
-    )
-    parser.add_argument(
-        "--mem-policy", dest="mem_policy", type=parse_mem_policy, default=MemPolicy.BIND, metavar="POLICY",
-        help=f"memory policy per rank: {_choices(MemPolicy)} (default bind)",
-    )
-    parser.add_argument(
-        "--nic-policy", dest="nic_policy", type=parse_nic_policy, default=NicPolicy.NODE, metavar="POLICY",
-        help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank "
-        "(default); 'per-rank' = each rank's closest NIC only",
-    )
-
-
-def request_from_args(args: Any, environ: Mapping[str, str]) -> PlanRequest:
-    """The request for ``args`` (the planning options' values, by dest) in environment ``environ``."""
+def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
+    """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment ``environ``."""
     return PlanRequest(
-        nproc_per_node=getattr(args, "nproc_per_node", None),
-        binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
-        mem_policy=getattr(args, "mem_policy", MemPolicy.BIND),
-        nic_policy=getattr(args, "nic_policy", NicPolicy.NODE),
+        nproc_per_node=options.nproc_per_node,
+        binding=options.binding,
+        mem_policy=options.mem_policy,
+        nic_policy=options.nic_policy,
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
         user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},

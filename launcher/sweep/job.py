@@ -1,6 +1,7 @@
 """One job of a sweep in each of its ranks: ``python -m numarun.sweep.job DIR index=N`` runs ``DIR/N.job``
-through Hydra's ``run_job``, its task found as multiprocessing's spawn finds one; rank 0 writes the
-``JobReturn`` to ``DIR/N.ret``. ``group=G``: the jobs of ``DIR/groupG.json``, packed on this node."""
+through Hydra's ``run_job``, its task found as multiprocessing's spawn finds one; rank 0 alone runs the job's
+Hydra callbacks (one job, one ``on_job_start``) and writes the ``JobReturn`` to ``DIR/N.ret``. ``group=G``: the
+jobs of ``DIR/groupG.json``, packed on this node."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def run_one(folder: Path, idx: int) -> int:
     internals.set_version_base(head["version_base"])
     setup_globals()
     JobRuntime.instance().set("name", cfg.hydra.job.name)
-    ret = internals.run_job(None, cfg, task, internals.callbacks(cfg), sweep=True)
-    if os.environ.get("RANK", "0") == "0":
+    first = os.environ.get("RANK", "0") == "0"
+    ret = internals.run_job(None, cfg, task, internals.callbacks(cfg if first else None), sweep=True)
+    if first:
         try:
             data = pickle.dumps(ret)
         except Exception as e:
@@ -62,6 +64,7 @@ def run_one(folder: Path, idx: int) -> int:
 
 def run_group(folder: Path, group: int) -> int:
     from .. import envvars
+    from ..launch.options import from_environ
     from ..topology.discover import load_topology
     from ..worker import current_binding
     from .launch import run_local
@@ -74,7 +77,8 @@ def run_group(folder: Path, group: int) -> int:
     for idx in json.loads((folder / f"group{group}.json").read_text()):
         with open(folder / f"{idx}.job", "rb") as f:
             jobs.append(pickle.load(f)["job"])
-    return 1 if any(run_local(jobs, load_topology(None), folder).values()) else 0
+    topology = load_topology(from_environ(("topology",), os.environ).topology)
+    return 1 if any(run_local(jobs, topology, folder).values()) else 0
 
 
 def main(argv: list[str]) -> int:

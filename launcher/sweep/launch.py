@@ -1,8 +1,10 @@
 """The sweep's side of numarun's Hydra launcher: jobs composed and written, run as a queue on the node's
 slots (or as a Slurm job array), their ``JobReturn`` read back.
 
-A job's ``numarun run`` options, later ones winning: the trainer's ``launcher`` group, the launcher's
-``nproc_per_node`` and ``options``, those given to ``numarun SCRIPT -m`` (``NUMARUN_SWEEP_OPTIONS``).
+A job's launch options are a run's (:mod:`numarun.launch.options`), in the same precedence: the command line
+(the launcher's ``options``, then those given to ``numarun SCRIPT -m``, ``NUMARUN_SWEEP_OPTIONS``), the
+environment, the job config (the trainer's ``launcher`` group, then the launcher's ``nproc_per_node``), the
+defaults. While jobs run, the process's signal loop has the queue stop them or pass signals on.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,9 @@ from typing import Any
 from .. import envvars
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
+from ..jobenv.settle import Source
 from ..launch.child import numarun_command
+from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests, option
 from ..plan.pack import Slot, pack, slot_topology
 
 log = logging.getLogger(__name__)
@@ -42,23 +47,49 @@ class Job:
     idx: int
     overrides: tuple[str, ...]
     ranks: int
-    options: tuple[str, ...]  # numarun run options (later ones win)
+    options: tuple[str, ...]
+    """The ``numarun run`` options every job is given, as typed (later ones win)."""
+    config: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    """(where, ((key, value), ...)) of each job-config source, the later winning: the trainer's ``launcher`` group,
+    the launcher's own ``nproc_per_node``."""
+
+    def launch_options(self, environ: Mapping[str, str]) -> tuple[Options, argparse.Namespace, list[str]]:
+        """(the job's launch options, the other parsed ``numarun run`` options, those this parser does not know)."""
+        args, rest = _parse(self.options)
+        options = from_args(args, environ)
+        for where, values in self.config:
+            options = options.with_config(dict(values), prefix=where)
+        return options, args, rest
+
+
+SET_BY_SLURM = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend",
+                          "rdzv_endpoint", "rdzv_id", "standalone"})
+"""Launch options a Slurm array task does not take as ``--launch-opt``: submit's and the allocation's."""
+SET_BY_SWEEP = SET_BY_SLURM | set(PLANNING)
+"""Launch options a job on one node does not pass on: its plan holds the planning ones, the sweep sets the rest."""
 
 
 def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(the planning options, the other ``numarun run`` options as given)."""
-    from ..plan.options import add_plan_options
-
-    parser = argparse.ArgumentParser(add_help=False, prog="numarun")
-    add_plan_options(parser)
-    parser.add_argument("--strict-binding", action="store_true")
-    parser.add_argument("--log-level")
+    """(``numarun run``'s launch options and ``--log-level``, the other options as given)."""
 
     def refuse(message: str) -> None:
         raise UsageError(f"bad launcher options {' '.join(options)!r}: {message}; expected 'numarun run' options")
 
+    parser = argparse.ArgumentParser(add_help=False, prog="numarun")
+    add_options(parser, launch_dests())
+    parser.add_argument("--log-level")
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser.parse_known_args(list(options))
+
+
+def _flags(options: Options, *, sources: Sequence[Source], leave_out: frozenset[str] = frozenset()) -> list[str]:
+    """``--flag=value`` of each option stated by one of ``sources``, but those in ``leave_out``."""
+    out = []
+    for dest, s in options.stated().items():
+        if s.source in sources and dest not in leave_out:
+            o = option(dest)
+            out += [o.flag] if o.switch and s.value else [] if o.switch else [f"{o.flag}={getattr(s.value, 'value', s.value)}"]
+    return out
 
 
 def _common(settings: dict[str, Any]) -> list[str]:
@@ -77,23 +108,26 @@ def forwarded(args: argparse.Namespace, script: str) -> list[str]:
 def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) -> Job:
     from omegaconf import OmegaConf
 
+    from ..config.files import plain
+    from ..launch.options import config_keys
     from ..topology.visible import visible_gpus
 
-    own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group first
-    if own is not None and own.nnodes not in (None, 1):
-        raise UsageError(f"bad launcher.nnodes {own.nnodes!r} in a sweep on one node: expected 1 "
-                         "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
-    options = [o for k in ("nproc_per_node", "binding", "mem_policy", "nic_policy")
-               if own is not None and own[k] is not None for o in (f"--{k.replace('_', '-')}", str(own[k]))]
-    options += ["--strict-binding"] if own is not None and own.strict_binding else []
+    own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group
+    config: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
+        (("launcher", tuple((k, plain(own[k])) for k, _ in config_keys())),) if own is not None else ())
     if settings.get("nproc_per_node") is not None:
-        options += ["--nproc-per-node", str(settings["nproc_per_node"])]
-    options += _common(settings)
-    ranks = _parse(options)[0].nproc_per_node
+        config += (("hydra.launcher", (("nproc_per_node", settings["nproc_per_node"]),)),)
+    job = Job(int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), 1, tuple(_common(settings)), config)
+    options = job.launch_options(os.environ)[0]
+    nnodes = options.setting("nnodes")
+    if nnodes.source > Source.DEFAULT and str(nnodes.value) not in ("1", "1:1"):
+        raise UsageError(f"bad {nnodes.where} {nnodes.value!r} in a sweep on one node: expected 1 "
+                         "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
+    ranks = options.nproc_per_node
     if topology is not None and not isinstance(ranks, int):  # torchrun's words; the trainer's None: one per GPU
         gpus, cpus = len(visible_gpus(topology, os.environ.get("CUDA_VISIBLE_DEVICES"), "PCI_BUS_ID")), len(topology.usable_cpus)
         ranks = {"gpu": gpus, "auto": gpus or cpus, "cpu": cpus}.get(ranks or "", gpus if trainer else 1)
-    return Job(int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), int(ranks or 1), tuple(options))
+    return replace(job, ranks=int(ranks or 1))
 
 
 def _task_ref(task: Any) -> tuple[str, str, str, int, bool]:
@@ -122,13 +156,15 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     JobReturn each; a mistake is one line and exit 2 before any job starts."""
     from hydra import version
     from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-    from omegaconf import open_dict
+    from omegaconf import open_dict, read_write
 
     setup_globals()
     sys.modules.setdefault("__mp_main__", sys.modules["__main__"])  # as multiprocessing: the jobs' classes of the script
-    cfgs = [launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o)) for o in job_overrides]
+    composed = getattr(launcher, "composed", {})  # numarun's trainer composed each job once already
+    cfgs = [composed.pop(tuple(o), None) or launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o))
+            for o in job_overrides]
     for i, cfg in enumerate(cfgs):
-        with open_dict(cfg):
+        with read_write(cfg.hydra), open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
     config, settings, slurm = launcher.config, dict(launcher.settings), getattr(launcher, "slurm", False)
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
@@ -136,8 +172,12 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     try:
         from ..topology.discover import load_topology
 
-        topology = None if slurm else load_topology(_parse(_common(settings))[0].topology)
+        given = Job(0, (), 1, tuple(_common(settings))).launch_options(os.environ)
+        topology = None if slurm else load_topology(given[0].topology)
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
+        if given[1].show_sources:
+            for job in jobs:
+                sys.stderr.write(f"# job #{job.idx} ({' '.join(job.overrides)})\n" + job.launch_options(os.environ)[0].describe())
         base = version.getbase()  # the app's version_base: run_job's defaults (chdir) in each rank
         head = {"task": _task_ref(launcher.task_function), "version_base": None if base is None else str(base)}
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
@@ -181,11 +221,11 @@ def _result(folder: Path, job: Job, code: int) -> Any:
     return ret
 
 
-def _plan(job: Job, slot: Slot, topology: Any) -> Any:
+def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
     from ..plan.options import request_from_args
 
-    request = request_from_args(_parse(job.options)[0], {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
+    request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"))
 
 
@@ -193,14 +233,17 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
-    plan, (ns, rest) = _plan(job, slot, topology), _parse(job.options)
+    options, ns, rest = job.launch_options(os.environ)
+    plan = _plan(job, options, slot, topology)
     env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
     env.update({"CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 envvars.DETECT: "0", envvars.HYDRA_NOW: now, envvars.LAUNCHER_PID: str(os.getpid()),
                 **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {})})
     args = [str(folder), f"index={job.idx}"]
-    if job.ranks == 1 and not rest:  # nothing for torchrun's agent to do: the process is the rank
-        env.update(worker_env(plan, os.environ, plan_path="", strict=ns.strict_binding))
+    # the torchrun options typed for every job (the environment's reach the job as they are)
+    typed = _flags(options, sources=(Source.COMMAND_LINE,), leave_out=SET_BY_SWEEP)
+    if job.ranks == 1 and not rest and not typed:  # nothing for torchrun's agent to do: the process is the rank
+        env.update(worker_env(plan, os.environ, plan_path="", strict=options.strict_binding))
         env.pop(envvars.PLAN)
         env.update({envvars.PLAN_JSON: plan.to_json(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                     "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
@@ -208,9 +251,11 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
         cmd = [sys.executable, "-u", ENTRY_FILE, "--module", JOB_MODULE, *args]
     else:
         (folder / f"{job.idx}.plan.json").write_text(plan.to_json())
+        strict = options.setting("strict_binding")
         cmd = [*numarun_command(), "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
                "--nproc-per-node", str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
-               *(["--strict-binding"] if ns.strict_binding else []), *rest, "--module", JOB_MODULE, *args]
+               *(["--strict-binding"] if strict.value and strict.source is not Source.ENVIRONMENT else []),
+               *typed, *rest, "--module", JOB_MODULE, *args]
     # the affinity is set in the child before exec: every process of the job inherits it
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, slot.cpus))
 
@@ -223,53 +268,100 @@ def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
             pass
 
 
+class _Queue:
+    """The jobs of one batch, each in a slot as soon as one is free; the target of the process's signal loop while
+    they run (:class:`numarun.launch.signals.Target`): a death signal ends every running job (SIGTERM, SIGKILL after
+    :data:`GRACE_S` or at a second one), SIGUSR1/SIGUSR2 go on to every running job."""
+
+    def __init__(self, jobs: Sequence[Job], slots: list[Slot]) -> None:
+        self.waiting, self.slots = list(jobs), slots
+        self.running: dict[int, tuple[subprocess.Popen[bytes], Slot]] = {}
+        self.codes: dict[int, int] = {}
+        self.stopped_by, self.kill_at, self.ended = 0, 0.0, 0
+        self.lock = threading.Lock()  # the main thread's and the loop's
+        self.changed = threading.Event()
+
+    def _procs(self) -> list[subprocess.Popen[bytes]]:
+        with self.lock:
+            return [p for p, _ in self.running.values()]
+
+    def forward(self, signum: int) -> None:
+        _signal(self._procs(), signum)
+
+    def stop(self, signum: int, *, again: bool) -> None:
+        with self.lock:
+            if not self.stopped_by:
+                self.stopped_by, self.kill_at, self.ended = signum, time.monotonic() + GRACE_S, len(self.running)
+            else:  # a second one: no more grace
+                self.kill_at = time.monotonic()
+        if not again:
+            _signal(self._procs(), signal.SIGTERM)
+        self.changed.set()
+
+    def end(self, signum: int) -> BaseException:
+        print(f"numarun: error: stopped by {signal.Signals(signum).name} between the jobs of the sweep", file=sys.stderr,
+              flush=True)
+        return SystemExit(128 + signum)
+
+    def tick(self, now: float) -> None:
+        """The loop's periodic check: after the grace, SIGKILL to what still runs."""
+        if self.stopped_by and now >= self.kill_at:
+            _signal(self._procs(), signal.SIGKILL)
+
+    def run(self, start: Any) -> None:
+        """Start jobs in free slots (``start(job, slot)``) and collect their ends, until none is left to run."""
+        while True:
+            with self.lock:
+                while self.waiting and self.slots and not self.stopped_by:
+                    job, slot = self.waiting.pop(0), self.slots.pop(0)
+                    self.running[job.idx] = (start(job, slot), slot)
+                if not self.running and (self.stopped_by or not self.waiting):
+                    return
+                for idx, (proc, slot) in list(self.running.items()):
+                    if proc.poll() is not None:
+                        self.codes[idx] = proc.returncode
+                        del self.running[idx]
+                        self.slots = sorted([*self.slots, slot], key=lambda s: s.index)
+            self.changed.wait(0.2)
+            self.changed.clear()
+
+
 def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | None = None) -> dict[int, int]:
-    """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is
-    made before the first starts. SIGUSR1/SIGUSR2 go on to every running job; SIGINT/SIGTERM end every
-    running job (SIGKILL after :data:`GRACE_S`, or at a second one) and raise (exit 128+N)."""
-    from ..launch.signals import recorded
+    """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is made before
+    the first starts. While they run, the process's signal loop has the queue act (:class:`_Queue`); stopped by a
+    signal, it raises once every job has ended (exit 128+N)."""
+    from ..launch import signals
     from ..launch.supervisor import RunFailed
 
     slots = list(pack(topology, max(j.ranks for j in jobs), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
                       limit=limit))
     for job in jobs:
-        _plan(job, slots[0], topology)
+        _plan(job, job.launch_options(os.environ)[0], slots[0], topology)
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
     ports = {s.index: _free_port() for s in slots}
-    waiting, codes = list(jobs), {}
-    running: dict[int, tuple[subprocess.Popen[bytes], Slot]] = {}
-    stopped_by, kill_at, ended = 0, 0.0, 0
-    death = (signal.SIGINT, signal.SIGTERM)
-    with recorded((*death, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)) as wakeup:
-        while waiting or running:
-            while waiting and slots and not stopped_by:
-                job, slot = waiting.pop(0), slots.pop(0)
-                running[job.idx] = (_start(job, slot, ports[slot.index], topology, folder, now), slot)
-                log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, format_list(slot.cpus),
-                         format_list(slot.gpus) or "-")
-            if stopped_by and not running:
-                break
-            for signum in wakeup.read(1.0):  # a job's end (SIGCHLD) wakes it too
-                procs = [p for p, _ in running.values()]
-                if signum in death:
-                    if stopped_by:  # a second one: no more grace
-                        kill_at = time.monotonic()
-                    else:
-                        stopped_by, kill_at, ended = signum, time.monotonic() + GRACE_S, len(procs)
-                        _signal(procs, signal.SIGTERM)
-                elif signum in (signal.SIGUSR1, signal.SIGUSR2):
-                    _signal(procs, signum)
-            if stopped_by and time.monotonic() >= kill_at:
-                _signal([p for p, _ in running.values()], signal.SIGKILL)
-            for idx, (proc, slot) in list(running.items()):
-                if proc.poll() is not None:
-                    codes[idx] = proc.returncode
-                    del running[idx]
-                    slots = sorted([*slots, slot], key=lambda s: s.index)
-    if stopped_by:
-        raise RunFailed(f"stopped by {signal.Signals(stopped_by).name}: {ended} running jobs ended, "
-                        f"{len(waiting)} not started", 128 + stopped_by)
-    return codes
+    queue = _Queue(jobs, slots)
+
+    def start(job: Job, slot: Slot) -> subprocess.Popen[bytes]:
+        proc = _start(job, slot, ports[slot.index], topology, folder, now)
+        log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, format_list(slot.cpus),
+                 format_list(slot.gpus) or "-")
+        return proc
+
+    loop = signals.loop()
+    loop.handle((*signals.DEATH, *signals.FORWARDED))
+    with loop.lock:
+        for signum in loop.take_held():
+            log.warning("got %s while no job of the sweep ran: not passed on", signal.Signals(signum).name)
+    cancel = loop.every(0.25, queue.tick)
+    try:
+        with loop.serving(queue, signals.Phase.JOBS):
+            queue.run(start)
+    finally:
+        cancel()
+    if queue.stopped_by:
+        raise RunFailed(f"stopped by {signal.Signals(queue.stopped_by).name}: {queue.ended} running jobs ended, "
+                        f"{len(queue.waiting)} not started", 128 + queue.stopped_by)
+    return queue.codes
 
 
 def _free_port() -> int:
@@ -296,7 +388,9 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
         cmd += ["--nproc-per-node", "1", "--launch-opt=--binding=none", "--launch-opt=--no-watch",
                 "--module", JOB_MODULE, str(folder), "-m", f"group=range(0,{len(groups)})"]
     else:
-        cmd += ["--nproc-per-node", str(sizes.pop()), *(f"--launch-opt={o}" for o in _parse(jobs[0].options)[1]),
+        options, _, rest = jobs[0].launch_options(os.environ)
+        given = _flags(options, sources=(Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG), leave_out=SET_BY_SLURM)
+        cmd += ["--nproc-per-node", str(sizes.pop()), *(f"--launch-opt={o}" for o in [*given, *rest]),
                 "--module", JOB_MODULE, str(folder), "-m", f"index=range({jobs[0].idx},{jobs[-1].idx + 1})"]
     code = subprocess.run(cmd, check=False).returncode
     if settings.get("dry_run"):
@@ -333,11 +427,11 @@ def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequenc
         from ..config.compose import expand_sweep
         from ..topology.discover import load_topology
 
-        ns = _parse(options)[0]
+        launch = Job(0, (), 1, tuple(options)).launch_options(os.environ)[0]
         overrides = [a for a in script_args if "=" in a and not a.lstrip("+~").startswith("hydra")]
         jobs = [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
-        ranks = ns.nproc_per_node if isinstance(ns.nproc_per_node, int) else 1
-        sys.stdout.write(describe(load_topology(ns.topology), ranks, jobs))
+        ranks = launch.nproc_per_node if isinstance(launch.nproc_per_node, int) else 1
+        sys.stdout.write(describe(load_topology(launch.topology), ranks, jobs))
         return 0
     argv = [sys.executable, *(["-m"] if kind == "module" else []), name, *script_args,
             *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"])]

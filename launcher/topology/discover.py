@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "NUMARUN_TOPOLOGY"
 ACCEPTED = (
     "a directory standing for a machine's '/' (holding sys/ and proc/) or a tarball of one, a .json snapshot from "
     "'numarun topo --json', an hwloc .xml file, or a saved 'nvidia-smi topo -m' text"
@@ -24,8 +22,8 @@ ACCEPTED = (
 
 
 def load_topology(source: str | None = None) -> Topology:
-    """Load the topology named by ``source``, else ``NUMARUN_TOPOLOGY``, else the live machine."""
-    source = source if source is not None else (os.environ.get(ENV_VAR, "").strip() or None)
+    """Load the topology named by ``source`` (None: the live machine). The launch options say which source
+    (``--topology``, ``NUMARUN_TOPOLOGY``: :mod:`numarun.launch.options`)."""
     if source is None:
         return read_live()
     path = Path(source).expanduser()
@@ -115,8 +113,7 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
 
 
 def device_root(source: str | None = None) -> Path | None:
-    """The directory whose ``dev/`` and ``proc/`` stand for the machine ``source`` names; None for files."""
-    source = source if source is not None else (os.environ.get(ENV_VAR, "").strip() or None)
+    """The directory whose ``dev/`` and ``proc/`` stand for the machine ``source`` names (None: this one); None for files."""
     if source is None:
         return Path("/")
     path = Path(source).expanduser()

@@ -40,9 +40,10 @@ def hydra_task(cfg: Any) -> int:
 
 
 def run(argv: list[str], job_cfg: Any = None, job_dir: Path | None = None) -> int:
-    from .loop import Trainer, init_context, install_signal_handlers
+    from ..launch.signals import Requests
+    from .loop import STOP_SIGNALS, Trainer, init_context
 
-    install_signal_handlers()
+    stops = Requests(STOP_SIGNALS)  # recorded from here on; the training loop reads them after each step
     env_config = None if job_cfg is not None else os.environ.get("NUMARUN_CONFIG")
     if env_config and argv:
         log.warning("NUMARUN_CONFIG is set: ignoring command-line overrides %s", argv)
@@ -56,7 +57,7 @@ def run(argv: list[str], job_cfg: Any = None, job_dir: Path | None = None) -> in
             cfg, job_dir = load_job_config(config_file), Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
         if job_dir is None or not job_dir.is_dir():
             raise ConfigError(f"bad NUMARUN_RUN_DIR {str(job_dir)!r}: expected an existing run directory")
-        code = Trainer(cfg, job_dir, ctx).run()
+        code = Trainer(cfg, job_dir, ctx, stops).run()
         if dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank past its last collective before any rank tears its sockets down:
             # a peer that closes while another still waits on it aborts that one (SIGABRT).

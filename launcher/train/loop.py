@@ -27,20 +27,13 @@ import torch.distributed as dist
 from ..config.schema import ModelKind, OptimKind, ParallelKind, Precision, Schedule
 from ..errors import ConfigError
 from ..fsutil import write_atomic
+from ..launch.signals import Requests
 from . import checkpoint
 from .data import StepBatchSampler, build_dataset, build_loader
 from .models import build_model, loss_fn
 from .parallel import Wrapped, grad_norm_clip, sync_tp_grads, wrap
 
 log = logging.getLogger(__name__)
-
-_stop_signal: int | None = None
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    global _stop_signal
-    _stop_signal = signum
-
 
 @dataclass(frozen=True)
 class _Shared:
@@ -52,10 +45,8 @@ class _Shared:
     watched: dict[str, list[Any]]
 
 
-def install_signal_handlers() -> None:
-    """SIGUSR1 (SLURM's warning before the time limit), SIGUSR2 and SIGTERM: finish the step, save, exit 0."""
-    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(s, _on_signal)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+"""SIGUSR1 (Slurm's warning before the time limit), SIGUSR2 and SIGTERM: finish the step, save, exit 0."""
 
 
 def init_context() -> Any:
@@ -120,8 +111,10 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, *, kind: ParallelKind = Pa
 
 
 class Trainer:
-    def __init__(self, cfg: Any, run_dir: Path, ctx: Any) -> None:
+    def __init__(self, cfg: Any, run_dir: Path, ctx: Any, stops: Requests | None = None) -> None:
+        """``stops``: the signals that ask the run to stop after its step (:data:`STOP_SIGNALS`), read after each step."""
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
+        self.stops = stops
         self.rank = ctx.rank
         t = cfg.trainer
         torch.manual_seed(t.seed)  # identical initial weights on every rank and every mode
@@ -348,8 +341,9 @@ class Trainer:
 
         figures = watch.figures()
         share = figures.get("remote_memory_share")
+        stop = self.stops.first() if self.stops is not None else 0
         mine = torch.tensor(
-            [float(_stop_signal or 0), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
+            [float(stop), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
              float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0],
             dtype=torch.float64, device=self.ctx.device,
         )

@@ -16,8 +16,6 @@ from ..plan.model import BindingMode, MemPolicy
 
 PLAN_AXES = ("binding", "mem-policy", "omp")
 OMP_FROM_PLAN = "plan"
-# what numarun run uses without options: ratios are taken against it
-DEFAULTS: dict[str, str] = {"binding": BindingMode.EXCLUSIVE.value, "mem-policy": MemPolicy.BIND.value, "omp": OMP_FROM_PLAN}
 
 
 @dataclass(frozen=True)
@@ -104,9 +102,11 @@ def candidates(axes: Sequence[Axis]) -> list[Candidate]:
     return [Candidate(tuple(c)) for c in combos]
 
 
-def default_index(cands: Sequence[Candidate], axes: Sequence[Axis]) -> int:
-    """The candidate ``numarun run`` would use (each override at its first value); else the first."""
-    want = {ax.name: DEFAULTS.get(ax.name, ax.values[0]) for ax in axes}
+def default_index(cands: Sequence[Candidate], axes: Sequence[Axis], defaults: dict[str, str]) -> int:
+    """The candidate ``numarun run`` would use: each plan axis at ``defaults`` (what the run takes without its
+    flag: the environment, else numarun's default; OMP the plan's own), each override at its first value; else
+    the first."""
+    want = {ax.name: {"omp": OMP_FROM_PLAN, **defaults}.get(ax.name, ax.values[0]) for ax in axes}
     for i, c in enumerate(cands):
         if c.as_dict() == want:
             return i
