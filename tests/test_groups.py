@@ -154,12 +154,12 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
     args = _bench_args(["bench", "allreduce", "--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1",
                         "--master-addr", "10.0.0.1", "--master-port", "1234", "--sizes", "1M,2M", "--iters", "4",
                         "--json", "/tmp/x.json"])
-    argv = bench_cmd.launch_argv(args, bench_cmd.bench_argv(args))
+    argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), bench_cmd.bench_argv(args))
     head = numarun_command("run")
     i = argv.index("-m", len(head))
     assert argv[:len(head)] == head  # bound ranks by default
     assert argv[len(head):i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
-                         "--master-port=1234"]
+                                 "--master-port=1234"]
     assert argv[i + 1] == "numarun.bench.allreduce"
     rest = argv[i + 2:]
     assert "--sizes=1M,2M" in rest and "--iters=4" in rest and "--json=/tmp/x.json" in rest
@@ -173,20 +173,35 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
 
 def test_bench_launchers() -> None:
     args = _bench_args(["bench", "allreduce", "--binding", "none"])
-    argv = bench_cmd.launch_argv(args, [])
+    argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
     assert argv[:len(numarun_command("run"))] == numarun_command("run") and "--binding=none" in argv
     args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
-    argv = bench_cmd.launch_argv(args, [])
+    argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
     assert argv[1:3] == ["-m", "torch.distributed.run"] and not any(a.startswith("--binding") for a in argv)
     args = _bench_args(["bench", "allreduce", "--launcher", "torchrun", "--binding", "node"])
     with pytest.raises(UsageError, match="--launcher torchrun"):
-        bench_cmd.launch_argv(args, [])
+        bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
+
+
+def test_bench_runs_two_ranks_unless_told_and_leaves_the_environment_to_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMARUN_BINDING", "node")
+    monkeypatch.setenv("PET_MASTER_PORT", "29999")
+    args = _bench_args(["bench", "allreduce"])
+    options = bench_cmd.job_options(args)
+    s = options.setting("nproc_per_node")
+    assert (s.value, str(s.source), s.where) == (2, "default", "numarun bench")
+    assert options.setting("binding").where == "NUMARUN_BINDING"
+    argv = bench_cmd.launch_argv(args, options, [])
+    # the job reads the environment itself: nothing of it becomes a flag
+    assert not any(a.startswith(("--binding", "--master-port")) for a in argv) and "--nproc-per-node=2" in argv
+    args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
+    bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])  # NUMARUN_BINDING is no --binding for torchrun
 
 
 def test_bench_bad_job_shape() -> None:
     args = _bench_args(["bench", "allreduce", "--nnodes", "2", "--node-rank", "2"])
     with pytest.raises(UsageError, match="node-rank"):
-        bench_cmd.launch_argv(args, [])
+        bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
 
 
 def test_bench_registry_names_importable_modules() -> None:

@@ -131,7 +131,7 @@ def test_torchruns_defaults_are_torchs_own() -> None:
 @pytest.mark.parametrize(("environ", "config", "message"), [
     ({"NUMARUN_BINDING": "tight"}, None, "bad NUMARUN_BINDING 'tight': expected one of"),
     ({"PET_MASTER_PORT": "x"}, None, "bad PET_MASTER_PORT 'x': expected a whole number from 1 to 65535"),
-    ({"PET_MAX_RESTARTS": "x"}, None, "bad PET_MAX_RESTARTS 'x': expected a value --max-restarts takes"),
+    ({"PET_MAX_RESTARTS": "x"}, None, "bad PET_MAX_RESTARTS 'x': expected an integer"),
     ({"PET_STANDALONE": "yes"}, None, "bad PET_STANDALONE 'yes': expected 1 or 0"),
     ({}, {"binding": "tight"}, "bad launcher.binding 'tight': expected one of"),
     ({}, {"nproc_per_node": 0}, "bad launcher.nproc_per_node '0': expected a positive integer"),

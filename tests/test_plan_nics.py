@@ -183,13 +183,12 @@ def test_unknown_port_state_counts_as_up() -> None:
 def test_config_key_nic_policy_feeds_the_flag_and_is_checked() -> None:
     from numarun.cli import build_parser
     from numarun.config import compose as C
-    from numarun.config.files import LAUNCHER_KEYS
     from numarun.config.schema import check_values
     from numarun.errors import ConfigError
-    from numarun.launch.options import from_args
+    from numarun.launch.options import config_keys, from_args
 
     cfg = C.compose(["launcher.nic_policy=per-rank"])
-    assert "nic_policy" in LAUNCHER_KEYS and cfg.launcher.nic_policy == "per-rank"
+    assert "nic_policy" in dict(config_keys()) and cfg.launcher.nic_policy == "per-rank"
     options = from_args(build_parser(only="plan").parse_args(["plan"]), {}).with_config({"nic_policy": "per-rank"})
     assert options.nic_policy is NicPolicy.PER_RANK and options.setting("nic_policy").where == "launcher.nic_policy"
     with pytest.raises(ConfigError, match="launcher.nic_policy 'rail'"):

@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURES, HWLOC_XML_DIR
 
 from numarun.errors import TopologyError
-from numarun.topology.discover import ENV_VAR, load_topology, merge_nvml
+from numarun.envvars import TOPOLOGY as ENV_VAR
+from numarun.topology.discover import load_topology, merge_nvml
 from numarun.topology.model import Topology
 from numarun.topology.nvml import NvmlReading, reading_from_record
 from numarun.topology.sysfs import read_sysfs
@@ -51,11 +52,16 @@ def test_nvidia_smi_text() -> None:
     assert len(t.gpus) == 8
 
 
-def test_env_var_names_the_source(h200_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_var_names_the_source_through_the_options(h200_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NUMARUN_TOPOLOGY is the --topology option's variable, read where the options are (once); the reader
+    itself reads only what it is given."""
+    from numarun.launch.options import from_environ
+
+    source = from_environ(("topology",), {ENV_VAR: str(h200_tree)}).setting("topology")
+    assert (source.value, source.where) == (str(h200_tree), ENV_VAR)
+    assert load_topology(source.value).source == f"sysfs:{h200_tree}"
     monkeypatch.setenv(ENV_VAR, str(h200_tree))
-    assert load_topology().source == f"sysfs:{h200_tree}"
-    # An explicit source wins over the environment.
-    assert load_topology(str(SMI)).source.startswith("nvidia-smi:")
+    assert load_topology().source == "live"  # None: this machine, whatever the environment says
 
 
 def test_missing_path_names_it_and_the_forms(tmp_path: Path) -> None:

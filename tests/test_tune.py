@@ -21,8 +21,12 @@ def test_axes_parse_and_product_order() -> None:
     assert [c.label() for c in cs[:3]] == [
         "binding=exclusive mem-policy=bind", "binding=exclusive mem-policy=preferred", "binding=node mem-policy=bind"]
     assert len(cs) == 6
-    assert cand.default_index(cs, axes) == 0
-    assert cand.default_index(cand.candidates([cand.binding_axis("none,exclusive")]), [cand.binding_axis("none,exclusive")]) == 1
+    base = {"binding": "exclusive", "mem-policy": "bind"}
+    assert cand.default_index(cs, axes, base) == 0
+    two = [cand.binding_axis("none,exclusive")]
+    assert cand.default_index(cand.candidates(two), two, base) == 1
+    # what the runs take without --binding, from the environment (NUMARUN_BINDING=none): the ratios' base
+    assert cand.default_index(cand.candidates(two), two, {**base, "binding": "none"}) == 0
 
 
 @pytest.mark.parametrize("flag,text", [
@@ -51,9 +55,16 @@ def test_override_axes_keep_other_args() -> None:
         cand.override_axes(["a=1,2", "a=3,4"])
 
 
+def test_the_base_is_what_a_run_takes_without_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from numarun.commands import tune
+
+    assert tune._baseline({}).binding.value == "exclusive"  # numarun's own default, as declared
+    assert tune._baseline({"NUMARUN_BINDING": "node", "NUMARUN_MEM_POLICY": "none"}).binding.value == "node"
+
+
 def test_omp_default_is_the_plan() -> None:
     axes = [cand.omp_axis("4,plan")]
-    assert cand.default_index(cand.candidates(axes), axes) == 1
+    assert cand.default_index(cand.candidates(axes), axes, {}) == 1
 
 
 @pytest.mark.parametrize("n,k", [(1, 1), (3, 3), (4, 2), (2, 5)])

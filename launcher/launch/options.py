@@ -84,7 +84,8 @@ class Option:
             return self.parse(str(raw))
         except (argparse.ArgumentTypeError, UsageError, TypeError, ValueError) as e:
             msg = str(e)
-            expected = msg[msg.index("expected"):] if "expected" in msg else f"expected a value {self.flag} takes"
+            kind = {int: "an integer", float: "a number"}.get(self.parse, f"a value {self.flag} takes")  # type: ignore[call-overload]
+            expected = msg[msg.index("expected"):] if "expected" in msg else f"expected {kind}"
             raise UsageError(f"bad {where} {str(raw)!r}: {expected}") from None
 
     def argtype(self, text: str) -> Any:
@@ -200,7 +201,7 @@ def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group:
     if "show_sources" not in present:
         parser.add_argument("--show-sources", action="store_true",
                             help="also print each launch option with its value and source (on stderr)")
-    parser.set_defaults(launch_options=options)
+    parser.set_defaults(launch_options=(*(parser.get_default("launch_options") or ()), *options))
 
 
 def resolve(*candidates: Setting | None) -> Setting:

@@ -38,7 +38,7 @@ def parse_nproc(text: str) -> int | str | None:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
         raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer from 1 to {MAX_LOCAL_RANKS} "
+            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
             f"or one of {', '.join(NPROC_KEYWORDS)}"
         )
     return value
