@@ -148,15 +148,19 @@ def test_every_rendezvous_has_a_deadline_restarts_included(tmp_path, monkeypatch
     monkeypatch.setattr(sup, "die", lambda code, message: died.append((code, message)))
     spec = LaunchSpec(target=Target("script", "x.py"), nproc_per_node=1, rdzv_conf=(("timeout", "1"),), rdzv_margin_s=1)
     sup._job = _Job(spec, *spec.rendezvous_deadline(), abort=None, idle_since=0.0)
-    sup._phase = Phase.RENDEZVOUS
+    import threading
+    import types
+
+    sup._loop = types.SimpleNamespace(lock=threading.Lock(), phase=Phase.RENDEZVOUS)  # the loop's side alone
     # a group ran (registered, alive), then its worker failed and the restart's rendezvous hangs
     (tmp_path / "pid.0").write_text("4242 0\n")
     alive.append(4242)
-    sup._watch_job(100.0)  # alive: the deadline starts again from here
+    sup._tick(100.0)  # alive: the deadline starts again from here
+    assert sup._loop.phase is Phase.RUNNING
     alive.clear()
-    sup._watch_job(101.5)
+    sup._tick(101.5)
     assert not died
-    sup._watch_job(102.0)
+    sup._tick(102.0)
     (code, message), = died
     assert code == 1 and message.startswith("the rendezvous after restart 1 did not complete within 2 s (timeout=1 + 1 s)")
     assert ledger.workers(tmp_path) == {"0": (4242, 0)}

@@ -138,38 +138,75 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
 
 def test_the_handlers_only_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every signal handler numarun installs, run in every phase under a profiler: no lock, no file or
-    pipe I/O, no logging, no psutil, no sleep or wait. At most it raises (END and STOP)."""
-    from numarun import torch_private
+    pipe I/O, no logging, no psutil, no sleep or wait, and no look-up of the phase table (the loop's). It
+    raises nothing but what the loop asked the main thread to raise (END, and the supervisor's STOP)."""
     from numarun.launch import signals
     from numarun.launch.supervisor import RunFailed, Supervisor
+    from numarun.train.loop import STOP_SIGNALS
 
     saved = {s: signal.getsignal(s) for s in (*signals.RELAYED, signal.SIGCHLD)}
     sup = Supervisor()
     try:
-        monkeypatch.setattr(torch_private, "signal_exception_type", lambda: _Stop)
         sup.hold_signals({})
+        loop = sup.loop
+        assert loop.handled == {*signals.DEATH, *signals.FORWARDED}
         for phase in signals.Phase:
-            for signum in sup._death | sup._forwarded:
-                sup._phase = phase  # END and STOP move it to STOPPING
-                handler = signal.getsignal(signum)
-                assert callable(handler)
-                act = signals.ON_SIGNAL[phase][0 if signum in sup._death else 1]
-                raised = _traced(handler, signum)
-                assert raised == {signals.Act.END: RunFailed, signals.Act.STOP: _Stop}.get(act), (phase, signum)
-        relay = signals.Relay()
-        for signum in (*signals.RELAYED, signal.SIGCHLD):
+            loop.phase = phase
+            for signum in loop.handled:
+                assert signal.getsignal(signum) == loop.handler  # one handler, installed once
+                assert _traced(loop.handler, signum) is None, (phase, signum)
+        loop._pending = RunFailed("stopped by SIGTERM; no worker was running", 143)  # as Loop.interrupt leaves it
+        assert _traced(loop.handler, signal.SIGTERM) is RunFailed and loop.interrupted()
+        stops = signals.Requests(STOP_SIGNALS)  # the trainer's, in each rank
+        for signum in STOP_SIGNALS:
             assert _traced(signal.getsignal(signum), signum) is None
-        relay.wakeup.close()
-        from numarun.train import loop  # the trainer's, in each rank
-
-        loop.install_signal_handlers()
-        for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-            assert _traced(signal.getsignal(signum), signum) is None
-        monkeypatch.setattr(loop, "_stop_signal", None)
+        assert stops.first() == STOP_SIGNALS[0]
     finally:
-        sup._phase = signals.Phase.STOPPING
-        if sup._wakeup is not None:
-            sup.release()
+        if signals._LOOP is not None:
+            signals._LOOP.close()
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+class _Target:
+    def __init__(self) -> None:
+        self.did: list[str] = []
+
+    def forward(self, signum: int) -> None:
+        self.did.append("forward")
+
+    def stop(self, signum: int, *, again: bool) -> None:
+        self.did.append("again" if again else "stop")
+
+    def end(self, signum: int) -> BaseException:
+        self.did.append("end")
+        return _Stop("end", signum)
+
+
+def test_the_loop_acts_as_the_phase_table_says() -> None:
+    """Each phase's row of ON_SIGNAL, as the loop carries it out for its target (END: the main thread raises)."""
+    from numarun.launch import signals
+
+    saved = {s: signal.getsignal(s) for s in signals.RELAYED}
+    loop = signals.loop()
+    try:
+        loop.handle(signals.RELAYED)
+        want = {signals.Act.END: "end", signals.Act.STOP: "stop", signals.Act.AGAIN: "again",
+                signals.Act.FORWARD: "forward", signals.Act.HOLD: "held"}
+        for phase, acts in signals.ON_SIGNAL.items():
+            for signum, act in ((signal.SIGTERM, acts[0]), (signal.SIGUSR1, acts[1])):
+                target = _Target()
+                loop.target, loop.phase, loop.held = target, phase, []
+                try:
+                    loop._act(signum)  # here in the main thread: END's interrupt reaches it at once
+                except _Stop:
+                    target.did.append("raised")
+                done = target.did + (["held"] if loop.held else [])
+                assert done == ([want[act], "raised"] if act is signals.Act.END else [want[act]]), (phase, signum, done)
+                if act in (signals.Act.END, signals.Act.STOP):
+                    assert loop.phase is signals.Phase.STOPPING
+    finally:
+        loop.close()
         for s, h in saved.items():
             signal.signal(s, h)
 
@@ -185,7 +222,7 @@ FORBIDDEN_BUILTINS = {"open", "print", "input", "flock", "lockf", "sleep", "sele
                       "killpg", "read", "write", "fsync", "acquire", "__enter__", "wait", "join", "system", "fdopen",
                       "allocate_lock", "RLock"}
 FORBIDDEN_NAMES = FORBIDDEN_BUILTINS | {"log", "logging", "warning", "info", "debug", "error", "exception", "Lock",
-                                        "_lock", "lock", "psutil", "ledger", "fcntl", "Path"}
+                                        "_lock", "lock", "psutil", "ledger", "fcntl", "Path", "ON_SIGNAL", "phase"}
 
 
 def _traced(handler: object, signum: int) -> type[BaseException] | None:
@@ -231,10 +268,9 @@ def test_every_signal_handler_in_numarun_is_one_of_the_traced_ones() -> None:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "signal"
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "signal"):
                 found.add((path.relative_to(root).as_posix(), ast.unparse(node.args[1])))
-    defaults = {"signal.SIG_DFL", "signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL",
-                "previous[signum]"}  # a handler saved before, put back
-    assert {h for _, h in found} - defaults == {"self._on_signal", "_record", "_on_signal"}, sorted(found)
-    assert {f for f, h in found if h == "_on_signal"} == {"train/loop.py"}
+    defaults = {"signal.SIG_DFL", "signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL"}
+    assert {h for _, h in found} - defaults == {"self.handler", "self.loop.handler", "self._record"}, sorted(found)
+    assert {f for f, h in found if h not in defaults} == {"launch/signals.py", "launch/supervisor.py"}, sorted(found)
 
 
 def _as_pid_1(tmp: Path, *args: str) -> subprocess.Popen:  # type: ignore[type-arg]

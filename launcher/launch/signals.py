@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..envvars import INIT, READY_FD
 from .child import numarun_command
@@ -187,9 +187,6 @@ class Loop:
         return self._pending is None
 
     def _run(self) -> None:
-        import logging
-
-        log = logging.getLogger(__name__)
         while not self._closed:
             with self.lock:
                 due = min((c.due for c in self._checks), default=time.monotonic() + 1.0)
@@ -205,7 +202,7 @@ class Loop:
                     c.due = now + c.seconds
                     c.check(now)
             except Exception as e:
-                log.debug("signal loop: %s", e)
+                _log().debug("signal loop: %s", e)
 
     def _echo(self, signum: int) -> bool:
         if self._echoes.get(signum, 0) > 0:  # the record of the loop's own interrupt
@@ -221,6 +218,7 @@ class Loop:
             act, target = ON_SIGNAL[self.phase][0 if death else 1], self.target
             if act is Act.HOLD or target is None:
                 self.held.append(signum)
+                _log().warning("got %s: the workers get it when they start", signal.Signals(signum).name)
                 return
             if act in (Act.END, Act.STOP):
                 self.phase = Phase.STOPPING
@@ -230,6 +228,12 @@ class Loop:
             target.stop(signum, again=act is Act.AGAIN)
         else:
             target.forward(signum)
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger(__name__)
 
 
 def _read(fd: int, timeout: float | None) -> list[int]:

@@ -135,7 +135,7 @@ class Supervisor:
     def forward(self, signum: int) -> None:
         import psutil
 
-        if self.private_dir is None:
+        if self.private_dir is None:  # no job started yet: kept, as HOLD keeps it
             with self.loop.lock:
                 self.loop.held.append(signum)
             log.warning("got %s: the workers get it when they start", signal.Signals(signum).name)

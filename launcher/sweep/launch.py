@@ -351,7 +351,7 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     loop.handle((*signals.DEATH, *signals.FORWARDED))
     with loop.lock:
         for signum in loop.take_held():
-            log.warning("got %s while no job of the sweep ran: not passed on", signal.Signals(signum).name)
+            log.warning("%s came while no job of the sweep ran: no job takes it", signal.Signals(signum).name)
     cancel = loop.every(0.25, queue.tick)
     try:
         with loop.serving(queue, signals.Phase.JOBS):
