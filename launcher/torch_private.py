@@ -110,6 +110,25 @@ def route_signals(handler: Any) -> bool:
     return True
 
 
+_SHUTDOWN_LINES = {  # what torchrun's agent logs as it stops its workers for a signal (logger, message template)
+    "torch.distributed.elastic.agent.server.api": "Received %s death signal, shutting down workers",
+    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
+}
+
+
+def _not_a_shutdown_line(record: logging.LogRecord) -> bool:
+    return record.msg != _SHUTDOWN_LINES.get(record.name)
+
+
+def quiet_shutdown() -> None:
+    """numarun stops the run for a signal and says so in one line: torchrun's own lines about it are left out
+    (its other lines are kept)."""
+    for name in _SHUTDOWN_LINES:
+        logger = logging.getLogger(name)
+        if _not_a_shutdown_line not in logger.filters:
+            logger.addFilter(_not_a_shutdown_line)
+
+
 def signal_exception(signum: int) -> BaseException:
     """What torchrun's agent raises in its main thread for a death signal (``SignalException``), so
     that a signal during the rendezvous ends the run the way one during the run does."""

@@ -208,3 +208,112 @@ def test_slurm_launcher_renders_a_job_array(app: Path, pack: int | None) -> None
     text = text.replace(str(app), "<cwd>").replace(str(Path(sys.executable).parent), "<bin>")
     check_golden(GOLDEN_DIR / "sweep" / f"slurm-array{'-pack' if pack else ''}.sh", text)
     assert record(app, "started") == {}  # nothing ran
+
+
+# ----------------------------------------------------------------------------- one options path, one composition
+
+PLAN_APP = '''
+import json, os
+from pathlib import Path
+
+import hydra
+
+from numarun.worker import load_plan
+
+
+@hydra.main(version_base="1.3", config_path=None, config_name=None)
+def job(cfg):
+    plan = load_plan(os.environ)
+    Path(cfg.out, f"plan.{cfg.x}.{os.environ['RANK']}").write_text(json.dumps({
+        "binding": plan.binding.value, "mem_policy": plan.mem_policy.value, "nic_policy": plan.nic_policy.value,
+        "world": int(os.environ["WORLD_SIZE"])}))
+
+
+if __name__ == "__main__":
+    job()
+'''
+
+COUNTING_CALLBACK = '''
+import os
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class Counter(Callback):
+    def on_job_start(self, config, **kwargs):
+        with open(Path(config.out, f"job_start.{config.x}"), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+'''
+
+
+def _shown(err: str, job: int, dest: str) -> str:
+    """The value and source ``--show-sources`` printed for ``dest`` of job ``job``, spaces squeezed."""
+    block = err[err.index(f"# job #{job} "):]
+    return " ".join(next(line for line in block.splitlines() if line.startswith(f"#   {dest} ")).split()[2:])
+
+
+@pytest.mark.parametrize(("variable", "text", "dest", "shown", "planned"), [
+    ("NUMARUN_BINDING", "none", "binding", "none", {"binding": "none"}),
+    ("NUMARUN_MEM_POLICY", "preferred", "mem_policy", "preferred", {"mem_policy": "preferred"}),
+    ("NUMARUN_NIC_POLICY", "per-rank", "nic_policy", "per-rank", {"nic_policy": "per-rank"}),
+    ("NUMARUN_STRICT_BINDING", "1", "strict_binding", "True", {}),
+    ("PET_NPROC_PER_NODE", "2", "nproc_per_node", "2", {"world": 2}),
+])
+def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(tmp_path: Path, variable: str, text: str,
+                                                                          dest: str, shown: str, planned: dict) -> None:
+    """``NUMARUN_BINDING=none python app.py -m hydra/launcher=numarun``: every job unbound, as in a run; each
+    variable named as the source in each job's ``--show-sources`` block."""
+    (tmp_path / "app.py").write_text(PLAN_APP)
+    (tmp_path / "out").mkdir()
+    proc = sweep(tmp_path, "+x=1,2", "hydra.launcher.options=[--show-sources]", **{variable: text})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job in (0, 1):
+        assert _shown(proc.stderr, job, dest) == f"{shown} environment ({variable})", proc.stderr[-3000:]
+    plans = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("plan.*")}
+    assert len(plans) == 2 * planned.get("world", 1), plans
+    assert all(p.items() >= planned.items() for p in plans.values()), plans
+
+
+def test_numarun_topology_reaches_the_sweeps_slots(app: Path) -> None:
+    nvswitch = REPO / "tests" / "fixtures" / "nvidia-smi" / "h100-8gpu-13nic-mlx5_ib-penny.txt"
+    proc = subprocess.run([*numarun_cmd(), "--dry-run", "--nproc-per-node", "2", "app.py", "-m", "+x=1,2"], cwd=app,
+                          env=clean_env(NUMARUN_TOPOLOGY=str(nvswitch)), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("2 jobs of 2 ranks, 4 at a time on nvidia-smi:") and "GPU 0-1" in proc.stdout, proc.stdout
+
+
+def test_a_trainer_sweep_composes_each_job_once_and_its_config_does_not_beat_the_environment(tmp_path: Path) -> None:
+    """``numarun --show-sources train.py -m ... launcher.binding=node`` with NUMARUN_BINDING=none: the environment
+    wins over the job config in every job, as in a run; Hydra composes each job once (numarun checks every job
+    before the first starts, and the launcher runs those same configs)."""
+    count = tmp_path / "compositions"
+    wrapper = (
+        "import sys\n"
+        "from hydra._internal.config_loader_impl import ConfigLoaderImpl as L\n"
+        "real = L.load_sweep_config\n"
+        "def counted(self, *a, **k):\n"
+        f"    open({str(count)!r}, 'a').write('1\\n')\n"
+        "    return real(self, *a, **k)\n"
+        "L.load_sweep_config = counted\n"
+        "from numarun.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", wrapper, "--show-sources", str(REPO / "scripts" / "train.py"), "-m",
+                           "trainer.steps=1", "trainer.seed=1,2", "launcher.binding=node"], cwd=tmp_path,
+                          env=clean_env(NUMARUN_BINDING="none"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for job in (0, 1):
+        assert _shown(proc.stderr, job, "binding") == "none environment (NUMARUN_BINDING)", proc.stderr[-3000:]
+    assert count.read_text().count("1") == 2  # one composition per job
+    (sweep_dir,) = list((tmp_path / "multirun").glob("*/*"))
+    assert all(json.loads((sweep_dir / n / "summary.json").read_text())["steps_done"] == 1 for n in ("0", "1"))
+
+
+def test_hydras_job_callbacks_run_once_per_job_not_once_per_rank(app: Path) -> None:
+    (app / "counting_cb.py").write_text(COUNTING_CALLBACK)
+    proc = sweep(app, "+x=1,2", "hydra.launcher.nproc_per_node=2", "hydra.launcher.max_jobs=1",
+                 "+hydra.callbacks.count._target_=counting_cb.Counter")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(record(app, "ran")) == ["1", "2"]
+    for x in ("1", "2"):  # each job of two ranks: one on_job_start
+        assert len((app / "out" / f"job_start.{x}").read_text().split()) == 1

@@ -390,24 +390,40 @@ def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[Prepar
         hooks.on_run_end(config=command.cfg, config_name=config_name, job_return=ret)
         return internals.job_value(ret)
     hooks.on_multirun_start(config=command.cfg, config_name=config_name)
-    if not command.jobs or command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
-        # another sweeper or launcher (hydra/launcher=numarun): as Hydra's multirun runs them
+    launcher = None
+    if command.jobs and command.cfg.hydra.launcher.get("_target_") != internals.BASIC_LAUNCHER:
+        launcher = internals.plugin(app, command.cfg, any_task, hooks, group="launcher")
+    if not command.jobs or (launcher is not None and not isinstance(getattr(launcher, "composed", None), dict)):
+        # another sweeper or launcher: as Hydra's multirun runs them
         sweeper = internals.plugin(app, command.cfg, any_task, hooks, group="sweeper")
-        composed = getattr(getattr(sweeper, "launcher", None), "composed", None)
-        if command.jobs and isinstance(composed, dict):  # numarun's launcher: each job composed once, here
-            composed.update((tuple(j.prepared.overrides), j.cfg) for j in command.jobs)
         values = [sweeper.sweep(arguments=[str(o) for o in command.cfg.hydra.overrides.task])]
     else:
         command.sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(command.cfg, command.sweep_dir / internals.MULTIRUN_YAML)
         log.info("sweep of %d jobs in %s", len(command.jobs), command.sweep_dir)
-        returns = []
-        for job in command.jobs:
-            returns.append(internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=True))
-            internals.configure_hydra_logging(command.cfg)
-        values = [internals.job_value(r) for r in returns]
+        if launcher is not None:  # numarun's launcher, in the basic sweeper's batches: the jobs composed here, once
+            values = _launch(launcher, command)
+        else:
+            returns = []
+            for job in command.jobs:
+                returns.append(internals.run_job(app.config_loader, job.cfg, task_of(job.prepared), hooks, sweep=True))
+                internals.configure_hydra_logging(command.cfg)
+            values = [internals.job_value(r) for r in returns]
     hooks.on_multirun_end(config=command.cfg, config_name=config_name)
     return values[-1] if values else None
+
+
+def _launch(launcher: Any, command: _Command) -> list[Any]:
+    """The jobs through numarun's Hydra launcher as Hydra's basic sweeper hands them over (``max_batch_size`` at a
+    time, a failed job raised after its batch), with the configs composed and checked before (it composes none)."""
+    size = command.cfg.hydra.sweeper.get("max_batch_size") or len(command.jobs)
+    values = []
+    for start in range(0, len(command.jobs), size):
+        batch = command.jobs[start:start + size]
+        launcher.composed.update((tuple(j.prepared.overrides), j.cfg) for j in batch)
+        for ret in launcher.launch([list(j.prepared.overrides) for j in batch], initial_job_idx=start):
+            values.append(internals.job_value(ret))
+    return values
 
 
 # --- one-line errors ---------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class Supervisor:
             return
         self._stopped = (time.monotonic(), signum)
         self.stopping(f"stopped by {signal.Signals(signum).name}")
+        torch_private.quiet_shutdown()  # numarun's one line says it
         self.loop.interrupt(torch_private.signal_exception(signum), signum)
 
     def forward(self, signum: int) -> None:
