@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, clean_env, error_lines, free_port, numarun_cmd
 
+from numarun.errors import UsageError
+
 HELLO = """import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(1)
@@ -184,17 +186,63 @@ def test_user_local_addr_wins_and_gloo_follows_the_address() -> None:
     assert dict(_spec().env) == {"GLOO_SOCKET_IFNAME": own["127.0.0.1"]}  # one node: loopback's interface
 
 
-def test_doctor_reads_a_bare_ipv6_endpoint() -> None:
-    import argparse
+def _doctor_options(*argv: str):  # type: ignore[no-untyped-def]
+    from numarun.cli import build_parser
+    from numarun.launch.options import from_args
 
+    return from_args(build_parser(only="doctor").parse_args(["doctor", *argv]), {})
+
+
+def test_doctor_reads_a_bare_ipv6_endpoint() -> None:
     from numarun.doctor.diagnose import rendezvous
 
-    args = argparse.Namespace(master_addr=None, master_port=None, rdzv_endpoint="fe80::1")
-    assert rendezvous(args) == ("fe80::1", 29500)  # not host 'fe80:' port 1
-    args.rdzv_endpoint = "[::1]:29511"
-    assert rendezvous(args) == ("::1", 29511)
-    args = argparse.Namespace(master_addr="[::1]", master_port=29512, rdzv_endpoint="")
-    assert rendezvous(args) == ("::1", 29512)
+    assert rendezvous(_doctor_options("--rdzv-endpoint", "fe80::1")) == ("fe80::1", 29500)  # not host 'fe80:' port 1
+    assert rendezvous(_doctor_options("--rdzv-endpoint", "[::1]:29511")) == ("::1", 29511)
+    assert rendezvous(_doctor_options("--master-addr", "[::1]", "--master-port", "29512")) == ("::1", 29512)
+    with pytest.raises(UsageError, match="missing --master-addr"):  # torchrun's 127.0.0.1 is no node's address
+        rendezvous(_doctor_options())
+
+
+def test_an_etcd_rendezvous_waits_quietly_for_its_server() -> None:
+    """No node of the job hosts an etcd server: every node waits for it to listen, quietly, as for another
+    node's c10d store (torch's client would retry aloud), one node too; torch's default port, 2379."""
+    port = free_port()
+    for backend in ("etcd", "etcd-v2"):
+        spec = _spec("--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2")
+        assert not spec.hosts_store and spec.waits_for_store, backend
+        spec = _spec("--rdzv-backend", backend, "--rdzv-endpoint", "127.0.0.1")
+        assert spec.waits_for_store and spec.endpoint() == ("127.0.0.1", 2379), backend
+    assert not _spec("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}").waits_for_store  # it hosts
+
+
+def _link_local() -> tuple[str, str]:
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family == socket.AF_INET6 and a.address.startswith("fe80:"):
+                return a.address.partition("%")[0], name
+    pytest.skip("no interface here has an IPv6 link-local address")
+
+
+def test_the_doctor_binds_and_streams_to_a_scoped_link_local_address() -> None:
+    """``fe80::1%eth0``: a link-local address is an address only with its interface; the doctor's stream
+    server binds with the scope, and names it to the peers."""
+    from numarun.doctor.multinode import TcpLink, _stream_to, _StreamServer
+    from numarun.launch.net import sockaddr
+
+    addr, ifname = _link_local()
+    family, bound = sockaddr(f"{addr}%{ifname}", 0)
+    assert family == socket.AF_INET6 and bound[3] == socket.if_nametoindex(ifname)
+    server = _StreamServer(f"{addr}%{ifname}")
+    server.start()
+    try:
+        link = TcpLink(server, 0, 0.05)
+        assert link.address.startswith(f"[{addr}%{ifname}]:")
+        _stream_to(link.address, 1, 0.05)
+        assert server.received.get(1, 0) > 0
+    finally:
+        server.close()
 
 
 # ----------------------------------------------------------------------------- real jobs

@@ -261,6 +261,21 @@ def test_per_rank_dry_run_refuses_a_variable_contradicting_the_job_in_one_line()
 
 
 @pytest.mark.slow
+def test_a_per_rank_mpi_dry_run_of_several_nodes_shows_no_node_it_cannot_know() -> None:
+    """Rank 2 of 4 under mpirun, two per node: which node it is on, the ranks agree when they start; a dry run,
+    which starts nothing, says so instead of GROUP_RANK=-1 and a node count of 0."""
+    ranks = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+             "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    r = _numarun("--dry-run", SCRIPT, env=ranks)
+    assert r.returncode == 0, r.stderr[-2000:]
+    command = r.stdout.splitlines()[-1]
+    assert "GROUP_RANK" not in command and "GROUP_WORLD_SIZE" not in command and "RANK=2 " in command, command
+    assert "# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks" in r.stdout
+    assert _shown(r.stdout, "nnodes") == f"1:1 default ({TORCH})" and _shown(r.stdout, "node_rank") == f"0 default ({TORCH})"
+    assert _shown(r.stdout, "master_addr") == "127.0.0.1 environment (MASTER_ADDR)"  # mpirun -x MASTER_ADDR
+
+
+@pytest.mark.slow
 def test_plan_shows_the_sources_on_stderr() -> None:
     r = _numarun("plan", "--json", "--show-sources", "--nproc-per-node", "1", env={"NUMARUN_BINDING": "node"})
     assert r.returncode == 0 and r.stdout.lstrip().startswith("{"), r.stderr[-2000:]

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from ..argtypes import host_port, parse_endpoint
 from ..errors import UsageError
-from ..launch.net import await_endpoint, route_address
+from ..launch.net import await_endpoint, route_address, sockaddr
 from .compare import compare_nodes, link_verdict, odd_nodes
 from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
 from .schedule import LinkSchedule, first_rounds, next_round, resolve
@@ -54,9 +54,10 @@ class _StreamServer(threading.Thread):
 
     def __init__(self, host: str) -> None:
         super().__init__(daemon=True, name="numarun-doctor-streams")
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        family, addr = sockaddr(host, 0)  # a link-local host keeps its scope (fe80::1%eth0)
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, 0))
+        self.sock.bind(addr)
         self.sock.listen(8)
         self.received: dict[int, float] = {}
 
@@ -220,7 +221,9 @@ class TcpLink:
 
     @property
     def address(self) -> str:
-        return host_port(self.server.sock.getsockname()[0], self.server.port)
+        name = self.server.sock.getsockname()
+        scope = name[3] if len(name) > 3 else 0  # link-local: the peers reach it through the interface of that name
+        return host_port(f"{name[0]}%{socket.if_indextoname(scope)}" if scope else name[0], self.server.port)
 
     @property
     def received(self) -> dict[int, float]:
@@ -238,7 +241,7 @@ def exchange(
     return it without the per-node detail (``nodes``)."""
     rank = report.node_rank
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
-    server = _StreamServer(route_address(master_addr, master_port) or ("::" if ":" in master_addr else "0.0.0.0"))
+    server = _StreamServer(route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0"))
     server.start()
     t0 = time.perf_counter()
     try:

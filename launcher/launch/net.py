@@ -38,16 +38,26 @@ def resolve(host: str, *, flag: str | None, timeout: float = RESOLVE_TIMEOUT_S) 
                      "or an IP address")
 
 
-def route_address(host: str, port: int) -> str | None:
+def route_address(host: str, port: int, *, zone: bool = False) -> str | None:
     """The address of this machine's interface that reaches ``host`` (no packet is sent); None when
-    there is no route or ``host`` does not resolve."""
+    there is no route or ``host`` does not resolve. ``zone``: a link-local address keeps its ``%interface``
+    (what a socket binds to), else it is left out (what addresses are compared by)."""
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(addr)
-            return str(s.getsockname()[0]).partition("%")[0]
+            found = str(s.getsockname()[0])
+            return found if zone else found.partition("%")[0]
     except (OSError, UnicodeError, IndexError):
         return None
+
+
+def sockaddr(host: str, port: int) -> tuple[int, tuple[object, ...]]:
+    """(family, address) to bind or connect to ``host``:``port``: a scoped link-local address (``fe80::1%eth0``)
+    keeps its scope, which ``socket.bind((host, port))`` drops (and the kernel then refuses with EINVAL)."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                                               if ip_address(host) is not None else 0)[0]
+    return int(family), tuple(addr)
 
 
 def own_addresses() -> dict[str, str]:
@@ -138,7 +148,7 @@ def addressing(*, multi_node: bool, backend: str, endpoint: tuple[str, int], fla
     if backend == "static":
         hosts = node_rank == 0
     elif backend != "c10d":
-        hosts = True  # an etcd server is not this launch's to wait for
+        hosts = False  # an etcd server: no node of the job hosts it, every node waits for it (quietly)
     else:
         hosts = hosts_endpoint(host, addrs, own, socket.gethostname()) if is_host is None else is_host
         # torch's own test (and its fallback to a client) is right for these names; it errs beyond them

@@ -27,6 +27,9 @@ from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_option
 DEATH_SIGNALS = tuple(s.name for s in DEATH)
 """torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
 _TRUE = ("1", "true", "t", "yes", "y")
+C10D_DEFAULT_PORT = 29400
+ETCD_DEFAULT_PORT = 2379
+"""torch's ports for an endpoint without one (``parse_rendezvous_endpoint``'s ``default_port``)."""
 RDZV_MARGIN_S = 15
 """Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
 
@@ -64,7 +67,8 @@ class LaunchSpec:
     rdzv_margin_s: int = RDZV_MARGIN_S
     """Seconds numarun waits past torch's rendezvous timeout (``NUMARUN_RDZV_MARGIN``)."""
     hosts_store: bool = True
-    """Whether this node hosts the rendezvous store; one that does not waits for it to listen first."""
+    """Whether this node hosts the rendezvous store (an etcd server: none does); one that does not waits for it
+    to listen first (:attr:`waits_for_store`)."""
     env: tuple[tuple[str, str], ...] = ()
     """Variables the address rule gives the workers (:mod:`numarun.launch.net`)."""
 
@@ -96,7 +100,13 @@ class LaunchSpec:
         if self.backend == "static":
             return self.master_addr or "127.0.0.1", self.master_port or TORCHRUN_DEFAULT_PORT
         host, port = parse_endpoint(self.rdzv_endpoint or "localhost", "--rdzv-endpoint")
-        return host, port or 29400
+        return host, port or (ETCD_DEFAULT_PORT if self.backend.startswith("etcd") else C10D_DEFAULT_PORT)
+
+    @property
+    def waits_for_store(self) -> bool:
+        """Whether numarun waits, quietly, for the rendezvous store before torchrun starts (torch's C++ client
+        retries aloud): another node's c10d or static store, or an etcd server."""
+        return not self.hosts_store and (self.multi_node or self.backend.startswith("etcd"))
 
     def store_address(self) -> tuple[str, int] | None:
         """(host, port) of the store a multi-node rendezvous creates on the head; None for one node."""

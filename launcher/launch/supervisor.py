@@ -250,7 +250,7 @@ class Supervisor:
         updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
-            if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
+            if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
                 seconds, source = spec.rendezvous_deadline()
                 net.await_endpoint(*spec.endpoint(), seconds - spec.rdzv_margin_s, source.partition(" +")[0])
             with scoped_environ(updates):
