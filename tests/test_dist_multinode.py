@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -192,12 +192,6 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(REPO))
@@ -228,7 +222,7 @@ def _run_nodes(cmds: list[list[str]], cwd: Path) -> list[subprocess.CompletedPro
 def _torchrun_nodes(tmp_path: Path, nprocs: list[int], mode: str) -> list[dict]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _free_port()
+    port = free_port()
     cmds = [
         [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nprocs)}", f"--node-rank={i}",
          f"--nproc-per-node={n}", "--master-addr=127.0.0.1", f"--master-port={port}",
@@ -279,7 +273,7 @@ def test_unequal_nodes_flat_works_hierarchical_is_a_clear_error(tmp_path: Path) 
 
 
 def test_bench_cli_two_nodes(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "bench.json"
     base = [sys.executable, "-m", "numarun", "bench", "allreduce", "--nnodes", "2", "--nproc-per-node", "2",
             "--master-addr", "127.0.0.1", "--master-port", str(port), "--sizes", "4K,1001",
@@ -312,7 +306,7 @@ def test_nodes_sharing_a_run_dir_bind_by_their_own_plans(tmp_path: Path) -> None
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs: one per node")
-    port = _free_port()
+    port = free_port()
     run = tmp_path / "run"
     base = ["-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
             "--master-port", str(port), "--binding", "none", "-m", "numarun.train", "parallel=ddp",

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from numarun.doctor.schedule import MAX_ROUNDS
 
@@ -169,11 +170,7 @@ def test_six_nodes_bounded_name_the_slow_node_and_the_slow_link(tmp_path):
 
 
 def test_a_node_that_never_comes_is_named_in_one_line(tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     p = subprocess.run([NUMARUN, "doctor", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
                         "--master-port", port, "--doctor-timeout", "3", "--no-measure"],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 
 import pytest
+from helpers import free_port
 
 from numarun.worker import hydra_pin
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_one_node_keeps_its_own_clock() -> None:
@@ -25,7 +19,7 @@ def test_one_node_keeps_its_own_clock() -> None:
 def test_the_first_rank_sets_the_clock_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    port = _port()
+    port = free_port()
     master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     env = {"GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "0"}
@@ -39,7 +33,7 @@ def test_the_first_rank_sets_the_clock_for_all(monkeypatch: pytest.MonkeyPatch) 
 def test_no_store_keeps_the_nodes_clock_with_a_warning(monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(hydra_pin, "AGREE_TIMEOUT_S", 1.0)
-    env = {"GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_port())}  # nobody listens
+    env = {"GROUP_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # nobody listens
     with caplog.at_level("WARNING", logger="numarun.worker.bootstrap.hydra_pin"):
         assert hydra_pin.agreed_now("2020-01-02T03:04:05", env) == "2020-01-02T03:04:05"
     assert "could not agree on Hydra's clock" in caplog.text

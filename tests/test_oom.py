@@ -68,6 +68,29 @@ def test_a_cgroup_v1_kill_names_the_limit_the_peak_and_the_rank_held(tmp_path: P
     assert oom.explain(before, 1704, signum=15, root=root, environ={}, kernel_log=KMSG) == ""  # SIGTERM: never memory
 
 
+def test_inside_a_pid_namespace_the_one_kill_since_the_start_is_the_ranks(tmp_path: Path) -> None:
+    """In a container the kernel's log names the host's pid (91704), never the rank's (12): the line is the rank's
+    when it is the only kill logged since the run started; before that stamp, or one of several, it is not."""
+    import dataclasses
+
+    root = _tree(tmp_path, V1)
+    (root / "proc/self/ns").mkdir(parents=True)
+    (root / "proc/self/ns/pid").symlink_to("pid:[4026532117]")  # not the host's (4026531836)
+    before = dataclasses.replace(oom.kills(root), since_us=5_000_000)
+    _tree(root, V1_KILLED)
+    host_line = KMSG.replace("1704", "91704")
+    got = oom.explain(before, 12, signum=9, root=root, environ={}, kernel_log=f"4000000;{KMSG}\n6000000;{host_line}")
+    assert ("the rank held 538 MiB when killed (the kernel's log: the one kill since the run started; in a PID "
+            "namespace the kernel names the host's pid)") in got, got
+    two = f"6000000;{host_line}\n7000000;{host_line.replace('91704', '91705')}"
+    assert "held" not in oom.explain(before, 12, signum=9, root=root, environ={}, kernel_log=two)
+    assert "held" not in oom.explain(before, 12, signum=9, root=root, environ={}, kernel_log=f"4000000;{host_line}")
+    (root / "proc/self/ns/pid").unlink()
+    (root / "proc/self/ns/pid").symlink_to("pid:[4026531836]")  # the host's namespace: a pid is a pid
+    assert "held" not in oom.explain(before, 12, signum=9, root=root, environ={}, kernel_log=f"6000000;{host_line}")
+    assert oom.in_pid_namespace(Path("/")) is (os.readlink("/proc/self/ns/pid") != "pid:[4026531836]")
+
+
 def test_a_cgroup_v2_kill_under_slurm_names_the_jobs_limit_and_slurms_setting(tmp_path: Path) -> None:
     root = _tree(tmp_path, V2)
     before = oom.kills(root)

@@ -66,3 +66,26 @@ def test_no_test_waits_a_fixed_time() -> None:
     here = Path(__file__).resolve().parent
     offenders = {p.name: lines for p in sorted(here.glob("*.py")) if (lines := _fixed_sleeps(p.read_text()))}
     assert offenders == {}, f"tests that sleep instead of waiting on a condition: {offenders}"
+
+
+def _port_helpers(source: str) -> list[int]:
+    """Lines where a socket bound to port 0 is closed again for its number: a free-port helper of its own
+    (a socket kept listening, a server the test needs, is not one)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.With):
+            text = ast.unparse(node)
+            if ", 0))" in text and "getsockname()[1]" in text and ".listen(" not in text:
+                found.append(node.lineno)
+    return found
+
+
+def test_a_free_port_comes_from_one_helper() -> None:
+    assert _port_helpers("with socket.socket() as s:\n    s.bind(('127.0.0.1', 0))\n    p = s.getsockname()[1]\n") == [1]
+    assert _port_helpers("with socket.socket() as s:\n    s.bind(('', 0))\n    s.listen()\n    p = s.getsockname()[1]\n") == []
+    here = Path(__file__).resolve().parent
+    offenders = {p.name: lines for p in sorted(here.glob("*.py")) if p.name != "helpers.py"
+                 and (lines := _port_helpers(p.read_text()))}
+    assert offenders == {}, f"tests with a free-port helper of their own (use helpers.free_port): {offenders}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +55,6 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

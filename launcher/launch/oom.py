@@ -5,7 +5,8 @@ The kernel counts its OOM kills per memory cgroup (v2 ``memory.events``, v1 ``me
 and again when a rank died of SIGKILL: a count that rose is the evidence, a SIGKILL alone is not
 (torchrun, a user or a scheduler send it too). Files are read under ``root``; the kernel's log
 (``/dev/kmsg``, readable by root), when its "Killed process PID" line names the rank, gives what
-the rank held when it was killed.
+the rank held when it was killed. Inside a PID namespace of its own (a container) the kernel's pid is
+the host's, never the rank's: there the line is the rank's when it is the only kill since the run started.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import errno
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TopologyError
@@ -26,6 +28,14 @@ _UNLIMITED = 1 << 62  # v1 writes "no limit" as PAGE_COUNTER_MAX pages (92233720
 _LIMIT = {2: "memory.max", 1: "memory.limit_in_bytes"}
 _PEAK = {2: "memory.peak", 1: "memory.max_usage_in_bytes"}
 _SLURM = (("SLURM_MEM_PER_NODE", "--mem"), ("SLURM_MEM_PER_CPU", "--mem-per-cpu"))
+INIT_PID_NAMESPACE = 0xEFFFFFFC
+"""The inode of the host's PID namespace (``PROC_PID_INIT_INO``, include/linux/proc_ns.h)."""
+_KILLED = re.compile(r"Killed process (\d+) \(.*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB")
+
+
+def _now_us() -> int:
+    """The kernel log's clock (microseconds since boot, as /dev/kmsg stamps its records)."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class Kills:
     """The kernel's OOM kill counts: (file, count) for this process's memory cgroup (v2, v1) and the host."""
 
     counts: tuple[tuple[str, int], ...]
+    since_us: int = field(default_factory=_now_us)
+    """When they were read, on the kernel log's clock: a log line stamped before is not this run's."""
 
 
 def _reader(root: Path) -> tuple[Callable[[str], str | None], list[tuple[int, str]]]:
@@ -92,16 +104,46 @@ def explain(before: Kills, pid: int, *, signum: int, root: Path = Path("/"), env
     facts += [f"Slurm {flag}: {var}={env[var]} MB" for var, flag in _SLURM if env.get(var)]
     if kernel_log is None and root == Path("/"):
         kernel_log = read_kernel_log()
-    m = re.search(rf"Killed process {pid} \(.*?anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB", kernel_log or "")
-    if m:
-        used.insert(0, f"the rank held {_size(sum(int(x) for x in m.groups()) << 10)} when killed (the kernel's log)")
+    held, source = _held(kernel_log or "", pid, since_us=before.since_us, pid_namespace=in_pid_namespace(root))
+    if held is not None:
+        used.insert(0, f"the rank held {_size(held << 10)} when killed (the kernel's log{source})")
     path, a, b = rose[0]
     facts += [*used, f"the kernel's OOM killer: oom_kill {a} -> {b} in {path}"]
     return f": out of memory ({'; '.join(facts)})"
 
 
+def in_pid_namespace(root: Path = Path("/")) -> bool:
+    """Whether this process (of the machine under ``root``) runs in a PID namespace other than the host's."""
+    try:
+        m = re.fullmatch(r"pid:\[(\d+)\]", os.readlink(root / "proc/self/ns/pid"))
+    except OSError:
+        return False
+    return m is not None and int(m.group(1)) != INIT_PID_NAMESPACE
+
+
+def _held(log: str, pid: int, *, since_us: int, pid_namespace: bool) -> tuple[int | None, str]:
+    """(KiB the rank held, how the line was matched) from the log's "Killed process" lines (``[USEC;]TEXT``):
+    the line of ``pid``; in a PID namespace, the one line since ``since_us`` (the kernel names the host's pid)."""
+    lines = [(int(stamp) if ok else None, text) for line in log.splitlines() if line.strip()
+             for stamp, ok, text in [_stamped(line)]]
+    found = [(int(m.group(1)), sum(int(x) for x in m.groups()[1:])) for when, text in lines
+             if (m := _KILLED.search(text)) and (when is None or when >= since_us)]
+    mine = [kib for killed, kib in found if killed == pid]
+    if mine:
+        return mine[-1], ""
+    if pid_namespace and len(found) == 1:
+        return found[0][1], ": the one kill since the run started; in a PID namespace the kernel names the host's pid"
+    return None, ""
+
+
+def _stamped(line: str) -> tuple[str, bool, str]:
+    stamp, sep, text = line.partition(";")
+    return (stamp, True, text) if sep and stamp.isdigit() else ("", False, line)
+
+
 def read_kernel_log(max_records: int = 1 << 16) -> str | None:
-    """The kernel log's "Killed process" lines, from ``/dev/kmsg``; None where it cannot be read (not root)."""
+    """The kernel log's "Killed process" lines (``USEC;TEXT``, stamped by the kernel), from ``/dev/kmsg``;
+    None where it cannot be read (not root)."""
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -117,8 +159,10 @@ def read_kernel_log(max_records: int = 1 << 16) -> str | None:
                 break  # EAGAIN: the end of the log
             if not record:
                 break
-            if b"Killed process" in record:
-                lines.append(record.decode("utf-8", "replace").partition(";")[2].strip())
+            if b"Killed process" in record:  # PRIO,SEQ,USEC,FLAGS;TEXT (Documentation/ABI/testing/dev-kmsg)
+                head, _, text = record.decode("utf-8", "replace").partition(";")
+                stamp = head.split(",")[2] if head.count(",") >= 2 else ""
+                lines.append(f"{stamp};{text.strip()}" if stamp.isdigit() else text.strip())
     finally:
         os.close(fd)
     return "\n".join(lines)
