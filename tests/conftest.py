@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from skips import pytest_terminal_summary  # noqa: F401  (a hook: the run's end names the tests skipped for want of root)
 
 from numarun.topology import archive
 
@@ -84,6 +85,15 @@ def _spawn_guard(item: pytest.Item):
     finally:
         for obj, name, original in saved:
             setattr(obj, name, original)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """torchrun's options are read once per torch version by a child interpreter and cached
+    (numarun.launch.torchrun.torchrun_record), as a user's first 'numarun run' does: read here, before any
+    test, so that the fast tier's tests that build the run parser find them on a fresh machine too."""
+    from numarun.launch.torchrun import torchrun_record
+
+    torchrun_record()
 
 
 @pytest.hookimpl(hookwrapper=True)

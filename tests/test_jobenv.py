@@ -232,7 +232,8 @@ def test_per_rank_refuses_what_contradicts_the_step(stated, named, varying):
 
 
 def test_per_rank_accepts_agreeing_options():
-    check_rank(detect(slurm_env(1, per_node=2, local=1)), given(nproc_per_node=1, nnodes="2", node_rank=1).stated(), per_rank=PER_RANK)
+    agreeing = given(nproc_per_node=1, nnodes="2", node_rank=1).stated()
+    check_rank(detect(slurm_env(1, per_node=2, local=1)), agreeing, per_rank=PER_RANK)
 
 
 # ----------------------------------------------------------------------------- MPI

@@ -20,7 +20,7 @@ from numarun.cli import build_parser
 from numarun.errors import UsageError
 from numarun.jobenv import detect
 from numarun.jobenv.settle import JobConflict, Source
-from numarun.launch.options import DECLARED, Options, config_keys, from_args
+from numarun.launch.options import Options, config_keys, from_args
 from numarun.launch.torchrun import installed_torch_version
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 

@@ -7,6 +7,7 @@ project's own readers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,38 @@ TREES = sorted((FIXTURES / "hwloc-linux-sysfs").glob("*.tar.bz2")) + sorted((FIX
 MODES = list(BindingMode)
 
 
+SHORTAGE = re.compile(r"bad --nproc-per-node for binding '(exclusive|core-complex)': (?:NUMA node (\d+)|the shared CPU "
+                      r"pool) has (\d+) usable physical cores for (\d+) ranks; expected at least one core per rank")
+
+
+def _check_shortage(topo: Topology, request: PlanRequest, message: str) -> None:
+    """Only a real shortage of cores may refuse a plan, and it must say so with the right numbers: counted
+    again here, from the topology, for the NUMA node it names."""
+    m = SHORTAGE.match(message)
+    assert m, message
+    assert m.group(1) == request.binding.value, message
+    have, ranks = int(m.group(3)), int(m.group(4))
+    usable = set(topo.usable_cpus)
+    if m.group(2) is not None:
+        cores = {c.core_key for c in topo.cpus if c.id in usable and c.numa_node == int(m.group(2))}
+    else:
+        cores = {c.core_key for c in topo.cpus if c.id in usable}
+    assert (have == len(cores)) if m.group(2) is not None else (have <= len(cores)), (message, len(cores))
+    assert have < ranks <= (request.nproc_per_node or len(topo.gpus) or 1), message
+
+
+def test_a_shortage_is_checked_against_the_topology() -> None:
+    topo = topology_from_smi((FIXTURES / "nvidia-smi" / "aws-p4d.24xlarge.txt").read_text(), "p4d")
+    request = PlanRequest(cuda_visible_devices="", nproc_per_node=4 * len(topo.usable_cpus))
+    with pytest.raises(PlanError) as e:
+        make_plan(topo, request)
+    _check_shortage(topo, request, str(e.value))
+    with pytest.raises(AssertionError):  # a count the topology does not have is caught
+        _check_shortage(topo, request, re.sub(r"has \d+ usable", "has 1 usable", str(e.value)))
+    with pytest.raises(AssertionError):  # as is any other refusal
+        _check_shortage(topo, request, "bad --nproc-per-node for binding 'exclusive': no usable physical cores for 2 ranks")
+
+
 def test_fixtures_are_present() -> None:
     assert len(SMI) >= 17 and len(TREES) >= 12
 
@@ -40,9 +73,7 @@ def _plan_checked(topo: Topology, request: PlanRequest) -> None:
     try:
         plan = make_plan(topo, request)
     except PlanError as e:
-        # only a real shortage of cores may refuse a plan, and it must say so with numbers
-        assert request.binding in (BindingMode.EXCLUSIVE, BindingMode.CORE_COMPLEX), str(e)
-        assert "usable physical cores for" in str(e)
+        _check_shortage(topo, request, str(e))
         return
     check_invariants(topo, plan)
     cvd = request.cuda_visible_devices

@@ -9,6 +9,7 @@ outside the checkout (tests/conftest.py).
 import os
 from pathlib import Path
 
+import pytest
 from conftest import EXTRACTED, H200_TARBALL, extract_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,3 +90,22 @@ def test_a_free_port_comes_from_one_helper() -> None:
     offenders = {p.name: lines for p in sorted(here.glob("*.py")) if p.name != "helpers.py"
                  and (lines := _port_helpers(p.read_text()))}
     assert offenders == {}, f"tests with a free-port helper of their own (use helpers.free_port): {offenders}"
+
+
+@pytest.mark.slow
+def test_a_run_says_at_its_end_how_many_tests_need_root(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n\n"
+        "def test_mounts():\n    pytest.skip('bind mounts need root')\n\n"
+        "def test_netns():\n    pytest.skip('needs root for namespaces')\n\n"
+        "def test_other():\n    pytest.skip('mpiexec is not installed')\n\n"
+        "def test_fine():\n    pass\n")
+    here = Path(__file__).resolve().parent
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "skips", "-q", "test_some.py"],
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(here)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert f"2 tests skipped for want of root (this run's uid is {os.geteuid()})" in r.stdout, r.stdout[-2000:]
+    assert "in test_some.py: run the suite as root to run them" in r.stdout

@@ -25,3 +25,19 @@ def test_unmarked_test_cannot_start_a_process() -> None:
 @pytest.mark.slow
 def test_slow_test_can() -> None:
     assert subprocess.run(["true"], check=False).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_fast_tier_passes_on_a_fresh_machines_empty_cache(tmp_path) -> None:  # noqa: ANN001
+    """The run parser is built from torchrun's options, which a child interpreter reads once and caches; on a
+    fresh machine (an empty ``$XDG_CACHE_HOME``) the fast tier's tests that build it must still pass."""
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    test = "tests/test_net.py::test_ipv6_forms_reach_torchrun_in_brackets"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-m", "not slow", test],
+                       cwd=repo, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert list((tmp_path / "numarun").glob("torchrun-options.*.json"))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, HWLOC_XML_DIR
 
-from numarun.errors import TopologyError
 from numarun.envvars import TOPOLOGY as ENV_VAR
+from numarun.errors import TopologyError
 from numarun.topology.discover import load_topology, merge_nvml
 from numarun.topology.model import Topology
 from numarun.topology.nvml import NvmlReading, reading_from_record

@@ -1,0 +1,23 @@
+"""The end of a test run says how many tests were skipped for want of root, and where: a non-root run
+skips the namespace, mount, cgroup and container tests, and a green line must not hide it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _reason(report: Any) -> str:
+    longrepr = getattr(report, "longrepr", None)
+    return str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "root" in _reason(r)]
+    if not skipped:
+        return
+    files = sorted({r.nodeid.split("::")[0].rsplit("/", 1)[-1] for r in skipped})
+    n = len(skipped)
+    terminalreporter.write_sep("=", f"{n} test{'s' * (n != 1)} skipped for want of root (this run's uid is {os.geteuid()})",
+                               yellow=True)
+    terminalreporter.write_line(f"in {', '.join(files)}: run the suite as root to run them, as the CI does")
