@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import UsageError, expected
 from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import Options, add_options, from_args, option, shown
+from ..launch.options import Options, add_options, from_args, shown
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +68,13 @@ def job_options(args: argparse.Namespace) -> Options:
 def launch_argv(args: argparse.Namespace, options: Options, bench_argv: list[str]) -> list[str]:
     """The command that runs the benchmark as a job on this node (a value: printed with --log-level INFO): the
     options typed here on its command line (the job reads the environment's itself), and the rank count."""
+    from ..launch.torchrun import check_torchrun_options
+
     typed = {d: s.value for d, s in options.stated().items() if s.source is Source.COMMAND_LINE}
     if args.launcher == "torchrun" and "binding" in typed:
         raise UsageError(expected(f"--binding {typed['binding'].value}", "no --binding with --launcher torchrun", "option"))
-    from ..launch.torchrun import check_torchrun_options
-
     check_torchrun_options(typed)  # --node-rank below --nnodes...: refused here, before any rank starts
-    job = [f"{option(d).flag}={getattr(v, 'value', v)}" for d, v in typed.items() if d != "nproc_per_node"]
+    job = options.flags(Source.COMMAND_LINE, leave_out=("nproc_per_node",))
     head = [sys.executable, "-m", "torch.distributed.run"] if args.launcher == "torchrun" else numarun_command("run")
     return [*head, f"--nproc-per-node={options.nproc_per_node}", *job, "-m", args.bench_module, *bench_argv]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
+from ..jobenv.settle import Source
 from ..launch.child import numarun_command
 from ..launch.options import Options, add_options, from_args, from_environ, option, shown
 from ..tune import candidates as cand
@@ -104,9 +105,8 @@ def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
 
 def _command(args: argparse.Namespace, options: Options, c: cand.Candidate, rest: list[str],
              run_dir: Path | None) -> list[str]:
-    cmd = numarun_command("run", "--standalone")
-    for dest, value in options.values().items():  # given here or in the environment: every run's the same
-        cmd += [option(dest).flag, str(value)]
+    # given here or in the environment (which the runs do not see: PET_* is left out), the same for every run
+    cmd = numarun_command("run", "--standalone", *options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT))
     for flag in ("binding", "mem-policy"):
         if c.get(flag) is not None:
             cmd += [f"--{flag}", str(c.get(flag))]

@@ -244,6 +244,16 @@ class Options:
             merged[dest] = (resolve(s, merged[dest]) if newer_wins else resolve(merged[dest], s)) if dest in merged else s
         return dataclasses.replace(self, settings=merged)
 
+    def flags(self, *sources: Source, leave_out: Iterable[str] = ()) -> list[str]:
+        """``--flag=value`` (a switch: ``--flag``) of each option a source of ``sources`` stated, for a ``numarun run``
+        this command starts (what the environment gave reaches it by itself)."""
+        out = []
+        for dest, s in self.stated().items():
+            if s.source in sources and dest not in leave_out:
+                o = option(dest)
+                out += ([o.flag] if s.value else []) if o.switch else [f"{o.flag}={_text(s.value)}"]
+        return out
+
     def with_config(self, launcher: Mapping[str, Any], prefix: str = "launcher") -> Options:
         """With a job config's ``launcher`` group (None: not set there) in its place in the precedence;
         ``prefix``: where the values are (``hydra.launcher`` for a sweep launcher's own)."""

@@ -67,20 +67,13 @@ RELAYED = (*DEATH, *FORWARDED)
 
 
 class Target(Protocol):
-    """What the loop has do the acts of :data:`ON_SIGNAL` (HOLD it does itself)."""
+    """Who does the acts of :data:`ON_SIGNAL` (HOLD the loop does itself); ``end``: what the main thread raises."""
 
     def forward(self, signum: int) -> None: ...
 
     def stop(self, signum: int, *, again: bool) -> None: ...
 
-    def end(self, signum: int) -> BaseException:
-        """What the main thread raises for END."""
-        ...
-
-
-class _Check:
-    def __init__(self, seconds: float, check: Callable[[float], None]) -> None:
-        self.seconds, self.check, self.due = seconds, check, time.monotonic() + seconds
+    def end(self, signum: int) -> BaseException: ...
 
 
 class Loop:
@@ -99,7 +92,7 @@ class Loop:
         self.lock = threading.Lock()  # the loop's and the main thread's, never a handler's
         self._pending: BaseException | None = None
         self._echoes: dict[int, int] = {}
-        self._checks: list[_Check] = []
+        self._checks: list[list[Any]] = []  # [due, seconds, check]
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="numarun-signals", daemon=True)
         self._thread.start()
@@ -122,7 +115,7 @@ class Loop:
     def every(self, seconds: float, check: Callable[[float], None]) -> Callable[[], None]:
         """Run ``check(now)`` in the loop every ``seconds`` (a periodic check: a deadline, a watchdog); returns
         its cancel. A check that raises is logged at debug level and kept."""
-        entry = _Check(seconds, check)
+        entry = [time.monotonic() + seconds, seconds, check]
         with self.lock:
             self._checks.append(entry)
         self.poke()
@@ -189,26 +182,22 @@ class Loop:
     def _run(self) -> None:
         while not self._closed:
             with self.lock:
-                due = min((c.due for c in self._checks), default=time.monotonic() + 1.0)
+                due = min((c[0] for c in self._checks), default=time.monotonic() + 1.0)
             got = _read(self.r, max(0.0, due - time.monotonic()))
             try:  # the loop outlives any one failure (the private directory removed under it at exit...)
                 for signum in got:
-                    if signum and not self._echo(signum):
+                    if self._echoes.get(signum, 0) > 0:  # the record of the loop's own interrupt
+                        self._echoes[signum] -= 1
+                    elif signum:
                         self._act(signum)
                 now = time.monotonic()
                 with self.lock:
-                    ready = [c for c in self._checks if c.due <= now]
+                    ready = [c for c in self._checks if c[0] <= now]
                 for c in ready:
-                    c.due = now + c.seconds
-                    c.check(now)
+                    c[0] = now + c[1]
+                    c[2](now)
             except Exception as e:
                 _log().debug("signal loop: %s", e)
-
-    def _echo(self, signum: int) -> bool:
-        if self._echoes.get(signum, 0) > 0:  # the record of the loop's own interrupt
-            self._echoes[signum] -= 1
-            return True
-        return False
 
     def _act(self, signum: int) -> None:
         with self.lock:
@@ -307,10 +296,10 @@ class Relay:
         if child is not None:
             _send(child, signum)
 
-    def stop(self, signum: int, *, again: bool) -> None:  # not in RELAYING: death signals are passed on
+    def stop(self, signum: int, *, again: bool) -> None:  # no phase of a relay's: RELAYING passes death signals on
         self.forward(signum)
 
-    def end(self, signum: int) -> BaseException:  # not in RELAYING
+    def end(self, signum: int) -> BaseException:  # not reached either
         return SystemExit(128 + signum)
 
     def run(self, argv: Sequence[str], env: Mapping[str, str], *, foreground: bool = False) -> int:

@@ -33,7 +33,7 @@ from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
 from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests, option
+from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests
 from ..plan.pack import Slot, pack, slot_topology
 
 log = logging.getLogger(__name__)
@@ -80,16 +80,6 @@ def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--log-level")
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser.parse_known_args(list(options))
-
-
-def _flags(options: Options, *, sources: Sequence[Source], leave_out: frozenset[str] = frozenset()) -> list[str]:
-    """``--flag=value`` of each option stated by one of ``sources``, but those in ``leave_out``."""
-    out = []
-    for dest, s in options.stated().items():
-        if s.source in sources and dest not in leave_out:
-            o = option(dest)
-            out += [o.flag] if o.switch and s.value else [] if o.switch else [f"{o.flag}={getattr(s.value, 'value', s.value)}"]
-    return out
 
 
 def _common(settings: dict[str, Any]) -> list[str]:
@@ -241,7 +231,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
                 **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {})})
     args = [str(folder), f"index={job.idx}"]
     # the torchrun options typed for every job (the environment's reach the job as they are)
-    typed = _flags(options, sources=(Source.COMMAND_LINE,), leave_out=SET_BY_SWEEP)
+    typed = options.flags(Source.COMMAND_LINE, leave_out=SET_BY_SWEEP)
     if job.ranks == 1 and not rest and not typed:  # nothing for torchrun's agent to do: the process is the rank
         env.update(worker_env(plan, os.environ, plan_path="", strict=options.strict_binding))
         env.pop(envvars.PLAN)
@@ -389,7 +379,7 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
                 "--module", JOB_MODULE, str(folder), "-m", f"group=range(0,{len(groups)})"]
     else:
         options, _, rest = jobs[0].launch_options(os.environ)
-        given = _flags(options, sources=(Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG), leave_out=SET_BY_SLURM)
+        given = options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, leave_out=SET_BY_SLURM)
         cmd += ["--nproc-per-node", str(sizes.pop()), *(f"--launch-opt={o}" for o in [*given, *rest]),
                 "--module", JOB_MODULE, str(folder), "-m", f"index=range({jobs[0].idx},{jobs[-1].idx + 1})"]
     code = subprocess.run(cmd, check=False).returncode
