@@ -4,7 +4,11 @@ skips the namespace, mount, cgroup and container tests, and a green line must no
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
+
+NEEDS_ROOT = re.compile(r"\bneeds? root\b|\bneeds? [^;:()]* as root\b")
+"""How a test's skip says it needs root ("bind mounts need root", "fake nodes need unshare --uts as root")."""
 
 
 def _reason(report: Any) -> str:
@@ -13,7 +17,7 @@ def _reason(report: Any) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "root" in _reason(r)]
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if NEEDS_ROOT.search(_reason(r))]
     if not skipped:
         return
     files = sorted({r.nodeid.split("::")[0].rsplit("/", 1)[-1] for r in skipped})

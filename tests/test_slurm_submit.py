@@ -93,7 +93,7 @@ def test_every_job_of_a_sweep_is_checked_before_submitting(tmp_path):
 
 @pytest.mark.parametrize("opt, shown", [
     ("--binding=bogus", "bad --binding 'bogus'"),
-    ("--max-restarts=x", "invalid int value: 'x'"),
+    ("--max-restarts=x", "bad --max-restarts 'x': expected an integer"),
     ("--no-such-option", "unrecognized arguments: --no-such-option"),
     ("--rdzv-endpoint=h:1", "the job does not set itself"),
     ("--nnodes=2", "the job does not set itself"),
