@@ -6,6 +6,7 @@ showing it all (end to end)."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import subprocess
@@ -20,7 +21,7 @@ from numarun.cli import build_parser
 from numarun.errors import UsageError
 from numarun.jobenv import detect
 from numarun.jobenv.settle import JobConflict, Source
-from numarun.launch.options import Options, config_keys, from_args
+from numarun.launch.options import DECLARED, Options, config_keys, from_args
 from numarun.launch.torchrun import installed_torch_version
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 
@@ -281,3 +282,76 @@ def test_plan_shows_the_sources_on_stderr() -> None:
     assert r.returncode == 0 and r.stdout.lstrip().startswith("{"), r.stderr[-2000:]
     assert _shown(r.stderr, "binding") == "node environment (NUMARUN_BINDING)"
     assert _shown(r.stderr, "nproc_per_node") == "1 command line (--nproc-per-node)"
+
+
+# ----------------------------------------------------------------------------- one declaration, the real config groups
+
+
+@pytest.mark.parametrize(("overrides", "binding", "nproc"), [
+    ([], ("exclusive", Source.DEFAULT, "numarun"), (None, Source.DEFAULT, "numarun")),
+    (["launcher=cpu2"], ("exclusive", Source.DEFAULT, "numarun"), (2, Source.CONFIG, "launcher.nproc_per_node")),
+    (["launcher.binding=node"], ("node", Source.CONFIG, "launcher.binding"), (None, Source.DEFAULT, "numarun")),
+], ids=["local", "cpu2", "override"])
+def test_the_real_launcher_groups_state_only_what_they_set(tmp_path: Path, overrides: list[str], binding: tuple,
+                                                          nproc: tuple) -> None:
+    """The trainer's composed ``launcher`` group (configs/launcher/*.yaml over the schema): a key nobody set is
+    null, and its option's default is the declared one, shown as a default, never as the job config's."""
+    from numarun.config.compose import compose_dry
+
+    ((_, job),) = compose_dry([*overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    opts = options().with_config(job.launcher)
+    s = opts.setting("binding")
+    assert (s.value.value, s.source, s.where) == binding
+    s = opts.setting("nproc_per_node")
+    assert (s.value, s.source, s.where) == nproc
+    assert all(s.source is not Source.CONFIG for d, s in opts.settings.items() if d not in ("binding", "nproc_per_node"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_option_is_declared_once_and_its_default_stated_once() -> None:
+    import dataclasses as dc
+
+    import yaml
+
+    from numarun.config.schema import LauncherConfig
+
+    assert len({o.dest for o in DECLARED}) == len(DECLARED)
+    # the job config's launcher group is made from the declarations: a key each, every one null
+    assert [(f.name, f.default) for f in dc.fields(LauncherConfig)] == [(k, None) for k, _ in config_keys()]
+    for path in sorted((REPO / "configs" / "launcher").glob("*.yaml")):  # no file restates a default
+        for key, value in (yaml.safe_load(path.read_text()) or {}).items():
+            default = next(o.default for o in DECLARED if o.dest == key)
+            assert value is None or value != getattr(default, "value", default), (path.name, key)
+    # the help says the default, from the declaration
+    binding = next(o for o in DECLARED if o.dest == "binding")
+    assert binding.help_text().endswith("(default: $NUMARUN_BINDING, else exclusive)")
+    source = "\n".join(p.read_text() for p in (REPO / "launcher").rglob("*.py"))
+    assert source.count("BindingMode.EXCLUSIVE") == 1 and source.count('"exclusive"') == 1  # plan/model.py's
+
+
+def test_every_command_takes_the_shared_options_from_the_one_declaration() -> None:
+    """No command declares a launch option's flag of its own: run, plan, doctor, tune, bench, submit and topo
+    hold each flag with the declaration's dest and spellings (tune: a list of the values to try)."""
+    from numarun.cli import build_parser
+    from numarun.launch.options import option
+
+    def actions(command: str, *sub: str) -> dict[str, Any]:
+        parser = build_parser(only=command)
+        p = next(a for a in parser._actions if a.dest == "command").choices[command]
+        for name in sub:
+            p = next(a for a in p._actions if a.dest == "benchmark").choices[name]
+        return {s: a for a in p._actions for s in a.option_strings}
+
+    shared = {"run": ("topology", "nproc_per_node", "binding", "master_port", "strict_binding"),
+              "plan": ("topology", "nproc_per_node", "binding", "nic_policy"), "topo": ("topology",),
+              "doctor": ("topology", "binding", "nnodes", "master_addr", "master_port"),
+              "tune": ("topology", "nproc_per_node", "binding", "mem_policy"),
+              "bench": ("nproc_per_node", "nnodes", "master_port", "binding"), "submit": ("nnodes", "nproc_per_node")}
+    for command, dests in shared.items():
+        found = actions(command, *(["allreduce"] if command == "bench" else []))
+        for dest in dests:
+            for flag in option(dest).flags:
+                assert found[flag].dest == dest, (command, flag)
+            if command != "tune":  # tune's --binding and --mem-policy: lists to try, the same spellings
+                assert found[option(dest).flag].default is argparse.SUPPRESS, (command, dest)
+        assert "--show-sources" in found, command

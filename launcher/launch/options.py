@@ -96,7 +96,7 @@ class Option:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     def help_text(self) -> str:
-        shown = self.default_text or _text(self.default)
+        shown = self.default_text or ("off" if self.switch and not self.default else _text(self.default))
         return f"{self.help} (default: ${self.variable}, else {shown})"
 
 
