@@ -196,7 +196,13 @@ def test_a_run_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyP
         os.environ["SET_INSIDE"] = "1"  # as torchrun sets OMP_NUM_THREADS for its workers
         os.environ["HOME"] = "/elsewhere"
     assert dict(os.environ) == before
+    import signal
+
+    from numarun.launch import signals
+
+    saved = {s: signal.getsignal(s) for s in signals.RELAYED}
     sup = Supervisor()
+    sup.hold_signals({})
     spec = LaunchSpec(target=Target("module", "x"), nproc_per_node=2, nnodes="2:1")
     try:
         # a run that fails at once: torchrun refuses a min > max --nnodes range before starting workers
@@ -204,6 +210,9 @@ def test_a_run_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyP
             sup.run(spec, {"NUMARUN_PLAN": "/nowhere", "OMP_NUM_THREADS": "3"})
     finally:
         sup.close()
+        sup.loop.close()
+        for s, h in saved.items():
+            signal.signal(s, h)
     assert dict(os.environ) == before
 
 
