@@ -359,6 +359,16 @@ def _py_spy(exe: str, pids: Iterable[int], timeout_s: float) -> tuple[dict[int, 
     return out, why
 
 
+def freeze(beats: Mapping[int, Mapping[str, Any]]) -> None:
+    """SIGSTOP this node's ranks before a hang stop kills them: none of them reacts (a traceback for each peer
+    gone) while the other nodes end theirs. SIGKILL ends a stopped process."""
+    for b in beats.values():
+        pid = int(b.get("pid", 0))
+        if pid and alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+
 def _frames(items: Iterable[Sequence[Any]]) -> list[Frame]:
     return [Frame(str(f[0]), int(f[1]), str(f[2])) for f in items if len(f) == 3]
 
@@ -538,16 +548,19 @@ def keep_dir(base: os.PathLike[str] | str | None) -> Path:
 
 
 class HangWatch:
-    """One job's watchdog thread (see the module docstring). ``request_stop(code, message)`` asks the supervisor's
-    loop to end the job; ``store``: (host, port) of the rendezvous store of a multi-node job."""
+    """One job's watchdog thread (see the module docstring). ``hold()`` says a stop is coming (the supervisor's main
+    thread must not end the run its own way meanwhile), ``request_stop(code, message)`` asks the supervisor's loop
+    to end the job; ``store``: (host, port) of the rendezvous store of a multi-node job."""
 
     def __init__(self, policy: HangPolicy, state: Path, *, keep: Path, store: tuple[str, int] | None,
-                 request_stop: Callable[[int, str], None], stderr: Any = None) -> None:
+                 request_stop: Callable[[int, str], None], hold: Callable[[], None] = lambda: None,
+                 stderr: Any = None) -> None:
         self.policy = policy
         self.state = state
         self.keep = keep
         self.store_address = store
         self.request_stop = request_stop
+        self.hold = hold
         self.stderr = stderr
         self._exchange: Exchange | None = None
         self._armed = True
@@ -650,7 +663,10 @@ class HangWatch:
             ex.publish(summary)
             stop = ex.stopping()
             if stop is not None and int(stop["by"]) != summary.node:
+                self.hold()
+                freeze(beats)
                 ex.ack()
+                self._await_acks(ex, summary.nodes)  # the store (on any node) stays up until every node knows
                 self.request_stop(EXIT_HANG, str(stop["message"]))
                 self._closed.set()
                 return
@@ -718,14 +734,14 @@ class HangWatch:
         if p.action is OnHang.STOP:
             self.reports.append(text)
             self._say(text)
+            self.hold()
+            freeze(beats)
             message = (f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
                        f"stopped it (--on-hang stop, exit code {EXIT_HANG})")
             if ex is not None:
                 ex.stop(f"node {summary.node} found the job hung ({p.source} {p.timeout_s:g}; the roll-call is on its "
                         f"stderr): stopped it (--on-hang stop, exit code {EXIT_HANG})", summary.node)
-                deadline = time.monotonic() + STOP_ACK_WAIT_S
-                while ex.acks() < summary.nodes - 1 and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                self._await_acks(ex, summary.nodes)
             self.request_stop(EXIT_HANG, message)
             self._closed.set()
             return
@@ -733,6 +749,17 @@ class HangWatch:
                     f"--on-hang stop would end it (exit code {EXIT_HANG})")
         self.reports.append(text)
         self._say(text)
+
+    @staticmethod
+    def _await_acks(ex: Exchange, nodes: int) -> None:
+        deadline = time.monotonic() + STOP_ACK_WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # a node that already ended took the store with it: go on
+                if ex.acks() >= nodes - 1:
+                    return
+                time.sleep(0.2)
+                continue
+            return
 
     def _answer_request(self, request: str, view: tuple[Any, Summary, Exchange | None] | None) -> None:
         """A ``numarun stacks`` request ``<id> <full>``: the roll-call in ``stacks.<id>.txt``."""

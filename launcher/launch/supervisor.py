@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 SIGNAL_GRACE_S = 5.0
 """How long a death signal may wait for the main thread (stuck in C++) to take it before the loop ends the run."""
 TICK_S = 0.5
+STOP_HOLD_S = 60.0
+"""How long the main thread waits for the loop's exit once a hang stop began (it ends the process long before)."""
 
 
 class RunFailed(NumarunError):
@@ -99,6 +101,8 @@ class Supervisor:
         self._closed = False
         self._hangs: HangWatch | None = None
         self._hang_stop: tuple[int, str] | None = None  # the watchdog asks the loop to end the job
+        self._hang_hold = threading.Event()  # set: the loop is about to end the job; the main thread waits for it
+        self._stderr_fd: int | None = None  # numarun's stderr while its fd 2 is quieted for a hang stop
 
     # ----------------------------------------------------------------- 1. signals
     def hold_signals(self, environ: dict[str, str] | None = None) -> None:
@@ -169,8 +173,24 @@ class Supervisor:
         if self._hangs is not None:
             self._hangs.at_stop(signum)
 
+    def _hold(self) -> None:
+        """A stop is coming from the loop: the main thread, should torchrun return or fail meanwhile (a rank
+        killed on another node, the rendezvous store gone with it), waits for the loop's exit code. What torch
+        says meanwhile (its agent logging the ranks it loses, the store gone) goes nowhere: numarun's one line
+        will say what happened."""
+        if self._hang_hold.is_set():
+            return
+        self._hang_hold.set()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+            self._stderr_fd = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+
     def _request_stop(self, code: int, message: str) -> None:
         """The hang watchdog's thread (``--on-hang stop``): the loop ends the job."""
+        self._hold()
         self._hang_stop = (code, message)
         if self._wakeup is not None:
             self._wakeup.nudge()
@@ -283,7 +303,7 @@ class Supervisor:
                    envvars.STATE_DIR: str(directory)}
         self._hang_stop = None
         self._hangs = HangWatch(hang, directory, keep=keep_dir(run_dir or spec.log_dir), store=spec.store_address(),
-                                request_stop=self._request_stop).start()
+                                request_stop=self._request_stop, hold=self._hold).start()
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -324,6 +344,8 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
+            if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
+                time.sleep(STOP_HOLD_S)
             hangs, self._hangs = self._hangs, None
             if hangs is not None:
                 hangs.settle()  # a roll-call begun at a stop is written before the directory goes
@@ -363,6 +385,10 @@ class Supervisor:
 
     def die(self, code: int, message: str) -> NoReturn:
         """From the loop: one line, everything ended, exit ``code`` now."""
-        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+        line = f"numarun: error: {message}\n"
+        if self._stderr_fd is not None:
+            os.write(self._stderr_fd, line.encode())
+        else:
+            print(line, end="", file=sys.stderr, flush=True)
         self.close()
         os._exit(code)
