@@ -67,7 +67,8 @@ FIFO = "stacks.fifo"
 """In numarun's private directory: ``numarun stacks`` writes ``<id> <full>`` lines to it; the answer is ``stacks.<id>.txt``."""
 JOB_FILE = "job.json"
 """In numarun's private directory: which numarun runs there (``numarun stacks`` lists these)."""
-KEEP_DIR = "numarun-hangs.{host}.{pid}"
+KEEP_DIR = "numarun_hangs.{host}.{pid}"
+"""Not ``numarun-*``: that is the private directory's pattern, removed at exit; this one is kept."""
 DUMP_WAIT_S = 3.0
 """How long the ranks' faulthandler dumps may take to land (they are written from a signal handler: microseconds)."""
 STOP_DUMP_WAIT_S = 1.0
@@ -304,10 +305,12 @@ class Dumps:
         self.state = state
         self.offsets: dict[int, int] = {}
         self.asked_at = time.monotonic()
+        self.alive = {local for local, b in beats.items() if alive(int(b.get("pid", 0)))}
+        """Local ranks alive when asked (at a stop, they are gone by the time their stands are read)."""
         for local, b in beats.items():
             pid = int(b.get("pid", 0))
             path = state / STACKS.format(local_rank=local)
-            if pid and alive(pid) and catches(pid, int(b.get("dump_signal", DUMP_SIGNAL))):
+            if local in self.alive and catches(pid, int(b.get("dump_signal", DUMP_SIGNAL))):
                 self.offsets[local] = _size(path)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, int(b.get("dump_signal", DUMP_SIGNAL)))
@@ -373,13 +376,15 @@ def _frames(items: Iterable[Sequence[Any]]) -> list[Frame]:
     return [Frame(str(f[0]), int(f[1]), str(f[2])) for f in items if len(f) == 3]
 
 
-def stand_of(beat: Mapping[str, Any], dump: str | None, *, state: Path, roots: Sequence[str], host: str) -> Stand:
-    """Where one rank stands: its main thread in the dump (else in its last heartbeat), the collective it is in."""
+def stand_of(beat: Mapping[str, Any], dump: str | None, *, state: Path, roots: Sequence[str], host: str,
+             running: bool | None = None) -> Stand:
+    """Where one rank stands: its main thread in the dump (else in its last heartbeat), the collective it is in.
+    ``running``: whether it ran when asked (default: whether it runs now)."""
     pid = int(beat.get("pid", 0))
     local = int(beat.get("local_rank", 0))
     base: dict[str, Any] = dict(rank=int(beat.get("rank", 0)), local_rank=local, pid=pid,
                                 node=int(beat.get("node_rank", 0)), host=host)
-    if not alive(pid):
+    if not (alive(pid) if running is None else running):
         return Stand(**base, state="exited", exit_code=exit_code(state, local, int(beat.get("group", 0))))
     frames = []
     if dump:
@@ -405,7 +410,7 @@ def call_node(state: Path, beats: Mapping[int, Mapping[str, Any]], out: Path, *,
     exe = find_py_spy() if py_spy else None
     native: dict[int, str] = {}
     why = ""
-    live = [int(b["pid"]) for b in beats.values() if alive(int(b.get("pid", 0)))]
+    live = [int(beats[lr]["pid"]) for lr in sorted(dumps.alive)]
     if exe and live:
         native, why = _py_spy(exe, live, PY_SPY_TIMEOUT_S)
     texts = dumps.read(dump_wait_s)
@@ -413,7 +418,7 @@ def call_node(state: Path, beats: Mapping[int, Mapping[str, Any]], out: Path, *,
     stands, parts = [], []
     for local in sorted(beats):
         b = beats[local]
-        stand = stand_of(b, texts.get(local), state=state, roots=roots, host=host)
+        stand = stand_of(b, texts.get(local), state=state, roots=roots, host=host, running=local in dumps.alive)
         stands.append(stand)
         names = {int(k): str(v) for k, v in (b.get("threads") or {}).items() if str(k).isdigit()}
         head = f"=== rank {stand.rank} (local rank {local}, pid {stand.pid}, {host}): {stand.place()}"
@@ -541,7 +546,7 @@ class Exchange:
 
 
 def keep_dir(base: os.PathLike[str] | str | None) -> Path:
-    """Where this numarun keeps its roll-calls: ``<base>/numarun-hangs.<host>.<pid>`` (base: the run dir, the log
+    """Where this numarun keeps its roll-calls: ``<base>/numarun_hangs.<host>.<pid>`` (base: the run dir, the log
     dir, else ``$TMPDIR``)."""
     root = Path(base) if base else Path(tempfile.gettempdir())
     return root / KEEP_DIR.format(host=socket.gethostname(), pid=os.getpid())
@@ -598,11 +603,11 @@ class HangWatch:
     def at_stop(self, signum: int) -> None:
         """The supervisor begins stopping the ranks (a death signal): each rank dumps its stacks now, before
         torchrun's SIGTERM reaches it; the thread writes where they stood and says where, once."""
-        if self._stop_taken:
+        if self._stop_taken or signum == signal.SIGINT:  # Ctrl-C reaches the ranks themselves, from the terminal
             return
         self._stop_taken = True
         beats = read_beats(self.state)
-        if not any(alive(int(b.get("pid", 0))) for b in beats.values()):
+        if not beats:  # no rank started yet: nothing stood anywhere
             self.stop_written.set()
             return
         self._stop_asked = (signal.Signals(signum).name, Dumps(self.state, beats))
@@ -785,6 +790,9 @@ class HangWatch:
 
     def _at_stop(self, name: str, dumps: Dumps) -> None:
         beats = read_beats(self.state)
+        # torchrun's own SIGTERM may have ended a rank before its dump: one that recorded no exit of its own
+        # was running when the signal came, where its last sample has it
+        dumps.alive |= {lr for lr, b in beats.items() if exit_code(self.state, lr, int(b.get("group", 0))) is None}
         call = call_node(self.state, beats, self.keep / "stacks.stop.txt", py_spy=False, dumps=dumps,
                          dump_wait_s=STOP_DUMP_WAIT_S)
         text = render([call], header=[f"where each rank of this node stood when numarun got {name}:"])

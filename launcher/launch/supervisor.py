@@ -147,9 +147,8 @@ class Supervisor:
             try:  # the loop outlives any one failure (the private directory removed under it at exit...)
                 for signum in got:
                     if signum in self._death:
-                        if self.live_workers():
-                            self._begin_stop(signum)
-                        elif self._phase is not Phase.STOPPING:
+                        self._begin_stop(signum)
+                        if self._phase is not Phase.STOPPING and not self.live_workers():
                             waiting.setdefault(signum, now)
                     elif signum and signum != NUDGE:
                         self._act(signum)
@@ -168,8 +167,9 @@ class Supervisor:
                 return  # released
 
     def _begin_stop(self, signum: int) -> None:
-        """A death signal while workers run: torchrun is stopping them. Where each rank stood is written first
-        (the ranks dump their stacks now, before torchrun's SIGTERM reaches them; the file follows)."""
+        """A death signal while a job runs: torchrun is stopping its ranks. Where each rank stood is written
+        (the ranks dump their stacks now, racing torchrun's SIGTERM to them; their last samples stand in for
+        those that lose; the file follows). Called by the loop and by the main thread, whichever comes first."""
         if self._hangs is not None:
             self._hangs.at_stop(signum)
 
@@ -335,6 +335,7 @@ class Supervisor:
         except torch_private.signal_exception_type() as e:
             self._phase = Phase.STOPPING
             sig = signal.Signals(getattr(e, "sigval", signal.SIGTERM))
+            self._begin_stop(int(sig))
             if ledger.stopped_cleanly(directory, spec.nproc_per_node):
                 print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
                 return
