@@ -440,7 +440,10 @@ def call_node(state: Path, beats: Mapping[int, Mapping[str, Any]], out: Path, *,
     elif native and len(native) == len(live):
         source = "py-spy with native frames, and in-process Python stacks"
     else:
-        source = f"in-process Python stacks (faulthandler); py-spy could not read the ranks: {why}"
+        denied = "EPERM" in why or "ermission" in why or "not permitted" in why
+        source = ("in-process Python stacks (faulthandler); py-spy could not read the ranks"
+                  + (" (ptrace is not permitted here: CAP_SYS_PTRACE, kernel.yama.ptrace_scope or seccomp)" if denied else "")
+                  + f": {why}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# every thread of every rank on {host}; stacks: {source}\n\n" + "\n".join(parts))
     return NodeCall(int(next(iter(beats.values())).get("node_rank", 0)) if beats else 0, host, tuple(stands), str(out),
