@@ -133,7 +133,7 @@ def test_collectives_are_counted_entered_and_left_with_the_one_the_thread_is_in(
     assert counters.events == 2 and counters.collectives == 1 and counters.inside == {}
     module.all_gather_object([], "o")
     me = threading.get_ident()
-    assert seen[0][me][0] == "all_reduce" and seen[1][me][0] == "all_gather_object"  # the outermost is named
+    assert seen[0][me] == "all_reduce" and seen[1][me] == "all_gather_object"  # the outermost is named
     assert counters.collectives == 3 and counters.events == 6
     counters.step()
     assert counters.steps == 1 and counters.events == 7

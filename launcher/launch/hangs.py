@@ -577,6 +577,7 @@ class HangWatch:
         self._stop_asked: tuple[str, Dumps] | None = None
         self.stop_written = threading.Event()
         self._stop_taken = False
+        self._stop_lock = threading.Lock()
         self._fifo_path = state / FIFO
         self._fifo = -1
         self._thread: threading.Thread | None = None
@@ -606,9 +607,10 @@ class HangWatch:
     def at_stop(self, signum: int) -> None:
         """The supervisor begins stopping the ranks (a death signal): each rank dumps its stacks now, before
         torchrun's SIGTERM reaches it; the thread writes where they stood and says where, once."""
-        if self._stop_taken or signum == signal.SIGINT:  # Ctrl-C reaches the ranks themselves, from the terminal
-            return
-        self._stop_taken = True
+        with self._stop_lock:  # the loop and the main thread may both call, whichever sees the signal first
+            if self._stop_taken or signum == signal.SIGINT:  # Ctrl-C reaches the ranks themselves, from the terminal
+                return
+            self._stop_taken = True
         beats = read_beats(self.state)
         if not beats:  # no rank started yet: nothing stood anywhere
             self.stop_written.set()

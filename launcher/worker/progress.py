@@ -72,21 +72,27 @@ class Counters:
         self.events = 0
         self.collectives = 0
         self.steps = 0
-        self.inside: dict[int, tuple[str, float]] = {}  # thread ident -> (outermost collective, since)
+        self.inside: dict[int, str] = {}  # thread ident -> the outermost collective it is in
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` counting its calls; under torch.compile the original is called (dynamo remaps the wrapped name)."""
         counters = self
-        compiling = _is_compiling
+        inside = self.inside
+        get_ident = threading.get_ident
+        compiling = [_is_compiling]  # torch's own check once torch is whole: a call, not a module lookup, each time
 
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if compiling():
+            check = compiling[0]
+            if check is _is_compiling:
+                compiler = getattr(sys.modules.get("torch"), "compiler", None)
+                check = compiling[0] = getattr(compiler, "is_compiling", None) or _is_compiling
+            if check():
                 return fn(*args, **kwargs)
-            me = threading.get_ident()
-            outer = me not in counters.inside
+            me = get_ident()
+            outer = me not in inside
             if outer:
-                counters.inside[me] = (name, time.monotonic())
+                inside[me] = name
             counters.events += 1
             counters.collectives += 1
             try:
@@ -94,7 +100,7 @@ class Counters:
             finally:
                 counters.events += 1
                 if outer:
-                    counters.inside.pop(me, None)
+                    inside.pop(me, None)
 
         collective.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return collective
@@ -259,7 +265,7 @@ class Sampler:
         beat = {
             **self.identity, "t": now, "moved": self.moved, "changed": self.changed, "events": events,
             "collectives": self.counters.collectives, "steps": self.counters.steps,
-            "inside": inside[0] if inside else None, "inside_since": inside[1] if inside else None,
+            "inside": inside,
             "frames": self._frames, "threads": {str(t.ident): t.name for t in threading.enumerate()},
             "samples": self.samples, "sampler_cpu_s": round(self.cpu_s, 6), "interval": self.interval,
         }
