@@ -49,6 +49,7 @@ HELP_PAGES: dict[str, str] = {
     "submit": "slurm.md",
     "doctor": "doctor.md",
     "tune": "tune.md",
+    "stacks": "hangs.md",
     "slurm-node": "slurm.md",
 }
 

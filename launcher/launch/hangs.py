@@ -551,7 +551,7 @@ class Exchange:
 def keep_dir(base: os.PathLike[str] | str | None) -> Path:
     """Where this numarun keeps its roll-calls: ``<base>/numarun_hangs.<host>.<pid>`` (base: the run dir, the log
     dir, else ``$TMPDIR``)."""
-    root = Path(base) if base else Path(tempfile.gettempdir())
+    root = Path(base).absolute() if base else Path(tempfile.gettempdir())
     return root / KEEP_DIR.format(host=socket.gethostname(), pid=os.getpid())
 
 
