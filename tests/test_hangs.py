@@ -139,7 +139,8 @@ def test_collectives_are_counted_entered_and_left_with_the_one_the_thread_is_in(
     assert counters.steps == 1 and counters.events == 7
 
 
-def _loop_at_one_line(stop: threading.Event, counted: progress.Counters | None) -> None:
+def _loop_at_one_line(stop: threading.Event, counted: progress.Counters | None, looping: threading.Event) -> None:
+    looping.set()
     while not stop.is_set():
         time.sleep(0.05)  # nearly all the time here: every snapshot sees this line
         if counted is not None:
@@ -151,11 +152,11 @@ def test_a_healthy_loop_at_one_line_is_told_from_a_hang_by_its_counters(counted:
     """The real sampler on a real thread that sits at time.sleep: its stack never changes between samples.
     With its events counted, it moves; without, the same loop is what a hang looks like."""
     counters = progress.Counters()
-    stop = threading.Event()
-    t = threading.Thread(target=_loop_at_one_line, args=(stop, counters if counted else None))
+    stop, looping = threading.Event(), threading.Event()
+    t = threading.Thread(target=_loop_at_one_line, args=(stop, counters if counted else None, looping))
     t.start()
     try:
-        time.sleep(0.2)
+        looping.wait()
         sampler = progress.Sampler(tmp_path / "progress.0", {"pid": 1, "local_rank": 0}, interval=1, counters=counters,
                                    main=t.ident)
         first = sampler.sample()
@@ -168,7 +169,7 @@ def test_a_healthy_loop_at_one_line_is_told_from_a_hang_by_its_counters(counted:
     finally:
         stop.set()
         t.join()
-    assert first["frames"][0][2] == "_loop_at_one_line"
+    assert beat["frames"][0][2] == "_loop_at_one_line" and first["frames"]
     assert len(set(changes)) <= 2  # the stack stood still (a sample may have caught the loop between lines)
     summary = summarize({0: {**beat, "world": 1, "local_world": 1}}, time.monotonic(), live=lambda pid: True)
     assert summary is not None
