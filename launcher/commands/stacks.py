@@ -14,14 +14,7 @@ import shlex
 import sys
 
 from .. import argtypes
-from ..errors import NumarunError, UsageError
-from ..launch.hangs import Job, ask_stacks, job_of, running_jobs
-
-
-class StacksFailed(NumarunError):
-    """The job's numarun did not answer: exit 1."""
-
-    exit_code = 1
+from ..launch.hangs import Job, StacksUnavailable, ask_stacks, job_of, running_jobs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -55,16 +48,13 @@ def main(args: argparse.Namespace) -> int:
     if args.pid is not None:
         job = job_of(args.pid)
     elif not jobs:
-        raise UsageError("no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a running "
-                         "'numarun SCRIPT' (or --pid PID)")
+        raise StacksUnavailable("no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a "
+                                "running 'numarun SCRIPT' (or --pid PID)")
     else:
         job = jobs[0]
         if len(jobs) > 1:
             print(f"numarun: {len(jobs)} jobs run here; showing the latest, {_describe(job)} (choose with --pid; "
                   "--list lists them)", file=sys.stderr, flush=True)
-    try:
-        text = ask_stacks(job, full=args.full, timeout_s=args.timeout)
-    except TimeoutError as e:
-        raise StacksFailed(str(e)) from None
+    text = ask_stacks(job, full=args.full, timeout_s=args.timeout)
     sys.stdout.write("".join(f"numarun: {line}\n" if not args.full else f"{line}\n" for line in text.splitlines()))
     return 0

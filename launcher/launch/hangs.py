@@ -48,7 +48,7 @@ from typing import Any
 
 from .. import envvars
 from ..argtypes import seconds
-from ..errors import UsageError
+from ..errors import NumarunError, UsageError
 from ..jsonable import loads
 from ..worker.progress import DUMP_SIGNAL, HEARTBEAT, STACKS
 from . import rollcall
@@ -76,6 +76,13 @@ PY_SPY_TIMEOUT_S = 60.0
 ANSWER_WAIT_S = 90.0
 """How long the judge waits for the other nodes' stands (a sample, the dumps, py-spy's native unwinding)."""
 STOP_ACK_WAIT_S = 15.0
+
+
+class StacksUnavailable(NumarunError):
+    """A job's roll-call could not be had: no job runs, or its numarun did not answer (exit 1)."""
+
+    exit_code = 1
+    page = "hangs.md"
 
 
 class OnHang(str, enum.Enum):
@@ -874,8 +881,8 @@ def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as e:
-        raise UsageError(f"numarun {job.pid} takes no stacks request now ({fifo}: {e.strerror}); expected a job whose "
-                         "ranks run") from None
+        raise StacksUnavailable(f"numarun {job.pid} takes no stacks request now ({fifo}: {e.strerror}); expected a job "
+                                "whose ranks run") from None
     with os.fdopen(fd, "wb") as f:
         f.write(f"{rid} {1 if full else 0}\n".encode())
     answer = job.state / f"stacks.{rid}.txt"
@@ -888,4 +895,5 @@ def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str
         if not alive(job.pid):
             break
         time.sleep(0.1)
-    raise TimeoutError(f"numarun {job.pid} did not answer within {timeout_s:g} s")
+    raise StacksUnavailable(f"numarun {job.pid} did not answer within {timeout_s:g} s"
+                            + ("" if alive(job.pid) else ": it ended meanwhile"))
