@@ -22,6 +22,7 @@ from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import Mode
 from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
+from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
 from ..launch.spec import LaunchSpec, launch_spec
@@ -298,5 +299,5 @@ class _Runner:
             plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
         env = {**self.env(options, plan, plan_path), **job_env}
         log.info("running: %s", command_line(env, spec.argv()))
-        self.supervisor.run(spec, env)
+        self.supervisor.run(spec, env, hang=policy_from(options), run_dir=run_dir)
         return 0

@@ -74,8 +74,9 @@ class Schedule(str, enum.Enum):
 
 
 def _launcher_config() -> type:
-    """What ``numarun run`` needs, below its command line and environment (README): a key per launch option that
-    declares one (:func:`numarun.launch.options.config_keys`), each None: not set here."""
+    """The launch options a job config sets, below the command line and the environment; null: not set.
+
+    A key per launch option that declares one (:func:`numarun.launch.options.config_keys`)."""
     from dataclasses import make_dataclass
 
     from ..launch.options import config_keys

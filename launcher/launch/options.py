@@ -9,10 +9,8 @@ what numarun gives it (a job-config key, a scheduler's variable, a meaning in pe
 Every command takes its flags from here (:func:`add_options`); the parser keeps only what was typed, and
 :func:`from_args` adds the environment and the defaults; :meth:`Options.with_config` a job config's ``launcher``
 group and :meth:`Options.with_job` what the job numarun runs in fixes. The precedence (:func:`resolve`) is the
-README's table ("Where each option comes from"). A new option is one entry of :data:`DECLARED`::
-
-    Option("hang_timeout", ("--hang-timeout",), default=0.0, parse=argtypes.seconds("--hang-timeout", above=False),
-           config=float, metavar="SECONDS", help="seconds without progress before a rank counts as hung (0: off)"),
+README's table ("Where each option comes from"). A new option is one entry of :data:`DECLARED` (``--on-hang``'s
+below), read as ``options.on_hang``.
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from ..errors import UsageError
 from ..jobenv.settle import Setting, Source
 from ..plan.model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 from ..plan.options import parse_nproc
+from . import hangs
 
 NOT_LAUNCH = ("help", "module", "no_python", "run_path", "virtual_local_rank", "training_script", "training_script_args")
 """torchrun's options that choose the program, not the launch."""
@@ -132,6 +131,13 @@ DECLARED: tuple[Option, ...] = (
     Option("standalone", per_rank=True),
     Option("strict_binding", ("--strict-binding",), default=False, switch=True, config=bool, per_rank=True,
            help=f"a rank whose binding cannot be applied fails instead of running unbound (sets {envvars.STRICT_BINDING}=1)"),
+    Option("hang_timeout", ("--hang-timeout",), default=hangs.DEFAULT_TIMEOUT_S, parse=hangs.parse_hang_timeout,
+           config=float, metavar="SECONDS",
+           help="print the roll-call of every rank when no rank entered or left a torch.distributed collective or "
+           "took an optimizer step for this long while a rank's stack stood still (0: off)"),
+    Option("on_hang", ("--on-hang",), default=hangs.OnHang.REPORT, parse=argtypes.choice(hangs.OnHang, "--on-hang"),
+           config=str, metavar="ACTION",
+           help=f"after the roll-call: report (keep running) or stop (end the job, exit code {hangs.EXIT_HANG})"),
 )
 """numarun's launch options, and the torchrun options numarun gives more (no flags: torchrun's own), in the order
 ``--show-sources`` lists them."""

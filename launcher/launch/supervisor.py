@@ -7,11 +7,13 @@
    the plan, torchelastic's logs, the :mod:`ledger <numarun.ledger>`), its cleaner (which removes it
    and ends the job's processes when numarun dies, however) and the cage (:mod:`numarun.launch.reaper`);
 3. :meth:`Supervisor.run`, each job: torchrun in the main thread, while the loop forwards SIGUSR1/2,
-   keeps the rendezvous deadline and listens for another node's refusal;
+   keeps the rendezvous deadline and listens for another node's refusal, and the hang watchdog's thread
+   (:mod:`numarun.launch.hangs`) watches the ranks' progress;
 4. :meth:`Supervisor.close` (atexit too): the job's processes ended, the directory removed.
 
-Whatever stops the ranks (a death signal, a deadline, another node's refusal) goes through
-:meth:`Supervisor.stopping` first: what must be written before ranks are killed is called there.
+A death signal that stops the ranks goes through :meth:`Supervisor._begin_stop` first, whichever thread sees it:
+the hang watchdog's roll-call is written there, before any rank is killed; the watchdog's own stop comes through
+the loop's periodic check (:meth:`Supervisor._tick`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from .. import envvars, ledger, torch_private
 from ..errors import NumarunError
 from . import net, oom, reaper, signals
 from .abort import AbortWatch
+from .hangs import HangPolicy, HangWatch, keep_dir, write_job_record
 from .signals import Phase, reap, say_ready
 from .spec import LaunchSpec
 
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 SIGNAL_GRACE_S = 5.0
 """How long a death signal may wait for the main thread (stuck in C++) to take it before the loop ends the run."""
 TICK_S = 0.5
+STOP_HOLD_S = 60.0
+"""How long the main thread waits for the loop's exit once a hang stop began (it ends the process long before)."""
 
 
 class RunFailed(NumarunError):
@@ -95,6 +101,10 @@ class Supervisor:
         self._loop: signals.Loop | None = None
         self._stopped: tuple[float, int] | None = None  # when a death signal was taken, which (the grace for C++)
         self._closed = False
+        self._hangs: HangWatch | None = None
+        self._hang_stop: tuple[int, str] | None = None  # the watchdog asks the loop to end the job
+        self._hang_hold = threading.Event()  # set: the loop is about to end the job; the main thread waits for it
+        self._stderr_fd: int | None = None  # numarun's stderr while its fd 2 is quieted for a hang stop
 
     @property
     def loop(self) -> signals.Loop:
@@ -126,12 +136,41 @@ class Supervisor:
     def stop(self, signum: int, *, again: bool) -> None:
         """A death signal while torchrun runs: torchrun's shutdown, through torch's own signal exception in the
         main thread (a second one changes nothing: torchrun's shutdown goes on)."""
+        self._begin_stop(signum)
         if again:
             return
         self._stopped = (time.monotonic(), signum)
-        self.stopping(f"stopped by {signal.Signals(signum).name}")
         torch_private.quiet_shutdown()  # numarun's one line says it
         self.loop.interrupt(torch_private.signal_exception(signum), signum)
+
+    def _begin_stop(self, signum: int) -> None:
+        """The one place the supervisor begins stopping ranks for a death signal (the Slurm time limit's SIGTERM,
+        numarun's own stop), before any rank is sent anything: where each rank stood is written (the ranks dump
+        their stacks now, racing torchrun's SIGTERM to them; their last samples stand in for those that lose; the
+        file follows). Called by the loop and by the main thread, whichever comes first."""
+        if self._hangs is not None:
+            self._hangs.at_stop(signum)
+
+    def _hold(self) -> None:
+        """A stop is coming from the loop: the main thread, should torchrun return or fail meanwhile (a rank
+        killed on another node, the rendezvous store gone with it), waits for the loop's exit code. What torch
+        says meanwhile (its agent logging the ranks it loses, the store gone) goes nowhere: numarun's one line
+        will say what happened."""
+        if self._hang_hold.is_set():
+            return
+        self._hang_hold.set()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+            self._stderr_fd = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+
+    def _request_stop(self, code: int, message: str) -> None:
+        """The hang watchdog's thread (``--on-hang stop``): the loop ends the job (:meth:`_tick`)."""
+        self._hold()
+        self._hang_stop = (code, message)
+        self.loop.poke()
 
     def forward(self, signum: int) -> None:
         import psutil
@@ -145,14 +184,11 @@ class Supervisor:
         log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)",
                     signal.Signals(signum).name, len(sent))
 
-    def stopping(self, reason: str) -> None:
-        """The one place the supervisor begins stopping ranks (a death signal, a deadline, another node's refusal),
-        called before any rank is sent anything; what must be written before ranks are killed is called here."""
-        log.debug("stopping the ranks: %s", reason)
-
     def _tick(self, now: float) -> None:
         """The loop's periodic check: the phase (workers alive or not), the rendezvous deadline (the first, and
         each after a restart), another node's refusal, and a death signal the main thread could not take."""
+        if self._hang_stop is not None:  # the hang watchdog's --on-hang stop
+            self.die(*self._hang_stop)
         job = self._job
         if job is None or self.private_dir is None:
             return
@@ -202,6 +238,7 @@ class Supervisor:
         )
         self._cage = reaper.enter()
         (directory / reaper.CAGE_FILE).write_text(self._cage.record())
+        write_job_record(directory, sys.argv)
         self.private_dir = directory
         atexit.register(self.close)
         return directory
@@ -224,9 +261,11 @@ class Supervisor:
         return path
 
     # ----------------------------------------------------------------- 3. a job
-    def run(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
+    def run(self, spec: LaunchSpec, env: Mapping[str, str], *, hang: HangPolicy | None = None,
+            run_dir: os.PathLike[str] | str | None = None) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
-        :class:`RunFailed` (README, "Exit codes" and "Signals")."""
+        :class:`RunFailed` (README, "Exit codes" and "Signals"). ``hang``: the watchdog's policy (docs/hangs.md),
+        whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -247,7 +286,12 @@ class Supervisor:
             held = self.loop.take_held()
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
-        updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
+        hang = hang or HangPolicy()
+        updates = {**dict(spec.env), **env, **hang.worker_env(), envvars.LAUNCHER_PID: str(os.getpid()),
+                   envvars.STATE_DIR: str(directory)}
+        self._hang_stop = None
+        self._hangs = HangWatch(hang, directory, keep=keep_dir(run_dir or spec.log_dir), store=spec.store_address(),
+                                request_stop=self._request_stop, hold=self._hold).start()
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -278,6 +322,7 @@ class Supervisor:
             ) from None
         except torch_private.signal_exception_type() as e:
             sig = signal.Signals(getattr(e, "sigval", signal.SIGTERM))
+            self._begin_stop(int(sig))
             if ledger.stopped_cleanly(directory, spec.nproc_per_node):
                 print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
                 return
@@ -287,6 +332,12 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
+            if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
+                time.sleep(STOP_HOLD_S)
+            hangs, self._hangs = self._hangs, None
+            if hangs is not None:
+                hangs.settle()  # a roll-call begun at a stop is written before the directory goes
+                hangs.close()
             with self.loop.lock:
                 if self.loop.phase is not Phase.STOPPING:
                     self.loop.phase = Phase.BETWEEN
@@ -324,7 +375,10 @@ class Supervisor:
 
     def die(self, code: int, message: str) -> NoReturn:
         """From the loop: one line, everything ended, exit ``code`` now."""
-        self.stopping(message)
-        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+        line = f"numarun: error: {message}\n"
+        if self._stderr_fd is not None:
+            os.write(self._stderr_fd, line.encode())
+        else:
+            print(line, end="", file=sys.stderr, flush=True)
         self.close()
         os._exit(code)

@@ -230,8 +230,9 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
                 envvars.DETECT: "0", envvars.HYDRA_NOW: now, envvars.LAUNCHER_PID: str(os.getpid()),
                 **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {})})
     args = [str(folder), f"index={job.idx}"]
-    # the torchrun options typed for every job (the environment's reach the job as they are)
-    typed = options.flags(Source.COMMAND_LINE, leave_out=SET_BY_SWEEP)
+    # what the job's numarun run takes (--max-restarts, --hang-timeout...), typed or from the job config; the
+    # environment's reach it as they are, below them as in the sweep
+    typed = options.flags(Source.COMMAND_LINE, Source.CONFIG, leave_out=SET_BY_SWEEP | {"strict_binding"})
     if job.ranks == 1 and not rest and not typed:  # nothing for torchrun's agent to do: the process is the rank
         env.update(worker_env(plan, os.environ, plan_path="", strict=options.strict_binding))
         env.pop(envvars.PLAN)
