@@ -89,6 +89,7 @@ class LauncherConfig:
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     strict_binding: bool = False
+    mesh: Optional[str] = None  # parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (docs/layouts.md)
 
 
 @dataclass

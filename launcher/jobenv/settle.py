@@ -208,7 +208,7 @@ def _mpi_head_addr(shape: JobShape) -> str:
 
 # Launch options that make sense when the scheduler starts every rank (no torchrun agent).
 PER_RANK_OPTIONS = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
-                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding"})
+                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding", "mesh"})
 
 
 def check_rank(shape: JobShape, stated: Stated) -> None:
