@@ -39,7 +39,10 @@ MESH_PP = "NUMARUN_MESH_PP"  # ... and each of the five degrees (1 for a dimensi
 MESH_DP_REPLICATE = "NUMARUN_MESH_DP_REPLICATE"
 MESH_DP_SHARD = "NUMARUN_MESH_DP_SHARD"
 MESH_CP = "NUMARUN_MESH_CP"
-MESH_TP = "NUMARUN_MESH_TP"  # JSON list of the numarun run options given to numarun SCRIPT -m, for each job
+MESH_TP = "NUMARUN_MESH_TP"
+# a key the user gives each node (its rack, its leaf switch): under c10d with a layout, nodes take node ranks in key
+# order (after their multi-node NVLink domain, before their place in Slurm's order)
+NODE_KEY = "NUMARUN_NODE_KEY"  # JSON list of the numarun run options given to numarun SCRIPT -m, for each job
 
 ALL: tuple[str, ...] = tuple(  # every variable above
     v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")

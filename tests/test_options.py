@@ -62,6 +62,8 @@ FIELDS: dict[str, Case] = {
                     TORCH),
     "strict_binding": Case(["--strict-binding"], True, "NUMARUN_STRICT_BINDING", "0", False, True, True, False,
                            "numarun"),
+    "mesh": Case(["--mesh", "tp=2"], "tp=2", "NUMARUN_MESH", "dp_shard=-1,tp=2", "dp_shard=-1,tp=2", "pp=2,tp=-1",
+                 "pp=2,tp=-1", None, "numarun"),
 }
 SOURCES = (Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, Source.DEFAULT)
 

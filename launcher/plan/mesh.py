@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..topology.links import Link, gpu_links, nvlink_islands, pcie_switches
+from ..topology.links import Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
 from ..topology.visible import openable
@@ -176,5 +176,6 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
         shape=shown_shape, nnodes=nnodes, dims=tuple(dims),
         default_gpus=tuple(gpus[p].index for p in today) if gpus else (), search=search,
         cuda_visible_devices=_visible_text(request, topology, gpus, order) if gpus else "",
+        nvlink_domain=nvlink_domain(topology),
     )
     return MeshChoice(order, record, tuple(warnings))

@@ -140,6 +140,7 @@ class MeshPlan:
     default_gpus: tuple[int, ...]  # the GPU (NVML index) each local rank drives in today's order
     search: str  # how the placement was found: "exhaustive, N steps", "stopped after N steps", "-" (nothing to place)
     cuda_visible_devices: str = ""  # the GPU order every rank of the node sees ("": the user's, unchanged)
+    nvlink_domain: str = ""  # the node's multi-node NVLink domain (NVML fabric cluster UUID/clique id); "" none
 
 
 @dataclass(frozen=True)
