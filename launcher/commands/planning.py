@@ -248,7 +248,8 @@ class Planner:
         request = request_for(options, env, topology)
         if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
             request = dataclasses.replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
-                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors)
+                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors,
+                                          keep_gpus=True)  # each task holds its own GPU: the layout cannot move it
             own = own_gpu_refs(topology, own_minors, cvd)
         else:
             request = dataclasses.replace(request, nproc_per_node=job.local_world_size,

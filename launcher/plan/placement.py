@@ -24,7 +24,7 @@ from ..topology.links import Link
 
 EXACT_GPUS = 8
 """Up to this many visible GPUs the search is exhaustive."""
-STEP_BUDGET = 200_000
+STEP_BUDGET = 20_000
 """Beyond :data:`EXACT_GPUS`, the search stops after this many steps (a step is one rank given one GPU)."""
 
 Score = tuple[tuple[int, ...], ...]
