@@ -129,7 +129,8 @@ def _keyed_type() -> Any:
                  "__doc__": "A rendezvous node descriptor that sorts by the key its node reported, then as torch's.",
                  "__lt__": compare(operator.lt), "__le__": compare(operator.le), "__gt__": compare(operator.gt),
                  "__ge__": compare(operator.ge)}
-    cls: Any = dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(type("KeyedNodeDesc", (_NodeDesc,), namespace))
+    made = type("KeyedNodeDesc", (_NodeDesc,), namespace)
+    cls: Any = dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(made)
     _KEYED = cls
     return cls
 

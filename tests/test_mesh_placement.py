@@ -33,7 +33,7 @@ CODE_CLASS = {"PIX": 2, "PXB": 2, "PHB": 3, "NODE": 3, "SYS": 4}
 
 
 # ---------------------------------------------------------------- the objective, from its statement
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def groups_of(shape: tuple[int, ...], dim: int) -> list[list[int]]:
     """Ranks that differ only in coordinate ``dim`` of the row-major mesh (numpy.unravel_index order)."""
     out: dict[tuple[int, ...], list[int]] = {}
@@ -47,7 +47,7 @@ def groups_of(shape: tuple[int, ...], dim: int) -> list[list[int]]:
     return list(out.values())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pairs_of(names: tuple[str, ...], shape: tuple[int, ...]) -> list[list[list[tuple[int, int]]]]:
     """Per counted dimension in priority order, per group, its pairs of ranks."""
     return [[[(a, b) for a in g for b in g if a < b] for g in groups_of(shape, names.index(name))]
