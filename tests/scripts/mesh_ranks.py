@@ -1,6 +1,6 @@
 """Mesh test job: every rank builds numarun.init()'s DeviceMesh, all-reduces its rank over each dimension's
 group, and writes what it saw as JSON to ``--out DIR`` (rank-<RANK>.json): the mesh's names and groups (torch's
-own rank lists), the sums, its binding's GPU and the visible-device order it ran with."""
+own rank lists), the sums, its binding's GPU and the visible-device order it ran with (default DIR: the run dir)."""
 
 import argparse
 import json
@@ -14,7 +14,7 @@ import numarun
 from numarun.worker import current_binding
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
+parser.add_argument("--out", default=os.environ.get("NUMARUN_RUN_DIR"))
 opts = parser.parse_args()
 
 ctx = numarun.init()
