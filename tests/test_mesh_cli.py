@@ -82,7 +82,7 @@ def test_run_refuses_a_bad_layout_before_any_rank_starts(tmp_path: Path) -> None
     proc = run_numarun("--nproc-per-node", "2", "--mesh", "tp=4", str(SCRIPTS / "mesh_ranks.py"), "--out", str(out))
     assert proc.returncode == 2 and error_lines(proc.stderr) == [
         "numarun: error: bad --mesh 'tp=4': its sizes multiply to 4, but the job has 2 ranks; expected sizes whose "
-        "product is 2, or -1 for one dimension (the rest)"], proc.stderr
+        "product is 2, or -1 for one dimension (the rest) (see https://numarun.github.io/numarun/layouts/)"], proc.stderr
     assert not list(out.iterdir())
     proc = run_numarun("submit", "--dry-run", "--nnodes", "2", "--nproc-per-node", "4", "--mesh", "dp_shard=3,tp=-1",
                        str(SCRIPTS / "mesh_ranks.py"))

@@ -27,6 +27,8 @@ MAX_SIZE = 1 << 20
 class LayoutError(UsageError):
     """A parallel layout that cannot be read, or that does not fit the job."""
 
+    page = "layouts.md"
+
 
 @dataclass(frozen=True)
 class MeshSpec:
