@@ -34,6 +34,8 @@ LAUNCHER_KEYS = (
     "rdzv_id",
     "strict_binding",
     "mesh",
+    "hang_timeout",
+    "on_hang",
 )
 
 
