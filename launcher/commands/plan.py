@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
         "for this node (or a recorded topology) and print it; runs nothing.",
     )
-    add_options(parser, PLANNING)
+    add_options(parser, (*PLANNING, "nnodes"))  # --nnodes: the nodes a --mesh layout spans, this one among them
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
     parser.add_argument("--no-detect", action="store_true",
                         help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
+from ..jobenv.settle import Source
 from ..launch.options import Options, add_options, from_args, shown
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
@@ -80,6 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
     r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
+    add_options(p, ("mesh",), group=r)  # every node's layout, checked here against --nnodes x --nproc-per-node
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
                    help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
     r.add_argument(
@@ -129,6 +131,23 @@ def _config_settings(script: str, user_args: list[str], *,
         "requeue_limit": slurm.requeue_limit,
     }
     return kind, settings, dict(first.launcher)
+
+
+def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: int | None) -> list[str]:
+    """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``),
+    checked before anything is submitted (the nodes check it again); the launch option that hands ``--mesh`` on
+    (the others reach the nodes by themselves)."""
+    from ..plan.layout import node_cut, parse_mesh
+
+    given = [o.split("=", 1)[1] for o in launch_opts if o.startswith("--mesh=")]
+    s = launch.setting("mesh")
+    text, where = (given[-1], "--launch-opt=--mesh") if given and s.source < Source.COMMAND_LINE else (s.value, s.where)
+    if text is None:
+        return []
+    spec = parse_mesh(text, where=where)
+    if nproc is not None:
+        node_cut(spec.resolve(nodes * nproc), nproc, where=where)
+    return [f"--mesh={text}"] if where == "--mesh" else []
 
 
 # 'numarun run' options the job sets on each node itself, from Slurm's allocation
@@ -263,7 +282,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         env=check_env(args.env),
         numarun=numarun,
         launch_opts=check_launch_opts(
-            list(args.launch_opts) + (["--preflight"] if args.preflight else []),
+            list(args.launch_opts) + (["--preflight"] if args.preflight else [])
+            + check_mesh(launch, list(args.launch_opts), nodes=options.nodes, nproc=options.nproc_per_node),
             args.script if module else str(script),
             is_module=module,
         ),

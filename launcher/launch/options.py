@@ -123,6 +123,11 @@ DECLARED: tuple[Option, ...] = (
            config=str, per_rank=True, planning=True, metavar="POLICY",
            help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank; "
            "'per-rank' = each rank's closest NIC only"),
+    # read by numarun.plan.layout.parse_mesh where the plan is made, so that a bad value names its source
+    Option("mesh", ("--mesh",), config=str, per_rank=True, planning=True, metavar="SPEC", default_text="none",
+           help="parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names pp, dp_replicate, dp_shard, cp, "
+           "tp; -1: the rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
+           "dp_shard's and dp_replicate's (docs/layouts.md)"),
     Option("master_addr", config=str, per_rank=True, job_env="MASTER_ADDR"),
     Option("master_port", parse=argtypes.port("--master-port"), config=int, per_rank=True, job_env="MASTER_PORT"),
     Option("rdzv_backend"),

@@ -75,7 +75,10 @@ def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int =
 
 def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
     """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment ``environ``."""
+    mesh, nnodes = options.settings.get("mesh"), options.settings.get("nnodes")
     return PlanRequest(
+        mesh=None if mesh is None or mesh.value is None else str(mesh.value), mesh_where=mesh.where if mesh else "--mesh",
+        nnodes=str(nnodes.value) if nnodes is not None and nnodes.value is not None else "1",
         nproc_per_node=options.nproc_per_node,
         binding=options.binding,
         mem_policy=options.mem_policy,
