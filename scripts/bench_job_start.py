@@ -49,7 +49,7 @@ def per_node(env: dict[str, str]) -> tuple[int, str]:
     assert job is not None
     facts = handed_over(env)
     assert facts is not None and facts.calls == 0
-    rdv = settle_node(job, {}, env, leaf_switch=facts.leaf_switch)
+    rdv = settle_node(job, {}, leaf_switch=facts.leaf_switch)
     return rdv.node_rank, facts.addrs[rdv.head]
 
 

@@ -253,6 +253,10 @@ def launcher_rows() -> list[str]:
         value = o.default.value if isinstance(o.default, enum.Enum) else o.default
         default = o.default_text or _code(value)
         what = f"{' '.join(o.help.split())} (the option `{o.flag}`, `{o.variable}`; its default: {default}, {o.owner}'s)"
+        if isinstance(o.default, enum.Enum):
+            docs = attribute_docs(type(o.default))
+            what += "; one of " + "; ".join(f"`{m.value}`" + (f": {docs[m.name]}" if m.name in docs else "")
+                                            for m in type(o.default))
         rows.append(f"| {_code('launcher.' + key)} | {kind.__name__} or null | null | {_cell(what)} |")
     return rows
 
