@@ -179,19 +179,28 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
 def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run: _Runner) -> int:
     """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
     from ..config import compose
-    from ..train.preflight import check_prepared
+    from ..train.preflight import check_launch_layout, check_prepared
 
     script_args = list(target.args)
     job_target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments after it
+
+    def planned(job: Any) -> tuple[_Prepared, str | None]:
+        """The job's launch, prepared, and its layout checked against the world it makes (before any rank starts)."""
+        ready = run.prepare(options.with_config(job.launcher), job_target)
+        return ready, check_launch_layout(job.config, nnodes=ready[0].nnodes, nproc_per_node=ready[1].plan.nproc_per_node)
+
     if args.dry_run and not compose.is_info_command(script_args):
         jobs = compose.compose_dry(script_args, check_prepared)
         for run_dir, job in jobs:
+            ready, layout = planned(job)
             sys.stdout.write(
                 f"# a real run would create {run_dir}/ holding .hydra/{{config,hydra,overrides}}.yaml, "
                 "config.yaml (below, what every rank reads) and numarun_plan.json\n"
             )
+            if layout:
+                sys.stdout.write(f"# layout of the ranks (parallel.*): {layout}\n")
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
-            run(options.with_config(job.launcher), job_target, dict(job.env))
+            run(ready[0], job_target, dict(job.env), prepared=ready)
         if any(a in compose.MULTIRUN_FLAGS for a in script_args):
             from ..sweep.launch import describe
             from ..topology.discover import load_topology
@@ -206,7 +215,7 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
     def check(job: Any) -> None:
         """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
         check_prepared(job)
-        prepared[(str(job.run_dir), job.config_text)] = run.prepare(options.with_config(job.launcher), job_target)
+        prepared[(str(job.run_dir), job.config_text)] = planned(job)[0]
 
     def on_job(job: Any) -> int:
         ready = prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
