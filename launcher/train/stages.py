@@ -85,14 +85,15 @@ class PipelinePlan:
         return range(first, first + self.split[stage])
 
     def describe(self) -> str:
-        """``1F1B, 2 stages (blocks 0-1 | 2-3), 4 microbatches``."""
+        """``1F1B, 2 stages (in+0-1 | 2-3+out), 4 microbatches``: each stage's input layer, blocks, output layer."""
         parts = []
         for s in range(self.num_stages):
             b = self.blocks_of(s)
-            text = f"{b.start}-{b.stop - 1}" if len(b) > 1 else (str(b.start) if len(b) else "none")
-            parts.append(("in+" if s == 0 else "") + text + ("+out" if s == self.num_stages - 1 else ""))
-        return (f"{self.schedule}, {self.num_stages} stages (blocks {' | '.join(parts)}), "
-                f"{self.microbatches} microbatches")
+            held = ["in"] if s == 0 else []
+            held += [f"{b.start}-{b.stop - 1}" if len(b) > 1 else str(b.start)] if len(b) else []
+            held += ["out"] if s == self.num_stages - 1 else []
+            parts.append("+".join(held))
+        return f"{self.schedule}, {self.num_stages} stages ({' | '.join(parts)}), {self.microbatches} microbatches"
 
 
 def even_split(n_layers: int, num_stages: int) -> tuple[int, ...]:
