@@ -293,11 +293,10 @@ def _states(parts: Sequence[Any], optimizers: Sequence[Any], *, flat: bool = Tru
     if len(pairs) == 1:
         return pairs, {"model": pairs[0][0], "optim": pairs[0][1]}
     # a rank holding several pipeline stages: their names are disjoint, and so are their flattened optimizer keys
-    merged = {"model": {k: v for m, _ in pairs for k, v in m.items()},
-              "optim": {k: v for _, o in pairs for k, v in o.items()}}
-    if len(merged["model"]) != sum(len(m) for m, _ in pairs):
+    model = {k: v for m, _ in pairs for k, v in m.items()}
+    if len(model) != sum(len(m) for m, _ in pairs):
         raise RuntimeError("model parts share parameter names: expected the stages of one model, named as in it")
-    return pairs, merged
+    return pairs, {"model": model, "optim": {k: v for _, o in pairs for k, v in o.items()}}
 
 
 def save(root: Path, step: int, parts: Any, optimizers: Any, *, meta: dict[str, Any], rank: int) -> Path:
