@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from .errors import NumarunError, OutputError
+from .errors import NumarunError, OutputError, page_url
 
 # subcommand -> module under numarun.commands
 COMMANDS: dict[str, str] = {
@@ -34,6 +34,40 @@ COMMANDS: dict[str, str] = {
     "tune": "tune",
     "slurm-node": "slurm_node",
 }
+
+# command (as typed after numarun; "" for numarun itself) -> the docs page that explains it, ending its help.
+# A new command (or a benchmark under 'numarun bench') needs its line here: tests/test_docs_site.py checks.
+HELP_PAGES: dict[str, str] = {
+    "": "index.md",
+    "run": "run.md",
+    "topo": "topology.md",
+    "plan": "plan.md",
+    "bench": "allreduce.md",
+    "bench allreduce": "allreduce.md",
+    "bench h2d": "gpu.md",
+    "submit": "slurm.md",
+    "doctor": "doctor.md",
+    "tune": "tune.md",
+    "slurm-node": "slurm.md",
+}
+
+
+def help_page(command: str) -> str | None:
+    """The page of ``command`` ("bench h2d"), else of the command above it ("bench")."""
+    while command not in HELP_PAGES and " " in command:
+        command = command.rsplit(" ", 1)[0]
+    return HELP_PAGES.get(command)
+
+
+def _point_home(parser: argparse.ArgumentParser, command: str) -> None:
+    """End the help of ``parser`` and of the commands under it with their docs pages."""
+    page = help_page(command)
+    if page is not None:
+        parser.epilog = f"Documentation: {page_url(page)}"
+    for action in parser._actions:  # noqa: SLF001  (argparse lists its actions nowhere else)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                _point_home(sub, f"{command} {name}".strip())
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -93,6 +127,7 @@ def build_parser(only: str | None = None) -> OneLineParser:
             continue
         module = importlib.import_module(f"numarun.commands.{mod}")
         module.add_parser(sub)
+    _point_home(parser, "")
     return parser
 
 
@@ -177,10 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()  # what is still buffered fails here, while it can be reported (help screens too)
     except OutputError as e:
         _discard_stdout(stdout)
-        print(f"numarun: error: {e}", file=sys.stderr)
+        print(e.line(), file=sys.stderr)
         return e.exit_code
     except NumarunError as e:
-        print(f"numarun: error: {e}", file=sys.stderr)
+        print(e.line(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

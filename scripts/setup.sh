@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs numarun and its test dependencies into ./.venv (idempotent). 'setup.sh torch': the torch step only.
+# Installs numarun, its test dependencies and the docs site's tools into ./.venv (idempotent). 'setup.sh torch': the torch step only.
 #
 # torch first, so that the package's 'torch>=2.4' does not pick the build: on Linux x86_64,
 # plain PyPI's torch is the CUDA build (several GB of nvidia-* wheels). On a machine without an
@@ -51,5 +51,5 @@ print(f"setup.sh: {name} {version} ({build}) from {url}: {why}")
 EOF
 fi
 [ "${1:-}" = torch ] && exit 0
-"${PIP[@]}" -e '.[test]'
+"${PIP[@]}" -e '.[test,docs]'  # docs: the site and its tested examples (mkdocs.yml)
 .venv/bin/numarun --version

@@ -3,7 +3,7 @@
 ``scripts/soak.py`` runs the trainer untouched and then with faults, and checks that the final
 loss (and every logged step's) equals the untouched run's, that no process of the job and no
 ``.tmp`` checkpoint is left, and that every restart is named in the log. The long version
-(200 steps, 5 faults) and its figures are in docs/reliability.md.
+(200 steps, 5 faults) and its figures are in docs/measured.md.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping
     the others are already running the script, by cancelling the Slurm step.
     """
     env = os.environ if environ is None else environ
-    print(f"numarun: error: {error}", file=sys.stderr, flush=True)
+    print(error.line(), file=sys.stderr, flush=True)
     if not error.node_varying:
         return 2
     index = "SLURM_NODEID" if job.scheduler is Scheduler.SLURM else "node"

@@ -26,6 +26,8 @@ class JobConflict(UsageError):
     ``node_varying``: the conflict may hold on some nodes only (``--node-rank``), so the other
     nodes, which see nothing wrong, must be told to stop."""
 
+    page = "slurm.md"
+
     def __init__(self, message: str, *, node_varying: bool = False) -> None:
         super().__init__(message)
         self.node_varying = node_varying

@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NumarunError as e:
         # a checkpoint fault is the same on every rank: rank 0 says it once
         if not isinstance(e, CheckpointError) or os.environ.get("RANK", "0") == "0":
-            print(f"numarun: error: {e}", file=sys.stderr, flush=True)
+            print(e.line(), file=sys.stderr, flush=True)
         return e.exit_code
 
 
