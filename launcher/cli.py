@@ -1,4 +1,4 @@
-"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor|tune``; ``numarun SCRIPT ...`` = run.
+"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor|tune|stacks``; ``numarun SCRIPT ...`` = run.
 
 Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 ``add_parser(subparsers) -> argparse.ArgumentParser`` and ``main(args) -> int``.
@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "submit": "submit",
     "doctor": "doctor",
     "tune": "tune",
+    "stacks": "stacks",
     "slurm-node": "slurm_node",
 }
 
@@ -48,6 +49,7 @@ HELP_PAGES: dict[str, str] = {
     "submit": "slurm.md",
     "doctor": "doctor.md",
     "tune": "tune.md",
+    "stacks": "hangs.md",
     "slurm-node": "slurm.md",
 }
 

@@ -16,6 +16,9 @@ HYDRA_NOW = "NUMARUN_HYDRA_NOW"  # ISO time behind Hydra's ${now:} in every rank
 TOPOLOGY = "NUMARUN_TOPOLOGY"  # a topology source instead of the live machine
 REPORT = "NUMARUN_REPORT"  # the file numarun.report(samples=N) appends a JSON line to (set by numarun tune)
 
+HANG_TIMEOUT = "NUMARUN_HANG_TIMEOUT"  # --hang-timeout: seconds without progress before the roll-call (0: off)
+ON_HANG = "NUMARUN_ON_HANG"  # --on-hang: report (default) or stop
+HANG_SAMPLE = "NUMARUN_HANG_SAMPLE"  # seconds between a rank's progress samples, set by numarun for its ranks (0: none)
 WATCH_INTERVAL = "NUMARUN_WATCH_INTERVAL"  # seconds between the binding watcher's checks (0: off; unset: 30)
 TAR_MAX_BYTES = "NUMARUN_TAR_MAX_BYTES"  # cap on a topology tarball's extracted bytes (default 1 GiB)
 TAR_MAX_MEMBERS = "NUMARUN_TAR_MAX_MEMBERS"  # cap on its members (default 200,000)

@@ -142,7 +142,8 @@ def stopped_cleanly(state: Path, nproc: int) -> bool:
 
 
 def clear(state: Path) -> None:
-    """Forget the previous job of a sweep (its workers, exits and signals)."""
-    for f in [*state.glob("exit.*"), *state.glob("pid.*"), state / "signals.json"]:
+    """Forget the previous job of a sweep (its workers, exits, signals, heartbeats and stack dumps)."""
+    for f in [*state.glob("exit.*"), *state.glob("pid.*"), *state.glob("progress.*"), *state.glob("stacks.*"),
+              state / "signals.json"]:
         f.unlink(missing_ok=True)
 

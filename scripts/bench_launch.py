@@ -13,6 +13,13 @@ stays meaningful on a busy machine where wall times swing by seconds.
 (mpirun's variables for one rank), against ``python script.py``, alternated, for a script that
 imports torch as training scripts do (and for an empty one, for scale); target <= 1.05.
 
+``--watchdog`` measures what the hang watchdog (on by default, docs/hangs.md) costs a rank, after the launch
+overhead above (whose numarun runs have it on): the sampler thread's own CPU time per sample (read back from
+each rank), a wrapped collective against the bare function (in this process), and a training-like step (a
+matmul and a 1 MiB gloo all-reduce, 2 ranks) with the watchdog off, at its default (a sample every 5 s) and
+with a sample every 0.5 s (``--hang-timeout 5``), alternated runs; the cost is stated as a share of a step and
+of one core; target well under 1 %.
+
 ``--cli`` times the help screens instead (``numarun --help``, ``--version``, ``run --help``,
 ``tune --help``; median of --runs each), which must not import torch; ``--baseline CMD``
 alternates them with another numarun command line (e.g. an older checkout's) for a ratio.
@@ -130,6 +137,83 @@ def _per_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+_STEP_RANK = """
+import json, os, statistics, sys, time
+import torch
+import torch.distributed as dist
+from numarun.worker import progress
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+x, buf, times = torch.randn(256, 256), torch.randn(262144), []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    y = x @ x
+    dist.all_reduce(buf)
+    times.append(time.perf_counter() - t)
+rank = dist.get_rank()
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+    json.dump({"step_s": statistics.median(times[len(times) // 5:]), **progress.figures()}, f)
+dist.destroy_process_group()
+"""
+
+
+def _wrapper_ns(calls: int = 200_000) -> tuple[float, float]:
+    """(ns per call of a bare no-op, ns per call of the same wrapped as the worker wraps collectives)."""
+    import torch  # noqa: F401  (in a rank, torch is there: the wrapper asks torch.compiler whether it compiles)
+
+    from numarun.worker.progress import Counters
+
+    def noop(*args: object, **kwargs: object) -> None:
+        return None
+
+    wrapped = Counters().wrap("all_reduce", noop)
+    best = {"bare": float("inf"), "wrapped": float("inf")}
+    for _ in range(5):
+        for name, fn in (("bare", noop), ("wrapped", wrapped)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn(1, op=2)
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e9)
+    return best["bare"], best["wrapped"]
+
+
+def _watchdog(args: argparse.Namespace, numarun: list[str], env: dict[str, str]) -> dict[str, object]:
+    configs = {"off": "0", "default": "300", "0.5 s sample": "5"}
+    step: dict[str, list[float]] = {name: [] for name in configs}
+    samples: dict[str, list[float]] = {name: [] for name in configs}
+    with tempfile.TemporaryDirectory(prefix="numarun-bench-") as tmp:
+        script = Path(tmp) / "step.py"
+        script.write_text(_STEP_RANK)
+        for i in range(args.runs):
+            for name in configs if i % 2 == 0 else reversed(list(configs)):
+                out = Path(tmp) / f"{name}{i}".replace(" ", "_")
+                out.mkdir()
+                cmd = [*numarun, "--nproc-per-node", "2", "--standalone", "--hang-timeout", configs[name], str(script),
+                       str(out), str(args.steps)]
+                _time(cmd, env, args.timeout)
+                for rank in out.glob("rank*.json"):
+                    r = json.loads(rank.read_text())
+                    step[name].append(r["step_s"])
+                    if r.get("samples"):
+                        samples[name].append(r["sampler_cpu_s"] / r["samples"])
+    bare, wrapped = _wrapper_ns()
+    med = {n: statistics.median(t) for n, t in step.items()}
+    per_sample = statistics.median([s for n in samples for s in samples[n]])
+    sample_s = {"default": 5.0, "0.5 s sample": 0.5}
+    print(f"hang watchdog, 2 ranks, step = 256x256 matmul + 1 MiB gloo all-reduce, {args.steps} steps, "
+          f"{args.runs} alternated runs each:")
+    for n in configs:
+        print(f"  watchdog {n:18s} step median {med[n] * 1e3:.3f} ms (min {min(step[n]) * 1e3:.3f}, "
+              f"max {max(step[n]) * 1e3:.3f})  ratio to off {med[n] / med['off']:.3f}")
+    print(f"  sampler CPU per sample: {per_sample * 1e6:.0f} us: {per_sample / 5.0:.4%} of a core at the default "
+          f"5 s sample, {per_sample / 0.5:.4%} at 0.5 s (--hang-timeout 5)")
+    print(f"  a counted collective: +{wrapped - bare:.0f} ns per call ({bare:.0f} ns bare, {wrapped:.0f} ns wrapped): "
+          f"{(wrapped - bare) * 1e-9 / med['off']:.5%} of this step per collective")
+    return {"step_s": step, "sampler_cpu_per_sample_s": per_sample, "wrapper_ns": [bare, wrapped],
+            "sample_s": sample_s}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each launcher (default 5)")
@@ -140,6 +224,9 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line")
     parser.add_argument("--per-rank", action="store_true",
                         help="time per-rank mode (one rank a scheduler started) against python script.py")
+    parser.add_argument("--watchdog", action="store_true",
+                        help="after the launch overhead, measure what the hang watchdog costs a rank")
+    parser.add_argument("--steps", type=int, default=400, help="with --watchdog: steps per run (default 400)")
     args = parser.parse_args()
     if args.cli:
         return _cli(args)
@@ -178,9 +265,10 @@ def main() -> int:
             f"  cpu median {med_cpu[name]:.3f} s"
         )
     print(f"ratio numarun/torchrun wall {ratio:.3f}  cpu {ratio_cpu:.3f}  (target <= 1.03)")
+    watchdog = _watchdog(args, commands["numarun"][:-len(launch)], env) if args.watchdog else None
     if args.json:
         report = {"wall_s": times, "cpu_s": cpu, "median_wall_s": med, "median_cpu_s": med_cpu,
-                  "ratio_wall": ratio, "ratio_cpu": ratio_cpu}
+                  "ratio_wall": ratio, "ratio_cpu": ratio_cpu, "watchdog": watchdog}
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

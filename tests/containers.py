@@ -2,7 +2,8 @@
 file system (a bind mount of ``/``; no image, no registry), as ``docker run`` would by default.
 
 What makes it Docker-like (each a field of :class:`Spec`): Docker's default capability set, Docker's
-seccomp rule for the NUMA memory-policy syscalls (EPERM without CAP_SYS_NICE), a 64 MiB ``/dev/shm``,
+seccomp rules for the NUMA memory-policy syscalls (EPERM without CAP_SYS_NICE) and for reading another
+process's memory (EPERM without CAP_SYS_PTRACE), a 64 MiB ``/dev/shm``,
 memlock 64 KiB, its own PID, IPC, UTS and mount namespaces (the host's network, as ``--network
 host``), an optional cpuset, a read-only root, an unknown UID. The command is the container's PID 1.
 ``container=docker`` stands for Docker's ``/.dockerenv``, which a shared root cannot be given.
@@ -36,6 +37,9 @@ DOCKER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP
 """moby's oci/caps/defaults.go."""
 MEMPOLICY_SYSCALLS = ("get_mempolicy", "mbind", "set_mempolicy", "migrate_pages", "move_pages")
 """Allowed by Docker's and containerd's default seccomp profiles only with CAP_SYS_NICE."""
+PTRACE_SYSCALLS = ("kcmp", "pidfd_getfd", "process_madvise", "process_vm_readv", "process_vm_writev")
+"""Allowed by Docker's default seccomp profile only with CAP_SYS_PTRACE (which is not in its default set): a
+debugger such as py-spy cannot read another process's memory."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class Spec:
     """Whether the container's /etc/hosts names ``hostname``."""
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: Path = REPO
+    ptrace: bool = True
+    """False: the ptrace syscall refused too, as by a pod's restricted seccomp profile (Docker's allows it)."""
 
 
 class Crun:
@@ -108,10 +114,12 @@ class Crun:
         linux["namespaces"] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
         linux["resources"] = {"devices": [{"allow": False, "access": "rwm"}],
                               **({"cpu": {"cpus": spec.cpus}} if spec.cpus else {})}
-        if "CAP_SYS_NICE" not in caps:
+        denied = [*(MEMPOLICY_SYSCALLS if "CAP_SYS_NICE" not in caps else ()),
+                  *(PTRACE_SYSCALLS if "CAP_SYS_PTRACE" not in caps else ()), *(() if spec.ptrace else ("ptrace",))]
+        if denied:
             linux["seccomp"] = {
                 "defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
-                "syscalls": [{"names": list(MEMPOLICY_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+                "syscalls": [{"names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
             }
         return cfg
 

@@ -147,3 +147,26 @@ def test_numarun_as_the_containers_pid_1_reaps_every_orphan(crun, scratch):
     r = crun.run(["numarun", "--nproc-per-node", "2", "tests/scripts/short_daemons.py", str(scratch)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(p.name for p in scratch.glob("reaped.*")) == ["reaped.0", "reaped.1"]
+
+
+def test_a_hung_job_inside_without_ptrace_is_named_from_in_process_stacks(crun, scratch):
+    """A container that refuses ptrace (a pod's restricted seccomp profile; Docker's also refuses reading another
+    process's memory without CAP_SYS_PTRACE): py-spy cannot attach, the roll-call says so and names the stuck
+    rank from the stacks the ranks dump themselves; --on-hang stop ends the job with 75."""
+    from numarun.launch.hangs import EXIT_HANG, find_py_spy
+
+    script = REPO / "tests" / "scripts" / "hang_rank.py"
+    stuck = next(i for i, line in enumerate(script.read_text().splitlines(), 1) if "# the stuck line" in line)
+    r = crun.run(["numarun", "--log-level", "WARNING", "--nproc-per-node", "2", "--binding", "node", "--hang-timeout",
+                  "5", "--on-hang", "stop", str(script), str(scratch), "stuck", "1"],
+                 Spec(env={"TMPDIR": str(scratch)}, writable=(scratch,), ptrace=False))
+    assert r.returncode == EXIT_HANG, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("numarun:   ")]
+    assert lines[1:] == [f"numarun:   rank 1 is at {script.relative_to(REPO)}:{stuck} in load_batch",
+                         "numarun:   => rank 1 is not where the others are"], r.stderr
+    assert lines[0].startswith("numarun:   rank 0 waits at ") and "in all_reduce (torch.distributed)" in lines[0]
+    head = next(ln for ln in r.stderr.splitlines() if "roll-call of 2 ranks" in ln)
+    if find_py_spy():
+        assert "in-process Python stacks (faulthandler); py-spy could not read the ranks" in head, head
+    else:
+        assert "in-process Python stacks (faulthandler)" in head, head

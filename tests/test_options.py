@@ -21,6 +21,7 @@ from numarun.config.files import LAUNCHER_KEYS
 from numarun.errors import UsageError
 from numarun.jobenv import detect
 from numarun.jobenv.settle import JobConflict, Source
+from numarun.launch.hangs import OnHang
 from numarun.launch.options import Options, from_args
 from numarun.launch.torchrun import installed_torch_version
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
@@ -62,6 +63,9 @@ FIELDS: dict[str, Case] = {
                     TORCH),
     "strict_binding": Case(["--strict-binding"], True, "NUMARUN_STRICT_BINDING", "0", False, True, True, False,
                            "numarun"),
+    "hang_timeout": Case(["--hang-timeout", "300"], 300.0, "NUMARUN_HANG_TIMEOUT", "20", 20.0, 45, 45.0, 300.0, "numarun"),
+    "on_hang": Case(["--on-hang", "report"], OnHang.REPORT, "NUMARUN_ON_HANG", "stop", OnHang.STOP, "stop", OnHang.STOP,
+                    OnHang.REPORT, "numarun"),
 }
 SOURCES = (Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, Source.DEFAULT)
 

@@ -22,6 +22,7 @@ from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import Mode
 from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
+from ..launch.hangs import HANG_OPTIONS, add_hang_options, policy_from
 from ..launch.net import addressing
 from ..launch.options import NOT_LAUNCH, PLAN_FIELDS, Options, from_args, track
 from ..launch.spec import LaunchSpec, launch_spec
@@ -61,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         metavar="SECONDS",
                         help="seconds between the binding watcher's checks in every rank (default 30)")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
+    add_hang_options(parser)
     parser.add_argument(
         "--no-detect", action="store_true",
         help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
@@ -68,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
-    launch = {a.dest for a in torchrun._actions if a.dest not in NOT_LAUNCH} | {*PLAN_FIELDS, "strict_binding"}
+    launch = {a.dest for a in torchrun._actions if a.dest not in NOT_LAUNCH} | {*PLAN_FIELDS, "strict_binding", *HANG_OPTIONS}
     track(parser, launch, torch=f"torch {installed_torch_version()}")
     parser.set_defaults(func=main)
     return parser
@@ -304,5 +306,5 @@ class _Runner:
             plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
         env = {**self.env(options, plan, plan_path), **job_env}
         log.info("running: %s", command_line(env, spec.argv()))
-        self.supervisor.run(spec, env)
+        self.supervisor.run(spec, env, hang=policy_from(options), run_dir=run_dir)
         return 0

@@ -33,6 +33,8 @@ LAUNCHER_KEYS = (
     "rdzv_endpoint",
     "rdzv_id",
     "strict_binding",
+    "hang_timeout",
+    "on_hang",
 )
 
 

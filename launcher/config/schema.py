@@ -90,6 +90,8 @@ class LauncherConfig:
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     strict_binding: bool = False
+    hang_timeout: Optional[float] = None  # seconds without progress before the roll-call (0: off; None: 300)
+    on_hang: Optional[str] = None  # report (None: the default) or stop
 
 
 @dataclass

@@ -46,6 +46,10 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 """What a relay (Slurm's node task, numarun as PID 1) passes on to its numarun."""
 
 
+NUDGE = 255
+"""A wake-up byte that is no signal (signal numbers stay below 65): another thread has news for the loop."""
+
+
 class Wakeup:
     """The self-pipe the C-level handler of every signal with a Python handler writes to."""
 
@@ -64,6 +68,10 @@ class Wakeup:
 
     def poke(self) -> None:
         os.write(self.w, b"\0")
+
+    def nudge(self) -> None:
+        """Wake the reader for something other than a signal (:data:`NUDGE`)."""
+        os.write(self.w, bytes([NUDGE]))
 
     def close(self) -> list[int]:
         """Stop writing (the wake-up fd before this one is put back); returns what was still unread."""

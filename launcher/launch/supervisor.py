@@ -6,7 +6,8 @@
    the plan, torchelastic's logs, the :mod:`ledger <numarun.ledger>`), its cleaner (which removes it
    and ends the job's processes when numarun dies, however) and the cage (:mod:`numarun.launch.reaper`);
 3. :meth:`Supervisor.run`, each job: torchrun in the main thread, while the loop forwards SIGUSR1/2,
-   keeps the rendezvous deadline and listens for another node's refusal;
+   keeps the rendezvous deadline and listens for another node's refusal, and the hang watchdog's thread
+   (:mod:`numarun.launch.hangs`) watches the ranks' progress;
 4. :meth:`Supervisor.close` (atexit too): the job's processes ended, the directory removed.
 """
 
@@ -32,7 +33,8 @@ from .. import envvars, ledger, torch_private
 from ..errors import NumarunError
 from . import net, oom, reaper
 from .abort import AbortWatch
-from .signals import ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
+from .hangs import HangPolicy, HangWatch, keep_dir, write_job_record
+from .signals import NUDGE, ON_SIGNAL, Act, Phase, Wakeup, reap, say_ready
 from .spec import DEATH_SIGNALS, FORWARDED_SIGNALS, LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 SIGNAL_GRACE_S = 5.0
 """How long a death signal may wait for the main thread (stuck in C++) to take it before the loop ends the run."""
 TICK_S = 0.5
+STOP_HOLD_S = 60.0
+"""How long the main thread waits for the loop's exit once a hang stop began (it ends the process long before)."""
 
 
 class RunFailed(NumarunError):
@@ -95,6 +99,10 @@ class Supervisor:
         self._wakeup: Wakeup | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
+        self._hangs: HangWatch | None = None
+        self._hang_stop: tuple[int, str] | None = None  # the watchdog asks the loop to end the job
+        self._hang_hold = threading.Event()  # set: the loop is about to end the job; the main thread waits for it
+        self._stderr_fd: int | None = None  # numarun's stderr while its fd 2 is quieted for a hang stop
 
     # ----------------------------------------------------------------- 1. signals
     def hold_signals(self, environ: dict[str, str] | None = None) -> None:
@@ -139,10 +147,13 @@ class Supervisor:
             try:  # the loop outlives any one failure (the private directory removed under it at exit...)
                 for signum in got:
                     if signum in self._death:
+                        self._begin_stop(signum)
                         if self._phase is not Phase.STOPPING and not self.live_workers():
                             waiting.setdefault(signum, now)
-                    elif signum:
+                    elif signum and signum != NUDGE:
                         self._act(signum)
+                if self._hang_stop is not None:
+                    self.die(*self._hang_stop)
                 for signum, since in list(waiting.items()):
                     if now - since >= SIGNAL_GRACE_S:
                         del waiting[signum]
@@ -154,6 +165,35 @@ class Supervisor:
                 log.debug("signal loop: %s", e)
             if 0 in got:
                 return  # released
+
+    def _begin_stop(self, signum: int) -> None:
+        """A death signal while a job runs: torchrun is stopping its ranks. Where each rank stood is written
+        (the ranks dump their stacks now, racing torchrun's SIGTERM to them; their last samples stand in for
+        those that lose; the file follows). Called by the loop and by the main thread, whichever comes first."""
+        if self._hangs is not None:
+            self._hangs.at_stop(signum)
+
+    def _hold(self) -> None:
+        """A stop is coming from the loop: the main thread, should torchrun return or fail meanwhile (a rank
+        killed on another node, the rendezvous store gone with it), waits for the loop's exit code. What torch
+        says meanwhile (its agent logging the ranks it loses, the store gone) goes nowhere: numarun's one line
+        will say what happened."""
+        if self._hang_hold.is_set():
+            return
+        self._hang_hold.set()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+            self._stderr_fd = os.dup(2)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 2)
+            os.close(null)
+
+    def _request_stop(self, code: int, message: str) -> None:
+        """The hang watchdog's thread (``--on-hang stop``): the loop ends the job."""
+        self._hold()
+        self._hang_stop = (code, message)
+        if self._wakeup is not None:
+            self._wakeup.nudge()
 
     def _act(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -208,6 +248,7 @@ class Supervisor:
         )
         self._cage = reaper.enter()
         (directory / reaper.CAGE_FILE).write_text(self._cage.record())
+        write_job_record(directory, sys.argv)
         self.private_dir = directory
         atexit.register(self.close)
         return directory
@@ -230,9 +271,11 @@ class Supervisor:
         return path
 
     # ----------------------------------------------------------------- 3. a job
-    def run(self, spec: LaunchSpec, env: Mapping[str, str]) -> None:
+    def run(self, spec: LaunchSpec, env: Mapping[str, str], *, hang: HangPolicy | None = None,
+            run_dir: os.PathLike[str] | str | None = None) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
-        :class:`RunFailed` (README, "Exit codes" and "Signals")."""
+        :class:`RunFailed` (README, "Exit codes" and "Signals"). ``hang``: the watchdog's policy (docs/hangs.md),
+        whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -255,7 +298,12 @@ class Supervisor:
         handled = self._death | self._forwarded
         for signum in handled:  # torchrun installs them again as its workers start (route_signals)
             signal.signal(signum, self._on_signal)
-        updates = {**dict(spec.env), **env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.STATE_DIR: str(directory)}
+        hang = hang or HangPolicy()
+        updates = {**dict(spec.env), **env, **hang.worker_env(), envvars.LAUNCHER_PID: str(os.getpid()),
+                   envvars.STATE_DIR: str(directory)}
+        self._hang_stop = None
+        self._hangs = HangWatch(hang, directory, keep=keep_dir(run_dir or spec.log_dir), store=spec.store_address(),
+                                request_stop=self._request_stop, hold=self._hold).start()
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.multi_node and not spec.hosts_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -287,6 +335,7 @@ class Supervisor:
         except torch_private.signal_exception_type() as e:
             self._phase = Phase.STOPPING
             sig = signal.Signals(getattr(e, "sigval", signal.SIGTERM))
+            self._begin_stop(int(sig))
             if ledger.stopped_cleanly(directory, spec.nproc_per_node):
                 print(f"numarun: stopped by {sig.name}: every worker finished cleanly", file=sys.stderr, flush=True)
                 return
@@ -296,6 +345,12 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
+            if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
+                time.sleep(STOP_HOLD_S)
+            hangs, self._hangs = self._hangs, None
+            if hangs is not None:
+                hangs.settle()  # a roll-call begun at a stop is written before the directory goes
+                hangs.close()
             with self._lock:
                 if self._phase is not Phase.STOPPING:
                     self._phase = Phase.BETWEEN
@@ -331,6 +386,10 @@ class Supervisor:
 
     def die(self, code: int, message: str) -> NoReturn:
         """From the loop: one line, everything ended, exit ``code`` now."""
-        print(f"numarun: error: {message}", file=sys.stderr, flush=True)
+        line = f"numarun: error: {message}\n"
+        if self._stderr_fd is not None:
+            os.write(self._stderr_fd, line.encode())
+        else:
+            print(line, end="", file=sys.stderr, flush=True)
         self.close()
         os._exit(code)

@@ -248,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
         hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
+        if kind != "exec":  # an exec'd program keeps no handler: the dump signal would end it
+            from . import progress
+
+            progress.install(os.environ)  # the hang watchdog's counters and sampler, before torch is imported
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

@@ -1,0 +1,278 @@
+"""The roll-call of a job's ranks, as pure functions: where each rank stands, grouped, the odd ones named.
+
+A rank's *stand* is read from its main thread's Python stack (innermost first): the innermost frame of the
+user's code, and the library call it is in (the outermost library frame below it that is not a decorator's
+wrapper), e.g. ``train.py:20`` in ``all_reduce`` (``torch.distributed``). Ranks that stand in the same place
+form a group; the largest group is where the many wait, the others are named::
+
+    ranks 0,1,3 wait at train.py:20 in all_reduce (torch.distributed)
+    rank 2 is at train.py:9 in load_batch
+    => rank 2 is not where the others are
+
+A tie for the largest group goes to a group waiting in a collective (that is where the collective is; the rank
+elsewhere is where the bug is). :func:`parse_faulthandler` reads the dumps ranks write on numarun's request.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sysconfig
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+WRAPPERS = frozenset({"wrapper", "inner", "_fn", "wrapped", "_wrapper", "wrapped_fn", "decorate_context",
+                      "_call_impl", "_wrapped_call_impl", "collective", "_exception_logger", "_time_logger"})
+"""Function names of decorators' wrappers: the call a rank is in is the function they wrap."""
+NUMARUN_DIR = str(Path(__file__).resolve().parent.parent)
+_OWN_PLUMBING = (os.path.join(NUMARUN_DIR, "worker"), os.path.join(NUMARUN_DIR, "launch"))
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
+class Stand:
+    """Where one rank stands (JSON-able: it crosses nodes through the rendezvous store)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    node: int = 0
+    host: str = ""
+    state: str = "running"
+    """``running``, ``exited`` (its process ended) or ``silent`` (no stack could be had)."""
+    where: str = ""
+    """The innermost frame of the user's code, ``train.py:20`` (relative to the rank's working directory)."""
+    function: str = ""
+    """That frame's function."""
+    call: str = ""
+    """The library function it is in, ``all_reduce``; '' when the user's frame is the innermost."""
+    package: str = ""
+    """The call's package, ``torch.distributed``."""
+    inside: str = ""
+    """The torch.distributed collective the rank's main thread is inside (counted by numarun's worker)."""
+    exit_code: int | None = None
+    note: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.inside) or (self.package.startswith("torch.distributed") and self.call in _COLLECTIVE_NAMES)
+
+    def place(self) -> str:
+        """``at train.py:20 in all_reduce (torch.distributed)``, ``at train.py:9 in load_batch``, ``has exited (code 0)``."""
+        if self.state == "exited":
+            return "has exited" + (f" (code {self.exit_code})" if self.exit_code is not None else "")
+        if self.state == "silent" or not self.where:
+            return "gave no stack" + (f" ({self.note})" if self.note else "")
+        call = self.inside or self.call
+        pkg = self.package or ("torch.distributed" if self.inside else "")
+        what = f"{call} ({pkg})" if call and pkg else call or self.function
+        return f"at {self.where} in {what}"
+
+
+_COLLECTIVE_NAMES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
+    "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+    "recv_object_list", "_all_gather_base", "_reduce_scatter_base", "wait",
+})
+
+
+def library_roots() -> tuple[str, ...]:
+    """Directories whose files are not the user's code: the standard library, site-packages, numarun itself."""
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(sorted({*roots, NUMARUN_DIR}, key=len, reverse=True))
+
+
+def is_library(path: str, roots: Sequence[str]) -> bool:
+    if path.startswith("<") or not path:
+        return True
+    if any(part in ("site-packages", "dist-packages") for part in Path(path).parts):
+        return True
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    return any(real == r or real.startswith(r + os.sep) for r in roots)
+
+
+def package_of(path: str, roots: Sequence[str]) -> str:
+    """``torch.distributed`` for ``.../site-packages/torch/distributed/distributed_c10d.py``; ``threading`` for the stdlib's."""
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    parts = Path(real).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            rel = list(parts[len(parts) - parts[::-1].index(marker):])
+            break
+    else:
+        root = next((r for r in roots if real.startswith(r + os.sep)), None)
+        if root is None:
+            return Path(path).stem
+        rel = list(Path(real[len(root) + 1:]).parts)
+        if root == NUMARUN_DIR:
+            rel = ["numarun", *rel]
+    if not rel:
+        return Path(path).stem
+    rel[-1] = Path(rel[-1]).stem
+    if len(rel) > 1:  # a module inside a package: the package names it
+        rel = rel[:-1]
+    return ".".join(rel[:3])
+
+
+def _plumbing(path: str) -> bool:
+    """numarun's own frames in a rank (the bootstrap, the counters): never where a rank stands."""
+    real = os.path.realpath(path) if os.path.isabs(path) else path
+    return real.startswith(_OWN_PLUMBING)
+
+
+def locate(frames: Sequence[Frame], roots: Sequence[str], cwd: str = "") -> tuple[str, str, str, str]:
+    """(where, function, call, package) of a main thread's stack, innermost first (see the module docstring).
+
+    Without any frame of the user's code (numarun's own trainer), numarun's frames outside its plumbing stand in."""
+    if not frames:
+        return "", "", "", ""
+    lib = [is_library(f.file, roots) for f in frames]
+    user = next((i for i, x in enumerate(lib) if not x), None)
+    if user is None:
+        user = next((i for i, f in enumerate(frames) if f.file.startswith(NUMARUN_DIR) and not _plumbing(f.file)), None)
+    if user is None:
+        user = 0
+    call = package = ""
+    for f in reversed(frames[:user]):  # from the user's frame inwards
+        if f.function in WRAPPERS or _plumbing(f.file) or f.file.startswith("<"):
+            continue
+        call, package = f.function, package_of(f.file, roots)
+        break
+    top = frames[user]
+    return f"{display_path(top.file, cwd)}:{top.line}", top.function, call, package
+
+
+def display_path(path: str, cwd: str) -> str:
+    """``path`` relative to the rank's working directory when inside it."""
+    if cwd and os.path.isabs(path):
+        try:
+            rel = os.path.relpath(path, cwd)
+        except ValueError:
+            return path
+        if not rel.startswith(".."):
+            return rel
+    return path
+
+
+# ----------------------------------------------------------------------------- faulthandler's dumps
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)( \"[^\"]*\")? \(most recent call first\):$")
+_FILE = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+def parse_faulthandler(text: str) -> dict[int, list[Frame]]:
+    """``faulthandler.dump_traceback(all_threads=True)`` text -> thread ident -> frames, innermost first. Of several
+    dumps in ``text``, the last one's threads win."""
+    threads: dict[int, list[Frame]] = {}
+    current: list[Frame] | None = None
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            current = threads.setdefault(int(m.group(2), 16), [])
+            current.clear()
+            continue
+        f = _FILE.match(line)
+        if f and current is not None:
+            current.append(Frame(f.group(1), int(f.group(2)), f.group(3)))
+    return threads
+
+
+def name_threads(text: str, names: Mapping[int, str]) -> str:
+    """faulthandler's ``Thread 0x...`` headers with each thread's Python name added."""
+
+    def add(m: re.Match[str]) -> str:
+        name = names.get(int(m.group(2), 16))
+        label = f' "{name}"' if name and not m.group(3) else m.group(3) or ""
+        return f"{m.group(1)} {m.group(2)}{label} (most recent call first):"
+
+    return "\n".join(_THREAD.sub(add, line) for line in text.splitlines()) + ("\n" if text.endswith("\n") else "")
+
+
+# ----------------------------------------------------------------------------- the roll-call
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``0,1,3``; runs of three or more as ranges: ``0-5,7``."""
+    items = sorted(set(ranks))
+    out: list[str] = []
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{items[i]}-{items[j]}")
+        else:
+            out.extend(str(x) for x in items[i:j + 1])
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass(frozen=True)
+class Group:
+    place: str
+    waiting: bool
+    stands: tuple[Stand, ...]
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(s.rank for s in self.stands))
+
+
+def groups(stands: Iterable[Stand]) -> list[Group]:
+    """Ranks by place, the largest first (ties: a waiting group first, then by lowest rank)."""
+    by: dict[str, list[Stand]] = {}
+    for s in stands:
+        by.setdefault(s.place(), []).append(s)
+    out = [Group(p, all(s.waiting for s in ss), tuple(sorted(ss, key=lambda s: s.rank))) for p, ss in by.items()]
+    return sorted(out, key=lambda g: (-len(g.stands), not g.waiting, g.ranks[0]))
+
+
+def majority(found: Sequence[Group]) -> Group | None:
+    """The group where the others are: the largest, or of the largest ones the only one waiting in a collective."""
+    if len(found) < 2:
+        return found[0] if found else None
+    top = [g for g in found if len(g.stands) == len(found[0].stands)]
+    if len(top) == 1:
+        return top[0]
+    waiting = [g for g in top if g.waiting]
+    return waiting[0] if len(waiting) == 1 else None
+
+
+def lines(stands: Sequence[Stand], *, multi_node: bool = False) -> list[str]:
+    """The roll-call: a line per group, then the ranks that are not where the others are."""
+    found = groups(stands)
+    main = majority(found)
+    out = []
+    for g in found:
+        n = len(g.stands)
+        who = f"rank {g.ranks[0]}" if n == 1 else f"ranks {format_ranks(g.ranks)}"
+        if g is not main and multi_node:
+            nodes = sorted({(s.node, s.host) for s in g.stands})
+            who += " on " + ", ".join(f"node {node}" + (f" ({host})" if host else "") for node, host in nodes)
+        text = g.place
+        if text.startswith("at "):
+            verb = ("waits" if n == 1 else "wait") if g.waiting else ("is" if n == 1 else "are")
+            text = f"{verb} {text}"
+        elif text.startswith("has ") and n > 1:
+            text = "have " + text[4:]
+        out.append(f"{who} {text}")
+    odd = [r for g in found if g is not main for r in g.ranks]
+    if main is None and len(found) > 1:
+        out.append(f"=> the ranks stand in {len(found)} places, none where most are")
+    elif odd:
+        many = len(odd) > 1
+        out.append(f"=> {'ranks' if many else 'rank'} {format_ranks(odd)} {'are' if many else 'is'} not where the others are")
+    elif found and len(stands) > 1:
+        out.append("=> every rank stands in the same place")
+    return out

@@ -1,0 +1,358 @@
+"""What a rank tells numarun's hang watchdog: whether it moves, and where it stands (docs/hangs.md).
+
+Installed by the bootstrap before the user's code is imported (:func:`install`), in three parts:
+
+* **counters**: torch.distributed's collectives are wrapped as ``torch.distributed.distributed_c10d`` finishes
+  loading (a post-import hook: ``torch.distributed`` then copies the wrapped functions with its ``import *``), so
+  every collective a rank enters or leaves, through any name, counts; so does every optimizer step (torch's global
+  post-step hook). torch 2.13 keeps the process groups' sequence numbers out of Python; these counts stand in for
+  them. The collective the main thread is inside is kept too: the roll-call says a rank *waits* in it;
+* **a sampler thread** (``numarun-hangs``) every ``NUMARUN_HANG_SAMPLE`` seconds reads the counters and the main
+  thread's stack (``sys._current_frames``) and rewrites ``progress.<local rank>`` in numarun's private directory:
+  when the counters last moved, when the stack last changed, and the stack itself. A stack alone cannot tell a
+  blocked rank from a healthy loop that spends most of its time at one line (a sleep, a long all-reduce); the
+  counters can. No torch import here: the counters are wrapped when the user's code imports torch;
+* **a dump handler**: ``faulthandler`` writes every thread's Python stack to ``stacks.<local rank>`` when numarun
+  sends :data:`DUMP_SIGNAL`, from a C-level handler: it answers while the main thread is blocked in C code or a
+  thread holds the GIL, and needs no ptrace (containers rarely allow it).
+
+The heartbeat format (:data:`FORMAT`) is read by :mod:`numarun.launch.hangs`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .. import envvars
+
+log = logging.getLogger("numarun.worker.bootstrap.progress")
+
+FORMAT = 1
+"""Of the heartbeat file; bumped when a field changes meaning."""
+DUMP_SIGNAL = signal.SIGRTMIN + 6
+"""A real-time signal nothing else in a training process uses; sent only to ranks whose heartbeat says the handler is in."""
+HEARTBEAT = "progress.{local_rank}"
+STACKS = "stacks.{local_rank}"
+MAX_FRAMES = 80
+"""Frames of the main thread kept in a heartbeat: the innermost 60 and the outermost 20 (a recursion is cut in the middle)."""
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
+    "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
+    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
+    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list",
+    "_all_gather_base", "_reduce_scatter_base",
+)
+"""torch.distributed's functions that talk to other ranks (``distributed_c10d.__all__`` of torch 2.13, and the two
+deprecated base forms still called by older libraries); those a torch version lacks are skipped."""
+C10D = "torch.distributed.distributed_c10d"
+OPTIMIZER = "torch.optim.optimizer"
+
+
+class Counters:
+    """Events of this process (collectives entered and left, optimizer steps) and the collective each thread is in.
+
+    Plain integers under the GIL: a wrapped collective costs two additions and two dict writes."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.collectives = 0
+        self.steps = 0
+        self.inside: dict[int, str] = {}  # thread ident -> the outermost collective it is in
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` counting its calls; under torch.compile the original is called (dynamo remaps the wrapped name)."""
+        counters = self
+        inside = self.inside
+        get_ident = threading.get_ident
+        compiling = [_is_compiling]  # torch's own check once torch is whole: a call, not a module lookup, each time
+
+        @functools.wraps(fn)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            check = compiling[0]
+            if check is _is_compiling:
+                compiler = getattr(sys.modules.get("torch"), "compiler", None)
+                check = compiling[0] = getattr(compiler, "is_compiling", None) or _is_compiling
+            if check():
+                return fn(*args, **kwargs)
+            me = get_ident()
+            outer = me not in inside
+            if outer:
+                inside[me] = name
+            counters.events += 1
+            counters.collectives += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counters.events += 1
+                if outer:
+                    inside.pop(me, None)
+
+        collective.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
+        return collective
+
+    def step(self, *args: Any) -> None:
+        """torch's global optimizer post-step hook."""
+        self.events += 1
+        self.steps += 1
+
+
+COUNTERS = Counters()
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+def patch_c10d(module: ModuleType, counters: Counters = COUNTERS) -> list[str]:
+    """Wrap the collectives of ``distributed_c10d`` (and ``torch.distributed``'s copies, if already made); returns
+    the names wrapped. Idempotent."""
+    done = []
+    package = sys.modules.get("torch.distributed")
+    for name in COLLECTIVES:
+        fn = getattr(module, name, None)
+        if fn is None or not callable(fn) or hasattr(fn, "__numarun_wrapped__"):
+            continue
+        wrapped = counters.wrap(name, fn)
+        setattr(module, name, wrapped)
+        if package is not None and getattr(package, name, None) is fn:
+            setattr(package, name, wrapped)
+        done.append(name)
+    return done
+
+
+def patch_optimizer(module: ModuleType, counters: Counters = COUNTERS) -> bool:
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is None or getattr(module, "__numarun_counted__", False):
+        return False
+    register(counters.step)
+    module.__numarun_counted__ = True  # type: ignore[attr-defined]
+    return True
+
+
+PATCHES: dict[str, Callable[[ModuleType], object]] = {C10D: patch_c10d, OPTIMIZER: patch_optimizer}
+
+
+class _After(importlib.abc.Loader):
+    """A module's own loader, then ``then(module)`` once the module has run (before whoever imported it goes on)."""
+
+    def __init__(self, loader: Any, then: Callable[[ModuleType], object]) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader  # linecache, inspect and pickle see the real loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        try:
+            self._then(module)
+        except Exception as e:  # never break the user's import for a count
+            log.debug("progress counters not installed in %s: %s", module.__name__, e)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: hands the modules of :data:`PATCHES` to :class:`_After`, then leaves the path."""
+
+    def __init__(self, patches: Mapping[str, Callable[[ModuleType], object]]) -> None:
+        self.pending = dict(patches)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        then = self.pending.pop(fullname, None)
+        if then is None:
+            return None
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _After(spec.loader, then)
+        return spec
+
+
+def install_counters(counters: Counters = COUNTERS) -> None:
+    """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are."""
+    pending = {}
+    for name, patch in PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            pending[name] = patch
+    if pending:
+        sys.meta_path.insert(0, _PostImport(pending))
+
+
+# ----------------------------------------------------------------------------- the sampler
+
+
+def main_frames(frame: Any) -> list[list[Any]]:
+    """``[[file, line, function], ...]`` of a stack, innermost first, at most :data:`MAX_FRAMES` (the middle cut)."""
+    out: list[list[Any]] = []
+    while frame is not None:
+        code = frame.f_code
+        out.append([code.co_filename, frame.f_lineno, code.co_name])
+        frame = frame.f_back
+    if len(out) > MAX_FRAMES:
+        out = [*out[:60], ["...", 0, f"{len(out) - MAX_FRAMES} frames"], *out[-20:]]
+    return out
+
+
+class Sampler:
+    """Rewrites the heartbeat every ``interval`` seconds on a daemon thread (see the module docstring)."""
+
+    def __init__(self, path: Path, identity: Mapping[str, Any], *, interval: float, counters: Counters = COUNTERS,
+                 main: int | None = None) -> None:
+        self.path = path
+        self.identity = dict(identity)
+        self.interval = interval
+        self.counters = counters
+        self.main = threading.main_thread().ident if main is None else main
+        now = time.monotonic()
+        self.moved = self.changed = now
+        self.samples = 0
+        self.cpu_s = 0.0
+        self._events = -1
+        self._signature: tuple[Any, ...] | None = None
+        self._frames: list[list[Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> dict[str, Any]:
+        """One look: the counters, the main thread's stack; the heartbeat rewritten."""
+        cpu0 = time.thread_time()
+        now = time.monotonic()
+        events = self.counters.events
+        if events != self._events:
+            self._events, self.moved = events, now
+        frame = sys._current_frames().get(self.main) if self.main is not None else None
+        signature = []
+        f = frame
+        while f is not None:
+            signature.append((f.f_code, f.f_lineno))
+            f = f.f_back
+        del f
+        sig = tuple(signature)
+        if sig != self._signature:
+            self._signature, self.changed = sig, now
+            self._frames = main_frames(frame)
+        del frame
+        inside = self.counters.inside.get(self.main) if self.main is not None else None
+        self.samples += 1
+        beat = {
+            **self.identity, "t": now, "moved": self.moved, "changed": self.changed, "events": events,
+            "collectives": self.counters.collectives, "steps": self.counters.steps,
+            "inside": inside,
+            "frames": self._frames, "threads": {str(t.ident): t.name for t in threading.enumerate()},
+            "samples": self.samples, "sampler_cpu_s": round(self.cpu_s, 6), "interval": self.interval,
+        }
+        write_heartbeat(self.path, beat)
+        self.cpu_s += time.thread_time() - cpu0
+        return beat
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sample()
+            except Exception as e:  # never take the job down for a report
+                log.debug("hang sampler: %s", e)
+
+    def start(self) -> Sampler:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="numarun-hangs", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def write_heartbeat(path: Path, beat: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(beat, separators=(",", ":")))
+    os.replace(tmp, path)
+
+
+_current: Sampler | None = None
+
+
+def identity(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Who this rank is, as torchrun told it."""
+
+    def num(name: str, default: int = 0) -> int:
+        text = environ.get(name, "")
+        return int(text) if text.isdigit() else default
+
+    return {
+        "v": FORMAT, "pid": os.getpid(), "rank": num("RANK"), "local_rank": num("LOCAL_RANK"),
+        "world": num("WORLD_SIZE", 1), "local_world": num("LOCAL_WORLD_SIZE", 1), "node_rank": num("GROUP_RANK"),
+        "nodes": num("GROUP_WORLD_SIZE", 1), "group": num("TORCHELASTIC_RESTART_COUNT"),
+        "main": threading.main_thread().ident, "cwd": os.getcwd(), "dump_signal": int(DUMP_SIGNAL),
+    }
+
+
+def sample_interval(environ: Mapping[str, str]) -> float:
+    """``NUMARUN_HANG_SAMPLE`` (seconds; 0 or unset: no sampler)."""
+    try:
+        return max(float(environ.get(envvars.HANG_SAMPLE, "") or 0), 0.0)
+    except ValueError:
+        return 0.0
+
+
+def install(environ: Mapping[str, str]) -> Sampler | None:
+    """In a rank numarun started (``NUMARUN_STATE_DIR`` set): the dump handler always (``numarun stacks`` works
+    with the watchdog off); the counters and the sampler when ``NUMARUN_HANG_SAMPLE`` > 0. Returns the sampler."""
+    global _current
+    state = environ.get(envvars.STATE_DIR)
+    if not state or not os.path.isdir(state):
+        return None
+    who = identity(environ)
+    local = who["local_rank"]
+    try:
+        dump = open(Path(state) / STACKS.format(local_rank=local), "a")  # noqa: SIM115  (faulthandler keeps it)
+        faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError) as e:
+        log.debug("no stack dump handler: %s", e)
+        return None
+    interval = sample_interval(environ)
+    path = Path(state) / HEARTBEAT.format(local_rank=local)
+    if interval <= 0:  # the dump handler only: one heartbeat says it is in place
+        write_heartbeat(path, {**who, "t": time.monotonic(), "sampling": False,
+                               "threads": {str(t.ident): t.name for t in threading.enumerate()}})
+        return None
+    install_counters()
+    _current = Sampler(path, {**who, "sampling": True}, interval=interval).start()
+    return _current
+
+
+def figures() -> dict[str, Any]:
+    """What the sampler cost this process so far (``scripts/bench_launch.py --watchdog`` reads it)."""
+    s = _current
+    if s is None:
+        return {}
+    return {"samples": s.samples, "sampler_cpu_s": s.cpu_s, "interval_s": s.interval,
+            "collectives": s.counters.collectives, "steps": s.counters.steps}
