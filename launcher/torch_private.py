@@ -4,6 +4,10 @@ numarun drives torchrun from inside its own process and reaches into it in these
 
 * **GC paused while torch is imported** (:func:`import_torchrun`; public API, a cost saving);
 * **``get_method_name`` of the dynamic rendezvous replaced** (:func:`install`): a private function;
+* **the dynamic rendezvous's node descriptors keyed** (:func:`order_nodes`): c10d ranks the nodes by sorting
+  their descriptors (``_NodeDesc``: address, pid, id); with a layout each node's descriptor carries the key it
+  reports first (:class:`KeyedNodeDesc`, through the handler class's ``_node_desc_generator``), so that the nodes
+  get node ranks in key order, not in the string order of their addresses;
 * **torchelastic's messages**: the error file a rank writes (:func:`record_error`, the layout of
   ``ErrorHandler.record_exception``) and what numarun reads back from a failed run (:func:`failure_cause`,
   :func:`runtime_cause`);
@@ -96,6 +100,67 @@ def install(module: Any | None = None) -> bool:
     if getattr(target, "get_method_name", None) is None:
         return False
     target.get_method_name = method_name
+    return True
+
+
+_KEYED: Any = None
+
+
+def _keyed_type() -> Any:
+    """:class:`KeyedNodeDesc`, made once: a ``_NodeDesc`` whose order is (key, address, pid, id)."""
+    global _KEYED
+    if _KEYED is not None:
+        return _KEYED
+    import dataclasses
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    def sort_key(d: Any) -> tuple[Any, ...]:
+        return (tuple(getattr(d, "key", ())), d.addr, d.pid, d.local_id)
+
+    def compare(op: Any) -> Any:
+        def method(self: Any, other: Any) -> Any:
+            return op(sort_key(self), sort_key(other)) if isinstance(other, _NodeDesc) else NotImplemented
+        return method
+
+    import operator
+
+    namespace = {"__annotations__": {"key": tuple}, "key": (), "__module__": __name__, "__qualname__": "KeyedNodeDesc",
+                 "__doc__": "A rendezvous node descriptor that sorts by the key its node reported, then as torch's.",
+                 "__lt__": compare(operator.lt), "__le__": compare(operator.le), "__gt__": compare(operator.gt),
+                 "__ge__": compare(operator.ge)}
+    made = type("KeyedNodeDesc", (_NodeDesc,), namespace)
+    cls: Any = dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(made)
+    _KEYED = cls
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KeyedNodeDesc":  # the class pickle names: other nodes' agents unpickle the rendezvous state
+        return _keyed_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def order_nodes(key: tuple[str, ...] | None) -> bool:
+    """Make this process's dynamic (c10d, etcd-v2) rendezvous report ``key`` with its node, so that node ranks follow
+    the keys of all nodes (None: torch's own descriptors again); False (nothing changed) outside :data:`CHECKED`."""
+    if not checked():
+        log.warning("torch %s is outside %s: c10d keeps its own node order (by address)", torch_version(), CHECKED)
+        return False
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    handler = dr.DynamicRendezvousHandler
+    if key is None:
+        handler._node_desc_generator = dr._NodeDescGenerator()
+        return True
+    keyed, mine = _keyed_type(), tuple(key)
+
+    class _Keyed(dr._NodeDescGenerator):
+        def generate(self, local_addr: str | None = None) -> Any:
+            plain = super().generate(local_addr)
+            return keyed(plain.addr, plain.pid, plain.local_id, mine)
+
+    handler._node_desc_generator = _Keyed()
     return True
 
 

@@ -13,6 +13,9 @@ stays meaningful on a busy machine where wall times swing by seconds.
 (mpirun's variables for one rank), against ``python script.py``, alternated, for a script that
 imports torch as training scripts do (and for an empty one, for scale); target <= 1.05.
 
+``--mesh SPEC`` adds a third launcher to the alternation, ``numarun --mesh SPEC`` (e.g. ``dp_shard=-1``), and prints
+its ratio to torchrun and to plain numarun: what declaring a layout adds to a launch (docs/layouts.md).
+
 ``--watchdog`` measures what the hang watchdog (on by default, docs/hangs.md) costs a rank, after the launch
 overhead above (whose numarun runs have it on): the sampler thread's own CPU time per sample (read back from
 each rank), a wrapped collective against the bare function (in this process), and a training-like step (a
@@ -222,6 +225,8 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
     parser.add_argument("--cli", action="store_true", help="time numarun's help screens and --version instead")
     parser.add_argument("--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line")
+    parser.add_argument("--mesh", metavar="SPEC", default=None,
+                        help="also time 'numarun --mesh SPEC' (a layout over the ranks, e.g. dp_shard=-1)")
     parser.add_argument("--per-rank", action="store_true",
                         help="time per-rank mode (one rank a scheduler started) against python script.py")
     parser.add_argument("--watchdog", action="store_true",
@@ -239,10 +244,13 @@ def main() -> int:
         noop = Path(tmp) / "noop.py"
         noop.write_text("pass\n")
         launch = ["--nproc-per-node", str(args.nproc_per_node), "--standalone", str(noop)]
+        numarun = _tool("numarun", [sys.executable, "-m", "numarun"])
         commands = {
-            "numarun": [*_tool("numarun", [sys.executable, "-m", "numarun"]), *launch],
+            "numarun": [*numarun, *launch],
             "torchrun": [*_tool("torchrun", [sys.executable, "-m", "torch.distributed.run"]), *launch],
         }
+        if args.mesh:
+            commands["mesh"] = [*numarun, "--mesh", args.mesh, *launch]
         times: dict[str, list[float]] = {name: [] for name in commands}
         cpu: dict[str, list[float]] = {name: [] for name in commands}
         order = list(commands)
@@ -258,6 +266,7 @@ def main() -> int:
     med_cpu = {name: statistics.median(t) for name, t in cpu.items()}
     ratio = med["numarun"] / med["torchrun"]
     ratio_cpu = med_cpu["numarun"] / med_cpu["torchrun"]
+    mesh_ratios = {}
     print(f"no-op script, --nproc-per-node {args.nproc_per_node} --standalone, {args.runs} alternated runs each")
     for name in commands:
         print(
@@ -265,10 +274,16 @@ def main() -> int:
             f"  cpu median {med_cpu[name]:.3f} s"
         )
     print(f"ratio numarun/torchrun wall {ratio:.3f}  cpu {ratio_cpu:.3f}  (target <= 1.03)")
+    if "mesh" in med:
+        mesh_ratios = {"mesh_vs_torchrun_wall": med["mesh"] / med["torchrun"],
+                       "mesh_vs_numarun_wall": med["mesh"] / med["numarun"],
+                       "mesh_vs_torchrun_cpu": med_cpu["mesh"] / med_cpu["torchrun"]}
+        print(f"ratio numarun --mesh {args.mesh}/torchrun wall {mesh_ratios['mesh_vs_torchrun_wall']:.3f}  cpu "
+              f"{mesh_ratios['mesh_vs_torchrun_cpu']:.3f}; /numarun wall {mesh_ratios['mesh_vs_numarun_wall']:.3f}")
     watchdog = _watchdog(args, commands["numarun"][:-len(launch)], env) if args.watchdog else None
     if args.json:
         report = {"wall_s": times, "cpu_s": cpu, "median_wall_s": med, "median_cpu_s": med_cpu,
-                  "ratio_wall": ratio, "ratio_cpu": ratio_cpu, "watchdog": watchdog}
+                  "ratio_wall": ratio, "ratio_cpu": ratio_cpu, "watchdog": watchdog, **mesh_ratios}
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

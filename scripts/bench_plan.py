@@ -2,8 +2,10 @@
 """Planning time for a large node: 2 packages x 96 cores x 2 threads (384 CPUs), 8 GPUs
 (4 per NUMA node), 8 InfiniBand NICs next to them, 12 LLC domains per node.
 
-Prints the median of repeated ``make_plan`` calls for every binding mode.
-Usage: .venv/bin/python scripts/bench_plan.py [--repeat N]
+Prints the median of repeated ``make_plan`` calls for every binding mode; ``--mesh`` instead times the placement of
+layouts (docs/layouts.md) on a recorded 8-GPU PCIe box (PIX pairs, PHB quads, SYS across sockets) with a shuffled
+CUDA_VISIBLE_DEVICES, the hardest of the recorded machines for the search, beside the same plan without a layout.
+Usage: .venv/bin/python scripts/bench_plan.py [--repeat N] [--mesh]
 """
 
 from __future__ import annotations
@@ -43,10 +45,45 @@ def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int
                     gpus=tuple(gpus), nics=tuple(nics), source="built")
 
 
+MESH_LAYOUTS = ("dp_shard=4,tp=2", "tp=2,dp_shard=4", "dp_shard=2,tp=4", "cp=2,dp_shard=2,tp=2", "dp_shard=2,cp=2,tp=2",
+                "pp=2,dp_shard=2,tp=2", "tp=8")
+
+
+def _median_ms(topo: Topology, request: PlanRequest, repeat: int) -> float:
+    make_plan(topo, request)  # warm-up (imports, caches)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        make_plan(topo, request)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def mesh(repeat: int) -> None:
+    from pathlib import Path
+
+    from numarun.topology.discover import load_topology
+
+    source = Path(__file__).resolve().parent.parent / "tests/fixtures/nvidia-smi/pcie-8gpu-pix-phb-sys-2x14c.txt"
+    topo = load_topology(str(source))
+    cvd = "0,4,2,6,1,5,3,7"
+    base = _median_ms(topo, PlanRequest(cuda_visible_devices=cvd), repeat)
+    print(f"{source.name}, CUDA_VISIBLE_DEVICES={cvd}, 8 ranks; make_plan without a layout: median {base:.3f} ms")
+    for spec in MESH_LAYOUTS:
+        request = PlanRequest(cuda_visible_devices=cvd, mesh=spec)
+        ms = _median_ms(topo, request, repeat)
+        steps = make_plan(topo, request).mesh.search  # type: ignore[union-attr]
+        print(f"--mesh {spec:<22} median {ms:7.3f} ms  (+{ms - base:.3f} ms; search {steps}; {repeat} runs)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--mesh", action="store_true", help="time the placement of layouts instead")
     args = ap.parse_args()
+    if args.mesh:
+        mesh(args.repeat)
+        return
     topo = big_topology()
     print(f"topology: {len(topo.cpus)} CPUs, {len(topo.numa_nodes)} NUMA nodes, {len(topo.gpus)} GPUs, {len(topo.nics)} NICs")
     for mode in BindingMode:

@@ -63,6 +63,8 @@ FIELDS: dict[str, Case] = {
                     TORCH),
     "strict_binding": Case(["--strict-binding"], True, "NUMARUN_STRICT_BINDING", "0", False, True, True, False,
                            "numarun"),
+    "mesh": Case(["--mesh", "tp=2"], "tp=2", "NUMARUN_MESH", "dp_shard=-1,tp=2", "dp_shard=-1,tp=2", "pp=2,tp=-1",
+                 "pp=2,tp=-1", None, "numarun"),
     "hang_timeout": Case(["--hang-timeout", "300"], 300.0, "NUMARUN_HANG_TIMEOUT", "20", 20.0, 45, 45.0, 300.0, "numarun"),
     "on_hang": Case(["--on-hang", "report"], OnHang.REPORT, "NUMARUN_ON_HANG", "stop", OnHang.STOP, "stop", OnHang.STOP,
                     OnHang.REPORT, "numarun"),

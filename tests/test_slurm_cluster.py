@@ -99,6 +99,25 @@ def test_four_nodes_under_two_switches_get_adjacent_node_ranks(cluster, tmp_path
     assert {r["world_size"] for r in reports} == {4} and {r["all_reduce_sum"] for r in reports} == {6.0}
 
 
+def test_a_layout_over_four_nodes_keeps_each_dp_shard_group_under_one_switch(cluster, tmp_path):
+    """--mesh dp_replicate=2,dp_shard=2 on node1..node4 (switches s1: node1,node3; s2: node2,node4): dp_shard's groups
+    are node ranks 0,1 and 2,3, each under one switch; dp_replicate's cross the switches."""
+    nodes = cluster["NUMARUN_CLUSTER_NODES"].split()
+    if len(nodes) < 4:
+        pytest.fail("this test needs 'scripts/test-cluster.sh up --nodes 4'")
+    proc = submit(cluster, tmp_path, "--nnodes", "4", "--nproc-per-node", "1", "--mesh", "dp_replicate=2,dp_shard=2",
+                  str(SCRIPTS / "mesh_ranks.py"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = printed(proc.stdout, "run dir")
+    reports = {r["rank"]: r for r in (json.loads(p.read_text()) for p in Path(run_dir).glob("rank-*.json"))}
+    assert {rank: r["host"] for rank, r in reports.items()} == {0: "node1", 1: "node3", 2: "node2", 3: "node4"}
+    for r in reports.values():
+        assert r["names"] == ["dp_replicate", "dp_shard"] and r["env"]["NUMARUN_MESH"] == "dp_replicate=2,dp_shard=2"
+        shard = {reports[k]["host"] for k in r["groups"]["dp_shard"]}
+        assert shard in ({"node1", "node3"}, {"node2", "node4"}), r["groups"]
+        assert r["sums"]["dp_shard"] == float(sum(r["groups"]["dp_shard"]))
+
+
 def test_partial_node_job_gets_that_part_and_plans_inside_it(cluster, tmp_path):
     proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--cpus-per-task", "1", str(SCRIPTS / "slurm_ranks.py"))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SCRIPTS, cluster_env, slurm, wait_until
+from helpers import REPO, SCRIPTS, cluster_env, free_port, slurm, wait_until
 
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 
@@ -129,6 +129,28 @@ def test_early_expanded_node_rank_ends_the_whole_job_in_seconds(cluster, tmp_pat
     assert f"numarun: error: node {node} (SLURM_NODEID 1) refused to start" in log, log
     assert "nnodes exit 2" in log and log.count("bad --nnodes '3'") == 2, log
     assert not reports(tmp_path)
+
+
+def test_c10d_with_a_layout_gives_node_ranks_by_switch_not_by_address(cluster, tmp_path):
+    """The user's own c10d rendezvous on node1..node4: each node reports its place in Slurm's order regrouped by leaf
+    switch (s1: node1,node3; s2: node2,node4), so node ranks follow the switches; c10d alone would sort the nodes by
+    their addresses, which sort the other way (node4, node3, node2, node1)."""
+    if len(cluster["NUMARUN_CLUSTER_NODES"].split()) < 4:
+        pytest.fail("this test needs 'scripts/test-cluster.sh up --nodes 4'")
+    out = tmp_path / "out"
+    out.mkdir()
+    body = (
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+        'addr=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)\n'
+        f"srun {NUMARUN} --rdzv-backend c10d --rdzv-endpoint $addr:{free_port()} --rdzv-id mesh --nproc-per-node 1 "
+        f"--mesh dp_replicate=2,dp_shard=2 {SCRIPTS / 'mesh_ranks.py'} --out {out}\n"
+    )
+    rc, log = batch(cluster, tmp_path, body, "-N4")
+    assert rc == 0, log
+    got = {r["rank"]: r for r in reports(out)}
+    assert {rank: r["host"] for rank, r in got.items()} == {0: "node1", 1: "node3", 2: "node2", 3: "node4"}, log
+    assert {tuple(r["groups"]["dp_shard"]) for r in got.values()} == {(0, 1), (2, 3)}
+    assert log.count("node order key") == 4, log
 
 
 def test_no_detect_keeps_separate_worlds(cluster, tmp_path):

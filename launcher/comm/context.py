@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from ..plan.layout import Layout
     from ..plan.model import RankBinding
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,10 @@ class DistContext:
     layout: GroupLayout
     intra_group: dist.ProcessGroup | None
     inter_group: dist.ProcessGroup | None  # None when nodes differ in size
-    mesh: Any  # DeviceMesh ("inter", "intra"); None when nodes differ
+    mesh: Any  # DeviceMesh: the layout's names with one (--mesh), else ("inter", "intra"); None when nodes differ
     # used by one thread at a time, as collectives on these groups are: the caller's, or the bucket stream's
     tensor_forms: TensorForms = field(default_factory=TensorForms, repr=False)
+    mesh_layout: Layout | None = None  # the declared layout (NUMARUN_MESH), each size known; None without one
 
     @property
     def hierarchical_ok(self) -> bool:
@@ -110,7 +112,10 @@ def current_context() -> DistContext | None:
 def init(backend: str | None = None, *, timeout: timedelta | None = None, build_mesh: bool = True) -> DistContext:
     """Initialise torch.distributed from torchrun's environment and build the hierarchical groups; idempotent.
 
-    ``backend`` None: NCCL when this rank has a GPU (in its binding, with a plan), else gloo.
+    ``backend`` None: NCCL when this rank has a GPU (in its binding, with a plan), else gloo. With a declared
+    layout (``--mesh``; ``NUMARUN_MESH`` in the ranks), ``mesh`` is its DeviceMesh: the declared names, the contiguous
+    row-major mesh ``init_device_mesh(device_type, shape, mesh_dim_names=names)`` builds (numarun placed it by
+    choosing each rank's GPU); else the ("inter", "intra") mesh of nodes and local ranks.
     """
     global _CONTEXT
     if _CONTEXT is not None:
@@ -179,20 +184,50 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
         if row[2] and row[2] != len(layout.intra_of(r)):
             raise DistInitError(f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks")
     me = layout.places[rank]
+    mesh_layout = declared_layout(os.environ, world_size=world_size, node_sizes=layout.node_sizes)
     groups = create_groups(layout, rank)
-    mesh = _make_mesh(layout, groups.intra, groups.inter, device) if build_mesh and layout.uniform else None
+    if mesh_layout is not None:
+        mesh = _make_layout_mesh(mesh_layout, device) if build_mesh else None
+    else:
+        mesh = _make_mesh(layout, groups.intra, groups.inter, device) if build_mesh and layout.uniform else None
     if not layout.uniform:
         log.warning("nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes)
     _CONTEXT = DistContext(
         rank=rank, local_rank=me.local_rank, world_size=world_size, node_rank=me.node_rank, num_nodes=layout.num_nodes,
         local_world_size=len(layout.intra_of(rank)), backend=str(dist.get_backend()), device=device, binding=binding,
-        layout=layout, intra_group=groups.intra, inter_group=groups.inter, mesh=mesh,
+        layout=layout, intra_group=groups.intra, inter_group=groups.inter, mesh=mesh, mesh_layout=mesh_layout,
     )
     log.info(
         "rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
         rank, me.node_rank, layout.num_nodes, me.local_rank, _CONTEXT.local_world_size, _CONTEXT.backend, device,
     )
     return _CONTEXT
+
+
+def declared_layout(environ: Mapping[str, str], *, world_size: int, node_sizes: tuple[int, ...]) -> Layout | None:
+    """The layout ``NUMARUN_MESH`` declares (the bootstrap sets it with each size known), checked against the job:
+    the same rank count on every node, sizes that multiply to the world and fit the nodes; None without one."""
+    from .. import envvars
+    from ..plan.layout import node_cut, parse_mesh
+
+    text = environ.get(envvars.MESH, "").strip()
+    if not text:
+        return None
+    spec = parse_mesh(text, where=envvars.MESH)
+    if len(set(node_sizes)) != 1:
+        raise DistInitError(
+            f"bad {envvars.MESH} {spec.text!r}: nodes run {','.join(map(str, node_sizes))} ranks; expected the same "
+            "number of ranks on every node for a layout (the same --nproc-per-node everywhere)")
+    resolved = spec.resolve(world_size)
+    node_cut(resolved, node_sizes[0], where=envvars.MESH)
+    return resolved
+
+
+def _make_layout_mesh(layout: Layout, device: torch.device) -> Any:
+    """The layout's DeviceMesh, with public torch API: the contiguous row-major mesh over the declared names."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, layout.shape, mesh_dim_names=layout.names)
 
 
 def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: torch.device) -> Any:

@@ -30,7 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
     parser.add_argument("--show-sources", action="store_true",
                         help="also print each planning option with its value and source (on stderr)")
-    track(parser, PLAN_FIELDS)
+    parser.add_argument("--nnodes", default=None, metavar="N",
+                        help="nodes the --mesh layout spans, this one among them (default 1; as torchrun's --nnodes, "
+                        "N or MIN:MAX)")
+    track(parser, (*PLAN_FIELDS, "nnodes"))
     parser.set_defaults(func=main)
     return parser
 

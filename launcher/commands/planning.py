@@ -43,10 +43,10 @@ def detect_job(options: Options, *, no_detect: bool = False, environ: Mapping[st
     return detect(env, nproc_given="nproc_per_node" in options.stated())
 
 
-def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool) -> Any:
+def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool, own: bool = False) -> Any:
     from ..slurm.controller import gather
 
-    head = job.nodes[0] if job.nodes and job.nnodes > 1 else None
+    head = job.nodes[0] if job.nodes and job.nnodes > 1 and not own else None
     if head is not None and ("master_addr" in stated or environ.get("MASTER_ADDR")):
         head = None
     return gather(environ, need_switches=need_switches, head=head)
@@ -61,8 +61,9 @@ def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = 
     own = own_rendezvous(stated)
     rdv = settle_node(job, stated, env)  # conflicts first, before asking Slurm anything
     facts = None
-    if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and not own:
-        facts = _facts(job, stated, env, need_switches="node_rank" not in stated)
+    keyed = own and "mesh" in stated  # a layout under the user's c10d: each node reports its place in Slurm's order
+    if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and (not own or keyed):
+        facts = _facts(job, stated, env, need_switches="node_rank" not in stated or keyed, own=own)
         rdv = settle_node(job, stated, env, leaf_switch=facts.leaf_switch)
     addr = rdv.master_addr
     if addr is None:
@@ -247,7 +248,8 @@ class Planner:
         request = request_for(options, env, topology)
         if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
             request = dataclasses.replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
-                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors)
+                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors,
+                                          keep_gpus=True)  # each task holds its own GPU: the layout cannot move it
             own = own_gpu_refs(topology, own_minors, cvd)
         else:
             request = dataclasses.replace(request, nproc_per_node=job.local_world_size,

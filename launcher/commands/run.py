@@ -10,6 +10,7 @@ group one of those sources; a user's ``@hydra.main`` app or any other script run
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -25,7 +26,7 @@ from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
 from ..launch.hangs import HANG_OPTIONS, add_hang_options, policy_from
 from ..launch.net import addressing
 from ..launch.options import NOT_LAUNCH, PLAN_FIELDS, Options, from_args, track
-from ..launch.spec import LaunchSpec, launch_spec
+from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
@@ -279,6 +280,7 @@ class _Runner:
         return env
 
     def prepare(self, options: Options, target: Target) -> _Prepared:
+        rendezvous = None
         if self.job is not None:
             options, rendezvous = settle(options, self.job)
             if not rendezvous.own_rendezvous and self.job.nnodes > 1:
@@ -289,6 +291,15 @@ class _Runner:
         refuse_unbound(planned.plan, options.strict_binding)
         spec = launch_spec(options.values(), nproc_per_node=planned.plan.nproc_per_node, target=target,
                            nics=[r.nic for r in planned.plan.ranks if r.nic])
+        mesh = planned.plan.mesh
+        if mesh is not None and spec.multi_node and spec.backend != "static":
+            nodes: tuple[str, ...] = rendezvous.order if rendezvous is not None else ()
+            name = self.job.node_name if self.job is not None else ""
+            key = rendezvous_key(nvlink_domain=mesh.nvlink_domain, position=nodes.index(name) if name in nodes else None,
+                                 environ=os.environ)
+            spec = dataclasses.replace(spec, node_key=key)
+            announce(self.args, f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the "
+                                "order of the nodes' keys")
         return options, planned, spec
 
     def __call__(self, options: Options, target: Target, job_env: dict[str, str],

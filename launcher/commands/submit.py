@@ -82,6 +82,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
     r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
+    r.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="parallel layout for every node, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (as 'numarun run "
+                   "--mesh'; checked here against --nnodes x --nproc-per-node when both are known; docs/layouts.md)")
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
                    help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
     r.add_argument(
@@ -133,7 +136,27 @@ def _config_settings(script: str, user_args: list[str], *, is_module: bool = Fal
         settings["nnodes"] = int(cfg.launcher.nnodes)
     if cfg.launcher.get("nproc_per_node") is not None and str(cfg.launcher.nproc_per_node).isdigit():
         settings["nproc_per_node"] = int(cfg.launcher.nproc_per_node)
+    if cfg.launcher.get("mesh") is not None:
+        settings["mesh"] = str(cfg.launcher.mesh)
     return kind, settings
+
+
+def check_mesh(args: argparse.Namespace, from_config: dict[str, Any], *, nodes: int, nproc: int | None) -> list[str]:
+    """The layout every node takes, checked before anything is submitted (the nodes check it again); the launch
+    option that hands ``--mesh`` on (none for a layout in a --launch-opt, the environment or the job config)."""
+    from ..plan.layout import node_cut, parse_mesh
+
+    given = [o.split("=", 1)[1] for o in args.launch_opts if o.startswith("--mesh=")]
+    candidates = [(args.mesh, "--mesh"), (given[-1] if given else None, "--launch-opt=--mesh"),
+                  (os.environ.get("NUMARUN_MESH", "").strip() or None, "NUMARUN_MESH"),
+                  (from_config.get("mesh"), "launcher.mesh")]
+    text, where = next(((t, w) for t, w in candidates if t is not None), (None, ""))
+    if text is None:
+        return []
+    spec = parse_mesh(text, where=where)
+    if nproc is not None:
+        node_cut(spec.resolve(nodes * nproc), nproc, where=where)
+    return [f"--mesh={text}"] if where == "--mesh" else []
 
 
 # 'numarun run' options the job sets on each node itself, from Slurm's allocation
@@ -267,7 +290,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         env=check_env(args.env),
         numarun=numarun,
         launch_opts=check_launch_opts(
-            list(args.launch_opts) + (["--preflight"] if args.preflight else []),
+            list(args.launch_opts) + (["--preflight"] if args.preflight else [])
+            + check_mesh(args, from_config, nodes=options.nodes, nproc=options.nproc_per_node),
             args.script if module else str(script),
             is_module=module,
         ),

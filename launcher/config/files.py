@@ -33,6 +33,7 @@ LAUNCHER_KEYS = (
     "rdzv_endpoint",
     "rdzv_id",
     "strict_binding",
+    "mesh",
     "hang_timeout",
     "on_hang",
 )

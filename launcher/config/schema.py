@@ -90,6 +90,7 @@ class LauncherConfig:
     rdzv_endpoint: Optional[str] = None
     rdzv_id: Optional[str] = None
     strict_binding: bool = False
+    mesh: Optional[str] = None  # parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (docs/layouts.md)
     hang_timeout: Optional[float] = None  # seconds without progress before the roll-call (0: off; None: 300)
     on_hang: Optional[str] = None  # report (None: the default) or stop
 

@@ -169,9 +169,10 @@ def settle_node(
     _check_nnodes(shape, stated)
     _check_standalone(shape, stated)
     _check_node_rank(shape, stated)
-    if own_rendezvous(stated):
+    if own_rendezvous(stated):  # the order is the one the nodes' keys give a c10d rendezvous with a layout
+        order = tuple(node_order(shape.nodes, leaf_switch)) if leaf_switch is not None and shape.nodes else ()
         return NodeRendezvous(nnodes=shape.nnodes, node_rank=shape.node_index, head="", master_addr=None,
-                              master_port=None, own_rendezvous=True)
+                              master_port=None, own_rendezvous=True, order=order)
     if shape.nodes:
         order = shape.nodes if "node_rank" in stated else tuple(node_order(shape.nodes, leaf_switch))
         node_rank = order.index(shape.node_name)
@@ -210,7 +211,7 @@ def _mpi_head_addr(shape: JobShape) -> str:
 
 # Launch options that make sense when the scheduler starts every rank (no torchrun agent).
 PER_RANK_OPTIONS = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
-                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding"})
+                              "topology", "binding", "mem_policy", "nic_policy", "strict_binding", "mesh"})
 
 
 def check_rank(shape: JobShape, stated: Stated) -> None:

@@ -142,14 +142,22 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
 
 
 def parse_leaf_switches(text: str) -> dict[str, str]:
-    """``scontrol show topology`` -> node name -> its leaf (Level=0) switch."""
+    """``scontrol show topology`` -> node name -> its leaf (Level=0) switch; under topology/block (Slurm 23.11+, the
+    NVLink domains of GB200 NVL72 racks) its block, and ``block/switch`` where a node has both."""
     leaf: dict[str, str] = {}
+    block: dict[str, str] = {}
     for line in text.splitlines():
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        if "BlockName" in fields and "Nodes" in fields:
+            for node in expand_hostlist(fields["Nodes"]):
+                block.setdefault(node, fields["BlockName"])
+            continue
         if fields.get("Level") != "0" or "SwitchName" not in fields or "Nodes" not in fields:
             continue
         for node in expand_hostlist(fields["Nodes"]):
             leaf.setdefault(node, fields["SwitchName"])
+    for node, name in block.items():
+        leaf[node] = f"{name}/{leaf[node]}" if node in leaf else name
     return leaf
 
 

@@ -19,9 +19,10 @@ from typing import Any
 from ..errors import UsageError
 from ..jobenv.settle import Setting, Source
 
-NUMARUN_OWN = ("topology", "binding", "mem_policy", "nic_policy", "strict_binding", "hang_timeout", "on_hang")
+NUMARUN_OWN = ("topology", "binding", "mem_policy", "nic_policy", "strict_binding", "mesh", "hang_timeout",
+               "on_hang")
 """numarun's own launch options, read from ``NUMARUN_<NAME>``; the others from ``PET_<NAME>``, as torchrun reads them."""
-PLAN_FIELDS = ("topology", "nproc_per_node", "binding", "mem_policy", "nic_policy")
+PLAN_FIELDS = ("topology", "nproc_per_node", "binding", "mem_policy", "nic_policy", "mesh")
 NOT_LAUNCH = ("help", "module", "no_python", "run_path", "virtual_local_rank", "training_script", "training_script_args")
 """torchrun's options that choose the program, not the launch."""
 SHOWN = ("topology", "nproc_per_node", "nnodes", "node_rank", "binding", "mem_policy", "nic_policy", "master_addr",

@@ -67,6 +67,9 @@ class LaunchSpec:
     """Whether this node hosts the rendezvous store; one that does not waits for it to listen first."""
     env: tuple[tuple[str, str], ...] = ()
     """Variables the address rule gives the workers (:mod:`numarun.launch.net`)."""
+    node_key: tuple[str, ...] = ()
+    """What this node reports to a dynamic (c10d) rendezvous so that node ranks follow the nodes' keys (a layout's
+    node order: :func:`rendezvous_key`); () torch's own order, by address."""
 
     # --- what numarun reads from the launch ---
     @property
@@ -216,3 +219,12 @@ def rdzv_margin(environ: Mapping[str, str]) -> int:
     if not text.isdigit() or int(text) > 3600:
         raise UsageError(f"bad {RDZV_MARGIN} {text!r}: expected whole seconds from 0 to 3600")
     return int(text)
+
+
+def rendezvous_key(*, nvlink_domain: str, position: int | None, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The key a node reports to a c10d rendezvous with a layout: its multi-node NVLink domain, the user's
+    ``NUMARUN_NODE_KEY``, its place in Slurm's node order (regrouped by leaf switch); nodes then take node ranks
+    in key order (equal keys: torch's order), so that a domain's or a switch's nodes get adjacent node ranks."""
+    from ..envvars import NODE_KEY
+
+    return (nvlink_domain, environ.get(NODE_KEY, "").strip(), f"{position:09d}" if position is not None else "")

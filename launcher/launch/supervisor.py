@@ -283,6 +283,7 @@ class Supervisor:
 
         torch_private.install()
         torch_private.route_signals(self._on_signal)
+        keyed = bool(spec.node_key) and spec.backend != "static" and torch_private.order_nodes(spec.node_key)
         directory = self.start()
         ledger.clear(directory)
         deadline_s, source = spec.rendezvous_deadline()
@@ -345,6 +346,8 @@ class Supervisor:
             # one line naming the cause instead of its traceback.
             raise RunFailed(f"torchrun failed: {torch_private.runtime_cause(e)}", 1) from None
         finally:
+            if keyed:
+                torch_private.order_nodes(None)  # the next job of a sweep starts as torch's own
             if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
                 time.sleep(STOP_HOLD_S)
             hangs, self._hangs = self._hangs, None

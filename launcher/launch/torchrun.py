@@ -34,7 +34,7 @@ from ..envvars import STRICT_BINDING as STRICT_ENV
 from ..envvars import USER_ENV
 from ..errors import UsageError
 from ..fsutil import cache_dir, write_atomic
-from ..plan.model import LaunchPlan
+from ..plan.model import DERIVED_ENV, LaunchPlan
 from ..torch_private import import_torchrun, installed_torch_version
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,7 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
 def worker_env(plan: LaunchPlan, environ: Mapping[str, str], *, plan_path: str, strict: bool) -> dict[str, str]:
     """Variables numarun adds to its own environment for torchrun to pass to every worker."""
     planned = {k for r in plan.ranks for k in r.env}
-    user_set = sorted(k for k in planned if k in environ)
+    user_set = sorted(k for k in planned if k in environ and k not in DERIVED_ENV)
     env = {PLAN_ENV: plan_path, USER_ENV: ",".join(user_set)}
     if strict:
         env[STRICT_ENV] = "1"

@@ -68,12 +68,23 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     # by identity, then equality: nvidia-smi topologies have no bus ids to match on
     positions = {id(g): i for i, g in enumerate(topology.gpus)}
 
+    mesh = None
+    order = tuple(range(len(gpus)))
+    if request.mesh is not None:
+        from .mesh import plan_mesh
+
+        gpu_positions = [_gpu_position(topology, positions, g) for g in gpus]
+        mesh = plan_mesh(topology, gpus, [p if p is not None else -1 for p in gpu_positions], nproc, request)
+        order = mesh.order or order
+        warnings += mesh.warnings
     cpu_rank_nodes = _spread_cpu_ranks(by_id, node_cpus, cpu_nodes, nproc) if not gpus else []
     ranks: list[_Rank] = []
     for i in range(nproc):
         r = _Rank(local_rank=i)
         if gpus:
-            r.gpu, r.gpu_pos, r.cuda_index = gpus[i], _gpu_position(topology, positions, gpus[i]), i
+            # the rank drives the GPU the layout gives it; a reordered CUDA_VISIBLE_DEVICES makes it cuda:<local rank>
+            mine = gpus[order[i]]
+            r.gpu, r.gpu_pos, r.cuda_index = mine, _gpu_position(topology, positions, mine), i
             _place_gpu_rank(topology, r, node_cpus, cpu_nodes, usable)
         elif cpu_rank_nodes:
             r.home = cpu_rank_nodes[i]
@@ -115,6 +126,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
             env["OMP_NUM_THREADS"] = str(max(1, cores // r.sharers))
         if r.gpu is not None and not order_set_by_user:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if r.gpu is not None and mesh is not None and mesh.plan.cuda_visible_devices:
+            env["CUDA_VISIBLE_DEVICES"] = mesh.plan.cuda_visible_devices
         own = tuple((k, v) for k, v in (choice.env if choice is not None else ()) if k not in user_env)
         env.update(node_env + own)
         warnings += [f"rank {r.local_rank}: {f}" for f in r.fallback]
@@ -128,6 +141,7 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     return LaunchPlan(
         ranks=tuple(bindings), binding=mode, mem_policy=mem_policy, hostname=topology.hostname,
         topology_source=topology.source, warnings=tuple(dict.fromkeys(warnings)), nic_policy=request.nic_policy, nccl_nics=nccl,
+        mesh=mesh.plan if mesh is not None else None,
     )
 
 

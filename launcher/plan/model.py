@@ -53,6 +53,11 @@ class NicPolicy(str, enum.Enum):
     """Each rank's NCCL variable names only its closest NIC (for rails that never meet)."""
 
 
+DERIVED_ENV: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
+"""Plan variables made from the user's own value (the visible GPUs in local-rank order): applied although the user
+set them, never kept."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked for."""
@@ -65,6 +70,10 @@ class PlanRequest:
     user_env: dict[str, str] = field(default_factory=dict)  # never overridden
     nic_policy: NicPolicy = NicPolicy.NODE
     allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
+    mesh: str | None = None  # the parallel layout as declared (plan/layout.py), None: none
+    mesh_where: str = "--mesh"  # the option, variable or config key it came from, for messages
+    nnodes: str = "1"  # torchrun's --nnodes (N or MIN:MAX): the layout spans that many nodes
+    keep_gpus: bool = False  # the scheduler fixed each rank's GPU: the layout is recorded, not placed
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,34 @@ class RankBinding:
 
 
 @dataclass(frozen=True)
+class MeshDim:
+    """One dimension of a placed layout, as this node sees it."""
+
+    name: str
+    size: int  # -1: the rest of a world whose size is known only once the nodes meet (elastic --nnodes)
+    reach: str  # node: its groups lie inside one node; nodes: across nodes; split: part here, part on other nodes
+    groups: tuple[tuple[int, ...], ...]  # this node's part of each of its groups touching the node, as local ranks
+    links: tuple[str, ...]  # each group's slowest link (nvidia-smi's code, or "network" across nodes)
+    default_links: tuple[str, ...]  # the same with today's order (local rank i on visible GPU i)
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """The parallel layout of the job and how it is placed on this node (docs/layouts.md)."""
+
+    spec: str  # every size known ("pp=2,dp_shard=2,tp=4"); -1 kept when the world size is known only at rendezvous
+    declared: str  # as written
+    names: tuple[str, ...]
+    shape: tuple[int, ...]  # -1 as in spec
+    nnodes: int  # 0: elastic (the world size comes with the rendezvous)
+    dims: tuple[MeshDim, ...]
+    default_gpus: tuple[int, ...]  # the GPU (NVML index) each local rank drives in today's order
+    search: str  # how the placement was found: "exhaustive, N steps", "stopped after N steps", "-" (nothing to place)
+    cuda_visible_devices: str = ""  # the GPU order every rank of the node sees ("": the user's, unchanged)
+    nvlink_domain: str = ""  # the node's multi-node NVLink domain (NVML fabric cluster UUID/clique id); "" none
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     """The whole node's plan. JSON contract: ``{"ranks": [RankBinding...], ...}``."""
 
@@ -121,6 +158,7 @@ class LaunchPlan:
     nccl_nics: NcclNics | None = None  # None: nothing to choose, per-rank, or the user's own
     container: str = ""  # the runtime the node runs in (jobenv.container.Runtime)
     mem_unbound: str = ""  # why memory is not bound as mem_policy asks (seccomp); "" when it is
+    mesh: MeshPlan | None = None  # the parallel layout (--mesh), None without one
 
     @property
     def nproc_per_node(self) -> int:

@@ -1,7 +1,7 @@
 """The planning flags shared by ``numarun plan`` and ``numarun run``, and the request they make.
 
 ``add_plan_options(parser)`` registers ``--topology``, ``--nproc-per-node``, ``--binding``
-(alias ``--numa-binding``, torchrun's spelling), ``--mem-policy`` and ``--nic-policy``;
+(alias ``--numa-binding``, torchrun's spelling), ``--mem-policy``, ``--nic-policy`` and ``--mesh``;
 ``request_from_args(options, environ)`` turns their values plus the user's environment into a
 :class:`PlanRequest`.
 """
@@ -127,11 +127,23 @@ def add_plan_options(parser: argparse.ArgumentParser) -> None:
         help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank "
         "(default); 'per-rank' = each rank's closest NIC only",
     )
+    # read by numarun.plan.layout.parse_mesh where the plan is made, so that a bad value names its source
+    parser.add_argument(
+        "--mesh", dest="mesh", default=None, metavar="SPEC",
+        help="parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names pp, dp_replicate, dp_shard, cp, tp; "
+        "-1: the rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
+        "dp_shard's and dp_replicate's (docs/layouts.md)",
+    )
 
 
 def request_from_args(args: Any, environ: Mapping[str, str]) -> PlanRequest:
     """The request for ``args`` (the planning options' values, by dest) in environment ``environ``."""
+    mesh = getattr(args, "mesh", None)
+    where = args.setting("mesh").where if mesh is not None and callable(getattr(args, "setting", None)) else "--mesh"
+    nnodes = getattr(args, "nnodes", None)
     return PlanRequest(
+        mesh=None if mesh is None else str(mesh), mesh_where=where,
+        nnodes=str(nnodes) if nnodes is not None else "1",
         nproc_per_node=getattr(args, "nproc_per_node", None),
         binding=getattr(args, "binding", BindingMode.EXCLUSIVE),
         mem_policy=getattr(args, "mem_policy", MemPolicy.BIND),

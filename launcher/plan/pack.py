@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import PlanError
+from ..topology.links import Link, gpu_links, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology
 from ..topology.visible import visible_gpus
 from .binding import _cores, _split
@@ -23,39 +24,20 @@ class Slot:
 
 
 def _groups(topology: Topology, gpus: tuple[Gpu, ...]) -> list[list[Gpu]]:
-    """GPUs grouped by NVLink island and NUMA node, each group in PCIe switch order."""
-    n, links, close = len(topology.gpus), topology.gpu_links, ("PIX", "PXB")
-    island, switch, linked = list(range(n)), list(range(n)), set()
-    for a in range(n):
-        for b in range(a + 1, n):
-            code = links[a][b] if links else ""
-            if code.startswith("NV"):
-                _join(island, a, b)
-                linked |= {a, b}
-            if code in close or any(topology.gpu_nic_link(a, k) in close and topology.gpu_nic_link(b, k) in close
-                                    for k in range(len(topology.nics))):
-                _join(switch, a, b)
+    """GPUs grouped by NVLink island and NUMA node, each group in PCIe switch order (facts: :mod:`numarun.topology.links`)."""
+    links = gpu_links(topology)
+    island, switch = nvlink_islands(links), pcie_switches(links)
+    linked = {a for a, row in enumerate(links.classes) for b, c in enumerate(row) if a != b and c is Link.NVLINK}
     pos = {id(g): i for i, g in enumerate(topology.gpus)}
 
     def key(g: Gpu) -> tuple[int, int, int, int]:
         i = pos[id(g)]
-        return (_root(island, i) if i in linked else -1, g.numa_node, _root(switch, i), i)
+        return (island[i] if i in linked else -1, g.numa_node, switch[i], i)
 
     groups: dict[tuple[int, int], list[Gpu]] = {}
     for g in sorted(gpus, key=key):
         groups.setdefault(key(g)[:2], []).append(g)
     return list(groups.values())
-
-
-def _root(parent: list[int], i: int) -> int:
-    while parent[i] != i:
-        i = parent[i]
-    return i
-
-
-def _join(parent: list[int], a: int, b: int) -> None:
-    ra, rb = _root(parent, a), _root(parent, b)
-    parent[max(ra, rb)] = min(ra, rb)
 
 
 def _cut(groups: list[list[object]], k: int) -> list[list[object]]:

@@ -68,7 +68,10 @@ def run_group(folder: Path, group: int) -> int:
 
     # this rank holds the whole node for the jobs: its own plan's variables are not theirs
     binding, user = current_binding(), os.environ.get(envvars.USER_ENV, "").split(",")
-    for key in set(binding.env if binding is not None else ()) - set(user):
+    from ..plan.model import DERIVED_ENV
+
+    # (a layout's CUDA_VISIBLE_DEVICES is the user's own GPUs, reordered: kept, or they would be lost)
+    for key in set(binding.env if binding is not None else ()) - set(user) - set(DERIVED_ENV):
         os.environ.pop(key, None)
     jobs = []
     for idx in json.loads((folder / f"group{group}.json").read_text()):

@@ -83,7 +83,7 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     if own is not None and own.nnodes not in (None, 1):
         raise UsageError(f"bad launcher.nnodes {own.nnodes!r} in a sweep on one node: expected 1 "
                          "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
-    options = [o for k in ("nproc_per_node", "binding", "mem_policy", "nic_policy", "hang_timeout", "on_hang")
+    options = [o for k in ("nproc_per_node", "binding", "mem_policy", "nic_policy", "mesh", "hang_timeout", "on_hang")
                if own is not None and own[k] is not None for o in (f"--{k.replace('_', '-')}", str(own[k]))]
     options += ["--strict-binding"] if own is not None and own.strict_binding else []
     if settings.get("nproc_per_node") is not None:

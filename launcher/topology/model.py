@@ -131,6 +131,8 @@ class Gpu:
     pci_path: tuple[str, ...] = ()  # bus ids from the root port down to the device
     pcie_link: PcieLink = PcieLink()
     minor: int = -1  # N of /dev/nvidiaN: how Slurm numbers GPUs, not PCI order
+    fabric_cluster: str = ""  # multi-node NVLink domain (NVML GPU fabric info: cluster UUID); "" none or unknown
+    fabric_clique: int = -1  # the NVLink partition (clique id) inside that cluster
 
 
 PORT_STATES: dict[int, str] = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}

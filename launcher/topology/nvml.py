@@ -67,6 +67,26 @@ def _gpu_list(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return gpus
 
 
+NVLINK_DEVICE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+FABRIC_STATE_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+NVML_SUCCESS = 0
+
+
+def fabric_of(raw: Any) -> tuple[str, int]:
+    """A recorded ``nvmlDeviceGetGpuFabricInfo`` answer -> (cluster UUID, clique id), ("", -1) unless the GPU is
+    registered in a multi-node NVLink fabric (state completed, status success, a cluster UUID that is not all zero)."""
+    if not isinstance(raw, Mapping):
+        return "", -1
+    uuid, clique, state, status = raw.get("cluster_uuid"), raw.get("clique_id"), raw.get("state"), raw.get("status")
+    if state != FABRIC_STATE_COMPLETED or status != NVML_SUCCESS or not isinstance(uuid, str) or not isinstance(clique, int):
+        return "", -1
+    digits = uuid.replace("-", "").lower()
+    if len(digits) != 32 or any(c not in "0123456789abcdef" for c in digits) or not digits.strip("0"):
+        return "", -1
+    text = f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+    return text, clique
+
+
 def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
     """Recorded NVML answers -> :class:`Gpu` models, in NVML index order."""
     out: list[Gpu] = []
@@ -86,11 +106,13 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
         )
         total = g.get("memory_total")
         minor = g.get("minor_number")
+        cluster, clique = fabric_of(g.get("fabric"))
         out.append(Gpu(
             index=index, pci_bus_id=bus, numa_node=node, name=str(g.get("name") or ""), uuid=str(g.get("uuid") or ""),
             cpu_affinity=_bits(g.get("cpu_affinity_words")), memory_numa_node=mem_node,
             memory_bytes=total if isinstance(total, int) and total > 0 else 0,
             minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
+            fabric_cluster=cluster, fabric_clique=clique,
         ))
     return tuple(out)
 
@@ -106,10 +128,16 @@ def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], 
             pass
     n = len(gpus)
     counts = [[0] * n for _ in range(n)]
+    to_switch = [0] * n  # active links whose far end is an NVSwitch
     levels: list[list[Any]] = [[None] * n for _ in range(n)]
     for i, g in enumerate(gpus):
         for link in g.get("nvlinks") or []:
-            if not isinstance(link, list) or len(link) < 3 or link[1] not in (1, True) or not _ok(link[2]):
+            if not isinstance(link, list) or len(link) < 3 or link[1] not in (1, True):
+                continue
+            if len(link) > 3 and link[3] == NVLINK_DEVICE_SWITCH:
+                to_switch[i] += 1
+                continue
+            if not _ok(link[2]):
                 continue
             try:
                 j = bus_pos.get(normalize_bus_id(str(link[2])))
@@ -120,6 +148,11 @@ def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], 
         anc = g.get("common_ancestor") or {}
         for j in range(n):
             levels[i][j] = anc.get(str(j))
+    # GPUs on the node's NVSwitches reach each other over as many links as the one with fewer has (nvidia-smi's NV18)
+    for i in range(n):
+        for j in range(n):
+            if i != j and not counts[i][j] and to_switch[i] and to_switch[j]:
+                counts[i][j] = min(to_switch[i], to_switch[j])
     return nvml_to_smi_codes(levels, counts)
 
 
@@ -192,6 +225,7 @@ def read_nvml_record() -> dict[str, Any] | None:
                 "numa_node_id": _call(pynvml.nvmlDeviceGetNumaNodeId, h),
                 "minor_number": _call(pynvml.nvmlDeviceGetMinorNumber, h),
                 "nvlinks": _nvlinks(pynvml, h),
+                "fabric": _fabric(pynvml, h),
                 "common_ancestor": {
                     str(j): _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)
                     for j, other in enumerate(handles)
@@ -230,6 +264,25 @@ def _words(value: Any) -> Any:
     return words
 
 
+def _fabric(pynvml: Any, handle: Any) -> Any:
+    """``nvmlDeviceGetGpuFabricInfo(V)``: the GPU's multi-node NVLink fabric (cluster UUID, clique id, state,
+    status) as a dict, or ``"ERR ..."`` (drivers before R530, GPUs without a fabric: NotSupported)."""
+    import ctypes
+
+    versioned = getattr(pynvml, "c_nvmlGpuFabricInfoV_t", None)
+    if versioned is not None and hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV"):
+        info, call = versioned(), pynvml.nvmlDeviceGetGpuFabricInfoV
+    elif hasattr(pynvml, "c_nvmlGpuFabricInfo_t"):
+        info, call = pynvml.c_nvmlGpuFabricInfo_t(), pynvml.nvmlDeviceGetGpuFabricInfo
+    else:
+        return "ERR pynvml without GPU fabric info"
+    answer = _call(call, handle, ctypes.byref(info))
+    if isinstance(answer, str):
+        return answer
+    return {"cluster_uuid": bytes(info.clusterUuid).hex(), "clique_id": int(info.cliqueId), "state": int(info.state),
+            "status": int(info.status)}
+
+
 def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
     out: list[list[Any]] = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
@@ -240,7 +293,10 @@ def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
                 break
             continue
         remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link) if state else "ERR inactive"
-        out.append([link, int(state), remote if isinstance(remote, str) else _bus_text(remote)])
+        kind = _call(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link) if state and hasattr(
+            pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType") else "ERR inactive"
+        # [link, active, far end's bus id, far end's device type (0 GPU, 2 NVSwitch)]
+        out.append([link, int(state), remote if isinstance(remote, str) else _bus_text(remote), kind])
     return out
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cpuset import format_list
-from ..plan.model import LaunchPlan, RankBinding
+from ..plan.model import LaunchPlan, MeshDim, MeshPlan, RankBinding
 
 
 def _nic_cell(r: RankBinding) -> str:
@@ -58,6 +58,61 @@ def nic_lines(plan: LaunchPlan) -> list[str]:
     return lines
 
 
+def _preposition(code: str) -> str:
+    if code.startswith("NV"):
+        return f"on {code}"
+    if code in ("PIX", "PXB"):
+        return f"behind {code}"
+    if code in ("PHB", "NODE"):
+        return f"through {code}"
+    if code == "network":
+        return "across the network"
+    return f"across {code}"
+
+
+def link_summary(links: tuple[str, ...]) -> str:
+    """``("NV4", "NV4", "SYS")`` -> ``2 groups on NV4, 1 across SYS`` (slowest last)."""
+    counts: dict[str, int] = {}
+    for code in links:
+        counts[code] = counts.get(code, 0) + 1
+    parts = []
+    for i, (code, n) in enumerate(counts.items()):
+        noun = (" group" if n == 1 else " groups") if i == 0 else ""
+        parts.append(f"{n}{noun} {_preposition(code)}")
+    return ", ".join(parts)
+
+
+def _cell(dim: MeshDim, plan: LaunchPlan) -> str:
+    gpu = {r.local_rank: (str(r.gpu.index) if r.gpu else "-") for r in plan.ranks}
+    if dim.reach == "nodes":
+        return "each rank with its peers on the other nodes"
+    cells = [f"{','.join(map(str, g))}→{','.join(gpu.get(r, '-') for r in g)}" for g in dim.groups]
+    text = "  ".join(cells)
+    return text + (" (+ other nodes)" if dim.reach == "split" else "")
+
+
+def mesh_table(plan: LaunchPlan, mesh: MeshPlan) -> Table:
+    """One row per dimension: its groups (local ranks → GPUs), their slowest links, and today's order's."""
+    where = f"{mesh.nnodes} nodes" if mesh.nnodes > 1 else "elastic nodes" if mesh.nnodes == 0 else "1 node"
+    title = f"layout {mesh.spec} on {where} (search: {mesh.search})"
+    if mesh.cuda_visible_devices:
+        title += f"; every rank sees CUDA_VISIBLE_DEVICES={mesh.cuda_visible_devices}"
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (("dim", "left"), ("size", "right"), ("groups (local ranks→GPUs)", "left"),
+                          ("slowest link", "left"), ("default order", "left")):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for d in mesh.dims:
+        size = "rest" if d.size == -1 else str(d.size)
+        table.add_row(d.name, size, _cell(d, plan), link_summary(d.links), link_summary(d.default_links))
+    return table
+
+
+def mesh_lines(mesh: MeshPlan) -> list[str]:
+    """``tp: 4 groups on NV4; default order: 4 groups across SYS`` for each dimension inside the node."""
+    return [f"{d.name}: {link_summary(d.links)}; default order: {link_summary(d.default_links)}"
+            for d in mesh.dims if d.reach == "node" and d.size > 1]
+
+
 def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> str:
     """The table and the warnings as text; without colour it is stable (golden files)."""
     buf = io.StringIO()
@@ -67,6 +122,10 @@ def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> s
     console.print(plan_table(plan))
     for line in nic_lines(plan):
         console.print(line, markup=False)
+    if plan.mesh is not None:
+        console.print(mesh_table(plan, plan.mesh))
+        for line in mesh_lines(plan.mesh):
+            console.print(line, markup=False)
     for w in plan.warnings:
         console.print(f"warning: {w}", markup=False)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

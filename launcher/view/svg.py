@@ -512,8 +512,29 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
         out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(_legend_text(r))}</text>')
         out.append("</g>")
         row_y += 18
+    for name, line in _mesh_lines(plan):
+        out.append(f'<text class="legend-mesh" data-dim={_a(name)} x="{x:.0f}" y="{row_y + 11:.0f}">{_t(line)}</text>')
+        row_y += 18
     out.append("</g>")
     return row_y - y
+
+
+def _mesh_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """(dimension, ``tp: ranks 0,1 → GPU 0,2 (NV4) ...; default order: ...``) for a plan with a layout."""
+    from .plan import link_summary
+
+    if plan.mesh is None:
+        return []
+    gpu = {r.local_rank: (str(r.gpu.index) if r.gpu else "-") for r in plan.ranks}
+    out = [("", f"layout {plan.mesh.spec}")]
+    for d in plan.mesh.dims:
+        if d.reach == "nodes":
+            groups = "across nodes"
+        else:
+            groups = "  ".join(f"[{','.join(map(str, g))}→GPU {','.join(gpu.get(r, '-') for r in g)}]" for g in d.groups)
+        out.append((d.name, f"{d.name}={d.size}: {groups}: {link_summary(d.links)}; default order: "
+                            f"{link_summary(d.default_links)}"))
+    return out
 
 
 def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
@@ -545,7 +566,8 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
     if plan is not None:
         used = _legend(ctx, plan, margin, height, legend)
         height += used + margin
-        width = max(width, min(max((len(_legend_text(r)) for r in plan.ranks), default=0), 250) * 7.0 + 40)
+        longest = max([len(_legend_text(r)) for r in plan.ranks] + [len(t) for _, t in _mesh_lines(plan)], default=0)
+        width = max(width, min(longest, 250) * 7.0 + 40)
     head = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '

@@ -40,8 +40,12 @@ def current_binding(environ: Mapping[str, str] | None = None) -> RankBinding | N
     """This worker's RankBinding (``NUMARUN_PLAN`` + ``LOCAL_RANK``); None outside numarun."""
     env = os.environ if environ is None else environ
     plan = load_plan(env)
-    if plan is None:
-        return None
+    return None if plan is None else rank_binding(plan, env)
+
+
+def rank_binding(plan: LaunchPlan, environ: Mapping[str, str]) -> RankBinding:
+    """The row of ``plan`` for this worker's ``LOCAL_RANK``."""
+    env = environ
     local_rank = env.get("LOCAL_RANK", "")
     if not local_rank.isdigit():
         raise BindingError(f"bad LOCAL_RANK {local_rank!r}: expected a non-negative integer set by torchrun")

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from .. import envvars, ledger
 from ..cpuset import format_list
 from ..errors import BindingError, NumarunError
-from ..plan.model import MemPolicy, RankBinding
-from . import affinity, current_binding, finish, hydra_pin
+from ..plan.model import DERIVED_ENV, LaunchPlan, MemPolicy, RankBinding
+from . import affinity, finish, hydra_pin, load_plan, rank_binding
 
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.worker.bootstrap")
@@ -73,6 +73,7 @@ def apply_env(binding: RankBinding, environ: MutableMapping[str, str]) -> tuple[
         keep = {k for k in environ[USER_ENV].split(",") if k}
     else:
         keep = {k for k in binding.env if k in environ}
+    keep -= set(DERIVED_ENV)
     applied, kept = [], []
     for key, value in binding.env.items():
         if key in keep:
@@ -140,10 +141,12 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
     Raises :class:`BindingError` on a failure when ``NUMARUN_STRICT_BINDING=1``.
     """
     env = os.environ if environ is None else environ
-    binding = current_binding(env)
-    if binding is None:
+    plan = load_plan(env)
+    if plan is None:
         log.debug("%s is not set: running unbound", PLAN_ENV)
         return None
+    binding = rank_binding(plan, env)
+    apply_mesh(plan, env)
     applied = apply_binding(binding, env)
     if applied.errors:
         what = "; ".join(applied.errors)
@@ -152,6 +155,19 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
         log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
     log.info(describe(binding, applied, env))
     return applied
+
+
+def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
+    """Name the plan's layout in the environment, each size known (``-1`` resolved with ``WORLD_SIZE``)."""
+    if plan.mesh is None:
+        return
+    from ..plan.layout import MeshSpec, layout_env
+
+    world = environ.get("WORLD_SIZE", "")
+    spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{PLAN_ENV} layout")
+    if spec.rest is not None and not world.isdigit():
+        raise BindingError(f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {spec.rest} of {spec.text}")
+    environ.update(layout_env(spec.resolve(int(world)) if spec.rest is not None else spec.resolve(spec.known)))
 
 
 def run_target(kind: str, target: str, args: Sequence[str]) -> None:
