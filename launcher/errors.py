@@ -64,7 +64,7 @@ class ConfigError(NumarunError):
     page = "hydra.md"
 
 
-class LayoutError(ConfigError):
+class TrainerLayoutError(ConfigError):
     """The trainer's layout (``parallel.*``) does not fit the world, the model or the pipeline schedule."""
 
     page = "trainer.md"

@@ -131,6 +131,8 @@ CASES: list[Case] = [
     case("layout-tp-heads", f"{LAYOUT2} model.n_heads=1 parallel.tp=2", "parallel.tp 2", "divides model.n_heads"),
     case("layout-schedule", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Zigzag", "'Zigzag'",
          "GPipe, 1F1B, Interleaved1F1B"),
+    case("layout-mesh-differs", f"--topology {P4D} --nproc-per-node 2 --mesh tp=2 {TRAIN} model=gpt parallel=fsdp "
+         "parallel.pp=2", "--mesh 'tp=2'", "pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=1"),
     case("layout-hierarchical", f"{LAYOUT2} parallel.tp=2 comm=hierarchical", "'hierarchical'", "expected flat"),
     case(
         "run-dir-under-a-file",

@@ -3,6 +3,8 @@ split and its rules, a stage's module (runs of every layout: test_train_layouts.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -141,3 +143,29 @@ def test_stages_chained_are_the_model(kind: str) -> None:
     for p in parts:
         h = p(h)
     assert torch.equal(h, whole)
+
+
+def test_a_trainer_job_is_placed_for_its_layout(tmp_path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher hands the trainer's layout to its placement as the job's mesh: --dry-run shows its groups,
+    on a recorded 8-GPU machine; nothing is created."""
+    from helpers import REPO
+
+    from numarun.cli import main
+
+    for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))]:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    p4d = REPO / "tests" / "fixtures" / "nvidia-smi" / "aws-p4d.24xlarge.txt"
+    capsys.readouterr()
+    code = main(["--dry-run", "--topology", str(p4d), "--nproc-per-node", "4", str(REPO / "scripts" / "train.py"),
+                 "model=gpt", "parallel=fsdp", "parallel.pp=2", "parallel.tp=2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "# layout of the ranks (parallel.*): pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=2" in out
+    assert "layout pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=2 on 1 node" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("  pp ", "  tp "))}
+    assert "0,1→" in rows["tp"] and "0,2→" in rows["pp"], out  # tp innermost: ranks 0,1 share a group
+    assert "job config (parallel.* (the trainer's layout))" in out
+    assert list(tmp_path.iterdir()) == []

@@ -14,15 +14,17 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import Mode
-from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
+from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, rank_master
 from ..launch.hangs import HANG_OPTIONS, add_hang_options, policy_from
 from ..launch.net import addressing
 from ..launch.options import NOT_LAUNCH, PLAN_FIELDS, Options, from_args, track
@@ -188,9 +190,15 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
     job_target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments after it
 
     def planned(job: Any) -> tuple[_Prepared, str | None]:
-        """The job's launch, prepared, and its layout checked against the world it makes (before any rank starts)."""
-        ready = run.prepare(options.with_config(job.launcher), job_target)
-        return ready, check_launch_layout(job.config, nnodes=ready[0].nnodes, nproc_per_node=ready[1].plan.nproc_per_node)
+        """The job's launch, prepared with the trainer's layout as its mesh (the ranks are placed for it), the
+        layout checked against the world it makes (before any rank starts)."""
+        found: list[str | None] = [None]
+
+        def mesh_of(opts: Options, plan: Planned) -> str | None:
+            found[0] = check_launch_layout(job.config, nnodes=opts.nnodes, nproc_per_node=plan.plan.nproc_per_node)
+            return trainer_mesh(opts, found[0])
+
+        return run.prepare(options.with_config(job.launcher), job_target, mesh_of=mesh_of), found[0]
 
     if args.dry_run and not compose.is_info_command(script_args):
         jobs = compose.compose_dry(script_args, check_prepared)
@@ -232,6 +240,35 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
         script_args += [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
     compose.run_hydra(script_args, on_job, check)
     return 0
+
+
+TRAINER_MESH = "parallel.* (the trainer's layout)"
+"""Where the mesh of a trainer job comes from, as messages name it."""
+
+
+def trainer_mesh(options: Options, spec: str | None) -> str | None:
+    """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
+    stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
+    row-major mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
+    if spec is None:
+        return None
+    stated = options.setting("mesh")
+    if stated.source is Source.DEFAULT or stated.value is None:
+        return spec
+    from ..plan.layout import parse_mesh
+
+    def shape(text: str, where: str) -> list[tuple[str, int]]:
+        declared = parse_mesh(text, where=where)
+        world = math.prod(int(part.partition("=")[2]) for part in spec.split(","))
+        layout = declared.resolve(world)
+        return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
+
+    if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
+        from ..errors import TrainerLayoutError
+
+        raise TrainerLayoutError(f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
+                          "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)")
+    return None
 
 
 def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
@@ -279,7 +316,10 @@ class _Runner:
             env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
         return env
 
-    def prepare(self, options: Options, target: Target) -> _Prepared:
+    def prepare(self, options: Options, target: Target,
+                mesh_of: Callable[[Options, Planned], str | None] | None = None) -> _Prepared:
+        """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
+        plan and may return a mesh to plan with instead (the trainer's layout)."""
         rendezvous = None
         if self.job is not None:
             options, rendezvous = settle(options, self.job)
@@ -288,6 +328,11 @@ class _Runner:
                 announce(self.args, f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
                                     f"{options.master_addr}:{options.master_port} (static{order})")
         planned = self.planner.plan(options, plan_file=self.args.plan_file)
+        trainer = mesh_of(options, planned) if mesh_of is not None else None
+        if trainer is not None:
+            options = dataclasses.replace(options, settings={**options.settings,
+                                                             "mesh": Setting(trainer, Source.CONFIG, TRAINER_MESH)})
+            planned = self.planner.plan(options, plan_file=self.args.plan_file)
         refuse_unbound(planned.plan, options.strict_binding)
         spec = launch_spec(options.values(), nproc_per_node=planned.plan.nproc_per_node, target=target,
                            nics=[r.nic for r in planned.plan.ranks if r.nic])

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..errors import LayoutError
+from ..errors import TrainerLayoutError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """Every dimension, outermost first (the order of the spec and of the ranks' mesh)."""
@@ -54,13 +54,13 @@ class Layout:
         rest = [d for d in DIMS if getattr(self, d) == REST]
         if rest:
             if world_size % known:
-                raise LayoutError(
+                raise TrainerLayoutError(
                     f"bad layout {self.spec()}: {world_size} ranks cannot be split into {_product(self)} x "
                     f"parallel.{rest[0]}; expected a world size that is a multiple of {known}"
                 )
             return Layout(**{**{d: getattr(self, d) for d in DIMS}, rest[0]: world_size // known})
         if known != world_size:
-            raise LayoutError(
+            raise TrainerLayoutError(
                 f"bad layout {self.spec()}: the degrees multiply to {known}, not the world size {world_size}; "
                 "expected pp x dp_replicate x dp_shard x cp x tp = world size (or one degree -1 for the rest)"
             )
@@ -91,36 +91,36 @@ def _degree(key: str, raw: Any, *, nnodes: int | None, nproc_per_node: int | Non
     if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
         raw = int(raw)
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise LayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
+        raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
     if isinstance(raw, int):
         if raw < 1 and raw != REST:
-            raise LayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, or -1 for the rest of the world")
+            raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, or -1 for the rest of the world")
         return raw
     word = raw.strip()
     if word not in NODE_WORDS:
-        raise LayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
+        raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
     value = nnodes if word == "nnodes" else nproc_per_node
     if value is None:
         # the ranks always know; the launcher does once the job's shape is fixed
-        raise LayoutError(f"bad parallel.{key} {word!r}: the job's {word} is not known here; expected a fixed "
+        raise TrainerLayoutError(f"bad parallel.{key} {word!r}: the job's {word} is not known here; expected a fixed "
                           f"launcher.{word} (or an integer degree)")
     return int(value)
 
 
 def layout_of(parallel_cfg: Any, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> Layout:
-    """The :class:`Layout` a composed ``parallel`` group declares (``-1`` kept); one-line LayoutError otherwise.
+    """The :class:`Layout` a composed ``parallel`` group declares (``-1`` kept); one-line TrainerLayoutError otherwise.
 
     ``nnodes`` and ``nproc_per_node`` are needed only where a degree names them (the hsdp and tp presets).
     """
     values = {d: _degree(d, _get(parallel_cfg, d), nnodes=nnodes, nproc_per_node=nproc_per_node) for d in DIMS}
     rest = [d for d in DIMS if values[d] == REST]
     if len(rest) > 1:
-        raise LayoutError(
+        raise TrainerLayoutError(
             f"bad layout {','.join(f'{d}={values[d]}' for d in DIMS)}: "
             f"{' and '.join(f'parallel.{d}' for d in rest)} are both -1; expected at most one degree -1 (the rest)"
         )
     if values["cp"] != 1:
-        raise LayoutError(f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1")
+        raise TrainerLayoutError(f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1")
     return Layout(**values)
 
 

@@ -141,10 +141,16 @@ class Parallelized:
         return [p for part in self.parts for p in part.parameters()]
 
 
-def build_mesh(layout: Layout, device: torch.device) -> Any:
+def build_mesh(layout: Layout, ctx: Any) -> Any:
+    """The mesh over :data:`DIMS`: numarun.init()'s own when the launcher declared this layout (it hands the
+    trainer's layout as the job's mesh, and placed the ranks for it), else a new one of the same form."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, layout.degrees(), mesh_dim_names=DIMS)
+    declared = getattr(ctx, "mesh_layout", None)
+    if declared is not None and tuple(declared.names) == DIMS and tuple(declared.shape) == layout.degrees():
+        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.spec())
+        return ctx.mesh
+    return init_device_mesh(ctx.device.type, layout.degrees(), mesh_dim_names=DIMS)
 
 
 def parallelize(model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_plan: PipelinePlan | None) -> Parallelized:
@@ -152,7 +158,7 @@ def parallelize(model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_p
     pipeline planned by :func:`numarun.train.preflight.check_layout` (every rule already checked)."""
     device = ctx.device
     rank = ctx.rank
-    mesh = build_mesh(layout, device)
+    mesh = build_mesh(layout, ctx)
     coords = layout.coords(rank)
     dp_rank, dp_size = layout.dp_rank(rank), layout.dp
     if pipeline_plan is not None:

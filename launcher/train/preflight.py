@@ -109,32 +109,32 @@ def check_job(cfg: Any, *, run_dir: Path) -> None:
 def check_layout(cfg: Any, *, world_size: int, nnodes: int | None, nproc_per_node: int | None,
                  ) -> tuple[Layout, PipelinePlan | None]:
     """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
-    stages); one-line LayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
+    stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
     from ..config.layout import layout_of
     from ..config.schema import CommMode, ModelKind
-    from ..errors import LayoutError
+    from ..errors import TrainerLayoutError
     from .stages import plan_pipeline, schedule_name
 
     layout = layout_of(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
     m = cfg.model
     if layout.tp > 1:
         if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
-            raise LayoutError(f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
+            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
                               f"{layout.tp} ranks; expected a tp that divides model.n_heads")
         if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.tp:
-            raise LayoutError(f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
+            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
                               f"features cannot be split over {layout.tp} ranks; expected a tp that divides it")
     only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
-        raise LayoutError(f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
+        raise TrainerLayoutError(f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
                           "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)")
     t = cfg.trainer
     local_batch = None
     if t.batch_size != "auto":
         bs, per = int(t.batch_size), layout.dp * t.grad_accum
         if bs % per:
-            raise LayoutError(f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
+            raise TrainerLayoutError(f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
                               f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})")
         local_batch = bs // per
     schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
