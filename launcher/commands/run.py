@@ -246,6 +246,11 @@ TRAINER_MESH = "parallel.* (the trainer's layout)"
 """Where the mesh of a trainer job comes from, as messages name it."""
 
 
+def _with_mesh(options: Options, mesh: str) -> Options:
+    """``options`` with the trainer's layout as the job config's mesh (below a stated one, which it equals)."""
+    return dataclasses.replace(options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)})
+
+
 def trainer_mesh(options: Options, spec: str | None) -> str | None:
     """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
     stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
@@ -321,6 +326,7 @@ class _Runner:
         """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
         plan and may return a mesh to plan with instead (the trainer's layout)."""
         rendezvous = None
+        given = options
         if self.job is not None:
             options, rendezvous = settle(options, self.job)
             if not rendezvous.own_rendezvous and self.job.nnodes > 1:
@@ -330,8 +336,10 @@ class _Runner:
         planned = self.planner.plan(options, plan_file=self.args.plan_file)
         trainer = mesh_of(options, planned) if mesh_of is not None else None
         if trainer is not None:
-            options = dataclasses.replace(options, settings={**options.settings,
-                                                             "mesh": Setting(trainer, Source.CONFIG, TRAINER_MESH)})
+            options = _with_mesh(options, trainer)
+            if rendezvous is not None and rendezvous.own_rendezvous:
+                # under the user's c10d a layout keys the nodes by Slurm's order: settle asks for it once it sees one
+                options, rendezvous = settle(_with_mesh(given, trainer), self.job)  # type: ignore[arg-type]
             planned = self.planner.plan(options, plan_file=self.args.plan_file)
         refuse_unbound(planned.plan, options.strict_binding)
         spec = launch_spec(options.values(), nproc_per_node=planned.plan.nproc_per_node, target=target,
