@@ -64,6 +64,12 @@ class ConfigError(NumarunError):
     page = "hydra.md"
 
 
+class TrainerLayoutError(ConfigError):
+    """The trainer's layout (``parallel.*``) does not fit the world, the model or the pipeline schedule."""
+
+    page = "trainer.md"
+
+
 class CheckpointError(NumarunError):
     """A checkpoint must not be loaded (damaged, not trusted: exit 2) or cannot be written (disk full: exit 1)."""
 

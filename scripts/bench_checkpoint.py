@@ -65,7 +65,8 @@ def main() -> None:
     model_yaml = f"  kind: {args.model}\n"
     if args.model == "gpt":
         model_yaml += f"  d_model: {args.d_model}\n  n_layers: {args.layers}\n"
-    cfg = load_job_config_text(f"model:\n{model_yaml}trainer:\n  steps: 1\n  progress: false\n  checkpoint_dir: {root}\n")
+    ddp = "parallel:\n  kind: ddp\n  dp_replicate: -1\n  dp_shard: 1\n"  # configs/parallel/ddp.yaml
+    cfg = load_job_config_text(f"model:\n{model_yaml}{ddp}trainer:\n  steps: 1\n  progress: false\n  checkpoint_dir: {root}\n")
     trainer = Trainer(cfg, run_dir, ctx)
     trainer.run()  # one step, so that the optimizer has state, and its final save
     meta = {"world_size": world, "parallel": cfg.parallel.kind, "model": checkpoint.model_config(cfg.model)}
@@ -74,14 +75,14 @@ def main() -> None:
     size = 0
     for i in range(args.rounds):
         step = 100 + i
-        t, path = _timed(lambda s=step: checkpoint.save(root, s, trainer.model, trainer.optimizer, meta=meta, rank=rank))
+        t, path = _timed(lambda s=step: checkpoint.save(root, s, trainer.par.parts, trainer.optimizers, meta=meta, rank=rank))
         rows["save"].append(t)
         size = sum(f.stat().st_size for f in path.iterdir())
         rows["hash"].append(_timed(lambda p=path: checkpoint.hash_share(p, rank=rank, world_size=world))[0])
         t, found = _timed(lambda: checkpoint.newest_verified(root, rank=rank, world_size=world, device=ctx.device))
         assert found == (step, path), found
         rows["verify"].append(t)
-        rows["load"].append(_timed(lambda p=path: checkpoint.load(p, trainer.model, trainer.optimizer))[0])
+        rows["load"].append(_timed(lambda p=path: checkpoint.load(p, trainer.par.parts, trainer.optimizers))[0])
         if rank == 0:
             for old in root.glob("step_*"):
                 if old != path:

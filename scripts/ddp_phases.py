@@ -32,7 +32,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import numarun
 from numarun.comm.allreduce import apply_comm, ddp_bucket_mb
 from numarun.comm.pipeline import Steps
-from numarun.config.schema import ParallelKind
 from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
 
@@ -83,7 +82,7 @@ def main() -> None:
     if args.comm != "flat" or compression:
         chunk = None if args.chunk_mb is None else int(args.chunk_mb * 2**20)
         apply_comm(ddp, args.comm, compression, ctx, chunk_bytes=chunk)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **adamw_path(ParallelKind.DDP, "cpu"))  # as the trainer
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3, **adamw_path(tp=1, device_type="cpu"))  # as the trainer
     events: list[tuple[str, float, int]] = []
     _record_stream(events)
     g = torch.Generator().manual_seed(ctx.rank)

@@ -134,6 +134,28 @@ def torchrun_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
         return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="session")
+def trainer_reference(tmp_path_factory: pytest.TempPathFactory):
+    """The one-rank run of tests/trainer_runs.py's job that every layout is held to: made once for the whole
+    session, also across pytest-xdist's workers (as ``torchrun_ddp``)."""
+    import fcntl
+    import os
+
+    import trainer_runs
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "trainer-reference"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tokens, run_dir = shared / "tokens.bin", shared / "one-rank"
+        if not (run_dir / "summary.json").exists():
+            trainer_runs.write_tokens(tokens)
+            ref = trainer_runs.Reference(tokens, {})
+            trainer_runs.train(run_dir, nproc=1, overrides=["parallel=ddp"], ref=ref)
+        return trainer_runs.Reference(tokens, trainer_runs.metrics(run_dir))
+
+
 @pytest.fixture
 def procs():
     """Popen objects to kill (with their process groups) however the test ends."""
@@ -161,7 +183,8 @@ SHARED = {
     "test_doctor_multinode.py": "netns", "test_net.py": "netns", "test_bench_scripts.py": "netns",
     "test_dist_multinode.py": "netns",
 }
-LONGEST_FIRST = ("slurm-cluster", "netns", "test_train_dist.py", "test_reliability_checkpoint.py",
+LONGEST_FIRST = ("slurm-cluster", "netns", "test_train_layouts.py", "test_train_dist.py", "test_train_pipeline.py",
+                 "test_reliability_checkpoint.py",
                  "test_reliability_faults.py", "test_hydra_apps.py", "test_launch_patterns.py",
                  "test_tune_e2e.py", "test_wheel.py", "test_containers.py", "test_reliability_signals.py")
 

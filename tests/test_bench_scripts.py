@@ -98,6 +98,17 @@ def test_bench_checkpoint_prints_the_checksum_cost(tmp_path: Path) -> None:
     assert saved and all("checksums" in p.read_text() for p in saved)
 
 
+def test_bench_pp_memory_sets_pipeline_stages_beside_ddp(tmp_path: Path) -> None:
+    """scripts/bench_pp_memory.py: per-rank peaks of pp=2 and DDP from one invocation, and their ratios."""
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_pp_memory.py"), "--d-model", "64", "--layers", "2",
+                        "--steps", "1", "--binding", "none"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "pp=2: 1F1B, 2 stages (in+0 | 1+out), 2 microbatches" in r.stdout, r.stdout
+    rows = [ln.split() for ln in r.stdout.splitlines() if re.match(r"^ +[01] ", ln)]
+    assert [row[0] for row in rows] == ["0", "1"] and all(float(v) > 0 for row in rows for v in row[1:3]), r.stdout
+    assert re.search(r"^PP_MEMORY peak=[\d.]+ above_start=[\d.]+$", r.stdout, re.M), r.stdout
+
+
 def test_bench_job_start_times_the_per_node_path() -> None:
     """scripts/bench_job_start.py runs the product's per-node job start on synthetic Slurm answers."""
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_job_start.py"), "--nodes", "8,300", "--runs", "2"],

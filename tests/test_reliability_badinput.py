@@ -27,6 +27,7 @@ FIX = REPO / "tests" / "fixtures"
 P4D = str(FIX / "nvidia-smi" / "aws-p4d.24xlarge.txt")  # 8 GPUs, no UUIDs
 P4 = str(FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt")  # 1 GPU, 8 CPUs
 NODE0 = "sys/devices/system/node/node0/cpulist"
+LAYOUT2 = f"--topology {P4D} --nproc-per-node 2 {TRAIN} model=gpt trainer.batch_size=16 parallel=fsdp"
 
 
 # {bad}: a folder of broken inputs built by the `bad` fixture; {tree}: a sysfs tree.
@@ -109,6 +110,30 @@ CASES: list[Case] = [
     case("override-out-of-range", f"--nproc-per-node 1 {TRAIN} trainer.steps=-3", "-3", ">= 1"),
     case("override-group-int", f"--nproc-per-node 1 {TRAIN} +trainer=2", "+trainer=2", "expected"),
     case("run-dir-in-proc", f"--nproc-per-node 1 {TRAIN} hydra.run.dir=/proc/x", "/proc/x", "writable directory"),
+    # --- trainer layouts the world, the model or the schedule cannot take: refused with the plan, before any rank
+    case("layout-product", f"{LAYOUT2} parallel.pp=2 parallel.dp_shard=2", "multiply to 4", "the world size 2"),
+    case("layout-rest-not-dividing", f"{LAYOUT2} parallel.pp=3", "2 ranks", "multiple of 3"),
+    case("layout-two-rests", f"{LAYOUT2} parallel.dp_replicate=-1", "both -1", "at most one degree -1"),
+    case("layout-degree-word", f"{LAYOUT2} parallel.tp=half", "parallel.tp 'half'", "nproc_per_node"),
+    case("layout-cp", f"{LAYOUT2} parallel.cp=2", "parallel.cp 2", "parallel.cp=1"),
+    case("layout-1f1b-microbatches", f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=1", "pp_microbatches 1",
+         "at least as many microbatches as stages (2)"),
+    case("layout-interleaved-one-stage", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B "
+         "parallel.pp_stages_per_rank=1", "pp_stages_per_rank 1", "2 or more"),
+    case("layout-interleaved-rounds", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B "
+         "parallel.pp_microbatches=5", "pp_microbatches 5", "multiple of the rounds"),
+    case("layout-stages-over-layers", f"{LAYOUT2} model.n_layers=1 parallel.pp=2 parallel.pp_schedule=LoopedBFS",
+         "4 pipeline stages", "at most 3"),
+    case("layout-split", f"{LAYOUT2} parallel.pp=2 parallel.pp_split=[2,1]", "pp_split [2, 1]", "model.n_layers=2"),
+    case("layout-batch-microbatches", f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=3", "pp_microbatches 3",
+         "a divisor of 16"),
+    case("layout-batch-auto", f"{LAYOUT2} parallel.pp=2 trainer.batch_size=auto", "'auto'", "an integer"),
+    case("layout-tp-heads", f"{LAYOUT2} model.n_heads=1 parallel.tp=2", "parallel.tp 2", "divides model.n_heads"),
+    case("layout-schedule", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Zigzag", "'Zigzag'",
+         "GPipe, 1F1B, Interleaved1F1B"),
+    case("layout-mesh-differs", f"--topology {P4D} --nproc-per-node 2 --mesh tp=2 {TRAIN} model=gpt parallel=fsdp "
+         "parallel.pp=2", "--mesh 'tp=2'", "pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=1"),
+    case("layout-hierarchical", f"{LAYOUT2} parallel.tp=2 comm=hierarchical", "'hierarchical'", "expected flat"),
     case(
         "run-dir-under-a-file",
         f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt/run",

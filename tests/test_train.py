@@ -157,6 +157,49 @@ def test_resaving_a_step_replaces_it_whole(tmp_path: Path) -> None:
         dist.destroy_process_group()
 
 
+def test_stage_checkpoints_merge_and_an_earlier_nested_one_loads(tmp_path: Path) -> None:
+    """Two parts on one rank (a rank's pipeline stages) save and load by their own names, each its optimizer; a
+    checkpoint of an earlier numarun (nested optimizer state, no "optim_state" in meta.json) still loads."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        # stages name their parameters as the whole model does: disjoint names
+        a = torch.nn.ModuleDict({"first": torch.nn.Linear(3, 2)})
+        b = torch.nn.ModuleDict({"second": torch.nn.Linear(2, 4)})
+        wa, wb = a["first"].weight, b["second"].weight
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (a, b)]
+        for m, opt in zip((a, b), opts):
+            for p in m.parameters():
+                p.grad = torch.ones_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)  # as the trainer leaves it (torch fills a fresh optimizer's state then)
+        path = checkpoint.save(tmp_path / "ck", 3, [a, b], opts, meta={}, rank=0)
+        saved = [w.detach().clone() for w in (wa, wb)]
+        for w, opt in zip((wa, wb), opts):
+            with torch.no_grad():
+                w.zero_()
+            opt.state.clear()
+        assert checkpoint.load(path, [a, b], opts) == 3
+        assert torch.equal(wa, saved[0]) and torch.equal(wb, saved[1])
+        assert torch.equal(opts[1].state[wb]["momentum_buffer"], torch.ones_like(wb))
+        with pytest.raises(RuntimeError, match="share parameter names"):
+            checkpoint.save(tmp_path / "ck", 4, [a, a], opts[:1] * 2, meta={}, rank=0)
+
+        nested = tmp_path / "old" / "step_00000007"
+        model_sd, optim_sd = get_state_dict(a, opts[0])
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(nested))
+        (nested / "meta.json").write_text(json.dumps({"step": 7}))
+        with torch.no_grad():
+            wa.fill_(5.0)
+        assert checkpoint.load(nested, a, opts[0]) == 7
+        assert torch.equal(wa, saved[0])
+    finally:
+        dist.destroy_process_group()
+
+
 def test_checksums_find_a_flipped_byte_and_split_the_reading(tmp_path: Path) -> None:
     """meta.json records every file's checksum; verify_share reads only the files owner() gives a rank."""
     import torch

@@ -1,8 +1,9 @@
 """The reference trainer through real ``numarun`` processes on CPU (gloo).
 
-A handful of short runs: ddp and fsdp (2 ranks), resume, hsdp and tp on a 2x2 layout
-(two numarun processes on localhost as two nodes), SIGUSR1, batch_size=auto, and a
-user's own @hydra.main script. Every run has a timeout so none can hang CI.
+A handful of short runs: ddp and fsdp (2 ranks), resume, SIGUSR1, batch_size=auto, and a
+user's own @hydra.main script (the layouts, hsdp and tp on two nodes among them, are held to
+a one-rank run in test_train_layouts.py and test_train_pipeline.py). Every run has a timeout
+so none can hang CI.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -119,41 +118,6 @@ def test_resume_continues_with_the_same_losses(base: Path, fsdp8: Path) -> None:
         assert resumed[step] == pytest.approx(whole[step], abs=1e-6), step
     s = summary(base / "resumed")
     assert s["start_step"] == 4 and s["resumed_from"].endswith("step_00000004")
-
-
-@pytest.mark.parametrize("mode", ["hsdp", "tp"])
-def test_two_by_two_layout(base: Path, mode: str) -> None:
-    run_dir = base / f"{mode}22"
-    extra = ["trainer.batch_size=8"]
-    if mode == "tp":
-        # the GPT with tensor-parallel attention, fed from a token file through a pinned loader worker
-        tokens = base / "tokens.bin"
-        (np.arange(20000) % 97).astype(np.uint16).tofile(tokens)
-        extra += ["model=gpt", "data=tokens", f"data.path={tokens}", "data.num_workers=1", "model.vocab_size=128"]
-    port = free_port()
-    procs = []
-    for node_rank in (0, 1):
-        cmd = [sys.executable, "-m", "numarun", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(port), TRAIN, f"parallel={mode}", "trainer.steps=4",
-               f"hydra.run.dir={run_dir}", *extra, *QUIET]
-        procs.append(subprocess.Popen(cmd, cwd=base, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=TIMEOUT))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[-1]["loss"] < rows[0]["loss"]
-    s = summary(run_dir)
-    assert s["world_size"] == 4 and s["num_nodes"] == 2 and s["parallel"] == mode
-    if mode == "tp":
-        assert "tokens_per_s" in rows[0]
 
 
 def _worker_pids(proc: subprocess.Popen) -> list[int]:

@@ -14,15 +14,17 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import math
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv import Mode
-from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
+from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, rank_master
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
@@ -182,19 +184,34 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
 def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run: _Runner) -> int:
     """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
     from ..config import compose
-    from ..train.preflight import check_prepared
+    from ..train.preflight import check_launch_layout, check_prepared
 
     script_args = list(target.args)
     job_target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments after it
+
+    def planned(job: Any) -> tuple[_Prepared, str | None]:
+        """The job's launch, prepared with the trainer's layout as its mesh (the ranks are placed for it), the
+        layout checked against the world it makes (before any rank starts)."""
+        found: list[str | None] = [None]
+
+        def mesh_of(opts: Options, plan: Planned) -> str | None:
+            found[0] = check_launch_layout(job.config, nnodes=opts.nnodes, nproc_per_node=plan.plan.nproc_per_node)
+            return trainer_mesh(opts, found[0])
+
+        return run.prepare(options.with_config(job.launcher), job_target, mesh_of=mesh_of), found[0]
+
     if args.dry_run and not compose.is_info_command(script_args):
         jobs = compose.compose_dry(script_args, check_prepared)
         for run_dir, job in jobs:
+            ready, layout = planned(job)
             sys.stdout.write(
                 f"# a real run would create {run_dir}/ holding .hydra/{{config,hydra,overrides}}.yaml, "
                 "config.yaml (below, what every rank reads) and numarun_plan.json\n"
             )
+            if layout:
+                sys.stdout.write(f"# layout of the ranks (parallel.*): {layout}\n")
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
-            run(options.with_config(job.launcher), job_target, dict(job.env))
+            run(ready[0], job_target, dict(job.env), prepared=ready)
         if any(a in compose.MULTIRUN_FLAGS for a in script_args):
             from ..sweep.launch import describe
             from ..topology.discover import load_topology
@@ -209,7 +226,7 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
     def check(job: Any) -> None:
         """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
         check_prepared(job)
-        prepared[(str(job.run_dir), job.config_text)] = run.prepare(options.with_config(job.launcher), job_target)
+        prepared[(str(job.run_dir), job.config_text)] = planned(job)[0]
 
     def on_job(job: Any) -> int:
         ready = prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
@@ -223,6 +240,40 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
         script_args += [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
     compose.run_hydra(script_args, on_job, check)
     return 0
+
+
+TRAINER_MESH = "parallel.* (the trainer's layout)"
+"""Where the mesh of a trainer job comes from, as messages name it."""
+
+
+def _with_mesh(options: Options, mesh: str) -> Options:
+    """``options`` with the trainer's layout as the job config's mesh (below a stated one, which it equals)."""
+    return dataclasses.replace(options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)})
+
+
+def trainer_mesh(options: Options, spec: str | None) -> str | None:
+    """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
+    stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
+    row-major mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
+    if spec is None:
+        return None
+    stated = options.setting("mesh")
+    if stated.source is Source.DEFAULT or stated.value is None:
+        return spec
+    from ..plan.layout import parse_mesh
+
+    def shape(text: str, where: str) -> list[tuple[str, int]]:
+        declared = parse_mesh(text, where=where)
+        world = math.prod(int(part.partition("=")[2]) for part in spec.split(","))
+        layout = declared.resolve(world)
+        return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
+
+    if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
+        from ..errors import TrainerLayoutError
+
+        raise TrainerLayoutError(f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
+                          "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)")
+    return None
 
 
 def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
@@ -270,8 +321,12 @@ class _Runner:
             env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
         return env
 
-    def prepare(self, options: Options, target: Target) -> _Prepared:
+    def prepare(self, options: Options, target: Target,
+                mesh_of: Callable[[Options, Planned], str | None] | None = None) -> _Prepared:
+        """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
+        plan and may return a mesh to plan with instead (the trainer's layout)."""
         rendezvous = None
+        given = options
         if self.job is not None:
             options, rendezvous = settle(options, self.job)
             if not rendezvous.own_rendezvous and self.job.nnodes > 1:
@@ -279,6 +334,13 @@ class _Runner:
                 announce(self.args, f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
                                     f"{options.master_addr}:{options.master_port} (static{order})")
         planned = self.planner.plan(options, plan_file=self.args.plan_file)
+        trainer = mesh_of(options, planned) if mesh_of is not None else None
+        if trainer is not None:
+            options = _with_mesh(options, trainer)
+            if rendezvous is not None and rendezvous.own_rendezvous:
+                # under the user's c10d a layout keys the nodes by Slurm's order: settle asks for it once it sees one
+                options, rendezvous = settle(_with_mesh(given, trainer), self.job)  # type: ignore[arg-type]
+            planned = self.planner.plan(options, plan_file=self.args.plan_file)
         refuse_unbound(planned.plan, options.strict_binding)
         if not self.args.dry_run:  # a dry run prints the same block on stdout
             shown(self.args, options)

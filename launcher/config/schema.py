@@ -36,16 +36,17 @@ class DataKind(str, enum.Enum):
 
 
 class ParallelKind(str, enum.Enum):
-    """How the model is spread over the ranks."""
+    """The preset a ``parallel`` group started from (``parallel=<preset>``): a set of degrees, which the degree
+    keys override (``parallel=fsdp parallel.pp=2``). The trainer reads only the degrees."""
 
     DDP = "ddp"
-    """DistributedDataParallel: full replica per rank, gradients all-reduced."""
+    """dp_replicate=-1: a full replica per rank, gradients all-reduced (DistributedDataParallel)."""
     FSDP = "fsdp"
-    """FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded over all ranks."""
+    """dp_shard=-1: FSDP2 ``fully_shard`` of parameters, gradients and optimizer state over all ranks."""
     HSDP = "hsdp"
-    """FSDP2 on the 2D mesh: sharded inside the node ("intra"), replicated across nodes ("inter")."""
+    """dp_replicate=nnodes, dp_shard=-1: FSDP2 sharded inside the node, replicated across nodes."""
     TP = "tp"
-    """Tensor parallel inside the node (DTensor ``parallelize_module`` on "intra"), data parallel across nodes."""
+    """tp=nproc_per_node, dp_replicate=-1: tensor parallel inside the node, replicas across nodes."""
 
 
 class Precision(str, enum.Enum):
@@ -120,7 +121,19 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    kind: str = ParallelKind.DDP.value
+    """The layout (docs/trainer.md): a degree per dimension, outermost first, each an integer >= 1, -1 for the
+    rest of the world (at most one), or ``nnodes`` / ``nproc_per_node``."""
+
+    kind: str = ParallelKind.FSDP.value  # the preset's name (parallel=ddp|fsdp|hsdp|tp); informative only
+    pp: Any = 1  # pipeline stages' ranks
+    dp_replicate: Any = 1  # data-parallel replicas
+    dp_shard: Any = -1  # data-parallel shards (FSDP2)
+    cp: Any = 1  # context parallelism: not built, 1 only
+    tp: Any = 1  # tensor parallelism inside a stage
+    pp_schedule: str = "1F1B"  # a name torch.distributed.pipelining's get_schedule_class accepts
+    pp_microbatches: Optional[int] = None  # None: one per stage of the pipeline
+    pp_stages_per_rank: Optional[int] = None  # None: 1 for single-stage schedules, 2 for looped/V ones
+    pp_split: Optional[list[int]] = None  # blocks per stage (None: an even split, embedding and head as layers)
     reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)
 
 
@@ -205,6 +218,14 @@ def check_values(cfg: Any) -> None:
         if value not in allowed:
             raise ConfigError(f"bad {key} {value!r}: expected one of {', '.join(allowed)}")
     parse_compression(cfg.comm.compression)
+    from .layout import layout_of
+
+    layout_of(cfg.parallel, nnodes=1, nproc_per_node=1)  # values only: the job's shape is checked with the plan
+    for key in ("pp_microbatches", "pp_stages_per_rank"):
+        if (value := cfg.parallel[key]) is not None and value < 1:
+            raise ConfigError(f"bad parallel.{key} {value!r}: expected an integer >= 1, or null")
+    if (split := cfg.parallel.pp_split) is not None and (not len(split) or any(n < 0 for n in split)):
+        raise ConfigError(f"bad parallel.pp_split {list(split)!r}: expected a list of block counts >= 0, one per stage")
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
         raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")

@@ -1,7 +1,12 @@
-"""Checkpoints with ``torch.distributed.checkpoint`` (sharded: works for DDP, FSDP2, HSDP, TP).
+"""Checkpoints with ``torch.distributed.checkpoint`` (sharded: any layout of pipeline stages, FSDP2 shards, replicas
+and tensor parallelism).
 
 Layout: ``<dir>/step_00000010/`` holds the DCP files and ``meta.json`` (step, world size,
-parallel mode, the model config, the size and xxh3-128 checksum of every file). A save goes to
+parallel preset and layout, the model config, the size and xxh3-128 checksum of every file).
+Every parameter is saved under its name in the whole model, and the optimizer state flattened
+by parameter name (``state.<name>.<key>``, ``param_groups.<name>.<key>``), so that each rank
+saves and loads what its pipeline stages hold, and DCP reshards a checkpoint onto another
+layout (other degrees, other world size) at load. A save goes to
 ``<dir>/.step_00000010.tmp`` first and is renamed once complete; the directory must be shared
 by all nodes. RNG and data position need no saving: batches and dropout seeds are functions of
 the step (``numarun.train.data``). Why each piece: docs/reliability.md.
@@ -272,8 +277,31 @@ def latest(root: Path) -> tuple[int, Path] | None:
     return next(iter(_candidates(root)), None)
 
 
-def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, Any], rank: int) -> Path:
-    """Collective: every rank calls it. Returns the final checkpoint dir.
+def _listed(x: Any) -> list[Any]:
+    """One model (optimizer) or a sequence of them (a rank's pipeline stages)."""
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _states(parts: Sequence[Any], optimizers: Sequence[Any], *, flat: bool = True,
+            ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
+    """Each part's (model, optimizer) state dicts, and all of them merged as DCP saves them."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    pairs = [(get_model_state_dict(part), get_optimizer_state_dict(part, opt, options=options))
+             for part, opt in zip(parts, optimizers, strict=True)]
+    if len(pairs) == 1:
+        return pairs, {"model": pairs[0][0], "optim": pairs[0][1]}
+    # a rank holding several pipeline stages: their names are disjoint, and so are their flattened optimizer keys
+    model = {k: v for m, _ in pairs for k, v in m.items()}
+    if len(model) != sum(len(m) for m, _ in pairs):
+        raise RuntimeError("model parts share parameter names: expected the stages of one model, named as in it")
+    return pairs, {"model": model, "optim": {k: v for _, o in pairs for k, v in o.items()}}
+
+
+def save(root: Path, step: int, parts: Any, optimizers: Any, *, meta: dict[str, Any], rank: int) -> Path:
+    """Collective: every rank calls it, with its model parts (its pipeline stages, or the whole model) and their
+    optimizers, one each (or one model and its optimizer). Returns the final checkpoint dir.
 
     A failure at any point (torch's writer, ``.metadata``, ``meta.json``, the rename) is a
     :class:`CheckpointError` on every rank, the ``.tmp`` removed and the previous checkpoint
@@ -281,7 +309,6 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
     """
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = step_dir(root, step)
     tmp = root / f".{final.name}.tmp"
@@ -290,8 +317,8 @@ def save(root: Path, step: int, model: Any, optimizer: Any, *, meta: dict[str, A
         if tmp.exists():
             shutil.rmtree(tmp)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    _, state = _states(_listed(parts), _listed(optimizers))
+    meta = {**meta, "optim_state": "flat"}
     old = root / f".{final.name}.old"
     failed: BaseException | None = None
     try:
@@ -380,14 +407,21 @@ def _nbytes(obj: Any) -> int:
     return int(obj.nbytes) if hasattr(obj, "nbytes") and hasattr(obj, "dtype") else 0
 
 
-def load(path: Path, model: Any, optimizer: Any) -> int:
-    """Collective: load model and optimizer state in place; returns the saved step."""
+def load(path: Path, parts: Any, optimizers: Any) -> int:
+    """Collective: load each part's model and optimizer state in place (resharded by DCP when the checkpoint
+    was saved on another layout); returns the saved step."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     meta = json.loads((path / "meta.json").read_text())
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    flat = meta.get("optim_state") == "flat"  # nested: saved by an earlier numarun, whose ranks held one part
+    parts, optimizers = _listed(parts), _listed(optimizers)
+    pairs, state = _states(parts, optimizers, flat=flat)
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    for (model_sd, optim_sd), part, opt in zip(pairs, parts, optimizers, strict=True):
+        # DCP loads tensors in place and puts the other values (lr, momentum...) into the merged dict: read it
+        set_model_state_dict(part, {k: state["model"][k] for k in model_sd})
+        set_optimizer_state_dict(part, opt, {k: state["optim"][k] for k in optim_sd} if flat else state["optim"],
+                                 options=options)
     return int(meta["step"])

@@ -17,21 +17,22 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..config.schema import ModelKind, OptimKind, ParallelKind, Precision, Schedule
+from ..config.schema import ModelKind, OptimKind, Precision, Schedule
 from ..errors import ConfigError
 from ..fsutil import write_atomic
 from ..launch.signals import Requests
 from . import checkpoint
 from .data import StepBatchSampler, build_dataset, build_loader
 from .models import build_model, loss_fn
-from .parallel import Wrapped, grad_norm_clip, sync_tp_grads, wrap
+from .parallel import Parallelized, clip_grad_norm, parallelize
+from .preflight import check_layout
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class _Shared:
     """The signal a rank received (0: none): every rank stops after this step."""
     peaks: list[float]
     watched: dict[str, list[Any]]
+    bases: list[float] = field(default_factory=list)
+    """Each rank's memory before its model was built (peak RSS of the imports and set-up on a CPU)."""
 
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
@@ -80,28 +83,28 @@ def lr_at(step: int, optim_cfg: Any, total_steps: int) -> float:
     return optim_cfg.lr
 
 
-def adamw_path(kind: ParallelKind, device_type: str) -> dict[str, Any]:
+def adamw_path(*, tp: int, device_type: str) -> dict[str, Any]:
     """AdamW's implementation flags: the fast path unless tensor parallelism needs the slow one.
 
-    TP mixes DTensor and plain parameters in one group, which the multi-tensor (foreach)
-    and fused kernels do not take: per-tensor there. Elsewhere fused, on GPU and on CPU:
-    torch's CPU default runs a loop over the tensors, 4-8x slower (the 3.3 M-parameter GPT
-    under DDP: 16 ms against 4 ms a step on one core; FSDP2 shards: 22 ms against 3 ms),
-    time between two steps that no communication can hide.
+    TP mixes DTensor and plain parameters in one group (or, under FSDP2, DTensors of two meshes),
+    which the multi-tensor (foreach) and fused kernels do not take: per-tensor there. Elsewhere
+    fused, on GPU and on CPU: torch's CPU default runs a loop over the tensors, 4-8x slower (the
+    3.3 M-parameter GPT under DDP: 16 ms against 4 ms a step on one core; FSDP2 shards: 22 ms
+    against 3 ms), time between two steps that no communication can hide.
     """
-    if kind is ParallelKind.TP:
+    if tp > 1:
         return {"foreach": False}
     if device_type in ("cuda", "cpu"):
         return {"fused": True}
     return {}
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Any, *, kind: ParallelKind = ParallelKind.DDP) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: Any, *, tp: int = 1) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.kind == OptimKind.SGD:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     device_type = params[0].device.type if params else "cpu"
-    path = adamw_path(kind, device_type)
+    path = adamw_path(tp=tp, device_type=device_type)
     try:
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **path)
     except RuntimeError:  # a torch or dtype without the fused kernel: its default then
@@ -117,16 +120,22 @@ class Trainer:
         self.stops = stops
         self.rank = ctx.rank
         t = cfg.trainer
-        torch.manual_seed(t.seed)  # identical initial weights on every rank and every mode
+        layout, pipeline_plan = check_layout(cfg, world_size=ctx.world_size, nnodes=ctx.num_nodes,
+                                             nproc_per_node=ctx.local_world_size)
+        self.base_mem = peak_memory_mb(ctx.device)
+        torch.manual_seed(t.seed)  # identical initial weights on every rank and every layout
         model = build_model(cfg.model)
-        self.wrapped: Wrapped = wrap(model, ctx, cfg.parallel, cfg.comm)
-        self.model = self.wrapped.model
+        self.par: Parallelized = parallelize(model, ctx, cfg, layout, pipeline_plan)
+        del model
+        self.layout = layout
         if t.compile:
             # each rank is bound to a few cores: inductor's pool of compile processes would
             # oversubscribe them (and was seen to hang in a sandboxed VM); compile in-process
             os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-            self.model.compile()
-        self.optimizer = build_optimizer(self.model, cfg.optim, kind=self.wrapped.kind)
+            for part in self.par.parts:
+                part.compile()
+        # one optimizer per part (a pipeline rank may hold several stages), as torchtitan keeps them
+        self.optimizers = [build_optimizer(part, cfg.optim, tp=layout.tp) for part in self.par.parts]
         self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints"
         self.autocast = (
@@ -134,36 +143,36 @@ class Trainer:
         )
         self.tokens_per_sample = cfg.model.seq_len if cfg.model.kind == ModelKind.GPT else 0
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for opt in self.optimizers for g in opt.param_groups]
+
+    def _zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
     # -- one optimisation step -------------------------------------------------------------
-    def _step(self, step: int, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> float:
+    def _step(self, step: int, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> tuple[float, float]:
+        """One optimizer step; returns (the step's mean loss, the gradient norm before clipping), the same on every rank."""
         t = self.cfg.trainer
         torch.manual_seed(t.seed + 7919 * step + self.rank)  # dropout depends on the step, not on history
-        for group in self.optimizer.param_groups:
+        for group in self.param_groups:
             group["lr"] = lr
-        kind = self.wrapped.kind
         total = torch.zeros((), device=self.ctx.device)
         n = len(micro_batches)
         for i, (x, y) in enumerate(micro_batches):
-            last = i == n - 1
-            sync = nullcontext()
-            if n > 1 and kind is ParallelKind.DDP and not last:
-                sync = self.model.no_sync()  # type: ignore[operator]  # DDP's method, typed via nn.Module.__getattr__
-            elif n > 1 and kind in (ParallelKind.FSDP, ParallelKind.HSDP):
-                self.model.set_requires_gradient_sync(last)  # type: ignore[operator]  # FSDP2's method, likewise
-            with sync:
-                with self.autocast:
-                    loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device)) / n
-                loss.backward()
-            total += loss.detach()
-        # the mean loss crosses the job while the gradients are clipped and applied
+            loss = self.par.forward_backward(x.to(self.ctx.device), y.to(self.ctx.device), scale=1.0 / n,
+                                             sync=i == n - 1, autocast=self.autocast)
+            if loss is not None:
+                total += loss
+        # the last stage's loss, to every rank, while the gradients are clipped and applied
         mean_loss = dist.all_reduce(total, async_op=True)
-        if kind is ParallelKind.TP:
-            sync_tp_grads(self.wrapped)
-        grad_norm_clip(self.model, self.cfg.optim.grad_clip, kind)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        norm = clip_grad_norm(self.par, float(self.cfg.optim.grad_clip))
+        for opt in self.optimizers:
+            opt.step()
+        self._zero_grad()
         mean_loss.wait()
-        return float(total) / self.ctx.world_size
+        return float(total) / self.par.loss_ranks, norm
 
     def _batches(self, loader: Any) -> Any:
         it = iter(loader)
@@ -185,7 +194,8 @@ class Trainer:
         throughput goes to ``batch_size_search.json``. Steps taken here do not update weights.
         """
         t = self.cfg.trainer
-        dp, accum = self.wrapped.dp_size, t.grad_accum
+        dp, accum = self.par.dp_size, t.grad_accum
+        model = self.par.parts[0]  # no pipeline here (check_layout refuses batch_size=auto with one)
         limit = t.memory_limit_mb
         if limit is None and self.ctx.device.type == "cpu":
             import psutil
@@ -198,7 +208,7 @@ class Trainer:
         size = dp * accum
         while size <= t.auto_max_batch:
             sampler = StepBatchSampler(
-                start_step=0, steps=2, global_batch=size, dp_rank=self.wrapped.dp_rank, dp_size=dp, grad_accum=accum
+                start_step=0, steps=2, global_batch=size, dp_rank=self.par.dp_rank, dp_size=dp, grad_accum=accum
             )
             fits, rate = True, 0.0
             try:
@@ -206,13 +216,13 @@ class Trainer:
                 for micro in self._batches(build_loader(self.dataset, sampler, num_workers=0)):
                     for x, y in micro:
                         with self.autocast:
-                            loss = loss_fn(self.model(x.to(self.ctx.device)), y.to(self.ctx.device))
+                            loss = loss_fn(model(x.to(self.ctx.device)), y.to(self.ctx.device))
                         loss.backward()
-                self.optimizer.zero_grad(set_to_none=True)
+                self._zero_grad()
                 rate = 2 * size / max(time.perf_counter() - start, 1e-9)
             except torch.cuda.OutOfMemoryError:
                 fits = False
-                self.optimizer.zero_grad(set_to_none=True)
+                self._zero_grad()
                 torch.cuda.empty_cache()
             peak = peak_memory_mb(self.ctx.device)
             if limit is not None and peak > limit:
@@ -261,15 +271,19 @@ class Trainer:
             found = checkpoint.newest_verified(self.ckpt_dir, rank=self.rank, world_size=self.ctx.world_size,
                                                  report=report, device=self.ctx.device)
             if found is not None:
-                checkpoint.check_model(json.loads((found[1] / "meta.json").read_text()), self.cfg.model, found[1])
-                start_step = checkpoint.load(found[1], self.model, self.optimizer)
+                meta = json.loads((found[1] / "meta.json").read_text())
+                checkpoint.check_model(meta, self.cfg.model, found[1])
+                start_step = checkpoint.load(found[1], self.par.parts, self.optimizers)
                 resumed_from = str(found[1])
                 if self.rank == 0:
-                    print(f"resumed from {found[1]} (step {start_step})", flush=True)
+                    saved = meta.get("layout")
+                    moved = f"; saved with layout {saved}, resharded onto {self.layout.spec()}" if (
+                        saved and saved != self.layout.spec()) else ""
+                    print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
         batch_size = self.find_batch_size() if t.batch_size == "auto" else int(t.batch_size)
         sampler = StepBatchSampler(
             start_step=start_step, steps=t.steps, global_batch=batch_size,
-            dp_rank=self.wrapped.dp_rank, dp_size=self.wrapped.dp_size, grad_accum=t.grad_accum,
+            dp_rank=self.par.dp_rank, dp_size=self.par.dp_size, grad_accum=t.grad_accum,
         )
         loader = build_loader(self.dataset, sampler, num_workers=self.cfg.data.num_workers)
         metrics = (self.run_dir / "metrics.jsonl").open("a") if self.rank == 0 else None
@@ -283,13 +297,13 @@ class Trainer:
         try:
             for step, micro in enumerate(self._batches(loader), start=start_step + 1):
                 t0 = time.perf_counter()
-                loss = self._step(step, micro, lr_at(step, self.cfg.optim, t.steps))
+                loss, norm = self._step(step, micro, lr_at(step, self.cfg.optim, t.steps))
                 dt = time.perf_counter() - t0
                 losses.append(loss)
                 rates.append(batch_size / dt)
                 shared = self._exchange()  # one collective a step: every rank's stop signal and figures
                 if step % t.log_interval == 0 or step == t.steps or shared.stop:
-                    self._log(metrics, progress, step, loss, batch_size, dt, shared)
+                    self._log(metrics, progress, step, loss, batch_size, dt, shared, grad_norm=norm)
                 if shared.stop:
                     stopped_by = signal.Signals(shared.stop).name  # all ranks stop after the same step
                     break
@@ -314,12 +328,15 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "num_nodes": self.ctx.num_nodes,
                 "parallel": self.cfg.parallel.kind,
+                "layout": self.layout.spec(),
+                "pipeline": self.par.pipeline.plan.describe() if self.par.pipeline is not None else None,
                 "model": self.cfg.model.kind,
                 "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
                 "tokens_per_s_mean": (sum(rates) / len(rates) * self.tokens_per_sample)
                 if rates and self.tokens_per_sample
                 else None,
                 "peak_mem_mb_per_rank": shared.peaks,
+                "base_mem_mb_per_rank": shared.bases,
                 "wall_s": time.perf_counter() - t_run,
                 "stopped_by": stopped_by,
                 "resumed_from": resumed_from,
@@ -331,9 +348,9 @@ class Trainer:
         return 0
 
     def _save(self, step: int) -> None:
-        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind,
+        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind, "layout": self.layout.spec(),
                 "model": checkpoint.model_config(self.cfg.model)}
-        checkpoint.save(self.ckpt_dir, step, self.model, self.optimizer, meta=meta, rank=self.rank)
+        checkpoint.save(self.ckpt_dir, step, self.par.parts, self.optimizers, meta=meta, rank=self.rank)
 
     def _exchange(self) -> _Shared:
         """All ranks' stop signal, peak memory and binding-watcher figures, in one all-gather."""
@@ -344,7 +361,7 @@ class Trainer:
         stop = self.stops.first() if self.stops is not None else 0
         mine = torch.tensor(
             [float(stop), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
-             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0],
+             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0, self.base_mem],
             dtype=torch.float64, device=self.ctx.device,
         )
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
@@ -356,7 +373,8 @@ class Trainer:
                 "remote_memory_share": [None if r[2] < 0 else round(r[2], 4) for r in rows],
                 "threads_repaired": [int(r[3]) for r in rows],
             }
-        return _Shared(stop=int(max(r[0] for r in rows)), peaks=[round(r[1], 1) for r in rows], watched=watched)
+        return _Shared(stop=int(max(r[0] for r in rows)), peaks=[round(r[1], 1) for r in rows], watched=watched,
+                       bases=[round(r[5], 1) for r in rows])
 
     def _progress(self, total: int, done: int) -> Any:
         if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
@@ -372,14 +390,15 @@ class Trainer:
         return progress
 
     def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float,
-             shared: _Shared) -> None:
+             shared: _Shared, *, grad_norm: float) -> None:
         peaks = shared.peaks
         if self.rank != 0:
             return
         row: dict[str, Any] = {
             "step": step,
             "loss": loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "grad_norm": grad_norm,
+            "lr": self.param_groups[0]["lr"],
             "samples_per_s": batch_size / dt,
             "step_time_s": dt,
             "peak_mem_mb": peaks,

@@ -1,7 +1,10 @@
 """Reference models, tiny by default: an MLP classifier and a small GPT-style decoder.
 
-Layer names are stable (the tensor-parallel plan names them); widths are read from the weights at run time,
-so one forward serves a full layer and a column-sharded one.
+Layer names are stable (the tensor-parallel plan and checkpoints name them); widths are read from the weights at
+run time, so one forward serves a full layer and a column-sharded one. Each model is an input layer, ``blocks``
+(a ModuleDict keyed "0", "1"...: the names of a ModuleList, kept when a pipeline stage holds only some blocks)
+and an output layer; a pipeline stage is the model with the parts it does not hold set to None
+(:func:`numarun.train.pipeline.stage_module`), so every parameter keeps its name in every layout.
 """
 
 from __future__ import annotations
@@ -30,20 +33,37 @@ class MlpBlock(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
+def _blocks(blocks: Any) -> nn.ModuleDict:
+    return nn.ModuleDict({str(i): b for i, b in enumerate(blocks)})
+
+
 class Mlp(nn.Module):
     """Vectors -> class logits."""
 
+    INPUT = ("inp",)
+    """The modules of the input layer (a pipeline's first stage holds them)."""
+    OUTPUT = ("head",)
+    """The modules of the output layer (the last stage's)."""
+
     def __init__(self, *, input_dim: int, hidden_dim: int, num_layers: int, num_classes: int) -> None:
         super().__init__()
-        self.inp = nn.Linear(input_dim, hidden_dim)
-        self.blocks = nn.ModuleList(MlpBlock(hidden_dim) for _ in range(num_layers))
-        self.head = nn.Linear(hidden_dim, num_classes)
+        self.inp: nn.Module | None = nn.Linear(input_dim, hidden_dim)
+        self.blocks = _blocks(MlpBlock(hidden_dim) for _ in range(num_layers))
+        self.head: nn.Module | None = nn.Linear(hidden_dim, num_classes)
+        self.input_dim, self.hidden_dim, self.num_classes = input_dim, hidden_dim, num_classes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h)
+        if self.inp is not None:
+            x = self.inp(x)
+        for block in self.blocks.values():
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+    def example(self, where: str, batch: int) -> torch.Tensor:
+        """A tensor of the shape and dtype that flows in at ``where`` (input, hidden or output)."""
+        if where == "input":
+            return torch.zeros(batch, self.input_dim)
+        return torch.zeros(batch, self.hidden_dim if where == "hidden" else self.num_classes)
 
 
 class Attention(nn.Module):
@@ -83,26 +103,36 @@ class GptBlock(nn.Module):
 class Gpt(nn.Module):
     """Token ids (B, T) -> next-token logits (B, T, vocab)."""
 
+    INPUT = ("tok", "pos")
+    OUTPUT = ("ln_f", "head")
+
     def __init__(self, *, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, dropout: float) -> None:
         super().__init__()
-        self.seq_len = seq_len
-        self.tok = nn.Embedding(vocab_size, d_model)
-        self.pos = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(GptBlock(d_model, n_heads, dropout) for _ in range(n_layers))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        self.seq_len, self.d_model, self.vocab_size, self.n_heads = seq_len, d_model, vocab_size, n_heads
+        self.tok: nn.Module | None = nn.Embedding(vocab_size, d_model)
+        self.pos: nn.Module | None = nn.Embedding(seq_len, d_model)
+        self.blocks = _blocks(GptBlock(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.ln_f: nn.Module | None = nn.LayerNorm(d_model)
+        self.head: nn.Module | None = nn.Linear(d_model, vocab_size, bias=False)
         for name, p in self.named_parameters():
             if name.endswith(("proj.weight", "fc_proj.weight")):
                 # GPT-2's scaled init of residual projections keeps early losses stable
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layers))
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        pos = torch.arange(t, device=idx.device)
-        x = self.tok(idx) + self.pos(pos)
-        for block in self.blocks:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok is not None and self.pos is not None:
+            x = self.tok(x) + self.pos(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks.values():
             x = block(x)
-        return self.head(self.ln_f(x))
+        if self.ln_f is not None and self.head is not None:
+            x = self.head(self.ln_f(x))
+        return x
+
+    def example(self, where: str, batch: int) -> torch.Tensor:
+        """A tensor of the shape and dtype that flows in at ``where`` (input, hidden or output)."""
+        if where == "input":
+            return torch.zeros(batch, self.seq_len, dtype=torch.long)
+        return torch.zeros(batch, self.seq_len, self.d_model if where == "hidden" else self.vocab_size)
 
 
 def build_model(cfg: Any) -> nn.Module:

@@ -1,13 +1,18 @@
-"""Wrap a model for the chosen parallelism (config group ``parallel``).
+"""Spread the model over the ranks by the layout's dimensions (config group ``parallel``; docs/trainer.md).
 
-ddp: DistributedDataParallel (with numarun.comm's hook for ``comm.allreduce=hierarchical``); fsdp: FSDP2 on all
-ranks; hsdp: FSDP2 on the ("inter", "intra") mesh, replicated across nodes; tp: ``parallelize_module`` on
-"intra", gradients averaged across nodes by :func:`sync_tp_grads`.
+One mesh over ``pp, dp_replicate, dp_shard, cp, tp`` (``init_device_mesh``, row-major: tp innermost), and each
+parallelism applied by dimension name in a fixed order, as torchtitan's parallelize functions do: the model split
+into this rank's pipeline stages (``pp``), then in each stage tensor parallelism (``tp``: ``parallelize_module``),
+then the data dimensions (FSDP2 ``fully_shard`` on the (dp_replicate, dp_shard) mesh: sharded, replicated or
+both), then the stages handed to a ``torch.distributed.pipelining`` schedule. A layout with only replicas
+(no pp, tp or shards) gets DistributedDataParallel, with numarun.comm's hooks for ``comm.allreduce=hierarchical``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,157 +20,281 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..config.schema import CommMode, ParallelKind
-from ..errors import ConfigError
+from ..config.layout import DIMS, Layout
+from ..config.schema import CommMode
+from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, eq=False)
-class Wrapped:
-    """The model to train and how its data is split."""
-
-    model: nn.Module
-    kind: ParallelKind
-    dp_rank: int
-    dp_size: int
-    inter_group: Any = None  # tp: averages gradients across nodes (None: one node)
-
-
 def tp_plan(model: nn.Module) -> dict[str, Any]:
-    """Column/row-parallel styles for every block of :mod:`numarun.train.models`."""
+    """Column/row-parallel styles for every block :mod:`numarun.train.models` a module (or stage) holds."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     from .models import Gpt, Mlp
 
     plan: dict[str, Any] = {}
     if isinstance(model, Mlp):
-        for i in range(len(model.blocks)):
-            plan[f"blocks.{i}.up"] = ColwiseParallel()
-            plan[f"blocks.{i}.down"] = RowwiseParallel()
+        for key in model.blocks:
+            plan[f"blocks.{key}.up"] = ColwiseParallel()
+            plan[f"blocks.{key}.down"] = RowwiseParallel()
     elif isinstance(model, Gpt):
-        for i in range(len(model.blocks)):
+        for key in model.blocks:
             for name in ("attn.q", "attn.k", "attn.v", "fc"):
-                plan[f"blocks.{i}.{name}"] = ColwiseParallel()
+                plan[f"blocks.{key}.{name}"] = ColwiseParallel()
             for name in ("attn.proj", "fc_proj"):
-                plan[f"blocks.{i}.{name}"] = RowwiseParallel()
+                plan[f"blocks.{key}.{name}"] = RowwiseParallel()
     return plan
 
 
-def _check_tp(model: nn.Module, tp_size: int) -> None:
-    from .models import Gpt
+def stage_module(model: nn.Module, blocks: Sequence[int], *, first: bool, last: bool) -> nn.Module:
+    """The part of ``model`` one pipeline stage runs: the input layer on the first stage, ``blocks``, the output
+    layer on the last; the rest None. The modules are ``model``'s own (no copy), under their own names, so that a
+    parameter is called the same in every layout (checkpoints and the tensor-parallel plan name them)."""
+    part = type(model).__new__(type(model))
+    nn.Module.__init__(part)
+    for key, value in vars(model).items():
+        if not key.startswith("_") and key != "training":
+            object.__setattr__(part, key, value)  # widths and names the forward reads
+    held: nn.ModuleDict = getattr(model, "blocks")  # noqa: B009  (typed: nn.Module.__getattr__ says Tensor | Module)
+    for name in getattr(type(model), "INPUT"):  # noqa: B009
+        setattr(part, name, getattr(model, name) if first else None)
+    part.blocks = nn.ModuleDict({str(i): held[str(i)] for i in blocks})
+    for name in getattr(type(model), "OUTPUT"):  # noqa: B009
+        setattr(part, name, getattr(model, name) if last else None)
+    return part.train(model.training)
 
-    if isinstance(model, Gpt):
-        # submodules reached through nn.Module.__getattr__ are typed Tensor | Module
-        heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim if len(model.blocks) else tp_size  # type: ignore[union-attr,operator]
-        if heads % tp_size:
-            raise ConfigError(f"bad model.n_heads {heads}: expected a multiple of the ranks per node ({tp_size}) "
-                              "with parallel=tp")
+
+@dataclass(frozen=True, eq=False)
+class Pipeline:
+    """This rank's stages and the schedule that runs them."""
+
+    plan: PipelinePlan
+    schedule: Any
+    stage_indices: tuple[int, ...]
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_indices
+
+    @property
+    def has_last(self) -> bool:
+        return self.plan.num_stages - 1 in self.stage_indices
 
 
-def wrap(model: nn.Module, ctx: Any, parallel_cfg: Any, comm_cfg: Any) -> Wrapped:
-    kind = ParallelKind(parallel_cfg.kind)
-    device = ctx.device
-    model = model.to(device)
-    world = ctx.world_size
-    if kind is ParallelKind.DDP:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+@dataclass(frozen=True, eq=False)
+class Parallelized:
+    """The model as this rank trains it."""
 
-        from ..comm.allreduce import apply_comm, ddp_bucket_mb
+    layout: Layout
+    """Resolved: every degree known."""
+    parts: tuple[nn.Module, ...]
+    """What this rank trains: the whole model (maybe DDP- or FSDP-wrapped), or its pipeline stages' modules."""
+    mesh: Any
+    """The DeviceMesh over :data:`~numarun.config.layout.DIMS`."""
+    dp_rank: int
+    dp_size: int
+    pipeline: Pipeline | None = None
 
-        bucket_mb = ddp_bucket_mb(getattr(comm_cfg, "bucket_mb", None), comm_cfg.allreduce)
-        bucket: dict[str, Any] = {"bucket_cap_mb": bucket_mb} if bucket_mb is not None else {}
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
-        if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
-            chunk_mb = getattr(comm_cfg, "chunk_mb", None)
-            apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)),
-                       chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
-        return Wrapped(ddp, kind, ctx.rank, world)
-    if comm_cfg.allreduce != CommMode.FLAT.value:
-        raise ConfigError(f"bad comm.allreduce {comm_cfg.allreduce!r} with parallel={kind.value}: "
-                          "expected flat (hierarchical is for ddp)")
+    @property
+    def holds_loss(self) -> bool:
+        """This rank computes the loss: the last pipeline stage (every rank without pipeline stages)."""
+        return self.pipeline is None or self.pipeline.has_last
+
+    @property
+    def loss_ranks(self) -> int:
+        """How many ranks compute the loss (the last stage's tp x dp ranks), each of dp's shares tp times."""
+        return self.layout.dp_replicate * self.layout.dp_shard * self.layout.cp * self.layout.tp
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, scale: float, sync: bool,
+                         autocast: AbstractContextManager[Any] | None = None) -> torch.Tensor | None:
+        """Forward and backward of one (accumulation) micro-batch, the loss scaled by ``scale`` before backward;
+        ``sync``: the last micro-batch of the step (data-parallel gradients are reduced on it). Returns the scaled
+        loss (detached) where this rank computes it, else None."""
+        from .models import loss_fn
+
+        cast = autocast if autocast is not None else nullcontext()
+        if self.pipeline is None:
+            model = self.parts[0]
+            guard: AbstractContextManager[Any] = nullcontext()
+            # DDP and FSDP2 reduce the gradients once, on the last micro-batch (typed: nn.Module.__getattr__)
+            if hasattr(model, "no_sync") and not sync:
+                guard = getattr(model, "no_sync")()  # noqa: B009
+            elif hasattr(model, "set_requires_gradient_sync"):
+                getattr(model, "set_requires_gradient_sync")(sync)  # noqa: B009
+            with guard:
+                with cast:
+                    loss = loss_fn(model(x), y) * scale
+                loss.backward()
+            return loss.detach()
+        # the schedule computes the loss of each of its microbatches with loss_fn * scale (set at build)
+        p = self.pipeline
+        losses: list[torch.Tensor] | None = [] if p.has_last else None
+        args = (x,) if p.has_first else ()
+        with cast:
+            p.schedule.step(*args, target=y if p.has_last else None, losses=losses)
+        if losses is None:
+            return None
+        return torch.stack([t.detach().float() for t in losses]).sum()
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+
+def build_mesh(layout: Layout, ctx: Any) -> Any:
+    """The mesh over :data:`DIMS`: numarun.init()'s own when the launcher declared this layout (it hands the
+    trainer's layout as the job's mesh, and placed the ranks for it), else a new one of the same form."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    declared = getattr(ctx, "mesh_layout", None)
+    if declared is not None and tuple(declared.names) == DIMS and tuple(declared.shape) == layout.degrees():
+        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.spec())
+        return ctx.mesh
+    return init_device_mesh(ctx.device.type, layout.degrees(), mesh_dim_names=DIMS)
+
+
+def parallelize(model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_plan: PipelinePlan | None) -> Parallelized:
+    """``model`` (built alike on every rank) spread over the ranks as ``layout`` says; ``layout`` resolved and its
+    pipeline planned by :func:`numarun.train.preflight.check_layout` (every rule already checked)."""
+    device = ctx.device
+    rank = ctx.rank
+    mesh = build_mesh(layout, ctx)
+    coords = layout.coords(rank)
+    dp_rank, dp_size = layout.dp_rank(rank), layout.dp
+    if pipeline_plan is not None:
+        indices = pipeline_plan.stages_of(coords["pp"])
+        last = pipeline_plan.num_stages - 1
+        parts = [stage_module(model, pipeline_plan.blocks_of(s), first=s == 0, last=s == last) for s in indices]
+    else:
+        indices = ()
+        parts = [model]
+    del model  # the blocks of other stages go with it
+    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    wrapped: list[nn.Module] = []
+    for part in parts:
+        part = part.to(device)
+        if layout.tp > 1:
+            from torch.distributed.tensor.parallel import parallelize_module
+
+            parallelize_module(part, mesh["tp"], tp_plan(part))
+        if dp_size > 1 and only_replicas:
+            part = _ddp(part, ctx, cfg.comm)
+        elif dp_size > 1:
+            _fully_shard(part, mesh["dp_replicate", "dp_shard"], bool(cfg.parallel.reshard_after_forward))
+        wrapped.append(part)
+    pipeline = None
+    if pipeline_plan is not None:
+        pipeline = _pipeline(pipeline_plan, wrapped, indices, mesh, device, cfg)
+    log.info("rank %d: layout %s at %s%s", rank, layout.spec(), ",".join(f"{d}={coords[d]}" for d in DIMS),
+             f"; stages {list(indices)} of {pipeline_plan.describe()}" if pipeline_plan is not None else "")
+    return Parallelized(layout=layout, parts=tuple(wrapped), mesh=mesh, dp_rank=dp_rank, dp_size=dp_size,
+                        pipeline=pipeline)
+
+
+def _ddp(model: nn.Module, ctx: Any, comm_cfg: Any) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..comm.allreduce import apply_comm, ddp_bucket_mb
+
+    device = ctx.device
+    bucket_mb = ddp_bucket_mb(getattr(comm_cfg, "bucket_mb", None), comm_cfg.allreduce)
+    bucket: dict[str, Any] = {"bucket_cap_mb": bucket_mb} if bucket_mb is not None else {}
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
+    if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
+        chunk_mb = getattr(comm_cfg, "chunk_mb", None)
+        apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)),
+                   chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
+    return ddp
+
+
+def _fully_shard(model: nn.Module, dp_mesh: Any, reshard: bool) -> None:
+    """FSDP2 on the 2D (dp_replicate, dp_shard) mesh: sharded over dp_shard, replicated over dp_replicate (either
+    may be 1). Per block first, so that only one block's parameters are gathered at a time."""
     from torch.distributed.fsdp import fully_shard
 
-    if kind is ParallelKind.FSDP:
-        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-        _shard(model, mesh, parallel_cfg.reshard_after_forward, fully_shard)
-        return Wrapped(model, kind, ctx.rank, world)
-    mesh2d = _mesh(ctx)
-    if kind is ParallelKind.HSDP:
-        _shard(model, mesh2d, parallel_cfg.reshard_after_forward, fully_shard)
-        return Wrapped(model, kind, ctx.rank, world)
-    # tp
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    tp_size = mesh2d["intra"].size()
-    _check_tp(model, tp_size)
-    parallelize_module(model, mesh2d["intra"], tp_plan(model))
-    inter = ctx.inter_group if ctx.num_nodes > 1 else None
-    return Wrapped(model, kind, ctx.node_rank, ctx.num_nodes, inter_group=inter)
+    for block in getattr(model, "blocks", {}).values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
 
 
-def _mesh(ctx: Any) -> Any:
-    mesh = getattr(ctx, "mesh", None)
-    if mesh is None:
-        raise ConfigError("bad layout for parallel=hsdp/tp: nodes run different numbers of ranks; "
-                          "expected the same --nproc-per-node on every node")
-    return mesh
+def _pipeline(plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ...], mesh: Any, device: torch.device,
+              cfg: Any) -> Pipeline:
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from .models import loss_fn
+
+    t = cfg.trainer
+    microbatch = int(t.batch_size) // (mesh["dp_replicate"].size() * mesh["dp_shard"].size() * t.grad_accum
+                                       ) // plan.microbatches
+    group = mesh["pp"].get_group()
+    last = plan.num_stages - 1
+    stages = []
+    for part, s in zip(parts, indices, strict=True):
+        shapes = _shape_source(part)
+        # static shapes (both given): no metadata exchange before the first step
+        stages.append(PipelineStage(
+            part, s, plan.num_stages, device,
+            input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
+            output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
+            group=group,
+        ))
+    scale = 1.0 / (plan.microbatches * t.grad_accum)  # a mean over the step's samples, as one rank's loss is
+
+    def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return loss_fn(output, target) * scale
+
+    cls = get_schedule_class(plan.schedule)
+    # scale_grads=False: the loss carries the 1/microbatches (and 1/grad_accum) itself, as torchtitan's does
+    schedule = cls(stages if plan.looped else stages[0], n_microbatches=plan.microbatches, loss_fn=scaled_loss,
+                   scale_grads=False)
+    return Pipeline(plan=plan, schedule=schedule, stage_indices=indices)
 
 
-def _shard(model: nn.Module, mesh: Any, reshard: bool, fully_shard: Any) -> None:
-    # per block first, so that only one block's parameters are gathered at a time
-    for block in getattr(model, "blocks", []):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+def _example(model: Any, where: str, batch: int, device: torch.device) -> torch.Tensor:
+    t = model.example(where, batch).to(device)
+    # the metadata records requires_grad: activations and outputs carry gradients back
+    return t.requires_grad_(True) if t.is_floating_point() else t
 
 
-def sync_tp_grads(wrapped: Wrapped) -> None:
-    """tp across nodes: average every gradient's local shard over the inter-node group."""
-    if wrapped.inter_group is None:
-        return
+def _shape_source(part: nn.Module) -> Any:
+    """The model object whose ``example`` describes a stage's tensors (through an FSDP or DDP wrapper)."""
+    return getattr(part, "module", part)
+
+
+def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
+    """The norm of the whole model's gradient, over every stage, shard and replica; scales the gradients to
+    ``max_norm`` when it is larger (``max_norm`` <= 0: only measures). One all-reduce of one number.
+
+    Each rank adds its gradients' local squares, each divided by the number of ranks holding that same
+    piece: the ranks of its stage (world / pp) over the ranks it is sharded across (the product of the mesh
+    dimensions its DTensor placement shards). The sum over the world is then the sum over every element once.
+    """
     from torch.distributed.tensor import DTensor
 
-    for p in wrapped.model.parameters():
-        if p.grad is None:
-            continue
-        g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        dist.all_reduce(g, group=wrapped.inter_group)
-        g.div_(wrapped.dp_size)
-
-
-def grad_norm_clip(model: nn.Module, max_norm: float, kind: ParallelKind) -> float:
-    """Clip the global gradient norm; returns the norm before clipping."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if kind is not ParallelKind.TP:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        return float(norm)
-    # tp mixes DTensor (sharded) and plain (replicated) gradients: sum squares by placement
-    from torch.distributed.tensor import DTensor, Shard
-
-    sharded = torch.zeros((), dtype=torch.float64, device=params[0].device) if params else torch.zeros(())
-    replicated = torch.zeros_like(sharded)
-    group = None
+    params = [p for p in par.parameters() if p.grad is not None]
+    stage_ranks = dist.get_world_size() // par.layout.pp if dist.is_initialized() else 1
+    device = params[0].grad.device if params and params[0].grad is not None else torch.device("cpu")
+    local = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         g = p.grad
         assert g is not None  # params holds only parameters with a gradient
         if isinstance(g, DTensor):
-            sq = g.to_local().double().pow(2).sum()
-            if any(isinstance(pl, Shard) for pl in g.placements):
-                sharded += sq
-                group = g.device_mesh.get_group()
-            else:
-                replicated += sq
+            sharded = 1
+            for size, placement in zip(g.device_mesh.shape, g.placements, strict=True):
+                # Shard or FSDP2's _StridedShard over a TP shard (not a Shard subclass, is_shard() False)
+                if not (placement.is_replicate() or placement.is_partial()):
+                    sharded *= size
+            local += g.to_local().double().pow(2).sum() * (sharded / stage_ranks)
         else:
-            replicated += g.double().pow(2).sum()
-    if group is not None:
-        dist.all_reduce(sharded, group=group)
-    total = float((sharded + replicated).sqrt())
-    if max_norm > 0 and total > max_norm:
-        scale = max_norm / (total + 1e-6)
+            local += g.double().pow(2).sum() / stage_ranks
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(local)
+    total = float(local.sqrt())
+    if 0 < max_norm < total:
+        factor = max_norm / (total + 1e-6)
         for p in params:
             assert p.grad is not None
-            p.grad.mul_(scale)
+            p.grad.mul_(factor)
     return total
+

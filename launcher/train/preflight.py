@@ -1,5 +1,8 @@
 """Checks of the trainer's inputs and outputs in the launcher, in one line each, before any run dir exists.
 
+The layout (:func:`check_layout`): the degrees against the world size, the model and the pipeline schedule, once
+the launch's shape is known (``numarun run`` checks it with the plan, before any rank starts).
+
 The checkpoint dir can be written (a real probe: root passes ``access(2)`` on a read-only filesystem); with
 ``trainer.resume``, its checkpoints are trusted and for the same model; with ``data=tokens``, ``data.path``
 holds whole tokens, enough of them, every id below ``model.vocab_size``.
@@ -19,6 +22,8 @@ from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config.files import PreparedJob
+    from ..config.layout import Layout
+    from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +104,65 @@ def check_job(cfg: Any, *, run_dir: Path) -> None:
             checkpoint.check_model(meta, cfg.model, found[1])
     if cfg.data.kind == DataKind.TOKENS:
         check_token_file(cfg.data.path, dtype=cfg.data.dtype, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+
+
+def check_layout(cfg: Any, *, world_size: int, nnodes: int | None, nproc_per_node: int | None,
+                 ) -> tuple[Layout, PipelinePlan | None]:
+    """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
+    stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
+    starts, every rank again (under plain torchrun it is the first check)."""
+    from ..config.layout import layout_of
+    from ..config.schema import CommMode, ModelKind
+    from ..errors import TrainerLayoutError
+    from .stages import plan_pipeline, schedule_name
+
+    layout = layout_of(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
+    m = cfg.model
+    if layout.tp > 1:
+        if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
+            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
+                              f"{layout.tp} ranks; expected a tp that divides model.n_heads")
+        if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.tp:
+            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
+                              f"features cannot be split over {layout.tp} ranks; expected a tp that divides it")
+    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
+        raise TrainerLayoutError(f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
+                          "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)")
+    t = cfg.trainer
+    local_batch = None
+    if t.batch_size != "auto":
+        bs, per = int(t.batch_size), layout.dp * t.grad_accum
+        if bs % per:
+            raise TrainerLayoutError(f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
+                              f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})")
+        local_batch = bs // per
+    schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
+    if layout.pp == 1:
+        return layout, None
+    n_layers, key = (m.n_layers, "model.n_layers") if m.kind == ModelKind.GPT else (m.num_layers, "model.num_layers")
+    return layout, plan_pipeline(cfg.parallel, pp=layout.pp, n_layers=n_layers, local_batch=local_batch, layers_key=key)
+
+
+def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
+    """(nnodes, world size) of a launch whose ``--nnodes`` is ``N`` or ``N:N``; (None, None) when elastic (the
+    ranks check the layout then, once they know the world)."""
+    text = str(nnodes if nnodes is not None else 1)
+    low, _, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        return None, None
+    if lo != hi:
+        return None, None
+    return lo, lo * nproc_per_node
+
+
+def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> str | None:
+    """:func:`check_layout` for a job the launcher is about to start; returns the layout spec (None when the
+    world is elastic and only the ranks can check it)."""
+    n, world = job_shape(nnodes, nproc_per_node)
+    if world is None:
+        return None
+    layout, _ = check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)
+    return layout.spec()
