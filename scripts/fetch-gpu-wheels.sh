@@ -17,13 +17,16 @@ mkdir -p "$DEST"
 # Versions are the ones the test suite runs with (the project's .venv).
 PURE=(hydra-core==1.3.8 omegaconf==2.3.1 packaging==26.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0)
 BINARY=(PyYAML==6.0.4 numpy==2.4.6 psutil==7.2.2)
+# The [debug] extra: the hang roll-call's native frames (a program in the wheel's scripts, no module).
+TOOLS=(py-spy==0.4.3)
 
 download() {
   $PIP download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
     --platform any -d "$DEST" "$1"
 }
-for spec in "${PURE[@]}" "${BINARY[@]}"; do
+for spec in "${PURE[@]}" "${BINARY[@]}" "${TOOLS[@]}"; do
   echo "fetching $spec"
   download "$spec"
 done

@@ -38,6 +38,11 @@ for prefix in "${!MODULE[@]}"; do
   [ -n "$whl" ] || die "module ${MODULE[$prefix]} is missing and $WHEELS/ has no ${prefix} wheel (run scripts/fetch-gpu-wheels.sh where a registry is reachable)"
   missing+=("$whl")
 done
+# py-spy (the [debug] extra) is a program, not a module: taken when the host has none and .whl/ holds it.
+if ! command -v py-spy >/dev/null; then
+  spy=$(ls "$WHEELS"/py_spy-*.whl 2>/dev/null | head -1)
+  [ -n "$spy" ] && missing+=("$spy")
+fi
 mkdir -p "$SITE"
 if [ ${#missing[@]} -gt 0 ]; then
   echo "gpu-check: installing ${missing[*]##*/} into $SITE"

@@ -20,6 +20,14 @@ Checks (each a list of named pass/fail results; run in the order topo, binding, 
    of the steps after warm-up, the ratio numarun/torchrun is the median over rounds.
 4. ``h2d``: ``numarun bench h2d``: pinned copies from the rank's bound NUMA node vs pageable
    memory vs unbound torch.
+5. ``mesh``: ``numarun plan --mesh`` on the live machine records the layout, and a rank started with
+   ``--mesh`` drives the GPU its plan row names (bus id from CUDA) with the ``NUMARUN_MESH*`` variables set;
+   NVML's GPU fabric info is read (an answer or the driver's refusal, never a crash).
+6. ``hang``: one NCCL rank that all-reduces on its GPU, then blocks in its batch loading: ``--hang-timeout
+   15 --on-hang stop`` ends it with exit 75 and a roll-call naming ``load_batch``; a healthy NCCL loop that
+   sleeps most of each step under a short timeout is never reported.
+7. ``layout``: the trainer's degree path on CUDA: one rank with ``parallel=fsdp`` (dp_shard) against
+   ``parallel=ddp`` on the same batch, SGD without clipping: per-step losses agree.
 
 Writes ``gpu-check.json`` and ``gpu-check.md`` to ``--out`` (default ``$OUT``) and exits 1 when
 any check fails. ``--self-test`` runs check 1 on the recorded H200 VM capture
@@ -323,9 +331,34 @@ def probe(path: Path) -> None:
         mem_policy=got.mem_policy, mems=list(got.mems),
         cpus_allowed_list=format_list(affinity.cpus_allowed()), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=os.environ.get("LOCAL_RANK"),
+        mesh_env={k: v for k, v in os.environ.items() if k.startswith("NUMARUN_MESH")},
         plan_rank=json.loads(json.dumps(asdict(binding), default=str)) if binding is not None else None,
     )
     write_atomic(path, json.dumps(report, indent=1) + "\n")
+
+
+def probe_hang(mode: str, steps: int) -> None:
+    """Run as the rank of a numarun job: NCCL all-reduces on the rank's GPU; ``stuck`` blocks in
+    ``load_batch`` at step 3, ``healthy`` sleeps most of each of ``steps`` steps at one line."""
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+
+    def load_batch(step: int) -> Any:
+        if mode == "stuck" and step == 3:
+            time.sleep(3600)  # a data source that never answers
+        return torch.ones(1024, device="cuda")
+
+    for step in range(100000 if mode == "stuck" else steps):
+        if mode == "healthy":
+            time.sleep(1.0)  # the line a stack snapshot alone would call hung
+        batch = load_batch(step)
+        dist.all_reduce(batch)
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
 
 
 # -- the checks, live -----------------------------------------------------------------------------
@@ -414,6 +447,79 @@ def step_h2d(result: dict[str, Any], work: Path, *, size: str, iters: int) -> li
     return check_h2d(doc)
 
 
+def check_mesh(plan: Mapping[str, Any], report: Mapping[str, Any], fabric: Sequence[Any]) -> list[Check]:
+    """A live ``plan --mesh dp_shard=-1`` against what its rank saw."""
+    mesh = plan.get("mesh") or {}
+    out = [Check("mesh", "plan_has_layout", bool(mesh) and "dp_shard" in (mesh.get("names") or ()),
+                 f"plan mesh {mesh.get('spec')!r} names {mesh.get('names')!r}")]
+    row = plan["ranks"][0]
+    want = normalize_bus_id(row["gpu"]["pci_bus_id"]) if row.get("gpu") and row["gpu"].get("pci_bus_id") else ""
+    got = (report.get("gpu") or {}).get("pci_bus_id") or ""
+    out.append(Check("mesh", "rank_drives_planned_gpu", bool(want) and got and normalize_bus_id(got) == want,
+                     f"plan {want or '-'}, CUDA {got or '-'}"))
+    env = report.get("mesh_env") or {}
+    out.append(Check("mesh", "rank_env", env.get("NUMARUN_MESH") == mesh.get("spec") and "NUMARUN_MESH_SHAPE" in env,
+                     f"rank saw {env!r}"))
+    ok = bool(fabric) and all(isinstance(f, (dict, str)) for f in fabric)
+    out.append(Check("mesh", "nvml_fabric_info", ok, f"per GPU: {fabric!r}"))
+    return out
+
+
+def step_mesh(result: dict[str, Any], work: Path) -> list[Check]:
+    plan = json.loads(_run([*NUMARUN, "plan", "--json", "--nproc-per-node", "1", "--mesh", "dp_shard=-1"], timeout=120))
+    report_file = work / "probe-mesh.json"
+    _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", "--mesh", "dp_shard=-1",
+          str(Path(__file__).resolve()), "--probe", str(report_file)], timeout=180, cwd=work)
+    report = json.loads(report_file.read_text())
+    from numarun.topology.nvml import read_nvml_record
+
+    reading = read_nvml_record() or {}
+    fabric = [g.get("fabric") for g in reading.get("gpus", [])]
+    result["mesh"] = {"plan": plan.get("mesh"), "report": report, "fabric": fabric}
+    return check_mesh(plan, report, fabric)
+
+
+def step_hang(result: dict[str, Any], work: Path) -> list[Check]:
+    me = str(Path(__file__).resolve())
+    head = [*NUMARUN, "run", "--standalone", "--nproc-per-node", "1"]
+    print("+ stuck NCCL rank, --hang-timeout 15 --on-hang stop", flush=True)
+    t0 = time.monotonic()
+    stuck = subprocess.run([*head, "--hang-timeout", "15", "--on-hang", "stop", me, "--probe-hang", "stuck"],
+                           capture_output=True, text=True, timeout=240, cwd=work, env=_env())
+    stuck_s = time.monotonic() - t0
+    print("+ healthy NCCL loop, --hang-timeout 6, 25 steps of 1 s", flush=True)
+    healthy = subprocess.run([*head, "--hang-timeout", "6", me, "--probe-hang", "healthy", "--hang-steps", "25"],
+                             capture_output=True, text=True, timeout=240, cwd=work, env=_env())
+    result["hang"] = {"stuck": {"exit": stuck.returncode, "seconds": round(stuck_s, 1), "stderr": stuck.stderr[-6000:]},
+                      "healthy": {"exit": healthy.returncode, "stderr": healthy.stderr[-3000:]}}
+    named = [ln for ln in stuck.stderr.splitlines() if "load_batch" in ln]
+    return [
+        Check("hang", "stuck_exit_75", stuck.returncode == 75, f"exit {stuck.returncode} after {stuck_s:.0f} s"),
+        Check("hang", "rollcall_names_load_batch", bool(named), named[0].strip() if named else stuck.stderr[-300:]),
+        Check("hang", "healthy_not_reported", healthy.returncode == 0 and "hang:" not in healthy.stderr,
+              f"exit {healthy.returncode}; {'no report' if 'hang:' not in healthy.stderr else 'reported'}"),
+    ]
+
+
+LAYOUT_OVERRIDES = ("model=gpt", "model.n_layers=2", "model.d_model=256", "model.n_heads=4", "optim=sgd",
+                    "optim.grad_clip=0", "trainer.batch_size=8", "trainer.steps=6", "trainer.log_interval=1",
+                    "trainer.progress=false", "trainer.precision=fp32")
+
+
+def step_layout(result: dict[str, Any], work: Path) -> list[Check]:
+    losses: dict[str, list[float]] = {}
+    for preset in ("ddp", "fsdp"):
+        run_dir = work / f"layout-{preset}"
+        _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", str(REPO / "scripts" / "train.py"),
+              *LAYOUT_OVERRIDES, f"parallel={preset}", f"hydra.run.dir={run_dir}"], timeout=200, cwd=work)
+        losses[preset] = [float(r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    result["layout"] = losses
+    a, b = losses["ddp"], losses["fsdp"]
+    worst = max((abs(x - y) / max(abs(x), 1e-9) for x, y in zip(a, b)), default=float("inf"))
+    return [Check("layout", "fsdp_matches_ddp_on_cuda", len(a) == len(b) > 0 and worst <= 1e-4,
+                  f"{len(a)} steps, worst relative difference {worst:.2e} (ddp {a[:3]}, fsdp {b[:3]})")]
+
+
 def versions() -> dict[str, Any]:
     info: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                             "hostname": platform.node(), "kernel": platform.release(),
@@ -484,6 +590,9 @@ def run_all(args: argparse.Namespace) -> int:
             "doctor": lambda: step_doctor(result),
             # h2d before train: it is short, and a time limit hitting the long step keeps its figures.
             "h2d": lambda: step_h2d(result, work, size=args.h2d_size, iters=args.h2d_iters),
+            "mesh": lambda: step_mesh(result, work),
+            "hang": lambda: step_hang(result, work),
+            "layout": lambda: step_layout(result, work),
             "train": lambda: step_train(result, work, rounds=args.rounds, steps=args.steps, min_ratio=args.min_ratio,
                                        overrides=args.train_override or GPU_TRAIN_OVERRIDES),
         }
@@ -554,6 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--self-test", action="store_true", help="recorded H200 data + the binding check on this machine")
     p.add_argument("--probe", metavar="FILE", help="(as a job's rank) write this process's binding to FILE")
+    p.add_argument("--probe-hang", choices=("stuck", "healthy"), help="(as a job's rank) the NCCL hang worker")
+    p.add_argument("--hang-steps", type=int, default=25, help="steps of the healthy hang worker")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for gpu-check.json/.md (default $OUT)")
     p.add_argument("--rounds", type=int, default=3, help="training rounds per launcher (default 3)")
     p.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
@@ -562,12 +673,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="trainer overrides replacing the GPU config (repeat; for trying the script on a CPU)")
     p.add_argument("--h2d-size", default="1GiB")
     p.add_argument("--h2d-iters", type=int, default=10)
-    p.add_argument("--skip", action="append", default=[], choices=("topo", "binding", "doctor", "train", "h2d"))
+    p.add_argument("--skip", action="append", default=[],
+                   choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout"))
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
     args = p.parse_args(argv)
     if args.probe:
         probe(Path(args.probe))
+        return 0
+    if args.probe_hang:
+        probe_hang(args.probe_hang, args.hang_steps)
         return 0
     if args.self_test:
         return self_test(args)

@@ -226,7 +226,8 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.pop("NUMARUN_TOPOLOGY", None)
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(tmp_path),
-                           "--skip", "topo", "--skip", "train", "--skip", "h2d", "--skip", "doctor"],
+                           "--skip", "topo", "--skip", "train", "--skip", "h2d", "--skip", "doctor",
+                           "--skip", "mesh", "--skip", "hang", "--skip", "layout"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "gpu-check.json").read_text())
@@ -245,3 +246,17 @@ def test_gpu_check_sh_refuses_a_host_without_nvidia_smi(tmp_path: Path) -> None:
     assert proc.returncode == 3
     assert "no nvidia-smi" in proc.stderr
     assert not (tmp_path / "gpu-check.json").exists()
+
+
+def test_mesh_checks_pass_and_catch_each_mismatch() -> None:
+    plan = {"mesh": {"spec": "dp_shard=1", "names": ["dp_shard"]},
+            "ranks": [{"gpu": {"pci_bus_id": "0000:1a:00.0"}}]}
+    env = {"NUMARUN_MESH": "dp_shard=1", "NUMARUN_MESH_SHAPE": "1"}
+    report = {"gpu": {"pci_bus_id": "0000:1a:00.0"}, "mesh_env": env}
+    fabric = ["ERR NVMLError_NotSupported: Not Supported"]
+    assert not _failed(gc.check_mesh(plan, report, fabric))
+    assert _failed(gc.check_mesh({**plan, "mesh": None}, report, fabric)) >= {"plan_has_layout"}
+    assert _failed(gc.check_mesh(plan, {**report, "gpu": {"pci_bus_id": "0000:1b:00.0"}}, fabric)) == {
+        "rank_drives_planned_gpu"}
+    assert _failed(gc.check_mesh(plan, {**report, "mesh_env": {}}, fabric)) == {"rank_env"}
+    assert _failed(gc.check_mesh(plan, report, [])) == {"nvml_fabric_info"}
