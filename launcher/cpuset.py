@@ -37,8 +37,9 @@ def parse_list(text: str, what: str = "cpu list") -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def format_list(ids: Iterable[int]) -> str:
-    """``{0,1,2,3,8}`` -> ``"0-3,8"`` (the kernel's cpulist form)."""
+def format_list(ids: Iterable[int], *, min_run: int = 2) -> str:
+    """``{0,1,2,3,8}`` -> ``"0-3,8"`` (the kernel's cpulist form); runs shorter than ``min_run`` stay listed
+    one by one (``min_run=3``: ``0,1,3`` for ranks)."""
     s = sorted(set(ids))
     parts: list[str] = []
     i = 0
@@ -46,7 +47,7 @@ def format_list(ids: Iterable[int]) -> str:
         j = i
         while j + 1 < len(s) and s[j + 1] == s[j] + 1:
             j += 1
-        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        parts += [f"{s[i]}-{s[j]}"] if j - i + 1 >= max(min_run, 2) else [str(x) for x in s[i:j + 1]]
         i = j + 1
     return ",".join(parts)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -30,11 +31,16 @@ class Machine:
     """A recorded topology, relative to the repository (the pictures name it as given)."""
     plan: tuple[str, ...] = ()
     """Options of ``numarun plan`` for the plan picture."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Variables set while drawing (a scheduler's ``CUDA_VISIBLE_DEVICES``)."""
 
 
 MACHINES = (
     # NUMA-bound ranks: 8 GPUs on 4 of 8 NUMA nodes, NVSwitch, two rails per switch, two storage NICs
     Machine("dgx-a100", "tests/fixtures/nvidia-smi/dgx-a100-8numa-nps4-10nic.txt"),
+    # a layout: an 8-GPU PCIe box handed over out of order, tp's pairs put back on their switches (docs/layouts.md)
+    Machine("pcie-8gpu-mesh", "tests/fixtures/nvidia-smi/pcie-8gpu-pix-phb-sys-2x14c.txt",
+            plan=("--mesh", "dp_shard=4,tp=2"), env=(("CUDA_VISIBLE_DEVICES", "0,4,2,6,1,5,3,7"),)),
 )
 
 
@@ -47,13 +53,28 @@ def _numarun(argv: list[str]) -> None:
         raise SystemExit(f"numarun {' '.join(argv)} exited {code}: {out.getvalue()}")
 
 
+@contextlib.contextmanager
+def _environment(env: tuple[tuple[str, str], ...]):  # type: ignore[no-untyped-def]
+    saved = {k: os.environ.get(k) for k, _ in env}
+    os.environ.update(dict(env))
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def draw(machine: Machine, into: Path) -> dict[str, str]:
     """name of the picture -> its SVG text, drawn into the folder ``into``."""
     pictures = {}
     for kind, argv in (("topo", ["topo", "--topology", machine.topology]),
                        ("plan", ["plan", "--topology", machine.topology, *machine.plan])):
         path = into / f"{machine.name}-{kind}.svg"
-        _numarun([*argv, "--svg", str(path)])
+        with _environment(machine.env):
+            _numarun([*argv, "--svg", str(path)])
         pictures[path.name] = path.read_text(encoding="utf-8")
     return pictures
 

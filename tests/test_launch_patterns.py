@@ -145,7 +145,8 @@ def test_malformed_slurm_environment_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 2 and error_lines(p.stderr) == [
         "numarun: error: bad Slurm environment: SLURM_NODEID 'abc': expected a whole number >= 0 (numarun runs inside "
-        "a Slurm step; NUMARUN_DETECT=0 or --no-detect turns detection off)"], p.stderr
+        "a Slurm step; NUMARUN_DETECT=0 or --no-detect turns detection off) (see https://numarun.github.io/numarun/slurm/)"
+    ], p.stderr
 
 
 def test_detection_off_runs_as_before(tmp_path):

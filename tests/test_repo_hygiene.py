@@ -102,6 +102,7 @@ def test_a_run_says_at_its_end_how_many_tests_need_root(tmp_path: Path) -> None:
         "def test_mounts():\n    pytest.skip('bind mounts need root')\n\n"
         "def test_netns():\n    pytest.skip('needs root for namespaces')\n\n"
         "def test_other():\n    pytest.skip('mpiexec is not installed (scripts/test.sh installs it as root)')\n\n"
+        "def test_listed():\n    pytest.skip('not run here: docs/doctor.md:78 needs root: sudo bash demo.sh')\n\n"
         "def test_fine():\n    pass\n")
     here = Path(__file__).resolve().parent
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "skips", "-q", "test_some.py"],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
 from ..jobenv.settle import Source
-from ..launch.options import Options, add_options, from_args, shown
+from ..launch.options import Options, Spelled, add_options, from_args, shown
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     g = p.add_argument_group("sbatch options")
     # the node count and ranks per node: launch options, also from the environment and the job config (1 node unless told)
     add_options(p, ("nnodes", "nproc_per_node"), group=g)
-    g.add_argument("--nodes", dest="nnodes", default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # sbatch's spelling
+    g.add_argument("--nodes", dest="nnodes", default=argparse.SUPPRESS, action=Spelled, help=argparse.SUPPRESS)  # sbatch's
     g.add_argument(
         "--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
     )

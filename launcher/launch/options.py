@@ -191,6 +191,17 @@ def launch_dests() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*(o.dest for o in DECLARED), *_table()]))
 
 
+class Spelled(argparse.Action):
+    """Stores the value and the flag as typed (``--nodes`` for ``--nnodes``), so that a value refused later names
+    the spelling the user wrote."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        spelled = {**getattr(namespace, "spelled", {}), self.dest: option_string or self.option_strings[0]}
+        namespace.spelled = spelled
+
+
 def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group: Any = None) -> None:
     """Give ``parser`` (its argument ``group``) the flags of the launch options ``dests``, and ``--show-sources``.
     Flags torchrun's parser added already (``numarun run`` takes it as a parent) are taken over; the parser
@@ -208,7 +219,7 @@ def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group:
                                help=o.help_text() if o.owner == "numarun" else o.help)
         else:
             where.add_argument(*o.flags, dest=o.dest, type=o.argtype, default=argparse.SUPPRESS, metavar=o.metavar,
-                               help=o.help_text() if o.owner == "numarun" else o.help)
+                               action=Spelled, help=o.help_text() if o.owner == "numarun" else o.help)
     if "show_sources" not in present:
         parser.add_argument("--show-sources", action="store_true",
                             help="also print each launch option with its value and source (on stderr)")
@@ -309,10 +320,11 @@ def _text(value: Any) -> str:
 
 def _from(fields: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[str, str]) -> Options:
     settings = {}
+    spelled = typed.get("spelled", {})
     for f in fields:
         text = environ.get(f.variable, "").strip()
         settings[f.dest] = resolve(
-            Setting(typed[f.dest], Source.COMMAND_LINE, f.flag) if f.dest in typed else None,
+            Setting(typed[f.dest], Source.COMMAND_LINE, spelled.get(f.dest, f.flag)) if f.dest in typed else None,
             Setting(f.read(text, f.variable), Source.ENVIRONMENT, f.variable) if text else None,
             Setting(f.default, Source.DEFAULT, f.owner),
         )

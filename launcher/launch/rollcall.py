@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cpuset import format_list
+
 WRAPPERS = frozenset({"wrapper", "inner", "_fn", "wrapped", "_wrapper", "wrapped_fn", "decorate_context",
                       "_call_impl", "_wrapped_call_impl", "collective", "_exception_logger", "_time_logger"})
 """Function names of decorators' wrappers: the call a rank is in is the function they wrap."""
@@ -203,19 +205,7 @@ def name_threads(text: str, names: Mapping[int, str]) -> str:
 
 def format_ranks(ranks: Iterable[int]) -> str:
     """``0,1,3``; runs of three or more as ranges: ``0-5,7``."""
-    items = sorted(set(ranks))
-    out: list[str] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{items[i]}-{items[j]}")
-        else:
-            out.extend(str(x) for x in items[i:j + 1])
-        i = j + 1
-    return ",".join(out)
+    return format_list(ranks, min_run=3)
 
 
 @dataclass(frozen=True)
