@@ -1,0 +1,111 @@
+"""``numarun stacks``, the asking side: the jobs running here, a request on their numarun's FIFO, its answer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ... import envvars
+from ...errors import NumarunError, UsageError
+from ...jsonable import loads
+from .verdict import alive
+
+FIFO = "stacks.fifo"
+"""In numarun's private directory: ``numarun stacks`` writes ``<id> <full>`` lines to it; the answer is ``stacks.<id>.txt``."""
+JOB_FILE = "job.json"
+"""In numarun's private directory: which numarun runs there (``numarun stacks`` lists these)."""
+
+
+class StacksUnavailable(NumarunError):
+    """A job's roll-call could not be had: no job runs, or its numarun did not answer (exit 1)."""
+
+    exit_code = 1
+    page = "hangs.md"
+
+
+def write_job_record(directory: Path, argv: Sequence[str]) -> None:
+    """``job.json`` in numarun's private directory: which numarun runs there, for ``numarun stacks``."""
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "cwd": os.getcwd(),
+              "argv": list(argv)}
+    (directory / JOB_FILE).write_text(json.dumps(record))
+
+
+@dataclass(frozen=True)
+class Job:
+    pid: int
+    state: Path
+    started: float
+    argv: tuple[str, ...]
+
+
+def _read_job(record: Path) -> Job:
+    d = loads(record.read_text())
+    return Job(int(d["pid"]), record.parent, float(d["started"]), tuple(str(a) for a in d.get("argv", [])))
+
+
+def running_jobs() -> list[Job]:
+    """This user's numarun jobs on this node (their private directories under ``$TMPDIR``), the latest first."""
+    jobs = []
+    for record in Path(tempfile.gettempdir()).glob(f"numarun-*/{JOB_FILE}"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            if alive((job := _read_job(record)).pid):
+                jobs.append(job)
+    return sorted(jobs, key=lambda j: -j.started)
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode("utf-8", "replace").split("\0") if "=" in kv)
+
+
+def job_of(pid: int) -> Job:
+    """The job of ``pid``: a numarun's own, or that of a rank it started (found through the rank's environment)."""
+    for job in running_jobs():
+        if job.pid == pid:
+            return job
+    import psutil
+
+    candidates = [pid]
+    with contextlib.suppress(psutil.Error):
+        candidates += [c.pid for c in psutil.Process(pid).children()]
+    for p in candidates:
+        state = _environ_of(p).get(envvars.STATE_DIR)
+        if state and (record := Path(state) / JOB_FILE).is_file():
+            return _read_job(record)
+    raise UsageError(f"bad --pid {pid}: no numarun job of this user has that pid, nor a rank of one; expected the pid of "
+                     "a running numarun or of one of its ranks (numarun stacks --list)")
+
+
+def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str:
+    """The roll-call of ``job``, asked of its numarun (the agent that watches its ranks): harmless to the job."""
+    fifo = job.state / FIFO
+    rid = f"{os.getpid()}x{time.monotonic_ns() % 10**9}"
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise StacksUnavailable(f"numarun {job.pid} takes no stacks request now ({fifo}: {e.strerror}); expected a job "
+                                "whose ranks run") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(f"{rid} {1 if full else 0}\n".encode())
+    answer = job.state / f"stacks.{rid}.txt"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if answer.exists():
+            text = answer.read_text()
+            answer.unlink(missing_ok=True)
+            return text
+        if not alive(job.pid):
+            break
+        time.sleep(0.1)
+    raise StacksUnavailable(f"numarun {job.pid} did not answer within {timeout_s:g} s"
+                            + ("" if alive(job.pid) else ": it ended meanwhile"))
