@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from numarun.config.compose import compose
-from numarun.config.layout import Layout, layout_of, layout_spec
+from numarun.config.layout import Layout, layout_of
 from numarun.config.schema import load_job_config_text
 from numarun.errors import ConfigError
 from numarun.train.models import build_model
@@ -28,12 +28,12 @@ from numarun.train.stages import accepted_schedules, even_split, plan_pipeline, 
 ])
 def test_presets_are_sets_of_degrees_the_keys_override(overrides: list[str], spec: str) -> None:
     cfg = compose(overrides)
-    assert layout_spec(cfg.parallel, nnodes=3, nproc_per_node=4) == spec
+    assert layout_of(cfg.parallel, nnodes=3, nproc_per_node=4).spec() == spec
 
 
 def test_a_preset_naming_the_job_shape_needs_it() -> None:
     with pytest.raises(ConfigError, match="parallel.dp_replicate 'nnodes': the job's nnodes is not known"):
-        layout_spec(compose(["parallel=hsdp"]).parallel)
+        layout_of(compose(["parallel=hsdp"]).parallel)
 
 
 def test_the_rest_is_filled_and_the_product_checked() -> None:

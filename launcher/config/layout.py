@@ -44,10 +44,6 @@ class Layout:
         """Data-parallel ranks: replicas x shards (each reads its own part of the global batch)."""
         return self.dp_replicate * self.dp_shard
 
-    @property
-    def resolved_already(self) -> bool:
-        return REST not in self.degrees()
-
     def resolved(self, world_size: int) -> Layout:
         """The layout for ``world_size`` ranks, ``-1`` filled in; one line naming the rule when the product cannot be it."""
         known = math.prod(v for v in self.degrees() if v != REST)
@@ -122,15 +118,6 @@ def layout_of(parallel_cfg: Any, *, nnodes: int | None = None, nproc_per_node: i
     if values["cp"] != 1:
         raise TrainerLayoutError(f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1")
     return Layout(**values)
-
-
-def layout_spec(parallel_cfg: Any, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> str:
-    """The layout spec text of a composed ``parallel`` group, for the launcher's ``mesh`` option (``--mesh``).
-
-    Always every dimension in the order ``pp, dp_replicate, dp_shard, cp, tp``, ``-1`` kept for the launcher to
-    resolve against the world size, e.g. ``pp=2,dp_replicate=1,dp_shard=-1,cp=1,tp=2``.
-    """
-    return layout_of(parallel_cfg, nnodes=nnodes, nproc_per_node=nproc_per_node).spec()
 
 
 def _get(cfg: Any, key: str) -> Any:

@@ -170,21 +170,6 @@ def place(mesh: SubMesh, classes: Sequence[Sequence[int]], *, topology_order: Se
     return Placement(search.best_order, search.best, default, not search.stopped, search.steps)
 
 
-def brute_force(mesh: SubMesh, classes: Sequence[Sequence[int]]) -> tuple[Score, tuple[int, ...]]:
-    """The optimum by trying every placement (tests): (best score, the first placement in local-rank order with it,
-    today's order when it is one)."""
-    import itertools
-
-    g = mesh.ranks
-    today = tuple(range(g))
-    best, best_order = score_of(mesh, classes, today), today
-    for order in itertools.permutations(range(len(classes)), g):
-        s = score_of(mesh, classes, order)
-        if s < best:
-            best, best_order = s, order
-    return best, best_order
-
-
 def link_classes(links: Sequence[Sequence[Link]], positions: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     """The classes between the GPUs at topology ``positions`` (the visible GPUs, in visible order), as ints."""
     return tuple(tuple(int(links[a][b]) for b in positions) for a in positions)

@@ -97,11 +97,6 @@ class Parallelized:
     pipeline: Pipeline | None = None
 
     @property
-    def holds_loss(self) -> bool:
-        """This rank computes the loss: the last pipeline stage (every rank without pipeline stages)."""
-        return self.pipeline is None or self.pipeline.has_last
-
-    @property
     def loss_ranks(self) -> int:
         """How many ranks compute the loss (the last stage's tp x dp ranks), each of dp's shares tp times."""
         return self.layout.dp_replicate * self.layout.dp_shard * self.layout.cp * self.layout.tp
