@@ -58,8 +58,10 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .. import jsonable
 from ..cpuset import parse_list, parse_mask
@@ -74,6 +76,13 @@ log = logging.getLogger(__name__)
 _BDF_COMPONENT = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 _INT = re.compile(r"^-?\d+$")
 _MAX_LINK_HOPS = 40
+T = TypeVar("T")
+
+
+def _integer(text: str) -> int:
+    if not _INT.match(text.strip()):
+        raise ValueError(text)
+    return int(text)
 
 
 @dataclass
@@ -118,44 +127,28 @@ class _Reader:
         except UnicodeDecodeError:
             raise TopologyError(f"bad topology file {self.show(p)!r}: not text; expected {form}") from None
 
-    def cpulist(self, p: Path, *, what: str = "a cpu list such as '0-3,8'") -> tuple[int, ...] | None:
-        text = self.text(p, form=what)
+    def parsed(self, p: Path, parse: Callable[[str], T], *, form: str, expected: str = "") -> T | None:
+        """The file's text through ``parse`` (None when absent); text ``parse`` refuses is one line naming the file."""
+        text = self.text(p, form=form)
         if text is None:
             return None
         try:
-            return parse_list(text)
-        except CpuListError:
+            return parse(text)
+        except (CpuListError, ValueError):
             raise TopologyError(
-                f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {what} (ascending ranges)"
-            ) from None
+                f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {expected or form}") from None
+
+    def cpulist(self, p: Path, *, what: str = "a cpu list such as '0-3,8'") -> tuple[int, ...] | None:
+        return self.parsed(p, parse_list, form=what, expected=f"{what} (ascending ranges)")
 
     def cpumask(self, p: Path) -> tuple[int, ...] | None:
-        form = "a hex cpumask such as '00000000,0000ffff'"
-        text = self.text(p, form=form)
-        if text is None:
-            return None
-        try:
-            return parse_mask(text)
-        except CpuListError:
-            raise TopologyError(f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {form}") from None
+        return self.parsed(p, parse_mask, form="a hex cpumask such as '00000000,0000ffff'")
 
     def integer(self, p: Path, *, form: str = "an integer") -> int | None:
-        text = self.text(p, form=form)
-        if text is None:
-            return None
-        t = text.strip()
-        if not _INT.match(t):
-            raise TopologyError(f"bad topology file {self.show(p)!r}: {t[:80]!r}; expected {form}")
-        return int(t)
+        return self.parsed(p, _integer, form=form)
 
     def hexint(self, p: Path, *, form: str) -> int | None:
-        text = self.text(p, form=form)
-        if text is None:
-            return None
-        try:
-            return int(text.strip(), 16)
-        except ValueError:
-            raise TopologyError(f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {form}") from None
+        return self.parsed(p, lambda text: int(text.strip(), 16), form=form)
 
     def resolve(self, p: Path) -> Path:
         """Follow symlinks inside the tree: absolute targets are taken relative to ``root``."""
@@ -220,18 +213,9 @@ def read_sysfs(root: Path | str) -> Topology:
     nv_driver = _nvidia_driver_gpus(r)
     gpus = _read_gpus(r, nv_driver)
     nics = _read_nics(r)
-    return Topology(
-        hostname=_hostname(r, live),
-        numa_nodes=nodes,
-        cpus=cpus,
-        gpus=gpus,
-        nics=nics,
-        allowed_mems=allowed_mems,
-        source="live" if live else f"sysfs:{root}",
-        gpu_source="sysfs" if gpus else "none",
-        notes=tuple(r.notes),
-        kernel_modules=read_kernel_modules(r),
-    )
+    return Topology(hostname=_hostname(r, live), numa_nodes=nodes, cpus=cpus, gpus=gpus, nics=nics, allowed_mems=allowed_mems,
+                    source="live" if live else f"sysfs:{root}", gpu_source="sysfs" if gpus else "none",
+                    notes=tuple(r.notes), kernel_modules=read_kernel_modules(r))
 
 
 # --- CPUs and NUMA nodes -------------------------------------------------------------
@@ -355,23 +339,12 @@ def _read_cpus(r: _Reader, cpu_ids: tuple[int, ...], cpu_node: dict[int, int], *
         sib = r.cpulist(topo / "thread_siblings_list")
         if sib is None:
             sib = r.cpumask(topo / "thread_siblings")  # kernels before 2.6.26
-        out.append(
-            Cpu(
-                id=cid,
-                package=pkg,
-                core=core,
-                numa_node=node,
-                die=die if die is not None and die >= 0 else 0,
-                siblings=sib if sib else (cid,),
-                llc=_llc(r, d / "cache", cid),
-                online=online,
-                allowed=cid in allowed,
-            )
-        )
+        out.append(Cpu(id=cid, package=pkg, core=core, numa_node=node, die=die if die is not None and die >= 0 else 0,
+                       siblings=sib if sib else (cid,), llc=_llc(r, d / "cache"), online=online, allowed=cid in allowed))
     return tuple(out)
 
 
-def _llc(r: _Reader, cache: Path, cid: int) -> int:
+def _llc(r: _Reader, cache: Path) -> int:
     if not cache.is_dir():
         return -1
     best: tuple[int, tuple[int, ...]] | None = None
@@ -522,26 +495,14 @@ def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, 
             continue
         name = f"PCI {vendor_id:04x}:{device_id:04x}" if device_id is not None else f"PCI {vendor_id:04x}"
         affinity = r.cpulist(d / "local_cpulist") or ()
-        found.append(
-            Gpu(
-                index=0,
-                pci_bus_id=bus,
-                numa_node=_pci_numa(r, d),
-                name=name,
-                vendor=vendor,
-                cpu_affinity=affinity,
-                memory_numa_node=nv_driver.get(bus, (-1, -1))[0],
-                minor=nv_driver.get(bus, (-1, -1))[1],
-                pci_path=_pci_chain(r, d) or (bus,),
-                pcie_link=read_pcie_link(r, d),
-            )
-        )
+        memory_node, minor = nv_driver.get(bus, (-1, -1))
+        found.append(Gpu(index=0, pci_bus_id=bus, numa_node=_pci_numa(r, d), name=name, vendor=vendor, cpu_affinity=affinity,
+                         memory_numa_node=memory_node, minor=minor, pci_path=_pci_chain(r, d) or (bus,),
+                         pcie_link=read_pcie_link(r, d)))
     return tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(pci_order(tuple(found))))
 
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
-
-
 _PORT_STATE = re.compile(r"^\s*(?:\d+\s*:\s*)?([A-Z_]+)\s*$")
 
 
@@ -591,19 +552,9 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             netdir = r.resolve(dev) / "net"
             netdevs = tuple(sorted(p.name for p in netdir.iterdir())) if netdir.is_dir() else ()
             owned.update(netdevs)
-            nics.append(
-                Nic(
-                    name=d.name,
-                    pci_bus_id=chain[-1],
-                    numa_node=_pci_numa(r, r.resolve(dev)),
-                    kind=kind,
-                    netdevs=netdevs,
-                    speed_mbps=speed,
-                    pci_path=chain,
-                    ports=ports,
-                    pcie_link=read_pcie_link(r, r.resolve(dev)),
-                )
-            )
+            nics.append(Nic(name=d.name, pci_bus_id=chain[-1], numa_node=_pci_numa(r, r.resolve(dev)), kind=kind,
+                            netdevs=netdevs, speed_mbps=speed, pci_path=chain, ports=ports,
+                            pcie_link=read_pcie_link(r, r.resolve(dev))))
     net = r.path("sys/class/net")
     if net.is_dir():
         for d in sorted(net.iterdir(), key=lambda p: p.name):
@@ -620,19 +571,9 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             pci_dev = r.path("sys/bus/pci/devices") / chain[-1]
             if not pci_dev.exists():
                 pci_dev = _pci_parent(r, r.resolve(d / "device"))
-            numa = _pci_numa(r, pci_dev)
-            nics.append(
-                Nic(
-                    name=d.name,
-                    pci_bus_id=chain[-1],
-                    numa_node=numa,
-                    kind=NicKind.ETHERNET,
-                    netdevs=(d.name,),
-                    speed_mbps=max(speed, 0),
-                    pci_path=chain,
-                    pcie_link=read_pcie_link(r, pci_dev),
-                )
-            )
+            nics.append(Nic(name=d.name, pci_bus_id=chain[-1], numa_node=_pci_numa(r, pci_dev), kind=NicKind.ETHERNET,
+                            netdevs=(d.name,), speed_mbps=max(speed, 0), pci_path=chain,
+                            pcie_link=read_pcie_link(r, pci_dev)))
     return tuple(nics)
 
 
@@ -654,12 +595,8 @@ def read_pcie_link(r: _Reader, dev: Path) -> PcieLink:
         t = (r.text(dev / name, form="a lane count such as '16'") or "").strip()
         return int(t) if t.isdigit() else 0
 
-    return PcieLink(
-        current_gts=speed("current_link_speed"),
-        current_width=width("current_link_width"),
-        max_gts=speed("max_link_speed"),
-        max_width=width("max_link_width"),
-    )
+    return PcieLink(current_gts=speed("current_link_speed"), current_width=width("current_link_width"),
+                    max_gts=speed("max_link_speed"), max_width=width("max_link_width"))
 
 
 def read_kernel_modules(r: _Reader) -> tuple[str, ...] | None:
