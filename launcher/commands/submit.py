@@ -32,8 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="submit the job to SLURM (one numarun per node; multirun sweeps become job arrays)",
         description="Render an sbatch script that starts numarun on every node (srun, one task per "
         "node owning its CPUs and GPUs; static rendezvous at the first node, ranks in Slurm's node order) "
-        "and submit it with "
-        "'sbatch --parsable'. Prints the job id, the run dir and the log paths. The job requeues "
+        "and submit it with 'sbatch --parsable'. Prints the job id, the run dir and the log paths. The job requeues "
         "itself after the pre-timeout signal (the trainer checkpoints on it) and resumes from "
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
@@ -41,66 +40,49 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     # the node count and ranks per node: launch options, also from the environment and the job config (1 node unless told)
     add_options(p, ("nnodes", "nproc_per_node"), group=g)
     g.add_argument("--nodes", dest="nnodes", default=argparse.SUPPRESS, action=Spelled, help=argparse.SUPPRESS)  # sbatch's
-    g.add_argument(
-        "--gpus-per-node", default=None, metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
-    )
-    g.add_argument("--partition", default=None)
-    g.add_argument(
-        "--time", default=None, metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
-    )
-    g.add_argument("--account", default=None)
-    g.add_argument("--qos", default=None)
-    g.add_argument("--constraint", default=None)
+    g.add_argument("--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
+    g.add_argument("--partition")
+    g.add_argument("--time", metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    for flag in ("--account", "--qos", "--constraint"):
+        g.add_argument(flag)
     g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
                    help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
                    "--no-exclusive: share nodes, with Slurm's default CPUs")
     g.add_argument("--cpus-per-task", type=argtypes.int_in("--cpus-per-task", low=1, high=argtypes.MAX_LOCAL_RANKS), default=None,
                    help="CPUs of the single task per node (default: every CPU of a whole node)")
-    g.add_argument("--mem", default=None, help="memory per node, e.g. 64G")
+    g.add_argument("--mem", help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
     g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
                    help="any other sbatch option for the header (repeatable)")
     r = p.add_argument_group("run")
-    r.add_argument("--output-dir", default=None, metavar="DIR",
+    r.add_argument("--output-dir", metavar="DIR",
                    help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
                    "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument(
-        "--requeue-limit",
-        type=argtypes.int_in("--requeue-limit", low=0, high=argtypes.MAX_COUNT),
-        default=None,
-        help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)",
-    )
-    r.add_argument("--signal-before", type=argtypes.int_in("--signal-before", low=0, high=argtypes.MAX_SECONDS), default=None,
+    r.add_argument("--requeue-limit", type=argtypes.int_in("--requeue-limit", low=0, high=argtypes.MAX_COUNT),
+                   help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)")
+    r.add_argument("--signal-before", type=argtypes.int_in("--signal-before", low=0, high=argtypes.MAX_SECONDS),
                    metavar="SECONDS",
                    help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
                    "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
-    r.add_argument(
-        "--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)"
-    )
-    r.add_argument("--numarun", default=None, metavar="COMMAND",
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the job (repeatable)")
+    r.add_argument("--numarun", metavar="COMMAND",
                    help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
     r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
                    help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
     add_options(p, ("mesh",), group=r)  # every node's layout, checked here against --nnodes x --nproc-per-node
     r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
                    help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
-    r.add_argument(
-        "--preflight",
-        action="store_true",
-        help="every node runs 'numarun doctor' before the job and the job stops on errors, naming the nodes to --exclude",
-    )
+    r.add_argument("--preflight", action="store_true", help="every node runs 'numarun doctor' before the job and the job "
+                   "stops on errors, naming the nodes to --exclude")
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=argtypes.seconds("--poll-seconds"), default=2.0, help=argparse.SUPPRESS)
     p.add_argument("-m", "--module", action="store_true",
                    help="SCRIPT is a module run as 'python -m' (e.g. numarun.train), as 'numarun run -m' takes it")
     p.add_argument("script", metavar="SCRIPT", help="the training script (Python file), or a module with -m")
-    p.add_argument(
-        "args",
-        nargs=argparse.REMAINDER,
-        metavar="OVERRIDES",
-        help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array",
-    )
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="OVERRIDES",
+                   help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array")
     p.set_defaults(func=main)
     return p
 
@@ -120,16 +102,10 @@ def _config_settings(script: str, user_args: list[str], *,
     if kind is not AppKind.TRAINER:
         return kind, {}, {}  # a user's Hydra app composes itself on the nodes, as Hydra does
     (_, first), *_ = compose_dry(list(user_args), check_prepared)
-    cfg = first.config
-    slurm = cfg.slurm
-    settings: dict[str, Any] = {
-        "partition": slurm.partition,
-        "time": slurm.time,
-        "account": slurm.account,
-        "gpus_per_node": None if slurm.gpus_per_node is None else str(slurm.gpus_per_node),
-        "signal_before": slurm.signal_before,
-        "requeue_limit": slurm.requeue_limit,
-    }
+    slurm = first.config.slurm
+    keys = ("partition", "time", "account", "signal_before", "requeue_limit")
+    settings: dict[str, Any] = {key: getattr(slurm, key) for key in keys}
+    settings["gpus_per_node"] = None if slurm.gpus_per_node is None else str(slurm.gpus_per_node)
     return kind, settings, dict(first.launcher)
 
 
@@ -177,10 +153,7 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
     from ..launch.torchrun import check_torchrun_options
     from . import run as run_command
 
-    sub: argparse._SubParsersAction[argparse.ArgumentParser] = _LaunchOptParser(prog="numarun").add_subparsers(
-        parser_class=_LaunchOptParser
-    )
-    parser = run_command.add_parser(sub)
+    parser = run_command.add_parser(_LaunchOptParser(prog="numarun").add_subparsers(parser_class=_LaunchOptParser))
     ns = parser.parse_args([*opts, *(["--module"] if is_module else []), script])
     if ns.training_script != script or ns.training_script_args:
         raise SlurmError(expected(" ".join(opts), "options only (the script is SCRIPT)", "--launch-opt"))
@@ -236,32 +209,17 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     options = _with_node_gpus(SlurmOptions(
         nodes=_count(launch, "nnodes", argtypes.MAX_NODES, "a node count") or 1,
         nproc_per_node=_count(launch, "nproc_per_node", argtypes.MAX_LOCAL_RANKS, "a number of ranks"),
-        gpus_per_node=pick("gpus_per_node"),
-        partition=pick("partition"),
-        time=pick("time"),
-        account=pick("account"),
-        qos=args.qos,
-        constraint=args.constraint,
-        exclusive=args.exclusive,
-        cpus_per_task=args.cpus_per_task,
-        mem=args.mem,
-        job_name=args.job_name,
-        requeue_limit=pick("requeue_limit", 3),
-        signal_before=pick("signal_before"),
+        gpus_per_node=pick("gpus_per_node"), partition=pick("partition"), time=pick("time"), account=pick("account"),
+        qos=args.qos, constraint=args.constraint, exclusive=args.exclusive, cpus_per_task=args.cpus_per_task, mem=args.mem,
+        job_name=args.job_name, requeue_limit=pick("requeue_limit", 3), signal_before=pick("signal_before"),
         extra_sbatch=tuple(args.extra_sbatch),
     ).validate())
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
-    if (
-        kind.value == "trainer"
-        and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args)
-    ):
+    if kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
         # a requeued job must continue from its checkpoint in the (job-id) run dir
         arg_sets = tuple(s + ("trainer.resume=true",) for s in arg_sets)
-    if args.hydra_run_dir == "auto":
-        hydra_run_dir = kind.value != "plain"
-    else:
-        hydra_run_dir = args.hydra_run_dir == "yes"
+    hydra_run_dir = kind.value != "plain" if args.hydra_run_dir == "auto" else args.hydra_run_dir == "yes"
     if args.numarun is not None:
         try:
             numarun = tuple(shlex.split(args.numarun))
@@ -273,22 +231,13 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         from ..launch.child import numarun_command
 
         numarun = tuple(numarun_command())
-    return SlurmJob(
-        script=args.script if module else str(script.resolve()),
-        module=module,
-        output_dir=output_dir,
-        options=options,
-        arg_sets=arg_sets,
-        env=check_env(args.env),
-        numarun=numarun,
-        launch_opts=check_launch_opts(
-            list(args.launch_opts) + (["--preflight"] if args.preflight else [])
-            + check_mesh(launch, list(args.launch_opts), nodes=options.nodes, nproc=options.nproc_per_node),
-            args.script if module else str(script),
-            is_module=module,
-        ),
-        hydra_run_dir=hydra_run_dir,
-    )
+    launch_opts = check_launch_opts(
+        list(args.launch_opts) + (["--preflight"] if args.preflight else [])
+        + check_mesh(launch, list(args.launch_opts), nodes=options.nodes, nproc=options.nproc_per_node),
+        args.script if module else str(script), is_module=module)
+    return SlurmJob(script=args.script if module else str(script.resolve()), module=module, output_dir=output_dir,
+                    options=options, arg_sets=arg_sets, env=check_env(args.env), numarun=numarun, launch_opts=launch_opts,
+                    hydra_run_dir=hydra_run_dir)
 
 
 def _count(options: Options, dest: str, high: int, what: str) -> int | None:
@@ -304,12 +253,7 @@ def _count(options: Options, dest: str, high: int, what: str) -> int | None:
 
 def _made_dirs(path: Path) -> list[Path]:
     """The directories ``mkdir(parents=True)`` would create for ``path``, outermost first."""
-    missing = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    return missing[::-1]
+    return [p for p in (path, *path.parents) if not p.exists()][::-1]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -343,16 +287,11 @@ def main(args: argparse.Namespace) -> int:
     from ..fsutil import write_atomic
 
     write_atomic(out / f"sbatch-{job_id}.sh", text)
-    if job.is_array:
-        keys = [f"{job_id}_{i}" for i in range(len(job.arg_sets))]
-        logs = [f"{out}/slurm-{k}.out" for k in keys]
-    else:
-        keys = [job_id]
-        logs = [f"{out}/slurm-{job_id}.out"]
+    keys = [f"{job_id}_{i}" for i in range(len(job.arg_sets))] if job.is_array else [job_id]
     print(f"job id:  {job_id}")
-    for key, log_path in zip(keys, logs):
+    for key in keys:
         print(f"run dir: {out}/{key}")
-        print(f"log:     {log_path}")
+        print(f"log:     {out}/slurm-{key}.out")
     sys.stdout.flush()
     if not args.wait:
         return 0
