@@ -161,13 +161,9 @@ def run_job(loader: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sw
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
-    return hydra_run_job(
-        task_function=task,
-        config=cfg,
-        job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
-        job_subdir_key="hydra.sweep.subdir" if sweep else None,
-        hydra_context=HydraContext(config_loader=loader, callbacks=hooks),
-    )
+    return hydra_run_job(task_function=task, config=cfg, job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
+                         job_subdir_key="hydra.sweep.subdir" if sweep else None,
+                         hydra_context=HydraContext(config_loader=loader, callbacks=hooks))
 
 
 def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group: str) -> Any:

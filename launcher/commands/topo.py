@@ -53,15 +53,9 @@ def merge_smi(topology: Topology, smi_path: str) -> Topology:
     from ..topology.smi import topology_from_smi
 
     smi = topology_from_smi(text, smi_path)
-    return dataclasses.replace(
-        topology,
-        gpus=smi.gpus,
-        gpu_links=smi.gpu_links,
-        nics=topology.nics or smi.nics,
-        nic_links=smi.nic_links if not topology.nics else (),
-        gpu_source="nvidia-smi",
-        notes=topology.notes + (f"GPUs and links from {smi_path}",),
-    )
+    return dataclasses.replace(topology, gpus=smi.gpus, gpu_links=smi.gpu_links, nics=topology.nics or smi.nics,
+                               nic_links=smi.nic_links if not topology.nics else (), gpu_source="nvidia-smi",
+                               notes=topology.notes + (f"GPUs and links from {smi_path}",))
 
 
 def main(args: argparse.Namespace) -> int:

@@ -88,14 +88,9 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
         host, port = rendezvous(options, port_offset=port_offset, endpoint=endpoint)
         if not 0 <= node_rank < nnodes:
             raise UsageError(f"bad --node-rank {node_rank!r}: expected 0..{nnodes - 1}")
-    inputs = Inputs(
-        topology=options.topology,
-        request=request_from_args(options, os.environ),
-        nvml_record=settings.nvml_record,
-        measure=(nnodes > 1 and not settings.no_measure) or settings.measure,
-        compare=nnodes > 1,
-        endpoint=host if nnodes > 1 else None,
-    )
+    inputs = Inputs(topology=options.topology, request=request_from_args(options, os.environ), nvml_record=settings.nvml_record,
+                    measure=(nnodes > 1 and not settings.no_measure) or settings.measure, compare=nnodes > 1,
+                    endpoint=host if nnodes > 1 else None)
     report, topo = run_node(inputs, node_rank=node_rank if nnodes > 1 else 0)
     if nnodes == 1:
         return {

@@ -79,13 +79,9 @@ def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
     return PlanRequest(
         mesh=None if mesh is None or mesh.value is None else str(mesh.value), mesh_where=mesh.where if mesh else "--mesh",
         nnodes=str(nnodes.value) if nnodes is not None and nnodes.value is not None else "1",
-        nproc_per_node=options.nproc_per_node,
-        binding=options.binding,
-        mem_policy=options.mem_policy,
-        nic_policy=options.nic_policy,
-        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
-        user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
+        nproc_per_node=options.nproc_per_node, binding=options.binding, mem_policy=options.mem_policy,
+        nic_policy=options.nic_policy, cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=environ.get("CUDA_DEVICE_ORDER"), user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
     )
 
 

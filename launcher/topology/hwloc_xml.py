@@ -186,14 +186,8 @@ def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
         pid = _attr_int(el, "os_index", -1)
         if pid < 0:
             raise ValueError("PU without os_index")
-        st.cpus[pid] = Cpu(
-            id=pid,
-            package=ctx.package,
-            core=ctx.core if ctx.core is not None and ctx.core >= 0 else pid,
-            die=ctx.die,
-            siblings=ctx.core_cpus or (pid,),
-            llc=min(ctx.llc) if ctx.llc else -1,
-        )
+        st.cpus[pid] = Cpu(id=pid, package=ctx.package, core=ctx.core if ctx.core is not None and ctx.core >= 0 else pid,
+                           die=ctx.die, siblings=ctx.core_cpus or (pid,), llc=min(ctx.llc) if ctx.llc else -1)
     elif typ in ("Bridge", "PCIDev"):
         bus = el.get("pci_busid")
         if bus:
