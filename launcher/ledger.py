@@ -15,6 +15,7 @@ No torch, no psutil: the bootstrap imports this before the user's script.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -84,10 +85,8 @@ def record_exit(environ: Mapping[str, str], status: int) -> None:
     if not state:
         return
     rank = environ.get("LOCAL_RANK", "0")
-    try:
+    with contextlib.suppress(OSError):
         _write(Path(state) / f"exit.{rank}", f"{environ.get('TORCHELASTIC_RESTART_COUNT', '0')} {status & 0xFF}\n")
-    except OSError:
-        pass
 
 
 def workers(state: Path) -> dict[str, tuple[int, int]]:
@@ -114,12 +113,10 @@ def forward(state: Path, signum: int, alive: set[int]) -> list[int]:
         for rank, (pid, g) in known.items():
             if g != group:
                 continue
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
                 sent.append(pid)
                 done.append(rank)
-            except ProcessLookupError:
-                pass
         entries = _signals(state)
         entries.append({"signal": int(signum), "group": group, "done": done})
         _write(state / "signals.json", json.dumps(entries))

@@ -23,6 +23,7 @@ fails when torch changes the shape of anything patched here, so the next torch i
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -237,8 +238,6 @@ def record_error(path: str, e: BaseException, text: str) -> None:
 
     data = {"message": {"message": f"{type(e).__name__}: {e}",
                         "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
-    try:
+    with contextlib.suppress(OSError):
         with open(path, "w") as f:
             json.dump(data, f)
-    except OSError:
-        pass

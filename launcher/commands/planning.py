@@ -10,6 +10,7 @@ end the whole job, not only the task that saw it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import subprocess
@@ -88,12 +89,10 @@ def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping
     who = f"node {job.node_name or job.node_index} ({index} {job.node_index})"
     if job.mode is Mode.PER_RANK:
         if job.scheduler is Scheduler.SLURM and job.job_id is not None:
-            try:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 subprocess.run(["scancel", "--quiet", f"{job.job_id}.{job.step_id}"], timeout=30, check=False,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 print(f"numarun: cancelled Slurm step {job.job}: {who} refused to start", file=sys.stderr, flush=True)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
         return 2
     from ..jobenv.settle import rank_master
 

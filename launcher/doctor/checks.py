@@ -7,6 +7,7 @@ health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -222,12 +223,10 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
         if not isinstance(g, Mapping):
             continue
         dev = str(g.get("pci_bus_id", f"GPU {pos}"))
-        try:
+        with contextlib.suppress(NumarunError):
             from ..topology.model import normalize_bus_id
 
             dev = normalize_bus_id(dev)
-        except NumarunError:
-            pass
         name = f"GPU {g.get('index', pos)}"
         vol = _int(g.get("ecc_uncorrected_volatile"))
         if vol:

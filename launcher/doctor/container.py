@@ -4,6 +4,7 @@ checked purely (:func:`check_confinement`); each finding names its fix in the ru
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -69,11 +70,9 @@ def read_confinement(root: Path, environ: Mapping[str, str], *, live: bool, topo
         if len(fields) >= 4 and fields[1] == "/dev/shm":
             shm = next((_size(o[5:]) for o in fields[3].split(",") if o.startswith("size=")), None)
     if live:
-        try:
+        with contextlib.suppress(OSError):
             st = os.statvfs("/dev/shm")
             shm = st.f_blocks * st.f_frsize
-        except OSError:
-            pass
     memlock = None
     for line in _read(root / "proc/self/limits").splitlines():
         if line.startswith("Max locked memory"):

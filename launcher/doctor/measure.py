@@ -6,6 +6,7 @@ memory-only nodes read from the first CPU node) and ``h2d_gbs`` / ``d2h_gbs`` ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -26,10 +27,8 @@ def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
     old_cpus = os.sched_getaffinity(0)
     if cpus:
         os.sched_setaffinity(0, cpus)
-    try:
+    with contextlib.suppress(OSError):  # no NUMA syscalls here (container): the figure is for wherever the pages land
         affinity.set_mempolicy(affinity.Mpol.BIND, [node])
-    except OSError:
-        pass  # no NUMA syscalls here (container): the figure is for wherever the pages land
     try:
         src = np.ones(MEM_BYTES // 8, dtype=np.float64)
         dst = np.empty_like(src)
@@ -44,10 +43,8 @@ def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
                 break
         return best
     finally:
-        try:
+        with contextlib.suppress(OSError):
             affinity.set_mempolicy(affinity.Mpol.DEFAULT)
-        except OSError:
-            pass
         os.sched_setaffinity(0, old_cpus)
 
 

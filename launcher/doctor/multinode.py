@@ -24,6 +24,7 @@ a number in proportion to it, so the store serves O(N) requests in all:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -94,10 +95,8 @@ class _StreamServer(threading.Thread):
                     log.warning("doctor stream failed: %s", e)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
 
 

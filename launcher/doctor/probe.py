@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 from collections.abc import Mapping
@@ -65,10 +66,8 @@ def read_nvml_health_record() -> dict[str, Any] | None:
         for i, g in enumerate(record["gpus"]):
             g.update(nvml_health(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)))
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return record
 
 

@@ -103,11 +103,9 @@ def _end_cgroup(path: Path, *, keep: int | None) -> int:
         return 0
     others = [p for p in pids if p != keep]
     if keep is None and others:
-        try:
+        with contextlib.suppress(OSError):
             (path / "cgroup.kill").write_text("1\n")
             return len(others)
-        except OSError:
-            pass
     for pid in others:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

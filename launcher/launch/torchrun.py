@@ -13,6 +13,7 @@ torchrun runs, with this package's worker bootstrap as its entrypoint::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -74,10 +75,8 @@ def torchrun_record() -> tuple[dict[str, Any], ...]:
     except RuntimeError:  # no home directory to hold a cache
         path = None
     if path is not None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             return tuple(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
-            pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}  # torch's defaults, not the user's
     r = subprocess.run([sys.executable, "-c", _RECORD], env=env, capture_output=True, text=True, timeout=600, check=False)
     if r.returncode != 0:

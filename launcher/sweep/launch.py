@@ -10,6 +10,7 @@ defaults. While jobs run, the process's signal loop has the queue stop them or p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import logging
@@ -253,10 +254,8 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
 
 def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
     for p in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signum)
-        except ProcessLookupError:
-            pass
 
 
 class _Queue:

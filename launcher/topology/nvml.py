@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -122,10 +123,8 @@ def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], 
     gpus = _gpu_list(record)
     bus_pos: dict[str, int] = {}
     for pos, g in enumerate(gpus):
-        try:
+        with contextlib.suppress(TopologyError):
             bus_pos[normalize_bus_id(str(g.get("pci_bus_id", "")))] = pos
-        except TopologyError:
-            pass
     n = len(gpus)
     counts = [[0] * n for _ in range(n)]
     to_switch = [0] * n  # active links whose far end is an NVSwitch
@@ -241,10 +240,8 @@ def read_nvml_record() -> dict[str, Any] | None:
         log.debug("NVML reading failed (%s): no NVML GPU discovery", e)
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def _bus_text(pci: Any) -> str:

@@ -8,6 +8,7 @@ module teardown that can abort a finished gloo rank. No torch import.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -112,11 +113,9 @@ def finish(code: object, *, signum: int = 0) -> NoReturn:
         main_module.__dict__.clear()
     gc.collect()
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if stream is not None:
                 stream.flush()
-        except (OSError, ValueError):
-            pass
     if signum:
         import signal
 

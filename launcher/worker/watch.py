@@ -23,6 +23,7 @@ the I/O is in :class:`Watcher`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -144,11 +145,9 @@ class Watcher:
             self.drifts += len(drifted)
             if self.strict:
                 for t in drifted:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.sched_setaffinity(t.tid, self.bound)
                         self.repaired.add(t.tid)
-                    except OSError:
-                        pass
             self._warn_once("affinity", "thread(s) left the bound CPUs " + format_list(sorted(self.bound)) + ": "
                             + ", ".join(f"{t.name!r} (tid {t.tid}) on {format_list(sorted(t.cpus))}" for t in drifted[:4])
                             + ("; put back (--strict-binding)" if self.strict else "; --strict-binding puts them back"))

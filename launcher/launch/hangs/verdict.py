@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +41,11 @@ def alive(pid: int) -> bool:
 
 def catches(pid: int, signum: int) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (SigCgt): a dump signal never kills a rank that lacks one."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("SigCgt:"):
                     return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
     return False
 
 

@@ -113,13 +113,11 @@ class HangWatch:
         pending = b""
         while not self._closed.is_set():
             requests: list[str] = []
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 if select.select([self._fifo], [], [], self.policy.tick_s)[0]:
                     pending += os.read(self._fifo, 65536)
                     *lines, pending = pending.split(b"\n")
                     requests = [ln.decode("utf-8", "replace").strip() for ln in lines if ln.strip()]
-            except (OSError, ValueError):
-                pass
             if self._closed.is_set():
                 return
             try:
