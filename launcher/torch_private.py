@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import re
 import signal
 import sys
+import time
 import types
 from typing import Any
 
@@ -233,9 +235,6 @@ def runtime_cause(e: BaseException) -> str:
 def record_error(path: str, e: BaseException, text: str) -> None:
     """Name ``e`` (``text``: its traceback) in torchelastic's error file at ``path``, as
     ``ErrorHandler.record_exception`` lays it out, so that the launcher's last line says what failed."""
-    import json
-    import time
-
     data = {"message": {"message": f"{type(e).__name__}: {e}",
                         "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
     with contextlib.suppress(OSError):

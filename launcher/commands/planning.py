@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
@@ -224,8 +224,6 @@ class Planner:
     def _rank(self, options: Options, job: JobShape) -> Planned:
         """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
         under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
-        import dataclasses
-
         from ..plan.binding import make_plan
         from ..plan.options import request_for
         from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
@@ -247,13 +245,13 @@ class Planner:
         cvd = env.get("CUDA_VISIBLE_DEVICES")
         request = request_for(options, env, topology)
         if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
-            request = dataclasses.replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
-                                          cuda_visible_devices=None, allowed_gpu_minors=node_minors,
-                                          keep_gpus=True)  # each task holds its own GPU: the layout cannot move it
+            request = replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
+                              cuda_visible_devices=None, allowed_gpu_minors=node_minors,
+                              keep_gpus=True)  # each task holds its own GPU: the layout cannot move it
             own = own_gpu_refs(topology, own_minors, cvd)
         else:
-            request = dataclasses.replace(request, nproc_per_node=job.local_world_size,
-                                          allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
+            request = replace(request, nproc_per_node=job.local_world_size,
+                              allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
             own = ()
             if (job.gpus_on_node or 0) > job.local_world_size and own_minors is None and cvd and len(cvd.split(",")) < (
                     job.gpus_on_node or 0):

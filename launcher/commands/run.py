@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import argtypes, envvars
-from ..errors import UsageError
+from ..errors import BindingError, TrainerLayoutError, UsageError
 from ..jobenv import Mode
 from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, rank_master
 from ..launch.hangs import policy_from
@@ -269,8 +269,6 @@ def trainer_mesh(options: Options, spec: str | None) -> str | None:
         return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
 
     if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
-        from ..errors import TrainerLayoutError
-
         raise TrainerLayoutError(f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
                           "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)")
     return None
@@ -279,8 +277,6 @@ def trainer_mesh(options: Options, spec: str | None) -> str | None:
 def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
     """``--strict-binding`` where the kernel refuses the ranks' memory policy: one line before any rank starts."""
     if strict and plan.mem_unbound:
-        from ..errors import BindingError
-
         raise BindingError(mem_refused_line(plan, strict=True))
 
 

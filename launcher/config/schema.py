@@ -8,13 +8,13 @@ reads the run dir's ``config.yaml`` back with :func:`load_job_config`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 
 
 class ModelKind(str, enum.Enum):
@@ -78,8 +78,6 @@ def _launcher_config() -> type:
     """The launch options a job config sets, below the command line and the environment; null: not set.
 
     A key per launch option that declares one (:func:`numarun.launch.options.config_keys`)."""
-    from dataclasses import make_dataclass
-
     from ..launch.options import config_keys
 
     made = make_dataclass("LauncherConfig", [(k, Optional[t], field(default=None)) for k, t in config_keys()])
@@ -259,7 +257,6 @@ def check_values(cfg: Any) -> None:
 
 def _check_launcher(launcher: Any) -> None:
     """Each value of the ``launcher`` group read as its option reads it (null: not set)."""
-    from ..errors import UsageError
     from ..launch.options import DECLARED
 
     for o in DECLARED:

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import enum
 import functools
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -349,7 +350,5 @@ def given(**values: Any) -> Options:
 def shown(args: argparse.Namespace, options: Options, *, title: str = "") -> Options:
     """``--show-sources``: the options block on stderr (``title`` first); returns ``options``."""
     if getattr(args, "show_sources", False):
-        import sys
-
         sys.stderr.write(title + options.describe())
     return options

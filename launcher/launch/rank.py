@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from typing import NoReturn
@@ -29,8 +30,6 @@ AGREE_TIMEOUT_S = 300.0
 def become_rank(target: Target, env: Mapping[str, str]) -> NoReturn:
     """Set ``env``, hand logging and standard output back as Python starts them, and run the bootstrap
     on ``target``."""
-    import sys
-
     os.environ.update(env)
     sys.stdout = sys.__stdout__  # not the CLI's checked stream: the script's writes are its own
     # The CLI configured the root logger for numarun's own lines; a script's logging.basicConfig()

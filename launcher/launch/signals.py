@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import select
 import signal
@@ -25,6 +26,8 @@ from typing import Any, Protocol
 
 from ..envvars import INIT, READY_FD
 from .child import numarun_command
+
+log = logging.getLogger(__name__)
 
 
 class Phase(enum.Enum):
@@ -197,7 +200,7 @@ class Loop:
                     c[0] = now + c[1]
                     c[2](now)
             except Exception as e:
-                _log().debug("signal loop: %s", e)
+                log.debug("signal loop: %s", e)
 
     def _act(self, signum: int) -> None:
         with self.lock:
@@ -207,7 +210,7 @@ class Loop:
             act, target = ON_SIGNAL[self.phase][0 if death else 1], self.target
             if act is Act.HOLD or target is None:
                 self.held.append(signum)
-                _log().warning("got %s: the workers get it when they start", signal.Signals(signum).name)
+                log.warning("got %s: the workers get it when they start", signal.Signals(signum).name)
                 return
             if act in (Act.END, Act.STOP):
                 self.phase = Phase.STOPPING
@@ -217,12 +220,6 @@ class Loop:
             target.stop(signum, again=act is Act.AGAIN)
         else:
             target.forward(signum)
-
-
-def _log() -> Any:
-    import logging
-
-    return logging.getLogger(__name__)
 
 
 def _read(fd: int, timeout: float | None) -> list[int]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..argtypes import host_port, parse_endpoint
+from ..envvars import NODE_KEY, RDZV_MARGIN
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from .signals import DEATH
@@ -221,8 +222,6 @@ def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Targ
 
 def rdzv_margin(environ: Mapping[str, str]) -> int:
     """:data:`RDZV_MARGIN_S`, or the whole seconds in ``NUMARUN_RDZV_MARGIN`` (0 to 3600)."""
-    from ..envvars import RDZV_MARGIN
-
     text = environ.get(RDZV_MARGIN, "").strip()
     if not text:
         return RDZV_MARGIN_S
@@ -235,6 +234,4 @@ def rendezvous_key(*, nvlink_domain: str, position: int | None, environ: Mapping
     """The key a node reports to a c10d rendezvous with a layout: its multi-node NVLink domain, the user's
     ``NUMARUN_NODE_KEY``, its place in Slurm's node order (regrouped by leaf switch); nodes then take node ranks
     in key order (equal keys: torch's order), so that a domain's or a switch's nodes get adjacent node ranks."""
-    from ..envvars import NODE_KEY
-
     return (nvlink_domain, environ.get(NODE_KEY, "").strip(), f"{position:09d}" if position is not None else "")

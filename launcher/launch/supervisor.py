@@ -36,6 +36,7 @@ from typing import NoReturn
 
 from .. import envvars, ledger, torch_private
 from ..errors import NumarunError
+from ..fsutil import write_atomic
 from . import net, oom, reaper, signals
 from .abort import AbortWatch
 from .hangs import HangPolicy, HangWatch, keep_dir, write_job_record
@@ -246,8 +247,6 @@ class Supervisor:
     def write_plan(self, text: str, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
         """The plan for this node's workers, in the private directory (mode 0600: a run dir may be shared by
         every node); returns its path. ``run_dir`` keeps the record, ``numarun_plan[.<node>].json``."""
-        from ..fsutil import write_atomic
-
         if self.private_dir is None:
             raise RuntimeError("Supervisor.start() comes before write_plan()")
         path = self.private_dir / "plan.json"

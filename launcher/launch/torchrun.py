@@ -163,7 +163,6 @@ def check_module(name: str) -> None:
     """``-m MODULE`` must be importable as the workers will import it (the working directory
     first on the path, as ``python -m`` puts it)."""
     import importlib.util
-    import sys
 
     form = "an importable module name (python -m MODULE), e.g. pkg.train"
     sys.path.insert(0, os.getcwd())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
+from ..cpuset import format_list
 from ..jobenv.container import Container, Fix, fix
 from ..topology.model import Topology, physical_cores
 from ..topology.pci import pci_order
@@ -123,8 +124,6 @@ def narrow(binding: RankBinding, topology: Topology, allowed: Iterable[int]) -> 
 
 
 def _fmt(cpus: Iterable[int]) -> str:
-    from ..cpuset import format_list
-
     return format_list(sorted(cpus))
 
 

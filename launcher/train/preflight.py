@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, TrainerLayoutError
 
 if TYPE_CHECKING:
     from ..config.files import PreparedJob
@@ -113,7 +113,6 @@ def check_layout(cfg: Any, *, world_size: int, nnodes: int | None, nproc_per_nod
     starts, every rank again (under plain torchrun it is the first check)."""
     from ..config.layout import layout_of
     from ..config.schema import CommMode, ModelKind
-    from ..errors import TrainerLayoutError
     from .stages import plan_pipeline, schedule_name
 
     layout = layout_of(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)

@@ -94,12 +94,10 @@ def agreed_now(value: str, environ: Mapping[str, str]) -> str:
     if nodes <= 1 or not host or not port or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":
         # no agent's store to agree through (a rank the scheduler started): the value is the job's own
         return value
-    from datetime import timedelta
-
     try:
         import torch.distributed as dist
 
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=AGREE_TIMEOUT_S))
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=_dt.timedelta(seconds=AGREE_TIMEOUT_S))
         # one key for the whole launch: the store outlives worker restarts, so a restarted job
         # keeps the run dir it started in
         key = f"numarun/hydra_now/{environ.get('TORCHELASTIC_RUN_ID', '')}"
