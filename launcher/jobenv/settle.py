@@ -100,9 +100,7 @@ class NodeRendezvous:
 
 
 def _who(shape: JobShape) -> str:
-    if shape.scheduler is Scheduler.SLURM:
-        return f"Slurm step {shape.job}"
-    return shape.describe().split(":")[0]
+    return f"Slurm step {shape.job}" if shape.scheduler is Scheduler.SLURM else shape.describe().split(":")[0]
 
 
 def _nnodes_range(text: str) -> tuple[int, int] | None:
@@ -151,6 +149,12 @@ def _check_standalone(shape: JobShape, stated: Stated) -> None:
         )
 
 
+def _check_shape(shape: JobShape, stated: Stated) -> None:
+    _check_nnodes(shape, stated)
+    _check_standalone(shape, stated)
+    _check_node_rank(shape, stated)
+
+
 def own_rendezvous(stated: Stated) -> bool:
     """The user's own rendezvous (``--rdzv-endpoint``, c10d, ``--standalone``): the job sets only the node count."""
     return bool(_stated(stated, "rdzv_endpoint") or _stated(stated, "standalone")) or (
@@ -165,9 +169,7 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
     ``SLURM_NODEID``). The head is node rank 0, the port derives from the job and step ids.
     ``MASTER_ADDR``/``MASTER_PORT`` in the job's environment are stated options (the options model reads them).
     """
-    _check_nnodes(shape, stated)
-    _check_standalone(shape, stated)
-    _check_node_rank(shape, stated)
+    _check_shape(shape, stated)
     if own_rendezvous(stated):  # the order is the one the nodes' keys give a c10d rendezvous with a layout
         order = tuple(node_order(shape.nodes, leaf_switch)) if leaf_switch is not None and shape.nodes else ()
         return NodeRendezvous(nnodes=shape.nnodes, node_rank=shape.node_index, head="", master_addr=None,
@@ -183,22 +185,6 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
                           own_rendezvous=False, order=order)
 
 
-def _derived_port(shape: JobShape) -> int:
-    if shape.job_id is not None:
-        return rendezvous_port(shape.job_id, shape.step_id or 0)
-    return TORCHRUN_DEFAULT_PORT
-
-
-def _mpi_head_addr(shape: JobShape) -> str:
-    if shape.nnodes == 1:
-        return "127.0.0.1"
-    raise UsageError(
-        f"no address for rank 0's node: {shape.describe().split(':')[0]} spans {shape.nnodes} nodes and the MPI launcher "
-        "does not say where rank 0 runs; expected --master-addr HOST or MASTER_ADDR in the environment "
-        "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)"
-    )
-
-
 def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) -> None:
     """Per-rank mode: the options must not contradict the scheduler nor ask for torchrun's agent (any option
     but those of ``per_rank``, which make sense when the scheduler starts every rank)."""
@@ -210,9 +196,7 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
             "--nproc-per-node, or one task per node (srun --ntasks-per-node=1) for numarun to start the node's ranks"
         )
     if shape.node_index >= 0:  # else checked again once the ranks agree on it
-        _check_nnodes(shape, stated)
-        _check_standalone(shape, stated)
-        _check_node_rank(shape, stated)
+        _check_shape(shape, stated)
     agent = sorted(s.where for d, s in stated.items() if d not in per_rank)
     if agent:
         flag = agent[0]
@@ -224,9 +208,15 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
 
 def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | None, int]:
     addr = _stated(stated, "master_addr") or None
-    if addr is None and not nodes:
-        addr = _mpi_head_addr(shape)
-    return addr, _stated(stated, "master_port") or _derived_port(shape)
+    if addr is None and not nodes:  # MPI: no node names to look rank 0's up by
+        if shape.nnodes != 1:
+            raise UsageError(
+                f"no address for rank 0's node: {shape.describe().split(':')[0]} spans {shape.nnodes} nodes and the MPI "
+                "launcher does not say where rank 0 runs; expected --master-addr HOST or MASTER_ADDR in the environment "
+                "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)")
+        addr = "127.0.0.1"
+    derived = rendezvous_port(shape.job_id, shape.step_id or 0) if shape.job_id is not None else TORCHRUN_DEFAULT_PORT
+    return addr, _stated(stated, "master_port") or derived
 
 
 def rank_master(shape: JobShape, stated: Stated) -> tuple[str | None, int]:
