@@ -109,18 +109,14 @@ def _help_only(argv: list[str], command: str) -> bool:
 
 
 def build_parser(only: str | None = None) -> OneLineParser:
-    parser = OneLineParser(
-        prog="numarun",
-        description="Topology-aware launcher for PyTorch distributed training. "
-        "'numarun train.py' runs like 'torchrun train.py', with each local rank bound "
-        "to its GPU, CPU cores, memory and NIC.",
-    )
+    parser = OneLineParser(prog="numarun",
+                           description="Topology-aware launcher for PyTorch distributed training. "
+                           "'numarun train.py' runs like 'torchrun train.py', with each local rank bound "
+                           "to its GPU, CPU cores, memory and NIC.")
     parser.add_argument("--version", action="version", version=f"numarun {__version__}")
-    parser.add_argument(
-        "--log-level", default=None,
-        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
-        "bootstrap, whose default INFO shows the one binding line per rank",
-    )
+    parser.add_argument("--log-level", default=None,
+                        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
+                        "bootstrap, whose default INFO shows the one binding line per rank")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, mod in _available_commands().items():
         if name != only:

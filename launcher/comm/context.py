@@ -62,10 +62,8 @@ def _env_int(name: str, default: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise DistInitError(
-                f"bad environment: {name} is not set; expected to run under numarun or torchrun "
-                "(they set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)"
-            )
+            raise DistInitError(f"bad environment: {name} is not set; expected to run under numarun or torchrun "
+                                "(they set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
         return default
     try:
         return int(raw)
@@ -160,10 +158,8 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
             kwargs["store"] = store
         dist.init_process_group(**kwargs)
     elif dist.get_rank() != rank or dist.get_world_size() != world_size:
-        raise DistInitError(
-            f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
-            f"expected RANK={rank} WORLD_SIZE={world_size} from the environment"
-        )
+        raise DistInitError(f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
+                            f"expected RANK={rank} WORLD_SIZE={world_size} from the environment")
 
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", -1))
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 0)
@@ -174,10 +170,8 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
     if any(r[0] < 0 for r in rows):  # no node rank (launched by hand): torchrun's contiguous numbering
         lws = [r[2] for r in rows]
         if len(set(lws)) != 1 or lws[0] <= 0:
-            raise DistInitError(
-                f"bad environment: GROUP_RANK unset and LOCAL_WORLD_SIZE {sorted(set(lws))} differs or is unset; "
-                "expected to run under numarun or torchrun"
-            )
+            raise DistInitError(f"bad environment: GROUP_RANK unset and LOCAL_WORLD_SIZE {sorted(set(lws))} differs or is unset; "
+                                "expected to run under numarun or torchrun")
         rows = [(r // lws[0], r % lws[0], lws[0]) for r in range(world_size)]
     layout = layout_from_places([RankPlace(r[0], r[1]) for r in rows])
     for r, row in enumerate(rows):
@@ -197,10 +191,8 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
         local_world_size=len(layout.intra_of(rank)), backend=str(dist.get_backend()), device=device, binding=binding,
         layout=layout, intra_group=groups.intra, inter_group=groups.inter, mesh=mesh, mesh_layout=mesh_layout,
     )
-    log.info(
-        "rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
-        rank, me.node_rank, layout.num_nodes, me.local_rank, _CONTEXT.local_world_size, _CONTEXT.backend, device,
-    )
+    log.info("rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
+             rank, me.node_rank, layout.num_nodes, me.local_rank, _CONTEXT.local_world_size, _CONTEXT.backend, device)
     return _CONTEXT
 
 

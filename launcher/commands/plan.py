@@ -12,12 +12,10 @@ from ..launch.options import PLANNING, add_options, from_args, shown
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "plan",
-        help="show the per-rank binding plan (table, --json, --svg)",
-        description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
-        "for this node (or a recorded topology) and print it; runs nothing.",
-    )
+    parser = subparsers.add_parser("plan",
+                                   help="show the per-rank binding plan (table, --json, --svg)",
+                                   description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
+                                   "for this node (or a recorded topology) and print it; runs nothing.")
     add_options(parser, (*PLANNING, "nnodes"))  # --nnodes: the nodes a --mesh layout spans, this one among them
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
     parser.add_argument("--no-detect", action="store_true",

@@ -215,10 +215,8 @@ class Planner:
         plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(self._env), mempolicy_refusal())
         nproc = options.setting("nproc_per_node")
         if isinstance(nproc.value, int) and nproc.value != plan.nproc_per_node:
-            raise UsageError(
-                f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
-                f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}"
-            )
+            raise UsageError(f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
+                             f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}")
         return Planned(plan, os.path.abspath(path))
 
     def _rank(self, options: Options, job: JobShape) -> Planned:

@@ -63,10 +63,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         metavar="SECONDS",
                         help="seconds between the binding watcher's checks in every rank (default 30)")
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
-    parser.add_argument(
-        "--no-detect", action="store_true",
-        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
-    )
+    parser.add_argument("--no-detect", action="store_true",
+                        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS

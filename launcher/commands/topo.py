@@ -21,20 +21,16 @@ MAX_WIDTH = 10000
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "topo",
-        help="show NUMA nodes, CPUs, GPUs, links and NICs of this node",
-        description="Show the node's topology: NUMA nodes and their CPUs and memory, GPUs with "
-        "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
-        "that --topology reads back; --svg draws the picture.",
-    )
+    p = subparsers.add_parser("topo",
+                              help="show NUMA nodes, CPUs, GPUs, links and NICs of this node",
+                              description="Show the node's topology: NUMA nodes and their CPUs and memory, GPUs with "
+                              "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
+                              "that --topology reads back; --svg draws the picture.")
     add_options(p, ("topology",))
     p.add_argument("--json", action="store_true", help="print the JSON snapshot instead of the table view")
     p.add_argument("--svg", metavar="FILE", default=None, help="also write an SVG picture of the topology to FILE")
-    p.add_argument(
-        "--smi", metavar="FILE", default=None,
-        help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs",
-    )
+    p.add_argument("--smi", metavar="FILE", default=None,
+                   help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs")
     p.add_argument("--width", type=argtypes.int_in("--width", low=1, high=MAX_WIDTH), default=None,
                    help="text width of the table view (default: terminal width)")
     p.set_defaults(func=main)

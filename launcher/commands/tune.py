@@ -227,11 +227,9 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(table(summaries, default=default, winner=winner))
     print(f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)")
     if args.json:
-        write_output(
-            args.json,
-            json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
-            flag="--json",
-        )
+        write_output(args.json,
+                     json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
+                     flag="--json")
     if args.svg:
         from ..tune.chart import render_chart
 

@@ -78,10 +78,8 @@ def config_dir() -> Path:
     for c in candidates:
         if (c / "config.yaml").is_file():
             return c
-    raise ConfigError(
-        f"bad config dir {str(candidates[0])!r}: expected a directory holding config.yaml "
-        f"(set {envvars.CONFIG_DIR} to numarun's configs/)"
-    )
+    raise ConfigError(f"bad config dir {str(candidates[0])!r}: expected a directory holding config.yaml "
+                      f"(set {envvars.CONFIG_DIR} to numarun's configs/)")
 
 
 def is_info_command(script_args: Sequence[str]) -> bool:
@@ -203,10 +201,8 @@ def _parse(script_args: Sequence[str]) -> Any:
     parser = internals.args_parser()
 
     def refuse(message: str) -> None:
-        raise ConfigError(
-            f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected "
-            "key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)"
-        )
+        raise ConfigError(f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected "
+                          "key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)")
 
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser, parser.parse_args(list(script_args))
@@ -461,11 +457,9 @@ def too_deep(overrides: list[str], *, config: str = "") -> ConfigError:
 
 def explain(e: BaseException, overrides: list[str]) -> str:
     """One line: which override, what Hydra/OmegaConf said, what was expected."""
-    text = " ".join(
-        line.strip()
-        for line in str(e).splitlines()
-        if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type"))
-    )
+    text = " ".join(line.strip()
+                    for line in str(e).splitlines()
+                    if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type")))
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause).strip():
         detail = _first_line(cause)

@@ -80,12 +80,10 @@ def is_hydra_main(source: str) -> bool:
         tree = ast.parse(source)
     except SyntaxError:
         return "@hydra.main" in source
-    return any(
-        isinstance(dec, ast.Call)
-        and isinstance(dec.func, ast.Attribute)
-        and dec.func.attr == "main"
-        and getattr(dec.func.value, "id", "") == "hydra"
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for dec in node.decorator_list
-    )
+    return any(isinstance(dec, ast.Call)
+               and isinstance(dec.func, ast.Attribute)
+               and dec.func.attr == "main"
+               and getattr(dec.func.value, "id", "") == "hydra"
+               for node in ast.walk(tree)
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for dec in node.decorator_list)

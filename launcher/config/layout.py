@@ -50,10 +50,8 @@ class Layout:
         rest = [d for d in DIMS if getattr(self, d) == REST]
         if rest:
             if world_size % known:
-                raise TrainerLayoutError(
-                    f"bad layout {self.spec()}: {world_size} ranks cannot be split into {_product(self)} x "
-                    f"parallel.{rest[0]}; expected a world size that is a multiple of {known}"
-                )
+                raise TrainerLayoutError(f"bad layout {self.spec()}: {world_size} ranks cannot be split into {_product(self)} x "
+                                         f"parallel.{rest[0]}; expected a world size that is a multiple of {known}")
             return Layout(**{**{d: getattr(self, d) for d in DIMS}, rest[0]: world_size // known})
         if known != world_size:
             raise TrainerLayoutError(

@@ -20,10 +20,8 @@ def check_run_dir(path: Path, *, root: Path | None = None) -> None:
     below = [p for p in (path, *path.parents) if base in p.parents] if base in path.parents else [path]
     for p in below:
         if p.is_symlink():
-            raise ConfigError(
-                f"bad run dir {str(path)!r}: {str(p)!r} is a symbolic link; expected real directories "
-                "(or hydra.run.dir=DIR naming one)"
-            )
+            raise ConfigError(f"bad run dir {str(path)!r}: {str(p)!r} is a symbolic link; expected real directories "
+                              "(or hydra.run.dir=DIR naming one)")
         if p.exists() and not p.is_dir():
             raise ConfigError(
                 f"bad run dir {str(path)!r}: {str(p)!r} exists and is not a directory; expected a writable directory path"

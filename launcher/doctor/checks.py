@@ -76,11 +76,9 @@ def check_rdma_ports(topo: Topology) -> list[Finding]:
                 continue
             if not p.active:
                 sev = Severity.WARN if active else Severity.ERROR
-                out.append(Finding(
-                    sev, "rdma-port", where,
-                    f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
-                    "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
-                ))
+                out.append(Finding(sev, "rdma-port", where,
+                                   f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
+                                   "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA"))
                 continue
             if p.link_layer and p.link_layer not in USABLE_LINK_LAYERS:
                 out.append(Finding(
@@ -89,11 +87,9 @@ def check_rdma_ports(topo: Topology) -> list[Finding]:
                     "(RoCE) ports: this device is not a compute NIC",
                 ))
             elif p.link_layer == "Ethernet" and not netdevs.get(dev):
-                out.append(Finding(
-                    Severity.WARN, "rdma-link-layer", where,
-                    f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
-                    "bring the interface up or leave the device out with NCCL_IB_HCA",
-                ))
+                out.append(Finding(Severity.WARN, "rdma-link-layer", where,
+                                   f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
+                                   "bring the interface up or leave the device out with NCCL_IB_HCA"))
     return out
 
 
@@ -114,12 +110,10 @@ def check_numa_unknown(topo: Topology) -> list[Finding]:
             ))
     for n in topo.nics:
         if n.numa_node < 0 and n.pci_bus_id:
-            out.append(Finding(
-                Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
-                "numa-unknown", n.name,
-                f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
-                "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS",
-            ))
+            out.append(Finding(Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
+                               "numa-unknown", n.name,
+                               f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
+                               "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS"))
     return out
 
 
@@ -129,17 +123,13 @@ def check_peermem(topo: Topology) -> list[Finding]:
     if not rdma or not nvidia:
         return []
     if topo.kernel_modules is None:
-        return [Finding(
-            Severity.INFO, "peermem", "kernel",
-            "the loaded kernel modules are unknown (no proc/modules): GPUDirect RDMA not checked",
-        )]
+        return [Finding(Severity.INFO, "peermem", "kernel",
+                        "the loaded kernel modules are unknown (no proc/modules): GPUDirect RDMA not checked")]
     if any(m in topo.kernel_modules for m in PEERMEM_MODULES):
         return []
-    return [Finding(
-        Severity.WARN, "peermem", ",".join(rdma),
-        "RDMA NICs and NVIDIA GPUs are present but nvidia_peermem is not loaded: NCCL falls back to "
-        "copies through host memory unless the driver and kernel support DMA-BUF; run 'modprobe nvidia_peermem'",
-    )]
+    return [Finding(Severity.WARN, "peermem", ",".join(rdma),
+                    "RDMA NICs and NVIDIA GPUs are present but nvidia_peermem is not loaded: NCCL falls back to "
+                    "copies through host memory unless the driver and kernel support DMA-BUF; run 'modprobe nvidia_peermem'")]
 
 
 def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> list[Finding]:
@@ -156,16 +146,12 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
             out.append(Finding(Severity.WARN, "plan", "plan", w))
     except NumarunError as e:
         nproc = request.nproc_per_node or max(len(topo.gpus), 1)
-        out.append(Finding(
-            Severity.ERROR, "plan", format_list(usable) or "-",
-            f"the binding cannot be planned here: {e}",
-        ))
+        out.append(Finding(Severity.ERROR, "plan", format_list(usable) or "-",
+                           f"the binding cannot be planned here: {e}"))
     if len(cores) < nproc:
-        out.append(Finding(
-            Severity.ERROR, "cpus", format_list(usable) or "-",
-            f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
-            f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks",
-        ))
+        out.append(Finding(Severity.ERROR, "cpus", format_list(usable) or "-",
+                           f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
+                           f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks"))
     disallowed = sorted(c.id for c in topo.cpus if c.online and not c.allowed)
     if disallowed and len(cores) >= nproc:
         out.append(Finding(
@@ -174,22 +160,18 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         ))
     offline = sorted(c.id for c in topo.cpus if not c.online)
     if offline:
-        out.append(Finding(
-            Severity.WARN, "cpus-offline", format_list(offline),
-            f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
-            "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended",
-        ))
+        out.append(Finding(Severity.WARN, "cpus-offline", format_list(offline),
+                           f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
+                           "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended"))
     if topo.allowed_mems:
         allowed = set(topo.allowed_mems)
         wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {
             n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)
         }
         for node in sorted(wanted - allowed):
-            out.append(Finding(
-                Severity.WARN, "mems", f"node{node}",
-                f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
-                "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)",
-            ))
+            out.append(Finding(Severity.WARN, "mems", f"node{node}",
+                               f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
+                               "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)"))
     smt = smt_control.strip()
     if smt:
         siblings = any(len(topo.cpu(c).siblings) > 1 for c in usable)

@@ -128,11 +128,9 @@ def check_confinement(topo: Topology, c: Confinement, request: PlanRequest) -> l
         visible = f"; NVIDIA_VISIBLE_DEVICES={c.nvidia_visible_devices}" if c.nvidia_visible_devices is not None else ""
         files = ",".join(f"/dev/nvidia{m}" for m in openable) or "none"
         sev = Severity.WARN if not openable else Severity.INFO
-        out.append(Finding(
-            sev, "gpus", files,
-            f"{seen} GPUs under /sys, {len(openable)} may be opened here ({files}{visible}): the plan uses "
-            + ("those" if openable else f"none; fix: {fix(Fix.GPUS, runtime)}"),
-        ))
+        out.append(Finding(sev, "gpus", files,
+                           f"{seen} GPUs under /sys, {len(openable)} may be opened here ({files}{visible}): the plan uses "
+                           + ("those" if openable else f"none; fix: {fix(Fix.GPUS, runtime)}")))
     nproc = request.nproc_per_node if isinstance(request.nproc_per_node, int) else None
     gpu_ranks = len(openable) if confined else seen
     ranks = nproc or gpu_ranks or 1

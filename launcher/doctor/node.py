@@ -85,10 +85,8 @@ def measure(topo: Topology) -> dict[str, Any]:
         "from numarun.doctor.measure import main;sys.exit(main(sys.argv[2:]))"
     )
     try:
-        out = subprocess.run(
-            [sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
-            capture_output=True, text=True, timeout=MEASURE_TIMEOUT_S, check=False,
-        )
+        out = subprocess.run([sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
+                             capture_output=True, text=True, timeout=MEASURE_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"measurement took over {MEASURE_TIMEOUT_S:g} s"}
     if out.returncode != 0:

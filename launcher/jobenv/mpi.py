@@ -65,7 +65,5 @@ def shape_from_env(environ: Mapping[str, str], scheduler: Scheduler, *, nproc_gi
     nnodes, node_index = (1, 0) if local_size == size else (size, rank) if per_node else (0, -1)
     mode = Mode.PER_NODE if per_node else Mode.PER_RANK
     job = environ.get("PMIX_NAMESPACE", "") if scheduler is not Scheduler.MPICH else ""
-    return JobShape(
-        scheduler=scheduler, mode=mode, job=job, nnodes=nnodes, node_index=node_index, nodes=(),
-        node_name="", rank=rank, local_rank=local_rank, world_size=size, local_world_size=local_size,
-    )
+    return JobShape(scheduler=scheduler, mode=mode, job=job, nnodes=nnodes, node_index=node_index, nodes=(),
+                    node_name="", rank=rank, local_rank=local_rank, world_size=size, local_world_size=local_size)

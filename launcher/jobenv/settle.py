@@ -119,10 +119,8 @@ def _check_nnodes(shape: JobShape, stated: Stated) -> None:
         return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
     flag = _flag(stated, "nnodes")
-    raise JobConflict(
-        f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
-        f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)"
-    )
+    raise JobConflict(f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
+                      f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)")
 
 
 def _check_node_rank(shape: JobShape, stated: Stated) -> None:

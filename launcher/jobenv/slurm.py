@@ -133,12 +133,10 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
     # step's shape, so that every task of the step takes the same mode.
     mode = Mode.PER_NODE if ntasks == len(nodes) else Mode.PER_RANK
     gpus_on_node = _int(environ, "SLURM_GPUS_ON_NODE")
-    return JobShape(
-        scheduler=Scheduler.SLURM, mode=mode, job=f"{job_id}.{step_id}", nnodes=len(nodes), node_index=node_index,
-        nodes=tuple(nodes), node_name=name, rank=rank, local_rank=local_rank, world_size=ntasks,
-        local_world_size=local_size, job_id=job_id, step_id=step_id, gpus_on_node=gpus_on_node,
-        job_gpus=_ids(environ, "SLURM_JOB_GPUS"), step_gpus=_ids(environ, "SLURM_STEP_GPUS"),
-    )
+    return JobShape(scheduler=Scheduler.SLURM, mode=mode, job=f"{job_id}.{step_id}", nnodes=len(nodes), node_index=node_index,
+                    nodes=tuple(nodes), node_name=name, rank=rank, local_rank=local_rank, world_size=ntasks,
+                    local_world_size=local_size, job_id=job_id, step_id=step_id, gpus_on_node=gpus_on_node,
+                    job_gpus=_ids(environ, "SLURM_JOB_GPUS"), step_gpus=_ids(environ, "SLURM_STEP_GPUS"))
 
 
 def parse_leaf_switches(text: str) -> dict[str, str]:

@@ -352,10 +352,8 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
 
         names = sorted(ep.name for ep in metadata.entry_points().select(group="torchrun.logs_specs"))
         if specs not in names:
-            raise UsageError(
-                f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' "
-                f"entry point ({', '.join(names) or 'none installed'})"
-            )
+            raise UsageError(f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' "
+                             f"entry point ({', '.join(names) or 'none installed'})")
     signals = options.get("signals_to_handle")
     if signals is not None:
         check_signals(str(signals))

@@ -61,10 +61,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     if nproc is None:
         nproc = len(gpus) or 1
     if gpus and nproc > len(gpus):
-        raise PlanError(
-            f"bad --nproc-per-node {nproc}: only {len(gpus)} GPUs are visible; expected at most {len(gpus)}, "
-            "or CUDA_VISIBLE_DEVICES= (empty) for CPU-only ranks"
-        )
+        raise PlanError(f"bad --nproc-per-node {nproc}: only {len(gpus)} GPUs are visible; expected at most {len(gpus)}, "
+                        "or CUDA_VISIBLE_DEVICES= (empty) for CPU-only ranks")
     # by identity, then equality: nvidia-smi topologies have no bus ids to match on
     positions = {id(g): i for i, g in enumerate(topology.gpus)}
 
@@ -304,10 +302,8 @@ def _assign(
         n_llc = len(known) if len(known) == len(llcs) else 0
         warnings.append(f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive")
     if len(cores) < k:
-        raise PlanError(
-            f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
-            f"for {k} ranks; expected at least one core per rank (use --binding node, or fewer ranks)"
-        )
+        raise PlanError(f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
+                        f"for {k} ranks; expected at least one core per rank (use --binding node, or fewer ranks)")
     for r, chunk in zip(members, _split(cores, k)):
         r.cpus = tuple(sorted(c for core in chunk for c in core))
 

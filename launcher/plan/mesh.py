@@ -171,11 +171,9 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
                 f"{spec.where} {spec.text}: the slowest {first} link is {slowest} (no placement keeps {first}'s groups of "
                 f"{layout.size(first)} on this node's fastest links, {fastest.word}); the job runs so")
     shown_shape = tuple(d.size for d in dims)
-    record = MeshPlan(
-        spec=",".join(f"{d.name}={d.size}" for d in dims), declared=str(request.mesh), names=layout.names,
-        shape=shown_shape, nnodes=nnodes, dims=tuple(dims),
-        default_gpus=tuple(gpus[p].index for p in today) if gpus else (), search=search,
-        cuda_visible_devices=_visible_text(request, topology, gpus, order) if gpus else "",
-        nvlink_domain=nvlink_domain(topology),
-    )
+    record = MeshPlan(spec=",".join(f"{d.name}={d.size}" for d in dims), declared=str(request.mesh), names=layout.names,
+                      shape=shown_shape, nnodes=nnodes, dims=tuple(dims),
+                      default_gpus=tuple(gpus[p].index for p in today) if gpus else (), search=search,
+                      cuda_visible_devices=_visible_text(request, topology, gpus, order) if gpus else "",
+                      nvlink_domain=nvlink_domain(topology))
     return MeshChoice(order, record, tuple(warnings))

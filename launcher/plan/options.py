@@ -37,10 +37,8 @@ def parse_nproc(text: str) -> int | str | None:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
-        raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
-            f"or one of {', '.join(NPROC_KEYWORDS)}"
-        )
+        raise argparse.ArgumentTypeError(f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
+                                         f"or one of {', '.join(NPROC_KEYWORDS)}")
     return value
 
 

@@ -75,10 +75,8 @@ def own_gpu_refs(topology: Topology, own_minors: Iterable[int], cuda_visible: st
             picked = list(view)
     else:
         picked = list(view)
-    return tuple(
-        GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=i)
-        for i, g in enumerate(picked)
-    )
+    return tuple(GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=i)
+                 for i, g in enumerate(picked))
 
 
 def own_binding(plan: LaunchPlan, *, local_rank: int, own_gpus: Sequence[GpuRef] = ()) -> RankBinding:
@@ -116,11 +114,9 @@ def narrow(binding: RankBinding, topology: Topology, allowed: Iterable[int]) -> 
         nodes = sorted({by_id[c].numa_node for c in cpus if c in by_id and by_id[c].numa_node >= 0})
         allowed_mems = set(topology.allowed_mems)
         mems = tuple(n for n in nodes if not allowed_mems or n in allowed_mems)
-    return dataclasses.replace(
-        binding, cpus=cpus, env=env, mems=mems, physical_cores=cores,
-        mem_policy=binding.mem_policy if mems else MemPolicy.NONE,
-        fallback="; ".join(f for f in (binding.fallback, why) if f),
-    )
+    return dataclasses.replace(binding, cpus=cpus, env=env, mems=mems, physical_cores=cores,
+                               mem_policy=binding.mem_policy if mems else MemPolicy.NONE,
+                               fallback="; ".join(f for f in (binding.fallback, why) if f))
 
 
 def _fmt(cpus: Iterable[int]) -> str:

@@ -206,7 +206,5 @@ def check_env(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
 def check_output_dir(path: str) -> str:
     """The output root must be an absolute path sbatch can read in a header line."""
     if not path.startswith("/") or _PATH_BAD.search(path) or "\0" in path:
-        raise SlurmError(
-            expected(path, "an absolute path without whitespace, quotes, backslashes or '%'", "--output-dir")
-        )
+        raise SlurmError(expected(path, "an absolute path without whitespace, quotes, backslashes or '%'", "--output-dir"))
     return path.rstrip("/") or "/"

@@ -129,15 +129,13 @@ def parse_scontrol_jobs(text: str) -> list[JobRecord]:
         job_id = fields["JobId"]
         if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
             job_id = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
-        records.append(
-            JobRecord(
-                job_id=job_id,
-                state=fields.get("JobState", "UNKNOWN"),
-                exit_code=int(code) if code.isdigit() else 1,
-                signal=int(sig) if sig.isdigit() else 0,
-                restarts=int(fields.get("Restarts", "0")) if fields.get("Restarts", "0").isdigit() else 0,
-            )
-        )
+        records.append(JobRecord(
+                           job_id=job_id,
+                           state=fields.get("JobState", "UNKNOWN"),
+                           exit_code=int(code) if code.isdigit() else 1,
+                           signal=int(sig) if sig.isdigit() else 0,
+                           restarts=int(fields.get("Restarts", "0")) if fields.get("Restarts", "0").isdigit() else 0,
+                       ))
     return records
 
 
@@ -188,10 +186,8 @@ def job_records(job_id: str, *, last_state: str = "") -> list[JobRecord]:
             return records
         why_sacct = " ".join(acct.stderr.split()) or "no record (is accounting enabled?)"
     state = last_state or "UNKNOWN"
-    log.warning(
-        "job %s: final state unknown: slurmctld forgot it (scontrol: %s; see MinJobAge) and sacct has no record (%s); "
-        "last seen %s", job_id, why_scontrol, why_sacct, state,
-    )
+    log.warning("job %s: final state unknown: slurmctld forgot it (scontrol: %s; see MinJobAge) and sacct has no record (%s); "
+                "last seen %s", job_id, why_scontrol, why_sacct, state)
     return [JobRecord(job_id=job_id, state=f"{state} (last seen; final state unknown)", exit_code=1, signal=0)]
 
 

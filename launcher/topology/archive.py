@@ -110,7 +110,5 @@ def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
     dirs = [p for p in dest.iterdir() if p.is_dir()]
     if len(dirs) == 1 and (dirs[0] / "sys").is_dir():
         return dirs[0]
-    raise TopologyError(
-        f"bad topology archive {str(tarball)!r}: no sys/ directory at its top or in its single top directory; "
-        "expected a tarball of a machine's /sys and /proc"
-    )
+    raise TopologyError(f"bad topology archive {str(tarball)!r}: no sys/ directory at its top or in its single top directory; "
+                        "expected a tarball of a machine's /sys and /proc")

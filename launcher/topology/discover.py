@@ -100,12 +100,10 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
         if s is None:
             merged.append(dataclasses.replace(g, pci_bus_id=bus))
             continue
-        merged.append(dataclasses.replace(
-            g, pci_bus_id=bus, numa_node=g.numa_node if g.numa_node >= 0 else s.numa_node,
-            cpu_affinity=g.cpu_affinity or s.cpu_affinity, pci_path=g.pci_path or s.pci_path,
-            memory_numa_node=g.memory_numa_node if g.memory_numa_node >= 0 else s.memory_numa_node,
-            minor=g.minor if g.minor >= 0 else s.minor,
-        ))
+        merged.append(dataclasses.replace(g, pci_bus_id=bus, numa_node=g.numa_node if g.numa_node >= 0 else s.numa_node,
+                                          cpu_affinity=g.cpu_affinity or s.cpu_affinity, pci_path=g.pci_path or s.pci_path,
+                                          memory_numa_node=g.memory_numa_node if g.memory_numa_node >= 0 else s.memory_numa_node,
+                                          minor=g.minor if g.minor >= 0 else s.minor))
     merged_notes += [f"PCI GPU {bus} not listed by NVML; left out" for bus in by_bus]
     return dataclasses.replace(
         topo, gpus=tuple(merged), gpu_links=reading.gpu_links, gpu_source="nvml", notes=tuple(merged_notes)

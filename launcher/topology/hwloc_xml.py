@@ -85,10 +85,8 @@ def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
     except ValueError:
         major = 1
     if major < 2:
-        raise TopologyError(
-            f"bad hwloc XML {origin!r}: hwloc 1.x format (version {version or 'missing'!r}) is not supported; "
-            f"expected {_FORM} (hwloc >= 2.0)"
-        )
+        raise TopologyError(f"bad hwloc XML {origin!r}: hwloc 1.x format (version {version or 'missing'!r}) is not supported; "
+                            f"expected {_FORM} (hwloc >= 2.0)")
     top = root.find("object")
     if top is None:
         raise TopologyError(f"bad hwloc XML {origin!r}: no <object> under <topology>; expected {_FORM}")
@@ -234,20 +232,16 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
                 info = _infos(o)
                 name = name or info.get("GPUModel", "")
                 uuid = uuid or info.get("NVIDIAUUID", "") or info.get("AMDUUID", "")
-            st.gpus.append(Gpu(
-                index=0, pci_bus_id=bus, numa_node=numa, name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
-                uuid=uuid, vendor=vendor, cpu_affinity=cpus, pci_path=ctx.pci_chain,
-            ))
+            st.gpus.append(Gpu(index=0, pci_bus_id=bus, numa_node=numa, name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
+                               uuid=uuid, vendor=vendor, cpu_affinity=cpus, pci_path=ctx.pci_chain))
     ofed = [o for o, k in osdevs if k == "ofed"]
     nets = [o.get("name", "") for o, k in osdevs if k == "net"]
     for o in ofed:
         info = _infos(o)
         layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
         kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
-        st.nics.append(Nic(
-            name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)),
-            pci_path=ctx.pci_chain, ports=_rdma_ports(info),
-        ))
+        st.nics.append(Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)),
+                           pci_path=ctx.pci_chain, ports=_rdma_ports(info)))
     if not ofed:
         for n in nets:
             st.nics.append(
@@ -261,11 +255,9 @@ def _rdma_ports(info: dict[str, str]) -> tuple[RdmaPort, ...]:
     ports = []
     for n in numbers:
         state = info.get(f"Port{n}State", "").strip()
-        ports.append(RdmaPort(
-            number=n,
-            state=PORT_STATES.get(int(state), "") if state.isdigit() else "",
-            link_layer=info.get(f"Port{n}LinkLayer", "").strip(),
-        ))
+        ports.append(RdmaPort(number=n,
+                              state=PORT_STATES.get(int(state), "") if state.isdigit() else "",
+                              link_layer=info.get(f"Port{n}LinkLayer", "").strip()))
     return tuple(ports)
 
 

@@ -108,13 +108,11 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
         total = g.get("memory_total")
         minor = g.get("minor_number")
         cluster, clique = fabric_of(g.get("fabric"))
-        out.append(Gpu(
-            index=index, pci_bus_id=bus, numa_node=node, name=str(g.get("name") or ""), uuid=str(g.get("uuid") or ""),
-            cpu_affinity=_bits(g.get("cpu_affinity_words")), memory_numa_node=mem_node,
-            memory_bytes=total if isinstance(total, int) and total > 0 else 0,
-            minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
-            fabric_cluster=cluster, fabric_clique=clique,
-        ))
+        out.append(Gpu(index=index, pci_bus_id=bus, numa_node=node, name=str(g.get("name") or ""), uuid=str(g.get("uuid") or ""),
+                       cpu_affinity=_bits(g.get("cpu_affinity_words")), memory_numa_node=mem_node,
+                       memory_bytes=total if isinstance(total, int) and total > 0 else 0,
+                       minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
+                       fabric_cluster=cluster, fabric_clique=clique))
     return tuple(out)
 
 

@@ -161,10 +161,8 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
             gpu_numa.append(int(raw))
         else:
             raise _fail(origin, lineno, f"bad GPU NUMA ID {raw!r} (expected a node id or N/A) in", lines[lineno - 1])
-    return SmiMatrix(
-        origin, tuple(gpus), tuple(nics), nic_names, tuple(tuple(r[:ng]) for r in links[:ng]),
-        tuple(tuple(r[ng:]) for r in links[:ng]), tuple(cpu_aff), tuple(numa_aff), tuple(gpu_numa), tuple(columns),
-    )
+    return SmiMatrix(origin, tuple(gpus), tuple(nics), nic_names, tuple(tuple(r[:ng]) for r in links[:ng]),
+                     tuple(tuple(r[ng:]) for r in links[:ng]), tuple(cpu_aff), tuple(numa_aff), tuple(gpu_numa), tuple(columns))
 
 
 def _ids(value: str, origin: str, lineno: int, column: str) -> tuple[int, ...]:
@@ -281,10 +279,8 @@ def topology_from_smi(text: str, origin: str) -> Topology:
         core = sib[0] if sib else c
         cpus.append(Cpu(id=c, package=max(nid, 0), core=core, numa_node=nid, siblings=sib))
 
-    numa_nodes = tuple(
-        NumaNode(id=nid, cpus=frozen_nodes[nid], memory_bytes=0, memory_only=not frozen_nodes[nid])
-        for nid in sorted(frozen_nodes)
-    )
+    numa_nodes = tuple(NumaNode(id=nid, cpus=frozen_nodes[nid], memory_bytes=0, memory_only=not frozen_nodes[nid])
+                       for nid in sorted(frozen_nodes))
     gpus = tuple(
         Gpu(index=g, pci_bus_id="", numa_node=gpu_nodes[g], cpu_affinity=mx.cpu_affinity[g], memory_numa_node=mx.gpu_numa_id[g])
         for g in range(ng)

@@ -193,10 +193,8 @@ def read_sysfs(root: Path | str) -> Topology:
     live = root.resolve() == Path("/")
     r = _Reader(root)
     if not r.path("sys/devices/system/cpu").is_dir():
-        raise TopologyError(
-            f"bad topology tree {str(root)!r}: no sys/devices/system/cpu; expected a directory standing "
-            "for a machine's '/' (holding sys/ and proc/)"
-        )
+        raise TopologyError(f"bad topology tree {str(root)!r}: no sys/devices/system/cpu; expected a directory standing "
+                            "for a machine's '/' (holding sys/ and proc/)")
     links_file = r.path("links.json")
     if not live and links_file.is_file():
         try:
@@ -254,10 +252,8 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
             # Kernels before 2.6.27 have only the hex cpumap.
             cl = r.cpumask(d / "cpumap")
         if cl is None:
-            raise TopologyError(
-                f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
-                "expected a cpu list such as '0-3,8' (empty for a CPU-less node)"
-            )
+            raise TopologyError(f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
+                                "expected a cpu list such as '0-3,8' (empty for a CPU-less node)")
         cpus = tuple(c for c in cl if c in universe)
         for c in cpus:
             cpu_node.setdefault(c, nid)
@@ -269,10 +265,8 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
         raw.append((nid, cpus, mem, dist))
     # Distances are a matrix: keep them only when every row is known.
     dists_ok = all(row for *_, row in raw)
-    nodes = tuple(
-        NumaNode(id=nid, cpus=cpus, memory_bytes=mem, distances=dist if dists_ok else (), memory_only=not cpus)
-        for nid, cpus, mem, dist in raw
-    )
+    nodes = tuple(NumaNode(id=nid, cpus=cpus, memory_bytes=mem, distances=dist if dists_ok else (), memory_only=not cpus)
+                  for nid, cpus, mem, dist in raw)
     return nodes, cpu_node
 
 
@@ -528,10 +522,8 @@ def _read_rdma_ports(r: _Reader, dev: Path) -> tuple[RdmaPort, ...]:
             r.note(
                 f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state unknown"
             )
-        out.append(RdmaPort(
-            number=int(port.name), state=sm.group(1) if sm else "", link_layer=layer,
-            rate_gbps=float(m.group(1)) if m else 0.0,
-        ))
+        out.append(RdmaPort(number=int(port.name), state=sm.group(1) if sm else "", link_layer=layer,
+                            rate_gbps=float(m.group(1)) if m else 0.0))
     return tuple(out)
 
 

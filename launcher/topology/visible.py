@@ -20,11 +20,9 @@ def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | N
         return gpus
     known = all(g.minor >= 0 for g in gpus)
     if not known:
-        log.warning(
-            "this topology source records no GPU minor numbers: taking GPU index N as /dev/nvidiaN for the scheduler's "
-            "GPUs %s (a live machine, or a recorded tree with /proc/driver/nvidia/gpus/*/information, knows them)",
-            ",".join(str(m) for m in sorted(minors)),
-        )
+        log.warning("this topology source records no GPU minor numbers: taking GPU index N as /dev/nvidiaN for the scheduler's "
+                    "GPUs %s (a live machine, or a recorded tree with /proc/driver/nvidia/gpus/*/information, knows them)",
+                    ",".join(str(m) for m in sorted(minors)))
     number = {id(g): (g.minor if known else g.index) for g in gpus}
     missing = set(minors) - set(number.values())
     if missing:
@@ -46,13 +44,11 @@ def visible_gpus(
     """
     gpus = pci_order(openable(tuple(topology.gpus), allowed_minors))
     if (cuda_device_order or "").strip() != PCI_BUS_ID and len({g.name for g in gpus}) > 1:
-        log.warning(
-            "CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "
-            "FASTEST_FIRST order may then differ from NVML's PCI bus order used here; numarun sets "
-            "CUDA_DEVICE_ORDER=PCI_BUS_ID for its workers",
-            cuda_device_order,
-            ", ".join(sorted({g.name or "?" for g in gpus})),
-        )
+        log.warning("CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "
+                    "FASTEST_FIRST order may then differ from NVML's PCI bus order used here; numarun sets "
+                    "CUDA_DEVICE_ORDER=PCI_BUS_ID for its workers",
+                    cuda_device_order,
+                    ", ".join(sorted({g.name or "?" for g in gpus})))
     if cuda_visible_devices is None:
         return gpus
     text = cuda_visible_devices.strip()

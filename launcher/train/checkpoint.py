@@ -94,10 +94,8 @@ def check_model(meta: dict[str, Any], model_cfg: Any, path: Path) -> None:
     keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if keys:
         diff = ", ".join(f"model.{k}={saved.get(k)!r} in the checkpoint but {now.get(k)!r} now" for k in keys)
-        raise ConfigError(
-            f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
-            "config, or a new trainer.checkpoint_dir"
-        )
+        raise ConfigError(f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
+                          "config, or a new trainer.checkpoint_dir")
 
 
 def damage(path: Path) -> str:
@@ -177,14 +175,12 @@ def _candidates(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root`` (a ``step_*`` with meta.json), newest first."""
     if not root.is_dir():
         return []
-    return sorted(
-        (
-            (int(m.group(1)), child)
-            for child in root.iterdir()
-            if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
-        ),
-        reverse=True,
-    )
+    return sorted((
+                      (int(m.group(1)), child)
+                      for child in root.iterdir()
+                      if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
+                  ),
+                  reverse=True)
 
 
 def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str] = damage,
@@ -204,10 +200,8 @@ def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str
             return step, path
         skipped.append((str(path), why))
     if skipped:
-        raise CheckpointError(
-            f"bad checkpoint {skipped[0][0]!r}: damaged ({skipped[0][1]}) and no older intact one; "
-            "expected a complete step_* (or trainer.resume=false)"
-        )
+        raise CheckpointError(f"bad checkpoint {skipped[0][0]!r}: damaged ({skipped[0][1]}) and no older intact one; "
+                              "expected a complete step_* (or trainer.resume=false)")
     return None
 
 
@@ -237,10 +231,8 @@ def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = Non
         n = len(candidates)
         got = most([1 if why else 0, n, -n, step, -step])
         if got[1] != -got[2] or got[3] != -got[4]:
-            raise CheckpointError(
-                f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
-                f"({n} here, step {step} first); expected one directory shared by every node"
-            )
+            raise CheckpointError(f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
+                                  f"({n} here, step {step} first); expected one directory shared by every node")
         return bool(got[0])
 
     if distributed and not candidates:

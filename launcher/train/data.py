@@ -95,10 +95,8 @@ class StepBatchSampler(Sampler[list[int]]):
 
     def __init__(self, *, start_step: int, steps: int, global_batch: int, dp_rank: int, dp_size: int, grad_accum: int) -> None:
         if global_batch % (dp_size * grad_accum):
-            raise ConfigError(
-                f"bad trainer.batch_size {global_batch}: expected a multiple of data-parallel ranks x "
-                f"trainer.grad_accum = {dp_size} x {grad_accum}"
-            )
+            raise ConfigError(f"bad trainer.batch_size {global_batch}: expected a multiple of data-parallel ranks x "
+                              f"trainer.grad_accum = {dp_size} x {grad_accum}")
         self.start_step, self.steps = start_step, steps
         self.global_batch, self.dp_rank, self.dp_size, self.grad_accum = global_batch, dp_rank, dp_size, grad_accum
 

@@ -232,10 +232,8 @@ class Trainer:
             fits = bool(flag.item())
             results.append({"batch_size": size, "fits": fits, "samples_per_s": round(rate, 2), "peak_mem_mb": round(peak, 1)})
             if self.rank == 0:
-                print(
-                    f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB",
-                    flush=True,
-                )
+                print(f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB",
+                      flush=True)
             if not fits:
                 break
             best = size
@@ -245,16 +243,12 @@ class Trainer:
             if capped:
                 print(f"batch size search stopped at trainer.auto_max_batch={t.auto_max_batch}: chose {best}, "
                       "larger sizes may fit (raise trainer.auto_max_batch to try them)", flush=True)
-            write_atomic(
-                self.run_dir / "batch_size_search.json",
-                json.dumps({"memory_limit_mb": limit, "chosen": best, "auto_max_batch": t.auto_max_batch,
-                            "stopped_by": "auto_max_batch" if capped else "memory", "sizes": results}, indent=1) + "\n",
-            )
+            write_atomic(self.run_dir / "batch_size_search.json",
+                         json.dumps({"memory_limit_mb": limit, "chosen": best, "auto_max_batch": t.auto_max_batch,
+                                     "stopped_by": "auto_max_batch" if capped else "memory", "sizes": results}, indent=1) + "\n")
         if best == 0:
-            raise ConfigError(
-                f"bad trainer.batch_size 'auto': even {dp * accum} samples exceed the memory limit "
-                f"{limit:.0f} MiB; expected a larger trainer.memory_limit_mb or a smaller model"
-            )
+            raise ConfigError(f"bad trainer.batch_size 'auto': even {dp * accum} samples exceed the memory limit "
+                              f"{limit:.0f} MiB; expected a larger trainer.memory_limit_mb or a smaller model")
         return best
 
     # -- the run -------------------------------------------------------------------------------
@@ -281,10 +275,8 @@ class Trainer:
                         saved and saved != self.layout.spec()) else ""
                     print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
         batch_size = self.find_batch_size() if t.batch_size == "auto" else int(t.batch_size)
-        sampler = StepBatchSampler(
-            start_step=start_step, steps=t.steps, global_batch=batch_size,
-            dp_rank=self.par.dp_rank, dp_size=self.par.dp_size, grad_accum=t.grad_accum,
-        )
+        sampler = StepBatchSampler(start_step=start_step, steps=t.steps, global_batch=batch_size,
+                                   dp_rank=self.par.dp_rank, dp_size=self.par.dp_size, grad_accum=t.grad_accum)
         loader = build_loader(self.dataset, sampler, num_workers=self.cfg.data.num_workers)
         metrics = (self.run_dir / "metrics.jsonl").open("a") if self.rank == 0 else None
         progress = self._progress(t.steps, start_step)
@@ -359,11 +351,9 @@ class Trainer:
         figures = watch.figures()
         share = figures.get("remote_memory_share")
         stop = self.stops.first() if self.stops is not None else 0
-        mine = torch.tensor(
-            [float(stop), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
-             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0, self.base_mem],
-            dtype=torch.float64, device=self.ctx.device,
-        )
+        mine = torch.tensor([float(stop), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
+                             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0, self.base_mem],
+                            dtype=torch.float64, device=self.ctx.device)
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, mine)
         rows = torch.stack(out).tolist()  # one copy to the host (one sync on a GPU), not one per rank

@@ -228,12 +228,10 @@ def _pipeline(plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ..
     for part, s in zip(parts, indices, strict=True):
         shapes = _shape_source(part)
         # static shapes (both given): no metadata exchange before the first step
-        stages.append(PipelineStage(
-            part, s, plan.num_stages, device,
-            input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
-            output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
-            group=group,
-        ))
+        stages.append(PipelineStage(part, s, plan.num_stages, device,
+                                    input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
+                                    output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
+                                    group=group))
     scale = 1.0 / (plan.microbatches * t.grad_accum)  # a mean over the step's samples, as one rank's loss is
 
     def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -58,10 +58,8 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
         raise ConfigError(f"bad data.path {path!r}: not a regular file; expected a file of {dtype} token ids")
     item = np.dtype(np.uint16 if dtype == "uint16" else np.int32).itemsize
     if st.st_size % item:
-        raise ConfigError(
-            f"bad data.path {path!r}: {st.st_size} bytes is not a whole number of {dtype} tokens; "
-            f"expected a size that is a multiple of {item} (or data.dtype=int32/uint16 to match the file)"
-        )
+        raise ConfigError(f"bad data.path {path!r}: {st.st_size} bytes is not a whole number of {dtype} tokens; "
+                          f"expected a size that is a multiple of {item} (or data.dtype=int32/uint16 to match the file)")
     tokens = st.st_size // item
     if tokens < seq_len + 2:
         raise ConfigError(f"bad data.path {path!r}: {tokens} tokens; expected at least model.seq_len+2 = {seq_len + 2}")
@@ -74,10 +72,8 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
             if high >= vocab_size or low < 0:
                 bad = high if high >= vocab_size else low
                 at = start + int(np.argmax(part == bad))
-                raise ConfigError(
-                    f"bad token id {bad} at position {at} of data.path {path!r}: expected ids from 0 to "
-                    f"model.vocab_size-1 = {vocab_size - 1}"
-                )
+                raise ConfigError(f"bad token id {bad} at position {at} of data.path {path!r}: expected ids from 0 to "
+                                  f"model.vocab_size-1 = {vocab_size - 1}")
         del data
     return tokens
 

@@ -44,11 +44,9 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
         else:
             ratio = med_s[default] / med_s[i] if med_s[i] > 0 else float("inf")
         peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
-        out.append(Summary(
-            candidate=c, runs=tuple(rs), median_s=med_s[i], throughput=tp,
-            throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
-            unit=rs[0].unit if with_tp else "s", peak_mem_mb=max(peaks) if peaks else None, ratio=ratio,
-        ))
+        out.append(Summary(candidate=c, runs=tuple(rs), median_s=med_s[i], throughput=tp,
+                           throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
+                           unit=rs[0].unit if with_tp else "s", peak_mem_mb=max(peaks) if peaks else None, ratio=ratio))
     return out
 
 

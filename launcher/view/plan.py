@@ -33,10 +33,8 @@ def plan_table(plan: LaunchPlan) -> Table:
     for r in plan.ranks:
         gpu, bus = (f"{r.gpu.index} (cuda:{r.gpu.cuda_index})", r.gpu.pci_bus_id or "-") if r.gpu else ("-", "-")
         mems = f"{format_list(r.mems)} {r.mem_policy.value}" if r.mems else "-"
-        table.add_row(
-            str(r.local_rank), gpu, bus, str(r.numa_node) if r.numa_node >= 0 else "?",
-            format_list(r.cpus), mems, _nic_cell(r), r.env.get("OMP_NUM_THREADS", "(user)"), r.fallback or "",
-        )
+        table.add_row(str(r.local_rank), gpu, bus, str(r.numa_node) if r.numa_node >= 0 else "?",
+                      format_list(r.cpus), mems, _nic_cell(r), r.env.get("OMP_NUM_THREADS", "(user)"), r.fallback or "")
     return table
 
 

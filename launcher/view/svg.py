@@ -175,25 +175,19 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
             state = "not allowed"
         fill = f' style="fill:{rank_colour(ranks[0])}"' if len(ranks) == 1 else ""
         rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
-        out.append(
-            f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
-            f'width="{PU_W}" height="{PU_H}"{fill}>'
-            f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>"
-        )
+        out.append(f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
+                   f'width="{PU_W}" height="{PU_H}"{fill}>'
+                   f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>")
         if len(ranks) > 1:  # shared CPU: one stripe per rank
             sw = PU_W / len(ranks)
             for i, r in enumerate(ranks):
-                out.append(
-                    f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
-                    f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>'
-                )
+                out.append(f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
+                           f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>')
         greyed = " greyed" if not (cpu.online and cpu.allowed) else ""
         if len(ranks) == 1 and _dark(rank_colour(ranks[0])):
             greyed += " on-dark"
-        out.append(
-            f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" '
-            f'text-anchor="middle">{cpu.id}</text>'
-        )
+        out.append(f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" '
+                   f'text-anchor="middle">{cpu.id}</text>')
 
     return _Box(PU_W, PU_H, draw)
 
@@ -342,11 +336,9 @@ def _layout(ctx: _Ctx) -> _Box:
             inner: list[_Box] = []
             for n in cpu_nodes:
                 if p in node_pkgs[n.id]:
-                    inner.append(_container(
-                        "numa", _node_title(n, n.memory_bytes), _cpu_boxes(ctx, cpus_by_node[n.id]),
-                        devices=_devices_on(ctx, n.id),
-                        tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
-                    ))
+                    inner.append(_container("numa", _node_title(n, n.memory_bytes), _cpu_boxes(ctx, cpus_by_node[n.id]),
+                                            devices=_devices_on(ctx, n.id),
+                                            tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}"))
             pkg_unknown = [c for c in unknown_cpus if c.package == p or (p == packages[0] and c.package not in packages)]
             if pkg_unknown:
                 inner.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, pkg_unknown)))
@@ -409,10 +401,8 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
         ax, bx = centre(i), centre(j)
         apex = 12 + 22 * (j - i)
         # a quadratic curve peaks at half its control point's offset
-        out.append(
-            f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
-            f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>'
-        )
+        out.append(f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
+                   f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>')
         mx, my = (ax + bx) / 2, base - apex
         lw = len(code) * 7 + 4
         labels.append(f'<rect class="link-label-bg" x="{mx - lw / 2:.0f}" y="{my - 8:.0f}" width="{lw}" '
@@ -437,10 +427,8 @@ def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list
     for pos, g in enumerate(ctx.topology.gpus):
         ranks = ctx.gpu_ranks.get(pos, [])
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
-        out.append(
-            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
-            f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>'
-        )
+        out.append(f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
+                   f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>')
         out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
 
 
@@ -496,10 +484,8 @@ def _legend_text(r: RankBinding) -> str:
 def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
     out.append('<g class="legend">')
-    out.append(
-        f'<text class="title" x="{x:.0f}" '
-        f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
-    )
+    out.append(f'<text class="title" x="{x:.0f}" '
+               f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>')
     row_y = y + TITLE_H + 4
     if plan.nccl_nics is not None:
         line = f"every rank: {plan.nccl_nics.variable}={plan.nccl_nics.value}"

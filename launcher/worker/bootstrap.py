@@ -198,10 +198,8 @@ def _run_file(target: str) -> None:
         source = f.read()
     code = compile(source, path, "exec", dont_inherit=True)
     main_module = types.ModuleType("__main__")
-    main_module.__dict__.update(
-        __file__=path, __cached__=None, __builtins__=builtins,
-        __loader__=importlib.machinery.SourceFileLoader("__main__", path), __spec__=None,
-    )
+    main_module.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
+                                __loader__=importlib.machinery.SourceFileLoader("__main__", path), __spec__=None)
     # Kept registered afterwards, as Python keeps its __main__ (pickling, multiprocessing spawn).
     sys.modules["__main__"] = main_module
     exec(code, main_module.__dict__)
