@@ -45,8 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     torchrun = torchrun_parser()
     parser = subparsers.add_parser(
         "run",
-        parents=[torchrun],
-        add_help=False,
+        parents=[torchrun], add_help=False,
         # numarun's --nproc-per-node and --binding take over torchrun's --nproc-per-node and --numa-binding
         conflict_handler="resolve",
         help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",

@@ -89,8 +89,7 @@ def read_confinement(root: Path, environ: Mapping[str, str], *, live: bool, topo
     return Confinement(
         container=detect_container(environ if live else {}, root), mem_refused=mem_refused, shm_bytes=shm,
         memlock_bytes=memlock, gpu_access=gpu_device_access(root, minors) if minors else {},
-        nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES") if live else None, cgroup=cgroup,
-        cpuset=cgroup_cpus(root),
+        nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES") if live else None, cgroup=cgroup, cpuset=cgroup_cpus(root),
         pid1=live and (os.getpid() == 1 or (environ.get(INIT) == "1" and os.getppid() == 1)),  # numarun as PID 1 runs it
     )
 

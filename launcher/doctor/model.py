@@ -66,10 +66,7 @@ class NodeReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeReport:
-        return cls(node_rank=int(data["node_rank"]),
-                   hostname=str(data["hostname"]),
-                   findings=tuple(
-                       Finding(Severity(f["severity"]), f["check"], f["device"], f["message"]) for f in data.get("findings", [])
-                   ),
-                   facts=dict(data.get("facts", {})),
-                   figures=dict(data.get("figures", {})))
+        findings = tuple(Finding(Severity(f["severity"]), f["check"], f["device"], f["message"])
+                         for f in data.get("findings", []))
+        return cls(node_rank=int(data["node_rank"]), hostname=str(data["hostname"]), findings=findings,
+                   facts=dict(data.get("facts", {})), figures=dict(data.get("figures", {})))

@@ -126,8 +126,7 @@ def finish_main(opts: argparse.Namespace) -> int:
                 return 1
             return 0
         print(f"numarun: time limit near and requeue limit {opts.requeue_limit} reached: not requeueing",
-              file=sys.stderr,
-              flush=True)
+              file=sys.stderr, flush=True)
     print(f"numarun: step finished with exit code {rc}", flush=True)
     return rc
 

@@ -179,8 +179,7 @@ def _candidates(root: Path) -> list[tuple[int, Path]]:
                       (int(m.group(1)), child)
                       for child in root.iterdir()
                       if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
-                  ),
-                  reverse=True)
+                  ), reverse=True)
 
 
 def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str] = damage,
