@@ -37,14 +37,9 @@ def ddp_bucket_mb(bucket_mb: float | None, mode: str | CommMode) -> float | None
     return bucket_mb
 
 
-def hierarchical_all_reduce(
-    tensor: torch.Tensor,
-    op: dist.ReduceOp.RedOpType | Any = None,
-    *,
-    context: DistContext | None = None,
-    inter_dtype: torch.dtype | None = None,
-    chunk_bytes: int | None = None,
-) -> torch.Tensor:
+def hierarchical_all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType | Any = None, *,
+                            context: DistContext | None = None, inter_dtype: torch.dtype | None = None,
+                            chunk_bytes: int | None = None) -> torch.Tensor:
     """All-reduce ``tensor`` in place over the whole job (docs/allreduce.md); returns it.
 
     ``op``: SUM (default), AVG (SUM, then a division by the world size), MAX, MIN or PRODUCT. ``inter_dtype``:
@@ -133,10 +128,8 @@ def _real_hook_annotations() -> None:
         hook.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
 
 
-def apply_comm(
-    model_ddp: Any, mode: str | CommMode, compression: str | Compression | None, context: DistContext | None, *,
-    overlap: bool = True, chunk_bytes: int | None = None,
-) -> CommMode:
+def apply_comm(model_ddp: Any, mode: str | CommMode, compression: str | Compression | None, context: DistContext | None, *,
+               overlap: bool = True, chunk_bytes: int | None = None) -> CommMode:
     """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, In DDP); returns the mode."""
     m = parse_comm_mode(mode)
     c = parse_compression(compression)

@@ -232,10 +232,8 @@ class TcpLink:
         _stream_to(peer_address, self.rank, self.seconds)
 
 
-def exchange(
-    report: NodeReport, *, nnodes: int, master_addr: str, master_port: int, min_link_fraction: float = 0.5,
-    seconds: float = 0.5, timeout_s: float = 120.0, schedule: LinkSchedule = LinkSchedule.AUTO,
-) -> dict[str, Any]:
+def exchange(report: NodeReport, *, nnodes: int, master_addr: str, master_port: int, min_link_fraction: float = 0.5,
+             seconds: float = 0.5, timeout_s: float = 120.0, schedule: LinkSchedule = LinkSchedule.AUTO) -> dict[str, Any]:
     """Run the multi-node doctor on this node. Node 0 returns the whole verdict; the others
     return it without the per-node detail (``nodes``)."""
     rank = report.node_rank

@@ -171,9 +171,8 @@ def _nearest_cpu_node(topology: Topology, node: int, cpu_nodes: Sequence[int]) -
     return min(cpu_nodes, key=lambda n: (topology.node_distance(node, n), n))
 
 
-def _place_gpu_rank(
-    topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], usable: tuple[int, ...]
-) -> None:
+def _place_gpu_rank(topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int],
+                    usable: tuple[int, ...]) -> None:
     g = r.gpu
     assert g is not None
     node = g.numa_node
@@ -275,10 +274,8 @@ def _split(cores: list[Core], k: int) -> list[list[Core]]:
     return out
 
 
-def _assign(
-    topology: Topology, by_id: dict[int, Cpu], mode: BindingMode, cpus: tuple[int, ...], members: list[_Rank],
-    warnings: list[str], usable: tuple[int, ...],
-) -> None:
+def _assign(topology: Topology, by_id: dict[int, Cpu], mode: BindingMode, cpus: tuple[int, ...], members: list[_Rank],
+            warnings: list[str], usable: tuple[int, ...]) -> None:
     k = len(members)
     if mode in (BindingMode.NONE, BindingMode.NODE, BindingMode.SOCKET):
         if mode is BindingMode.SOCKET:

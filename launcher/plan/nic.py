@@ -110,9 +110,8 @@ def rank_nic(nic: Nic, position: int, *, gpu_rank: bool, policy: NicPolicy = Nic
     return NicChoice(nic=nic, position=position, port=port, env=env)
 
 
-def choose_nics(
-    topology: Topology, gpu_positions: Sequence[int | None], rank_nodes: Sequence[int], policy: NicPolicy = NicPolicy.NODE,
-) -> list[NicChoice | None]:
+def choose_nics(topology: Topology, gpu_positions: Sequence[int | None], rank_nodes: Sequence[int],
+                policy: NicPolicy = NicPolicy.NODE) -> list[NicChoice | None]:
     """One choice per rank, None when nothing is clearly close; ``gpu_positions[i]`` indexes ``topology.gpus``
     (None: CPU-only), ``rank_nodes[i]`` is the rank's CPU node (-1 unknown).
 

@@ -83,10 +83,8 @@ def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
     )
 
 
-def request_for(
-    args: Any, environ: Mapping[str, str], topology: Topology, *,
-    allowed_gpu_minors: tuple[int, ...] | None = None,
-) -> PlanRequest:
+def request_for(args: Any, environ: Mapping[str, str], topology: Topology, *,
+                allowed_gpu_minors: tuple[int, ...] | None = None) -> PlanRequest:
     """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.
 
     ``allowed_gpu_minors``: the GPUs a scheduler's device cgroup lets the ranks open (by minor number)."""

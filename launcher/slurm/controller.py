@@ -80,11 +80,8 @@ def handed_over(environ: Mapping[str, str]) -> SlurmFacts | None:
                       source=f"handed over ({directory})")
 
 
-def gather(
-    environ: Mapping[str, str], *, need_switches: bool, head: str | None,
-    ask: Callable[..., str | None] = scontrol,
-    name_resolves: Callable[[str], bool] = lambda h: bool(resolve(h, flag=None, timeout=2.0)),
-) -> SlurmFacts:
+def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None, ask: Callable[..., str | None] = scontrol,
+           name_resolves: Callable[[str], bool] = lambda h: bool(resolve(h, flag=None, timeout=2.0))) -> SlurmFacts:
     """The facts this task needs: the handed-over ones, else at most two ``scontrol`` calls.
 
     The switch map must be the same on every node (it decides node ranks), so a controller that

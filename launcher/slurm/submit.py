@@ -197,13 +197,8 @@ def cancel(job_id: str) -> None:
         raise SlurmError(f"scancel refused job {job_id!r}: {' '.join(proc.stderr.split()) or proc.returncode}")
 
 
-def wait_for_job(
-    job_id: str,
-    *,
-    poll_seconds: float = 2.0,
-    on_state: Callable[[str], None] | None = None,
-    max_squeue_failures: int = 30,
-) -> list[JobRecord]:
+def wait_for_job(job_id: str, *, poll_seconds: float = 2.0, on_state: Callable[[str], None] | None = None,
+                 max_squeue_failures: int = 30) -> list[JobRecord]:
     """Block until the job (all array tasks) has left the queue; return its final records."""
     last = ""
     failures = 0

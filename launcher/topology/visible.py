@@ -33,10 +33,8 @@ def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | N
     return tuple(g for g in gpus if number[id(g)] in minors)
 
 
-def visible_gpus(
-    topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None,
-    allowed_minors: frozenset[int] | tuple[int, ...] | None = None,
-) -> tuple[Gpu, ...]:
+def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None,
+                 allowed_minors: frozenset[int] | tuple[int, ...] | None = None) -> tuple[Gpu, ...]:
     """GPUs of ``topology`` as CUDA device 0, 1, ... of a process with this environment.
 
     Unset -> all, ``""``/``"-1"`` -> none; indices count among ``allowed_minors`` (see :func:`openable`).

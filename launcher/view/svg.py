@@ -130,10 +130,8 @@ def _grid(children: Sequence[_Box], cols: int) -> tuple[float, float, list[tuple
     return cols * cw + (cols - 1) * GAP, rows * ch + (rows - 1) * GAP, offsets
 
 
-def _container(
-    css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (),
-    grid_cols: int | None = None, max_w: float = MAX_WIDTH, tooltip: str = "",
-) -> _Box:
+def _container(css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (), grid_cols: int | None = None,
+               max_w: float = MAX_WIDTH, tooltip: str = "") -> _Box:
     """A titled frame holding children (flow or grid) and, below them, a row of devices."""
     if grid_cols is not None:
         cw, ch, coffs = _grid(children, grid_cols)
