@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,8 +80,7 @@ def handed_over(environ: Mapping[str, str]) -> SlurmFacts | None:
                       source=f"handed over ({directory})")
 
 
-def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None, ask: Callable[..., str | None] = scontrol,
-           name_resolves: Callable[[str], bool] = lambda h: bool(resolve(h, flag=None, timeout=2.0))) -> SlurmFacts:
+def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None) -> SlurmFacts:
     """The facts this task needs: the handed-over ones, else at most two ``scontrol`` calls.
 
     The switch map must be the same on every node (it decides node ranks), so a controller that
@@ -94,7 +93,7 @@ def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None,
     leaf: dict[str, str] | None = None
     if need_switches:
         calls += 1
-        text = ask("show", "topology")
+        text = scontrol("show", "topology")
         if text is None and shutil.which("scontrol") is not None:
             raise ControllerError(
                 "'scontrol show topology' did not answer: the node order (by leaf switch) cannot be known the same "
@@ -102,9 +101,9 @@ def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None,
             )
         leaf = parse_leaf_switches(text or "")
     addrs: dict[str, str] = {}
-    if head and not name_resolves(head):
+    if head and not resolve(head, flag=None, timeout=2.0):
         calls += 1
-        found = parse_node_addrs(ask("show", "node", head) or "")
+        found = parse_node_addrs(scontrol("show", "node", head) or "")
         if head in found:
             addrs[head] = found[head]
     return SlurmFacts(leaf_switch=leaf, addrs=addrs, calls=calls, source="scontrol" if calls else "none")

@@ -130,13 +130,10 @@ def _grid(children: Sequence[_Box], cols: int) -> tuple[float, float, list[tuple
     return cols * cw + (cols - 1) * GAP, rows * ch + (rows - 1) * GAP, offsets
 
 
-def _container(css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (), grid_cols: int | None = None,
-               max_w: float = MAX_WIDTH, tooltip: str = "") -> _Box:
-    """A titled frame holding children (flow or grid) and, below them, a row of devices."""
-    if grid_cols is not None:
-        cw, ch, coffs = _grid(children, grid_cols)
-    else:
-        cw, ch, coffs = _flow(children, max_w - 2 * PAD)
+def _container(css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (), max_w: float = MAX_WIDTH,
+               tooltip: str = "") -> _Box:
+    """A titled frame holding children (in rows that wrap) and, below them, a row of devices."""
+    cw, ch, coffs = _flow(children, max_w - 2 * PAD)
     title_w = len(title) * 7 + 2 * PAD
     dev_max = max(cw, title_w - 2 * PAD, min(len(devices), 4) * (DEV_W + GAP) - GAP)
     dw, dh, doffs = _flow(devices, dev_max)
