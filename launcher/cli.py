@@ -80,11 +80,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _available_commands() -> dict[str, str]:
-    found = {}
-    for name, mod in COMMANDS.items():
-        if importlib.util.find_spec(f"numarun.commands.{mod}") is not None:
-            found[name] = mod
-    return found
+    return {name: mod for name, mod in COMMANDS.items() if importlib.util.find_spec(f"numarun.commands.{mod}") is not None}
 
 
 def _summary(mod: str) -> str:

@@ -45,11 +45,7 @@ def _mismatches(reports: Sequence[NodeReport]) -> list[tuple[Finding, list[int]]
 
 def pair_figures(directed: Mapping[tuple[int, int], float]) -> dict[tuple[int, int], float]:
     """Per pair measured both ways (low rank first): its slower direction."""
-    out = {}
-    for (a, b), ab in directed.items():
-        if a < b and (b, a) in directed:
-            out[(a, b)] = min(ab, directed[(b, a)])
-    return out
+    return {(a, b): min(ab, directed[(b, a)]) for (a, b), ab in directed.items() if a < b and (b, a) in directed}
 
 
 def node_link_figures(directed: Mapping[tuple[int, int], float], n: int) -> dict[int, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 
 from rich import box
@@ -70,14 +71,9 @@ def _preposition(code: str) -> str:
 
 def link_summary(links: tuple[str, ...]) -> str:
     """``("NV4", "NV4", "SYS")`` -> ``2 groups on NV4, 1 across SYS`` (slowest last)."""
-    counts: dict[str, int] = {}
-    for code in links:
-        counts[code] = counts.get(code, 0) + 1
-    parts = []
-    for i, (code, n) in enumerate(counts.items()):
-        noun = (" group" if n == 1 else " groups") if i == 0 else ""
-        parts.append(f"{n}{noun} {_preposition(code)}")
-    return ", ".join(parts)
+    counts = collections.Counter(links)  # in first-seen order, as a dict
+    return ", ".join(f"{n}{(' group' if n == 1 else ' groups') if i == 0 else ''} {_preposition(code)}"
+                     for i, (code, n) in enumerate(counts.items()))
 
 
 def _cell(dim: MeshDim, plan: LaunchPlan) -> str:

@@ -89,11 +89,7 @@ def affinity_drift(bound: frozenset[int], threads: Iterable[ThreadState]) -> lis
 
 
 def _thread_names() -> dict[int, str]:
-    names = {}
-    for t in threading.enumerate():
-        if t.native_id is not None:
-            names[t.native_id] = t.name
-    return names
+    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
 
 
 def read_threads() -> list[ThreadState]:
