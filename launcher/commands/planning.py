@@ -36,15 +36,13 @@ def announce(args: argparse.Namespace, text: str) -> None:
         print(f"numarun: {text}", file=sys.stderr, flush=True)
 
 
-def detect_job(options: Options, *, no_detect: bool = False,
-               environ: Mapping[str, str] | None = None) -> tuple[JobShape | None, Options]:
+def detect_job(options: Options, *, no_detect: bool = False) -> tuple[JobShape | None, Options]:
     """The job found in the environment, or None, and the options with the job's own variables
     (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.launch.options.Options.with_job_env`) where there is one."""
-    env = os.environ if environ is None else environ
-    if not detection_enabled(env, no_detect=no_detect):
+    if not detection_enabled(os.environ, no_detect=no_detect):
         return None, options
-    job = detect(env, nproc_given="nproc_per_node" in options.stated())
-    return job, options.with_job_env(env) if job is not None else options
+    job = detect(os.environ, nproc_given="nproc_per_node" in options.stated())
+    return job, options.with_job_env(os.environ) if job is not None else options
 
 
 def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool, own: bool = False) -> Any:
@@ -73,7 +71,7 @@ def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = 
     return options.with_job(rdv.options(addr), job.describe().split(":")[0]), rdv
 
 
-def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping[str, str] | None = None) -> int:
+def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
     """Print the conflict, make sure the rest of the job stops too, and return exit code 2.
 
     A conflict every task sees (``--nnodes 3`` on two nodes) stops every task by itself. One that
@@ -81,7 +79,6 @@ def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping
     rendezvous store (they wait there, and name this node when they stop); in per-rank mode, where
     the others are already running the script, by cancelling the Slurm step.
     """
-    env = os.environ if environ is None else environ
     print(error.line(), file=sys.stderr, flush=True)
     if not error.node_varying:
         return 2
@@ -100,7 +97,7 @@ def refuse(job: JobShape, error: JobConflict, options: Options, environ: Mapping
     if addr is None and job.nodes:
         from ..slurm.controller import head_addr
 
-        addr = head_addr(env, job.nodes[0])
+        addr = head_addr(os.environ, job.nodes[0])
     if addr is not None:
         from ..launch import abort
 

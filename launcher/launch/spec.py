@@ -10,7 +10,6 @@ is read from the spec's fields, never back out of the argv.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import socket
@@ -165,15 +164,14 @@ def _option_text(value: Any) -> str:
     return str(value)
 
 
-def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target,
-                parser: argparse.ArgumentParser | None = None, nics: Sequence[str] = ()) -> LaunchSpec:
+def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()) -> LaunchSpec:
     """Check every torchrun option in ``options`` once, and build the spec with the address rule applied
     (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). ``options``: dest -> value of
     the options some source stated (:meth:`numarun.launch.options.Options.values`); torchrun's defaults
     stand for the rest."""
     check_torchrun_options(options, nproc_per_node=nproc_per_node)
     passthrough = []
-    for action in (parser or torchrun_parser())._actions:  # noqa: SLF001  (torchrun exposes no other listing)
+    for action in torchrun_parser()._actions:  # noqa: SLF001  (torchrun exposes no other listing)
         dest = action.dest
         value = options.get(dest)
         if not action.option_strings or dest in _FIELDS or value is None:

@@ -390,9 +390,9 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
     return {j.idx: 0 if (folder / f"{j.idx}.ret").exists() else code or 1 for j in jobs}
 
 
-def describe(topology: Any, ranks: int, jobs: Sequence[str], *, limit: int | None = None) -> str:
+def describe(topology: Any, ranks: int, jobs: Sequence[str]) -> str:
     """Which job takes which slot: one line per slot under its NUMA node, then the queue."""
-    slots = pack(topology, ranks, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), limit=limit)
+    slots = pack(topology, ranks, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
     rows = [(f"NUMA {format_list(s.mems) or '?'}", f"slot {s.index}", f"GPU {format_list(s.gpus) or '-'}",
              f"CPU {format_list(s.cpus)}", f"NIC {','.join(s.nics) or '-'}") for s in slots]
     width = [max(len(r[i]) for r in rows) for i in range(5)]
