@@ -18,14 +18,12 @@ from .. import envvars
 from . import mpi, slurm
 from .model import JobShape, Mode, Scheduler
 
-DETECT_ENV = envvars.DETECT
-
 __all__ = ["JobShape", "Mode", "Scheduler", "detect", "detection_enabled", "scheduler_in"]
 
 
 def detection_enabled(environ: Mapping[str, str], *, no_detect: bool = False) -> bool:
     """Off with ``--no-detect`` or ``NUMARUN_DETECT=0`` (also ``false``, ``no``, ``off``)."""
-    return not no_detect and environ.get(DETECT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return not no_detect and environ.get(envvars.DETECT, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def scheduler_in(environ: Mapping[str, str]) -> Scheduler | None:

@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS
-from ..envvars import PLAN as PLAN_ENV
-from ..envvars import STRICT_BINDING as STRICT_ENV
-from ..envvars import USER_ENV
+from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
 from ..fsutil import cache_dir, write_atomic
 from ..plan.model import DERIVED_ENV, LaunchPlan
@@ -368,9 +366,9 @@ def worker_env(plan: LaunchPlan, environ: Mapping[str, str], *, plan_path: str, 
     """Variables numarun adds to its own environment for torchrun to pass to every worker."""
     planned = {k for r in plan.ranks for k in r.env}
     user_set = sorted(k for k in planned if k in environ and k not in DERIVED_ENV)
-    env = {PLAN_ENV: plan_path, USER_ENV: ",".join(user_set)}
+    env = {PLAN: plan_path, USER_ENV: ",".join(user_set)}
     if strict:
-        env[STRICT_ENV] = "1"
+        env[STRICT_BINDING] = "1"
     # torchrun forces OMP_NUM_THREADS=1 (with a warning) when unset; the bootstrap sets each
     # rank's own value anyway, so pass rank 0's to keep torchrun from overriding it.
     if "OMP_NUM_THREADS" not in environ and plan.ranks and "OMP_NUM_THREADS" in plan.ranks[0].env:

@@ -43,11 +43,6 @@ from . import affinity, finish, hydra_pin, load_plan, rank_binding
 # Not __name__: run with -m this module is "__main__", and so is the user's script.
 log = logging.getLogger("numarun.worker.bootstrap")
 
-PLAN_ENV = envvars.PLAN
-STRICT_ENV = envvars.STRICT_BINDING
-USER_ENV = envvars.USER_ENV
-LOG_LEVEL_ENV = envvars.LOG_LEVEL
-
 _MPOL = {MemPolicy.BIND: affinity.Mpol.BIND, MemPolicy.PREFERRED: affinity.Mpol.PREFERRED}
 
 
@@ -69,8 +64,8 @@ class Applied:
 
 def apply_env(binding: RankBinding, environ: MutableMapping[str, str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """Set the rank's variables in ``environ``; returns (set, kept at the user's value)."""
-    if USER_ENV in environ:
-        keep = {k for k in environ[USER_ENV].split(",") if k}
+    if envvars.USER_ENV in environ:
+        keep = {k for k in environ[envvars.USER_ENV].split(",") if k}
     else:
         keep = {k for k in binding.env if k in environ}
     keep -= set(DERIVED_ENV)
@@ -126,7 +121,7 @@ def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str])
 
 def _setup_logging(environ: Mapping[str, str]) -> None:
     # Our own handler on our own logger: the user's logging.basicConfig() must still work.
-    level = getattr(logging, environ.get(LOG_LEVEL_ENV, "INFO").upper(), logging.INFO)
+    level = getattr(logging, environ.get(envvars.LOG_LEVEL, "INFO").upper(), logging.INFO)
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("numarun: %(levelname)s: %(message)s"))
@@ -143,15 +138,15 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
     env = os.environ if environ is None else environ
     plan = load_plan(env)
     if plan is None:
-        log.debug("%s is not set: running unbound", PLAN_ENV)
+        log.debug("%s is not set: running unbound", envvars.PLAN)
         return None
     binding = rank_binding(plan, env)
     apply_mesh(plan, env)
     applied = apply_binding(binding, env)
     if applied.errors:
         what = "; ".join(applied.errors)
-        if env.get(STRICT_ENV) == "1":
-            raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {STRICT_ENV}=1)")
+        if env.get(envvars.STRICT_BINDING) == "1":
+            raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {envvars.STRICT_BINDING}=1)")
         log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
     log.info(describe(binding, applied, env))
     return applied
@@ -164,7 +159,7 @@ def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
     from ..plan.layout import MeshSpec, layout_env
 
     world = environ.get("WORLD_SIZE", "")
-    spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{PLAN_ENV} layout")
+    spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{envvars.PLAN} layout")
     if spec.rest is not None and not world.isdigit():
         raise BindingError(f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {spec.rest} of {spec.text}")
     environ.update(layout_env(spec.resolve(int(world)) if spec.rest is not None else spec.resolve(spec.known)))
