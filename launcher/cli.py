@@ -24,33 +24,15 @@ from . import __version__
 from .errors import NumarunError, OutputError, page_url
 
 # subcommand -> module under numarun.commands
-COMMANDS: dict[str, str] = {
-    "run": "run",
-    "topo": "topo",
-    "plan": "plan",
-    "bench": "bench",
-    "submit": "submit",
-    "doctor": "doctor",
-    "tune": "tune",
-    "stacks": "stacks",
-    "slurm-node": "slurm_node",
-}
+COMMANDS: dict[str, str] = {name: name.replace("-", "_")
+                            for name in ("run", "topo", "plan", "bench", "submit", "doctor", "tune", "stacks", "slurm-node")}
 
 # command (as typed after numarun; "" for numarun itself) -> the docs page that explains it, ending its help.
 # A new command (or a benchmark under 'numarun bench') needs its line here: tests/test_docs_site.py checks.
 HELP_PAGES: dict[str, str] = {
-    "": "index.md",
-    "run": "run.md",
-    "topo": "topology.md",
-    "plan": "plan.md",
-    "bench": "allreduce.md",
-    "bench allreduce": "allreduce.md",
-    "bench h2d": "gpu.md",
-    "submit": "slurm.md",
-    "doctor": "doctor.md",
-    "tune": "tune.md",
-    "stacks": "hangs.md",
-    "slurm-node": "slurm.md",
+    "": "index.md", "run": "run.md", "topo": "topology.md", "plan": "plan.md", "bench": "allreduce.md",
+    "bench allreduce": "allreduce.md", "bench h2d": "gpu.md", "submit": "slurm.md", "doctor": "doctor.md", "tune": "tune.md",
+    "stacks": "hangs.md", "slurm-node": "slurm.md",
 }
 
 

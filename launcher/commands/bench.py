@@ -29,10 +29,7 @@ BENCH_RANKS = 2
 """A benchmark's ranks on this node when nothing says: one rank measures no collective."""
 
 # name -> module; add a benchmark by adding a line here.
-BENCHMARKS: dict[str, str] = {
-    "allreduce": "numarun.bench.allreduce",
-    "h2d": "numarun.bench.h2d",
-}
+BENCHMARKS: dict[str, str] = {"allreduce": "numarun.bench.allreduce", "h2d": "numarun.bench.h2d"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -93,15 +93,9 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
                     endpoint=host if nnodes > 1 else None)
     report, topo = run_node(inputs, node_rank=node_rank if nnodes > 1 else 0)
     if nnodes == 1:
-        return {
-            "findings": [f.to_dict() for f in report.findings],
-            "hostname": report.hostname,
-            "source": topo.source,
-            "facts": report.facts,
-            "figures": report.figures,
-            "ok": not has_error(report.findings),
-            "exclude": report.hostname if has_error(report.findings) else "",
-        }
+        failed = has_error(report.findings)
+        return {"findings": [f.to_dict() for f in report.findings], "hostname": report.hostname, "source": topo.source,
+                "facts": report.facts, "figures": report.figures, "ok": not failed, "exclude": report.hostname if failed else ""}
     verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
                        seconds=settings.link_seconds, timeout_s=settings.doctor_timeout,
                        schedule=LinkSchedule(settings.link_schedule))

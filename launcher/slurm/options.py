@@ -166,12 +166,8 @@ class SlurmOptions:
         gpu_text = f"{gpus} GPUs" if gpus is not None else "no GPUs"
         if self.whole_nodes and self.gpus_per_node is None and self.node_gpus == 0:
             gpu_text += " (none found on the partition's nodes)"
-        nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
-        kind = (
-            f"{self.nodes} whole node{'s' if self.nodes != 1 else ''} (--exclusive)"
-            if self.whole_nodes
-            else f"{nodes}, part of each"
-        )
+        noun = "node" if self.nodes == 1 else "nodes"
+        kind = f"{self.nodes} whole {noun} (--exclusive)" if self.whole_nodes else f"{self.nodes} {noun}, part of each"
         return f"{kind}: {cpus}, {gpu_text}"
 
     @property

@@ -63,21 +63,10 @@ def _q(words: tuple[str, ...] | list[str]) -> str:
 
 def _sbatch_lines(job: SlurmJob) -> list[str]:
     o = job.options
-    lines = [
-        f"--job-name={o.job_name}",
-        f"--nodes={o.nodes}",
-        "--ntasks-per-node=1",
-    ]
+    lines = [f"--job-name={o.job_name}", f"--nodes={o.nodes}", "--ntasks-per-node=1"]
     # optional '--flag=value' lines, in this order, for the options the user set
-    optional = {
-        "cpus-per-task": o.cpus_per_task,
-        "gpus-per-node": o.effective_gpus_per_node,
-        "mem": o.mem,
-        "partition": o.partition,
-        "account": o.account,
-        "qos": o.qos,
-        "constraint": o.constraint,
-    }
+    optional = {"cpus-per-task": o.cpus_per_task, "gpus-per-node": o.effective_gpus_per_node, "mem": o.mem,
+                "partition": o.partition, "account": o.account, "qos": o.qos, "constraint": o.constraint}
     lines += [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
     if o.whole_nodes:
         # every CPU (and, with --gpus-per-node above, every GPU) of each node
