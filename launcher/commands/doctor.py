@@ -37,9 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", action="store_true", help="print {'findings': [...], ...} as JSON")
     p.add_argument("--nvml-record", metavar="FILE", default=None,
                    help="a recorded NVML answer (JSON) to check instead of asking the driver")
-    p.add_argument(
-        "--measure", action="store_true", help="also measure memory and host<->device bandwidth (always with --nnodes)"
-    )
+    p.add_argument("--measure", action="store_true",
+                   help="also measure memory and host<->device bandwidth (always with --nnodes)")
     p.add_argument("--no-measure", action="store_true", help="with --nnodes: measure only the links")
     add_options(p, RENDEZVOUS, group=p.add_argument_group("multi-node (torchrun's options)"))
     p.add_argument("--no-detect", action="store_true",

@@ -20,9 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
     parser.add_argument("--no-detect", action="store_true",
                         help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)")
-    parser.add_argument(
-        "--svg", metavar="FILE", default=None, help="also write the topology picture with each rank's cores coloured"
-    )
+    parser.add_argument("--svg", metavar="FILE", help="also write the topology picture with each rank's cores coloured")
     parser.add_argument("--jobs", type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT), default=None, metavar="N",
                         help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
     parser.set_defaults(func=main)

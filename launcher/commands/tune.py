@@ -68,21 +68,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         metavar="LIST", help="memory policies to try, e.g. bind,preferred")
     parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
                         help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
-    parser.add_argument(
-        "--trials", type=_trials, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
-    )
+    parser.add_argument("--trials", type=_trials, default=3, metavar="K",
+                        help="rounds; each runs every candidate once (default 3)")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
     parser.add_argument("--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'")
     parser.add_argument("--svg", metavar="FILE", default=None, help="write a bar chart of the results")
-    parser.add_argument(
-        "--work-dir", metavar="DIR", default=None, help="keep each run's log and run dir here (default: a temporary dir, removed)"
-    )
+    parser.add_argument("--work-dir", metavar="DIR",
+                        help="keep each run's log and run dir here (default: a temporary dir, removed)")
     add_options(parser, ("nproc_per_node", "topology"), group=parser.add_argument_group("every run's (numarun run's)"))
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
-    parser.add_argument(
-        "script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments; key=a,b,c lists are swept for Hydra jobs"
-    )
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="its arguments; key=a,b,c lists are swept for Hydra jobs")
     parser.set_defaults(func=main)
     return parser
 

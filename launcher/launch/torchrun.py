@@ -116,9 +116,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     """numarun's own ``run`` options, next to torchrun's and the planning ones."""
     group = parser.add_argument_group("numarun")
     group.add_argument("--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing")
-    group.add_argument(
-        "--plan-file", metavar="PATH", default=None, help="use this saved plan ('numarun plan --json' output) instead of planning"
-    )
+    group.add_argument("--plan-file", metavar="PATH",
+                       help="use this saved plan ('numarun plan --json' output) instead of planning")
 
 
 @dataclass(frozen=True)
