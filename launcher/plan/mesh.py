@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..topology.links import Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
+from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
 from ..topology.visible import openable
@@ -80,13 +80,12 @@ def _code_key(code: str) -> tuple[int, int]:
     return link_rank(code), -(int(m.group(1)) if m else 0)
 
 
-def _slowest(order: Sequence[int], group: Sequence[int], positions: Sequence[int], links: object) -> str:
+def _slowest(order: Sequence[int], group: Sequence[int], positions: Sequence[int], links: GpuLinks) -> str:
     if len(group) < 2:
         return "-"
-    gl = links  # GpuLinks
     pairs = [(positions[order[a]], positions[order[b]]) for i, a in enumerate(group) for b in group[i + 1:]]
-    worst = max(pairs, key=lambda p: (gl.link(*p), _code_key(gl.code(*p))))  # type: ignore[attr-defined]
-    return str(gl.code(*worst))  # type: ignore[attr-defined]
+    worst = max(pairs, key=lambda p: (links.link(*p), _code_key(links.code(*p))))
+    return links.code(*worst)
 
 
 def _visible_text(request: PlanRequest, topology: Topology, gpus: Sequence[Gpu], order: Sequence[int]) -> str:
@@ -105,9 +104,9 @@ def _visible_text(request: PlanRequest, topology: Topology, gpus: Sequence[Gpu],
     return ",".join(entries[p] for p in full)
 
 
-def _topology_order(topology: Topology, positions: Sequence[int], links: object) -> tuple[int, ...]:
+def _topology_order(topology: Topology, positions: Sequence[int], links: GpuLinks) -> tuple[int, ...]:
     """Visible positions sorted by NVLink island, NUMA node, PCIe switch (the search's second start)."""
-    island, switch = nvlink_islands(links), pcie_switches(links)  # type: ignore[arg-type]
+    island, switch = nvlink_islands(links), pcie_switches(links)
     return tuple(sorted(range(len(positions)), key=lambda v: (island[positions[v]], topology.gpus[positions[v]].numa_node,
                                                                switch[positions[v]], v)))
 
@@ -125,7 +124,7 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
     mesh = SubMesh(sub_shape, scored)
     today = tuple(range(nproc))
     warnings: list[str] = []
-    links = gpu_links(topology) if gpus else None
+    links = gpu_links(topology)
     if not gpus:
         placed = Placement(today, (), (), True, 0)
         search = "-"
@@ -135,7 +134,7 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
         warnings.append(f"{spec.where} {spec.text}: the scheduler gives each task its own GPU, so the layout keeps "
                         "its GPUs (start one task per node for numarun to place it)")
     else:
-        classes = link_classes(links.classes, positions)  # type: ignore[union-attr]
+        classes = link_classes(links.classes, positions)
         placed = place(mesh, classes, topology_order=_topology_order(topology, positions, links))
         search = f"{'exhaustive' if placed.exact else 'stopped at its step budget'}, {placed.steps} steps"
         if not placed.exact:
@@ -162,7 +161,7 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
     if gpus and scored and not request.keep_gpus:
         first = in_node[scored[0]]
         dim = next(d for d in dims if d.name == first)
-        fastest = min((links.link(a, b) for i, a in enumerate(positions) for b in positions[i + 1:]),  # type: ignore[union-attr]
+        fastest = min((links.link(a, b) for i, a in enumerate(positions) for b in positions[i + 1:]),
                       default=Link.SYS)
         worst = max(placed.score[0]) if placed.score else 0
         if worst > fastest:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..topology.links import Link
+from .layout import mesh_groups
 
 EXACT_GPUS = 8
 """Up to this many visible GPUs the search is exhaustive."""
@@ -44,8 +45,7 @@ class SubMesh:
         return math.prod(self.shape)
 
     def groups(self, dim: int) -> tuple[tuple[int, ...], ...]:
-        size, stride = self.shape[dim], math.prod(self.shape[dim + 1:])
-        return tuple(tuple(s + k * stride for k in range(size)) for s in range(self.ranks) if (s // stride) % size == 0)
+        return mesh_groups(self.shape, dim)
 
 
 @dataclass(frozen=True)

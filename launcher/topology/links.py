@@ -13,7 +13,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import Topology
+from .model import Topology, pci_code
 
 _SWITCH = ("PIX", "PXB")
 _HOST = ("PHB", "NODE")
@@ -60,24 +60,6 @@ def classify(code: str) -> Link | None:
     if code in ("SYS", "SOC"):
         return Link.SYS
     return None
-
-
-def pci_code(path_a: Sequence[str], path_b: Sequence[str]) -> str:
-    """The link code two PCI devices' paths from their root ports imply: a common port above both is a switch
-    (``PIX`` one hop down on each side, else ``PXB``), a common root bus a host bridge (``PHB``); "" otherwise."""
-    if not path_a or not path_b:
-        return ""
-    common = 0
-    for x, y in zip(path_a, path_b):
-        if x != y:
-            break
-        common += 1
-    if common:
-        hops = (len(path_a) - common) + (len(path_b) - common)
-        return "PIX" if hops <= 2 else "PXB"
-    if path_a[0].split(":")[:2] == path_b[0].split(":")[:2]:
-        return "PHB"
-    return ""
 
 
 @dataclass(frozen=True)

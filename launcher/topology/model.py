@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,24 @@ def link_rank(code: str) -> int:
     except ValueError:
         return len(LINK_ORDER) + 1
     return i if i == 0 else i + 1
+
+
+def pci_code(path_a: Sequence[str], path_b: Sequence[str]) -> str:
+    """The link code two PCI devices' paths from their root ports imply: a common port above both is a switch
+    (``PIX`` one hop down on each side, else ``PXB``), a common root bus a host bridge (``PHB``); "" otherwise."""
+    if not path_a or not path_b:
+        return ""
+    common = 0
+    for x, y in zip(path_a, path_b):
+        if x != y:
+            break
+        common += 1
+    if common:
+        hops = (len(path_a) - common) + (len(path_b) - common)
+        return "PIX" if hops <= 2 else "PXB"
+    if path_a[0].split(":")[:2] == path_b[0].split(":")[:2]:
+        return "PHB"
+    return ""
 
 
 class NicKind(str, enum.Enum):
@@ -237,17 +255,9 @@ class Topology:
         if self.nic_links:
             return self.nic_links[gpu_pos][nic_pos]
         g, n = self.gpus[gpu_pos], self.nics[nic_pos]
-        if g.pci_path and n.pci_path:
-            common = 0
-            for x, y in zip(g.pci_path, n.pci_path):
-                if x != y:
-                    break
-                common += 1
-            if common:
-                hops = (len(g.pci_path) - common) + (len(n.pci_path) - common)
-                return "PIX" if hops <= 2 else "PXB"
-            if g.pci_path[0].split(":")[:2] == n.pci_path[0].split(":")[:2]:
-                return "PHB"
+        code = pci_code(g.pci_path, n.pci_path)
+        if code:
+            return code
         if g.numa_node >= 0 and n.numa_node >= 0:
             return "NODE" if g.numa_node == n.numa_node else "SYS"
         return ""
