@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cpuset import format_list
+from ..worker.progress import COLLECTIVES
 
 WRAPPERS = frozenset({"wrapper", "inner", "_fn", "wrapped", "_wrapper", "wrapped_fn", "decorate_context",
                       "_call_impl", "_wrapped_call_impl", "collective", "_exception_logger", "_time_logger"})
@@ -78,13 +79,8 @@ class Stand:
         return f"at {self.where} in {what}"
 
 
-_COLLECTIVE_NAMES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
-    "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
-    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
-    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-    "recv_object_list", "_all_gather_base", "_reduce_scatter_base", "wait",
-})
+_COLLECTIVE_NAMES = frozenset({*COLLECTIVES, "wait"})
+"""The calls a rank waits in: the collectives numarun's worker counts, and a work handle's ``wait``."""
 
 
 def library_roots() -> tuple[str, ...]:

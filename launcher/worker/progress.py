@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import envvars
+from ..fsutil import write_atomic
 
 log = logging.getLogger("numarun.worker.bootstrap.progress")
 
@@ -291,10 +292,7 @@ class Sampler:
 
 
 def write_heartbeat(path: Path, beat: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(beat, separators=(",", ":")))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(beat, separators=(",", ":")))
 
 
 _current: Sampler | None = None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...fsutil import write_atomic
 from .exchange import ANSWER_WAIT_S, Exchange
 from .node import Dumps, NodeCall, call_node, freeze, render
 from .policy import EXIT_HANG, HangPolicy, OnHang
@@ -144,7 +145,7 @@ class HangWatch:
             for r in requests:
                 self._answer_request(r, None)
             return
-        ex = self._exchange_for(summary)
+        ex = self._exchange_for(summary, beats)
         if ex is not None:
             ex.publish(summary)
             stop = ex.stopping()
@@ -168,10 +169,10 @@ class HangWatch:
                 self._armed = False
                 self._report(verdict, beats, summary, ex)
 
-    def _exchange_for(self, summary: Summary) -> Exchange | None:
+    def _exchange_for(self, summary: Summary, beats: Mapping[int, Mapping[str, Any]]) -> Exchange | None:
         if self.store_address is None or summary.nodes <= 1:
             return None
-        group = next(iter(read_beats(self.state).values()), {}).get("group", 0)
+        group = next(iter(beats.values()), {}).get("group", 0)
         if self._exchange is None or self._exchange.prefix != f"numarun/hang/{group}/":
             self._exchange = Exchange(*self.store_address, int(group))
         return self._exchange
@@ -262,12 +263,7 @@ class HangWatch:
                 for c in calls:
                     with contextlib.suppress(OSError):
                         text += ["", *Path(c.stacks).read_text().splitlines()]
-        answer = self.state / f"stacks.{rid}.txt"
-        tmp = answer.with_name(f".{answer.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("".join(f"{line}\n" for line in text))
-        os.replace(tmp, answer)
+        write_atomic(self.state / f"stacks.{rid}.txt", "".join(f"{line}\n" for line in text), mode=0o600)
 
     def _at_stop(self, name: str, dumps: Dumps) -> None:
         beats = read_beats(self.state)
