@@ -87,7 +87,8 @@ def choice(kind: type[E], flag: str) -> Callable[[str], E]:
             return kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"bad {flag} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}") from None
+                f"bad {flag} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}"
+            ) from None
 
     return parse
 
@@ -100,9 +101,14 @@ def parse_endpoint(text: object, flag: str, *, port: bool | None = None) -> tupl
     """``host``, ``host:port``, ``[v6]:port``, ``[v6]`` or a bare IPv6 address (no port) -> (host, port or None);
     ``port`` True requires one, False refuses one. Anything else: a one-line :class:`UsageError`."""
     s = str(text).strip()
-    form = (f"HOST:PORT (IPv6: [ADDR]:PORT) with PORT from 1 to {MAX_PORT}, e.g. node0:29500" if port else
-            "a host name or address without a port (IPv6 bare or in brackets), e.g. node0 or fe80::1" if port is False else
-            f"HOST or HOST:PORT (IPv6: [ADDR]:PORT, or a bare ADDR without one) with PORT from 1 to {MAX_PORT}, e.g. node0:29500")
+    form = (
+        f"HOST:PORT (IPv6: [ADDR]:PORT) with PORT from 1 to {MAX_PORT}, e.g. node0:29500"
+        if port
+        else "a host name or address without a port (IPv6 bare or in brackets), e.g. node0 or fe80::1"
+        if port is False
+        else "HOST or HOST:PORT (IPv6: [ADDR]:PORT, or a bare ADDR without one) "
+        f"with PORT from 1 to {MAX_PORT}, e.g. node0:29500"
+    )
     if s.startswith("["):
         host, close, rest = s[1:].partition("]")
         good = bool(close) and rest[:1] in ("", ":") and ":" in host and ip_address(host) is not None
@@ -110,7 +116,13 @@ def parse_endpoint(text: object, flag: str, *, port: bool | None = None) -> tupl
     else:
         host, sep, digits = s.partition(":") if s.count(":") == 1 else (s, "", "")
         good = ":" not in host or ip_address(host) is not None  # a colon: IPv6
-    if not good or not host or any(c.isspace() or c in "[]/" for c in host) or (port and not sep) or (sep and port is False):
+    if (
+        not good
+        or not host
+        or any(c.isspace() or c in "[]/" for c in host)
+        or (port and not sep)
+        or (sep and port is False)
+    ):
         raise UsageError(f"bad {flag} {s!r}: expected {form}")
     if not sep:
         return host, None

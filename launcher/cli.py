@@ -24,15 +24,26 @@ from . import __version__
 from .errors import NumarunError, OutputError, page_url
 
 # subcommand -> module under numarun.commands
-COMMANDS: dict[str, str] = {name: name.replace("-", "_")
-                            for name in ("run", "topo", "plan", "bench", "submit", "doctor", "tune", "stacks", "slurm-node")}
+COMMANDS: dict[str, str] = {
+    name: name.replace("-", "_")
+    for name in ("run", "topo", "plan", "bench", "submit", "doctor", "tune", "stacks", "slurm-node")
+}
 
 # command (as typed after numarun; "" for numarun itself) -> the docs page that explains it, ending its help.
 # A new command (or a benchmark under 'numarun bench') needs its line here: tests/test_docs_site.py checks.
 HELP_PAGES: dict[str, str] = {
-    "": "index.md", "run": "run.md", "topo": "topology.md", "plan": "plan.md", "bench": "allreduce.md",
-    "bench allreduce": "allreduce.md", "bench h2d": "gpu.md", "submit": "slurm.md", "doctor": "doctor.md", "tune": "tune.md",
-    "stacks": "hangs.md", "slurm-node": "slurm.md",
+    "": "index.md",
+    "run": "run.md",
+    "topo": "topology.md",
+    "plan": "plan.md",
+    "bench": "allreduce.md",
+    "bench allreduce": "allreduce.md",
+    "bench h2d": "gpu.md",
+    "submit": "slurm.md",
+    "doctor": "doctor.md",
+    "tune": "tune.md",
+    "stacks": "hangs.md",
+    "slurm-node": "slurm.md",
 }
 
 
@@ -62,7 +73,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _available_commands() -> dict[str, str]:
-    return {name: mod for name, mod in COMMANDS.items() if importlib.util.find_spec(f"numarun.commands.{mod}") is not None}
+    return {
+        name: mod for name, mod in COMMANDS.items() if importlib.util.find_spec(f"numarun.commands.{mod}") is not None
+    }
 
 
 def _summary(mod: str) -> str:
@@ -82,19 +95,24 @@ def _summary(mod: str) -> str:
 
 def _help_only(argv: list[str], command: str) -> bool:
     """argv asks only for the subcommand's help: options after it, no script named."""
-    rest = argv[argv.index(command) + 1:] if command in argv else []
+    rest = argv[argv.index(command) + 1 :] if command in argv else []
     return any(a in ("-h", "--help") for a in rest) and all(a.startswith("-") for a in rest)
 
 
 def build_parser(only: str | None = None) -> OneLineParser:
-    parser = OneLineParser(prog="numarun",
-                           description="Topology-aware launcher for PyTorch distributed training. "
-                           "'numarun train.py' runs like 'torchrun train.py', with each local rank bound "
-                           "to its GPU, CPU cores, memory and NIC.")
+    parser = OneLineParser(
+        prog="numarun",
+        description="Topology-aware launcher for PyTorch distributed training. "
+        "'numarun train.py' runs like 'torchrun train.py', with each local rank bound "
+        "to its GPU, CPU cores, memory and NIC.",
+    )
     parser.add_argument("--version", action="version", version=f"numarun {__version__}")
-    parser.add_argument("--log-level", default=None,
-                        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
-                        "bootstrap, whose default INFO shows the one binding line per rank")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
+        "bootstrap, whose default INFO shows the one binding line per rank",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, mod in _available_commands().items():
         if name != only:
@@ -216,7 +234,7 @@ def _main(args_list: list[str]) -> int:
     parser = build_parser(only=command)
     args = parser.parse_args(args_list)
     if command is not None:
-        args.argv = args_list[args_list.index(command) + 1:]  # what the subcommand was given, as typed
+        args.argv = args_list[args_list.index(command) + 1 :]  # what the subcommand was given, as typed
     if supervisor is not None:
         args.supervisor = supervisor
     level = getattr(logging, str(args.log_level or "WARNING").upper(), None)

@@ -14,7 +14,8 @@ _LIST_FORM = "a list such as '0-3,8,10-11' (ascending ranges of non-negative int
 
 
 def parse_list(text: str, what: str = "cpu list") -> tuple[int, ...]:
-    """Parse a kernel cpulist: ``""``, ``"0-3,8"``, or ``bitmap_parselist``'s ``a-b:used/group``; CpuListError otherwise."""
+    """Parse a kernel cpulist: ``""``, ``"0-3,8"``, or ``bitmap_parselist``'s ``a-b:used/group``; CpuListError
+    otherwise."""
     text = text.strip()
     if not text:
         return ()
@@ -47,7 +48,7 @@ def format_list(ids: Iterable[int], *, min_run: int = 2) -> str:
         j = i
         while j + 1 < len(s) and s[j + 1] == s[j] + 1:
             j += 1
-        parts += [f"{s[i]}-{s[j]}"] if j - i + 1 >= max(min_run, 2) else [str(x) for x in s[i:j + 1]]
+        parts += [f"{s[i]}-{s[j]}"] if j - i + 1 >= max(min_run, 2) else [str(x) for x in s[i : j + 1]]
         i = j + 1
     return ",".join(parts)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 PLAN = "NUMARUN_PLAN"  # path of the LaunchPlan JSON every worker reads
 STRICT_BINDING = "NUMARUN_STRICT_BINDING"  # 1: a binding failure is fatal for the worker
-# plan variables the user set, comma-separated, which the bootstrap keeps; unset (started by hand): all set ones are kept
+# plan variables the user set, comma-separated, which the bootstrap keeps; unset (started by hand): all set ones are
+# kept
 USER_ENV = "NUMARUN_USER_ENV"
 LOG_LEVEL = "NUMARUN_LOG_LEVEL"  # of the bootstrap's own lines (default INFO)
 FULL_EXIT = "NUMARUN_FULL_EXIT"  # 1: workers leave through the interpreter's full teardown, not os._exit
@@ -26,7 +27,9 @@ SLURM_TIMEOUT = "NUMARUN_SLURM_TIMEOUT"  # seconds each Slurm client call of num
 # a directory of the job's `scontrol show topology` (topology) and `scontrol -o show node` (nodes), written once by the
 # batch script for every node's task
 SLURM_INFO = "NUMARUN_SLURM_INFO"
-RDZV_MARGIN = "NUMARUN_RDZV_MARGIN"  # seconds past torch's rendezvous timeout before a hung rendezvous ends (default 15)
+RDZV_MARGIN = (
+    "NUMARUN_RDZV_MARGIN"  # seconds past torch's rendezvous timeout before a hung rendezvous ends (default 15)
+)
 READY_FD = "NUMARUN_READY_FD"  # a pipe numarun writes a byte to once its signal handlers are in place
 INIT = "NUMARUN_INIT"  # 1: this numarun's parent is numarun as PID 1, which reaps orphans (so this one is no subreaper)
 DETECT = "NUMARUN_DETECT"  # 0: do not read the job's shape from a scheduler's environment (--no-detect)

@@ -36,8 +36,9 @@ def write_output(path: str, text: str, *, flag: str) -> Path:
     target = Path(path)
     parent = target.parent
     if not parent.is_dir():
-        raise UsageError(f"bad {flag} {path!r}: directory {str(parent)!r} does not exist; "
-                         "expected a file in an existing directory")
+        raise UsageError(
+            f"bad {flag} {path!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory"
+        )
     if target.is_dir():
         raise UsageError(f"bad {flag} {path!r}: it is a directory; expected a file name")
     if target.exists() and not target.is_file():
@@ -45,5 +46,7 @@ def write_output(path: str, text: str, *, flag: str) -> Path:
     try:
         write_atomic(target, text)
     except OSError as e:
-        raise OutputError(f"cannot write {flag} {path!r}: {e.strerror}; expected a writable file path with room") from None
+        raise OutputError(
+            f"cannot write {flag} {path!r}: {e.strerror}; expected a writable file path with room"
+        ) from None
     return target

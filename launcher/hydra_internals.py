@@ -35,46 +35,80 @@ CHECKED = ((1, 3), (1, 3))
 
 SHAPES: dict[str, tuple[tuple[str, ...] | None, str]] = {
     "hydra._internal.utils.get_args_parser": (
-        (), "Hydra's own command line (-m, -cn, -cp, -cd, --cfg, --info...), parsed as in any Hydra app"),
+        (),
+        "Hydra's own command line (-m, -cn, -cp, -cd, --cfg, --info...), parsed as in any Hydra app",
+    ),
     "hydra._internal.utils.create_automatic_config_search_path": (
-        ("calling_file", "calling_module", "config_path"), "the config search path @hydra.main builds, for numarun's configs/"),
+        ("calling_file", "calling_module", "config_path"),
+        "the config search path @hydra.main builds, for numarun's configs/",
+    ),
     "hydra._internal.hydra.Hydra.create_main_hydra2": (
-        ("task_name", "config_search_path"), "the application object @hydra.main builds"),
+        ("task_name", "config_search_path"),
+        "the application object @hydra.main builds",
+    ),
     "hydra._internal.hydra.Hydra.app_help": (("config_name", "args_parser", "args"), "--help"),
     "hydra._internal.hydra.Hydra.hydra_help": (("config_name", "args_parser", "args"), "--hydra-help"),
     "hydra._internal.hydra.Hydra.show_cfg": (
-        ("config_name", "overrides", "cfg_type", "package", "resolve"), "--cfg job|hydra|all"),
+        ("config_name", "overrides", "cfg_type", "package", "resolve"),
+        "--cfg job|hydra|all",
+    ),
     "hydra._internal.hydra.Hydra.show_info": (("info", "config_name", "overrides", "run_mode"), "--info"),
     "hydra._internal.hydra.Hydra.shell_completion": (("config_name", "overrides"), "--shell-completion"),
     "hydra._internal.hydra.Hydra.get_mode": (("config_name", "overrides"), "RUN or MULTIRUN, from -m and hydra.mode"),
     "hydra._internal.hydra.Hydra.compose_config": (
         ("config_name", "overrides", "run_mode", "with_log_configuration", "from_shell", "validate_sweep_overrides"),
-        "the config of a run, or of a sweep (its multirun.yaml), with Hydra's logging set up from it"),
-    "hydra._internal.hydra.Hydra.config_loader": (None, "the loader of the app's configs: one job of a sweep, glob() sweeps"),
+        "the config of a run, or of a sweep (its multirun.yaml), with Hydra's logging set up from it",
+    ),
+    "hydra._internal.hydra.Hydra.config_loader": (
+        None,
+        "the loader of the app's configs: one job of a sweep, glob() sweeps",
+    ),
     "hydra._internal.config_loader_impl.ConfigLoaderImpl.load_sweep_config": (
-        ("master_config", "sweep_overrides"), "one job of a sweep composed as Hydra's launchers compose it"),
+        ("master_config", "sweep_overrides"),
+        "one job of a sweep composed as Hydra's launchers compose it",
+    ),
     "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments": (
-        ("overrides", "max_batch_size"), "Hydra's basic sweep expansion: the one place a sweep becomes jobs"),
+        ("overrides", "max_batch_size"),
+        "Hydra's basic sweep expansion: the one place a sweep becomes jobs",
+    ),
     "hydra._internal.callbacks.Callbacks": (("config",), "the callbacks named in hydra.callbacks"),
     "hydra._internal.callbacks.Callbacks.on_run_start": (("config", "kwargs"), "called where Hydra's run calls it"),
     "hydra._internal.callbacks.Callbacks.on_run_end": (("config", "kwargs"), "called where Hydra's run calls it"),
-    "hydra._internal.callbacks.Callbacks.on_multirun_start": (("config", "kwargs"), "called where Hydra's multirun calls it"),
-    "hydra._internal.callbacks.Callbacks.on_multirun_end": (("config", "kwargs"), "called where Hydra's multirun calls it"),
+    "hydra._internal.callbacks.Callbacks.on_multirun_start": (
+        ("config", "kwargs"),
+        "called where Hydra's multirun calls it",
+    ),
+    "hydra._internal.callbacks.Callbacks.on_multirun_end": (
+        ("config", "kwargs"),
+        "called where Hydra's multirun calls it",
+    ),
     "hydra.core.utils.run_job": (
         ("task_function", "config", "job_dir_key", "job_subdir_key", "hydra_context", "configure_logging"),
-        "one job as Hydra's launchers run it: run dir, .hydra/*.yaml, job logging, env_set, job callbacks"),
+        "one job as Hydra's launchers run it: run dir, .hydra/*.yaml, job logging, env_set, job callbacks",
+    ),
     "hydra.core.plugins.Plugins.instantiate_sweeper": (
-        ("hydra_context", "task_function", "config"), "a sweep by any sweeper plugin, as Hydra's multirun runs it"),
+        ("hydra_context", "task_function", "config"),
+        "a sweep by any sweeper plugin, as Hydra's multirun runs it",
+    ),
     "hydra.core.plugins.Plugins.instantiate_launcher": (
-        ("hydra_context", "task_function", "config"), "the configured launcher, for the jobs of a basic sweep"),
+        ("hydra_context", "task_function", "config"),
+        "the configured launcher, for the jobs of a basic sweep",
+    ),
     "hydra.core.utils.configure_log": (
-        ("log_config", "verbose_config"), "Hydra's logging set up again after each job of a sweep"),
+        ("log_config", "verbose_config"),
+        "Hydra's logging set up again after each job of a sweep",
+    ),
     "hydra.core.hydra_config.HydraConfig.cfg": (
-        None, "assigned to put back the global Hydra config after a composition (set_config refuses None)"),
+        None,
+        "assigned to put back the global Hydra config after a composition (set_config refuses None)",
+    ),
     "hydra.version.setbase": (("ver",), "version_base, as @hydra.main(version_base=...) sets it"),
     # worker side: a user's @hydra.main app in every rank
     "hydra.core.utils.datetime": (None, "the class the ${now:} resolver reads at call time: replaced by a fixed clock"),
-    "hydra.core.utils.setup_globals": ((), "registers that ${now:} resolver (read at call time, so the patch reaches it)"),
+    "hydra.core.utils.setup_globals": (
+        (),
+        "registers that ${now:} resolver (read at call time, so the patch reaches it)",
+    ),
     "hydra.core.utils._save_config": (("cfg", "filename", "output_dir"), "writes .hydra/*.yaml: a no-op off rank 0"),
 }
 """Private part -> (its parameters without ``self``, or None for an attribute; what numarun uses it for)."""
@@ -111,7 +145,9 @@ def create_app(*, task_name: str, config_path: str, extra_dir: str | None, versi
     set_version_base(version_base)
     search_path = create_automatic_config_search_path(None, None, config_path)
     if extra_dir is not None:
-        search_path.prepend(provider="command-line", path=f"file://{extra_dir}", anchor=SearchPathQuery(provider="schema"))
+        search_path.prepend(
+            provider="command-line", path=f"file://{extra_dir}", anchor=SearchPathQuery(provider="schema")
+        )
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
 
 
@@ -138,7 +174,8 @@ def load_sweep_job(app: Any, sweep_cfg: Any, overrides: Sequence[str]) -> Any:
 
 
 def callbacks(cfg: Any) -> Any:
-    """The callbacks named in ``cfg.hydra.callbacks``, instantiated as Hydra's run and multirun do (``cfg`` None: none)."""
+    """The callbacks named in ``cfg.hydra.callbacks``, instantiated as Hydra's run and multirun do (``cfg`` None:
+    none)."""
     from hydra._internal.callbacks import Callbacks
 
     return Callbacks(cfg)
@@ -161,9 +198,13 @@ def run_job(loader: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, sw
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
-    return hydra_run_job(task_function=task, config=cfg, job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
-                         job_subdir_key="hydra.sweep.subdir" if sweep else None,
-                         hydra_context=HydraContext(config_loader=loader, callbacks=hooks))
+    return hydra_run_job(
+        task_function=task,
+        config=cfg,
+        job_dir_key="hydra.sweep.dir" if sweep else "hydra.run.dir",
+        job_subdir_key="hydra.sweep.subdir" if sweep else None,
+        hydra_context=HydraContext(config_loader=loader, callbacks=hooks),
+    )
 
 
 def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group: str) -> Any:
@@ -174,7 +215,9 @@ def plugin(app: Any, cfg: Any, task: Callable[[Any], Any], hooks: Any, *, group:
 
     context = HydraContext(config_loader=app.config_loader, callbacks=hooks)
     try:
-        return getattr(Plugins.instance(), f"instantiate_{group}")(hydra_context=context, task_function=task, config=cfg)
+        return getattr(Plugins.instance(), f"instantiate_{group}")(
+            hydra_context=context, task_function=task, config=cfg
+        )
     except (RuntimeError, ImportError) as e:  # a plugin Hydra cannot find or load: one line, as Hydra's own errors
         raise HydraException(str(e)) from None
 
@@ -216,6 +259,7 @@ def hydra_config(cfg: Any) -> Iterator[None]:
 
 
 # --- worker side -------------------------------------------------------------------------------
+
 
 def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
     """A ``datetime`` class whose ``now()`` is always ``when``."""

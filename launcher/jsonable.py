@@ -16,7 +16,8 @@ MAX_DEPTH = 64  # numarun's own files nest 5 levels; recursive readers fail near
 
 
 def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads`` whose nesting deeper than ``max_depth`` is a :class:`json.JSONDecodeError`, never a RecursionError."""
+    """``json.loads`` whose nesting deeper than ``max_depth`` is a :class:`json.JSONDecodeError`, never a
+    RecursionError."""
     try:
         data = json.loads(text)
     except RecursionError:

@@ -140,7 +140,11 @@ def stopped_cleanly(state: Path, nproc: int) -> bool:
 
 def clear(state: Path) -> None:
     """Forget the previous job of a sweep (its workers, exits, signals, heartbeats and stack dumps)."""
-    for f in [*state.glob("exit.*"), *state.glob("pid.*"), *state.glob("progress.*"), *state.glob("stacks.*"),
-              state / "signals.json"]:
+    for f in [
+        *state.glob("exit.*"),
+        *state.glob("pid.*"),
+        *state.glob("progress.*"),
+        *state.glob("stacks.*"),
+        state / "signals.json",
+    ]:
         f.unlink(missing_ok=True)
-

@@ -124,14 +124,22 @@ def _keyed_type() -> Any:
     def compare(op: Any) -> Any:
         def method(self: Any, other: Any) -> Any:
             return op(sort_key(self), sort_key(other)) if isinstance(other, _NodeDesc) else NotImplemented
+
         return method
 
     import operator
 
-    namespace = {"__annotations__": {"key": tuple}, "key": (), "__module__": __name__, "__qualname__": "KeyedNodeDesc",
-                 "__doc__": "A rendezvous node descriptor that sorts by the key its node reported, then as torch's.",
-                 "__lt__": compare(operator.lt), "__le__": compare(operator.le), "__gt__": compare(operator.gt),
-                 "__ge__": compare(operator.ge)}
+    namespace = {
+        "__annotations__": {"key": tuple},
+        "key": (),
+        "__module__": __name__,
+        "__qualname__": "KeyedNodeDesc",
+        "__doc__": "A rendezvous node descriptor that sorts by the key its node reported, then as torch's.",
+        "__lt__": compare(operator.lt),
+        "__le__": compare(operator.le),
+        "__gt__": compare(operator.gt),
+        "__ge__": compare(operator.ge),
+    }
     made = type("KeyedNodeDesc", (_NodeDesc,), namespace)
     cls: Any = dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(made)
     _KEYED = cls
@@ -235,8 +243,12 @@ def runtime_cause(e: BaseException) -> str:
 def record_error(path: str, e: BaseException, text: str) -> None:
     """Name ``e`` (``text``: its traceback) in torchelastic's error file at ``path``, as
     ``ErrorHandler.record_exception`` lays it out, so that the launcher's last line says what failed."""
-    data = {"message": {"message": f"{type(e).__name__}: {e}",
-                        "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    data = {
+        "message": {
+            "message": f"{type(e).__name__}: {e}",
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        }
+    }
     with contextlib.suppress(OSError):
         with open(path, "w") as f:
             json.dump(data, f)

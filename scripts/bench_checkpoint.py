@@ -46,7 +46,9 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=["mlp", "gpt"], default="mlp", help="the reference model (default mlp, the trainer's)")
+    p.add_argument(
+        "--model", choices=["mlp", "gpt"], default="mlp", help="the reference model (default mlp, the trainer's)"
+    )
     p.add_argument("--d-model", type=int, default=64, help="gpt width (default 64, the trainer's)")
     p.add_argument("--layers", type=int, default=2, help="gpt layers (default 2, the trainer's)")
     p.add_argument("--rounds", type=int, default=5)
@@ -66,7 +68,9 @@ def main() -> None:
     if args.model == "gpt":
         model_yaml += f"  d_model: {args.d_model}\n  n_layers: {args.layers}\n"
     ddp = "parallel:\n  kind: ddp\n  dp_replicate: -1\n  dp_shard: 1\n"  # configs/parallel/ddp.yaml
-    cfg = load_job_config_text(f"model:\n{model_yaml}{ddp}trainer:\n  steps: 1\n  progress: false\n  checkpoint_dir: {root}\n")
+    cfg = load_job_config_text(
+        f"model:\n{model_yaml}{ddp}trainer:\n  steps: 1\n  progress: false\n  checkpoint_dir: {root}\n"
+    )
     trainer = Trainer(cfg, run_dir, ctx)
     trainer.run()  # one step, so that the optimizer has state, and its final save
     meta = {"world_size": world, "parallel": cfg.parallel.kind, "model": checkpoint.model_config(cfg.model)}
@@ -75,7 +79,9 @@ def main() -> None:
     size = 0
     for i in range(args.rounds):
         step = 100 + i
-        t, path = _timed(lambda s=step: checkpoint.save(root, s, trainer.par.parts, trainer.optimizers, meta=meta, rank=rank))
+        t, path = _timed(
+            lambda s=step: checkpoint.save(root, s, trainer.par.parts, trainer.optimizers, meta=meta, rank=rank)
+        )
         rows["save"].append(t)
         size = sum(f.stat().st_size for f in path.iterdir())
         rows["hash"].append(_timed(lambda p=path: checkpoint.hash_share(p, rank=rank, world_size=world))[0])
@@ -93,9 +99,13 @@ def main() -> None:
         save_pct, resume_pct = 100 * med["hash"] / med["save"], 100 * med["verify"] / med["load"]
         label = f"{args.model}" + (f" d_model={args.d_model} layers={args.layers}" if args.model == "gpt" else "")
         print(f"model {label}, {world} ranks, checkpoint {size / 2**20:.1f} MiB, {args.rounds} rounds (medians)")
-        print(f"save   {med['save'] * 1e3:8.1f} ms   of which checksums {med['hash'] * 1e3:7.1f} ms   ({save_pct:.1f} %)")
-        print(f"resume {med['load'] * 1e3:8.1f} ms load   verification {med['verify'] * 1e3:7.1f} ms before it"
-              f"   ({resume_pct:.1f} %)")
+        print(
+            f"save   {med['save'] * 1e3:8.1f} ms   of which checksums {med['hash'] * 1e3:7.1f} ms   ({save_pct:.1f} %)"
+        )
+        print(
+            f"resume {med['load'] * 1e3:8.1f} ms load   verification {med['verify'] * 1e3:7.1f} ms before it"
+            f"   ({resume_pct:.1f} %)"
+        )
         print(json.dumps({k: [round(x, 5) for x in v] for k, v in rows.items()}))
         print(f"CHECKSUM save={save_pct:.1f}% resume={resume_pct:.1f}%")
         if not args.dir:

@@ -71,8 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, src in sources:
         times, topo = _time(lambda src=src: load_topology(src), args.runs)
-        rows.append((label, len(topo.numa_nodes), len(topo.cpus), len(topo.gpus), topo.gpu_source,
-                     statistics.median(times), min(times)))
+        rows.append(
+            (
+                label,
+                len(topo.numa_nodes),
+                len(topo.cpus),
+                len(topo.gpus),
+                topo.gpu_source,
+                statistics.median(times),
+                min(times),
+            )
+        )
     head = ("source", "nodes", "cpus", "gpus", "gpu src", "median ms", "min ms")
     w0 = max(len(head[0]), *(len(r[0]) for r in rows))
     print(f"{head[0]:<{w0}}  {head[1]:>5}  {head[2]:>5}  {head[3]:>4}  {head[4]:<7}  {head[5]:>9}  {head[6]:>7}")

@@ -49,8 +49,10 @@ def main() -> None:
             t0 = time.perf_counter()
             expand_hostlist(text)
             times.append(time.perf_counter() - t0)
-        print(f"expand_hostlist {name:<21} {len(text):6d} chars -> {len(hosts)} hosts: median "
-              f"{statistics.median(times) * 1e3:7.2f} ms (min {min(times) * 1e3:.2f} ms, {args.repeat} runs)")
+        print(
+            f"expand_hostlist {name:<21} {len(text):6d} chars -> {len(hosts)} hosts: median "
+            f"{statistics.median(times) * 1e3:7.2f} ms (min {min(times) * 1e3:.2f} ms, {args.repeat} runs)"
+        )
 
 
 if __name__ == "__main__":

@@ -28,18 +28,32 @@ from numarun.slurm.controller import handed_over
 
 def inputs(n: int, directory: Path) -> dict[str, str]:
     names = [f"gpu{i:05d}" for i in range(n)]
-    (directory / "nodes").write_text("".join(
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=48 CPUAlloc=96 CPUEfctv=96 CPUTot=96 Gres=gpu:8 "
-        f"NodeAddr=10.{i // 65536}.{i // 256 % 256}.{i % 256} NodeHostName={name} Version=23.02.7\n"
-        for i, name in enumerate(names)))
-    leaves = [f"SwitchName=leaf{s} Level=0 LinkSpeed=1 Nodes=gpu[{s * 32:05d}-{min(n, s * 32 + 32) - 1:05d}]\n"
-              for s in range((n + 31) // 32)]
-    (directory / "topology").write_text("".join(leaves) + f"SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[00000-{n - 1:05d}]\n")
+    (directory / "nodes").write_text(
+        "".join(
+            f"NodeName={name} Arch=x86_64 CoresPerSocket=48 CPUAlloc=96 CPUEfctv=96 CPUTot=96 Gres=gpu:8 "
+            f"NodeAddr=10.{i // 65536}.{i // 256 % 256}.{i % 256} NodeHostName={name} Version=23.02.7\n"
+            for i, name in enumerate(names)
+        )
+    )
+    leaves = [
+        f"SwitchName=leaf{s} Level=0 LinkSpeed=1 Nodes=gpu[{s * 32:05d}-{min(n, s * 32 + 32) - 1:05d}]\n"
+        for s in range((n + 31) // 32)
+    ]
+    (directory / "topology").write_text(
+        "".join(leaves) + f"SwitchName=spine Level=1 LinkSpeed=1 Nodes=gpu[00000-{n - 1:05d}]\n"
+    )
     me = n - 1
     return {
-        "SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": f"gpu[00000-{n - 1:05d}]",
-        "SLURM_STEP_NUM_NODES": str(n), "SLURM_STEP_NUM_TASKS": str(n), "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})",
-        "SLURM_NODEID": str(me), "SLURMD_NODENAME": names[me], "SLURM_PROCID": str(me), "SLURM_LOCALID": "0",
+        "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": f"gpu[00000-{n - 1:05d}]",
+        "SLURM_STEP_NUM_NODES": str(n),
+        "SLURM_STEP_NUM_TASKS": str(n),
+        "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})",
+        "SLURM_NODEID": str(me),
+        "SLURMD_NODENAME": names[me],
+        "SLURM_PROCID": str(me),
+        "SLURM_LOCALID": "0",
         "NUMARUN_SLURM_INFO": str(directory),
     }
 
@@ -69,7 +83,10 @@ def main() -> int:
                 t0 = time.perf_counter()
                 per_node(env)
                 times.append(time.perf_counter() - t0)
-        print(f"{n:>6}  {statistics.median(times) * 1000:>15.2f} ms  {min(times) * 1000:>5.2f} ms  0 (2 for the whole job)")
+        print(
+            f"{n:>6}  {statistics.median(times) * 1000:>15.2f} ms  {min(times) * 1000:>5.2f} ms  0 (2 for the whole "
+            "job)"
+        )
     return 0
 
 

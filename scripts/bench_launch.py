@@ -83,7 +83,10 @@ def _cli(args: argparse.Namespace) -> int:
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
-        **{f"numarun {' '.join(c)}": [*numarun, *c] for c in (["--help"], ["--version"], ["run", "--help"], ["tune", "--help"])},
+        **{
+            f"numarun {' '.join(c)}": [*numarun, *c]
+            for c in (["--help"], ["--version"], ["run", "--help"], ["tune", "--help"])
+        },
     }
     if args.baseline:
         import shlex
@@ -106,8 +109,12 @@ def _per_rank(args: argparse.Namespace) -> int:
     numarun = _tool("numarun", [sys.executable, "-m", "numarun"])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_", "SLURM_", "OMPI_", "PMI"))}
     # one rank as mpirun starts it: per-rank mode, no agent, the script runs in numarun's interpreter
-    env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1", OMPI_COMM_WORLD_LOCAL_RANK="0",
-               OMPI_COMM_WORLD_LOCAL_SIZE="1")
+    env.update(
+        OMPI_COMM_WORLD_RANK="0",
+        OMPI_COMM_WORLD_SIZE="1",
+        OMPI_COMM_WORLD_LOCAL_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_SIZE="1",
+    )
     report: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="numarun-bench-") as tmp:
         scripts = {"imports torch": "import torch\n", "empty": "pass\n"}
@@ -125,10 +132,14 @@ def _per_rank(args: argparse.Namespace) -> int:
                     cpu[name].append(used)
             med = {n: statistics.median(t) for n, t in times.items()}
             med_cpu = {n: statistics.median(t) for n, t in cpu.items()}
-            print(f"per-rank mode, script that {label if label != 'empty' else 'is empty'}, {args.runs} alternated runs:")
+            print(
+                f"per-rank mode, script that {label if label != 'empty' else 'is empty'}, {args.runs} alternated runs:"
+            )
             for n in cases:
-                print(f"  {n:18s} wall median {med[n]:.3f} s (min {min(times[n]):.3f}, max {max(times[n]):.3f})"
-                      f"  cpu median {med_cpu[n]:.3f} s")
+                print(
+                    f"  {n:18s} wall median {med[n]:.3f} s (min {min(times[n]):.3f}, max {max(times[n]):.3f})"
+                    f"  cpu median {med_cpu[n]:.3f} s"
+                )
             ratio = med["numarun script.py"] / med["python script.py"]
             ratio_cpu = med_cpu["numarun script.py"] / med_cpu["python script.py"]
             extra = med["numarun script.py"] - med["python script.py"]
@@ -192,8 +203,17 @@ def _watchdog(args: argparse.Namespace, numarun: list[str], env: dict[str, str])
             for name in configs if i % 2 == 0 else reversed(list(configs)):
                 out = Path(tmp) / f"{name}{i}".replace(" ", "_")
                 out.mkdir()
-                cmd = [*numarun, "--nproc-per-node", "2", "--standalone", "--hang-timeout", configs[name], str(script),
-                       str(out), str(args.steps)]
+                cmd = [
+                    *numarun,
+                    "--nproc-per-node",
+                    "2",
+                    "--standalone",
+                    "--hang-timeout",
+                    configs[name],
+                    str(script),
+                    str(out),
+                    str(args.steps),
+                ]
                 _time(cmd, env, args.timeout)
                 for rank in out.glob("rank*.json"):
                     r = json.loads(rank.read_text())
@@ -204,17 +224,24 @@ def _watchdog(args: argparse.Namespace, numarun: list[str], env: dict[str, str])
     med = {n: statistics.median(t) for n, t in step.items()}
     per_sample = statistics.median([s for n in samples for s in samples[n]])
     sample_s = {"default": 5.0, "0.5 s sample": 0.5}
-    print(f"hang watchdog, 2 ranks, step = 256x256 matmul + 1 MiB gloo all-reduce, {args.steps} steps, "
-          f"{args.runs} alternated runs each:")
+    print(
+        f"hang watchdog, 2 ranks, step = 256x256 matmul + 1 MiB gloo all-reduce, {args.steps} steps, "
+        f"{args.runs} alternated runs each:"
+    )
     for n in configs:
-        print(f"  watchdog {n:18s} step median {med[n] * 1e3:.3f} ms (min {min(step[n]) * 1e3:.3f}, "
-              f"max {max(step[n]) * 1e3:.3f})  ratio to off {med[n] / med['off']:.3f}")
-    print(f"  sampler CPU per sample: {per_sample * 1e6:.0f} us: {per_sample / 5.0:.4%} of a core at the default "
-          f"5 s sample, {per_sample / 0.5:.4%} at 0.5 s (--hang-timeout 5)")
-    print(f"  a counted collective: +{wrapped - bare:.0f} ns per call ({bare:.0f} ns bare, {wrapped:.0f} ns wrapped): "
-          f"{(wrapped - bare) * 1e-9 / med['off']:.5%} of this step per collective")
-    return {"step_s": step, "sampler_cpu_per_sample_s": per_sample, "wrapper_ns": [bare, wrapped],
-            "sample_s": sample_s}
+        print(
+            f"  watchdog {n:18s} step median {med[n] * 1e3:.3f} ms (min {min(step[n]) * 1e3:.3f}, "
+            f"max {max(step[n]) * 1e3:.3f})  ratio to off {med[n] / med['off']:.3f}"
+        )
+    print(
+        f"  sampler CPU per sample: {per_sample * 1e6:.0f} us: {per_sample / 5.0:.4%} of a core at the default "
+        f"5 s sample, {per_sample / 0.5:.4%} at 0.5 s (--hang-timeout 5)"
+    )
+    print(
+        f"  a counted collective: +{wrapped - bare:.0f} ns per call ({bare:.0f} ns bare, {wrapped:.0f} ns wrapped): "
+        f"{(wrapped - bare) * 1e-9 / med['off']:.5%} of this step per collective"
+    )
+    return {"step_s": step, "sampler_cpu_per_sample_s": per_sample, "wrapper_ns": [bare, wrapped], "sample_s": sample_s}
 
 
 def main() -> int:
@@ -224,13 +251,23 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds before one launch counts as hung")
     parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
     parser.add_argument("--cli", action="store_true", help="time numarun's help screens and --version instead")
-    parser.add_argument("--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line")
-    parser.add_argument("--mesh", metavar="SPEC", default=None,
-                        help="also time 'numarun --mesh SPEC' (a layout over the ranks, e.g. dp_shard=-1)")
-    parser.add_argument("--per-rank", action="store_true",
-                        help="time per-rank mode (one rank a scheduler started) against python script.py")
-    parser.add_argument("--watchdog", action="store_true",
-                        help="after the launch overhead, measure what the hang watchdog costs a rank")
+    parser.add_argument(
+        "--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line"
+    )
+    parser.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        default=None,
+        help="also time 'numarun --mesh SPEC' (a layout over the ranks, e.g. dp_shard=-1)",
+    )
+    parser.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="time per-rank mode (one rank a scheduler started) against python script.py",
+    )
+    parser.add_argument(
+        "--watchdog", action="store_true", help="after the launch overhead, measure what the hang watchdog costs a rank"
+    )
     parser.add_argument("--steps", type=int, default=400, help="with --watchdog: steps per run (default 400)")
     args = parser.parse_args()
     if args.cli:
@@ -275,15 +312,27 @@ def main() -> int:
         )
     print(f"ratio numarun/torchrun wall {ratio:.3f}  cpu {ratio_cpu:.3f}  (target <= 1.03)")
     if "mesh" in med:
-        mesh_ratios = {"mesh_vs_torchrun_wall": med["mesh"] / med["torchrun"],
-                       "mesh_vs_numarun_wall": med["mesh"] / med["numarun"],
-                       "mesh_vs_torchrun_cpu": med_cpu["mesh"] / med_cpu["torchrun"]}
-        print(f"ratio numarun --mesh {args.mesh}/torchrun wall {mesh_ratios['mesh_vs_torchrun_wall']:.3f}  cpu "
-              f"{mesh_ratios['mesh_vs_torchrun_cpu']:.3f}; /numarun wall {mesh_ratios['mesh_vs_numarun_wall']:.3f}")
-    watchdog = _watchdog(args, commands["numarun"][:-len(launch)], env) if args.watchdog else None
+        mesh_ratios = {
+            "mesh_vs_torchrun_wall": med["mesh"] / med["torchrun"],
+            "mesh_vs_numarun_wall": med["mesh"] / med["numarun"],
+            "mesh_vs_torchrun_cpu": med_cpu["mesh"] / med_cpu["torchrun"],
+        }
+        print(
+            f"ratio numarun --mesh {args.mesh}/torchrun wall {mesh_ratios['mesh_vs_torchrun_wall']:.3f}  cpu "
+            f"{mesh_ratios['mesh_vs_torchrun_cpu']:.3f}; /numarun wall {mesh_ratios['mesh_vs_numarun_wall']:.3f}"
+        )
+    watchdog = _watchdog(args, commands["numarun"][: -len(launch)], env) if args.watchdog else None
     if args.json:
-        report = {"wall_s": times, "cpu_s": cpu, "median_wall_s": med, "median_cpu_s": med_cpu,
-                  "ratio_wall": ratio, "ratio_cpu": ratio_cpu, "watchdog": watchdog, **mesh_ratios}
+        report = {
+            "wall_s": times,
+            "cpu_s": cpu,
+            "median_wall_s": med,
+            "median_cpu_s": med_cpu,
+            "ratio_wall": ratio,
+            "ratio_cpu": ratio_cpu,
+            "watchdog": watchdog,
+            **mesh_ratios,
+        }
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -19,18 +19,32 @@ from numarun.plan.model import BindingMode, PlanRequest
 from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
 
 
-def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int = 2, gpus_per_package: int = 4) -> Topology:
+def big_topology(
+    *, packages: int = 2, cores_per_package: int = 96, threads: int = 2, gpus_per_package: int = 4
+) -> Topology:
     total_cores = packages * cores_per_package
     cpus = []
     for t in range(threads):
         for core in range(total_cores):
             pkg = core // cores_per_package
             llc = (core // 8) * 8  # 8-core CCX, id = first CPU sharing the cache
-            cpus.append(Cpu(id=core + t * total_cores, package=pkg, core=core % cores_per_package, numa_node=pkg,
-                            siblings=tuple(core + k * total_cores for k in range(threads)), llc=llc))
+            cpus.append(
+                Cpu(
+                    id=core + t * total_cores,
+                    package=pkg,
+                    core=core % cores_per_package,
+                    numa_node=pkg,
+                    siblings=tuple(core + k * total_cores for k in range(threads)),
+                    llc=llc,
+                )
+            )
     nodes = tuple(
-        NumaNode(id=p, cpus=tuple(c.id for c in cpus if c.numa_node == p), memory_bytes=1 << 40,
-                 distances=tuple(10 if q == p else 32 for q in range(packages)))
+        NumaNode(
+            id=p,
+            cpus=tuple(c.id for c in cpus if c.numa_node == p),
+            memory_bytes=1 << 40,
+            distances=tuple(10 if q == p else 32 for q in range(packages)),
+        )
         for p in range(packages)
     )
     gpus, nics = [], []
@@ -39,14 +53,34 @@ def big_topology(*, packages: int = 2, cores_per_package: int = 96, threads: int
         root = f"0000:{0x10 + 0x20 * i:02x}:01.0"
         gpu_bus = f"0000:{0x11 + 0x20 * i:02x}:00.0"
         gpus.append(Gpu(index=i, pci_bus_id=gpu_bus, numa_node=pkg, pci_path=(root, gpu_bus)))
-        nics.append(Nic(name=f"mlx5_{i}", pci_bus_id=f"0000:{0x12 + 0x20 * i:02x}:00.0", numa_node=pkg,
-                        kind=NicKind.INFINIBAND, pci_path=(root, f"0000:{0x12 + 0x20 * i:02x}:00.0")))
-    return Topology(hostname="bench", numa_nodes=nodes, cpus=tuple(sorted(cpus, key=lambda c: c.id)),
-                    gpus=tuple(gpus), nics=tuple(nics), source="built")
+        nics.append(
+            Nic(
+                name=f"mlx5_{i}",
+                pci_bus_id=f"0000:{0x12 + 0x20 * i:02x}:00.0",
+                numa_node=pkg,
+                kind=NicKind.INFINIBAND,
+                pci_path=(root, f"0000:{0x12 + 0x20 * i:02x}:00.0"),
+            )
+        )
+    return Topology(
+        hostname="bench",
+        numa_nodes=nodes,
+        cpus=tuple(sorted(cpus, key=lambda c: c.id)),
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        source="built",
+    )
 
 
-MESH_LAYOUTS = ("dp_shard=4,tp=2", "tp=2,dp_shard=4", "dp_shard=2,tp=4", "cp=2,dp_shard=2,tp=2", "dp_shard=2,cp=2,tp=2",
-                "pp=2,dp_shard=2,tp=2", "tp=8")
+MESH_LAYOUTS = (
+    "dp_shard=4,tp=2",
+    "tp=2,dp_shard=4",
+    "dp_shard=2,tp=4",
+    "cp=2,dp_shard=2,tp=2",
+    "dp_shard=2,cp=2,tp=2",
+    "pp=2,dp_shard=2,tp=2",
+    "tp=8",
+)
 
 
 def _median_ms(topo: Topology, request: PlanRequest, repeat: int) -> float:
@@ -85,7 +119,10 @@ def main() -> None:
         mesh(args.repeat)
         return
     topo = big_topology()
-    print(f"topology: {len(topo.cpus)} CPUs, {len(topo.numa_nodes)} NUMA nodes, {len(topo.gpus)} GPUs, {len(topo.nics)} NICs")
+    print(
+        f"topology: {len(topo.cpus)} CPUs, {len(topo.numa_nodes)} NUMA nodes, {len(topo.gpus)} GPUs, {len(topo.nics)} "
+        "NICs"
+    )
     for mode in BindingMode:
         request = PlanRequest(binding=mode)
         make_plan(topo, request)  # warm-up (imports, caches)

@@ -31,11 +31,29 @@ def _numarun() -> list[str]:
 
 
 def _run(layout: list[str], *, args: argparse.Namespace, run_dir: Path) -> dict:
-    job = ["model=gpt", f"model.d_model={args.d_model}", f"model.n_layers={args.layers}", "model.n_heads=8",
-           "optim=adamw", f"trainer.batch_size={args.batch_size}", f"trainer.steps={args.steps}",
-           "trainer.checkpoint_interval=0", f"trainer.checkpoint_dir={run_dir / 'ck'}", "trainer.progress=false"]
-    cmd = [*_numarun(), "--nproc-per-node", str(args.nproc), "--binding", args.binding, str(REPO / "scripts" / "train.py"),
-           *job, *layout, f"hydra.run.dir={run_dir}"]
+    job = [
+        "model=gpt",
+        f"model.d_model={args.d_model}",
+        f"model.n_layers={args.layers}",
+        "model.n_heads=8",
+        "optim=adamw",
+        f"trainer.batch_size={args.batch_size}",
+        f"trainer.steps={args.steps}",
+        "trainer.checkpoint_interval=0",
+        f"trainer.checkpoint_dir={run_dir / 'ck'}",
+        "trainer.progress=false",
+    ]
+    cmd = [
+        *_numarun(),
+        "--nproc-per-node",
+        str(args.nproc),
+        "--binding",
+        args.binding,
+        str(REPO / "scripts" / "train.py"),
+        *job,
+        *layout,
+        f"hydra.run.dir={run_dir}",
+    ]
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=args.timeout)
     if r.returncode != 0:
         sys.exit(f"bench_pp_memory: {' '.join(cmd)} failed with code {r.returncode}:\n{r.stderr[-2000:]}")
@@ -57,8 +75,10 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it counts as hung")
     args = p.parse_args()
 
-    layouts = {"ddp": ["parallel=ddp"],
-               f"pp={args.nproc}": ["parallel=fsdp", f"parallel.pp={args.nproc}", f"parallel.pp_microbatches={args.nproc}"]}
+    layouts = {
+        "ddp": ["parallel=ddp"],
+        f"pp={args.nproc}": ["parallel=fsdp", f"parallel.pp={args.nproc}", f"parallel.pp_microbatches={args.nproc}"],
+    }
     peaks: dict[str, list[list[float]]] = {k: [] for k in layouts}
     above: dict[str, list[list[float]]] = {k: [] for k in layouts}
     with tempfile.TemporaryDirectory(prefix="numarun-bench-pp-") as tmp:
@@ -74,11 +94,18 @@ def main() -> None:
     med_above = {k: [statistics.median(r[j] for r in v) for j in range(args.nproc)] for k, v in above.items()}
     pp = f"pp={args.nproc}"
     params = 12 * args.d_model**2 * args.layers + (256 + 32 + 256) * args.d_model
-    print(f"GPT d_model={args.d_model} layers={args.layers} (~{params / 1e6:.1f} M parameters), AdamW, global batch "
-          f"{args.batch_size}, {args.nproc} ranks, {args.rounds} round(s); {pp}: {pipeline}")
-    print(f"{'rank':>4}  {'ddp peak MiB':>12}  {pp + ' peak MiB':>13}  {'ddp above start':>15}  {pp + ' above start':>16}")
+    print(
+        f"GPT d_model={args.d_model} layers={args.layers} (~{params / 1e6:.1f} M parameters), AdamW, global batch "
+        f"{args.batch_size}, {args.nproc} ranks, {args.rounds} round(s); {pp}: {pipeline}"
+    )
+    print(
+        f"{'rank':>4}  {'ddp peak MiB':>12}  {pp + ' peak MiB':>13}  {'ddp above start':>15}  {pp + ' above start':>16}"
+    )
     for j in range(args.nproc):
-        print(f"{j:>4}  {med['ddp'][j]:>12.1f}  {med[pp][j]:>13.1f}  {med_above['ddp'][j]:>15.1f}  {med_above[pp][j]:>16.1f}")
+        print(
+            f"{j:>4}  {med['ddp'][j]:>12.1f}  {med[pp][j]:>13.1f}  {med_above['ddp'][j]:>15.1f}  "
+            f"{med_above[pp][j]:>16.1f}"
+        )
     ratio = max(med[pp]) / max(med["ddp"])
     ratio_above = max(med_above[pp]) / max(med_above["ddp"])
     print(f"largest rank: {pp} / ddp = {ratio:.2f} of the peak, {ratio_above:.2f} of the memory above the start")

@@ -77,13 +77,32 @@ class CountingStore:
 
 def node_report(rank: int) -> NodeReport:
     """A report the size of a real 8-GPU node's."""
-    findings = (Finding(Severity.INFO, "smt", "cpu", "SMT is on"),
-                Finding(Severity.WARN, "pcie-link", "0000:18:00.0", "GPU 0 PCIe link runs at 16 GT/s x16 below 32 GT/s x16: "
-                        "GPUs lower the link speed when idle: check again under load"))
-    facts = {"gpu_count": 8, "gpu_models": ["NVIDIA H200"], "compute_nics": [f"mlx5_{i}" for i in range(8)],
-             "driver": "570.124.06", "cuda": "12.8", "nccl": "2.26.2", "torch": "2.13.0", "python": "3.11.9"}
+    findings = (
+        Finding(Severity.INFO, "smt", "cpu", "SMT is on"),
+        Finding(
+            Severity.WARN,
+            "pcie-link",
+            "0000:18:00.0",
+            "GPU 0 PCIe link runs at 16 GT/s x16 below 32 GT/s x16: "
+            "GPUs lower the link speed when idle: check again under load",
+        ),
+    )
+    facts = {
+        "gpu_count": 8,
+        "gpu_models": ["NVIDIA H200"],
+        "compute_nics": [f"mlx5_{i}" for i in range(8)],
+        "driver": "570.124.06",
+        "cuda": "12.8",
+        "nccl": "2.26.2",
+        "torch": "2.13.0",
+        "python": "3.11.9",
+    }
     buses = [f"0000:{0x18 + 0x20 * i:02x}:00.0" for i in range(8)]
-    figures = {"mem_bw_gbs": {"0": 101.3, "1": 99.8}, "h2d_gbs": {b: 55.1 for b in buses}, "d2h_gbs": {b: 54.2 for b in buses}}
+    figures = {
+        "mem_bw_gbs": {"0": 101.3, "1": 99.8},
+        "h2d_gbs": {b: 55.1 for b in buses},
+        "d2h_gbs": {b: 54.2 for b in buses},
+    }
     return NodeReport(rank, f"gpu-{rank:05d}", findings, facts, figures)
 
 
@@ -107,6 +126,7 @@ class NullLink:
 
 def previous_exchange(store: CountingStore, rank: int, n: int, rounds: int, report: str) -> None:
     """The previous release's store calls (its multinode.py, streams left out)."""
+
     def barrier(name: str) -> None:
         store.set(f"{PREFIX}{name}/{rank}", "1")
         store.wait([f"{PREFIX}{name}/{i}" for i in range(n)])
@@ -165,8 +185,15 @@ def run(protocol: str, clients: int, *, previous_rounds: int) -> dict[str, Any]:
             report = node_report(rank)
             if protocol == "now":
                 sync = StoreSync(stores[rank], rank=rank, nnodes=clients, timeout_s=TIMEOUT.total_seconds())
-                results[rank] = run_exchange(sync, links[rank], report, schedule=LinkSchedule.BOUNDED,
-                                             min_link_fraction=0.5, t0=time.perf_counter(), seed=1)
+                results[rank] = run_exchange(
+                    sync,
+                    links[rank],
+                    report,
+                    schedule=LinkSchedule.BOUNDED,
+                    min_link_fraction=0.5,
+                    t0=time.perf_counter(),
+                    seed=1,
+                )
             else:
                 previous_exchange(stores[rank], rank, clients, previous_rounds, json.dumps(report.to_dict()))
         except BaseException as e:  # reported after the join
@@ -182,10 +209,16 @@ def run(protocol: str, clients: int, *, previous_rounds: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
-    out = {"protocol": protocol, "clients": clients, "seconds": wall,
-           "requests_node0": stores[0].requests, "requests_max_other": max(s.requests for s in stores[1:]),
-           "requests_total": sum(s.requests for s in stores), "keys_total": sum(s.keys for s in stores),
-           "keys_max_other": max(s.keys for s in stores[1:])}
+    out = {
+        "protocol": protocol,
+        "clients": clients,
+        "seconds": wall,
+        "requests_node0": stores[0].requests,
+        "requests_max_other": max(s.requests for s in stores[1:]),
+        "requests_total": sum(s.requests for s in stores),
+        "keys_total": sum(s.keys for s in stores),
+        "keys_max_other": max(s.keys for s in stores[1:]),
+    }
     if protocol == "now":
         verdict = results[0]
         assert verdict["slow_nodes"] == [SLOW_NODE], verdict["slow_nodes"]
@@ -214,20 +247,30 @@ def main() -> None:
             row["seconds_min"] = min(r["seconds"] for r in runs)
             if protocol == "previous":
                 # the cost of one more round: the slope between no round and four times as many
-                base = statistics.median(run(protocol, clients, previous_rounds=0)["seconds"] for _ in range(args.repeat))
+                base = statistics.median(
+                    run(protocol, clients, previous_rounds=0)["seconds"] for _ in range(args.repeat)
+                )
                 more = 4 * args.previous_rounds
-                top = statistics.median(run(protocol, clients, previous_rounds=more)["seconds"] for _ in range(args.repeat))
+                top = statistics.median(
+                    run(protocol, clients, previous_rounds=more)["seconds"] for _ in range(args.repeat)
+                )
                 row["per_round_seconds"] = (top - base) / more
                 row["all_pairs_seconds"] = base + row["per_round_seconds"] * (clients - 1)
             rows.append(row)
             if not args.json:
-                extra = (f"  per round {row['per_round_seconds'] * 1e3:.1f} ms, with its {clients - 1} rounds "
-                         f"{row['all_pairs_seconds']:.1f} s" if protocol == "previous" else
-                         f"  verdict to a node other than 0: {row['verdict_bytes_other']} bytes")
-                print(f"{protocol:>8} {clients:5d} nodes, {row['rounds']} rounds: {row['seconds']:.3f} s median "
-                      f"(min {row['seconds_min']:.3f}, {args.repeat} runs); requests: node 0 {row['requests_node0']}, "
-                      f"other node at most {row['requests_max_other']}, all {row['requests_total']}; keys named: all "
-                      f"{row['keys_total']}, other node at most {row['keys_max_other']}{extra}", flush=True)
+                extra = (
+                    f"  per round {row['per_round_seconds'] * 1e3:.1f} ms, with its {clients - 1} rounds "
+                    f"{row['all_pairs_seconds']:.1f} s"
+                    if protocol == "previous"
+                    else f"  verdict to a node other than 0: {row['verdict_bytes_other']} bytes"
+                )
+                print(
+                    f"{protocol:>8} {clients:5d} nodes, {row['rounds']} rounds: {row['seconds']:.3f} s median "
+                    f"(min {row['seconds_min']:.3f}, {args.repeat} runs); requests: node 0 {row['requests_node0']}, "
+                    f"other node at most {row['requests_max_other']}, all {row['requests_total']}; keys named: all "
+                    f"{row['keys_total']}, other node at most {row['keys_max_other']}{extra}",
+                    flush=True,
+                )
     if args.json:
         print(json.dumps(rows))
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-APP = '''
+APP = """
 import hydra
 
 
@@ -34,7 +34,7 @@ def job(cfg):
 
 if __name__ == "__main__":
     job()
-'''
+"""
 
 
 def busy(n: int) -> int:
@@ -57,8 +57,15 @@ def calibrate(seconds: float) -> int:
 
 
 def sweep(app: Path, jobs: int, work: int, launcher: str) -> float:
-    cmd = [sys.executable, str(app), "-m", f"hydra/launcher={launcher}", f"+x=range(0,{jobs})", f"+work={work}",
-           f"hydra.sweep.dir={app.parent / launcher}"]
+    cmd = [
+        sys.executable,
+        str(app),
+        "-m",
+        f"hydra/launcher={launcher}",
+        f"+x=range(0,{jobs})",
+        f"+work={work}",
+        f"hydra.sweep.dir={app.parent / launcher}",
+    ]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=app.parent, capture_output=True)
     return time.perf_counter() - t0

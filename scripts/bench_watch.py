@@ -34,6 +34,7 @@ def main() -> int:
     args = ap.parse_args()
     try:
         import torch
+
         torch.set_num_threads(os.cpu_count() or 1)
         torch.ones(1) + 1
     except ImportError:
@@ -58,10 +59,14 @@ def main() -> int:
     light = statistics.median(times)
     n = watch.MEMORY_EVERY
     per_interval = (light * (n - 1) + full) / n
-    print(f"one check with numa_maps: {full * 1e3:.2f} ms; affinity only: {light * 1e3:.3f} ms "
-          f"({len(watch.read_threads())} threads, {args.mib} MiB resident)")
-    print(f"at the default interval ({watch.DEFAULT_INTERVAL:g} s, numa_maps every {n}th check): "
-          f"{per_interval / watch.DEFAULT_INTERVAL:.1e} of one core")
+    print(
+        f"one check with numa_maps: {full * 1e3:.2f} ms; affinity only: {light * 1e3:.3f} ms "
+        f"({len(watch.read_threads())} threads, {args.mib} MiB resident)"
+    )
+    print(
+        f"at the default interval ({watch.DEFAULT_INTERVAL:g} s, numa_maps every {n}th check): "
+        f"{per_interval / watch.DEFAULT_INTERVAL:.1e} of one core"
+    )
 
     a = np.random.default_rng(0).random((384, 384))
 

@@ -41,7 +41,9 @@ def _record_stream(events: list[tuple[str, float, int]]) -> None:
     cross, gather = Steps.cross, Steps.gather
 
     def timed_cross(self: Any, c: Any) -> Any:
-        wire_bytes = c.shard.numel() * (torch.finfo(self.inter_dtype).bits // 8 if self.inter_dtype else c.shard.element_size())
+        wire_bytes = c.shard.numel() * (
+            torch.finfo(self.inter_dtype).bits // 8 if self.inter_dtype else c.shard.element_size()
+        )
         events.append(("cross", time.perf_counter(), wire_bytes))
         return cross(self, c)
 
@@ -57,10 +59,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--comm", choices=["flat", "hierarchical"], default="hierarchical")
     p.add_argument("--compression", choices=["none", "bf16", "fp16"], default="none")
-    p.add_argument("--bucket-mb", type=float, default=None,
-                   help="DDP's bucket_cap_mb (default: the trainer's, DDP's 25 for flat, 2 for hierarchical)")
-    p.add_argument("--bucket-list", default=None, metavar="MB,MB,...",
-                   help="DDP's bucket_cap_mb_list: a size per bucket, the first bucket first (torch >= 2.13)")
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="DDP's bucket_cap_mb (default: the trainer's, DDP's 25 for flat, 2 for hierarchical)",
+    )
+    p.add_argument(
+        "--bucket-list",
+        default=None,
+        metavar="MB,MB,...",
+        help="DDP's bucket_cap_mb_list: a size per bucket, the first bucket first (torch >= 2.13)",
+    )
     p.add_argument("--bucket-view", action="store_true", help="DDP's gradient_as_bucket_view")
     p.add_argument("--chunk-mb", type=float, default=None, help="pipelining chunk (default: numarun's)")
     p.add_argument("--batch-per-rank", type=int, default=4)
@@ -114,10 +124,15 @@ def main() -> None:
     if ctx.rank == 0:
         print("CPUS " + " ".join(f"{r}:{','.join(map(str, c))}" for r, c in enumerate(cpus)), flush=True)
         med = [statistics.median(r[i] for r in rows[1:]) for i in range(7)]
-        label = (f"{args.comm}{'-' + compression if compression else ''} bucket_mb={args.bucket_mb}"
-                 f"{' bucket_list=' + args.bucket_list if args.bucket_list else ''} chunk_mb={args.chunk_mb}")
-        print(f"PHASES {label}: F {med[0]:.3f} B {med[1]:.3f} O {med[2]:.3f} step {med[3]:.3f} s"
-              f" | first_cross {med[4]:.3f} s link {med[5]:.3f} s bytes {med[6] / 1e6:.2f} MB per rank", flush=True)
+        label = (
+            f"{args.comm}{'-' + compression if compression else ''} bucket_mb={args.bucket_mb}"
+            f"{' bucket_list=' + args.bucket_list if args.bucket_list else ''} chunk_mb={args.chunk_mb}"
+        )
+        print(
+            f"PHASES {label}: F {med[0]:.3f} B {med[1]:.3f} O {med[2]:.3f} step {med[3]:.3f} s"
+            f" | first_cross {med[4]:.3f} s link {med[5]:.3f} s bytes {med[6] / 1e6:.2f} MB per rank",
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

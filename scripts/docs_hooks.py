@@ -41,7 +41,7 @@ def _cell(text: object) -> str:
     text = " ".join(str(text).split())
     out, end = [], 0
     for m in CODE_SPAN.finditer(text):
-        out.append(html.escape(text[end:m.start()], quote=False))
+        out.append(html.escape(text[end : m.start()], quote=False))
         out.append(m.group(0))
         end = m.end()
     out.append(html.escape(text[end:], quote=False))
@@ -186,20 +186,31 @@ def assignment_comments(path: Path) -> dict[str, str]:
 def environment_markdown() -> str:
     from numarun import envvars
 
-    out = ["## Launch options\n",
-           "Each launch option's variable, below the command line and above the job config "
-           "([where options come from](../run.md#where-each-option-comes-from)); switches take `1`/`0`.\n",
-           "| variable | option | default |", "|---|---|---|"]
+    out = [
+        "## Launch options\n",
+        "Each launch option's variable, below the command line and above the job config "
+        "([where options come from](../run.md#where-each-option-comes-from)); switches take `1`/`0`.\n",
+        "| variable | option | default |",
+        "|---|---|---|",
+    ]
     parser = dict(command_parsers())["run"]
     for f in parser.get_default("launch_options") or ():
-        default = "" if f.default in (None, False) else _code(f.default.value if isinstance(f.default, enum.Enum) else f.default)
+        default = (
+            ""
+            if f.default in (None, False)
+            else _code(f.default.value if isinstance(f.default, enum.Enum) else f.default)
+        )
         out.append(f"| {_code(f.variable)} | {_code(f.flag)} | {default} ({_cell(f.owner)}) |")
     comments = assignment_comments(Path(inspect.getfile(envvars)))
-    out += ["", "## numarun's own variables\n",
-            "The `NUMARUN_*` contract between the launcher, the workers, the trainer and the batch script "
-            "(`numarun.envvars`). Most are set by numarun for its own processes; the ones a user sets are "
-            "named in the guides.\n",
-            "| variable | meaning |", "|---|---|"]
+    out += [
+        "",
+        "## numarun's own variables\n",
+        "The `NUMARUN_*` contract between the launcher, the workers, the trainer and the batch script "
+        "(`numarun.envvars`). Most are set by numarun for its own processes; the ones a user sets are "
+        "named in the guides.\n",
+        "| variable | meaning |",
+        "|---|---|",
+    ]
     names = {v: k for k, v in vars(envvars).items() if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")}
     for var in sorted(envvars.ALL):
         out.append(f"| {_code(var)} | {_cell(comments.get(names[var], ''))} |")
@@ -215,8 +226,12 @@ def attribute_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.Assign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
-                and isinstance(nxt.value.value, str):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             for t in node.targets:
                 if isinstance(t, ast.Name):
                     docs[t.id] = " ".join(nxt.value.value.split())
@@ -252,11 +267,14 @@ def launcher_rows() -> list[str]:
         o = option(key)
         value = o.default.value if isinstance(o.default, enum.Enum) else o.default
         default = o.default_text or _code(value)
-        what = f"{' '.join(o.help.split())} (the option `{o.flag}`, `{o.variable}`; its default: {default}, {o.owner}'s)"
+        what = (
+            f"{' '.join(o.help.split())} (the option `{o.flag}`, `{o.variable}`; its default: {default}, {o.owner}'s)"
+        )
         if isinstance(o.default, enum.Enum):
             docs = attribute_docs(type(o.default))
-            what += "; one of " + "; ".join(f"`{m.value}`" + (f": {docs[m.name]}" if m.name in docs else "")
-                                            for m in type(o.default))
+            what += "; one of " + "; ".join(
+                f"`{m.value}`" + (f": {docs[m.name]}" if m.name in docs else "") for m in type(o.default)
+            )
         rows.append(f"| {_code('launcher.' + key)} | {kind.__name__} or null | null | {_cell(what)} |")
     return rows
 
@@ -283,8 +301,9 @@ def config_markdown() -> str:
             enum_type = schema.ENUM_KEYS.get(key)
             if enum_type is not None:
                 member_docs = attribute_docs(enum_type)
-                choices = "; ".join(f"`{m.value}`" + (f": {member_docs[m.name]}" if m.name in member_docs else "")
-                                    for m in enum_type)
+                choices = "; ".join(
+                    f"`{m.value}`" + (f": {member_docs[m.name]}" if m.name in member_docs else "") for m in enum_type
+                )
                 what = (what + "; " if what else "") + f"one of {choices}"
             shown = "null" if default is None else _code(default.value if isinstance(default, enum.Enum) else default)
             out.append(f"| {_code(key)} | {_cell(_type_name(f.type))} | {shown} | {_cell(what)} |")

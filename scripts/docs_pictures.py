@@ -39,8 +39,12 @@ MACHINES = (
     # NUMA-bound ranks: 8 GPUs on 4 of 8 NUMA nodes, NVSwitch, two rails per switch, two storage NICs
     Machine("dgx-a100", "tests/fixtures/nvidia-smi/dgx-a100-8numa-nps4-10nic.txt"),
     # a layout: an 8-GPU PCIe box handed over out of order, tp's pairs put back on their switches (docs/layouts.md)
-    Machine("pcie-8gpu-mesh", "tests/fixtures/nvidia-smi/pcie-8gpu-pix-phb-sys-2x14c.txt",
-            plan=("--mesh", "dp_shard=4,tp=2"), env=(("CUDA_VISIBLE_DEVICES", "0,4,2,6,1,5,3,7"),)),
+    Machine(
+        "pcie-8gpu-mesh",
+        "tests/fixtures/nvidia-smi/pcie-8gpu-pix-phb-sys-2x14c.txt",
+        plan=("--mesh", "dp_shard=4,tp=2"),
+        env=(("CUDA_VISIBLE_DEVICES", "0,4,2,6,1,5,3,7"),),
+    ),
 )
 
 
@@ -70,8 +74,10 @@ def _environment(env: tuple[tuple[str, str], ...]):  # type: ignore[no-untyped-d
 def draw(machine: Machine, into: Path) -> dict[str, str]:
     """name of the picture -> its SVG text, drawn into the folder ``into``."""
     pictures = {}
-    for kind, argv in (("topo", ["topo", "--topology", machine.topology]),
-                       ("plan", ["plan", "--topology", machine.topology, *machine.plan])):
+    for kind, argv in (
+        ("topo", ["topo", "--topology", machine.topology]),
+        ("plan", ["plan", "--topology", machine.topology, *machine.plan]),
+    ):
         path = into / f"{machine.name}-{kind}.svg"
         with _environment(machine.env):
             _numarun([*argv, "--svg", str(path)])
@@ -89,8 +95,11 @@ def draw_all() -> dict[str, str]:
 
 def stale(pictures: dict[str, str], img: Path = IMG) -> list[str]:
     """The pictures whose file under ``img`` is missing or differs, and files there no machine draws."""
-    out = [name for name, svg in pictures.items()
-           if not (img / name).exists() or (img / name).read_text(encoding="utf-8") != svg]
+    out = [
+        name
+        for name, svg in pictures.items()
+        if not (img / name).exists() or (img / name).read_text(encoding="utf-8") != svg
+    ]
     out += [p.name for p in sorted(img.glob("*.svg")) if p.name not in pictures]
     return out
 

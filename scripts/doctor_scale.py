@@ -51,7 +51,9 @@ class BadInput(ValueError):
     pass
 
 
-def draw_faults(nodes: int, slow_nodes: int, slow_links: int, rng: random.Random) -> tuple[list[int], set[tuple[int, int]]]:
+def draw_faults(
+    nodes: int, slow_nodes: int, slow_links: int, rng: random.Random
+) -> tuple[list[int], set[tuple[int, int]]]:
     """``slow_nodes`` random nodes, and ``slow_links`` random pairs of healthy nodes."""
     if nodes < 2:
         raise BadInput(f"bad --nodes {nodes}: expected at least 2")
@@ -61,8 +63,10 @@ def draw_faults(nodes: int, slow_nodes: int, slow_links: int, rng: random.Random
     healthy = sorted(set(range(nodes)) - set(slow))
     most = len(healthy) * (len(healthy) - 1) // 2
     if not 0 <= slow_links <= most:
-        raise BadInput(f"bad --slow-links {slow_links}: expected 0..{most} (pairs of healthy nodes at "
-                       f"--nodes {nodes} --slow-nodes {slow_nodes})")
+        raise BadInput(
+            f"bad --slow-links {slow_links}: expected 0..{most} (pairs of healthy nodes at "
+            f"--nodes {nodes} --slow-nodes {slow_nodes})"
+        )
     links: set[tuple[int, int]] = set()
     while len(links) < slow_links:
         a, b = rng.sample(healthy, 2)
@@ -82,9 +86,20 @@ def decidable(nodes: int, slow: Sequence[int], links: Iterable[tuple[int, int]])
     return all(healthy - 1 - degree.get(i, 0) >= 1 for i in range(nodes) if i not in set(slow))
 
 
-def simulate(*, nodes: int, slow_nodes: int, slow_links: int, seed: int, schedule: str = "auto",
-             slow_fraction: float = 0.25, noise: float = 0.1, min_fraction: float = 0.5, link_seconds: float = LINK_SECONDS,
-             round_overhead: float = ROUND_OVERHEAD_S, store_per_node: float = STORE_PER_NODE_S) -> dict[str, Any]:
+def simulate(
+    *,
+    nodes: int,
+    slow_nodes: int,
+    slow_links: int,
+    seed: int,
+    schedule: str = "auto",
+    slow_fraction: float = 0.25,
+    noise: float = 0.1,
+    min_fraction: float = 0.5,
+    link_seconds: float = LINK_SECONDS,
+    round_overhead: float = ROUND_OVERHEAD_S,
+    store_per_node: float = STORE_PER_NODE_S,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     slow, links = draw_faults(nodes, slow_nodes, slow_links, rng)
     slow_set = set(slow)
@@ -117,10 +132,13 @@ def simulate(*, nodes: int, slow_nodes: int, slow_links: int, seed: int, schedul
         run([nxt])
         done.append(nxt)
     rounds = len(done)
-    reports = [NodeReport(i, f"node{i}", (), {}, {"recv_gbs": {str(s): g for s, g in got.items()}})
-               for i, got in enumerate(received)]
-    verdict = judge(reports, min_link_fraction=min_fraction,
-                    schedule={"name": kind.value, "seed": schedule_seed, "rounds": rounds})
+    reports = [
+        NodeReport(i, f"node{i}", (), {}, {"recv_gbs": {str(s): g for s, g in got.items()}})
+        for i, got in enumerate(received)
+    ]
+    verdict = judge(
+        reports, min_link_fraction=min_fraction, schedule={"name": kind.value, "seed": schedule_seed, "rounds": rounds}
+    )
     flagged = set(verdict["slow_nodes"])
     flagged_links = {pair(a, b) for a, b, _ in verdict["slow_links"]}
     return {
@@ -144,18 +162,37 @@ def simulate(*, nodes: int, slow_nodes: int, slow_links: int, seed: int, schedul
     }
 
 
-def grid(*, nodes: Sequence[int] = GRID_NODES, slow_nodes: Sequence[int] = GRID_SLOW_NODES,
-         slow_links: Sequence[int] = GRID_SLOW_LINKS, seeds: int = 100, **options: Any) -> list[dict[str, Any]]:
+def grid(
+    *,
+    nodes: Sequence[int] = GRID_NODES,
+    slow_nodes: Sequence[int] = GRID_SLOW_NODES,
+    slow_links: Sequence[int] = GRID_SLOW_LINKS,
+    seeds: int = 100,
+    **options: Any,
+) -> list[dict[str, Any]]:
     """One row per node count: totals over every (slow nodes, slow links, seed) that can be drawn."""
     return list(grid_rows(nodes=nodes, slow_nodes=slow_nodes, slow_links=slow_links, seeds=seeds, **options))
 
 
-def grid_rows(*, nodes: Sequence[int], slow_nodes: Sequence[int], slow_links: Sequence[int], seeds: int,
-              **options: Any) -> Iterator[dict[str, Any]]:
+def grid_rows(
+    *, nodes: Sequence[int], slow_nodes: Sequence[int], slow_links: Sequence[int], seeds: int, **options: Any
+) -> Iterator[dict[str, Any]]:
     for n in nodes:
-        row: dict[str, Any] = {"nodes": n, "draws": 0, "undecidable": 0, "missed": 0, "false_positives": 0,
-                               "false_links": 0, "slow_links_measured": 0, "slow_links_flagged": 0, "max_rounds": 0,
-                               "max_est_seconds": 0.0, "min_peers": None, "undecidable_wrong": 0, "failures": []}
+        row: dict[str, Any] = {
+            "nodes": n,
+            "draws": 0,
+            "undecidable": 0,
+            "missed": 0,
+            "false_positives": 0,
+            "false_links": 0,
+            "slow_links_measured": 0,
+            "slow_links_flagged": 0,
+            "max_rounds": 0,
+            "max_est_seconds": 0.0,
+            "min_peers": None,
+            "undecidable_wrong": 0,
+            "failures": [],
+        }
         for k in slow_nodes:
             for m in slow_links:
                 for seed in range(seeds):
@@ -170,11 +207,23 @@ def grid_rows(*, nodes: Sequence[int], slow_nodes: Sequence[int], slow_links: Se
                         row["undecidable_wrong"] += bool(r["missed"] or r["false_positives"] or r["false_links"])
                         continue
                     row["draws"] += 1
-                    for key in ("missed", "false_positives", "false_links", "slow_links_measured", "slow_links_flagged"):
+                    for key in (
+                        "missed",
+                        "false_positives",
+                        "false_links",
+                        "slow_links_measured",
+                        "slow_links_flagged",
+                    ):
                         row[key] += r[key]
-                    row["min_peers"] = r["min_peers"] if row["min_peers"] is None else min(row["min_peers"], r["min_peers"])
-                    if r["missed"] or r["false_positives"] or r["false_links"] or \
-                            r["slow_links_flagged"] != r["slow_links_measured"]:
+                    row["min_peers"] = (
+                        r["min_peers"] if row["min_peers"] is None else min(row["min_peers"], r["min_peers"])
+                    )
+                    if (
+                        r["missed"]
+                        or r["false_positives"]
+                        or r["false_links"]
+                        or r["slow_links_flagged"] != r["slow_links_measured"]
+                    ):
                         row["failures"].append({"slow_nodes": k, "slow_links": m, "seed": seed})
         yield row
 
@@ -183,7 +232,9 @@ def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad list {text!r}: expected integers separated by commas such as '8,64'") from None
+        raise argparse.ArgumentTypeError(
+            f"bad list {text!r}: expected integers separated by commas such as '8,64'"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--schedule", choices=[s.value for s in LinkSchedule], default="auto")
     ap.add_argument("--slow-fraction", type=float, default=0.25, help="a slow pair's share of the fabric's figure")
-    ap.add_argument("--noise", type=float, default=0.1, help="a healthy pair measures up to this share below the figure")
+    ap.add_argument(
+        "--noise", type=float, default=0.1, help="a healthy pair measures up to this share below the figure"
+    )
     ap.add_argument("--min-link-fraction", type=float, default=0.5)
     ap.add_argument("--link-seconds", type=float, default=LINK_SECONDS)
     ap.add_argument("--round-overhead", type=float, default=ROUND_OVERHEAD_S, metavar="SECONDS")
@@ -204,17 +257,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid-nodes", type=_ints, default=list(GRID_NODES))
     ap.add_argument("--grid-seeds", type=int, default=100)
     args = ap.parse_args(argv)
-    options = dict(schedule=args.schedule, slow_fraction=args.slow_fraction, noise=args.noise,
-                   min_fraction=args.min_link_fraction, link_seconds=args.link_seconds,
-                   round_overhead=args.round_overhead, store_per_node=args.store_per_node)
+    options = dict(
+        schedule=args.schedule,
+        slow_fraction=args.slow_fraction,
+        noise=args.noise,
+        min_fraction=args.min_link_fraction,
+        link_seconds=args.link_seconds,
+        round_overhead=args.round_overhead,
+        store_per_node=args.store_per_node,
+    )
     if args.grid:
-        cols = ("nodes", "draws", "missed", "false_positives", "false_links", "slow_links_measured",
-                "slow_links_flagged", "max_rounds", "max_est_seconds", "min_peers", "undecidable", "undecidable_wrong")
+        cols = (
+            "nodes",
+            "draws",
+            "missed",
+            "false_positives",
+            "false_links",
+            "slow_links_measured",
+            "slow_links_flagged",
+            "max_rounds",
+            "max_est_seconds",
+            "min_peers",
+            "undecidable",
+            "undecidable_wrong",
+        )
         if not args.json:
             print(" ".join(f"{c:>12}" for c in cols), flush=True)
         rows = []
-        for row in grid_rows(nodes=args.grid_nodes, slow_nodes=GRID_SLOW_NODES, slow_links=GRID_SLOW_LINKS,
-                             seeds=args.grid_seeds, **options):
+        for row in grid_rows(
+            nodes=args.grid_nodes,
+            slow_nodes=GRID_SLOW_NODES,
+            slow_links=GRID_SLOW_LINKS,
+            seeds=args.grid_seeds,
+            **options,
+        ):
             rows.append(row)
             if not args.json:
                 print(" ".join(f"{row[c]!s:>12}" for c in cols), flush=True)
@@ -224,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows))
         return 1 if any(r["failures"] for r in rows) else 0
     try:
-        result = simulate(nodes=args.nodes, slow_nodes=args.slow_nodes, slow_links=args.slow_links, seed=args.seed,
-                          **options)
+        result = simulate(
+            nodes=args.nodes, slow_nodes=args.slow_nodes, slow_links=args.slow_links, seed=args.seed, **options
+        )
     except BadInput as e:
         print(f"doctor_scale.py: error: {e}", file=sys.stderr)
         return 2

@@ -87,9 +87,16 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 GPU_TRAIN_OVERRIDES = (
     # A ~50M-parameter GPT in bf16: big enough that a step is GPU-bound, small enough that
     # six runs, their start-up and final checkpoints fit in a couple of minutes on one H200.
-    "model=gpt", "model.vocab_size=8192", "model.seq_len=512", "model.d_model=768",
-    "model.n_heads=12", "model.n_layers=6", "trainer.batch_size=32", "trainer.precision=bf16",
-    "trainer.progress=false", "trainer.log_interval=1",
+    "model=gpt",
+    "model.vocab_size=8192",
+    "model.seq_len=512",
+    "model.d_model=768",
+    "model.n_heads=12",
+    "model.n_layers=6",
+    "trainer.batch_size=32",
+    "trainer.precision=bf16",
+    "trainer.progress=false",
+    "trainer.log_interval=1",
 )
 MIN_TRAIN_RATIO = 0.99
 MIN_H2D_RATIO = 0.95
@@ -116,6 +123,7 @@ class SmiGpu:
 
 
 # -- parsing (pure) -------------------------------------------------------------------------------
+
 
 def parse_query_csv(text: str) -> tuple[SmiGpu, ...]:
     """``nvidia-smi --query-gpu=pci.bus_id,memory.total --format=csv,noheader`` output."""
@@ -165,34 +173,71 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 # -- comparisons (pure) ---------------------------------------------------------------------------
 
+
 def check_topology(topo: Mapping[str, Any], smi: Sequence[SmiGpu], matrix: SmiMatrix) -> list[Check]:
     """``numarun topo --json`` against nvidia-smi's list and ``topo -m`` matrix."""
-    out = [Check("topo", "gpu_source", topo.get("gpu_source") == "nvml",
-                 f"gpu_source {topo.get('gpu_source')!r} (expected 'nvml')")]
+    out = [
+        Check(
+            "topo",
+            "gpu_source",
+            topo.get("gpu_source") == "nvml",
+            f"gpu_source {topo.get('gpu_source')!r} (expected 'nvml')",
+        )
+    ]
     gpus = list(topo.get("gpus") or ())
-    out.append(Check("topo", "gpu_count", len(gpus) == len(smi) == len(matrix.gpus) and len(gpus) > 0,
-                     f"numarun {len(gpus)}, nvidia-smi {len(smi)}, topo -m {len(matrix.gpus)}"))
+    out.append(
+        Check(
+            "topo",
+            "gpu_count",
+            len(gpus) == len(smi) == len(matrix.gpus) and len(gpus) > 0,
+            f"numarun {len(gpus)}, nvidia-smi {len(smi)}, topo -m {len(matrix.gpus)}",
+        )
+    )
     by_bus = {s.bus_id: s for s in smi}
     for i, g in enumerate(gpus):
         bus = normalize_bus_id(g["pci_bus_id"])
         s = by_bus.get(bus)
-        out.append(Check("topo", f"gpu{i}.bus_id", s is not None,
-                         f"{bus} {'listed' if s else 'not listed'} by nvidia-smi ({', '.join(by_bus) or 'none'})"))
+        out.append(
+            Check(
+                "topo",
+                f"gpu{i}.bus_id",
+                s is not None,
+                f"{bus} {'listed' if s else 'not listed'} by nvidia-smi ({', '.join(by_bus) or 'none'})",
+            )
+        )
         if s is not None:
             mib = int(g.get("memory_bytes") or 0) / 2**20
-            out.append(Check("topo", f"gpu{i}.memory", abs(mib - s.memory_mib) <= 1,
-                             f"numarun {mib:.0f} MiB, nvidia-smi {s.memory_mib} MiB"))
+            out.append(
+                Check(
+                    "topo",
+                    f"gpu{i}.memory",
+                    abs(mib - s.memory_mib) <= 1,
+                    f"numarun {mib:.0f} MiB, nvidia-smi {s.memory_mib} MiB",
+                )
+            )
         if i < len(matrix.gpus):
             # nvidia-smi numbers GPUs in PCI bus order, as NVML and numarun do.
             numa = matrix.numa_affinity[i]
             node = int(g.get("numa_node", -1))
             ok = node in numa if numa else node == -1
-            out.append(Check("topo", f"gpu{i}.numa_node", ok,
-                             f"numarun {node}, topo -m NUMA Affinity {format_list(numa) or 'N/A'}"))
+            out.append(
+                Check(
+                    "topo",
+                    f"gpu{i}.numa_node",
+                    ok,
+                    f"numarun {node}, topo -m NUMA Affinity {format_list(numa) or 'N/A'}",
+                )
+            )
             cpus = tuple(sorted(g.get("cpu_affinity") or ()))
             want = tuple(sorted(matrix.cpu_affinity[i]))
-            out.append(Check("topo", f"gpu{i}.cpu_affinity", not want or cpus == want,
-                             f"numarun {format_list(cpus) or '-'}, topo -m {format_list(want) or 'N/A'}"))
+            out.append(
+                Check(
+                    "topo",
+                    f"gpu{i}.cpu_affinity",
+                    not want or cpus == want,
+                    f"numarun {format_list(cpus) or '-'}, topo -m {format_list(want) or 'N/A'}",
+                )
+            )
     return out
 
 
@@ -209,40 +254,83 @@ def check_binding(rank: Mapping[str, Any], report: Mapping[str, Any]) -> list[Ch
     """A rank's planned binding (``numarun plan --json`` ranks[i]) against what the rank reported."""
     out = []
     used = report.get("plan_rank")
-    out.append(Check("binding", "job_plan", bool(used) and sorted(used["cpus"]) == sorted(rank["cpus"])
-                     and sorted(used["mems"]) == sorted(rank["mems"]),
-                     "the job's plan (NUMARUN_PLAN) gives this rank "
-                     + (f"cpus {format_list(used['cpus'])} mems {format_list(used['mems'])}" if used else "nothing")
-                     + f"; numarun plan: cpus {format_list(rank['cpus'])} mems {format_list(rank['mems'])}"))
+    out.append(
+        Check(
+            "binding",
+            "job_plan",
+            bool(used)
+            and sorted(used["cpus"]) == sorted(rank["cpus"])
+            and sorted(used["mems"]) == sorted(rank["mems"]),
+            "the job's plan (NUMARUN_PLAN) gives this rank "
+            + (f"cpus {format_list(used['cpus'])} mems {format_list(used['mems'])}" if used else "nothing")
+            + f"; numarun plan: cpus {format_list(rank['cpus'])} mems {format_list(rank['mems'])}",
+        )
+    )
     planned_cpus = sorted(rank["cpus"])
     got = sorted(report["cpus"])
-    out.append(Check("binding", "cpus", got == planned_cpus,
-                     f"rank runs on {format_list(got)}, plan {format_list(planned_cpus)}"))
+    out.append(
+        Check(
+            "binding", "cpus", got == planned_cpus, f"rank runs on {format_list(got)}, plan {format_list(planned_cpus)}"
+        )
+    )
     threads = report.get("thread_cpus") or {}
     stray = {tid: c for tid, c in threads.items() if sorted(c) != planned_cpus}
-    out.append(Check("binding", "threads", bool(threads) and not stray,
-                     f"{len(threads)} threads after importing torch"
-                     + (f"; off-plan: {', '.join(f'{t}: {format_list(c)}' for t, c in stray.items())}" if stray
-                        else ", all on the plan's cpus")))
+    out.append(
+        Check(
+            "binding",
+            "threads",
+            bool(threads) and not stray,
+            f"{len(threads)} threads after importing torch"
+            + (
+                f"; off-plan: {', '.join(f'{t}: {format_list(c)}' for t, c in stray.items())}"
+                if stray
+                else ", all on the plan's cpus"
+            ),
+        )
+    )
     want_policy = _POLICY_NAMES.get(rank["mem_policy"], rank["mem_policy"])
-    out.append(Check("binding", "mem_policy", report["mem_policy"] == want_policy,
-                     f"rank {report['mem_policy']}, plan {rank['mem_policy']} (kernel name {want_policy})"))
+    out.append(
+        Check(
+            "binding",
+            "mem_policy",
+            report["mem_policy"] == want_policy,
+            f"rank {report['mem_policy']}, plan {rank['mem_policy']} (kernel name {want_policy})",
+        )
+    )
     if want_policy != "default":
-        out.append(Check("binding", "mems", sorted(report["mems"]) == sorted(rank["mems"]),
-                         f"rank nodes {format_list(report['mems']) or '-'}, plan {format_list(rank['mems']) or '-'}"))
+        out.append(
+            Check(
+                "binding",
+                "mems",
+                sorted(report["mems"]) == sorted(rank["mems"]),
+                f"rank nodes {format_list(report['mems']) or '-'}, plan {format_list(rank['mems']) or '-'}",
+            )
+        )
     omp = rank.get("env", {}).get("OMP_NUM_THREADS")
     if omp is not None:
-        out.append(Check("binding", "omp_num_threads", report.get("omp_num_threads") == omp,
-                         f"rank {report.get('omp_num_threads')}, plan {omp}"))
+        out.append(
+            Check(
+                "binding",
+                "omp_num_threads",
+                report.get("omp_num_threads") == omp,
+                f"rank {report.get('omp_num_threads')}, plan {omp}",
+            )
+        )
     gpu = rank.get("gpu")
     if gpu is not None:
         seen = report.get("gpu") or {}
         ok = bool(seen) and (not gpu.get("uuid") or _uuid(seen.get("uuid", "")) == _uuid(gpu["uuid"]))
         if seen.get("pci_bus_id") and gpu.get("pci_bus_id"):
             ok = ok and normalize_bus_id(seen["pci_bus_id"]) == normalize_bus_id(gpu["pci_bus_id"])
-        out.append(Check("binding", "gpu", ok,
-                         f"rank sees {seen.get('name', 'no GPU')} {seen.get('uuid', '')} {seen.get('pci_bus_id', '')}, "
-                         f"plan GPU {gpu['index']} {gpu.get('uuid', '')} {gpu['pci_bus_id']}"))
+        out.append(
+            Check(
+                "binding",
+                "gpu",
+                ok,
+                f"rank sees {seen.get('name', 'no GPU')} {seen.get('uuid', '')} {seen.get('pci_bus_id', '')}, "
+                f"plan GPU {gpu['index']} {gpu.get('uuid', '')} {gpu['pci_bus_id']}",
+            )
+        )
     return out
 
 
@@ -250,8 +338,14 @@ def check_nic_rule(ranks: Sequence[Mapping[str, Any]]) -> list[Check]:
     """NCCL pairs HCAs across ranks: every rank of a node gets the same NCCL_IB_HCA (NVIDIA/nccl#1478)."""
     values = {r.get("env", {}).get("NCCL_IB_HCA") for r in ranks}
     shown = ", ".join(sorted(repr(v) if v is not None else "unset" for v in values))
-    return [Check("binding", "nic_rule", len(ranks) > 0 and len(values) == 1,
-                  f"{len(ranks)} ranks, NCCL_IB_HCA: {shown or 'no ranks'}")]
+    return [
+        Check(
+            "binding",
+            "nic_rule",
+            len(ranks) > 0 and len(values) == 1,
+            f"{len(ranks)} ranks, NCCL_IB_HCA: {shown or 'no ranks'}",
+        )
+    ]
 
 
 def check_doctor(doc: Mapping[str, Any], exit_code: int) -> list[Check]:
@@ -260,22 +354,37 @@ def check_doctor(doc: Mapping[str, Any], exit_code: int) -> list[Check]:
     if not isinstance(findings, list):
         return [Check("doctor", "ran", False, f"exit {exit_code}, no findings list in its JSON")]
     errors = [f for f in findings if str(f.get("severity", "")).lower() == "error"]
-    out = [Check("doctor", "ran", exit_code == (1 if errors else 0),
-                 f"exit {exit_code}, {len(findings)} findings, {len(errors)} errors")]
+    out = [
+        Check(
+            "doctor",
+            "ran",
+            exit_code == (1 if errors else 0),
+            f"exit {exit_code}, {len(findings)} findings, {len(errors)} errors",
+        )
+    ]
     for i, f in enumerate(errors):
-        out.append(Check("doctor", f"error{i}.{f.get('check', '?')}", False, f"{f.get('device', '-')}: {f.get('message', '')}"))
+        out.append(
+            Check("doctor", f"error{i}.{f.get('check', '?')}", False, f"{f.get('device', '-')}: {f.get('message', '')}")
+        )
     return out
 
 
-def check_train(numarun_rates: Sequence[float], torchrun_rates: Sequence[float], *,
-                min_ratio: float = MIN_TRAIN_RATIO) -> tuple[list[Check], float]:
+def check_train(
+    numarun_rates: Sequence[float], torchrun_rates: Sequence[float], *, min_ratio: float = MIN_TRAIN_RATIO
+) -> tuple[list[Check], float]:
     """Median tokens/s over rounds for each launcher and their ratio."""
     if not numarun_rates or not torchrun_rates:
         return [Check("train", "ratio", False, "a launcher produced no figures")], 0.0
     n, t = statistics.median(numarun_rates), statistics.median(torchrun_rates)
     ratio = n / t if t else 0.0
-    return [Check("train", "ratio", ratio >= min_ratio,
-                  f"numarun {n:.0f} tok/s, torchrun {t:.0f} tok/s, ratio {ratio:.3f} (target >= {min_ratio})")], ratio
+    return [
+        Check(
+            "train",
+            "ratio",
+            ratio >= min_ratio,
+            f"numarun {n:.0f} tok/s, torchrun {t:.0f} tok/s, ratio {ratio:.3f} (target >= {min_ratio})",
+        )
+    ], ratio
 
 
 def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> list[Check]:
@@ -284,23 +393,41 @@ def check_h2d(doc: Mapping[str, Any], *, min_ratio: float = MIN_H2D_RATIO) -> li
     out = []
     for d in ("h2d", "d2h"):
         b, r, pg = bound["gbps"][f"{d}_pinned"], raw["gbps"][f"{d}_pinned"], bound["gbps"][f"{d}_pageable"]
-        out.append(Check("h2d", f"{d}_pinned_vs_raw", b >= min_ratio * r,
-                         f"numarun {b:.2f} GB/s, raw torch {r:.2f} GB/s, ratio {b / r if r else 0:.3f} (>= {min_ratio})"))
-        out.append(Check("h2d", f"{d}_pinned_vs_pageable", b > pg,
-                         f"pinned {b:.2f} GB/s, pageable {pg:.2f} GB/s"))
+        out.append(
+            Check(
+                "h2d",
+                f"{d}_pinned_vs_raw",
+                b >= min_ratio * r,
+                f"numarun {b:.2f} GB/s, raw torch {r:.2f} GB/s, ratio {b / r if r else 0:.3f} (>= {min_ratio})",
+            )
+        )
+        out.append(Check("h2d", f"{d}_pinned_vs_pageable", b > pg, f"pinned {b:.2f} GB/s, pageable {pg:.2f} GB/s"))
     mems = bound.get("mems") or []
     where = f"bound to {format_list(mems) or '-'} ({bound.get('mem_policy')})"
     pageable = bound.get("pageable_page_nodes") or []
-    out.append(Check("h2d", "pageable_pages_on_bound_node", bool(pageable) and set(pageable) <= set(mems),
-                     f"pageable pages on node(s) {format_list(pageable) or '?'}, {where}"))
+    out.append(
+        Check(
+            "h2d",
+            "pageable_pages_on_bound_node",
+            bool(pageable) and set(pageable) <= set(mems),
+            f"pageable pages on node(s) {format_list(pageable) or '?'}, {where}",
+        )
+    )
     # move_pages(2) may not see the driver's mapping of pinned memory: unknown is not a failure.
     pinned = bound.get("pinned_page_nodes") or []
-    out.append(Check("h2d", "pinned_pages_on_bound_node", not pinned or set(pinned) <= set(mems),
-                     f"pinned pages on node(s) {format_list(pinned) or 'unknown to move_pages'}, {where}"))
+    out.append(
+        Check(
+            "h2d",
+            "pinned_pages_on_bound_node",
+            not pinned or set(pinned) <= set(mems),
+            f"pinned pages on node(s) {format_list(pinned) or 'unknown to move_pages'}, {where}",
+        )
+    )
     return out
 
 
 # -- the rank's side ------------------------------------------------------------------------------
+
 
 def probe(path: Path) -> None:
     """Run as the rank of a numarun job: write what the kernel says this process got."""
@@ -320,17 +447,26 @@ def probe(path: Path) -> None:
             if hasattr(props, "pci_bus_id"):
                 bus = f"{getattr(props, 'pci_domain_id', 0):04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
             uuid = str(getattr(props, "uuid", "") or "")
-            report["gpu"] = {"name": props.name, "uuid": uuid, "pci_bus_id": bus, "cuda_index": index,
-                             "count": torch.cuda.device_count()}
+            report["gpu"] = {
+                "name": props.name,
+                "uuid": uuid,
+                "pci_bus_id": bus,
+                "cuda_index": index,
+                "count": torch.cuda.device_count(),
+            }
         report["torch"] = torch.__version__
     except ImportError:
         report["torch"] = None
     got = affinity.read_back(threads=True)
     report.update(
-        cpus=list(got.cpus), thread_cpus={str(tid): list(c) for tid, c in got.thread_cpus.items()},
-        mem_policy=got.mem_policy, mems=list(got.mems),
-        cpus_allowed_list=format_list(affinity.cpus_allowed()), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank=os.environ.get("LOCAL_RANK"),
+        cpus=list(got.cpus),
+        thread_cpus={str(tid): list(c) for tid, c in got.thread_cpus.items()},
+        mem_policy=got.mem_policy,
+        mems=list(got.mems),
+        cpus_allowed_list=format_list(affinity.cpus_allowed()),
+        omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        local_rank=os.environ.get("LOCAL_RANK"),
         mesh_env={k: v for k, v in os.environ.items() if k.startswith("NUMARUN_MESH")},
         plan_rank=json.loads(json.dumps(asdict(binding), default=str)) if binding is not None else None,
     )
@@ -363,6 +499,7 @@ def probe_hang(mode: str, steps: int) -> None:
 
 # -- the checks, live -----------------------------------------------------------------------------
 
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("NUMARUN_TOPOLOGY", None)  # live machine, always
@@ -388,8 +525,21 @@ def step_topo(result: dict[str, Any]) -> list[Check]:
 def step_binding(result: dict[str, Any], work: Path) -> list[Check]:
     plan = json.loads(_run([*NUMARUN, "plan", "--json", "--nproc-per-node", "1"], timeout=120))
     report_file = work / "probe.json"
-    _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", "--strict-binding",
-          str(Path(__file__).resolve()), "--probe", str(report_file)], timeout=180, cwd=work)
+    _run(
+        [
+            *NUMARUN,
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--strict-binding",
+            str(Path(__file__).resolve()),
+            "--probe",
+            str(report_file),
+        ],
+        timeout=180,
+        cwd=work,
+    )
     report = json.loads(report_file.read_text())
     per_gpu = json.loads(_run([*NUMARUN, "plan", "--json"], timeout=120))  # one rank per GPU (1 without)
     result["binding"] = {"plan": plan, "report": report, "plan_per_gpu": per_gpu}
@@ -409,26 +559,46 @@ def step_doctor(result: dict[str, Any]) -> list[Check]:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
         result["doctor"] = {"exit": proc.returncode, "stdout": proc.stdout[-4000:], "stderr": proc.stderr[-4000:]}
-        return [Check("doctor", "ran", False, f"exit {proc.returncode}, output is not JSON: {proc.stderr.strip()[-300:]}")]
+        return [
+            Check("doctor", "ran", False, f"exit {proc.returncode}, output is not JSON: {proc.stderr.strip()[-300:]}")
+        ]
     result["doctor"] = {"exit": proc.returncode, "report": doc}
     return check_doctor(doc, proc.returncode)
 
 
-def step_train(result: dict[str, Any], work: Path, *, rounds: int, steps: int, min_ratio: float,
-               overrides: Sequence[str] = GPU_TRAIN_OVERRIDES) -> list[Check]:
+def step_train(
+    result: dict[str, Any],
+    work: Path,
+    *,
+    rounds: int,
+    steps: int,
+    min_ratio: float,
+    overrides: Sequence[str] = GPU_TRAIN_OVERRIDES,
+) -> list[Check]:
     warmup = max(2, steps // 5)
     overrides = [*overrides, f"trainer.steps={steps}"]
     rates: dict[str, list[float]] = {"numarun": [], "torchrun": []}
     # Filled in as rounds finish, so a failed or cut-short run keeps the rounds done.
-    result["train"] = {"overrides": overrides, "warmup_steps": warmup, "rounds": rounds,
-                       "tokens_per_s": rates, "ratio": None}
+    result["train"] = {
+        "overrides": overrides,
+        "warmup_steps": warmup,
+        "rounds": rounds,
+        "tokens_per_s": rates,
+        "ratio": None,
+    }
     for r in range(rounds):
         for who in ("numarun", "torchrun") if r % 2 == 0 else ("torchrun", "numarun"):
             run_dir = work / f"train-{who}-{r}"
-            head = ([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1"] if who == "numarun"
-                    else [*TORCHRUN, "--standalone", "--nproc-per-node", "1"])
-            _run([*head, str(REPO / "scripts" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
-                 timeout=150, cwd=work)
+            head = (
+                [*NUMARUN, "run", "--standalone", "--nproc-per-node", "1"]
+                if who == "numarun"
+                else [*TORCHRUN, "--standalone", "--nproc-per-node", "1"]
+            )
+            _run(
+                [*head, str(REPO / "scripts" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+                timeout=150,
+                cwd=work,
+            )
             rate = median_tokens_per_s(read_metrics(run_dir / "metrics.jsonl"), warmup=warmup)
             rates[who].append(rate)
             print(f"round {r}: {who} {rate:.0f} tok/s", flush=True)
@@ -450,16 +620,34 @@ def step_h2d(result: dict[str, Any], work: Path, *, size: str, iters: int) -> li
 def check_mesh(plan: Mapping[str, Any], report: Mapping[str, Any], fabric: Sequence[Any]) -> list[Check]:
     """A live ``plan --mesh dp_shard=-1`` against what its rank saw."""
     mesh = plan.get("mesh") or {}
-    out = [Check("mesh", "plan_has_layout", bool(mesh) and "dp_shard" in (mesh.get("names") or ()),
-                 f"plan mesh {mesh.get('spec')!r} names {mesh.get('names')!r}")]
+    out = [
+        Check(
+            "mesh",
+            "plan_has_layout",
+            bool(mesh) and "dp_shard" in (mesh.get("names") or ()),
+            f"plan mesh {mesh.get('spec')!r} names {mesh.get('names')!r}",
+        )
+    ]
     row = plan["ranks"][0]
     want = normalize_bus_id(row["gpu"]["pci_bus_id"]) if row.get("gpu") and row["gpu"].get("pci_bus_id") else ""
     got = (report.get("gpu") or {}).get("pci_bus_id") or ""
-    out.append(Check("mesh", "rank_drives_planned_gpu", bool(want) and got and normalize_bus_id(got) == want,
-                     f"plan {want or '-'}, CUDA {got or '-'}"))
+    out.append(
+        Check(
+            "mesh",
+            "rank_drives_planned_gpu",
+            bool(want) and got and normalize_bus_id(got) == want,
+            f"plan {want or '-'}, CUDA {got or '-'}",
+        )
+    )
     env = report.get("mesh_env") or {}
-    out.append(Check("mesh", "rank_env", env.get("NUMARUN_MESH") == mesh.get("spec") and "NUMARUN_MESH_SHAPE" in env,
-                     f"rank saw {env!r}"))
+    out.append(
+        Check(
+            "mesh",
+            "rank_env",
+            env.get("NUMARUN_MESH") == mesh.get("spec") and "NUMARUN_MESH_SHAPE" in env,
+            f"rank saw {env!r}",
+        )
+    )
     ok = bool(fabric) and all(isinstance(f, (dict, str)) for f in fabric)
     out.append(Check("mesh", "nvml_fabric_info", ok, f"per GPU: {fabric!r}"))
     return out
@@ -468,8 +656,22 @@ def check_mesh(plan: Mapping[str, Any], report: Mapping[str, Any], fabric: Seque
 def step_mesh(result: dict[str, Any], work: Path) -> list[Check]:
     plan = json.loads(_run([*NUMARUN, "plan", "--json", "--nproc-per-node", "1", "--mesh", "dp_shard=-1"], timeout=120))
     report_file = work / "probe-mesh.json"
-    _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", "--mesh", "dp_shard=-1",
-          str(Path(__file__).resolve()), "--probe", str(report_file)], timeout=180, cwd=work)
+    _run(
+        [
+            *NUMARUN,
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--mesh",
+            "dp_shard=-1",
+            str(Path(__file__).resolve()),
+            "--probe",
+            str(report_file),
+        ],
+        timeout=180,
+        cwd=work,
+    )
     report = json.loads(report_file.read_text())
     from numarun.topology.nvml import read_nvml_record
 
@@ -484,54 +686,107 @@ def step_hang(result: dict[str, Any], work: Path) -> list[Check]:
     head = [*NUMARUN, "run", "--standalone", "--nproc-per-node", "1"]
     print("+ stuck NCCL rank, --hang-timeout 15 --on-hang stop", flush=True)
     t0 = time.monotonic()
-    stuck = subprocess.run([*head, "--hang-timeout", "15", "--on-hang", "stop", me, "--probe-hang", "stuck"],
-                           capture_output=True, text=True, timeout=240, cwd=work, env=_env())
+    stuck = subprocess.run(
+        [*head, "--hang-timeout", "15", "--on-hang", "stop", me, "--probe-hang", "stuck"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+        env=_env(),
+    )
     stuck_s = time.monotonic() - t0
     print("+ healthy NCCL loop, --hang-timeout 6, 25 steps of 1 s", flush=True)
-    healthy = subprocess.run([*head, "--hang-timeout", "6", me, "--probe-hang", "healthy", "--hang-steps", "25"],
-                             capture_output=True, text=True, timeout=240, cwd=work, env=_env())
-    result["hang"] = {"stuck": {"exit": stuck.returncode, "seconds": round(stuck_s, 1), "stderr": stuck.stderr[-6000:]},
-                      "healthy": {"exit": healthy.returncode, "stderr": healthy.stderr[-3000:]}}
+    healthy = subprocess.run(
+        [*head, "--hang-timeout", "6", me, "--probe-hang", "healthy", "--hang-steps", "25"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+        env=_env(),
+    )
+    result["hang"] = {
+        "stuck": {"exit": stuck.returncode, "seconds": round(stuck_s, 1), "stderr": stuck.stderr[-6000:]},
+        "healthy": {"exit": healthy.returncode, "stderr": healthy.stderr[-3000:]},
+    }
     named = [ln for ln in stuck.stderr.splitlines() if "load_batch" in ln]
     return [
         Check("hang", "stuck_exit_75", stuck.returncode == 75, f"exit {stuck.returncode} after {stuck_s:.0f} s"),
         Check("hang", "rollcall_names_load_batch", bool(named), named[0].strip() if named else stuck.stderr[-300:]),
-        Check("hang", "healthy_not_reported", healthy.returncode == 0 and "hang:" not in healthy.stderr,
-              f"exit {healthy.returncode}; {'no report' if 'hang:' not in healthy.stderr else 'reported'}"),
+        Check(
+            "hang",
+            "healthy_not_reported",
+            healthy.returncode == 0 and "hang:" not in healthy.stderr,
+            f"exit {healthy.returncode}; {'no report' if 'hang:' not in healthy.stderr else 'reported'}",
+        ),
     ]
 
 
-LAYOUT_OVERRIDES = ("model=gpt", "model.n_layers=2", "model.d_model=256", "model.n_heads=4", "optim=sgd",
-                    "optim.grad_clip=0", "trainer.batch_size=8", "trainer.steps=6", "trainer.log_interval=1",
-                    "trainer.progress=false", "trainer.precision=fp32")
+LAYOUT_OVERRIDES = (
+    "model=gpt",
+    "model.n_layers=2",
+    "model.d_model=256",
+    "model.n_heads=4",
+    "optim=sgd",
+    "optim.grad_clip=0",
+    "trainer.batch_size=8",
+    "trainer.steps=6",
+    "trainer.log_interval=1",
+    "trainer.progress=false",
+    "trainer.precision=fp32",
+)
 
 
 def step_layout(result: dict[str, Any], work: Path) -> list[Check]:
     losses: dict[str, list[float]] = {}
     for preset in ("ddp", "fsdp"):
         run_dir = work / f"layout-{preset}"
-        _run([*NUMARUN, "run", "--standalone", "--nproc-per-node", "1", str(REPO / "scripts" / "train.py"),
-              *LAYOUT_OVERRIDES, f"parallel={preset}", f"hydra.run.dir={run_dir}"], timeout=200, cwd=work)
+        _run(
+            [
+                *NUMARUN,
+                "run",
+                "--standalone",
+                "--nproc-per-node",
+                "1",
+                str(REPO / "scripts" / "train.py"),
+                *LAYOUT_OVERRIDES,
+                f"parallel={preset}",
+                f"hydra.run.dir={run_dir}",
+            ],
+            timeout=200,
+            cwd=work,
+        )
         losses[preset] = [float(r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     result["layout"] = losses
     a, b = losses["ddp"], losses["fsdp"]
     worst = max((abs(x - y) / max(abs(x), 1e-9) for x, y in zip(a, b)), default=float("inf"))
-    return [Check("layout", "fsdp_matches_ddp_on_cuda", len(a) == len(b) > 0 and worst <= 1e-4,
-                  f"{len(a)} steps, worst relative difference {worst:.2e} (ddp {a[:3]}, fsdp {b[:3]})")]
+    return [
+        Check(
+            "layout",
+            "fsdp_matches_ddp_on_cuda",
+            len(a) == len(b) > 0 and worst <= 1e-4,
+            f"{len(a)} steps, worst relative difference {worst:.2e} (ddp {a[:3]}, fsdp {b[:3]})",
+        )
+    ]
 
 
 def versions() -> dict[str, Any]:
-    info: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                            "hostname": platform.node(), "kernel": platform.release(),
-                            "python": platform.python_version(), "cpus": os.cpu_count()}
+    info: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
     try:
-        info["gpu"] = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                            "--format=csv,noheader"], timeout=60).strip()
+        info["gpu"] = _run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], timeout=60
+        ).strip()
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         info["gpu"] = f"unknown ({e})"
     try:
-        info["torch"] = _run([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-                             timeout=120).strip()
+        info["torch"] = _run(
+            [sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"], timeout=120
+        ).strip()
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
         info["torch"] = f"unknown ({e})"
     return info
@@ -541,19 +796,28 @@ def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
     """The summary pasted into docs/gpu.md."""
     v = result.get("versions", {})
     failed = [c for c in checks if not c.ok]
-    lines = [f"### GPU check, {v.get('date', '?')}: {'PASS' if not failed else f'FAIL ({len(failed)} of {len(checks)})'}", "",
-             f"- GPU (name, driver, memory): {v.get('gpu', '?')}",
-             f"- torch (CUDA): {v.get('torch', '?')}; Python {v.get('python', '?')}; kernel {v.get('kernel', '?')};"
-             f" {v.get('cpus', '?')} CPUs",
-             "", "| step | check | result | detail |", "|---|---|---|---|"]
+    lines = [
+        f"### GPU check, {v.get('date', '?')}: {'PASS' if not failed else f'FAIL ({len(failed)} of {len(checks)})'}",
+        "",
+        f"- GPU (name, driver, memory): {v.get('gpu', '?')}",
+        f"- torch (CUDA): {v.get('torch', '?')}; Python {v.get('python', '?')}; kernel {v.get('kernel', '?')};"
+        f" {v.get('cpus', '?')} CPUs",
+        "",
+        "| step | check | result | detail |",
+        "|---|---|---|---|",
+    ]
     for c in checks:
         lines.append(f"| {c.step} | {c.name} | {'pass' if c.ok else '**FAIL**'} | {c.detail.replace('|', '/')} |")
     train = result.get("train")
     if train and any(train["tokens_per_s"].values()):
         done = max(len(x) for x in train["tokens_per_s"].values())
-        lines += ["", f"Training tokens/s (median of steps after {train['warmup_steps']}, per round):", "",
-                  "| launcher | " + " | ".join(f"round {i}" for i in range(done)) + " |",
-                  "|---|" + "---|" * done]
+        lines += [
+            "",
+            f"Training tokens/s (median of steps after {train['warmup_steps']}, per round):",
+            "",
+            "| launcher | " + " | ".join(f"round {i}" for i in range(done)) + " |",
+            "|---|" + "---|" * done,
+        ]
         for who, rates in train["tokens_per_s"].items():
             cells = [f"{x:.0f}" for x in rates] + ["-"] * (done - len(rates))
             lines.append(f"| {who} | " + " | ".join(cells) + " |")
@@ -562,8 +826,13 @@ def render_markdown(result: Mapping[str, Any], checks: Sequence[Check]) -> str:
     h2d = result.get("h2d")
     if h2d:
         b, r = h2d["numarun"]["gbps"], h2d["raw"]["gbps"]
-        lines += ["", f"Copy bandwidth, GB/s ({h2d['numarun']['size_bytes'] // 2**20} MiB x {h2d['numarun']['iters']}):", "",
-                  "| direction | numarun pinned | numarun pageable | raw pinned | raw pageable |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Copy bandwidth, GB/s ({h2d['numarun']['size_bytes'] // 2**20} MiB x {h2d['numarun']['iters']}):",
+            "",
+            "| direction | numarun pinned | numarun pageable | raw pinned | raw pageable |",
+            "|---|---|---|---|---|",
+        ]
         for d in ("h2d", "d2h"):
             figures = (b[f"{d}_pinned"], b[f"{d}_pageable"], r[f"{d}_pinned"], r[f"{d}_pageable"])
             lines.append(f"| {d} | " + " | ".join(f"{x:.2f}" for x in figures) + " |")
@@ -593,8 +862,14 @@ def run_all(args: argparse.Namespace) -> int:
             "mesh": lambda: step_mesh(result, work),
             "hang": lambda: step_hang(result, work),
             "layout": lambda: step_layout(result, work),
-            "train": lambda: step_train(result, work, rounds=args.rounds, steps=args.steps, min_ratio=args.min_ratio,
-                                       overrides=args.train_override or GPU_TRAIN_OVERRIDES),
+            "train": lambda: step_train(
+                result,
+                work,
+                rounds=args.rounds,
+                steps=args.steps,
+                min_ratio=args.min_ratio,
+                overrides=args.train_override or GPU_TRAIN_OVERRIDES,
+            ),
         }
         for name, fn in steps.items():
             if name in args.skip:
@@ -629,6 +904,7 @@ def _write(out_dir: Path | None, result: dict[str, Any], checks: Sequence[Check]
 
 # -- self-test: the same comparisons on recorded data, and the binding check live ----------------
 
+
 def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]:
     """Check 1 on the recorded H200 VM: sysfs tree + NVML answers vs its nvidia-smi outputs."""
     from numarun.topology.archive import safe_extract
@@ -641,8 +917,9 @@ def recorded_h200_checks(capture_file: Path, sysfs_tarball: Path) -> list[Check]
         with tarfile.open(sysfs_tarball) as tf:
             safe_extract(tf, Path(d))
         topo = merge_nvml(read_sysfs(Path(d)), reading_from_record(capture["nvml"]))
-    return check_topology(topo.to_dict(), parse_smi_q(capture["smi_q"]),
-                          parse_topo_m(capture["smi_topo_m"], "capture smi_topo_m"))
+    return check_topology(
+        topo.to_dict(), parse_smi_q(capture["smi_q"]), parse_topo_m(capture["smi_topo_m"], "capture smi_topo_m")
+    )
 
 
 def self_test(args: argparse.Namespace) -> int:
@@ -669,12 +946,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="training rounds per launcher (default 3)")
     p.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
     p.add_argument("--min-ratio", type=float, default=MIN_TRAIN_RATIO, help="numarun/torchrun tokens/s target")
-    p.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
-                   help="trainer overrides replacing the GPU config (repeat; for trying the script on a CPU)")
+    p.add_argument(
+        "--train-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer overrides replacing the GPU config (repeat; for trying the script on a CPU)",
+    )
     p.add_argument("--h2d-size", default="1GiB")
     p.add_argument("--h2d-iters", type=int, default=10)
-    p.add_argument("--skip", action="append", default=[],
-                   choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout"))
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout"),
+    )
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
     args = p.parse_args(argv)

@@ -52,8 +52,11 @@ def _numarun() -> list[str]:
 
 
 def _env(marker: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k not in ("OMP_NUM_THREADS",)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_")) and k not in ("OMP_NUM_THREADS",)
+    }
     env.update(PYTHONUNBUFFERED="1", **{MARKER: marker})
     return env
 
@@ -116,14 +119,28 @@ def run(base: Path, name: str, args: argparse.Namespace, targets: list[int], rng
     work.mkdir(parents=True)
     ckpt, run_dir, log_path = work / "ck", work / "run", work / "log"
     marker = f"{name}-{uuid.uuid4().hex}"
-    cmd = [*_numarun(), "--nproc-per-node", str(args.nproc), "--max-restarts", str(args.max_restarts), str(TRAIN),
-           f"trainer.steps={args.steps}", f"trainer.checkpoint_interval={args.interval}", "trainer.resume=true",
-           "trainer.progress=false", f"trainer.checkpoint_dir={ckpt}", f"hydra.run.dir={run_dir}", *args.overrides]
+    cmd = [
+        *_numarun(),
+        "--nproc-per-node",
+        str(args.nproc),
+        "--max-restarts",
+        str(args.max_restarts),
+        str(TRAIN),
+        f"trainer.steps={args.steps}",
+        f"trainer.checkpoint_interval={args.interval}",
+        "trainer.resume=true",
+        "trainer.progress=false",
+        f"trainer.checkpoint_dir={ckpt}",
+        f"hydra.run.dir={run_dir}",
+        *args.overrides,
+    ]
     faults: list[dict[str, Any]] = []
     pending = list(targets)
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=work, env=_env(marker), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=work, env=_env(marker), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         hung = False
         try:
             seen, old_pids = 0, set()  # old_pids: the workers of the attempt last killed
@@ -149,8 +166,15 @@ def run(base: Path, name: str, args: argparse.Namespace, targets: list[int], rng
                     os.kill(victim.pid, signal.SIGKILL)
                 except (psutil.NoSuchProcess, ProcessLookupError):
                     continue
-                faults.append({"target": pending.pop(0), "step": rows[-1]["step"], "local_rank": local_rank,
-                               "pid": victim.pid, "at_s": round(time.monotonic() - t0, 2)})
+                faults.append(
+                    {
+                        "target": pending.pop(0),
+                        "step": rows[-1]["step"],
+                        "local_rank": local_rank,
+                        "pid": victim.pid,
+                        "at_s": round(time.monotonic() - t0, 2),
+                    }
+                )
                 old_pids = {w.pid for w in workers}
         finally:
             if proc.poll() is None:
@@ -159,10 +183,18 @@ def run(base: Path, name: str, args: argparse.Namespace, targets: list[int], rng
     wall = time.monotonic() - t0
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return {"code": proc.returncode, "hung": hung, "wall_s": wall, "faults": faults, "missed": pending,
-            "rows": _rows(run_dir / "metrics.jsonl"), "summary": summary, "log": log_path.read_text(errors="replace"),
-            "left": _left(marker),
-            "stale": sorted(p.name for p in ckpt.glob(".step_*")) if ckpt.is_dir() else []}
+    return {
+        "code": proc.returncode,
+        "hung": hung,
+        "wall_s": wall,
+        "faults": faults,
+        "missed": pending,
+        "rows": _rows(run_dir / "metrics.jsonl"),
+        "summary": summary,
+        "log": log_path.read_text(errors="replace"),
+        "left": _left(marker),
+        "stale": sorted(p.name for p in ckpt.glob(".step_*")) if ckpt.is_dir() else [],
+    }
 
 
 def main() -> int:
@@ -173,8 +205,12 @@ def main() -> int:
     p.add_argument("--max-restarts", type=int, default=5)
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--seed", type=int, default=0, help="draws the fault steps and the workers killed")
-    p.add_argument("--hang-s", type=float, default=600,
-                   help="a run still going after this many seconds is ended and counts as hung (default 600)")
+    p.add_argument(
+        "--hang-s",
+        type=float,
+        default=600,
+        help="a run still going after this many seconds is ended and counts as hung (default 600)",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--keep", action="store_true", help="keep the run dirs (printed)")
     p.add_argument("overrides", nargs="*", help="more trainer overrides, e.g. model=gpt")
@@ -217,37 +253,56 @@ def report(args: argparse.Namespace, targets: list[int], ref: dict[str, Any], so
         f"final loss equals the reference's ({final} vs {ref_final})": final is not None and final == ref_final,
         "every step's loss equals the reference's" + (f" (differs at {differ[:10]})" if differ else ""): not differ,
         f"ran to step {args.steps}": soak["summary"].get("steps_done") == args.steps,
-        "no process left" + (f" (pids {soak['left'] + ref['left']})" if soak["left"] or ref["left"] else ""):
-            not soak["left"] and not ref["left"],
-        "no .tmp checkpoint left" + (f" ({soak['stale']})" if soak["stale"] else ""): not soak["stale"] and not ref["stale"],
-        f"every restart named ({len(restart_lines)} restart lines, {len(faults)} faults)":
-            [int(k) for k, _ in restart_lines] == list(range(1, len(faults) + 1)),
+        "no process left" + (f" (pids {soak['left'] + ref['left']})" if soak["left"] or ref["left"] else ""): not soak[
+            "left"
+        ]
+        and not ref["left"],
+        "no .tmp checkpoint left" + (f" ({soak['stale']})" if soak["stale"] else ""): not soak["stale"]
+        and not ref["stale"],
+        f"every restart named ({len(restart_lines)} restart lines, {len(faults)} faults)": [
+            int(k) for k, _ in restart_lines
+        ]
+        == list(range(1, len(faults) + 1)),
         f"a failure line for every fault ({len(failure_lines)} lines, {len(faults)} faults; {named} name the killed"
         f" pid, the others a peer that failed first)": len(failure_lines) == len(faults),
     }
-    print(f"soak: {args.steps} steps, a checkpoint every {args.interval}, {args.nproc} ranks, --max-restarts "
-          f"{args.max_restarts}, seed {args.seed}, fault steps drawn {targets}")
+    print(
+        f"soak: {args.steps} steps, a checkpoint every {args.interval}, {args.nproc} ranks, --max-restarts "
+        f"{args.max_restarts}, seed {args.seed}, fault steps drawn {targets}"
+    )
     for i, f in enumerate(faults, 1):
-        print(f"  fault {i}: SIGKILL to local rank {f['local_rank']} (pid {f['pid']}) at step {f['step']} "
-              f"(drawn {f['target']}), {f['at_s']:.1f} s into the run")
+        print(
+            f"  fault {i}: SIGKILL to local rank {f['local_rank']} (pid {f['pid']}) at step {f['step']} "
+            f"(drawn {f['target']}), {f['at_s']:.1f} s into the run"
+        )
     print(f"  reference: {ref['wall_s']:.1f} s, final loss {ref_final}")
     print(f"  soak:      {soak['wall_s']:.1f} s, final loss {final}, {steps_logged} steps logged")
     for what, ok in checks.items():
         print(f"  {'ok  ' if ok else 'FAIL'} {what}")
-    figures = {"faults": len(faults), "restarts": len(restart_lines), "steps_redone": redone,
-               "seconds_lost_per_fault": round(lost, 2), "reference_s": round(ref["wall_s"], 2),
-               "soak_s": round(soak["wall_s"], 2),
-               "final_loss": final, "reference_final_loss": ref_final, "processes_left": len(soak["left"]) + len(ref["left"]),
-               "tmp_left": len(soak["stale"]) + len(ref["stale"]), "failed_checks": [w for w, ok in checks.items() if not ok],
-               "fault_steps": [f["step"] for f in faults]}
+    figures = {
+        "faults": len(faults),
+        "restarts": len(restart_lines),
+        "steps_redone": redone,
+        "seconds_lost_per_fault": round(lost, 2),
+        "reference_s": round(ref["wall_s"], 2),
+        "soak_s": round(soak["wall_s"], 2),
+        "final_loss": final,
+        "reference_final_loss": ref_final,
+        "processes_left": len(soak["left"]) + len(ref["left"]),
+        "tmp_left": len(soak["stale"]) + len(ref["stale"]),
+        "failed_checks": [w for w, ok in checks.items() if not ok],
+        "fault_steps": [f["step"] for f in faults],
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     if figures["failed_checks"] and not args.keep:
         for name, r in (("reference", ref), ("soak", soak)):
             sys.stdout.write(f"--- {name} log (last 3000 characters)\n{r['log'][-3000:]}\n")
-    print(f"SOAK faults={figures['faults']} restarts={figures['restarts']} steps_redone={redone} "
-          f"seconds_lost_per_fault={lost:.1f} final_loss_equal={'yes' if final == ref_final else 'no'} "
-          f"processes_left={figures['processes_left']} tmp_left={figures['tmp_left']}")
+    print(
+        f"SOAK faults={figures['faults']} restarts={figures['restarts']} steps_redone={redone} "
+        f"seconds_lost_per_fault={lost:.1f} final_loss_equal={'yes' if final == ref_final else 'no'} "
+        f"processes_left={figures['processes_left']} tmp_left={figures['tmp_left']}"
+    )
     return 1 if figures["failed_checks"] else 0
 
 

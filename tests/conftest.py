@@ -57,6 +57,7 @@ def sysfs_tree():
 # the fast tier never spawns. Enforced: in a test without the mark (its fixtures' setup
 # included), every way the standard library starts a process raises.
 
+
 def _spawn_targets() -> list[tuple[object, str]]:
     import _posixsubprocess
     import os
@@ -127,9 +128,23 @@ def torchrun_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with open(shared / "torchrun-ddp.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not out.exists():
-            t = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                                str(SCRIPTS / "ddp_train.py"), str(out)], cwd=REPO, env=clean_env(),
-                               capture_output=True, text=True, timeout=TIMEOUT)
+            t = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc-per-node",
+                    "2",
+                    "--standalone",
+                    str(SCRIPTS / "ddp_train.py"),
+                    str(out),
+                ],
+                cwd=REPO,
+                env=clean_env(),
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+            )
             assert t.returncode == 0, t.stderr
         return json.loads(out.read_text())
 
@@ -179,14 +194,28 @@ def procs():
 # Slurm test cluster, and the network namespaces (a test there checks `ip netns list` is left as it
 # found it). The longest units start first so that neither worker is left alone with one at the end.
 SHARED = {
-    "test_slurm_cluster.py": "slurm-cluster", "test_slurm_patterns.py": "slurm-cluster",
-    "test_doctor_multinode.py": "netns", "test_net.py": "netns", "test_bench_scripts.py": "netns",
+    "test_slurm_cluster.py": "slurm-cluster",
+    "test_slurm_patterns.py": "slurm-cluster",
+    "test_doctor_multinode.py": "netns",
+    "test_net.py": "netns",
+    "test_bench_scripts.py": "netns",
     "test_dist_multinode.py": "netns",
 }
-LONGEST_FIRST = ("slurm-cluster", "netns", "test_train_layouts.py", "test_train_dist.py", "test_train_pipeline.py",
-                 "test_reliability_checkpoint.py",
-                 "test_reliability_faults.py", "test_hydra_apps.py", "test_launch_patterns.py",
-                 "test_tune_e2e.py", "test_wheel.py", "test_containers.py", "test_reliability_signals.py")
+LONGEST_FIRST = (
+    "slurm-cluster",
+    "netns",
+    "test_train_layouts.py",
+    "test_train_dist.py",
+    "test_train_pipeline.py",
+    "test_reliability_checkpoint.py",
+    "test_reliability_faults.py",
+    "test_hydra_apps.py",
+    "test_launch_patterns.py",
+    "test_tune_e2e.py",
+    "test_wheel.py",
+    "test_containers.py",
+    "test_reliability_signals.py",
+)
 
 
 def _unit(nodeid: str) -> str:

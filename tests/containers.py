@@ -31,9 +31,22 @@ from pathlib import Path
 import pytest
 from helpers import REPO, TIMEOUT
 
-DOCKER_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-               "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-               "CAP_AUDIT_WRITE")
+DOCKER_CAPS = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+)
 """moby's oci/caps/defaults.go."""
 MEMPOLICY_SYSCALLS = ("get_mempolicy", "mbind", "set_mempolicy", "migrate_pages", "move_pages")
 """Allowed by Docker's and containerd's default seccomp profiles only with CAP_SYS_NICE."""
@@ -51,7 +64,8 @@ class Spec:
     shm: str = "64m"
     memlock: int = 64 << 10
     add_caps: tuple[str, ...] = ()
-    """Beyond Docker's set, as ``--cap-add`` (``CAP_SYS_NICE`` also lifts the seccomp rule, as Docker's profile does)."""
+    """Beyond Docker's set, as ``--cap-add`` (``CAP_SYS_NICE`` also lifts the seccomp rule, as Docker's profile
+    does)."""
     uid: int = 0
     """Not 0: an unknown UID, with no capabilities and no HOME."""
     readonly: bool = False
@@ -87,16 +101,31 @@ class Crun:
         cfg = json.loads(json.dumps(self.template))
         caps = sorted({*DOCKER_CAPS, *spec.add_caps})
         path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
-        env = {"PATH": path, "LANG": "C.UTF-8", "container": "docker", **({"HOME": "/root"} if spec.uid == 0 else {}),
-               **spec.env}
+        env = {
+            "PATH": path,
+            "LANG": "C.UTF-8",
+            "container": "docker",
+            **({"HOME": "/root"} if spec.uid == 0 else {}),
+            **spec.env,
+        }
         nofile = _hard_nofile()  # crun's default asks for more than some machines allow
         cfg["process"].update(
-            terminal=False, args=list(argv), cwd=str(spec.cwd), user={"uid": spec.uid, "gid": spec.uid},
+            terminal=False,
+            args=list(argv),
+            cwd=str(spec.cwd),
+            user={"uid": spec.uid, "gid": spec.uid},
             env=[f"{k}={v}" for k, v in env.items()],
-            rlimits=[{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
-                     {"type": "RLIMIT_MEMLOCK", "hard": spec.memlock, "soft": spec.memlock}],
-            capabilities={"bounding": caps, "effective": [] if spec.uid else caps, "permitted": [] if spec.uid else caps,
-                          "inheritable": [], "ambient": []},
+            rlimits=[
+                {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
+                {"type": "RLIMIT_MEMLOCK", "hard": spec.memlock, "soft": spec.memlock},
+            ],
+            capabilities={
+                "bounding": caps,
+                "effective": [] if spec.uid else caps,
+                "permitted": [] if spec.uid else caps,
+                "inheritable": [],
+                "ambient": [],
+            },
         )
         cfg["root"] = {"path": str(self.rootfs), "readonly": spec.readonly}
         cfg["hostname"] = spec.hostname
@@ -105,33 +134,49 @@ class Crun:
                 m["options"] = [o for o in m["options"] if not o.startswith("size=")] + [f"size={spec.shm}"]
         hosts = bundle / "hosts"
         hosts.write_text("127.0.0.1 localhost\n" + (f"127.0.0.1 {spec.hostname}\n" if spec.resolvable else ""))
-        cfg["mounts"] += [{"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["bind", "ro"]}]
-        cfg["mounts"] += [{"destination": str(d), "type": "bind", "source": str(d), "options": ["rbind", "rw"]}
-                          for d in spec.writable]
+        cfg["mounts"] += [
+            {"destination": "/etc/hosts", "type": "bind", "source": str(hosts), "options": ["bind", "ro"]}
+        ]
+        cfg["mounts"] += [
+            {"destination": str(d), "type": "bind", "source": str(d), "options": ["rbind", "rw"]} for d in spec.writable
+        ]
         if spec.uid:
             cfg["mounts"] += _reachable(Path(sys.base_prefix).resolve())
         linux = cfg["linux"]
         linux["namespaces"] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
-        linux["resources"] = {"devices": [{"allow": False, "access": "rwm"}],
-                              **({"cpu": {"cpus": spec.cpus}} if spec.cpus else {})}
-        denied = [*(MEMPOLICY_SYSCALLS if "CAP_SYS_NICE" not in caps else ()),
-                  *(PTRACE_SYSCALLS if "CAP_SYS_PTRACE" not in caps else ()), *(() if spec.ptrace else ("ptrace",))]
+        linux["resources"] = {
+            "devices": [{"allow": False, "access": "rwm"}],
+            **({"cpu": {"cpus": spec.cpus}} if spec.cpus else {}),
+        }
+        denied = [
+            *(MEMPOLICY_SYSCALLS if "CAP_SYS_NICE" not in caps else ()),
+            *(PTRACE_SYSCALLS if "CAP_SYS_PTRACE" not in caps else ()),
+            *(() if spec.ptrace else ("ptrace",)),
+        ]
         if denied:
             linux["seccomp"] = {
-                "defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
                 "syscalls": [{"names": denied, "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
             }
         return cfg
 
-    def run(self, argv: Sequence[str], spec: Spec = Spec(), *, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: Sequence[str], spec: Spec = Spec(), *, timeout: float = TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
         """``argv`` in a container made by ``spec``, to its end, output captured; its exit status is the command's."""
         bundle = self.base / f"run{next(self._ids)}"
         bundle.mkdir()
         (bundle / "config.json").write_text(json.dumps(self.config(argv, spec, bundle)))
         name = f"numarun-{os.getpid()}-{bundle.name}"
         try:
-            return subprocess.run(["crun", "run", "-b", str(bundle), name], capture_output=True, text=True,
-                                  timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                ["crun", "run", "-b", str(bundle), name],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             subprocess.run(["crun", "delete", "--force", name], capture_output=True, check=False)
 
@@ -160,15 +205,24 @@ def _reachable(path: Path) -> list[dict]:
     for parent in reversed(path.parents):
         if parent != Path("/") and not parent.stat().st_mode & stat.S_IXOTH:
             branch = parent / path.relative_to(parent).parts[0]
-            return [{"destination": str(parent), "type": "tmpfs", "source": "tmpfs", "options": ["mode=755"]},
-                    {"destination": str(branch), "type": "bind", "source": str(branch), "options": ["rbind", "ro"]}]
+            return [
+                {"destination": str(parent), "type": "tmpfs", "source": "tmpfs", "options": ["mode=755"]},
+                {"destination": str(branch), "type": "bind", "source": str(branch), "options": ["rbind", "ro"]},
+            ]
     return []
 
 
 def crun_or_skip() -> Crun:
     """A :class:`Crun`, or the test skipped with the reason (failed under ``NUMARUN_TEST_CRUN=1``)."""
-    why = ("not Linux" if not sys.platform.startswith("linux") else "needs root" if os.geteuid() != 0
-           else "crun is not installed (apt-get install crun)" if shutil.which("crun") is None else "")
+    why = (
+        "not Linux"
+        if not sys.platform.startswith("linux")
+        else "needs root"
+        if os.geteuid() != 0
+        else "crun is not installed (apt-get install crun)"
+        if shutil.which("crun") is None
+        else ""
+    )
     if why:
         if os.environ.get("NUMARUN_TEST_CRUN") == "1":
             pytest.fail(f"NUMARUN_TEST_CRUN=1 but the container tests cannot run: {why}")

@@ -24,8 +24,10 @@ PAGES = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
 SHELL = ("console", "bash", "sh", "shell")
 INFO = re.compile(r"(?P<language>[^\s`]*)(?P<attributes>[^\n]*)\n")
 TITLE = re.compile(r'title="([^"]*)"')
-NEEDS = re.compile(r"a GPU|root|a Slurm cluster|several nodes|MPI|a container runtime|a package registry|your script"
-                   r"|\d+ cores|\d+ minutes?")
+NEEDS = re.compile(
+    r"a GPU|root|a Slurm cluster|several nodes|MPI|a container runtime|a package registry|your script"
+    r"|\d+ cores|\d+ minutes?"
+)
 """What an example may need that a CPU test machine lacks (or a test's time), as its title says."""
 SETUP = re.compile(r"^bash scripts/setup\.sh(?: && |\n|$)", re.MULTILINE)
 """The test command ran scripts/setup.sh before any test: an example's call of it is not repeated."""
@@ -48,7 +50,7 @@ class Example:
     @property
     def needs(self) -> str | None:
         """What the title says the example needs (``a GPU and root``), or None: it runs here."""
-        return self.title[len("needs "):] if self.title.startswith("needs ") else None
+        return self.title[len("needs ") :] if self.title.startswith("needs ") else None
 
     def bad_mark(self) -> str | None:
         """Why the title's ``needs`` is not one the tests know, or None."""
@@ -76,8 +78,15 @@ def examples(pages=PAGES) -> list[Example]:
         for ex in document:
             lexemes = ex.parsed
             title = TITLE.search(lexemes["attributes"])
-            found.append(Example(str(Path(path).relative_to(REPO)), ex.line, lexemes["language"],
-                                 title.group(1) if title else "", str(lexemes["source"])))
+            found.append(
+                Example(
+                    str(Path(path).relative_to(REPO)),
+                    ex.line,
+                    lexemes["language"],
+                    title.group(1) if title else "",
+                    str(lexemes["source"]),
+                )
+            )
     return found
 
 
@@ -120,9 +129,16 @@ def environment() -> dict[str, str]:
 
 def run(command: str, cwd: Path) -> tuple[int, str]:
     command = SETUP.sub("", command)
-    proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", command], cwd=cwd, env=environment(),
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", command],
+        cwd=cwd,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=TIMEOUT,
+    )
     return proc.returncode, proc.stdout
 
 

@@ -21,8 +21,17 @@ TIMEOUT = 240
 """Never hang CI; not a performance bound."""
 
 _LAUNCH_PREFIXES = ("NUMARUN_", "PET_", "TORCHELASTIC_", "SLURM_", "SLURMD_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL")
-_LAUNCH_NAMES = ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
-                 "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_LAUNCH_NAMES = (
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+)
 
 T = TypeVar("T")
 
@@ -34,26 +43,37 @@ def numarun_cmd() -> list[str]:
 
 
 def clean_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
-    """``base`` (default: this process's environment) without any launcher's or scheduler's variables, plus ``extra``."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if not k.startswith(_LAUNCH_PREFIXES) and k not in _LAUNCH_NAMES}
+    """``base`` (default: this process's environment) without any launcher's or scheduler's variables, plus
+    ``extra``."""
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith(_LAUNCH_PREFIXES) and k not in _LAUNCH_NAMES
+    }
     env.update(extra)
     return env
 
 
-def run_numarun(*args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT,
-                **extra: str) -> subprocess.CompletedProcess[str]:
+def run_numarun(
+    *args: str, cwd: Path = REPO, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT, **extra: str
+) -> subprocess.CompletedProcess[str]:
     """``numarun ARGS`` to the end, output captured."""
-    return subprocess.run([*numarun_cmd(), *args], cwd=cwd, env=clean_env(env, **extra), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [*numarun_cmd(), *args], cwd=cwd, env=clean_env(env, **extra), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("numarun: error:")]
 
 
-def wait_until(what: str, predicate: Callable[[], T | None], limit_s: float = 120.0, every_s: float = 0.3,
-               proc: subprocess.Popen | None = None) -> T:  # type: ignore[type-arg]
+def wait_until(
+    what: str,
+    predicate: Callable[[], T | None],
+    limit_s: float = 120.0,
+    every_s: float = 0.3,
+    proc: subprocess.Popen | None = None,
+) -> T:  # type: ignore[type-arg]
     """Poll ``predicate`` until it returns something true; fail the test naming ``what`` after
     ``limit_s``, or as soon as ``proc`` (the numarun under test) has exited without it."""
     import pytest
@@ -87,14 +107,17 @@ def cluster_env() -> dict[str, str]:
         pytest.skip("NUMARUN_TEST_CLUSTER is unset: no Slurm test cluster (run 'sudo bash scripts/test-cluster.sh up')")
     if not os.path.isfile(path):
         pytest.fail(f"NUMARUN_TEST_CLUSTER={path} does not exist: 'scripts/test-cluster.sh up' failed")
-    out = subprocess.run(["bash", "-c", 'set -a; source "$1"; env -0', "_", path], capture_output=True, check=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        ["bash", "-c", 'set -a; source "$1"; env -0', "_", path], capture_output=True, check=True, timeout=30
+    ).stdout
     env = clean_env()
     env.update(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
     return env
 
 
-def slurm(cluster: Mapping[str, str], *argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+def slurm(
+    cluster: Mapping[str, str], *argv: str, timeout: float = 60, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """A Slurm client command (sbatch, scontrol...) run where the cluster's clients run."""
     import shlex
 
@@ -168,7 +191,12 @@ class RecordingSampler(TPESampler):
             f.write(json.dumps({"params": trial.params, "state": state.name, "values": values}) + "\\n")
         super().after_trial(study, trial, state, values)
 '''
-"""An Optuna sampler (a module for a sweep's config to name) that appends every trial Optuna is told about to $TRIALS."""
+"""An Optuna sampler (a module for a sweep's config to name) that appends every trial Optuna is told about to
+$TRIALS."""
 
-SLEEPER = "import os, sys, time\nopen(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\ntime.sleep(600)\n"
+SLEEPER = (
+    "import os, sys, time\n"
+    "open(os.path.join(sys.argv[1], 'started.' + os.environ['RANK']), 'w').close()\n"
+    "time.sleep(600)\n"
+)
 """A rank's script: writes ``started.RANK`` into the folder named by its argument, then sleeps (no signal handler)."""

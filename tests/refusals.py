@@ -55,9 +55,16 @@ def check_refusal(code: int, err: str, c: Case, workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
 
 
-def run_in_process(argv: Sequence[str], cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                   env: Mapping[str, str] | None = None, stdout: str | None = None) -> tuple[int, str]:
-    """``numarun ARGV`` in this process, from ``cwd``, without the caller's numarun/Slurm variables: (exit code, stderr)."""
+def run_in_process(
+    argv: Sequence[str],
+    cwd: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: Mapping[str, str] | None = None,
+    stdout: str | None = None,
+) -> tuple[int, str]:
+    """``numarun ARGV`` in this process, from ``cwd``, without the caller's numarun/Slurm variables: (exit code,
+    stderr)."""
     from numarun.cli import main
 
     for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_", "SLURM_"))] + ["CUDA_VISIBLE_DEVICES"]:

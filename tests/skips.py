@@ -21,12 +21,16 @@ LISTED = "not run here:"
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    skipped = [r for r in terminalreporter.stats.get("skipped", [])
-               if NEEDS_ROOT.search(_reason(r)) and LISTED not in _reason(r)]
+    skipped = [
+        r
+        for r in terminalreporter.stats.get("skipped", [])
+        if NEEDS_ROOT.search(_reason(r)) and LISTED not in _reason(r)
+    ]
     if not skipped:
         return
     files = sorted({r.nodeid.split("::")[0].rsplit("/", 1)[-1] for r in skipped})
     n = len(skipped)
-    terminalreporter.write_sep("=", f"{n} test{'s' * (n != 1)} skipped for want of root (this run's uid is {os.geteuid()})",
-                               yellow=True)
+    terminalreporter.write_sep(
+        "=", f"{n} test{'s' * (n != 1)} skipped for want of root (this run's uid is {os.geteuid()})", yellow=True
+    )
     terminalreporter.write_line(f"in {', '.join(files)}: run the suite as root to run them, as the CI does")

@@ -22,8 +22,12 @@ NUMARUN = [sys.executable, "-m", "numarun"]
 
 def _has_cuda() -> bool:
     # In a child, so this test process never initialises CUDA either.
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.stdout.strip() == "True"
 
 
@@ -39,8 +43,14 @@ def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     if _has_cuda():
         pytest.skip("a CUDA device is visible: the CPU-only path does not apply")
     out_json = tmp_path / "h2d.json"
-    proc = subprocess.run([*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", str(out_json)],
-                          capture_output=True, text=True, timeout=180, env=_env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == h2d.NO_CUDA_EXIT, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -52,8 +62,9 @@ def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bad_size_is_a_one_line_usage_error() -> None:
-    proc = subprocess.run([*NUMARUN, "bench", "h2d", "--size", "lots"], capture_output=True, text=True,
-                          timeout=120, env=_env())
+    proc = subprocess.run(
+        [*NUMARUN, "bench", "h2d", "--size", "lots"], capture_output=True, text=True, timeout=120, env=_env()
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "'lots'" in proc.stderr
@@ -66,11 +77,17 @@ def test_bad_size_is_a_one_line_usage_error() -> None:
 def test_numarun_worker_runs_bound_to_the_plan(tmp_path: Path) -> None:
     """The 'numarun' worker starts under numarun run: its memory policy is bind to the plan's node."""
     out = tmp_path / "numarun.json"
-    plan = subprocess.run([*NUMARUN, "plan", "--json", "--nproc-per-node", "1"], capture_output=True,
-                          text=True, timeout=120, env=_env(), check=True)
+    plan = subprocess.run(
+        [*NUMARUN, "plan", "--json", "--nproc-per-node", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        check=True,
+    )
     rank = json.loads(plan.stdout)["ranks"][0]
     cmd = h2d.worker_argv(label="numarun", out=str(out), size_bytes=4096, iters=1)
-    assert cmd[:len(numarun_command("run"))] == numarun_command("run")
+    assert cmd[: len(numarun_command("run"))] == numarun_command("run")
     subprocess.run(cmd, env=_env(), timeout=180, check=True, capture_output=True, cwd=tmp_path)
     result = json.loads(out.read_text())
     assert result["label"] == "numarun"
@@ -97,11 +114,25 @@ def test_page_nodes_finds_a_touched_buffer_on_an_allowed_node() -> None:
 
 
 def test_ratios_and_table() -> None:
-    bound = h2d.WorkerResult(label="numarun", cuda=True, size_bytes=2**30, iters=4, device="GPU X",
-                             gbps={"h2d_pinned": 50.0, "d2h_pinned": 40.0, "h2d_pageable": 10.0, "d2h_pageable": 20.0},
-                             mem_policy="bind", mems=(1,), pinned_page_nodes=(1,), pageable_page_nodes=(1,))
-    raw = h2d.WorkerResult(label="raw", cuda=True, size_bytes=2**30, iters=4,
-                           gbps={"h2d_pinned": 25.0, "d2h_pinned": 40.0, "h2d_pageable": 5.0, "d2h_pageable": 40.0})
+    bound = h2d.WorkerResult(
+        label="numarun",
+        cuda=True,
+        size_bytes=2**30,
+        iters=4,
+        device="GPU X",
+        gbps={"h2d_pinned": 50.0, "d2h_pinned": 40.0, "h2d_pageable": 10.0, "d2h_pageable": 20.0},
+        mem_policy="bind",
+        mems=(1,),
+        pinned_page_nodes=(1,),
+        pageable_page_nodes=(1,),
+    )
+    raw = h2d.WorkerResult(
+        label="raw",
+        cuda=True,
+        size_bytes=2**30,
+        iters=4,
+        gbps={"h2d_pinned": 25.0, "d2h_pinned": 40.0, "h2d_pageable": 5.0, "d2h_pageable": 40.0},
+    )
     r = h2d.ratios(bound.gbps, raw.gbps)
     assert r["h2d_pinned_over_pageable"] == 5.0
     assert r["d2h_pinned_over_pageable"] == 2.0
@@ -117,6 +148,8 @@ def test_ratios_and_table() -> None:
 @pytest.mark.slow
 def test_launching_side_never_imports_torch() -> None:
     """The command's own process must not create a CUDA context: it may not even import torch."""
-    code = ("import sys, numarun.cli, numarun.commands.bench, numarun.bench.h2d\n"
-            "assert 'torch' not in sys.modules, 'torch imported by the launching side'\n")
+    code = (
+        "import sys, numarun.cli, numarun.commands.bench, numarun.bench.h2d\n"
+        "assert 'torch' not in sys.modules, 'torch imported by the launching side'\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=_env())

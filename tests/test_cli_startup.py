@@ -18,8 +18,13 @@ IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|(\s*)(\S+)$")
 
 
 def _imported(argv: list[str]) -> tuple[set[str], str]:
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "numarun", *argv],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "100"})
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "numarun", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "100"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     mods = {m.group(2) for line in r.stderr.splitlines() if (m := IMPORT_LINE.match(line))}
     return mods, r.stdout
@@ -88,8 +93,13 @@ def test_record_is_built_once_per_torch_version_and_cached(tmp_path: Path, monke
 
 @pytest.mark.slow
 def test_run_help_with_an_empty_cache_never_imports_torch(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "numarun", "run", "--help"], capture_output=True,
-                       text=True, timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "numarun", "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+    )
     assert r.returncode == 0 and "--rdzv-backend" in r.stdout, r.stderr[-2000:]
     mods = {m.group(2) for line in r.stderr.splitlines() if (m := IMPORT_LINE.match(line))}
     assert not {m for m in mods if m == "torch" or m.startswith("torch.")}

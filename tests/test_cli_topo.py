@@ -39,6 +39,7 @@ def assert_user_error(proc: subprocess.CompletedProcess[str], *needles: str) -> 
 
 # --- the live machine (the CI machine: no GPU) ---
 
+
 @pytest.mark.slow
 def test_live_json_has_the_contract_keys() -> None:
     proc = numarun("topo", "--json")
@@ -94,6 +95,7 @@ def test_env_variable_selects_the_source(tmp_path: Path) -> None:
 
 # --- a richer machine, from a snapshot ---
 
+
 @pytest.mark.slow
 def test_rich_snapshot_view(tmp_path: Path) -> None:
     topo = make_topology(memory_only_nodes=1, offline=(15,))
@@ -124,6 +126,7 @@ def test_json_of_a_snapshot_reads_back_equal(tmp_path: Path) -> None:
 
 
 # --- the picture ---
+
 
 @pytest.mark.slow
 def test_svg_is_written_atomically_and_parses(tmp_path: Path) -> None:
@@ -159,6 +162,7 @@ def test_svg_onto_a_directory_is_refused(tmp_path: Path) -> None:
 
 # --- user mistakes ---
 
+
 @pytest.mark.slow
 def test_missing_topology_path_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "no-such-machine.json"
@@ -178,6 +182,7 @@ def test_bad_width_is_one_line() -> None:
 
 
 # --- --smi: GPUs and links from a saved nvidia-smi matrix ---
+
 
 @pytest.mark.slow
 def test_smi_adds_gpus_when_the_source_has_none(tmp_path: Path) -> None:
@@ -202,6 +207,7 @@ def test_smi_missing_file_is_one_line(tmp_path: Path) -> None:
 
 
 # --- the text view, in-process ---
+
 
 def test_render_no_gpus_no_nics() -> None:
     topo = make_topology(gpus_per_node=0, nics_per_node=0)
@@ -233,22 +239,36 @@ def test_nearest_nic_prefers_the_gpus_own_node_and_spreads_rails() -> None:
 def test_nearest_nic_is_never_a_down_port_and_unknown_apart_from_none() -> None:
     topo = make_topology(nics_per_node=2)
     down = (RdmaPort(number=1, state="DOWN", link_layer="InfiniBand"),)
-    one_down = dataclasses.replace(topo, nics=tuple(
-        dataclasses.replace(n, ports=down) if n.name == "mlx5_2" else n for n in topo.nics))
+    one_down = dataclasses.replace(
+        topo, nics=tuple(dataclasses.replace(n, ports=down) if n.name == "mlx5_2" else n for n in topo.nics)
+    )
     assert nic_cells(one_down)[2:] == ["mlx5_3 (NODE)", "mlx5_3 (NODE)"]
     all_down = dataclasses.replace(topo, nics=tuple(dataclasses.replace(n, ports=down) for n in topo.nics))
     assert nic_cells(all_down) == ["-"] * 4
     # a GPU of unknown NUMA node without PCI paths: nothing known about how it reaches the NICs
-    lost = dataclasses.replace(topo, gpus=tuple(dataclasses.replace(g, numa_node=-1, pci_path=()) for g in topo.gpus),
-                               nics=tuple(dataclasses.replace(n, pci_path=()) for n in topo.nics))
+    lost = dataclasses.replace(
+        topo,
+        gpus=tuple(dataclasses.replace(g, numa_node=-1, pci_path=()) for g in topo.gpus),
+        nics=tuple(dataclasses.replace(n, pci_path=()) for n in topo.nics),
+    )
     assert nic_cells(lost) == ["unknown"] * 4
 
 
 def test_cpu_summary_counts() -> None:
     topo = make_topology(packages=2, cores_per_node=3, smt=1, offline=(5,))
     # offline CPU 5 is listed apart, not counted as a core or PU
-    assert cpu_summary(topo) == {"packages": 2, "cores": 5, "pus": 5, "smt": False, "offline": 1, "disallowed": 0,
-                                 "usable_packages": 2, "usable_cores": 5, "usable_pus": 5, "usable_smt": False}
+    assert cpu_summary(topo) == {
+        "packages": 2,
+        "cores": 5,
+        "pus": 5,
+        "smt": False,
+        "offline": 1,
+        "disallowed": 0,
+        "usable_packages": 2,
+        "usable_cores": 5,
+        "usable_pus": 5,
+        "usable_smt": False,
+    }
 
 
 # --- real machines from tests/fixtures (see tests/fixtures/SOURCES.md) ---
@@ -264,12 +284,23 @@ def test_dgx_a100_matrix_view(tmp_path: Path) -> None:
     proc = numarun("topo", "--topology", str(DGX_A100_SMI), "--width", "160", "--svg", str(svg))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    rows = {int(line.split("│")[1]): line for line in out.splitlines()
-            if line.startswith("│") and line.split("│")[1].strip().isdigit() and "mlx5_" in line}
+    rows = {
+        int(line.split("│")[1]): line
+        for line in out.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip().isdigit() and "mlx5_" in line
+    }
     # from the file: GPU0,1 share a PCIe switch (PXB) with NIC0/1, GPU2,3 with NIC2/3, ...;
     # each GPU of a pair takes its own of the two rails, as the plan does; NUMA affinity 3,3,1,1,7,7,5,5
-    expect = {0: ("mlx5_0", "3"), 1: ("mlx5_1", "3"), 2: ("mlx5_2", "1"), 3: ("mlx5_3", "1"),
-              4: ("mlx5_4", "7"), 5: ("mlx5_5", "7"), 6: ("mlx5_6", "5"), 7: ("mlx5_7", "5")}
+    expect = {
+        0: ("mlx5_0", "3"),
+        1: ("mlx5_1", "3"),
+        2: ("mlx5_2", "1"),
+        3: ("mlx5_3", "1"),
+        4: ("mlx5_4", "7"),
+        5: ("mlx5_5", "7"),
+        6: ("mlx5_6", "5"),
+        7: ("mlx5_7", "5"),
+    }
     assert sorted(rows) == list(range(8))
     for gpu, (nic, node) in expect.items():
         cells = [c.strip() for c in rows[gpu].split("│")]

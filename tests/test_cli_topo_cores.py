@@ -35,7 +35,9 @@ def hwloc_counts(target: Path) -> dict[str, int | bool]:
         objs = list(ET.parse(target).getroot().iter("object"))
         cores = [o for o in objs if o.get("type") == "Core"]
         return {
-            "packages": sum(o.get("type") == "Package" and any(p.get("type") == "PU" for p in o.iter("object")) for o in objs),
+            "packages": sum(
+                o.get("type") == "Package" and any(p.get("type") == "PU" for p in o.iter("object")) for o in objs
+            ),
             "cores": len(cores),
             "pus": sum(o.get("type") == "PU" for o in objs),
             "smt": any(sum(p.get("type") == "PU" for p in c.iter("object")) > 1 for c in cores),
@@ -84,7 +86,11 @@ def test_the_three_trees_that_core_ids_got_wrong() -> None:
         return cpu_summary(read_sysfs(extract_tree(SYSFS_DIR / f"{name}.tar.bz2")))
 
     # multi-die packages without die_id repeat core_id: still 48 / 32 single-thread cores
-    assert {k: summary("48amd64-4pa2n6c-sparse")[k] for k in ("cores", "pus", "smt")} == {"cores": 48, "pus": 48, "smt": False}
+    assert {k: summary("48amd64-4pa2n6c-sparse")[k] for k in ("cores", "pus", "smt")} == {
+        "cores": 48,
+        "pus": 48,
+        "smt": False,
+    }
     cg = summary("32amd64-4s2n4c-cgroup2")
     assert (cg["cores"], cg["smt"], cg["usable_cores"]) == (32, False, 6)
     # the 7 offline CPUs are listed apart, not counted as one core

@@ -66,8 +66,9 @@ class _Collectives:
         return calls
 
 
-def _fake_collectives(monkeypatch: pytest.MonkeyPatch, eager: bool = True,
-                      on_rs: Callable[[torch.Tensor], None] | None = None) -> _Collectives:
+def _fake_collectives(
+    monkeypatch: pytest.MonkeyPatch, eager: bool = True, on_rs: Callable[[torch.Tensor], None] | None = None
+) -> _Collectives:
     fake = _Collectives(eager, on_rs)
     monkeypatch.setattr(collectives, "rs_single", fake.rs)
     monkeypatch.setattr(collectives, "ag_single", fake.ag)
@@ -75,13 +76,15 @@ def _fake_collectives(monkeypatch: pytest.MonkeyPatch, eager: bool = True,
     return fake
 
 
-def _stream(chunk_bytes: int | None = None, inter_dtype: torch.dtype | None = None,
-            ctx: types.SimpleNamespace | None = None) -> BucketStream:
+def _stream(
+    chunk_bytes: int | None = None, inter_dtype: torch.dtype | None = None, ctx: types.SimpleNamespace | None = None
+) -> BucketStream:
     return BucketStream(ctx or _ctx(), inter_dtype=inter_dtype, chunk_bytes=chunk_bytes)  # type: ignore[arg-type]
 
 
-def _submit(s: BucketStream, buckets: list[torch.Tensor],
-            gap: threading.Event | None = None) -> list[torch.futures.Future[torch.Tensor]]:
+def _submit(
+    s: BucketStream, buckets: list[torch.Tensor], gap: threading.Event | None = None
+) -> list[torch.futures.Future[torch.Tensor]]:
     """One backward pass; with ``gap``, the last bucket comes once the stream has had the others a while."""
     futs = []
     for i, b in enumerate(buckets):
@@ -101,8 +104,9 @@ def _probed(fake: _Collectives, **options: object) -> BucketStream:
     return s
 
 
-def _pass(s: BucketStream, sizes: list[int],
-          gap: threading.Event | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _pass(
+    s: BucketStream, sizes: list[int], gap: threading.Event | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     g = torch.Generator().manual_seed(1)
     buckets = [torch.randn(n, generator=g) for n in sizes]
     expect = [b.clone() for b in buckets]

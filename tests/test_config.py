@@ -119,7 +119,9 @@ def test_multirun_is_hydras_sweep(in_tmp: Path) -> None:
     sweep_dir = jobs[0].run_dir.parent
     assert [j.run_dir for j in jobs] == [sweep_dir / str(n) for n in range(4)]  # hydra.job.num
     assert (sweep_dir / "multirun.yaml").is_file()
-    seen = [(load_job_config(j.config_file).trainer.batch_size, load_job_config(j.config_file).model.kind) for j in jobs]
+    seen = [
+        (load_job_config(j.config_file).trainer.batch_size, load_job_config(j.config_file).model.kind) for j in jobs
+    ]
     assert seen == [(8, "mlp"), (8, "gpt"), (16, "mlp"), (16, "gpt")]
     hydra_node = yaml.safe_load((jobs[3].run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
     assert hydra_node["mode"] == "MULTIRUN" and hydra_node["job"]["num"] == 3
@@ -189,8 +191,11 @@ def test_another_sweeper_runs_as_hydra_runs_it(in_tmp: Path) -> None:
     jobs: list[C.PreparedJob] = []
     checked: list[Path] = []
     args = ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "trainer.steps=range(1,4)"]
-    C.run_hydra(args, lambda job: jobs.append(job) or float(load_job_config(job.config_file).trainer.steps),
-                lambda job: checked.append(job.run_dir))
+    C.run_hydra(
+        args,
+        lambda job: jobs.append(job) or float(load_job_config(job.config_file).trainer.steps),
+        lambda job: checked.append(job.run_dir),
+    )
     assert [j.run_dir.name for j in jobs] == ["0", "1", "2"] and checked == [j.run_dir for j in jobs]
     assert all(1 <= load_job_config(j.config_file).trainer.steps <= 4 for j in jobs)  # Optuna's range is inclusive
     assert (jobs[0].run_dir.parent / "optimization_results.yaml").is_file()
@@ -223,7 +228,12 @@ def test_every_job_is_composed_once(in_tmp: Path, monkeypatch: pytest.MonkeyPatc
     calls = _count_compositions(monkeypatch)
     C.run_hydra(["-m", "trainer.steps=1,2,3"], lambda job: None, lambda job: None)
     # Hydra's mode probe and the sweep's own config, then each job once
-    assert calls == {("trainer.steps=1,2,3",): 2, ("trainer.steps=1",): 1, ("trainer.steps=2",): 1, ("trainer.steps=3",): 1}
+    assert calls == {
+        ("trainer.steps=1,2,3",): 2,
+        ("trainer.steps=1",): 1,
+        ("trainer.steps=2",): 1,
+        ("trainer.steps=3",): 1,
+    }
     calls.clear()
     C.run_hydra(["trainer.steps=1"], lambda job: None, lambda job: None)
     assert calls == {("trainer.steps=1",): 2}  # the mode probe, then the job
@@ -341,19 +351,22 @@ def test_detect_app(tmp_path: Path) -> None:
     assert detect_app(HYDRA_APP, is_module=False) is AppKind.HYDRA_MAIN
 
 
-@pytest.mark.parametrize(("source", "trainer"), [
-    ("from numarun.train import exit_now, main\nexit_now(main())\n", True),
-    ("import numarun.train\nnumarun.train.main()\n", True),
-    ("import numarun.train as t\nt.main()\n", True),
-    ("from numarun import train\ntrain.main()\n", True),
-    ("from numarun.train import *\nmain()\n", True),
-    ("from numarun.train import main\nmain(\n", True),  # unparsable: read as text
-    # borrowing parts of the trainer makes a script of one's own
-    ("from numarun.train.models import Gpt\nimport numarun\nnumarun.init()\n", False),
-    ("import numarun.train.models\nprint(numarun.train.models.Gpt)\n", False),
-    ("from numarun.train import models\n", False),
-    ("# see numarun.train for the trainer\nprint('hi')\n", False),
-])
+@pytest.mark.parametrize(
+    ("source", "trainer"),
+    [
+        ("from numarun.train import exit_now, main\nexit_now(main())\n", True),
+        ("import numarun.train\nnumarun.train.main()\n", True),
+        ("import numarun.train as t\nt.main()\n", True),
+        ("from numarun import train\ntrain.main()\n", True),
+        ("from numarun.train import *\nmain()\n", True),
+        ("from numarun.train import main\nmain(\n", True),  # unparsable: read as text
+        # borrowing parts of the trainer makes a script of one's own
+        ("from numarun.train.models import Gpt\nimport numarun\nnumarun.init()\n", False),
+        ("import numarun.train.models\nprint(numarun.train.models.Gpt)\n", False),
+        ("from numarun.train import models\n", False),
+        ("# see numarun.train for the trainer\nprint('hi')\n", False),
+    ],
+)
 def test_only_a_script_that_runs_the_trainer_is_the_trainer(tmp_path: Path, source: str, trainer: bool) -> None:
     script = tmp_path / "script.py"
     script.write_text(source)
@@ -397,7 +410,9 @@ def test_cli_config_feeds_run_flags_and_sweeps_job_by_job(in_tmp: Path) -> None:
     # the dry run says what a real run would create, and shows the composed config
     assert out.count("# a real run would create ") == 2 and "#     steps: 2" in out
     # a flag on the command line wins over the config's launcher group
-    (line,) = [ln for ln in dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2").splitlines() if " torchrun " in ln]
+    (line,) = [
+        ln for ln in dry("--nproc-per-node", "1", TRAIN, "launcher.nproc_per_node=2").splitlines() if " torchrun " in ln
+    ]
     assert "--nproc-per-node=1" in line
     assert list(in_tmp.iterdir()) == []  # dry run: nothing written
 
@@ -467,7 +482,9 @@ def test_the_fused_cpu_adamw_trains_like_torchs_default() -> None:
         g = torch.Generator().manual_seed(1)
         for _ in range(20):
             opt.zero_grad()
-            torch.nn.functional.mse_loss(model(torch.randn(8, 7, generator=g)), torch.randn(8, 2, generator=g)).backward()
+            torch.nn.functional.mse_loss(
+                model(torch.randn(8, 7, generator=g)), torch.randn(8, 2, generator=g)
+            ).backward()
             opt.step()
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
@@ -499,11 +516,14 @@ def test_check_sees_every_job_before_any_run_dir(in_tmp: Path) -> None:
     assert ran == [] and list(in_tmp.iterdir()) == []
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("comm.bucket_mb=0", "bad comm.bucket_mb 0"),
-    ("comm.bucket_mb=-4", "bad comm.bucket_mb -4"),
-    ("comm.chunk_mb=-1", "bad comm.chunk_mb -1"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("comm.bucket_mb=0", "bad comm.bucket_mb 0"),
+        ("comm.bucket_mb=-4", "bad comm.bucket_mb -4"),
+        ("comm.chunk_mb=-1", "bad comm.chunk_mb -1"),
+    ],
+)
 def test_comm_sizes_are_checked(override: str, message: str) -> None:
     from numarun.config.schema import check_values
 

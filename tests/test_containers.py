@@ -50,7 +50,9 @@ def test_doctor_names_the_refused_memory_policy_the_small_shm_and_memlock_each_w
     assert r.returncode == 0, r.stderr
     found = {f["check"]: f for f in json.loads(r.stdout)["findings"]}
     assert found["container"]["device"] == "docker"
-    assert "seccomp" in found["mempolicy"]["message"] and "docker run --cap-add SYS_NICE" in found["mempolicy"]["message"]
+    assert (
+        "seccomp" in found["mempolicy"]["message"] and "docker run --cap-add SYS_NICE" in found["mempolicy"]["message"]
+    )
     assert "/dev/shm holds 64 MiB" in found["shm"]["message"] and "docker run --ipc=host" in found["shm"]["message"]
     assert "64 KiB" in found["memlock"]["message"] and "docker run --ulimit memlock=-1" in found["memlock"]["message"]
     assert found["smt"]["message"].startswith("SMT is ") and "notsupported" not in found["smt"]["message"]
@@ -123,9 +125,18 @@ def test_an_unknown_uid_without_home(crun, scratch):
 
 
 def test_the_readmes_job_runs_inside(crun, scratch):
-    r = crun.run(["numarun", str(REPO / "scripts/train.py"), "launcher=cpu2", "parallel=fsdp", "model=gpt",
-                  "trainer.batch_size=32", "trainer.steps=5"],
-                 Spec(writable=(scratch,), cwd=scratch, env={"TMPDIR": str(scratch)}))
+    r = crun.run(
+        [
+            "numarun",
+            str(REPO / "scripts/train.py"),
+            "launcher=cpu2",
+            "parallel=fsdp",
+            "model=gpt",
+            "trainer.batch_size=32",
+            "trainer.steps=5",
+        ],
+        Spec(writable=(scratch,), cwd=scratch, env={"TMPDIR": str(scratch)}),
+    )
     assert r.returncode == 0, r.stderr
     assert "done: 5 steps" in r.stdout and r.stderr.count(UNBOUND) == 1
 
@@ -137,7 +148,10 @@ def test_a_hostname_that_resolves_to_nothing_finishes_and_the_doctor_names_it(cr
     assert sorted(_reports(scratch)) == [0, 1] and "cannot be retrieved" not in r.stderr
     found = {f["check"]: f for f in json.loads(crun.run(["numarun", "doctor", "--json"], spec).stdout)["findings"]}
     assert found["hostname"]["severity"] == "warn" and "does not resolve" in found["hostname"]["message"]
-    assert "127.0.0.1 for a job of one node" in found["hostname"]["message"] and "/etc/hosts" in found["hostname"]["message"]
+    assert (
+        "127.0.0.1 for a job of one node" in found["hostname"]["message"]
+        and "/etc/hosts" in found["hostname"]["message"]
+    )
 
 
 def test_numarun_as_the_containers_pid_1_reaps_every_orphan(crun, scratch):
@@ -157,13 +171,32 @@ def test_a_hung_job_inside_without_ptrace_is_named_from_in_process_stacks(crun, 
 
     script = REPO / "tests" / "scripts" / "hang_rank.py"
     stuck = next(i for i, line in enumerate(script.read_text().splitlines(), 1) if "# the stuck line" in line)
-    r = crun.run(["numarun", "--log-level", "WARNING", "--nproc-per-node", "2", "--binding", "node", "--hang-timeout",
-                  "5", "--on-hang", "stop", str(script), str(scratch), "stuck", "1"],
-                 Spec(env={"TMPDIR": str(scratch)}, writable=(scratch,), ptrace=False))
+    r = crun.run(
+        [
+            "numarun",
+            "--log-level",
+            "WARNING",
+            "--nproc-per-node",
+            "2",
+            "--binding",
+            "node",
+            "--hang-timeout",
+            "5",
+            "--on-hang",
+            "stop",
+            str(script),
+            str(scratch),
+            "stuck",
+            "1",
+        ],
+        Spec(env={"TMPDIR": str(scratch)}, writable=(scratch,), ptrace=False),
+    )
     assert r.returncode == EXIT_HANG, r.stderr[-3000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("numarun:   ")]
-    assert lines[1:] == [f"numarun:   rank 1 is at {script.relative_to(REPO)}:{stuck} in load_batch",
-                         "numarun:   => rank 1 is not where the others are"], r.stderr
+    assert lines[1:] == [
+        f"numarun:   rank 1 is at {script.relative_to(REPO)}:{stuck} in load_batch",
+        "numarun:   => rank 1 is not where the others are",
+    ], r.stderr
     assert lines[0].startswith("numarun:   rank 0 waits at ") and "in all_reduce (torch.distributed)" in lines[0]
     head = next(ln for ln in r.stderr.splitlines() if "roll-call of 2 ranks" in ln)
     if find_py_spy():

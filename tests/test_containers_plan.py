@@ -45,7 +45,9 @@ def _generator():
 
 
 # 8 GPUs, minor N = GPU N in PCI order; GPUs 0-3 on NUMA node 0 (cpu0), 4-7 on node 1 (cpu1)
-EIGHT = tuple((f"0000:{0x18 + 0x10 * i:02x}:00.0", i // 4, i, f"GPU-{i:08x}-0000-0000-0000-000000000000") for i in range(8))
+EIGHT = tuple(
+    (f"0000:{0x18 + 0x10 * i:02x}:00.0", i // 4, i, f"GPU-{i:08x}-0000-0000-0000-000000000000") for i in range(8)
+)
 
 
 def _tree(root: Path, *, docker: bool, devices: tuple[int, ...]) -> Path:
@@ -60,17 +62,30 @@ def _tree(root: Path, *, docker: bool, devices: tuple[int, ...]) -> Path:
     return root
 
 
-@pytest.mark.parametrize(("environ", "files", "runtime", "marker"), [
-    ({}, [".dockerenv"], Runtime.DOCKER, "/.dockerenv"),
-    ({"container": "podman"}, ["run/.containerenv"], Runtime.PODMAN, "/run/.containerenv"),
-    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, [".dockerenv"], Runtime.KUBERNETES, "KUBERNETES_SERVICE_HOST"),
-    ({}, ["var/run/secrets/kubernetes.io/serviceaccount/token"], Runtime.KUBERNETES, "/var/run/secrets/kubernetes.io"),
-    ({"APPTAINER_CONTAINER": "/img.sif", "APPTAINER_NAME": "img.sif"}, [], Runtime.APPTAINER, "APPTAINER_CONTAINER"),
-    ({"SINGULARITY_CONTAINER": "/img.sif"}, [".singularity.d/runscript"], Runtime.APPTAINER, "/.singularity.d"),
-    ({"SLURM_JOB_ID": "7"}, [".lock"], Runtime.ENROOT, "/.lock"),
-    ({"ENROOT_ROOTFS": "/x"}, [], Runtime.ENROOT, "ENROOT_ROOTFS"),
-    ({"container": "lxc"}, [], Runtime.OTHER, "container=lxc"),
-])
+@pytest.mark.parametrize(
+    ("environ", "files", "runtime", "marker"),
+    [
+        ({}, [".dockerenv"], Runtime.DOCKER, "/.dockerenv"),
+        ({"container": "podman"}, ["run/.containerenv"], Runtime.PODMAN, "/run/.containerenv"),
+        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, [".dockerenv"], Runtime.KUBERNETES, "KUBERNETES_SERVICE_HOST"),
+        (
+            {},
+            ["var/run/secrets/kubernetes.io/serviceaccount/token"],
+            Runtime.KUBERNETES,
+            "/var/run/secrets/kubernetes.io",
+        ),
+        (
+            {"APPTAINER_CONTAINER": "/img.sif", "APPTAINER_NAME": "img.sif"},
+            [],
+            Runtime.APPTAINER,
+            "APPTAINER_CONTAINER",
+        ),
+        ({"SINGULARITY_CONTAINER": "/img.sif"}, [".singularity.d/runscript"], Runtime.APPTAINER, "/.singularity.d"),
+        ({"SLURM_JOB_ID": "7"}, [".lock"], Runtime.ENROOT, "/.lock"),
+        ({"ENROOT_ROOTFS": "/x"}, [], Runtime.ENROOT, "ENROOT_ROOTFS"),
+        ({"container": "lxc"}, [], Runtime.OTHER, "container=lxc"),
+    ],
+)
 def test_the_runtime_is_known_by_its_markers(tmp_path, environ, files, runtime, marker):
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +109,9 @@ def test_cgroup_and_mount_hints_name_a_runtime_without_markers(tmp_path):
 def test_each_fix_is_in_the_runtimes_own_words():
     assert fix(Fix.MEMPOLICY, Runtime.DOCKER) == "docker run --cap-add SYS_NICE"
     assert "securityContext.capabilities.add" in fix(Fix.MEMPOLICY, "kubernetes")
-    assert "emptyDir" in fix(Fix.SHM, Runtime.KUBERNETES, size="2g") and "medium: Memory" in fix(Fix.SHM, "kubernetes", size="2g")
+    assert "emptyDir" in fix(Fix.SHM, Runtime.KUBERNETES, size="2g") and "medium: Memory" in fix(
+        Fix.SHM, "kubernetes", size="2g"
+    )
     assert fix(Fix.SHM, Runtime.PODMAN, size="2g") == "podman run --ipc=host, or --shm-size=2g"
     assert fix(Fix.MEMLOCK, Runtime.DOCKER) == "docker run --ulimit memlock=-1"
     assert "--nv" in fix(Fix.GPUS, Runtime.APPTAINER) and "--gpus all" in fix(Fix.GPUS, Runtime.DOCKER)
@@ -109,7 +126,9 @@ def test_a_container_that_sees_8_gpus_and_may_open_2_plans_2_next_to_their_numa_
     assert node.container.runtime is Runtime.DOCKER and node.gpu_minors == (2, 5)
     plan = make_plan(topo, PlanRequest(allowed_gpu_minors=node.gpu_minors))
     assert [(r.gpu.index, r.gpu.cuda_index, r.numa_node, r.cpus, r.mems) for r in plan.ranks] == [
-        (2, 0, 0, (0,), (0,)), (5, 1, 1, (1,), (1,))]
+        (2, 0, 0, (0,), (0,)),
+        (5, 1, 1, (1,), (1,)),
+    ]
 
 
 def test_the_plan_command_plans_the_containers_gpus(tmp_path, capsys, monkeypatch):
@@ -162,8 +181,10 @@ def test_a_refused_memory_policy_is_marked_in_the_plan_with_one_warning(two_node
 
 def test_nothing_to_refuse_leaves_the_plan_as_it_was(two_node_plan):
     assert confine(two_node_plan, None, "") == two_node_plan
-    unasked = make_plan(load_topology(str(extract_tree(FIXTURES / "constructed" / "2gpu-minors-reversed.tar.gz"))),
-                        PlanRequest(mem_policy=MemPolicy.NONE))
+    unasked = make_plan(
+        load_topology(str(extract_tree(FIXTURES / "constructed" / "2gpu-minors-reversed.tar.gz"))),
+        PlanRequest(mem_policy=MemPolicy.NONE),
+    )
     assert confine(unasked, None, "seccomp").warnings == unasked.warnings  # nothing asked, nothing refused
 
 
@@ -201,9 +222,17 @@ def _checks(topo, **confinement):
 
 def test_doctor_names_each_confinement_with_its_fix(tmp_path):
     topo = load_topology(str(_tree(tmp_path, docker=True, devices=(2, 5))))
-    found = _checks(topo, container=DOCKER, mem_refused="seccomp", shm_bytes=32 << 20, memlock_bytes=64 << 10,
-                    gpu_access={m: (True if m in (2, 5) else None) for m in range(8)}, cgroup="v2", cpuset=(0, 1),
-                    pid1=True)
+    found = _checks(
+        topo,
+        container=DOCKER,
+        mem_refused="seccomp",
+        shm_bytes=32 << 20,
+        memlock_bytes=64 << 10,
+        gpu_access={m: (True if m in (2, 5) else None) for m in range(8)},
+        cgroup="v2",
+        cpuset=(0, 1),
+        pid1=True,
+    )
     assert found["container"].severity.value == "info" and "/.dockerenv" in found["container"].message
     assert found["mempolicy"].severity.value == "warn" and "docker run --cap-add SYS_NICE" in found["mempolicy"].message
     shm = found["shm"]  # 2 GPU ranks: NCCL's buffers alone (37 MiB) overflow 32 MiB
@@ -236,10 +265,12 @@ def test_the_confinement_is_read_under_a_root(tmp_path):
     root = _tree(tmp_path, docker=True, devices=(2, 5))
     (root / "proc/self/mounts").write_text(
         "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k,inode64 0 0\n"
-        "cgroup /sys/fs/cgroup/cpuset cgroup ro,cpuset 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+        "cgroup /sys/fs/cgroup/cpuset cgroup ro,cpuset 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
+    )
     (root / "proc/self/limits").write_text(
         "Limit                     Soft Limit           Hard Limit           Units\n"
-        "Max locked memory         65536                65536                bytes\n")
+        "Max locked memory         65536                65536                bytes\n"
+    )
     topo = load_topology(str(root))
     c = read_confinement(root, {"KUBERNETES_SERVICE_HOST": "x"}, live=False, topo=topo)
     assert c.container.runtime is Runtime.DOCKER  # a recorded tree's environment is not this process's

@@ -83,7 +83,8 @@ WORKER = textwrap.dedent(
                     if out is not got:
                         fail.append(f"not in place: {numel} {dtype} {op}")
                     exact = op != "avg" or dtype == torch.float32
-                    ok = torch.equal(got, ref) if exact else torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2)
+                    close = torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2)
+                    ok = torch.equal(got, ref) if exact else close
                     if not ok:
                         worst = (got.float() - ref.float()).abs().max().item()
                         fail.append(f"hier != flat: numel={numel} {dtype} {op} max|d|={worst}")
@@ -202,8 +203,9 @@ def _env() -> dict[str, str]:
 def _run_nodes(cmds: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
     """Start one launcher per node, wait for all; kill the lot on timeout."""
     procs = [
-        subprocess.Popen(c, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+        subprocess.Popen(
+            c, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         for c in cmds
     ]
     done = []
@@ -224,9 +226,19 @@ def _torchrun_nodes(tmp_path: Path, nprocs: list[int], mode: str) -> list[dict]:
     script.write_text(WORKER)
     port = free_port()
     cmds = [
-        [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nprocs)}", f"--node-rank={i}",
-         f"--nproc-per-node={n}", "--master-addr=127.0.0.1", f"--master-port={port}",
-         str(script), str(tmp_path), mode]
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(nprocs)}",
+            f"--node-rank={i}",
+            f"--nproc-per-node={n}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            str(script),
+            str(tmp_path),
+            mode,
+        ]
         for i, n in enumerate(nprocs)
     ]
     for r in _run_nodes(cmds, tmp_path):
@@ -275,9 +287,29 @@ def test_unequal_nodes_flat_works_hierarchical_is_a_clear_error(tmp_path: Path) 
 def test_bench_cli_two_nodes(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "bench.json"
-    base = [sys.executable, "-m", "numarun", "bench", "allreduce", "--nnodes", "2", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(port), "--sizes", "4K,1001",
-            "--iters", "2", "--warmup", "1", "--link-rate", "100mbit"]
+    base = [
+        sys.executable,
+        "-m",
+        "numarun",
+        "bench",
+        "allreduce",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--sizes",
+        "4K,1001",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--link-rate",
+        "100mbit",
+    ]
     results = _run_nodes([base + ["--node-rank", "0", "--json", str(out)], base + ["--node-rank", "1"]], tmp_path)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
@@ -286,7 +318,11 @@ def test_bench_cli_two_nodes(tmp_path: Path) -> None:
     assert (rep["world_size"], rep["num_nodes"], rep["local_world_size"], rep["backend"]) == (4, 2, 2, "gloo")
     assert rep["correct"] == {"4096": True, "1001": True}
     assert sorted((x["size_bytes"], x["mode"]) for x in rep["results"]) == [
-        (1001, "flat"), (1001, "hierarchical"), (4096, "flat"), (4096, "hierarchical")]
+        (1001, "flat"),
+        (1001, "hierarchical"),
+        (4096, "flat"),
+        (4096, "hierarchical"),
+    ]
     for x in rep["results"]:
         assert len(x["times_s"]) == 2 and x["median_s"] > 0
         assert x["busbw_gbps"] == pytest.approx(x["algbw_gbps"] * 1.5)
@@ -297,7 +333,10 @@ def test_bench_cli_two_nodes(tmp_path: Path) -> None:
         assert c["hierarchical_link_bound_s"] == pytest.approx(c["size_bytes"] * 8 / 100e6)
 
 
-_ON_CPU = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
+_ON_CPU = (
+    "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
+)
 
 
 def test_nodes_sharing_a_run_dir_bind_by_their_own_plans(tmp_path: Path) -> None:
@@ -308,11 +347,31 @@ def test_nodes_sharing_a_run_dir_bind_by_their_own_plans(tmp_path: Path) -> None
         pytest.skip("needs two CPUs: one per node")
     port = free_port()
     run = tmp_path / "run"
-    base = ["-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--binding", "none", "-m", "numarun.train", "parallel=ddp",
-            "trainer.steps=1", "trainer.batch_size=2", "trainer.progress=false", f"hydra.run.dir={run}"]
-    cmds = [[sys.executable, "-c", _ON_CPU, str(cpus[i]), *base[:1], *base[1:2], "--node-rank", str(i), *base[2:]]
-            for i in range(2)]
+    base = [
+        "-m",
+        "numarun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--binding",
+        "none",
+        "-m",
+        "numarun.train",
+        "parallel=ddp",
+        "trainer.steps=1",
+        "trainer.batch_size=2",
+        "trainer.progress=false",
+        f"hydra.run.dir={run}",
+    ]
+    cmds = [
+        [sys.executable, "-c", _ON_CPU, str(cpus[i]), *base[:1], *base[1:2], "--node-rank", str(i), *base[2:]]
+        for i in range(2)
+    ]
     results = _run_nodes(cmds, tmp_path)
     for i, r in enumerate(results):
         assert r.returncode == 0, r.stdout[-4000:]

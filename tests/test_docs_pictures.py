@@ -29,7 +29,8 @@ def test_pictures_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
     drawn = pictures.draw_all()
     assert len(drawn) == 2 * len(pictures.MACHINES)
     assert not pictures.stale(drawn), (
-        f"pictures not current: {pictures.stale(drawn)}; run .venv/bin/python scripts/docs_pictures.py")
+        f"pictures not current: {pictures.stale(drawn)}; run .venv/bin/python scripts/docs_pictures.py"
+    )
 
 
 def test_each_picture_is_on_a_concepts_page() -> None:

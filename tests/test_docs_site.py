@@ -33,7 +33,7 @@ def _mkdocs() -> dict:
 def _nav_pages(nav) -> list[str]:
     pages = []
     for item in nav:
-        for value in (item.values() if isinstance(item, dict) else [item]):
+        for value in item.values() if isinstance(item, dict) else [item]:
             pages += _nav_pages(value) if isinstance(value, list) else [value]
     return pages
 
@@ -89,7 +89,9 @@ def test_error_lines_name_their_page(capsys: pytest.CaptureFixture[str]) -> None
     fixture = str(REPO / "tests" / "fixtures" / "nvidia-smi" / "aws-p4d.24xlarge.txt")
     assert cli.main(["plan", "--topology", fixture, "--nproc-per-node", "9"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("numarun: error: bad --nproc-per-node 9") and err.endswith(f"(see {errors.page_url('binding.md')})")
+    assert err.startswith("numarun: error: bad --nproc-per-node 9") and err.endswith(
+        f"(see {errors.page_url('binding.md')})"
+    )
     nav = set(_nav_pages(_mkdocs()["nav"]))
     for cls in vars(errors).values():
         if isinstance(cls, type) and issubclass(cls, errors.NumarunError) and cls.page:
@@ -98,11 +100,18 @@ def test_error_lines_name_their_page(capsys: pytest.CaptureFixture[str]) -> None
 
 # a figure: a decimal with its unit, a ratio (×, or three decimals), a duration in minutes and seconds, a test count;
 # not a version (2.13, 0.2.0) nor a shape (2×4)
-FIGURE = re.compile(r"(?<![\w.])(?:\d+\.\d+\s?(?:×|ms\b|s\b|GB/s|MB\b|%)|\d+\.\d{3,}(?![\d.])|\d+×(?!\d)"
-                    r"|\d+ min \d+ s|\d[\d,]* (?:passed|tests))")
+FIGURE = re.compile(
+    r"(?<![\w.])(?:\d+\.\d+\s?(?:×|ms\b|s\b|GB/s|MB\b|%)|\d+\.\d{3,}(?![\d.])|\d+×(?!\d)"
+    r"|\d+ min \d+ s|\d[\d,]* (?:passed|tests))"
+)
 NOT_MEASURED = {
     # computed byte-count bounds of the hierarchical all-reduce, stated where they are derived (allreduce.md)
-    "0.667", "0.571", "1.5×", "3.0×", "1.25×", "2.5×",
+    "0.667",
+    "0.571",
+    "1.5×",
+    "3.0×",
+    "1.25×",
+    "2.5×",
     # settings, not results: the doctor streams each direction for 0.5 s; a slow node is below 0.5 of the median
     "0.5 s",
 }
@@ -126,7 +135,9 @@ def test_a_measured_figure_is_stated_once() -> None:
     again = []
     for page in others:
         found = _figures(page.read_text(encoding="utf-8")) & measured
-        again += [f"{page.relative_to(REPO)}: {f}" for f in sorted(found) if (str(page.relative_to(REPO)), f) not in ELSEWHERE]
+        again += [
+            f"{page.relative_to(REPO)}: {f}" for f in sorted(found) if (str(page.relative_to(REPO)), f) not in ELSEWHERE
+        ]
     assert not again, "figures of docs/measured.md stated again:\n" + "\n".join(again)
 
 

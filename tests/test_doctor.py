@@ -136,10 +136,15 @@ def ib_nic(name: str, *ports: RdmaPort) -> Nic:
 def test_second_port_down_beside_an_active_one_is_a_warning():
     from numarun.topology.model import Topology
 
-    topo = Topology(hostname="x", numa_nodes=(), cpus=(), nics=(
-        ib_nic("mlx5_0", RdmaPort(1, "ACTIVE", "InfiniBand"), RdmaPort(2, "DOWN", "InfiniBand")),
-        ib_nic("mlx5_1", RdmaPort(1, "", "InfiniBand")),
-    ))
+    topo = Topology(
+        hostname="x",
+        numa_nodes=(),
+        cpus=(),
+        nics=(
+            ib_nic("mlx5_0", RdmaPort(1, "ACTIVE", "InfiniBand"), RdmaPort(2, "DOWN", "InfiniBand")),
+            ib_nic("mlx5_1", RdmaPort(1, "", "InfiniBand")),
+        ),
+    )
     got = {(f.device, f.severity) for f in check_rdma_ports(topo)}
     assert got == {("mlx5_0:2", Severity.WARN), ("mlx5_1:1", Severity.INFO)}
 
@@ -227,21 +232,29 @@ def test_nvml_faults_from_a_recorded_record(capsys, h200):
 def test_nvml_unanswered_health_keys_are_not_findings():
     record = json.loads((NVML / "h200-vm.json").read_text())
     assert check_nvml(record) == []
-    record["gpus"][0].update({"ecc_uncorrected_volatile": "ERR NVMLError_NotSupported: Not Supported",
-                              "persistence_mode": 1, "throttle_reasons": 1})
+    record["gpus"][0].update(
+        {
+            "ecc_uncorrected_volatile": "ERR NVMLError_NotSupported: Not Supported",
+            "persistence_mode": 1,
+            "throttle_reasons": 1,
+        }
+    )
     assert check_nvml(record) == []
 
 
 # --- bad input -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args, word", [
-    (["--nnodes", "two"], "--nnodes"),
-    (["--nnodes", "2"], "--master-addr"),
-    (["--min-link-fraction", "3"], "--min-link-fraction"),
-    (["--nvml-record", "/nonexistent.json"], "--nvml-record"),
-    (["--nnodes", "2", "--rdzv-endpoint", "host"], "--rdzv-endpoint"),
-])
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--nnodes", "two"], "--nnodes"),
+        (["--nnodes", "2"], "--master-addr"),
+        (["--min-link-fraction", "3"], "--min-link-fraction"),
+        (["--nvml-record", "/nonexistent.json"], "--nvml-record"),
+        (["--nnodes", "2", "--rdzv-endpoint", "host"], "--rdzv-endpoint"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, h200, args, word):
     rc = cli_main(["doctor", "--topology", str(h200), *args])
     err = capsys.readouterr().err

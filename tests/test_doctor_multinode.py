@@ -45,8 +45,9 @@ def _cleanup(names: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _namespace_nodes(names: list[str], bridge: str, subnet: str, *, slow_node: int | None,
-                     slow_links: tuple[tuple[int, int], ...] = ()):
+def _namespace_nodes(
+    names: list[str], bridge: str, subnet: str, *, slow_node: int | None, slow_links: tuple[tuple[int, int], ...] = ()
+):
     """Namespaces ``names`` on one bridge (in namespace ``bridge``) at ``subnet``.1.., with
     ``slow_node``'s link throttled both ways and each of ``slow_links`` throttled both ways
     (an htb class on each end's egress takes only the traffic to the other end)."""
@@ -83,8 +84,26 @@ def _namespace_nodes(names: list[str], bridge: str, subnet: str, *, slow_node: i
                 # htb without a default class sends unclassified traffic straight out, unshaped
                 _tc(names[src], "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb")
                 _tc(names[src], "class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", RATE)
-                _tc(names[src], "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                    "match", "ip", "dst", f"{subnet}.{dst + 1}/32", "flowid", "1:20")
+                _tc(
+                    names[src],
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    "match",
+                    "ip",
+                    "dst",
+                    f"{subnet}.{dst + 1}/32",
+                    "flowid",
+                    "1:20",
+                )
         yield [f"{subnet}.{i + 1}" for i in range(len(names))]
     finally:
         _cleanup(names + [bridge])
@@ -94,9 +113,24 @@ def _run_doctor(names: list[str], addrs: list[str], port: str, tmp_path: Path, *
     """``numarun doctor --json`` on every namespace node; (exit codes, results, stderr tails)."""
     procs = []
     for rank, ns in enumerate(names):
-        cmd = ["nsenter", f"--net=/run/netns/{ns}", NUMARUN, "doctor", "--json", "--nnodes", str(len(names)),
-               "--node-rank", str(rank), "--master-addr", addrs[0], "--master-port", port, "--doctor-timeout", "120",
-               *options]
+        cmd = [
+            "nsenter",
+            f"--net=/run/netns/{ns}",
+            NUMARUN,
+            "doctor",
+            "--json",
+            "--nnodes",
+            str(len(names)),
+            "--node-rank",
+            str(rank),
+            "--master-addr",
+            addrs[0],
+            "--master-port",
+            port,
+            "--doctor-timeout",
+            "120",
+            *options,
+        ]
         out = open(tmp_path / f"n{rank}.out", "w")
         err = open(tmp_path / f"n{rank}.err", "w")
         procs.append((subprocess.Popen(cmd, stdout=out, stderr=err), out, err))
@@ -150,8 +184,9 @@ def test_six_nodes_bounded_name_the_slow_node_and_the_slow_link(tmp_path):
         t0 = time.monotonic()
         # the streams here are CPU-bound (three pairs at once on a shared host of two cores): a
         # healthy pair can measure at a third of another; the throttled ones are a hundred times below
-        codes, results, detail = _run_doctor(SIX, addrs, "29614", tmp_path, "--no-measure", "--link-schedule", "bounded",
-                                             "--min-link-fraction", "0.2")
+        codes, results, detail = _run_doctor(
+            SIX, addrs, "29614", tmp_path, "--no-measure", "--link-schedule", "bounded", "--min-link-fraction", "0.2"
+        )
         wall = time.monotonic() - t0
     head = results[0]
     nodes = {n["node_rank"]: n["figures"] for n in head["nodes"]}
@@ -164,16 +199,38 @@ def test_six_nodes_bounded_name_the_slow_node_and_the_slow_link(tmp_path):
     # every node was measured against several distinct peers; the ends of the slow link are not slow nodes
     assert min(f["link_peers"] for f in nodes.values()) >= 3
     assert head["bad_nodes"] == [SIX_SLOW]
-    assert codes == [1] * 6 and all(r["slow_nodes"] == [SIX_SLOW] and r["slow_links"] == head["slow_links"] for r in results)
-    print(f"six namespace nodes: {wall:.1f} s wall, {head['seconds']} s from the store to the verdict, "
-          f"{schedule['rounds']} rounds")
+    assert codes == [1] * 6 and all(
+        r["slow_nodes"] == [SIX_SLOW] and r["slow_links"] == head["slow_links"] for r in results
+    )
+    print(
+        f"six namespace nodes: {wall:.1f} s wall, {head['seconds']} s from the store to the verdict, "
+        f"{schedule['rounds']} rounds"
+    )
 
 
 def test_a_node_that_never_comes_is_named_in_one_line(tmp_path):
     port = str(free_port())
-    p = subprocess.run([NUMARUN, "doctor", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-                        "--master-port", port, "--doctor-timeout", "3", "--no-measure"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            NUMARUN,
+            "doctor",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "--doctor-timeout",
+            "3",
+            "--no-measure",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("numarun")]
     assert p.returncode == 1, p.stderr[-2000:]
     assert len(lines) == 1 and "node rank(s) 1" in lines[0] and "--doctor-timeout" in lines[0]

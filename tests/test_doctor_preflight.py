@@ -54,8 +54,14 @@ def test_run_preflight_on_a_healthy_node_runs_the_job(tmp_path):
     script, marker = _script(tmp_path)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("NUMARUN_TOPOLOGY", None)
-    out = subprocess.run([NUMARUN, "run", "--preflight", "--nproc-per-node", "1", str(script)],
-                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [NUMARUN, "run", "--preflight", "--nproc-per-node", "1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert marker.read_text() == "yes"
     assert "preflight: no errors" in out.stderr
@@ -64,7 +70,9 @@ def test_run_preflight_on_a_healthy_node_runs_the_job(tmp_path):
 @pytest.mark.slow
 def test_submit_preflight_runs_the_doctor_on_every_node(tmp_path, capsys):
     script, _ = _script(tmp_path)
-    rc = cli_main(["submit", "--dry-run", "--nodes", "2", "--preflight", "--output-dir", str(tmp_path / "o"), str(script)])
+    rc = cli_main(
+        ["submit", "--dry-run", "--nodes", "2", "--preflight", "--output-dir", str(tmp_path / "o"), str(script)]
+    )
     text = capsys.readouterr().out
     assert rc == 0
     (line,) = [ln for ln in text.splitlines() if ln.startswith("launch_opts=")]

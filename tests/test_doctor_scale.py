@@ -79,8 +79,7 @@ def test_matching_rounds_meet_distinct_peers_from_a_seed(n):
 
 
 def test_auto_takes_all_pairs_while_it_fits_the_bound():
-    assert [resolve(LinkSchedule.AUTO, n).value for n in (2, 3, 6, 7, 8, 1024)] == \
-        ["all-pairs"] * 3 + ["bounded"] * 3
+    assert [resolve(LinkSchedule.AUTO, n).value for n in (2, 3, 6, 7, 8, 1024)] == ["all-pairs"] * 3 + ["bounded"] * 3
     assert resolve(LinkSchedule.ALL_PAIRS, 1024) is LinkSchedule.ALL_PAIRS
     assert len(first_rounds(40, LinkSchedule.ALL_PAIRS, seed=0)) == 39
     assert len(first_rounds(40, LinkSchedule.BOUNDED, seed=0)) == 3
@@ -156,7 +155,9 @@ def test_a_slow_link_is_named_as_a_link_not_as_its_nodes():
 
 def _report(rank: int, recv: dict[int, float] | None = None, **facts) -> NodeReport:
     base = {"gpu_count": 8, "gpu_models": ["NVIDIA H100"], "compute_nics": ["mlx5_0"], "torch": "2.9.0"}
-    return NodeReport(rank, f"host{rank}", (), {**base, **facts}, {"recv_gbs": {str(k): v for k, v in (recv or {}).items()}})
+    return NodeReport(
+        rank, f"host{rank}", (), {**base, **facts}, {"recv_gbs": {str(k): v for k, v in (recv or {}).items()}}
+    )
 
 
 def test_judge_names_the_node_that_differs():
@@ -181,8 +182,11 @@ def test_judge_names_a_slow_link_with_both_hosts_and_excludes_neither():
         for b in range(n):
             if a != b:
                 recv[b][a] = 0.1 if {a, b} == {0, 2} else 1.0
-    verdict = judge([_report(r, recv[r]) for r in range(n)], min_link_fraction=0.5,
-                    schedule={"name": "all-pairs", "seed": 0, "rounds": 3})
+    verdict = judge(
+        [_report(r, recv[r]) for r in range(n)],
+        min_link_fraction=0.5,
+        schedule={"name": "all-pairs", "seed": 0, "rounds": 3},
+    )
     (f,) = verdict["findings"]
     assert (f["check"], f["device"], f["severity"]) == ("slow-link", "nodes 0-2", "error")
     assert "host0" in f["message"] and "host2" in f["message"]
@@ -226,8 +230,17 @@ def test_large_jobs_stay_within_the_bound(scale, n):
 def test_simulation_prints_the_documented_keys(scale, capsys):
     assert scale.main(["--nodes", "64", "--slow-nodes", "1", "--slow-links", "1", "--seed", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"nodes", "rounds", "est_seconds", "slow_true", "flagged", "missed", "false_positives",
-            "slow_links_measured", "slow_links_flagged"} <= set(out)
+    assert {
+        "nodes",
+        "rounds",
+        "est_seconds",
+        "slow_true",
+        "flagged",
+        "missed",
+        "false_positives",
+        "slow_links_measured",
+        "slow_links_flagged",
+    } <= set(out)
     assert out["nodes"] == 64 and len(out["slow_true"]) == 1 and out["flagged"] == out["slow_true"]
     assert scale.main(["--nodes", "3", "--slow-nodes", "1", "--slow-links", "2"]) == 2
     assert "bad --slow-links 2" in capsys.readouterr().err
@@ -284,8 +297,15 @@ def _exchange(n: int, slow: int) -> tuple[list[dict[str, Any]], list[int]]:
     def node(r: int) -> None:
         try:
             sync = StoreSync(stores[r], rank=r, nnodes=n, timeout_s=60)
-            results[r] = run_exchange(sync, links[r], _report(r), schedule=LinkSchedule.BOUNDED, min_link_fraction=0.5,
-                                      t0=time.perf_counter(), seed=9)
+            results[r] = run_exchange(
+                sync,
+                links[r],
+                _report(r),
+                schedule=LinkSchedule.BOUNDED,
+                min_link_fraction=0.5,
+                t0=time.perf_counter(),
+                seed=9,
+            )
         except BaseException as e:
             errors.append(e)
 
@@ -328,7 +348,9 @@ def test_report_of_many_nodes_lists_the_notable_ones_and_collapses_shared_findin
     for r in (6, 8):  # node 7 is slow to both its peers
         recv[r][7] = recv[7][r] = 0.05
     smt = (Finding(Severity.INFO, "smt", "cpu", "SMT is off"),)
-    reports = [NodeReport(r, f"host{r}", smt, {}, {"recv_gbs": {str(k): v for k, v in recv[r].items()}}) for r in range(n)]
+    reports = [
+        NodeReport(r, f"host{r}", smt, {}, {"recv_gbs": {str(k): v for k, v in recv[r].items()}}) for r in range(n)
+    ]
     text = render(judge(reports, min_link_fraction=0.5))
     assert judge(reports, min_link_fraction=0.5)["slow_nodes"] == [7]
     rows = [line for line in text.splitlines() if line.startswith("│ ")]

@@ -29,8 +29,9 @@ def test_write_atomic_replaces_a_link_instead_of_writing_through_it(tmp_path: Pa
     assert not (tmp_path / "out").is_symlink() and (tmp_path / "out").read_text() == "new"
 
 
-@pytest.mark.parametrize("name, fragment", [("missing/x.svg", "does not exist"), (".", "is a directory"),
-                                            ("fifo", "not a regular file")])
+@pytest.mark.parametrize(
+    "name, fragment", [("missing/x.svg", "does not exist"), (".", "is a directory"), ("fifo", "not a regular file")]
+)
 def test_write_output_refuses_with_one_line(tmp_path: Path, name: str, fragment: str) -> None:
     os.mkfifo(tmp_path / "fifo")  # replaced by a rename, it would become a regular file (a device, as root)
     with pytest.raises(UsageError) as e:

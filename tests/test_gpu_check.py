@@ -59,8 +59,14 @@ def test_query_csv_parses_and_rejects() -> None:
 
 def test_recorded_h200_passes_the_topology_checks() -> None:
     checks = gc.recorded_h200_checks(CAPTURE, SYSFS)
-    assert {c.name for c in checks} >= {"gpu_source", "gpu_count", "gpu0.bus_id", "gpu0.memory",
-                                        "gpu0.numa_node", "gpu0.cpu_affinity"}
+    assert {c.name for c in checks} >= {
+        "gpu_source",
+        "gpu_count",
+        "gpu0.bus_id",
+        "gpu0.memory",
+        "gpu0.numa_node",
+        "gpu0.cpu_affinity",
+    }
     assert _failed(checks) == set()
 
 
@@ -91,16 +97,26 @@ def test_topology_checks_catch_each_mismatch(capture: dict[str, Any]) -> None:
 
 
 def _rank() -> dict[str, Any]:
-    return {"local_rank": 0, "cpus": [0, 1, 2, 3], "mems": [1], "mem_policy": "bind",
-            "env": {"OMP_NUM_THREADS": "4"},
-            "gpu": {"index": 0, "pci_bus_id": "0000:00:06.0", "uuid": "GPU-381924f5-1540-0531-4bd2-4c06232c81ae"}}
+    return {
+        "local_rank": 0,
+        "cpus": [0, 1, 2, 3],
+        "mems": [1],
+        "mem_policy": "bind",
+        "env": {"OMP_NUM_THREADS": "4"},
+        "gpu": {"index": 0, "pci_bus_id": "0000:00:06.0", "uuid": "GPU-381924f5-1540-0531-4bd2-4c06232c81ae"},
+    }
 
 
 def _report() -> dict[str, Any]:
-    return {"cpus": [0, 1, 2, 3], "thread_cpus": {"10": [0, 1, 2, 3], "11": [0, 1, 2, 3]},
-            "mem_policy": "bind", "mems": [1], "omp_num_threads": "4",
-            "plan_rank": {"cpus": [0, 1, 2, 3], "mems": [1]},
-            "gpu": {"name": "NVIDIA H200", "uuid": "381924f5-1540-0531-4bd2-4c06232c81ae", "pci_bus_id": "0000:00:06.0"}}
+    return {
+        "cpus": [0, 1, 2, 3],
+        "thread_cpus": {"10": [0, 1, 2, 3], "11": [0, 1, 2, 3]},
+        "mem_policy": "bind",
+        "mems": [1],
+        "omp_num_threads": "4",
+        "plan_rank": {"cpus": [0, 1, 2, 3], "mems": [1]},
+        "gpu": {"name": "NVIDIA H200", "uuid": "381924f5-1540-0531-4bd2-4c06232c81ae", "pci_bus_id": "0000:00:06.0"},
+    }
 
 
 def test_binding_checks_pass_and_catch_each_mismatch() -> None:
@@ -121,8 +137,12 @@ def test_binding_checks_pass_and_catch_each_mismatch() -> None:
 
 
 def test_train_ratio_and_median_after_warmup() -> None:
-    rows = [{"step": 1, "tokens_per_s": 10.0}, {"step": 2, "tokens_per_s": 900.0},
-            {"step": 3, "tokens_per_s": 1000.0}, {"step": 4, "tokens_per_s": 1100.0}]
+    rows = [
+        {"step": 1, "tokens_per_s": 10.0},
+        {"step": 2, "tokens_per_s": 900.0},
+        {"step": 3, "tokens_per_s": 1000.0},
+        {"step": 4, "tokens_per_s": 1100.0},
+    ]
     assert gc.median_tokens_per_s(rows, warmup=1) == 1000.0
     with pytest.raises(ValueError):
         gc.median_tokens_per_s(rows, warmup=4)
@@ -135,10 +155,18 @@ def test_train_ratio_and_median_after_warmup() -> None:
 
 def _h2d_doc(**bound: float) -> dict[str, Any]:
     gbps = {"h2d_pinned": 55.0, "d2h_pinned": 55.0, "h2d_pageable": 8.3, "d2h_pageable": 14.3}
-    return {"numarun": {"gbps": {**gbps, **bound}, "mems": [0], "mem_policy": "bind", "pinned_page_nodes": [0],
-                        "pageable_page_nodes": [0],
-                        "size_bytes": 2**30, "iters": 10},
-            "raw": {"gbps": gbps}}
+    return {
+        "numarun": {
+            "gbps": {**gbps, **bound},
+            "mems": [0],
+            "mem_policy": "bind",
+            "pinned_page_nodes": [0],
+            "pageable_page_nodes": [0],
+            "size_bytes": 2**30,
+            "iters": 10,
+        },
+        "raw": {"gbps": gbps},
+    }
 
 
 def test_h2d_checks() -> None:
@@ -159,10 +187,16 @@ def test_h2d_checks() -> None:
 
 
 def test_markdown_summary_carries_the_figures() -> None:
-    result = {"versions": {"date": "D", "gpu": "NVIDIA H200, 580.159.04, 143771 MiB", "torch": "2.11.0 12.8"},
-              "train": {"warmup_steps": 12, "rounds": 2, "ratio": 0.995,
-                        "tokens_per_s": {"numarun": [1234.0, 1250.0], "torchrun": [1240.0, 1255.0]}},
-              "h2d": _h2d_doc()}
+    result = {
+        "versions": {"date": "D", "gpu": "NVIDIA H200, 580.159.04, 143771 MiB", "torch": "2.11.0 12.8"},
+        "train": {
+            "warmup_steps": 12,
+            "rounds": 2,
+            "ratio": 0.995,
+            "tokens_per_s": {"numarun": [1234.0, 1250.0], "torchrun": [1240.0, 1255.0]},
+        },
+        "h2d": _h2d_doc(),
+    }
     checks = gc.check_h2d(result["h2d"]) + [gc.Check("train", "ratio", False, "numarun | torchrun")]
     md = gc.render_markdown(result, checks)
     assert md.startswith("### GPU check, D: FAIL (1 of 7)")
@@ -170,8 +204,10 @@ def test_markdown_summary_carries_the_figures() -> None:
     assert "| numarun | 1234 | 1250 |" in md and "**0.995**" in md
     assert "| h2d | 55.00 | 8.30 | 55.00 | 8.30 |" in md
     assert "numarun / torchrun |" in md  # a '|' inside a detail cannot split the table row
-    cut = dict(result, train={"warmup_steps": 12, "rounds": 3, "ratio": None,
-                              "tokens_per_s": {"numarun": [1234.0], "torchrun": []}})
+    cut = dict(
+        result,
+        train={"warmup_steps": 12, "rounds": 3, "ratio": None, "tokens_per_s": {"numarun": [1234.0], "torchrun": []}},
+    )
     md = gc.render_markdown(cut, checks)
     assert "| numarun | 1234 |" in md and "| torchrun | - |" in md and "ratio numarun" not in md
 
@@ -203,14 +239,26 @@ def test_gpu_check_sh_self_test_imports_numarun_from_this_tree(tmp_path: Path) -
     """The wrapper's set-up (link, PYTHONPATH, import check) with this venv's Python, no wheels needed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NUMARUN_TOPOLOGY")}
     env.update(PYTHON=sys.executable, NUMARUN_GPU_SITE=str(tmp_path / "site"), NUMARUN_WHEELS=str(tmp_path / "none"))
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--self-test", "--skip", "doctor"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu-check.sh"), "--self-test", "--skip", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "numarun").resolve() == (REPO / "launcher").resolve()
     lines = proc.stdout.splitlines()
     assert lines[-1].startswith("self-test: PASS")  # scripts/gpu_check.py --self-test, run by the wrapper
-    for name in ("topo.gpu0.bus_id", "binding.cpus", "binding.threads", "binding.mem_policy", "binding.job_plan",
-                 "binding.nic_rule"):
+    for name in (
+        "topo.gpu0.bus_id",
+        "binding.cpus",
+        "binding.threads",
+        "binding.mem_policy",
+        "binding.job_plan",
+        "binding.nic_rule",
+    ):
         assert any(line.startswith(f"PASS {name}:") for line in lines), name
 
 
@@ -225,10 +273,32 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
     """A run cut short still leaves gpu-check.json/.md; here every step but binding is skipped."""
     env = dict(os.environ)
     env.pop("NUMARUN_TOPOLOGY", None)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--out", str(tmp_path),
-                           "--skip", "topo", "--skip", "train", "--skip", "h2d", "--skip", "doctor",
-                           "--skip", "mesh", "--skip", "hang", "--skip", "layout"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "gpu_check.py"),
+            "--out",
+            str(tmp_path),
+            "--skip",
+            "topo",
+            "--skip",
+            "train",
+            "--skip",
+            "h2d",
+            "--skip",
+            "doctor",
+            "--skip",
+            "mesh",
+            "--skip",
+            "hang",
+            "--skip",
+            "layout",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     assert result["passed"] is True
@@ -241,22 +311,27 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
 def test_gpu_check_sh_refuses_a_host_without_nvidia_smi(tmp_path: Path) -> None:
     if any((Path(d) / "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep) if d):
         pytest.skip("nvidia-smi is on PATH")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh")], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "OUT": str(tmp_path)})
+    proc = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu-check.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OUT": str(tmp_path)},
+    )
     assert proc.returncode == 3
     assert "no nvidia-smi" in proc.stderr
     assert not (tmp_path / "gpu-check.json").exists()
 
 
 def test_mesh_checks_pass_and_catch_each_mismatch() -> None:
-    plan = {"mesh": {"spec": "dp_shard=1", "names": ["dp_shard"]},
-            "ranks": [{"gpu": {"pci_bus_id": "0000:1a:00.0"}}]}
+    plan = {"mesh": {"spec": "dp_shard=1", "names": ["dp_shard"]}, "ranks": [{"gpu": {"pci_bus_id": "0000:1a:00.0"}}]}
     env = {"NUMARUN_MESH": "dp_shard=1", "NUMARUN_MESH_SHAPE": "1"}
     report = {"gpu": {"pci_bus_id": "0000:1a:00.0"}, "mesh_env": env}
     fabric = ["ERR NVMLError_NotSupported: Not Supported"]
     assert not _failed(gc.check_mesh(plan, report, fabric))
     assert _failed(gc.check_mesh({**plan, "mesh": None}, report, fabric)) >= {"plan_has_layout"}
     assert _failed(gc.check_mesh(plan, {**report, "gpu": {"pci_bus_id": "0000:1b:00.0"}}, fabric)) == {
-        "rank_drives_planned_gpu"}
+        "rank_drives_planned_gpu"
+    }
     assert _failed(gc.check_mesh(plan, {**report, "mesh_env": {}}, fabric)) == {"rank_env"}
     assert _failed(gc.check_mesh(plan, report, [])) == {"nvml_fabric_info"}

@@ -105,7 +105,9 @@ def test_comparisons_against_link_bound() -> None:
     assert row["flat_link_bound_s"] == pytest.approx(1.5 * hier_link)
 
 
-@pytest.mark.parametrize("text,n", [("4096", 4096), ("16M", 16 * 2**20), ("1MiB", 2**20), ("2g", 2 * 2**30), ("3k", 3072)])
+@pytest.mark.parametrize(
+    "text,n", [("4096", 4096), ("16M", 16 * 2**20), ("1MiB", 2**20), ("2g", 2 * 2**30), ("3k", 3072)]
+)
 def test_parse_size(text: str, n: int) -> None:
     assert bench.parse_size(text) == n
 
@@ -151,17 +153,41 @@ def _bench_args(argv: list[str]) -> argparse.Namespace:
 
 
 def test_bench_launch_argv_forwards_bench_options_only() -> None:
-    args = _bench_args(["bench", "allreduce", "--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1",
-                        "--master-addr", "10.0.0.1", "--master-port", "1234", "--sizes", "1M,2M", "--iters", "4",
-                        "--json", "/tmp/x.json"])
+    args = _bench_args(
+        [
+            "bench",
+            "allreduce",
+            "--nproc-per-node",
+            "3",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "10.0.0.1",
+            "--master-port",
+            "1234",
+            "--sizes",
+            "1M,2M",
+            "--iters",
+            "4",
+            "--json",
+            "/tmp/x.json",
+        ]
+    )
     argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), bench_cmd.bench_argv(args))
     head = numarun_command("run")
     i = argv.index("-m", len(head))
-    assert argv[:len(head)] == head  # bound ranks by default
-    assert argv[len(head):i] == ["--nproc-per-node=3", "--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1",
-                                 "--master-port=1234"]
+    assert argv[: len(head)] == head  # bound ranks by default
+    assert argv[len(head) : i] == [
+        "--nproc-per-node=3",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=10.0.0.1",
+        "--master-port=1234",
+    ]
     assert argv[i + 1] == "numarun.bench.allreduce"
-    rest = argv[i + 2:]
+    rest = argv[i + 2 :]
     assert "--sizes=1M,2M" in rest and "--iters=4" in rest and "--json=/tmp/x.json" in rest
     assert not any(a.startswith(("--nnodes", "--node-rank", "--master", "--nproc")) for a in rest)
     # what is forwarded parses back to the same benchmark options
@@ -174,7 +200,7 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
 def test_bench_launchers() -> None:
     args = _bench_args(["bench", "allreduce", "--binding", "none"])
     argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
-    assert argv[:len(numarun_command("run"))] == numarun_command("run") and "--binding=none" in argv
+    assert argv[: len(numarun_command("run"))] == numarun_command("run") and "--binding=none" in argv
     args = _bench_args(["bench", "allreduce", "--launcher", "torchrun"])
     argv = bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
     assert argv[1:3] == ["-m", "torch.distributed.run"] and not any(a.startswith("--binding") for a in argv)
@@ -183,7 +209,9 @@ def test_bench_launchers() -> None:
         bench_cmd.launch_argv(args, bench_cmd.job_options(args), [])
 
 
-def test_bench_runs_two_ranks_unless_told_and_leaves_the_environment_to_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_runs_two_ranks_unless_told_and_leaves_the_environment_to_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("NUMARUN_BINDING", "node")
     monkeypatch.setenv("PET_MASTER_PORT", "29999")
     args = _bench_args(["bench", "allreduce"])

@@ -22,10 +22,12 @@ from numarun.launch.rollcall import Frame, Stand
 from numarun.worker import progress
 
 
-def _stand(rank: int, where: str, call: str = "", package: str = "", inside: str = "", function: str = "main",
-           **kw: object) -> Stand:
-    return Stand(rank, rank, 1000 + rank, where=where, function=function, call=call, package=package, inside=inside,
-                 **kw)  # type: ignore[arg-type]
+def _stand(
+    rank: int, where: str, call: str = "", package: str = "", inside: str = "", function: str = "main", **kw: object
+) -> Stand:
+    return Stand(
+        rank, rank, 1000 + rank, where=where, function=function, call=call, package=package, inside=inside, **kw
+    )  # type: ignore[arg-type]
 
 
 WAIT = dict(call="all_reduce", package="torch.distributed", inside="all_reduce")
@@ -47,8 +49,10 @@ def test_two_ranks_the_one_waiting_in_a_collective_is_where_the_others_are() -> 
     even = [_stand(0, "a.py:1"), _stand(1, "b.py:2")]  # two places, neither waits: no guess
     assert rollcall.lines(even)[-1] == "=> the ranks stand in 2 places, none where most are"
     same = [_stand(r, "train.py:20", **WAIT) for r in range(3)]
-    assert rollcall.lines(same) == ["ranks 0-2 wait at train.py:20 in all_reduce (torch.distributed)",
-                                    "=> every rank stands in the same place"]
+    assert rollcall.lines(same) == [
+        "ranks 0-2 wait at train.py:20 in all_reduce (torch.distributed)",
+        "=> every rank stands in the same place",
+    ]
 
 
 def test_exited_and_silent_ranks_and_other_nodes_are_named() -> None:
@@ -56,10 +60,12 @@ def test_exited_and_silent_ranks_and_other_nodes_are_named() -> None:
     stands[4] = Stand(4, 0, 1004, node=2, host="h2", state="exited", exit_code=0)
     stands[5] = Stand(5, 1, 1005, node=2, host="h2", state="silent", note="no dump and no sample")
     out = rollcall.lines(stands, multi_node=True)
-    assert out == ["ranks 0-3 wait at t.py:5 in all_reduce (torch.distributed)",
-                   "rank 4 on node 2 (h2) has exited (code 0)",
-                   "rank 5 on node 2 (h2) gave no stack (no dump and no sample)",
-                   "=> ranks 4,5 are not where the others are"]
+    assert out == [
+        "ranks 0-3 wait at t.py:5 in all_reduce (torch.distributed)",
+        "rank 4 on node 2 (h2) has exited (code 0)",
+        "rank 5 on node 2 (h2) gave no stack (no dump and no sample)",
+        "=> ranks 4,5 are not where the others are",
+    ]
     assert rollcall.format_ranks([7, 0, 1, 2, 3, 5, 9, 10]) == "0-3,5,7,9,10"
 
 
@@ -77,11 +83,20 @@ def test_where_a_rank_stands_skips_libraries_wrappers_and_numarun() -> None:
     assert rollcall.locate(frames, roots, "/home/u/job") == ("train.py:20", "main", "all_reduce", "torch.distributed")
     assert rollcall.locate(frames[3:], roots, "/elsewhere") == ("/home/u/job/train.py:20", "main", "", "")
     assert rollcall.locate([Frame(threading.__file__, 331, "wait"), *frames[3:]], roots, "/home/u/job")[2:] == (
-        "wait", "threading")
+        "wait",
+        "threading",
+    )
     # numarun's own trainer: no user frame, numarun's frames outside its plumbing stand in
-    trainer = [Frame(f"{site}/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
-               Frame(str(Path(rollcall.NUMARUN_DIR) / "train" / "loop.py"), 120, "train_step"), frames[-1]]
-    assert rollcall.locate(trainer, roots)[:3] == (f"{rollcall.NUMARUN_DIR}/train/loop.py:120", "train_step", "all_reduce")
+    trainer = [
+        Frame(f"{site}/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
+        Frame(str(Path(rollcall.NUMARUN_DIR) / "train" / "loop.py"), 120, "train_step"),
+        frames[-1],
+    ]
+    assert rollcall.locate(trainer, roots)[:3] == (
+        f"{rollcall.NUMARUN_DIR}/train/loop.py:120",
+        "train_step",
+        "all_reduce",
+    )
 
 
 def _blocked_in_load_batch(started: threading.Event, release: threading.Event) -> None:
@@ -104,7 +119,9 @@ def test_a_real_faulthandler_dump_gives_each_thread_and_where_it_stands(tmp_path
     text = path.read_text()
     threads = rollcall.parse_faulthandler(text)
     assert t.ident in threads and threading.main_thread().ident in threads
-    where, function, call, package = rollcall.locate(threads[t.ident], rollcall.library_roots(), str(Path(__file__).parent))
+    where, function, call, package = rollcall.locate(
+        threads[t.ident], rollcall.library_roots(), str(Path(__file__).parent)
+    )
     assert where.startswith("test_hangs.py:") and function == "_blocked_in_load_batch"
     assert (call, package) == ("wait", "threading")
     named = rollcall.name_threads(text, {t.ident: "loader"})
@@ -157,8 +174,9 @@ def test_a_healthy_loop_at_one_line_is_told_from_a_hang_by_its_counters(counted:
     t.start()
     try:
         looping.wait()
-        sampler = progress.Sampler(tmp_path / "progress.0", {"pid": 1, "local_rank": 0}, interval=1, counters=counters,
-                                   main=t.ident)
+        sampler = progress.Sampler(
+            tmp_path / "progress.0", {"pid": 1, "local_rank": 0}, interval=1, counters=counters, main=t.ident
+        )
         first = sampler.sample()
         changes = []
         deadline = time.monotonic() + 30
@@ -189,8 +207,9 @@ def test_the_heartbeat_file_holds_what_the_agent_reads(tmp_path: Path) -> None:
 
 
 def _summary(node: int = 0, *, quiet: float, still: float, nodes: int = 1, ranks: int = 2, live: int = 2) -> Summary:
-    return Summary(node=node, nodes=nodes, world=2 * nodes, ranks=ranks, local_world=2, live=live,
-                   quiet_s=quiet, still_s=still)
+    return Summary(
+        node=node, nodes=nodes, world=2 * nodes, ranks=ranks, local_world=2, live=live, quiet_s=quiet, still_s=still
+    )
 
 
 def test_the_verdict() -> None:
@@ -207,8 +226,10 @@ def test_the_verdict() -> None:
 
 
 def test_a_rank_that_exited_is_left_out_of_the_verdict() -> None:
-    beats = {0: {"pid": 1, "moved": 0.0, "changed": 0.0, "local_world": 2, "world": 2},
-             1: {"pid": 2, "moved": 95.0, "changed": 99.0, "local_world": 2, "world": 2}}
+    beats = {
+        0: {"pid": 1, "moved": 0.0, "changed": 0.0, "local_world": 2, "world": 2},
+        1: {"pid": 2, "moved": 95.0, "changed": 99.0, "local_world": 2, "world": 2},
+    }
     s = summarize(beats, 100.0, live=lambda pid: pid == 2)
     assert s is not None and (s.live, s.quiet_s, s.still_s) == (1, 5.0, 1.0)
 
@@ -221,8 +242,9 @@ def test_the_policy() -> None:
 
 
 def test_node_answers_cross_the_store_as_json() -> None:
-    call = hangs.NodeCall(1, "h1", (_stand(3, "t.py:9", function="load_batch", node=1, host="h1"),), "/k/stacks.1.txt",
-                          "in-process")
+    call = hangs.NodeCall(
+        1, "h1", (_stand(3, "t.py:9", function="load_batch", node=1, host="h1"),), "/k/stacks.1.txt", "in-process"
+    )
     assert hangs.NodeCall.from_json(call.to_json()) == call
     text = hangs.render([call, hangs.NodeCall(0, "h0", (_stand(0, "t.py:5", **WAIT),), "/k0", "in-process")])
     assert "roll-call of 2 ranks on 2 nodes (stacks: in-process):" in text[0]

@@ -46,8 +46,9 @@ def _out(tmp: Path) -> Path:
 def _start(tmp: Path, *args: str, ranks: tuple[str, str], log: str = "log") -> subprocess.Popen:  # type: ignore[type-arg]
     """``numarun ARGS hang_rank.py OUT MODE N`` (``ranks``: MODE, N) in a session of its own, output in ``tmp/log``."""
     argv = [*numarun_cmd(), "--log-level", "WARNING", "--binding", "node", *args, str(SCRIPT), str(_out(tmp)), *ranks]
-    return subprocess.Popen(argv, cwd=SCRIPTS, env=_env(tmp), stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        argv, cwd=SCRIPTS, env=_env(tmp), stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _finish(p: subprocess.Popen) -> int:  # type: ignore[type-arg]
@@ -59,7 +60,7 @@ def _finish(p: subprocess.Popen) -> int:  # type: ignore[type-arg]
 
 
 def _rollcall(text: str) -> list[str]:
-    return [line[len("numarun:   "):] for line in text.splitlines() if line.startswith("numarun:   ")]
+    return [line[len("numarun:   ") :] for line in text.splitlines() if line.startswith("numarun:   ")]
 
 
 def _ranks_named(lines: list[str]) -> set[int]:
@@ -100,7 +101,8 @@ def test_four_ranks_one_stuck_in_its_batch_loading_stop_with_exit_75_naming_it(t
 
 
 def test_by_default_the_job_keeps_running_after_the_roll_call_and_a_sigterm_writes_where_ranks_stood(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     p = _start(tmp_path, "--nproc-per-node", "2", "--hang-timeout", "5", ranks=("stuck", "1"))
     log = tmp_path / "log"
     try:
@@ -109,8 +111,11 @@ def test_by_default_the_job_keeps_running_after_the_roll_call_and_a_sigterm_writ
         seen = _samples(beat)
         wait_until("five more samples", lambda: _samples(beat) >= seen + 5, TIMEOUT, proc=p)
         text = log.read_text()
-        assert _rollcall(text) == [f"rank 0 {WAITING.replace('wait ', 'waits ')}", f"rank 1 {STUCK}",
-                                   "=> rank 1 is not where the others are"], text
+        assert _rollcall(text) == [
+            f"rank 0 {WAITING.replace('wait ', 'waits ')}",
+            f"rank 1 {STUCK}",
+            "=> rank 1 is not where the others are",
+        ], text
         assert text.count("roll-call of") == 1 and "the job keeps running (--on-hang report)" in text, text
         pids = pid_files(_out(tmp_path))
         assert p.poll() is None and len(pids) == 2 and all(_alive(pid) for pid in pids)
@@ -141,19 +146,27 @@ def _alive(pid: int) -> bool:
     return alive(pid)
 
 
-def test_a_healthy_job_sleeping_at_one_line_is_never_reported_and_numarun_stacks_names_its_ranks(tmp_path: Path) -> None:
+def test_a_healthy_job_sleeping_at_one_line_is_never_reported_and_numarun_stacks_names_its_ranks(
+    tmp_path: Path,
+) -> None:
     """Each step sleeps 1 s at one line, then all-reduces: with --hang-timeout 3 every sample sees the same stack,
     the counters move. ``numarun stacks --pid`` (this job, chosen explicitly) names both ranks; the job ends 0."""
     p = _start(tmp_path, "--nproc-per-node", "2", "--hang-timeout", "3", ranks=("healthy", "14"))
     try:
         wait_until("both ranks", lambda: len(list(_out(tmp_path).glob("started.*"))) == 2, TIMEOUT, proc=p)
-        r = subprocess.run([*numarun_cmd(), "stacks", "--pid", str(p.pid)], env=_env(tmp_path), capture_output=True,
-                           text=True, timeout=TIMEOUT)
+        r = subprocess.run(
+            [*numarun_cmd(), "stacks", "--pid", str(p.pid)],
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
         assert r.returncode == 0, r.stderr
         assert "roll-call of 2 ranks" in r.stdout and _ranks_named(_rollcall(r.stdout)) == {0, 1}, r.stdout
         _source_says(r.stdout)
-        listed = subprocess.run([*numarun_cmd(), "stacks", "--list"], env=_env(tmp_path), capture_output=True, text=True,
-                                timeout=TIMEOUT)
+        listed = subprocess.run(
+            [*numarun_cmd(), "stacks", "--list"], env=_env(tmp_path), capture_output=True, text=True, timeout=TIMEOUT
+        )
         assert f"pid {p.pid}," in listed.stdout, listed
         code = _finish(p)
     finally:
@@ -168,8 +181,22 @@ def test_two_nodes_one_roll_call_names_the_stuck_rank_on_the_second_node(tmp_pat
     """Two agents on this host, c10d rendezvous on loopback, two ranks each: rank 3 (on the node of group rank 1)
     blocks. One roll-call for the whole job, printed on one node; both end with 75, nothing left."""
     port = free_port()
-    args = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", "hangs", "--hang-timeout", "10", "--on-hang", "stop")
+    args = (
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "hangs",
+        "--hang-timeout",
+        "10",
+        "--on-hang",
+        "stop",
+    )
     nodes = [_start(tmp_path, *args, ranks=("stuck", "3"), log=f"log{i}") for i in range(2)]
     codes = [_finish(p) for p in nodes]
     logs = [(tmp_path / f"log{i}").read_text() for i in range(2)]
@@ -178,7 +205,9 @@ def test_two_nodes_one_roll_call_names_the_stuck_rank_on_the_second_node(tmp_pat
     assert len(printed) == 1 and printed[0].count("roll-call of 4 ranks on 2 nodes") == 1, logs
     lines = _rollcall(printed[0])
     assert lines[0] == f"ranks 0-2 {WAITING}", lines
-    assert re.fullmatch(rf"rank 3 on node 1 \(.*\) {re.escape(STUCK)}", lines[1]) and lines[2].startswith("=> rank 3 "), lines
+    assert re.fullmatch(rf"rank 3 on node 1 \(.*\) {re.escape(STUCK)}", lines[1]) and lines[2].startswith(
+        "=> rank 3 "
+    ), lines
     other = next(text for text in logs if text is not printed[0])
     assert "found the job hung" in other and "Traceback" not in "".join(logs), logs
     pids = pid_files(_out(tmp_path))

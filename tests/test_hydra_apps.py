@@ -194,7 +194,7 @@ def test_every_rank_computes_the_pinned_run_dir_and_only_rank_0_writes(tmp_path:
         assert written == ([] if rank == "1" else [".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"])
 
 
-RUN_DIR_APP = '''
+RUN_DIR_APP = """
 import os
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -206,7 +206,7 @@ def main(cfg):
 
 
 main()
-'''
+"""
 
 
 def test_nodes_started_seconds_apart_share_one_run_dir(tmp_path: Path) -> None:
@@ -217,17 +217,46 @@ def test_nodes_started_seconds_apart_share_one_run_dir(tmp_path: Path) -> None:
     app = tmp_path / "app.py"
     app.write_text(RUN_DIR_APP)
     port = free_port()
-    base = [sys.executable, "-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "--binding", "none"]
+    base = [
+        sys.executable,
+        "-m",
+        "numarun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        "--binding",
+        "none",
+    ]
     env = {**_env(), "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [subprocess.Popen([*base, "--node-rank", "0", str(app)], cwd=tmp_path, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
+    procs = [
+        subprocess.Popen(
+            [*base, "--node-rank", "0", str(app)],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    ]
     # node 0 has fixed its clock once its store listens; node 1 starts in a later second than that
     wait_until("node 0's store", lambda: listening(port), 120, 0.05, proc=procs[0])
     fixed = int(time.time())
     wait_until("the next second", lambda: int(time.time()) > fixed, 5, 0.05)
-    procs.append(subprocess.Popen([*base, "--node-rank", "1", str(app)], cwd=tmp_path, env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    procs.append(
+        subprocess.Popen(
+            [*base, "--node-rank", "1", str(app)],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    )
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=300)

@@ -40,7 +40,9 @@ def _instance_attribute(dotted: str) -> bool:
     if owner == "hydra._internal.hydra.Hydra":
         from numarun.config.compose import VERSION_BASE, config_dir
 
-        obj = hydra_internals.create_app(task_name="t", config_path=str(config_dir()), extra_dir=None, version_base=VERSION_BASE)
+        obj = hydra_internals.create_app(
+            task_name="t", config_path=str(config_dir()), extra_dir=None, version_base=VERSION_BASE
+        )
     else:
         obj = _resolve(owner).instance()
     return hasattr(obj, name)
@@ -53,7 +55,8 @@ def test_the_installed_hydra_is_a_checked_version_and_pyproject_pins_those() -> 
     installed = tuple(int(p) for p in re.findall(r"\d+", hydra.__version__)[:2])
     assert low <= installed <= high, (
         f"numarun.hydra_internals: hydra-core {hydra.__version__} is outside {low}..{high}, the versions its private "
-        "uses were checked on: check hydra_internals.SHAPES against it, then widen CHECKED")
+        "uses were checked on: check hydra_internals.SHAPES against it, then widen CHECKED"
+    )
     (pin,) = re.findall(r'"(hydra-core[^"]*)"', (REPO / "pyproject.toml").read_text())
     assert pin == f"hydra-core>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
 
@@ -76,14 +79,19 @@ def test_each_private_part_has_the_shape_numarun_uses(dotted: str) -> None:
 
 def test_every_private_part_the_module_imports_is_listed() -> None:
     source = (LAUNCHER / "hydra_internals.py").read_text()
-    imported = {f"{m}.{n.strip()}" for m, names in re.findall(r"from (hydra\._internal[\w.]*) import ([\w, ]+)", source)
-                for n in names.split(",")}
+    imported = {
+        f"{m}.{n.strip()}"
+        for m, names in re.findall(r"from (hydra\._internal[\w.]*) import ([\w, ]+)", source)
+        for n in names.split(",")
+    }
     assert imported
     for name in imported:
         assert any(k == name or k.startswith(name + ".") for k in hydra_internals.SHAPES), f"{name} is not in SHAPES"
 
 
-PRIVATE = re.compile(r"hydra\._internal|\b_save_config\b|HydraConfig\.instance\(\)\.cfg\s*=|OmegaConf\.save\s*=|\.setbase\(")
+PRIVATE = re.compile(
+    r"hydra\._internal|\b_save_config\b|HydraConfig\.instance\(\)\.cfg\s*=|OmegaConf\.save\s*=|\.setbase\("
+)
 
 
 def test_no_other_module_reaches_into_hydra() -> None:
@@ -98,6 +106,7 @@ def test_no_other_module_reaches_into_hydra() -> None:
 
 
 # --- worker side: what the patches do to the installed Hydra --------------------------------------
+
 
 @pytest.fixture
 def hydra_utils():  # type: ignore[no-untyped-def]

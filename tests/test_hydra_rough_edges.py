@@ -21,8 +21,15 @@ TRAIN = str(REPO / "scripts" / "train.py")
 
 def _numarun(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "NUMARUN_LOG_LEVEL")}
-    return subprocess.run([sys.executable, "-m", "numarun", *args], check=False, cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**full, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**full, **(env or {})},
+    )
 
 
 def _strict_json(text: str) -> object:
@@ -40,8 +47,20 @@ def test_one_node_has_no_bound_ratio() -> None:
 @pytest.mark.slow
 def test_bench_allreduce_report_is_clean(tmp_path: Path) -> None:
     out = tmp_path / "ar.json"
-    proc = _numarun(tmp_path, "bench", "allreduce", "--sizes", "1K", "--iters", "1", "--warmup", "0", "--json", str(out),
-                    env={"PYTHONWARNINGS": "default"})
+    proc = _numarun(
+        tmp_path,
+        "bench",
+        "allreduce",
+        "--sizes",
+        "1K",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+        str(out),
+        env={"PYTHONWARNINGS": "default"},
+    )
     assert proc.returncode == 0, proc.stderr
     report = _strict_json(out.read_text())  # null, never NaN
     assert isinstance(report, dict) and report["bound_ratio"] is None
@@ -73,8 +92,18 @@ def test_plan_title_counts_one_rank(h200_tree: Path) -> None:
 @pytest.mark.slow
 def test_auto_batch_size_says_when_the_cap_stopped_it(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _numarun(tmp_path, "--nproc-per-node", "1", TRAIN, "trainer.batch_size=auto", "trainer.auto_max_batch=4",
-                    "trainer.memory_limit_mb=1000000", "trainer.steps=1", "trainer.progress=false", f"hydra.run.dir={run_dir}")
+    proc = _numarun(
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        TRAIN,
+        "trainer.batch_size=auto",
+        "trainer.auto_max_batch=4",
+        "trainer.memory_limit_mb=1000000",
+        "trainer.steps=1",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "stopped at trainer.auto_max_batch=4" in proc.stdout
     search = json.loads((run_dir / "batch_size_search.json").read_text())

@@ -34,8 +34,15 @@ def test_nproc_words_are_torchruns() -> None:
 
 
 def _numarun(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "numarun", *args], check=False, cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", *args],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.slow
@@ -57,7 +64,9 @@ def test_nproc_cpu_dry_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
     script = tmp_path / "boom.py"
-    script.write_text("import os\n\ndef work():\n    if os.environ['RANK'] == '1':\n        raise ValueError('boom')\n\nwork()\n")
+    script.write_text(
+        "import os\n\ndef work():\n    if os.environ['RANK'] == '1':\n        raise ValueError('boom')\n\nwork()\n"
+    )
     proc = _numarun(tmp_path, "--nproc-per-node", "2", str(script))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
@@ -65,7 +74,7 @@ def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
     assert last.startswith("numarun: error: rank "), last
     assert re.search(r"rank 1 \(local rank 1, pid \d+\) failed: ValueError: boom \(exited with code 1\)", last), last
     # the user's traceback starts at the user's code, as 'python boom.py' prints it
-    tb = proc.stderr[proc.stderr.index("Traceback (most recent call last):"):].splitlines()
+    tb = proc.stderr[proc.stderr.index("Traceback (most recent call last):") :].splitlines()
     assert tb[1] == f'  File "{script}", line 7, in <module>'
     assert "runpy" not in proc.stderr and "bootstrap.py" not in proc.stderr
 

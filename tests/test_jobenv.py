@@ -20,18 +20,39 @@ def in_job(environ: dict[str, str]) -> dict:
     return from_environ(("master_addr", "master_port"), environ).with_job_env(environ).stated()
 
 
-def slurm_env(node: int = 0, *, nodes: str = "node[1,3]", names=("node1", "node3"), per_node: int = 1,
-              local: int = 0, job: str = "1234", step: str = "0", **extra) -> dict[str, str]:
+def slurm_env(
+    node: int = 0,
+    *,
+    nodes: str = "node[1,3]",
+    names=("node1", "node3"),
+    per_node: int = 1,
+    local: int = 0,
+    job: str = "1234",
+    step: str = "0",
+    **extra,
+) -> dict[str, str]:
     """A task's Slurm variables as srun sets them (recorded from `srun ... env` on the test cluster)."""
     n = len(names)
     env = {
-        "SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_STEP_ID": step, "SLURM_STEPID": step,
-        "SLURM_JOB_NODELIST": nodes, "SLURM_STEP_NODELIST": nodes, "SLURM_NODELIST": nodes,
-        "SLURM_JOB_NUM_NODES": str(n), "SLURM_NNODES": str(n), "SLURM_STEP_NUM_NODES": str(n),
-        "SLURM_STEP_NUM_TASKS": str(n * per_node), "SLURM_NTASKS": str(n * per_node),
-        "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{n})", "SLURM_TASKS_PER_NODE": f"{per_node}(x{n})",
-        "SLURM_NODEID": str(node), "SLURMD_NODENAME": names[node], "SLURM_LOCALID": str(local),
-        "SLURM_PROCID": str(node * per_node + local), "SLURM_TOPOLOGY_ADDR": f"s0.s1.{names[node]}",
+        "SLURM_JOB_ID": job,
+        "SLURM_JOBID": job,
+        "SLURM_STEP_ID": step,
+        "SLURM_STEPID": step,
+        "SLURM_JOB_NODELIST": nodes,
+        "SLURM_STEP_NODELIST": nodes,
+        "SLURM_NODELIST": nodes,
+        "SLURM_JOB_NUM_NODES": str(n),
+        "SLURM_NNODES": str(n),
+        "SLURM_STEP_NUM_NODES": str(n),
+        "SLURM_STEP_NUM_TASKS": str(n * per_node),
+        "SLURM_NTASKS": str(n * per_node),
+        "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{n})",
+        "SLURM_TASKS_PER_NODE": f"{per_node}(x{n})",
+        "SLURM_NODEID": str(node),
+        "SLURMD_NODENAME": names[node],
+        "SLURM_LOCALID": str(local),
+        "SLURM_PROCID": str(node * per_node + local),
+        "SLURM_TOPOLOGY_ADDR": f"s0.s1.{names[node]}",
     }
     env.update(extra)
     return env
@@ -118,8 +139,10 @@ def test_ports_differ_between_steps_of_a_job_and_neighbouring_jobs():
 
 
 def test_node_addrs_from_one_scontrol_call():
-    text = ("NodeName=node1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.231.0.9 NodeHostName=vm\n"
-            "NodeName=node3 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.230.0.9 NodeHostName=vm\n")
+    text = (
+        "NodeName=node1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.231.0.9 NodeHostName=vm\n"
+        "NodeName=node3 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.230.0.9 NodeHostName=vm\n"
+    )
     assert parse_node_addrs(text) == {"node1": "10.231.0.9", "node3": "10.230.0.9"}
     multi = "NodeName=node2 Arch=x86_64\n   NodeAddr=10.231.0.10 NodeHostName=vm\n"
     assert parse_node_addrs(multi) == {"node2": "10.231.0.10"} and parse_node_addrs("") == {}
@@ -140,8 +163,14 @@ def test_settle_fills_the_rendezvous_from_the_step():
     # node2 sits under switch s2, after node1 and node3 of s1
     assert rdv.order == ("node1", "node3", "node2", "node4") and rdv.node_rank == 2 and rdv.head == "node1"
     opts = rdv.options("10.231.0.9")
-    assert opts == {"nnodes": "4", "node_rank": 2, "rdzv_backend": "static", "master_addr": "10.231.0.9",
-                    "master_port": rendezvous_port(1234, 0), "rdzv_endpoint": ""}
+    assert opts == {
+        "nnodes": "4",
+        "node_rank": 2,
+        "rdzv_backend": "static",
+        "master_addr": "10.231.0.9",
+        "master_port": rendezvous_port(1234, 0),
+        "rdzv_endpoint": "",
+    }
 
 
 def test_an_explicit_node_rank_that_agrees_keeps_slurms_order():
@@ -152,8 +181,14 @@ def test_an_explicit_node_rank_that_agrees_keeps_slurms_order():
 def test_explicit_options_that_agree_are_used_as_given():
     stated = given(nnodes="2", node_rank=1, master_addr="head.example", master_port=29555).stated()
     rdv = settle_node(detect(slurm_env(1)), stated)
-    assert rdv.options() == {"nnodes": "2", "node_rank": 1, "rdzv_backend": "static", "master_addr": "head.example",
-                             "master_port": 29555, "rdzv_endpoint": ""}
+    assert rdv.options() == {
+        "nnodes": "2",
+        "node_rank": 1,
+        "rdzv_backend": "static",
+        "master_addr": "head.example",
+        "master_port": 29555,
+        "rdzv_endpoint": "",
+    }
 
 
 def test_master_addr_and_port_from_the_environment_count_as_given():
@@ -201,8 +236,16 @@ def test_options_contradicting_the_step_are_one_line(stated, named):
 def test_rank_env_is_what_torchrun_gives_its_workers():
     job = detect(slurm_env(1, per_node=2, local=1))
     env = rank_env(job, master_addr="10.0.0.1", master_port=15000, environ={})
-    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")} == {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}
+    assert {
+        k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+    } == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2",
+    }
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "15000"
     assert env["TORCHELASTIC_RUN_ID"] == "1234.0" and env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     assert env["ROLE_RANK"] == "3" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
@@ -238,8 +281,15 @@ def test_per_rank_accepts_agreeing_options():
 
 # ----------------------------------------------------------------------------- MPI
 
-OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "PMIX_RANK": "1", "PMIX_NAMESPACE": "1923284993"}
+OMPI = {
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    "PMIX_RANK": "1",
+    "PMIX_NAMESPACE": "1923284993",
+}
 MPICH = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_FD": "8"}
 
 
@@ -272,8 +322,12 @@ def test_several_mpi_nodes_need_an_address():
 
 
 def test_one_mpi_process_per_node_with_nproc_per_node_is_per_node_mode():
-    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+    }
     assert detect(env).mode is Mode.PER_RANK
     job = detect(env, nproc_given=True)
     assert job.mode is Mode.PER_NODE and job.nnodes == 2
@@ -281,8 +335,9 @@ def test_one_mpi_process_per_node_with_nproc_per_node_is_per_node_mode():
     assert rdv.options()["node_rank"] == 1 and rdv.options()["master_addr"] == "n0"
 
 
-@pytest.mark.parametrize("change", [{"OMPI_COMM_WORLD_RANK": "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK": "x"},
-                                    {"OMPI_COMM_WORLD_SIZE": "0"}])
+@pytest.mark.parametrize(
+    "change", [{"OMPI_COMM_WORLD_RANK": "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK": "x"}, {"OMPI_COMM_WORLD_SIZE": "0"}]
+)
 def test_malformed_mpi_environment_is_one_line(change):
     with pytest.raises(NumarunError) as e:
         detect({**OMPI, **change})
@@ -298,7 +353,9 @@ def test_mpi_ranks_on_several_nodes_leave_the_node_to_the_ranks():
     check_rank(job, given(nnodes="3", node_rank=5).stated(), per_rank=PER_RANK)  # not refused before the ranks agree...
     with pytest.raises(JobConflict, match="bad --nnodes '3'"):  # ...and checked once they have
         check_rank(dataclasses.replace(job, nnodes=2, node_index=1), given(nnodes="3").stated(), per_rank=PER_RANK)
-    uneven = detect({**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"})
+    uneven = detect(
+        {**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    )
     assert (uneven.rank, uneven.node_index, uneven.nnodes) == (2, -1, 0)
     one_node = detect({**env, "OMPI_COMM_WORLD_SIZE": "2"})
     assert (one_node.node_index, one_node.nnodes) == (0, 1)

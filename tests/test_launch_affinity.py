@@ -44,7 +44,9 @@ def sleeping_thread() -> Iterator[threading.Thread]:
     t.join(timeout=30)
 
 
-def test_set_cpu_affinity_binds_every_existing_thread(restore_binding: set[int], sleeping_thread: threading.Thread) -> None:
+def test_set_cpu_affinity_binds_every_existing_thread(
+    restore_binding: set[int], sleeping_thread: threading.Thread
+) -> None:
     target = {max(restore_binding)}
     assert sleeping_thread.native_id in _thread_masks()
     assert _thread_masks()[sleeping_thread.native_id] == restore_binding

@@ -25,8 +25,13 @@ MEMS = affinity.mems_allowed()
 
 def _binding(local_rank: int = 0, **kw: object) -> RankBinding:
     base: dict = dict(
-        local_rank=local_rank, gpu=None, cpus=(ALLOWED[-1],), mems=(MEMS[0],), nic=None,
-        env={"OMP_NUM_THREADS": "3", "NUMARUN_TEST_PLANNED": "from-plan"}, mem_policy=MemPolicy.BIND,
+        local_rank=local_rank,
+        gpu=None,
+        cpus=(ALLOWED[-1],),
+        mems=(MEMS[0],),
+        nic=None,
+        env={"OMP_NUM_THREADS": "3", "NUMARUN_TEST_PLANNED": "from-plan"},
+        mem_policy=MemPolicy.BIND,
     )
     base.update(kw)
     return RankBinding(**base)
@@ -50,7 +55,11 @@ def _env(plan: Path | None, **extra: str) -> dict[str, str]:
 def _bootstrap(args: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-u", ENTRY_FILE, *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -88,7 +97,11 @@ def test_binds_before_the_script_and_runs_it_as_python_would(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr
     direct = subprocess.run(
         [sys.executable, "-u", "tests/scripts/report_binding.py", str(plain), "--lr=3", "x=1", "--module"],
-        env=_env(None, LOCAL_RANK="1", RANK="1"), cwd=REPO, capture_output=True, text=True, timeout=120,
+        env=_env(None, LOCAL_RANK="1", RANK="1"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert direct.returncode == 0, direct.stderr
     got, want = _report(bound, 1), _report(plain, 1)
@@ -117,7 +130,11 @@ def test_module_form_matches_python_dash_m(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     direct = subprocess.run(
         [sys.executable, "-m", "report_binding", str(plain), "-m", "x"],
-        env=_env(None), cwd=SCRIPTS, capture_output=True, text=True, timeout=120,
+        env=_env(None),
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert direct.returncode == 0, direct.stderr
     got, want = _report(bound), _report(plain)
@@ -182,7 +199,9 @@ def test_without_a_plan_the_script_runs_unbound(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_no_python_execs_the_program_bound(tmp_path: Path) -> None:
     plan = _write_plan(tmp_path, _binding(0))
-    r = _bootstrap(["--no-python", "grep", "-E", "^(Cpus_allowed_list|Mems_allowed_list)", "/proc/self/status"], _env(plan))
+    r = _bootstrap(
+        ["--no-python", "grep", "-E", "^(Cpus_allowed_list|Mems_allowed_list)", "/proc/self/status"], _env(plan)
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["Cpus_allowed_list:", str(ALLOWED[-1]), "Mems_allowed_list:", str(MEMS[0])]
 
@@ -245,14 +264,21 @@ def test_exit_is_pythons_without_module_teardown(tmp_path: Path, mode: str, code
 def test_a_restart_is_announced_once_per_node(caplog: pytest.LogCaptureFixture) -> None:
     from numarun.worker.bootstrap import announce_restart
 
-    env = {"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5", "LOCAL_RANK": "0", "GROUP_RANK": "1",
-           "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    env = {
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "5",
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+    }
     with caplog.at_level("WARNING", logger="numarun.worker.bootstrap"):
         announce_restart(env)
         announce_restart({**env, "LOCAL_RANK": "1"})  # the node's other ranks stay quiet
         announce_restart({**env, "TORCHELASTIC_RESTART_COUNT": "0"})  # the first start is no restart
     assert [r.getMessage() for r in caplog.records] == [
-        "restart 2 of 5 (--max-restarts): the workers of node 1 were started again after a failure"]
+        "restart 2 of 5 (--max-restarts): the workers of node 1 were started again after a failure"
+    ]
 
 
 def test_each_restart_sees_the_agent_store_under_its_own_prefix() -> None:
@@ -262,8 +288,12 @@ def test_each_restart_sees_the_agent_store_under_its_own_prefix() -> None:
     from numarun.comm.context import restart_store
 
     server = dist.TCPStore("127.0.0.1", 0, 1, True)
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.port),
-           "TORCHELASTIC_RESTART_COUNT": "0"}
+    env = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(server.port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
     first = restart_store(env, world_size=1, timeout=None)
     first.set("rank_1", "127.0.0.1:40001")
     again = restart_store(env, world_size=1, timeout=None)

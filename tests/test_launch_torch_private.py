@@ -74,7 +74,9 @@ def test_install_leaves_a_torch_without_the_function_alone() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("extra", "torch"), [(["--dry-run"], False), (["--dry-run", "--redirects", "3"], True), ([], True)])
+@pytest.mark.parametrize(
+    ("extra", "torch"), [(["--dry-run"], False), (["--dry-run", "--redirects", "3"], True), ([], True)]
+)
 def test_the_launcher_imports_torch_through_the_paused_collector(tmp_path, extra, torch) -> None:  # type: ignore[no-untyped-def]
     """Nothing on the run path imports torch before :func:`startup.import_torchrun` does (it
     would then find torch imported and freeze nothing), and the collector is on afterwards. A dry
@@ -103,15 +105,20 @@ def test_the_private_parts_used_have_the_shape_they_were_checked_with() -> None:
     from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    assert startup.checked(), (f"numarun.torch_private: torch {startup.torch_version()} is outside {startup.CHECKED}, the "
-                               "versions its private uses were checked on: check each against it, then widen CHECKED")
+    assert startup.checked(), (
+        f"numarun.torch_private: torch {startup.torch_version()} is outside {startup.CHECKED}, the "
+        "versions its private uses were checked on: check each against it, then widen CHECKED"
+    )
     params = list(inspect.signature(dynamic_rendezvous.get_method_name).parameters.values())
     assert [(p.name, p.default) for p in params] == [("depth", 2)]
     assert list(inspect.signature(api.SignalException.__init__).parameters)[1:] == ["msg", "sigval"]
     e = startup.signal_exception(int(signal.SIGTERM))
     assert isinstance(e, api.SignalException) and e.sigval == signal.SIGTERM
     # route_signals: the agent installs whatever the module's name holds when its workers start
-    assert callable(api._terminate_process_handler) and "_terminate_process_handler" in api.PContext.start.__code__.co_names
+    assert (
+        callable(api._terminate_process_handler)
+        and "_terminate_process_handler" in api.PContext.start.__code__.co_names
+    )
     assert startup.checked((2, 4)) and startup.checked((2, 15)) and not startup.checked((2, 16))
     assert not startup.checked((2, 3))
 
@@ -139,9 +146,20 @@ def test_a_ranks_error_file_is_read_back_by_torchelastic_as_numarun_names_it(tmp
 
 def test_no_other_module_touches_torch_or_hydra_private_parts() -> None:
     """torch's and Hydra's private parts are used in numarun.torch_private and numarun.hydra_internals only."""
-    private = ("hydra._internal", "_terminate_process_handler", "get_method_name", "_return_value", "extraInfo",
-               "record_exception", "SignalException")
-    found = [f"{p.relative_to(REPO)}: {word}" for p in sorted((REPO / "launcher").rglob("*.py"))
-             if p.name not in ("torch_private.py", "hydra_internals.py")
-             for word in private if word in p.read_text()]
+    private = (
+        "hydra._internal",
+        "_terminate_process_handler",
+        "get_method_name",
+        "_return_value",
+        "extraInfo",
+        "record_exception",
+        "SignalException",
+    )
+    found = [
+        f"{p.relative_to(REPO)}: {word}"
+        for p in sorted((REPO / "launcher").rglob("*.py"))
+        if p.name not in ("torch_private.py", "hydra_internals.py")
+        for word in private
+        if word in p.read_text()
+    ]
     assert found == []

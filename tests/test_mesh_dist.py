@@ -30,8 +30,18 @@ def crossed_here(tmp_path: Path) -> Path:
 
 def test_init_mesh_groups_are_the_printed_ones(tmp_path: Path) -> None:
     topology = crossed_here(tmp_path)
-    args = ["--topology", str(topology), "--binding", "node", "--mem-policy", "none", "--nproc-per-node", "4",
-            "--mesh", "dp_shard=2,tp=2"]
+    args = [
+        "--topology",
+        str(topology),
+        "--binding",
+        "node",
+        "--mem-policy",
+        "none",
+        "--nproc-per-node",
+        "4",
+        "--mesh",
+        "dp_shard=2,tp=2",
+    ]
     shown = run_numarun("plan", *args, "--json")
     assert shown.returncode == 0, shown.stderr
     plan = json.loads(shown.stdout)
@@ -55,7 +65,10 @@ def test_init_mesh_groups_are_the_printed_ones(tmp_path: Path) -> None:
             assert r["sums"][name] == float(sum(mine))  # and a collective over it
         assert r["gpu_index"] == gpu[rank] and r["cuda_index"] == rank
         assert r["cuda_visible_devices"] == plan["mesh"]["cuda_visible_devices"]
-        assert r["cuda_visible_devices"].split(",")[rank] == plan["ranks"][rank]["env"]["CUDA_VISIBLE_DEVICES"].split(",")[rank]
+        assert (
+            r["cuda_visible_devices"].split(",")[rank]
+            == plan["ranks"][rank]["env"]["CUDA_VISIBLE_DEVICES"].split(",")[rank]
+        )
         assert r["env"]["NUMARUN_MESH"] == "dp_shard=2,tp=2" and r["env"]["NUMARUN_MESH_TP"] == "2"
 
 
@@ -67,11 +80,29 @@ def test_c10d_gives_node_ranks_in_key_order(tmp_path: Path) -> None:
     port = free_port()
     procs = []
     for key in ("b", "a"):
-        argv = [*numarun_cmd(), "--binding", "none", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--mesh", "dp_shard=-1", str(SCRIPTS / "mesh_ranks.py"),
-                "--out", str(out)]
-        procs.append(subprocess.Popen(argv, env=clean_env(NUMARUN_NODE_KEY=key), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        argv = [
+            *numarun_cmd(),
+            "--binding",
+            "none",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--mesh",
+            "dp_shard=-1",
+            str(SCRIPTS / "mesh_ranks.py"),
+            "--out",
+            str(out),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=clean_env(NUMARUN_NODE_KEY=key), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
         if key == "b":  # the first node hosts the store (lower pid): the second joins once it listens
             wait_until("the c10d store", lambda: listening(port), TIMEOUT, proc=procs[0])
     results = []

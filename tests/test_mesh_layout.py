@@ -30,18 +30,21 @@ PCIE8 = str(FIXTURES / "nvidia-smi" / "pcie-8gpu-pix-phb-sys-2x14c.txt")
 
 
 # ---------------------------------------------------------------- the spec
-@pytest.mark.parametrize("text, says", [
-    ("pq=2,tp=4", "unknown dimension 'pq'; expected names from pp, dp_replicate, dp_shard, cp, tp"),
-    ("tp=2,tp=4", "tp is named twice"),
-    ("dp_shard=-1,tp=-1", "-1 for both dp_shard and tp"),
-    ("tp=0", "tp=0 is not a positive size"),
-    ("tp=-2", "tp=-2 is not a positive size"),
-    ("tp=two", "tp='two' is not an integer"),
-    ("tp=2.5", "tp='2.5' is not an integer"),
-    ("tp", "'tp' is not name=size"),
-    ("", "empty"),
-    ("tp=2,", "'' is not name=size"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("pq=2,tp=4", "unknown dimension 'pq'; expected names from pp, dp_replicate, dp_shard, cp, tp"),
+        ("tp=2,tp=4", "tp is named twice"),
+        ("dp_shard=-1,tp=-1", "-1 for both dp_shard and tp"),
+        ("tp=0", "tp=0 is not a positive size"),
+        ("tp=-2", "tp=-2 is not a positive size"),
+        ("tp=two", "tp='two' is not an integer"),
+        ("tp=2.5", "tp='2.5' is not an integer"),
+        ("tp", "'tp' is not name=size"),
+        ("", "empty"),
+        ("tp=2,", "'' is not name=size"),
+    ],
+)
 def test_bad_specs_are_one_line_naming_the_value_and_the_form(text: str, says: str) -> None:
     with pytest.raises(LayoutError) as e:
         parse_mesh(text, where="NUMARUN_MESH")
@@ -60,10 +63,15 @@ def test_any_subset_in_any_order_with_size_one_dims() -> None:
 
 
 def test_the_product_and_the_rest_name_the_world_size() -> None:
-    with pytest.raises(LayoutError, match=r"its sizes multiply to 6, but the job has 8 ranks \(2 nodes x 4 ranks\); "
-                                          r"expected sizes whose product is 8"):
+    with pytest.raises(
+        LayoutError,
+        match=r"its sizes multiply to 6, but the job has 8 ranks \(2 nodes x 4 ranks\); "
+        r"expected sizes whose product is 8",
+    ):
         resolve_on_nodes(parse_mesh("tp=2,dp_shard=3"), nproc=4, nnodes="2")
-    with pytest.raises(LayoutError, match=r"-1 for dp_shard is the job's 8 ranks divided by the other sizes' product 3"):
+    with pytest.raises(
+        LayoutError, match=r"-1 for dp_shard is the job's 8 ranks divided by the other sizes' product 3"
+    ):
         parse_mesh("dp_shard=-1,tp=3").resolve(8)
     assert parse_mesh("pp=2,dp_shard=-1,tp=4").resolve(32).shape == (2, 4, 4)
 
@@ -137,7 +145,9 @@ def test_the_reordered_visible_devices_are_applied_though_the_user_set_them() ->
     assert env[envvars.USER_ENV] == "OMP_NUM_THREADS"  # CUDA_VISIBLE_DEVICES is derived from the user's, not kept
     rank = dict(user, **{envvars.USER_ENV: env[envvars.USER_ENV]})
     apply_env(plan.ranks[1], rank)
-    assert rank["CUDA_VISIBLE_DEVICES"] == plan.mesh.cuda_visible_devices != "0,1,2,3" and rank["OMP_NUM_THREADS"] == "3"
+    assert (
+        rank["CUDA_VISIBLE_DEVICES"] == plan.mesh.cuda_visible_devices != "0,1,2,3" and rank["OMP_NUM_THREADS"] == "3"
+    )
     by_hand = dict(user)  # started by hand (no NUMARUN_USER_ENV): still the plan's order
     apply_env(plan.ranks[0], by_hand)
     assert by_hand["CUDA_VISIBLE_DEVICES"] == plan.mesh.cuda_visible_devices
@@ -148,9 +158,17 @@ def test_the_ranks_environment_names_the_layout() -> None:
     plan = make_plan(t, PlanRequest(mesh="pp=2,dp_shard=-1,tp=2", nnodes="6", nproc_per_node=2))
     env = {"WORLD_SIZE": "12"}
     apply_mesh(plan, env)
-    assert env == {"WORLD_SIZE": "12", envvars.MESH: "pp=2,dp_shard=3,tp=2", envvars.MESH_NAMES: "pp,dp_shard,tp",
-                   envvars.MESH_SHAPE: "2,3,2", envvars.MESH_PP: "2", envvars.MESH_DP_REPLICATE: "1",
-                   envvars.MESH_DP_SHARD: "3", envvars.MESH_CP: "1", envvars.MESH_TP: "2"}
+    assert env == {
+        "WORLD_SIZE": "12",
+        envvars.MESH: "pp=2,dp_shard=3,tp=2",
+        envvars.MESH_NAMES: "pp,dp_shard,tp",
+        envvars.MESH_SHAPE: "2,3,2",
+        envvars.MESH_PP: "2",
+        envvars.MESH_DP_REPLICATE: "1",
+        envvars.MESH_DP_SHARD: "3",
+        envvars.MESH_CP: "1",
+        envvars.MESH_TP: "2",
+    }
     elastic = make_plan(t, PlanRequest(mesh="dp_shard=-1,tp=2", nnodes="1:3", nproc_per_node=4))
     env = {"WORLD_SIZE": "12"}  # the rest is known in the rank, from the world the rendezvous made
     apply_mesh(elastic, env)
@@ -162,8 +180,11 @@ def test_init_checks_the_layout_against_the_job() -> None:
     env = {envvars.MESH: "dp_shard=-1,tp=2"}
     assert declared_layout(env, world_size=8, node_sizes=(4, 4)).shape == (4, 2)
     assert declared_layout({}, world_size=8, node_sizes=(4, 4)) is None
-    with pytest.raises(DistInitError, match=r"bad NUMARUN_MESH 'dp_shard=-1,tp=2': nodes run 4,2 ranks; expected the "
-                                            r"same number of ranks on every node"):
+    with pytest.raises(
+        DistInitError,
+        match=r"bad NUMARUN_MESH 'dp_shard=-1,tp=2': nodes run 4,2 ranks; expected the "
+        r"same number of ranks on every node",
+    ):
         declared_layout(env, world_size=6, node_sizes=(4, 2))
     with pytest.raises(LayoutError, match="does not fit nodes of 2 ranks"):
         declared_layout({envvars.MESH: "dp_shard=-1,tp=3"}, world_size=6, node_sizes=(2, 2, 2))
@@ -172,8 +193,10 @@ def test_init_checks_the_layout_against_the_job() -> None:
 def test_a_layout_that_cannot_be_placed_well_runs_with_one_line() -> None:
     plan = make_plan(load_topology(PCIE8), PlanRequest(mesh="dp_shard=2,tp=4"))
     lines = [w for w in plan.warnings if "slowest tp link" in w]
-    assert lines == ["--mesh dp_shard=2,tp=4: the slowest tp link is PHB (no placement keeps tp's groups of 4 on this "
-                     "node's fastest links, PCIe switch); the job runs so"]
+    assert lines == [
+        "--mesh dp_shard=2,tp=4: the slowest tp link is PHB (no placement keeps tp's groups of 4 on this "
+        "node's fastest links, PCIe switch); the job runs so"
+    ]
 
 
 def test_a_task_that_holds_its_own_gpu_keeps_it() -> None:
@@ -201,21 +224,39 @@ def test_leaf_switches_and_blocks_give_adjacent_node_ranks() -> None:
 
 def _slurm_job(node: str) -> JobShape:
     nodes = ("node1", "node2", "node3", "node4")
-    return JobShape(scheduler=Scheduler.SLURM, mode=Mode.PER_NODE, job="7.0", nnodes=4, node_index=nodes.index(node),
-                    nodes=nodes, node_name=node, rank=nodes.index(node), local_rank=0, world_size=4, local_world_size=1,
-                    job_id=7, step_id=0)
+    return JobShape(
+        scheduler=Scheduler.SLURM,
+        mode=Mode.PER_NODE,
+        job="7.0",
+        nnodes=4,
+        node_index=nodes.index(node),
+        nodes=nodes,
+        node_name=node,
+        rank=nodes.index(node),
+        local_rank=0,
+        world_size=4,
+        local_world_size=1,
+        job_id=7,
+        step_id=0,
+    )
 
 
 def test_a_c10d_node_reports_its_place_in_slurms_switch_order() -> None:
-    stated = {"rdzv_backend": Setting("c10d", Source.COMMAND_LINE, "--rdzv-backend"),
-              "mesh": Setting("tp=1", Source.COMMAND_LINE, "--mesh")}
+    stated = {
+        "rdzv_backend": Setting("c10d", Source.COMMAND_LINE, "--rdzv-backend"),
+        "mesh": Setting("tp=1", Source.COMMAND_LINE, "--mesh"),
+    }
     keys = {}
     for node in ("node1", "node2", "node3", "node4"):
         rdv = settle_node(_slurm_job(node), stated, leaf_switch=parse_leaf_switches(TOPOLOGY))
         assert rdv.own_rendezvous
         keys[node] = rendezvous_key(nvlink_domain="", position=rdv.order.index(node), environ={})
     assert sorted(keys, key=keys.__getitem__) == ["node1", "node3", "node2", "node4"]
-    assert rendezvous_key(nvlink_domain="d/1", position=None, environ={envvars.NODE_KEY: " rack7 "}) == ("d/1", "rack7", "")
+    assert rendezvous_key(nvlink_domain="d/1", position=None, environ={envvars.NODE_KEY: " rack7 "}) == (
+        "d/1",
+        "rack7",
+        "",
+    )
 
 
 def test_c10d_sorts_keyed_descriptors_and_other_nodes_unpickle_them() -> None:
@@ -224,8 +265,11 @@ def test_c10d_sorts_keyed_descriptors_and_other_nodes_unpickle_them() -> None:
     from numarun import torch_private
 
     keyed = torch_private.KeyedNodeDesc
-    nodes = [keyed("10.0.0.1", 10, 0, ("", "", "000000002")), keyed("10.0.0.9", 5, 0, ("", "", "000000000")),
-             keyed("10.0.0.5", 7, 0, ("", "", "000000001"))]
+    nodes = [
+        keyed("10.0.0.1", 10, 0, ("", "", "000000002")),
+        keyed("10.0.0.9", 5, 0, ("", "", "000000000")),
+        keyed("10.0.0.5", 7, 0, ("", "", "000000001")),
+    ]
     assert [n.addr for n in sorted(nodes)] == ["10.0.0.9", "10.0.0.5", "10.0.0.1"]  # not the address order
     state = dr._RendezvousState()
     for n in nodes:
@@ -250,9 +294,12 @@ def test_the_keyed_rendezvous_still_matches_torchs_shape() -> None:
 
     assert [f.name for f in dataclasses.fields(dr._NodeDesc)] == ["addr", "pid", "local_id"]
     assert isinstance(dr.DynamicRendezvousHandler._node_desc_generator, dr._NodeDescGenerator)
-    assert "sorted(state.participants)" in inspect.getsource(dr._DistributedRendezvousOpExecutor) or \
-        "sorted(state.participants)" in inspect.getsource(dr)
-    assert "cls._node_desc_generator.generate(local_addr)" in inspect.getsource(dr.DynamicRendezvousHandler.from_backend)
+    assert "sorted(state.participants)" in inspect.getsource(
+        dr._DistributedRendezvousOpExecutor
+    ) or "sorted(state.participants)" in inspect.getsource(dr)
+    assert "cls._node_desc_generator.generate(local_addr)" in inspect.getsource(
+        dr.DynamicRendezvousHandler.from_backend
+    )
 
 
 def test_the_plan_json_keeps_gpu_index() -> None:

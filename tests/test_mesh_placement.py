@@ -50,14 +50,19 @@ def groups_of(shape: tuple[int, ...], dim: int) -> list[list[int]]:
 @functools.cache
 def pairs_of(names: tuple[str, ...], shape: tuple[int, ...]) -> list[list[list[tuple[int, int]]]]:
     """Per counted dimension in priority order, per group, its pairs of ranks."""
-    return [[[(a, b) for a in g for b in g if a < b] for g in groups_of(shape, names.index(name))]
-            for name in PRIORITY if name in names and shape[names.index(name)] > 1]
+    return [
+        [[(a, b) for a in g for b in g if a < b] for g in groups_of(shape, names.index(name))]
+        for name in PRIORITY
+        if name in names and shape[names.index(name)] > 1
+    ]
 
 
 def objective(names: tuple[str, ...], shape: tuple[int, ...], cls, gpus) -> tuple:
     """``gpus[rank]`` the GPU (index into ``cls``) each rank drives."""
-    return tuple(tuple(sorted((max(cls[gpus[a]][gpus[b]] for a, b in group) for group in dim), reverse=True))
-                 for dim in pairs_of(names, shape))
+    return tuple(
+        tuple(sorted((max(cls[gpus[a]][gpus[b]] for a, b in group) for group in dim), reverse=True))
+        for dim in pairs_of(names, shape)
+    )
 
 
 def optimum(names, shape, cls):
@@ -81,8 +86,12 @@ def classes_of(topology: Topology, cuda_visible_devices: str | None = None) -> t
 
 def chosen(topology: Topology, spec: str, nproc: int, cuda_visible_devices: str | None = None) -> tuple[int, ...]:
     """The visible positions numarun's plan gives local ranks 0..nproc-1."""
-    plan = make_plan(topology, PlanRequest(nproc_per_node=nproc, mesh=spec, cuda_visible_devices=cuda_visible_devices,
-                                           binding=BindingMode.NODE))
+    plan = make_plan(
+        topology,
+        PlanRequest(
+            nproc_per_node=nproc, mesh=spec, cuda_visible_devices=cuda_visible_devices, binding=BindingMode.NODE
+        ),
+    )
     gpus = visible_gpus(topology, cuda_visible_devices, "PCI_BUS_ID")
     index = [g.index for g in gpus]
     assert [r.gpu.cuda_index for r in plan.ranks] == list(range(nproc))
@@ -102,8 +111,11 @@ def check(topology: Topology, names: tuple[str, ...], shape: tuple[int, ...], cv
 # ---------------------------------------------------------------- every recorded topology
 def _recorded() -> list[str]:
     files = sorted((FIXTURES / "nvidia-smi").glob("*.txt")) + sorted((FIXTURES / "hwloc").glob("*.xml"))
-    files += [FIXTURES / "hwloc-linux-sysfs" / "nvidiagpunumanodes.tar.bz2", FIXTURES / "live-h200-vm" / "sysfs.tar.gz",
-              FIXTURES / "constructed" / "2gpu-minors-reversed.tar.gz"]
+    files += [
+        FIXTURES / "hwloc-linux-sysfs" / "nvidiagpunumanodes.tar.bz2",
+        FIXTURES / "live-h200-vm" / "sysfs.tar.gz",
+        FIXTURES / "constructed" / "2gpu-minors-reversed.tar.gz",
+    ]
     return [str(f.relative_to(FIXTURES)) for f in files]
 
 
@@ -120,8 +132,12 @@ LAYOUTS = {
     4: [(("dp_shard", "tp"), (2, 2)), (("tp", "dp_shard"), (2, 2)), (("pp", "cp"), (2, 2)), (("cp", "tp"), (1, 4))],
     5: [(("dp_replicate",), (5,))],
     6: [(("dp_shard", "tp"), (3, 2)), (("tp", "cp"), (2, 3))],
-    8: [(("dp_shard", "tp"), (2, 4)), (("tp", "dp_shard"), (2, 4)), (("cp", "dp_replicate", "tp"), (2, 2, 2)),
-        (("pp", "dp_shard", "tp"), (2, 2, 2))],
+    8: [
+        (("dp_shard", "tp"), (2, 4)),
+        (("tp", "dp_shard"), (2, 4)),
+        (("cp", "dp_replicate", "tp"), (2, 2, 2)),
+        (("pp", "dp_shard", "tp"), (2, 2, 2)),
+    ],
 }
 
 
@@ -148,8 +164,15 @@ def test_the_choice_is_the_optimum_on_every_recorded_topology(source: str) -> No
         check(topology, *rng.choice(LAYOUTS[4]), cvd=shuffled)
 
 
-@pytest.mark.parametrize("name", ["constructed-4gpu-nvlink-pairs.json", "constructed-4gpu-crossed-nvlink.json",
-                                  "constructed-gb200-fabric.json", "h200-vm.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "constructed-4gpu-nvlink-pairs.json",
+        "constructed-4gpu-crossed-nvlink.json",
+        "constructed-gb200-fabric.json",
+        "h200-vm.json",
+    ],
+)
 def test_the_choice_is_the_optimum_on_recorded_nvml_readings(name: str) -> None:
     topology = _nvml_topology(name)
     for k in sorted(LAYOUTS):
@@ -161,8 +184,13 @@ def test_the_choice_is_the_optimum_on_recorded_nvml_readings(name: str) -> None:
 def with_links(topology: Topology, rows: list[str]) -> Topology:
     """``rows``: the upper triangle's codes, 'a-b=CODE' pairs; the rest SYS across NUMA nodes, NODE within."""
     n = len(topology.gpus)
-    m = [["X" if i == j else ("NODE" if topology.gpus[i].numa_node == topology.gpus[j].numa_node else "SYS")
-          for j in range(n)] for i in range(n)]
+    m = [
+        [
+            "X" if i == j else ("NODE" if topology.gpus[i].numa_node == topology.gpus[j].numa_node else "SYS")
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
     for item in rows:
         pair, code = item.split("=")
         a, b = map(int, pair.split("-"))
@@ -235,8 +263,15 @@ def test_random_machines(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.choice((4, 5, 6))
     t = build_topology(nodes=2, cores_per_node=8, gpu_nodes=tuple(rng.choice((0, 1)) for _ in range(n)))
-    t = with_links(t, [f"{a}-{b}={rng.choice(['NV2', 'PIX', 'PXB', 'PHB', 'SYS', 'NODE'])}"
-                       for a in range(n) for b in range(a + 1, n) if rng.random() < 0.5])
+    t = with_links(
+        t,
+        [
+            f"{a}-{b}={rng.choice(['NV2', 'PIX', 'PXB', 'PHB', 'SYS', 'NODE'])}"
+            for a in range(n)
+            for b in range(a + 1, n)
+            if rng.random() < 0.5
+        ],
+    )
     for k in (4, n):
         for names, shape in LAYOUTS.get(k, []):
             check(t, names, shape)
@@ -249,8 +284,9 @@ def test_random_machines(seed: int) -> None:
 def sixteen_gpu_box(cvd_shuffle: int | None = None) -> Topology:
     """2 sockets x 2 PCIe switches x 4 GPUs, NVLink bridges on pairs that the index order splits (i, i+2)."""
     t = build_topology(nodes=2, cores_per_node=8, gpu_nodes=())
-    t = dataclasses.replace(t, gpus=tuple(Gpu(index=i, pci_bus_id=f"0000:{0x10 + 8 * i:02x}:00.0", numa_node=i // 8)
-                                          for i in range(16)))
+    t = dataclasses.replace(
+        t, gpus=tuple(Gpu(index=i, pci_bus_id=f"0000:{0x10 + 8 * i:02x}:00.0", numa_node=i // 8) for i in range(16))
+    )
     rows = []
     for a in range(16):
         for b in range(a + 1, 16):
@@ -277,8 +313,10 @@ def test_sixteen_gpus_reach_the_bound_and_say_how() -> None:
     assert "steps" in plan.mesh.search
     assert value < objective(names, shape, cls, tuple(range(16)))
     shuffled = ",".join(map(str, random.Random(3).sample(range(16), 16)))
-    plan2 = make_plan(t, PlanRequest(nproc_per_node=16, mesh="dp_shard=8,tp=2", binding=BindingMode.NODE,
-                                     cuda_visible_devices=shuffled))
+    plan2 = make_plan(
+        t,
+        PlanRequest(nproc_per_node=16, mesh="dp_shard=8,tp=2", binding=BindingMode.NODE, cuda_visible_devices=shuffled),
+    )
     order = [int(e) for e in shuffled.split(",")]
     got2 = [order.index(r.gpu.index) for r in plan2.ranks]
     cls2, _ = classes_of(t, shuffled)

@@ -96,7 +96,9 @@ def test_plan_json_contract():
     d = json.loads(plan.to_json())
     r0 = d["ranks"][0]
     assert r0["local_rank"] == 0 and r0["gpu"]["pci_bus_id"] == "0000:18:00.0" and r0["gpu"]["numa_node"] == 0
-    assert r0["cpus"] == [0, 1] and r0["mems"] == [0] and r0["nic"] == "mlx5_0" and r0["env"] == {"OMP_NUM_THREADS": "1"}
+    assert (
+        r0["cpus"] == [0, 1] and r0["mems"] == [0] and r0["nic"] == "mlx5_0" and r0["env"] == {"OMP_NUM_THREADS": "1"}
+    )
     assert d["ranks"][1]["gpu"] is None
     assert LaunchPlan.from_json(plan.to_json()) == plan
     assert plan.rank(1).cpus == (2, 3)

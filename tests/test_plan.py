@@ -220,16 +220,27 @@ def test_user_env_is_never_overridden_and_warned() -> None:
 
 
 def _pci_topology():  # type: ignore[no-untyped-def]
-    gpu_paths = [("0000:10:01.0", "0000:11:00.0"), ("0000:10:01.0", "0000:12:00.0"), ("0000:90:01.0",), ("0000:90:01.0",)]
+    gpu_paths = [
+        ("0000:10:01.0", "0000:11:00.0"),
+        ("0000:10:01.0", "0000:12:00.0"),
+        ("0000:90:01.0",),
+        ("0000:90:01.0",),
+    ]
     base = build_topology()
     gpus = tuple(
-        Gpu(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, pci_path=gpu_paths[g.index]) for g in base.gpus
+        Gpu(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, pci_path=gpu_paths[g.index])
+        for g in base.gpus
     )
     nics = (
         Nic("mlx5_0", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:10:01.0", "0000:11:00.0")),
         Nic("mlx5_1", numa_node=0, kind=NicKind.INFINIBAND, pci_path=("0000:20:01.0",)),
-        Nic("mlx5_2", numa_node=1, kind=NicKind.ROCE, pci_path=("0000:90:01.0", "0000:91:00.0"),
-            ports=(RdmaPort(1, "DOWN", "Ethernet"), RdmaPort(2, "ACTIVE", "Ethernet", 100.0))),
+        Nic(
+            "mlx5_2",
+            numa_node=1,
+            kind=NicKind.ROCE,
+            pci_path=("0000:90:01.0", "0000:91:00.0"),
+            ports=(RdmaPort(1, "DOWN", "Ethernet"), RdmaPort(2, "ACTIVE", "Ethernet", 100.0)),
+        ),
         Nic("mlx5_3", numa_node=1, kind=NicKind.ROCE, pci_path=("0000:b0:01.0",)),
         eth("lo", 0),
     )
@@ -256,8 +267,12 @@ def test_per_rank_policy_keeps_one_hca_per_rank() -> None:
 
 
 def test_storage_nic_and_down_ports_left_out_of_the_node_list() -> None:
-    nics = (ib("mlx5_0", 0, state="ACTIVE"), ib("mlx5_1", 1, state="DOWN"), ib("mlx5_2", 1, state="ACTIVE"),
-            ib("mlx5_3", 2, state="ACTIVE"))  # mlx5_3: node 2 has no GPU, SYS to all (storage)
+    nics = (
+        ib("mlx5_0", 0, state="ACTIVE"),
+        ib("mlx5_1", 1, state="DOWN"),
+        ib("mlx5_2", 1, state="ACTIVE"),
+        ib("mlx5_3", 2, state="ACTIVE"),
+    )  # mlx5_3: node 2 has no GPU, SYS to all (storage)
     p = plan(build_topology(nodes=3, nics=nics))
     assert {r.env["NCCL_IB_HCA"] for r in p.ranks} == {"=mlx5_0,mlx5_2"}
     assert [r.nic for r in p.ranks] == ["mlx5_0", "mlx5_0", "mlx5_2", "mlx5_2"]
@@ -323,7 +338,9 @@ def test_gpu_node_unknown_placed_by_its_memory_node_distance() -> None:
     assert "nearest to its memory node 9" in p.ranks[0].fallback
     # equal distances tell nothing: spread over all CPUs instead
     flat = [
-        type(n)(**{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)})
+        type(n)(
+            **{**n.__dict__, "distances": (10, 40, 80) if n.id == 0 else (40, 10, 80) if n.id == 1 else (80, 80, 10)}
+        )
         for n in nodes
     ]
     q = plan(type(base)(**{**topo.__dict__, "numa_nodes": tuple(flat)}))
@@ -334,7 +351,9 @@ def test_bench_topology_plan_is_sound() -> None:
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_plan", Path(__file__).parent.parent / "scripts" / "bench_plan.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_plan", Path(__file__).parent.parent / "scripts" / "bench_plan.py"
+    )
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -357,9 +376,16 @@ def _random_case(draw):  # type: ignore[no-untyped-def]
     total = nodes * cores * threads
     gpu_nodes = draw(st.lists(st.integers(-1, nodes - 1), max_size=6))
     dis = draw(st.lists(st.integers(0, total - 1), max_size=total - 1, unique=True))
-    kw = dict(nodes=nodes, cores_per_node=cores, threads_per_core=threads, gpu_nodes=tuple(gpu_nodes),
-              disallowed=tuple(dis), interleaved=draw(st.booleans()), llc_cores=draw(st.sampled_from([0, 1, 2])),
-              nics=tuple(ib(f"mlx5_{i}", draw(st.integers(-1, nodes - 1))) for i in range(draw(st.integers(0, 3)))))
+    kw = dict(
+        nodes=nodes,
+        cores_per_node=cores,
+        threads_per_core=threads,
+        gpu_nodes=tuple(gpu_nodes),
+        disallowed=tuple(dis),
+        interleaved=draw(st.booleans()),
+        llc_cores=draw(st.sampled_from([0, 1, 2])),
+        nics=tuple(ib(f"mlx5_{i}", draw(st.integers(-1, nodes - 1))) for i in range(draw(st.integers(0, 3)))),
+    )
     mode = draw(st.sampled_from(MODES))
     nproc = draw(st.one_of(st.none(), st.integers(1, 8)))
     return kw, mode, nproc

@@ -28,14 +28,25 @@ GOLDEN_CASES = {
     "rtx4090-2socket-8gpu-node": (f"{SMI}/rtx4090-8gpu-2socket-2nic.txt", ["--binding", "node"]),
     "dgx-a100-nps4-8numa": (f"{SMI}/dgx-a100-8numa-nps4-10nic.txt", []),
     "dgx-a100-nps4-per-rank-nic": (f"{SMI}/dgx-a100-8numa-nps4-10nic.txt", ["--nic-policy", "per-rank"]),
-    "h800-9nic-preferred": (f"{SMI}/h800-8gpu-NV8-9nic-bond.txt", ["--mem-policy", "preferred", "--nproc-per-node", "6"]),
+    "h800-9nic-preferred": (
+        f"{SMI}/h800-8gpu-NV8-9nic-bond.txt",
+        ["--mem-policy", "preferred", "--nproc-per-node", "6"],
+    ),
     "tesla-p4-vm-numa-unknown": (f"{SMI}/tesla-p4-1gpu-numa-NA.txt", []),
     "h100-vm-all-phb": (f"{SMI}/h100-4gpu-vm-all-PHB.txt", ["--binding", "core-complex"]),
     "gh200": (f"{SMI}/gh200-480gb-aerial.txt", []),
 }
 
-_USER_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "NCCL_IB_HCA",
-              "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "NUMARUN_TOPOLOGY")
+_USER_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "OMP_NUM_THREADS",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "NUMARUN_TOPOLOGY",
+)
 
 
 def run_plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -91,13 +102,18 @@ def test_environment_is_honoured() -> None:
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert [(r["gpu"]["index"], r["gpu"]["cuda_index"], r["numa_node"]) for r in data["ranks"]] == [(6, 0, 1), (1, 1, 0)]
+    assert [(r["gpu"]["index"], r["gpu"]["cuda_index"], r["numa_node"]) for r in data["ranks"]] == [
+        (6, 0, 1),
+        (1, 1, 0),
+    ]
     assert all("OMP_NUM_THREADS" not in r["env"] and "CUDA_DEVICE_ORDER" not in r["env"] for r in data["ranks"])
     assert any("OMP_NUM_THREADS is set by the user" in w for w in data["warnings"])
     # alone on its node, each rank gets all 24 cores / 48 threads of it
     assert [len(r["cpus"]) for r in data["ranks"]] == [48, 48]
     cpu_only = json.loads(
-        run_plan("--json", "--nproc-per-node", "4", env={"NUMARUN_TOPOLOGY": fixture, "CUDA_VISIBLE_DEVICES": ""}).stdout
+        run_plan(
+            "--json", "--nproc-per-node", "4", env={"NUMARUN_TOPOLOGY": fixture, "CUDA_VISIBLE_DEVICES": ""}
+        ).stdout
     )
     assert [r["gpu"] for r in cpu_only["ranks"]] == [None] * 4
     assert [r["numa_node"] for r in cpu_only["ranks"]] == [0, 0, 1, 1]
@@ -119,8 +135,19 @@ def test_svg_is_written(tmp_path: Path) -> None:
         (["--nproc-per-node", "x"], "'x': expected a positive integer"),
         (["--mem-policy", "interleave"], "'interleave': expected one of bind, preferred, none"),
         (["--topology", f"{SMI}/aws-p4d.24xlarge.txt", "--nproc-per-node", "9"], "9: only 8 GPUs"),
-        (["--topology", f"{SMI}/pcie-8gpu-pix-phb-sys-2x14c.txt", "--binding", "exclusive", "--nproc-per-node", "8",
-          "--topology", f"{SMI}/tesla-p4-1gpu-numa-NA.txt"], "8: only 1 GPUs"),
+        (
+            [
+                "--topology",
+                f"{SMI}/pcie-8gpu-pix-phb-sys-2x14c.txt",
+                "--binding",
+                "exclusive",
+                "--nproc-per-node",
+                "8",
+                "--topology",
+                f"{SMI}/tesla-p4-1gpu-numa-NA.txt",
+            ],
+            "8: only 1 GPUs",
+        ),
         (["--topology", "tests/no-such-file"], "'tests/no-such-file' does not exist"),
     ],
 )
@@ -134,7 +161,9 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
 
 
 def test_too_few_cores_exit_2_with_numbers() -> None:
-    out = run_plan("--topology", f"{SMI}/tesla-p4-1gpu-numa-NA.txt", "--nproc-per-node", "9", env={"CUDA_VISIBLE_DEVICES": ""})
+    out = run_plan(
+        "--topology", f"{SMI}/tesla-p4-1gpu-numa-NA.txt", "--nproc-per-node", "9", env={"CUDA_VISIBLE_DEVICES": ""}
+    )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "has 8 usable physical cores for 9 ranks" in out.stderr
     shared = run_plan(

@@ -23,12 +23,16 @@ from numarun.topology.sysfs import read_sysfs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMI = sorted((FIXTURES / "nvidia-smi").glob("*.txt"))
-TREES = sorted((FIXTURES / "hwloc-linux-sysfs").glob("*.tar.bz2")) + sorted((FIXTURES / "live-h200-vm").glob("sysfs.tar.*"))
+TREES = sorted((FIXTURES / "hwloc-linux-sysfs").glob("*.tar.bz2")) + sorted(
+    (FIXTURES / "live-h200-vm").glob("sysfs.tar.*")
+)
 MODES = list(BindingMode)
 
 
-SHORTAGE = re.compile(r"bad --nproc-per-node for binding '(exclusive|core-complex)': (?:NUMA node (\d+)|the shared CPU "
-                      r"pool) has (\d+) usable physical cores for (\d+) ranks; expected at least one core per rank")
+SHORTAGE = re.compile(
+    r"bad --nproc-per-node for binding '(exclusive|core-complex)': (?:NUMA node (\d+)|the shared CPU "
+    r"pool) has (\d+) usable physical cores for (\d+) ranks; expected at least one core per rank"
+)
 
 
 def _check_shortage(topo: Topology, request: PlanRequest, message: str) -> None:
@@ -56,7 +60,9 @@ def test_a_shortage_is_checked_against_the_topology() -> None:
     with pytest.raises(AssertionError):  # a count the topology does not have is caught
         _check_shortage(topo, request, re.sub(r"has \d+ usable", "has 1 usable", str(e.value)))
     with pytest.raises(AssertionError):  # as is any other refusal
-        _check_shortage(topo, request, "bad --nproc-per-node for binding 'exclusive': no usable physical cores for 2 ranks")
+        _check_shortage(
+            topo, request, "bad --nproc-per-node for binding 'exclusive': no usable physical cores for 2 ranks"
+        )
 
 
 def test_fixtures_are_present() -> None:
@@ -86,7 +92,9 @@ def _plan_checked(topo: Topology, request: PlanRequest) -> None:
 def test_smi_machines(path: Path, mode: BindingMode) -> None:
     topo = topology_from_smi(path.read_text(), str(path))
     _plan_checked(topo, PlanRequest(binding=mode))
-    _plan_checked(topo, PlanRequest(binding=mode, mem_policy=MemPolicy.PREFERRED, nproc_per_node=max(1, len(topo.gpus) // 2)))
+    _plan_checked(
+        topo, PlanRequest(binding=mode, mem_policy=MemPolicy.PREFERRED, nproc_per_node=max(1, len(topo.gpus) // 2))
+    )
     nodes = sum(1 for n in topo.numa_nodes if not n.memory_only)
     _plan_checked(topo, PlanRequest(binding=mode, cuda_visible_devices="", nproc_per_node=2 * nodes))
 

@@ -39,7 +39,7 @@ def _topo_nic_column(topology: Topology) -> dict[int, str]:
     names = [c.strip() for c in lines[head].split("┃")[1:-1]]
     col = names.index("nearest NIC")
     cells: dict[int, str] = {}
-    for line in lines[head + 2:]:
+    for line in lines[head + 2 :]:
         if not line.startswith("│"):
             break
         row = [c.strip() for c in line.split("│")[1:-1]]
@@ -65,7 +65,9 @@ def test_plan_table_and_nic_lines_come_from_the_fields() -> None:
     t = ALL["smi/dgx-a100-8numa-nps4-10nic"]
     plan = make_plan(t, PlanRequest())
     hca = "=" + ",".join(f"mlx5_{i}" for i in range(8))
-    assert plan.nccl_nics is not None and plan.nccl_nics.value == hca and plan.nccl_nics.nics == tuple(hca[1:].split(","))
+    assert (
+        plan.nccl_nics is not None and plan.nccl_nics.value == hca and plan.nccl_nics.nics == tuple(hca[1:].split(","))
+    )
     assert nic_lines(plan) == [f"NCCL_IB_HCA={hca} (every rank)", "UCX_NET_DEVICES: the rank's NIC"]
     # the fields alone make the lines and the NIC column: a plan without its env renders the same
     bare = dataclasses.replace(plan, ranks=tuple(dataclasses.replace(r, env={}) for r in plan.ranks))
@@ -90,12 +92,18 @@ def test_svg_marks_the_node_list_whatever_its_variable() -> None:
     # eth1 sits on a node without GPUs: SYS to both, left out of the socket list
     t = build_topology(gpu_nodes=(0, 0), nics=(eth("eth0", 0), eth("eth1", 1)))
     plan = make_plan(t, PlanRequest())
-    assert plan.nccl_nics is not None and plan.nccl_nics.variable == "NCCL_SOCKET_IFNAME" and plan.nccl_nics.value == "=eth0"
+    assert (
+        plan.nccl_nics is not None
+        and plan.nccl_nics.variable == "NCCL_SOCKET_IFNAME"
+        and plan.nccl_nics.value == "=eth0"
+    )
     root = ET.fromstring(render_svg(t, plan))
     marked = {e.get("data-nic") for e in root.iter() if "nccl" in (e.get("class") or "").split()}
     assert marked == {"eth0"}
     assert any((e.text or "") == "every rank: NCCL_SOCKET_IFNAME==eth0" for e in root.iter())
-    ib_plan = make_plan(build_topology(nodes=3, nics=(ib("mlx5_0", 0), ib("mlx5_1", 1), ib("mlx5_2", 2))), PlanRequest())
+    ib_plan = make_plan(
+        build_topology(nodes=3, nics=(ib("mlx5_0", 0), ib("mlx5_1", 1), ib("mlx5_2", 2))), PlanRequest()
+    )
     assert ib_plan.nccl_nics is not None and ib_plan.nccl_nics.nics == ("mlx5_0", "mlx5_1")
 
 
@@ -142,6 +150,8 @@ def test_version_1_without_nic_variables_reads_with_empty_fields() -> None:
 )
 def test_bad_plan_files_are_one_line_errors(change: dict[str, object], needle: str) -> None:
     data = json.loads((FIXTURES / "plans" / "v1-dgx-a100-nps4-8numa.json").read_text())
-    with pytest.raises(PlanError, match=r"^bad plan file 'p\.json': .*expected the output of 'numarun plan --json'$") as e:
+    with pytest.raises(
+        PlanError, match=r"^bad plan file 'p\.json': .*expected the output of 'numarun plan --json'$"
+    ) as e:
         LaunchPlan.from_json(json.dumps({**data, **change}), origin="p.json")
     assert needle in str(e.value) and "\n" not in str(e.value)

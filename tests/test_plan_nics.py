@@ -95,7 +95,9 @@ def test_a_down_port_is_left_out(name: str) -> None:
     t = MULTI_NIC_GPU[name]
     victim = compute_nics(t)[0]
     nics = tuple(
-        dataclasses.replace(n, ports=(RdmaPort(number=1, state="DOWN", link_layer="InfiniBand"),)) if n.name == victim.name else n
+        dataclasses.replace(n, ports=(RdmaPort(number=1, state="DOWN", link_layer="InfiniBand"),))
+        if n.name == victim.name
+        else n
         for n in t.nics
     )
     down = dataclasses.replace(t, nics=nics)
@@ -127,6 +129,7 @@ def test_all_sys_nics_need_no_choosing() -> None:
 
 
 # --- RDMA ports in the topology ---
+
 
 def test_sysfs_reads_port_state_link_layer_and_rate() -> None:
     t = ALL["sysfs/32em64t-2n8c+dax+nvme+mic+dimms.tar.bz2"]
@@ -179,6 +182,7 @@ def test_unknown_port_state_counts_as_up() -> None:
 
 
 # --- the config key and the flag ---
+
 
 def test_config_key_nic_policy_feeds_the_flag_and_is_checked() -> None:
     from numarun.cli import build_parser

@@ -58,8 +58,15 @@ CASES: list[Case] = [
     case("missing-script", "--nproc-per-node 1 no/such/script.py", "no/such/script.py", "Python script"),
     case("missing-program", "--no-python no-such-program-xyz", "no-such-program-xyz", "on PATH"),
     case("plan-file-missing", f"--plan-file {{bad}}/nope.json {EXIT} 0 0", "nope.json", "numarun plan --json"),
-    case("plan-file-not-a-plan", f"--plan-file {{bad}}/snapshot.json {EXIT} 0 0", "snapshot.json", "numarun plan --json"),
-    case("plan-file-rank-count", f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0", "plan1.json", "has 1 rank;"),
+    case(
+        "plan-file-not-a-plan", f"--plan-file {{bad}}/snapshot.json {EXIT} 0 0", "snapshot.json", "numarun plan --json"
+    ),
+    case(
+        "plan-file-rank-count",
+        f"--plan-file {{bad}}/plan1.json --nproc-per-node 2 {EXIT} 0 0",
+        "plan1.json",
+        "has 1 rank;",
+    ),
     # --- impossible plans
     case("more-ranks-than-gpus", f"plan --topology {P4D} --nproc-per-node 9", "9", "at most 8"),
     case(
@@ -90,8 +97,20 @@ CASES: list[Case] = [
     case("cvd-out-of-range", f"plan --topology {P4D}", "'8'", "0-7", CUDA_VISIBLE_DEVICES="8"),
     case("cvd-duplicate", f"plan --topology {P4D}", "'0,0'", "at most once", CUDA_VISIBLE_DEVICES="0,0"),
     case("cvd-not-a-number", f"plan --topology {P4D}", "'x'", "GPU indices", CUDA_VISIBLE_DEVICES="0,x"),
-    case("cvd-uuid-without-uuids", f"plan --topology {P4D}", "GPU-nope", "GPU indices 0-7", CUDA_VISIBLE_DEVICES="GPU-nope"),
-    case("cvd-unknown-uuid", "plan --topology {bad}/uuids.json", "GPU-deadbeef", "UUID", CUDA_VISIBLE_DEVICES="GPU-deadbeef"),
+    case(
+        "cvd-uuid-without-uuids",
+        f"plan --topology {P4D}",
+        "GPU-nope",
+        "GPU indices 0-7",
+        CUDA_VISIBLE_DEVICES="GPU-nope",
+    ),
+    case(
+        "cvd-unknown-uuid",
+        "plan --topology {bad}/uuids.json",
+        "GPU-deadbeef",
+        "UUID",
+        CUDA_VISIBLE_DEVICES="GPU-deadbeef",
+    ),
     case(
         "cvd-mig-uuid",
         f"plan --topology {P4D}",
@@ -116,23 +135,51 @@ CASES: list[Case] = [
     case("layout-two-rests", f"{LAYOUT2} parallel.dp_replicate=-1", "both -1", "at most one degree -1"),
     case("layout-degree-word", f"{LAYOUT2} parallel.tp=half", "parallel.tp 'half'", "nproc_per_node"),
     case("layout-cp", f"{LAYOUT2} parallel.cp=2", "parallel.cp 2", "parallel.cp=1"),
-    case("layout-1f1b-microbatches", f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=1", "pp_microbatches 1",
-         "at least as many microbatches as stages (2)"),
-    case("layout-interleaved-one-stage", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B "
-         "parallel.pp_stages_per_rank=1", "pp_stages_per_rank 1", "2 or more"),
-    case("layout-interleaved-rounds", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B "
-         "parallel.pp_microbatches=5", "pp_microbatches 5", "multiple of the rounds"),
-    case("layout-stages-over-layers", f"{LAYOUT2} model.n_layers=1 parallel.pp=2 parallel.pp_schedule=LoopedBFS",
-         "4 pipeline stages", "at most 3"),
+    case(
+        "layout-1f1b-microbatches",
+        f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=1",
+        "pp_microbatches 1",
+        "at least as many microbatches as stages (2)",
+    ),
+    case(
+        "layout-interleaved-one-stage",
+        f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B parallel.pp_stages_per_rank=1",
+        "pp_stages_per_rank 1",
+        "2 or more",
+    ),
+    case(
+        "layout-interleaved-rounds",
+        f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Interleaved1F1B parallel.pp_microbatches=5",
+        "pp_microbatches 5",
+        "multiple of the rounds",
+    ),
+    case(
+        "layout-stages-over-layers",
+        f"{LAYOUT2} model.n_layers=1 parallel.pp=2 parallel.pp_schedule=LoopedBFS",
+        "4 pipeline stages",
+        "at most 3",
+    ),
     case("layout-split", f"{LAYOUT2} parallel.pp=2 parallel.pp_split=[2,1]", "pp_split [2, 1]", "model.n_layers=2"),
-    case("layout-batch-microbatches", f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=3", "pp_microbatches 3",
-         "a divisor of 16"),
+    case(
+        "layout-batch-microbatches",
+        f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=3",
+        "pp_microbatches 3",
+        "a divisor of 16",
+    ),
     case("layout-batch-auto", f"{LAYOUT2} parallel.pp=2 trainer.batch_size=auto", "'auto'", "an integer"),
     case("layout-tp-heads", f"{LAYOUT2} model.n_heads=1 parallel.tp=2", "parallel.tp 2", "divides model.n_heads"),
-    case("layout-schedule", f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Zigzag", "'Zigzag'",
-         "GPipe, 1F1B, Interleaved1F1B"),
-    case("layout-mesh-differs", f"--topology {P4D} --nproc-per-node 2 --mesh tp=2 {TRAIN} model=gpt parallel=fsdp "
-         "parallel.pp=2", "--mesh 'tp=2'", "pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=1"),
+    case(
+        "layout-schedule",
+        f"{LAYOUT2} parallel.pp=2 parallel.pp_schedule=Zigzag",
+        "'Zigzag'",
+        "GPipe, 1F1B, Interleaved1F1B",
+    ),
+    case(
+        "layout-mesh-differs",
+        f"--topology {P4D} --nproc-per-node 2 --mesh tp=2 {TRAIN} model=gpt parallel=fsdp parallel.pp=2",
+        "--mesh 'tp=2'",
+        "pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=1",
+    ),
     case("layout-hierarchical", f"{LAYOUT2} parallel.tp=2 comm=hierarchical", "'hierarchical'", "expected flat"),
     case(
         "run-dir-under-a-file",
@@ -140,7 +187,12 @@ CASES: list[Case] = [
         "empty.txt/run",
         "writable directory",
     ),
-    case("run-dir-is-a-file", f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt", "empty.txt", "not a directory"),
+    case(
+        "run-dir-is-a-file",
+        f"--nproc-per-node 1 {TRAIN} hydra.run.dir={{bad}}/empty.txt",
+        "empty.txt",
+        "not a directory",
+    ),
     # --- numarun submit (rendered only)
     case("submit-time-word", f"submit --dry-run --time abc {TRAIN}", "'abc'", "HH:MM:SS"),
     case("submit-time-four-parts", f"submit --dry-run --time 1:2:3:4 {TRAIN}", "'1:2:3:4'", "D-HH:MM:SS"),
@@ -155,14 +207,39 @@ CASES: list[Case] = [
     case("nproc-huge", f"--nproc-per-node 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "up to 8192"),
     case("nnodes-huge", f"--nnodes 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "<= 131072"),
     case("nnodes-max-huge", f"--nnodes 1:99999999999999999999 {EXIT} 0 0", "99999999999999999999", "<= 131072"),
-    case("max-restarts-huge", f"--max-restarts 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most 1000000"),
-    case("shutdown-timeout-huge", f"--shutdown-timeout 99999999999999999999 {EXIT} 0 0", "'99999999999999999999'", "at most"),
-    case("trainer-nproc-huge", [TRAIN, "launcher.nproc_per_node=99999999999999999999"], "99999999999999999999", "1 to 8192"),
     case(
-        "plan-nproc-huge", f"plan --topology {P4D} --nproc-per-node 99999999999999999999", "'99999999999999999999'", "up to 8192"
+        "max-restarts-huge",
+        f"--max-restarts 99999999999999999999 {EXIT} 0 0",
+        "'99999999999999999999'",
+        "at most 1000000",
     ),
-    case("topo-width-huge", f"topo --topology {P4D} --width 99999999999999999999", "'99999999999999999999'", "1 to 10000"),
-    case("doctor-nnodes-huge", f"doctor --topology {P4D} --nnodes 99999999999999999999", "99999999999999999999", "up to 131072"),
+    case(
+        "shutdown-timeout-huge",
+        f"--shutdown-timeout 99999999999999999999 {EXIT} 0 0",
+        "'99999999999999999999'",
+        "at most",
+    ),
+    case(
+        "trainer-nproc-huge",
+        [TRAIN, "launcher.nproc_per_node=99999999999999999999"],
+        "99999999999999999999",
+        "1 to 8192",
+    ),
+    case(
+        "plan-nproc-huge",
+        f"plan --topology {P4D} --nproc-per-node 99999999999999999999",
+        "'99999999999999999999'",
+        "up to 8192",
+    ),
+    case(
+        "topo-width-huge", f"topo --topology {P4D} --width 99999999999999999999", "'99999999999999999999'", "1 to 10000"
+    ),
+    case(
+        "doctor-nnodes-huge",
+        f"doctor --topology {P4D} --nnodes 99999999999999999999",
+        "99999999999999999999",
+        "up to 131072",
+    ),
     case("doctor-port-huge", f"doctor --topology {P4D} --nnodes 2 --master-port 99999", "'99999'", "1 to 65535"),
     case(
         "tune-trials-huge",
@@ -176,12 +253,22 @@ CASES: list[Case] = [
         "'99999999999999999999'",
         "up to 8192",
     ),
-    case("bench-nproc-huge", "bench allreduce --nproc-per-node 99999999999999999999", "'99999999999999999999'", "up to 8192"),
+    case(
+        "bench-nproc-huge",
+        "bench allreduce --nproc-per-node 99999999999999999999",
+        "'99999999999999999999'",
+        "up to 8192",
+    ),
     case("bench-iters-huge", "bench allreduce --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
     case("bench-port-huge", "bench allreduce --master-port 99999", "'99999'", "1 to 65535"),
     case("bench-size-huge", "bench allreduce --sizes 99999999999999999999G", "99999999999999999999G", "up to 1T"),
     case("h2d-iters-huge", "bench h2d --iters 99999999999999999999", "'99999999999999999999'", "1 to 1000000"),
-    case("submit-nodes-huge", f"submit --dry-run --nodes 99999999999999999999 {TRAIN}", "'99999999999999999999'", "1 to 131072"),
+    case(
+        "submit-nodes-huge",
+        f"submit --dry-run --nodes 99999999999999999999 {TRAIN}",
+        "'99999999999999999999'",
+        "1 to 131072",
+    ),
     case(
         "rdzv-conf-timeout-huge",
         f"--nproc-per-node 1 --rdzv-conf join_timeout=99999999999999999999 {EXIT} 0 0",
@@ -195,7 +282,12 @@ CASES: list[Case] = [
         "'99999999999999999999'",
         "up to 9999",
     ),
-    case("submit-mem-huge", f"submit --dry-run --mem 99999999999999999999G {TRAIN}", "'99999999999999999999G'", "12 digits"),
+    case(
+        "submit-mem-huge",
+        f"submit --dry-run --mem 99999999999999999999G {TRAIN}",
+        "'99999999999999999999G'",
+        "12 digits",
+    ),
     case(
         "submit-signal-before-huge",
         f"submit --dry-run --signal-before 99999999999999999999 {TRAIN}",
@@ -214,15 +306,30 @@ CASES: list[Case] = [
     case("bench-rate-before-ranks", "bench allreduce --link-rate fast", "'fast'", "200mbit"),
     # --- nesting bounded in every JSON reader
     case("topology-deep-json", "plan --topology {bad}/deep.json", "deep.json", "nested deeper than 64 levels"),
-    case("topology-deep-object", "plan --topology {bad}/deep-object.json", "deep-object.json", "nested deeper than 64 levels"),
-    case("plan-file-deep-json", f"--plan-file {{bad}}/deep.json {EXIT} 0 0", "deep.json", "nested deeper than 64 levels"),
-    case("override-deep", [TRAIN, "trainer.seed=" + "[" * 3000 + "]" * 3000], "trainer.seed=[[[", "nested at most 64 levels"),
+    case(
+        "topology-deep-object",
+        "plan --topology {bad}/deep-object.json",
+        "deep-object.json",
+        "nested deeper than 64 levels",
+    ),
+    case(
+        "plan-file-deep-json", f"--plan-file {{bad}}/deep.json {EXIT} 0 0", "deep.json", "nested deeper than 64 levels"
+    ),
+    case(
+        "override-deep",
+        [TRAIN, "trainer.seed=" + "[" * 3000 + "]" * 3000],
+        "trainer.seed=[[[",
+        "nested at most 64 levels",
+    ),
     case("config-file-deep", f"{TRAIN} --config-dir {{bad}} --config-name deep", "deep", "nested at most 64 levels"),
     # --- a standard output that cannot be written: one line, exit 1
     unwritable("topo-to-dev-full", f"topo --topology {P4D}", "standard output", "No space left on device"),
     unwritable("topo-json-to-dev-full", f"topo --json --topology {P4D}", "standard output", "No space left on device"),
     unwritable(
-        "plan-json-to-dev-full", f"plan --json --topology {P4D} --nproc-per-node 1", "standard output", "No space left on device"
+        "plan-json-to-dev-full",
+        f"plan --json --topology {P4D} --nproc-per-node 1",
+        "standard output",
+        "No space left on device",
     ),
     unwritable(
         "dry-run-to-dev-full",
@@ -233,8 +340,16 @@ CASES: list[Case] = [
 ]
 
 # Real subprocesses of the installed entry point: the no-traceback promise end to end.
-SUBPROCESS = ["nnodes-zero", "tree-cpulist-reversed", "cvd-mig-uuid", "trainer-impossible-plan", "submit-time-word", "nproc-huge",
-              "topo-to-dev-full", "plan-json-to-dev-full"]
+SUBPROCESS = [
+    "nnodes-zero",
+    "tree-cpulist-reversed",
+    "cvd-mig-uuid",
+    "trainer-impossible-plan",
+    "submit-time-word",
+    "nproc-huge",
+    "topo-to-dev-full",
+    "plan-json-to-dev-full",
+]
 
 
 @pytest.fixture(scope="module")
@@ -288,10 +403,12 @@ def _argv(c: Case, bad: Path, tree: Path) -> list[str]:
 
 
 # submit cases may ask sinfo what a node holds (a process): they run in the slow tier
-@pytest.mark.parametrize("c", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id.startswith("submit-") else [])
-                               for c in CASES])
-def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "c", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.id.startswith("submit-") else []) for c in CASES]
+)
+def test_bad_input_is_one_line_exit_2(
+    c: Case, bad: Path, tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, err = run_in_process(_argv(c, bad, tree), tmp_path, capsys, monkeypatch, env=c.env, stdout=c.stdout)
     check_refusal(code, err, c, tmp_path)
 
@@ -301,8 +418,15 @@ def test_bad_input_is_one_line_exit_2(c: Case, bad: Path, tree: Path, tmp_path: 
 def test_bad_input_end_to_end(name: str, bad: Path, tree: Path, tmp_path: Path) -> None:
     c = next(c for c in CASES if c.id == name)
     with open(c.stdout or os.devnull, "w") as out:  # at exit, Python flushes stdout once more: nothing may be said then
-        r = subprocess.run([*numarun_cmd(), *_argv(c, bad, tree)], cwd=tmp_path, env=clean_env(**c.env),
-                           stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
+        r = subprocess.run(
+            [*numarun_cmd(), *_argv(c, bad, tree)],
+            cwd=tmp_path,
+            env=clean_env(**c.env),
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
     check_refusal(r.returncode, r.stderr, c, tmp_path)
 
 

@@ -26,11 +26,15 @@ pytestmark = pytest.mark.slow  # every test starts numarun or a trainer
 TIMEOUT = 180
 
 
-
-
 def _train(args: list[str], cwd: Path, *, nproc: int = 1) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*numarun_cmd(), "--nproc-per-node", str(nproc), TRAIN, "trainer.progress=false", *args], cwd=cwd,
-                          env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [*numarun_cmd(), "--nproc-per-node", str(nproc), TRAIN, "trainer.progress=false", *args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,12 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A checkpoint dir with steps 1 and 2 of the default model (one real trainer run)."""
     d = tmp_path_factory.mktemp("saved")
     r = _train(
-        ["trainer.steps=2", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}", f"hydra.run.dir={d / 'run'}"],
+        [
+            "trainer.steps=2",
+            "trainer.checkpoint_interval=1",
+            f"trainer.checkpoint_dir={d / 'ck'}",
+            f"hydra.run.dir={d / 'run'}",
+        ],
         d,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -50,11 +59,23 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def saved2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Steps 1 to 3 of a two-rank run (a shard per rank), with the run dir's per-step losses beside."""
     d = tmp_path_factory.mktemp("saved2")
-    r = _train(["trainer.steps=3", "trainer.checkpoint_interval=1", f"trainer.checkpoint_dir={d / 'ck'}",
-                f"hydra.run.dir={d / 'run'}"], d, nproc=2)
+    r = _train(
+        [
+            "trainer.steps=3",
+            "trainer.checkpoint_interval=1",
+            f"trainer.checkpoint_dir={d / 'ck'}",
+            f"hydra.run.dir={d / 'run'}",
+        ],
+        d,
+        nproc=2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert sorted(p.name for p in (d / "ck" / "step_00000003").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp",
-                                                                               "meta.json"]
+    assert sorted(p.name for p in (d / "ck" / "step_00000003").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "meta.json",
+    ]
     return d / "ck"
 
 
@@ -69,6 +90,7 @@ def _copy(saved: Path, tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------ checked before launch
+
 
 @pytest.fixture
 def readonly(tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -89,10 +111,17 @@ def readonly(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
 
 
-def test_read_only_checkpoint_dir_is_refused_before_training(readonly: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_checkpoint_dir_is_refused_before_training(
+    readonly: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for target in (readonly, readonly / "sub"):  # the dir itself, or one to be created in it
-        c = case("ro", [TRAIN, f"trainer.checkpoint_dir={target}"], str(target), "Read-only file system", "writable directory")
+        c = case(
+            "ro",
+            [TRAIN, f"trainer.checkpoint_dir={target}"],
+            str(target),
+            "Read-only file system",
+            "writable directory",
+        )
         code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
         check_refusal(code, err, c, tmp_path)  # exit 2, one line, no run dir
 
@@ -121,19 +150,33 @@ def test_bad_data_files_fail_before_training(
         check_refusal(code, err, c, tmp_path)
 
 
-def test_a_changed_model_is_refused_naming_the_keys(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    c = case("model", [TRAIN, f"trainer.checkpoint_dir={saved}", "trainer.resume=true", "model.hidden_dim=128"],
-             "model.hidden_dim=64 in the checkpoint but 128 now", "step_00000002")
+def test_a_changed_model_is_refused_naming_the_keys(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = case(
+        "model",
+        [TRAIN, f"trainer.checkpoint_dir={saved}", "trainer.resume=true", "model.hidden_dim=128"],
+        "model.hidden_dim=64 in the checkpoint but 128 now",
+        "step_00000002",
+    )
     code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
     check_refusal(code, err, c, tmp_path)
 
 
 @pytest.mark.parametrize(
-    "plant", ["world-writable-dir", "world-writable-step", "foreign-owner", "symlinked-step", "symlinked-dir", "foreign-metadata"]
+    "plant",
+    [
+        "world-writable-dir",
+        "world-writable-step",
+        "foreign-owner",
+        "symlinked-step",
+        "symlinked-dir",
+        "foreign-metadata",
+    ],
 )
-def test_a_planted_checkpoint_is_not_loaded(plant: str, saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_checkpoint_is_not_loaded(
+    plant: str, saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     ck = _copy(saved, tmp_path)
     step = ck / "step_00000002"
     if plant == "world-writable-dir":
@@ -183,17 +226,24 @@ def test_the_workers_check_trust_too(saved: Path, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ faults during the run
 
+
 @pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact(saved: Path, tmp_path: Path) -> None:
     ck = _copy(saved, tmp_path)
     shard = next((ck / "step_00000002").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated
     r = _train(
-        [f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path
+        [f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=3", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
-    assert "step_00000002" in out and "is damaged" in out and "has " in out and "resuming from the newest intact one" in out
+    assert (
+        "step_00000002" in out
+        and "is damaged" in out
+        and "has " in out
+        and "resuming from the newest intact one" in out
+    )
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["start_step"] == 1 and summary["steps_done"] == 3
     assert summary["resumed_from"].endswith("step_00000001")
@@ -207,8 +257,11 @@ def test_a_flipped_byte_in_the_newest_checkpoint_falls_back_to_the_newest_intact
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
-               tmp_path, nproc=2)
+    r = _train(
+        [f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        nproc=2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     named = [line for line in out.splitlines() if "is damaged" in line]
@@ -230,8 +283,11 @@ def test_a_checkpoint_without_checksums_loads_with_one_note(saved2: Path, tmp_pa
         meta = json.loads(meta_file.read_text())
         meta.pop("hash", None), meta.pop("checksums", None)
         meta_file.write_text(json.dumps(meta, indent=1) + "\n")
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
-               tmp_path, nproc=2)
+    r = _train(
+        [f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=4", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        nproc=2,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     notes = [line for line in out.splitlines() if "no checksums" in line]
@@ -260,7 +316,9 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, timeout=30).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, timeout=30
+    ).returncode:
         pytest.skip("mount -t tmpfs is not allowed here")
     try:
         yield mnt
@@ -285,8 +343,9 @@ FULL_AT = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", list(FULL_AT))
-def test_disk_full_at_any_point_of_a_save_is_named_and_keeps_the_previous(point: str, small_disk: Path, saved: Path,
-                                                                          tmp_path: Path) -> None:
+def test_disk_full_at_any_point_of_a_save_is_named_and_keeps_the_previous(
+    point: str, small_disk: Path, saved: Path, tmp_path: Path
+) -> None:
     from numarun.train import checkpoint
 
     page = os.statvfs(small_disk).f_frsize
@@ -299,8 +358,16 @@ def test_disk_full_at_any_point_of_a_save_is_named_and_keeps_the_previous(point:
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (_free(small_disk) - left))
     assert _free(small_disk) == left
-    r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=2", "trainer.checkpoint_interval=1",
-                f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    r = _train(
+        [
+            f"trainer.checkpoint_dir={ck}",
+            "trainer.resume=true",
+            "trainer.steps=2",
+            "trainer.checkpoint_interval=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "Error executing job" not in r.stderr and "unexpected pos" not in r.stderr, r.stderr[-3000:]
     errors = [line for line in r.stderr.splitlines() if line.startswith("numarun: error:")]
@@ -313,8 +380,15 @@ def test_disk_full_at_any_point_of_a_save_is_named_and_keeps_the_previous(point:
     assert checkpoint.damage(kept) == "" and checkpoint.verify_share(kept, rank=0, world_size=1) == ""
     if point == "torch-writer":  # room again: the resume redoes step 2 to the uninterrupted run's loss, to the bit
         filler.unlink()
-        r = _train([f"trainer.checkpoint_dir={ck}", "trainer.resume=true", "trainer.steps=2",
-                    f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+        r = _train(
+            [
+                f"trainer.checkpoint_dir={ck}",
+                "trainer.resume=true",
+                "trainer.steps=2",
+                f"hydra.run.dir={tmp_path / 'run2'}",
+            ],
+            tmp_path,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         assert _losses(tmp_path / "run2")[2] == _losses(saved.parent / "run")[2]
 

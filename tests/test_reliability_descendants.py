@@ -37,8 +37,14 @@ def _gone(pids: list[int]) -> bool:
 
 def _start(tmp: Path, *args: str, **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
     (tmp / "tmp").mkdir(exist_ok=True)
-    return subprocess.Popen([*numarun_cmd(), *args], cwd=tmp, env=clean_env(TMPDIR=str(tmp / "tmp"), **env),
-                            stdout=open(tmp / "log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [*numarun_cmd(), *args],
+        cwd=tmp,
+        env=clean_env(TMPDIR=str(tmp / "tmp"), **env),
+        stdout=open(tmp / "log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.fixture
@@ -55,7 +61,9 @@ def test_no_process_a_rank_started_outlives_numarun(tmp_path, reap, how):
     mode = "block" if how == "kill -9" else "exit"
     p = _start(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "spawn_daemons.py"), str(tmp_path), mode)
     try:
-        daemons = wait_until("both ranks' daemons", lambda: len(_daemons(tmp_path)) == 4 and _daemons(tmp_path), TIMEOUT)
+        daemons = wait_until(
+            "both ranks' daemons", lambda: len(_daemons(tmp_path)) == 4 and _daemons(tmp_path), TIMEOUT
+        )
         reap.extend(daemons)
         assert len(_alive(daemons)) == 4  # in sessions of their own: no process group reaches them
         if how == "kill -9":
@@ -161,6 +169,8 @@ def test_every_rendezvous_has_a_deadline_restarts_included(tmp_path, monkeypatch
     sup._tick(101.5)
     assert not died
     sup._tick(102.0)
-    (code, message), = died
-    assert code == 1 and message.startswith("the rendezvous after restart 1 did not complete within 2 s (timeout=1 + 1 s)")
+    ((code, message),) = died
+    assert code == 1 and message.startswith(
+        "the rendezvous after restart 1 did not complete within 2 s (timeout=1 + 1 s)"
+    )
     assert ledger.workers(tmp_path) == {"0": (4242, 0)}

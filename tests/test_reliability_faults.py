@@ -17,7 +17,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, SCRIPTS, clean_env, error_lines, free_port, leaked, listening, numarun_cmd, pid_files, wait_until
+from helpers import (
+    REPO,
+    SCRIPTS,
+    clean_env,
+    error_lines,
+    free_port,
+    leaked,
+    listening,
+    numarun_cmd,
+    pid_files,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -41,16 +52,40 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _start(procs: list, args: list[str], log: Path, cwd: Path = REPO, **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
-    p = subprocess.Popen([*numarun_cmd(), *args], cwd=cwd, env=_env(**env), stdout=open(log, "w"),
-                         stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        [*numarun_cmd(), *args],
+        cwd=cwd,
+        env=_env(**env),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     procs.append(p)
     return p
 
 
 def test_crash_restarts_from_checkpoint(tmp_path: Path) -> None:
-    r = subprocess.run([*numarun_cmd(), "--nproc-per-node", "2", "--max-restarts", "1", str(SCRIPTS / "fault_counter.py"),
-                        str(tmp_path), "12", "1", "5"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [
+            *numarun_cmd(),
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            str(SCRIPTS / "fault_counter.py"),
+            str(tmp_path),
+            "12",
+            "1",
+            "5",
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
+
     def steps(rank: int, attempt: int) -> tuple[int, list[int]]:
         head, *rest = (tmp_path / f"steps{rank}.{attempt}").read_text().splitlines()
         return int(head.removeprefix("resume ")), [int(s) for s in rest]
@@ -96,8 +131,20 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     connects as a client), so both ways a node can be lost are covered.
     """
     port = free_port()
-    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-              "--rdzv-id", "lost", "--rdzv-conf", "join_timeout=60,close_timeout=5"]
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "lost",
+        "--rdzv-conf",
+        "join_timeout=60,close_timeout=5",
+    ]
     out = [tmp_path / "n0", tmp_path / "n1"]
     for o in out:
         o.mkdir()
@@ -105,7 +152,9 @@ def test_node_lost(lost_hosts_store: bool, tmp_path: Path, procs: list) -> None:
     nodes: dict[int, subprocess.Popen] = {}  # type: ignore[type-arg]
     for n in order:
         nodes[n] = _start(
-            procs, [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])], tmp_path / f"log{n}"
+            procs,
+            [*common, "--node-rank", str(n), str(SCRIPTS / "fault_allreduce.py"), str(out[n])],
+            tmp_path / f"log{n}",
         )
         if n == order[0]:
             wait_until("the c10d store", lambda: listening(port), TIMEOUT, 0.05, proc=nodes[n])
@@ -143,10 +192,20 @@ def test_signal_to_numarun(sig: signal.Signals, tmp_path: Path, procs: list) -> 
 
 def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> None:
     run_dir = tmp_path / "run"
-    p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
-                       f"hydra.run.dir={run_dir}"], tmp_path / "log", cwd=tmp_path)
+    p = _start(
+        procs,
+        ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+        tmp_path / "log",
+        cwd=tmp_path,
+    )
     metrics = run_dir / "metrics.jsonl"
-    wait_until("two logged steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, TIMEOUT, 0.05, proc=p)
+    wait_until(
+        "two logged steps",
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2,
+        TIMEOUT,
+        0.05,
+        proc=p,
+    )
     workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
     p.send_signal(signal.SIGTERM)
     # every rank checkpointed and exited 0 on its own: a clean stop, not a failure
@@ -164,16 +223,24 @@ def test_trainer_sigterm_writes_a_checkpoint(tmp_path: Path, procs: list) -> Non
 def test_kill_during_save_keeps_the_previous_checkpoint(round_: int, tmp_path: Path, procs: list) -> None:
     root = tmp_path / "ckpt"
     p = _start(procs, ["--nproc-per-node", "1", str(SCRIPTS / "fault_save.py"), "save", str(root)], tmp_path / "log")
+
     # Wait until at least `round_` checkpoints are complete and the next save is under way.
     def saving() -> bool:
         done = [d for d in root.glob("step_*") if (d / "meta.json").exists()] if root.exists() else []
         return len(done) >= round_ and any(root.glob(".step_*.tmp"))
+
     wait_until("a save in progress", saving, TIMEOUT, 0.05, proc=p)
     pid = int((tmp_path / "pid0").read_text())
     os.kill(pid, signal.SIGKILL)
     assert p.wait(timeout=TIMEOUT) != 0
-    r = subprocess.run([sys.executable, str(SCRIPTS / "fault_save.py"), "verify", str(root)], cwd=REPO,
-                       env=_env(MASTER_PORT=str(free_port())), capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "fault_save.py"), "verify", str(root)],
+        cwd=REPO,
+        env=_env(MASTER_PORT=str(free_port())),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["ok"] and got["step"] >= round_
@@ -181,8 +248,15 @@ def test_kill_during_save_keeps_the_previous_checkpoint(round_: int, tmp_path: P
 
 
 def _plan_with(tmp_path: Path, **change: object) -> Path:
-    out = subprocess.run([*numarun_cmd(), "plan", "--json", "--nproc-per-node", "1", "--mem-policy", "bind"], cwd=REPO,
-                         env=_env(), capture_output=True, text=True, timeout=TIMEOUT, check=True).stdout
+    out = subprocess.run(
+        [*numarun_cmd(), "plan", "--json", "--nproc-per-node", "1", "--mem-policy", "bind"],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    ).stdout
     plan = json.loads(out)
     plan["ranks"][0].update(change)
     path = tmp_path / "plan.json"
@@ -199,7 +273,13 @@ def test_binding_refused_by_the_kernel(strict: bool, tmp_path: Path) -> None:
     plan = _plan_with(tmp_path, mems=[bad_node], mem_policy="bind")
     out = tmp_path / "out"
     out.mkdir()
-    args = ["--plan-file", str(plan), *(["--strict-binding"] if strict else []), str(SCRIPTS / "report_binding.py"), str(out)]
+    args = [
+        "--plan-file",
+        str(plan),
+        *(["--strict-binding"] if strict else []),
+        str(SCRIPTS / "report_binding.py"),
+        str(out),
+    ]
     r = subprocess.run([*numarun_cmd(), *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert "Traceback" not in r.stderr
     if strict:

@@ -22,8 +22,6 @@ from refusals import EXIT, case, check_refusal, run_in_process
 NODE0 = "sys/devices/system/node/node0/cpulist"
 
 
-
-
 @pytest.fixture
 def odd_files(tmp_path_factory: pytest.TempPathFactory, h200_tree: Path) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("odd")
@@ -43,15 +41,24 @@ def odd_files(tmp_path_factory: pytest.TempPathFactory, h200_tree: Path) -> dict
     return {"fifo": fifo, "huge": huge, "tree": tree, "zero-tree": zero_tree}
 
 
-@pytest.mark.parametrize("source,words", [
-    ("/dev/zero", ("'/dev/zero'", "character device", "regular file")),
-    ("fifo", ("fifo.txt", "a FIFO", "regular file")),
-    ("huge", ("huge.json", "larger than 67108864 bytes")),
-    ("tree", ("/sys/devices/system/node/node0/cpulist", "a FIFO")),
-    ("zero-tree", ("/sys/devices/system/node/node0/cpulist", "character device")),
-])
-def test_a_topology_that_never_ends_is_refused(source: str, words: tuple[str, ...], odd_files: dict[str, Path], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "source,words",
+    [
+        ("/dev/zero", ("'/dev/zero'", "character device", "regular file")),
+        ("fifo", ("fifo.txt", "a FIFO", "regular file")),
+        ("huge", ("huge.json", "larger than 67108864 bytes")),
+        ("tree", ("/sys/devices/system/node/node0/cpulist", "a FIFO")),
+        ("zero-tree", ("/sys/devices/system/node/node0/cpulist", "character device")),
+    ],
+)
+def test_a_topology_that_never_ends_is_refused(
+    source: str,
+    words: tuple[str, ...],
+    odd_files: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     path = str(odd_files.get(source, source))
     for command in (["plan", "--topology", path], ["--topology", path, "--dry-run", EXIT, "0", "0"]):
         c = case(source, command, *words)
@@ -119,7 +126,9 @@ def test_a_rendezvous_endpoint_held_by_another_program_ends_at_a_deadline(tmp_pa
         )
     assert r.returncode == 1, r.stderr[-3000:]
     lines = error_lines(r.stderr)
-    assert len(lines) == 1 and "rendezvous did not complete within 7 s (join_timeout=5 + 2 s)" in lines[0], r.stderr[-3000:]
+    assert len(lines) == 1 and "rendezvous did not complete within 7 s (join_timeout=5 + 2 s)" in lines[0], r.stderr[
+        -3000:
+    ]
     assert f"127.0.0.1:{port}" in lines[0] and "Traceback" not in r.stderr
     assert time.monotonic() - start >= 7  # it waited for torch's own timeout first
     assert list((tmp_path / "tmp").glob("numarun-*")) == []

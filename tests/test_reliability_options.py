@@ -36,24 +36,41 @@ CASES: list[Case] = [
     case("shutdown-timeout-zero", f"--shutdown-timeout 0 {EXIT} 0 0", "'0'", ">= 1"),
     case("redirects-bad", f"--redirects 9 {EXIT} 0 0", "'9'", "0-3"),
     case("tee-bad", f"--tee x:1 {EXIT} 0 0", "'x:1'", "LOCAL_RANK"),
-    case("local-ranks-filter-past-nproc", f"--nproc-per-node 1 --local-ranks-filter 0,3 {EXIT} 0 0", "'0,3'", "below 1"),
+    case(
+        "local-ranks-filter-past-nproc", f"--nproc-per-node 1 --local-ranks-filter 0,3 {EXIT} 0 0", "'0,3'", "below 1"
+    ),
     case("event-log-handler-unknown", f"--event-log-handler loud {EXIT} 0 0", "'loud'", "console"),
     case("logs-specs-unknown", f"--logs-specs nope {EXIT} 0 0", "'nope'", "torchrun.logs_specs"),
     case("role-empty", [*"--role".split(), "", EXIT, "0", "0"], "--role", "non-empty"),
-    case("master-addr-unresolvable", f"--master-addr no-such-host.invalid --nnodes 2 {EXIT} 0 0", "'no-such-host.invalid'",
-         "/etc/hosts"),
+    case(
+        "master-addr-unresolvable",
+        f"--master-addr no-such-host.invalid --nnodes 2 {EXIT} 0 0",
+        "'no-such-host.invalid'",
+        "/etc/hosts",
+    ),
     case("master-addr-with-port", f"--master-addr node0:29500 {EXIT} 0 0", "'node0:29500'", "without a port"),
-    case("rdzv-endpoint-bad-ipv6", f"--rdzv-backend c10d --rdzv-endpoint fe80::1::2 {EXIT} 0 0", "'fe80::1::2'", "[ADDR]:PORT"),
-    case("local-addr-unresolvable", f"--local-addr no-such-host.invalid {EXIT} 0 0", "'no-such-host.invalid'", "resolves"),
+    case(
+        "rdzv-endpoint-bad-ipv6",
+        f"--rdzv-backend c10d --rdzv-endpoint fe80::1::2 {EXIT} 0 0",
+        "'fe80::1::2'",
+        "[ADDR]:PORT",
+    ),
+    case(
+        "local-addr-unresolvable", f"--local-addr no-such-host.invalid {EXIT} 0 0", "'no-such-host.invalid'", "resolves"
+    ),
     case("module-missing", "-m no_such_module_numarun", "'no_such_module_numarun'", "importable module"),
     case("module-parent-missing", "-m no_such_pkg_numarun.train", "'no_such_pkg_numarun.train'", "importable module"),
     # the same checks apply to values from the trainer's launcher config group
     case("trainer-launcher-master-port", [TRAIN, "launcher.master_port=99999"], "99999", "1 to 65535"),
 ]
 
-SUBPROCESS = ["max-restarts-negative", "signals-unknown", "rdzv-conf-timeout-word", "node-rank-past-nnodes", "module-missing"]
-
-
+SUBPROCESS = [
+    "max-restarts-negative",
+    "signals-unknown",
+    "rdzv-conf-timeout-word",
+    "node-rank-past-nnodes",
+    "module-missing",
+]
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
@@ -64,8 +81,9 @@ def test_torchrun_option_is_checked(
     check_refusal(code, err, c, tmp_path)
 
 
-def test_a_taken_master_port_is_refused_before_launch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_taken_master_port_is_refused_before_launch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         s.listen()
@@ -85,8 +103,10 @@ def test_good_rdzv_conf_passes(value: str) -> None:
 def test_runtime_errors_name_their_cause() -> None:
     from numarun.torch_private import runtime_cause
 
-    e = RuntimeError("The server socket has failed to listen on any local network address.\n"
-                     "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
+    e = RuntimeError(
+        "The server socket has failed to listen on any local network address.\n"
+        "port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+    )
     assert (
         runtime_cause(e)
         == "RuntimeError: The server socket has failed to listen on any local network address. (address already in use)"
@@ -97,7 +117,9 @@ def test_runtime_errors_name_their_cause() -> None:
 @pytest.mark.parametrize("name", SUBPROCESS)
 def test_torchrun_option_end_to_end(name: str, tmp_path: Path) -> None:
     c = next(c for c in CASES if c.id == name)
-    r = subprocess.run([*numarun_cmd(), *c.argv], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [*numarun_cmd(), *c.argv], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     check_refusal(r.returncode, r.stderr, c, tmp_path)
 
 

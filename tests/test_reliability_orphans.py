@@ -18,7 +18,18 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import REPO, SCRIPTS, clean_env, error_lines, free_port, leaked, listening, numarun_cmd, pid_files, wait_until
+from helpers import (
+    REPO,
+    SCRIPTS,
+    clean_env,
+    error_lines,
+    free_port,
+    leaked,
+    listening,
+    numarun_cmd,
+    pid_files,
+    wait_until,
+)
 
 TRAIN = str(REPO / "scripts" / "train.py")
 TIMEOUT = 120  # "did not hang" guard for every wait
@@ -67,10 +78,19 @@ def _signal_a_training_run(tmp_path: Path, procs: list, sig: signal.Signals) -> 
     """Start a long trainer run with 2 ranks, send ``sig`` to numarun once two steps are logged;
     returns (exit code, log, run dir, the worker pids)."""
     run_dir = tmp_path / "run"
-    p = _start(procs, ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false",
-                       f"hydra.run.dir={run_dir}"], tmp_path)
+    p = _start(
+        procs,
+        ["--nproc-per-node", "2", TRAIN, "trainer.steps=100000", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+    )
     metrics = run_dir / "metrics.jsonl"
-    wait_until("two logged steps", lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, TIMEOUT, 0.05, proc=p)
+    wait_until(
+        "two logged steps",
+        lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2,
+        TIMEOUT,
+        0.05,
+        proc=p,
+    )
     workers = _workers(p)
     p.send_signal(sig)
     code = p.wait(timeout=TIMEOUT)
@@ -112,8 +132,22 @@ def test_sigterm_to_the_trainer_is_a_clean_stop(tmp_path: Path, procs: list) -> 
 def test_sigterm_during_rendezvous(tmp_path: Path, procs: list) -> None:
     """Node 0 of two waits for a node that never comes: SIGTERM then is 143, one line, nothing left."""
     port = free_port()
-    p = _start(procs, ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-port", str(port),
-                       str(SCRIPTS / "fault_allreduce.py"), str(tmp_path)], tmp_path)
+    p = _start(
+        procs,
+        [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--nproc-per-node",
+            "1",
+            "--master-port",
+            str(port),
+            str(SCRIPTS / "fault_allreduce.py"),
+            str(tmp_path),
+        ],
+        tmp_path,
+    )
     wait_until("the rendezvous store", lambda: listening(port), TIMEOUT, 0.05, proc=p)
     assert list((tmp_path / "tmp").glob("numarun-*"))
     p.send_signal(signal.SIGTERM)
@@ -133,11 +167,15 @@ def test_a_worker_whose_launcher_is_gone_ends_at_once(tmp_path: Path) -> None:
     script = tmp_path / "s.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
     env = clean_env(PYTHONUNBUFFERED="1", NUMARUN_LAUNCHER_PID="1" if os.getppid() != 1 else "2", LOCAL_RANK="0")
-    r = subprocess.run([sys.executable, str(entry), str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [sys.executable, str(entry), str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert r.returncode == 1 and "the launcher (pid" in r.stderr and "is gone" in r.stderr
     assert not marker.exists()
     # with the right launcher pid (this test process is the parent), it runs
     env["NUMARUN_LAUNCHER_PID"] = str(os.getpid())
-    r = subprocess.run([sys.executable, str(entry), str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    r = subprocess.run(
+        [sys.executable, str(entry), str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert r.returncode == 0, r.stderr
     assert marker.exists()

@@ -52,9 +52,14 @@ HOSTILE = [
 ]
 # No lone surrogates: an argv or environment cannot hold them (undecodable bytes arrive as
 # \udc80-\udcff, like HOSTILE's "\udcff"); NUL cannot be in one either.
-words = st.lists(st.one_of(st.sampled_from(HOSTILE),
-                           st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)),
-                 min_size=1, max_size=4).map("".join)
+words = st.lists(
+    st.one_of(
+        st.sampled_from(HOSTILE),
+        st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
+    ),
+    min_size=1,
+    max_size=4,
+).map("".join)
 
 
 @pytest.fixture
@@ -87,7 +92,7 @@ def test_dry_run_command_splits_back_to_the_argv(args: list[str], clean_env: Pat
     i = split.index("torchrun")
     # the script's arguments as torchrun itself reads them (it drops a '--' right after the script)
     want = torchrun_parser().parse_args([EXIT, *args]).training_script_args
-    assert split[i + 1:][len(split) - i - 2 - len(want):] == [EXIT, *want]
+    assert split[i + 1 :][len(split) - i - 2 - len(want) :] == [EXIT, *want]
     assert all("=" in w for w in split[:i])  # only VAR=value words before torchrun
     assert list(clean_env.iterdir()) == []  # nothing ran, nothing was written
 

@@ -28,10 +28,22 @@ def _start(tmp: Path, *args: str) -> subprocess.Popen:  # type: ignore[type-arg]
     """numarun in a session of its own, started as a relay starts it: once it says its handlers are in place."""
     (tmp / "tmp").mkdir(exist_ok=True)
     r, w = os.pipe()
-    env = clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp"), PYTHONPATH=COUNTER, SIGNAL_COUNT_DIR=str(tmp),
-                    NUMARUN_READY_FD=str(w))
-    p = subprocess.Popen([*numarun_cmd(), "--log-level", "WARNING", *args], cwd=tmp, env=env, pass_fds=(w,),
-                         stdout=open(tmp / "log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    env = clean_env(
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(tmp / "tmp"),
+        PYTHONPATH=COUNTER,
+        SIGNAL_COUNT_DIR=str(tmp),
+        NUMARUN_READY_FD=str(w),
+    )
+    p = subprocess.Popen(
+        [*numarun_cmd(), "--log-level", "WARNING", *args],
+        cwd=tmp,
+        env=env,
+        pass_fds=(w,),
+        stdout=open(tmp / "log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     os.close(w)
     with os.fdopen(r, "rb") as ready:
         assert ready.read(1) == b"1", (tmp / "log").read_text()[-3000:]
@@ -57,16 +69,29 @@ def _storm(p: subprocess.Popen, tmp: Path, until: str) -> tuple[dict[int, int], 
     log = tmp / "log"
     while phases.count(until) < 6:
         started = len(list(tmp.glob("started.*")))
-        phases.append("run" if started == 2 else "ranks" if _counts(tmp) else
-                      "rendezvous" if list((tmp / "tmp").glob("numarun-*/plan.json")) else "launcher")
+        phases.append(
+            "run"
+            if started == 2
+            else "ranks"
+            if _counts(tmp)
+            else "rendezvous"
+            if list((tmp / "tmp").glob("numarun-*/plan.json"))
+            else "launcher"
+        )
         sig = USR[len(phases) % 2]
         p.send_signal(sig)
         sent[sig] += 1
         k = len(phases)
-        wait_until(f"numarun to take signal {k}", lambda k=k: log.read_text().count("got SIGUSR") >= k, TIMEOUT, 0.01,
-                   proc=p)
-        wait_until(f"every rank to count signal {k}", lambda k=k: all(sum(c) == k for c in _counts(tmp).values()),
-                   TIMEOUT, 0.01, proc=p)
+        wait_until(
+            f"numarun to take signal {k}", lambda k=k: log.read_text().count("got SIGUSR") >= k, TIMEOUT, 0.01, proc=p
+        )
+        wait_until(
+            f"every rank to count signal {k}",
+            lambda k=k: all(sum(c) == k for c in _counts(tmp).values()),
+            TIMEOUT,
+            0.01,
+            proc=p,
+        )
     return sent, phases
 
 
@@ -88,7 +113,8 @@ def test_a_storm_from_the_start_to_the_run_loses_nothing_and_stops_cleanly(tmp_p
     want = (sent[signal.SIGUSR1], sent[signal.SIGUSR2])
     assert _counts(tmp_path) == {"count.0": want, "count.1": want}, (phases, log[-3000:])
     assert not list((tmp_path / "tmp").glob("numarun-*")) or wait_until(
-        "numarun's private directory to go", lambda: not list((tmp_path / "tmp").glob("numarun-*")), 30)
+        "numarun's private directory to go", lambda: not list((tmp_path / "tmp").glob("numarun-*")), 30
+    )
 
 
 @pytest.mark.slow
@@ -96,8 +122,19 @@ def test_a_storm_during_a_rendezvous_that_never_completes_ends_in_one_line(tmp_p
     """Node 0 of two waits for a node that never comes (torch waits in C++): the SIGUSR1/2 are taken,
     then SIGTERM, twice, ends it with 143 and one line."""
     port = free_port()
-    p = _start(tmp_path, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--master-port", str(port),
-               STORM_RANK, str(tmp_path))
+    p = _start(
+        tmp_path,
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--nproc-per-node",
+        "1",
+        "--master-port",
+        str(port),
+        STORM_RANK,
+        str(tmp_path),
+    )
     try:
         _, phases = _storm(p, tmp_path, "rendezvous")
         wait_until("the rendezvous store", lambda: listening(port), TIMEOUT, 0.05, proc=p)
@@ -110,8 +147,10 @@ def test_a_storm_during_a_rendezvous_that_never_completes_ends_in_one_line(tmp_p
     log = (tmp_path / "log").read_text()
     assert code == 128 + signal.SIGTERM, (code, log[-3000:])
     # torchrun took it ("all workers were ended": there were none), or the loop did while torch waited in C++
-    assert error_lines(log) in (["numarun: error: stopped by SIGTERM; all workers were ended"],
-                                ["numarun: error: stopped by SIGTERM; no worker was running"]), log[-3000:]
+    assert error_lines(log) in (
+        ["numarun: error: stopped by SIGTERM; all workers were ended"],
+        ["numarun: error: stopped by SIGTERM; no worker was running"],
+    ), log[-3000:]
     assert "Traceback" not in log and not list(tmp_path.glob("started.*")) and phases[0] == "launcher"
     wait_until("numarun's private directory to go", lambda: not list((tmp_path / "tmp").glob("numarun-*")), 30)
 
@@ -133,7 +172,8 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path: Path) -> None:
     log = (tmp_path / "log").read_text()
     assert code == 130, log[-3000:]
     assert [line for line in log.splitlines() if line.strip()] == [
-        "numarun: error: stopped by SIGINT; all workers were ended"], log[-3000:]
+        "numarun: error: stopped by SIGINT; all workers were ended"
+    ], log[-3000:]
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
@@ -192,8 +232,13 @@ def test_the_loop_acts_as_the_phase_table_says() -> None:
     loop = signals.loop()
     try:
         loop.handle(signals.RELAYED)
-        want = {signals.Act.END: "end", signals.Act.STOP: "stop", signals.Act.AGAIN: "again",
-                signals.Act.FORWARD: "forward", signals.Act.HOLD: "held"}
+        want = {
+            signals.Act.END: "end",
+            signals.Act.STOP: "stop",
+            signals.Act.AGAIN: "again",
+            signals.Act.FORWARD: "forward",
+            signals.Act.HOLD: "held",
+        }
         for phase, acts in signals.ON_SIGNAL.items():
             for signum, act in ((signal.SIGTERM, acts[0]), (signal.SIGUSR1, acts[1])):
                 target = _Target()
@@ -217,13 +262,61 @@ class _Stop(Exception):
         super().__init__(msg)
 
 
-FORBIDDEN_MODULES = ("logging", "psutil", "threading", "subprocess", "fcntl", "pathlib", "shutil", "json",
-                     "numarun.ledger", "io", "select")
-FORBIDDEN_BUILTINS = {"open", "print", "input", "flock", "lockf", "sleep", "select", "poll", "waitpid", "kill",
-                      "killpg", "read", "write", "fsync", "acquire", "__enter__", "wait", "join", "system", "fdopen",
-                      "allocate_lock", "RLock"}
-FORBIDDEN_NAMES = FORBIDDEN_BUILTINS | {"log", "logging", "warning", "info", "debug", "error", "exception", "Lock",
-                                        "_lock", "lock", "psutil", "ledger", "fcntl", "Path", "ON_SIGNAL", "phase"}
+FORBIDDEN_MODULES = (
+    "logging",
+    "psutil",
+    "threading",
+    "subprocess",
+    "fcntl",
+    "pathlib",
+    "shutil",
+    "json",
+    "numarun.ledger",
+    "io",
+    "select",
+)
+FORBIDDEN_BUILTINS = {
+    "open",
+    "print",
+    "input",
+    "flock",
+    "lockf",
+    "sleep",
+    "select",
+    "poll",
+    "waitpid",
+    "kill",
+    "killpg",
+    "read",
+    "write",
+    "fsync",
+    "acquire",
+    "__enter__",
+    "wait",
+    "join",
+    "system",
+    "fdopen",
+    "allocate_lock",
+    "RLock",
+}
+FORBIDDEN_NAMES = FORBIDDEN_BUILTINS | {
+    "log",
+    "logging",
+    "warning",
+    "info",
+    "debug",
+    "error",
+    "exception",
+    "Lock",
+    "_lock",
+    "lock",
+    "psutil",
+    "ledger",
+    "fcntl",
+    "Path",
+    "ON_SIGNAL",
+    "phase",
+}
 
 
 def _traced(handler: object, signum: int) -> type[BaseException] | None:
@@ -234,8 +327,11 @@ def _traced(handler: object, signum: int) -> type[BaseException] | None:
     import dis
 
     code = getattr(handler, "__code__", None)
-    bad = [f"{i.opname} {i.argval}" for i in (dis.get_instructions(code) if code is not None else [])
-           if i.opname in ("BEFORE_WITH", "SETUP_WITH", "BEFORE_ASYNC_WITH") or i.argval in FORBIDDEN_NAMES]
+    bad = [
+        f"{i.opname} {i.argval}"
+        for i in (dis.get_instructions(code) if code is not None else [])
+        if i.opname in ("BEFORE_WITH", "SETUP_WITH", "BEFORE_ASYNC_WITH") or i.argval in FORBIDDEN_NAMES
+    ]
 
     def profile(frame, event, arg):  # type: ignore[no-untyped-def]
         if event == "call":
@@ -266,8 +362,13 @@ def test_every_signal_handler_in_numarun_is_one_of_the_traced_ones() -> None:
     found = set()
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "signal"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "signal"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "signal"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "signal"
+            ):
                 found.add((path.relative_to(root).as_posix(), ast.unparse(node.args[1])))
     defaults = {"signal.SIG_DFL", "signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL"}
     assert {h for _, h in found} - defaults == {"self.handler", "self.loop.handler", "self._record"}, sorted(found)
@@ -279,9 +380,14 @@ def _as_pid_1(tmp: Path, *args: str) -> subprocess.Popen:  # type: ignore[type-a
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) for a PID namespace")
     (tmp / "tmp").mkdir(exist_ok=True)
-    return subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *numarun_cmd(), *args], cwd=tmp,
-                            env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp")),
-                            stdout=open(tmp / "log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *numarun_cmd(), *args],
+        cwd=tmp,
+        env=clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp")),
+        stdout=open(tmp / "log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _zombies_under(pid: int) -> list[int]:
@@ -294,7 +400,9 @@ def test_numarun_as_pid_1_reaps_every_orphan_and_exits_with_the_job(tmp_path: Pa
     job runs; no zombie is left under PID 1, and the exit code is the job's."""
     p = _as_pid_1(tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "short_daemons.py"), str(tmp_path))
     try:
-        init = wait_until("PID 1 of the namespace", lambda: psutil.Process(p.pid).children(), TIMEOUT, 0.05, proc=p)[0].pid
+        init = wait_until("PID 1 of the namespace", lambda: psutil.Process(p.pid).children(), TIMEOUT, 0.05, proc=p)[
+            0
+        ].pid
         wait_until("every daemon reaped", lambda: len(list(tmp_path.glob("reaped.*"))) == 2, TIMEOUT, 0.05, proc=p)
         assert _zombies_under(init) == []
         (tmp_path / "go").write_text("")
@@ -313,7 +421,9 @@ def test_sigterm_to_numarun_as_pid_1_is_143(tmp_path: Path) -> None:
     script.write_text(SLEEPER)
     p = _as_pid_1(tmp_path, "--nproc-per-node", "2", str(script), str(tmp_path))
     try:
-        init = wait_until("PID 1 of the namespace", lambda: psutil.Process(p.pid).children(), TIMEOUT, 0.05, proc=p)[0].pid
+        init = wait_until("PID 1 of the namespace", lambda: psutil.Process(p.pid).children(), TIMEOUT, 0.05, proc=p)[
+            0
+        ].pid
         wait_until("both ranks to run", lambda: len(list(tmp_path.glob("started.*"))) == 2, TIMEOUT, 0.05, proc=p)
         os.kill(init, signal.SIGTERM)
         code = p.wait(timeout=TIMEOUT)

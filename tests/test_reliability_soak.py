@@ -22,8 +22,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_soak_short(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "soak.py"), "--steps", "30", "--interval", "5", "--faults", "2",
-                        "--seed", "1", "--json", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "soak.py"),
+            "--steps",
+            "30",
+            "--interval",
+            "5",
+            "--faults",
+            "2",
+            "--seed",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     figures = json.loads(out.read_text())
     assert figures["failed_checks"] == []

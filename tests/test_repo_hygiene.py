@@ -52,8 +52,14 @@ def _fixed_sleeps(source: str) -> list[int]:
     found: list[int] = []
 
     def visit(node: ast.AST, in_loop: bool) -> None:
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sleep"
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "time" and not in_loop):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "sleep"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "time"
+            and not in_loop
+        ):
             found.append(node.lineno)
         for child in ast.iter_child_nodes(node):
             visit(child, in_loop or isinstance(node, ast.While))
@@ -84,11 +90,19 @@ def _port_helpers(source: str) -> list[int]:
 
 
 def test_a_free_port_comes_from_one_helper() -> None:
-    assert _port_helpers("with socket.socket() as s:\n    s.bind(('127.0.0.1', 0))\n    p = s.getsockname()[1]\n") == [1]
-    assert _port_helpers("with socket.socket() as s:\n    s.bind(('', 0))\n    s.listen()\n    p = s.getsockname()[1]\n") == []
+    assert _port_helpers("with socket.socket() as s:\n    s.bind(('127.0.0.1', 0))\n    p = s.getsockname()[1]\n") == [
+        1
+    ]
+    assert (
+        _port_helpers("with socket.socket() as s:\n    s.bind(('', 0))\n    s.listen()\n    p = s.getsockname()[1]\n")
+        == []
+    )
     here = Path(__file__).resolve().parent
-    offenders = {p.name: lines for p in sorted(here.glob("*.py")) if p.name != "helpers.py"
-                 and (lines := _port_helpers(p.read_text()))}
+    offenders = {
+        p.name: lines
+        for p in sorted(here.glob("*.py"))
+        if p.name != "helpers.py" and (lines := _port_helpers(p.read_text()))
+    }
     assert offenders == {}, f"tests with a free-port helper of their own (use helpers.free_port): {offenders}"
 
 
@@ -103,10 +117,17 @@ def test_a_run_says_at_its_end_how_many_tests_need_root(tmp_path: Path) -> None:
         "def test_netns():\n    pytest.skip('needs root for namespaces')\n\n"
         "def test_other():\n    pytest.skip('mpiexec is not installed (scripts/test.sh installs it as root)')\n\n"
         "def test_listed():\n    pytest.skip('not run here: docs/doctor.md:78 needs root: sudo bash demo.sh')\n\n"
-        "def test_fine():\n    pass\n")
+        "def test_fine():\n    pass\n"
+    )
     here = Path(__file__).resolve().parent
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "skips", "-q", "test_some.py"],
-                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(here)}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "skips", "-q", "test_some.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(here)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout[-2000:]
     assert f"2 tests skipped for want of root (this run's uid is {os.geteuid()})" in r.stdout, r.stdout[-2000:]
     assert "in test_some.py: run the suite as root to run them" in r.stdout

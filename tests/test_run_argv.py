@@ -27,13 +27,68 @@ SCRIPT = "tests/scripts/exit_rank.py"
 CASES: list[list[str]] = [
     [SCRIPT, "1", "3"],
     ["--nproc-per-node", "2", "--standalone", SCRIPT, "--lr=3", "x=1", "--nproc-per-node", "9"],
-    ["--nproc_per_node=4", "--nnodes=2", "--node_rank", "1", "--master_addr", "10.0.0.1", "--master_port=29501", SCRIPT],
-    ["--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv_endpoint", "localhost:29400", "--rdzv-id", "job7",
-     "--rdzv-conf", "timeout=900,read_timeout=60", "--max_restarts", "3", "--monitor-interval", "0.5", SCRIPT],
-    ["--start_method", "fork", "--role", "trainer", "--log_dir", "/tmp/logs", "-r", "3", "-t", "2",
-     "--local_ranks_filter", "0", "--local-addr", "127.0.0.1", "--signals-to-handle", "SIGTERM,SIGUSR1",
-     "--shutdown-timeout", "5", "--duplicate-stdout-filters", "loss,step", SCRIPT],
-    ["--binding", "node", "--mem-policy", "preferred", "--strict-binding", "--dry-run", "-m", "json.tool", "--config", "a.yaml"],
+    [
+        "--nproc_per_node=4",
+        "--nnodes=2",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "10.0.0.1",
+        "--master_port=29501",
+        SCRIPT,
+    ],
+    [
+        "--nnodes",
+        "1:4",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "localhost:29400",
+        "--rdzv-id",
+        "job7",
+        "--rdzv-conf",
+        "timeout=900,read_timeout=60",
+        "--max_restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        SCRIPT,
+    ],
+    [
+        "--start_method",
+        "fork",
+        "--role",
+        "trainer",
+        "--log_dir",
+        "/tmp/logs",
+        "-r",
+        "3",
+        "-t",
+        "2",
+        "--local_ranks_filter",
+        "0",
+        "--local-addr",
+        "127.0.0.1",
+        "--signals-to-handle",
+        "SIGTERM,SIGUSR1",
+        "--shutdown-timeout",
+        "5",
+        "--duplicate-stdout-filters",
+        "loss,step",
+        SCRIPT,
+    ],
+    [
+        "--binding",
+        "node",
+        "--mem-policy",
+        "preferred",
+        "--strict-binding",
+        "--dry-run",
+        "-m",
+        "json.tool",
+        "--config",
+        "a.yaml",
+    ],
     ["--numa-binding", "socket", "--no-python", "true", "--flag"],
 ]
 
@@ -57,7 +112,9 @@ def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
 
 
 def test_golden_argv() -> None:
-    text = "".join(f"$ numarun {shlex.join(args)}\n{shlex.join(['torchrun', *argv_for(args)[0]])}\n\n" for args in CASES)
+    text = "".join(
+        f"$ numarun {shlex.join(args)}\n{shlex.join(['torchrun', *argv_for(args)[0]])}\n\n" for args in CASES
+    )
     check_golden(GOLDEN, text.replace(ENTRY_FILE, "<numarun>/worker/entry.py"))
 
 
@@ -106,7 +163,12 @@ def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
     assert opts.strict_binding and ns.dry_run and ns.module
     assert (ns.training_script, ns.training_script_args) == ("json.tool", ["--config", "a.yaml"])
     ns = parse(CASES[1])
-    assert options(CASES[1]).nproc_per_node == 2 and ns.training_script_args == ["--lr=3", "x=1", "--nproc-per-node", "9"]
+    assert options(CASES[1]).nproc_per_node == 2 and ns.training_script_args == [
+        "--lr=3",
+        "x=1",
+        "--nproc-per-node",
+        "9",
+    ]
     assert options(CASES[6]).binding is BindingMode.SOCKET  # torchrun's spelling of --binding
     assert options([SCRIPT]).nproc_per_node is None  # one rank per GPU, decided by the plan
 
@@ -129,7 +191,9 @@ def test_bad_targets_are_usage_errors(args: list[str], needle: str) -> None:
 
 def _plan(*envs: dict[str, str]) -> LaunchPlan:
     return LaunchPlan(
-        ranks=tuple(RankBinding(local_rank=i, gpu=None, cpus=(i,), mems=(0,), nic=None, env=e) for i, e in enumerate(envs))
+        ranks=tuple(
+            RankBinding(local_rank=i, gpu=None, cpus=(i,), mems=(0,), nic=None, env=e) for i, e in enumerate(envs)
+        )
     )
 
 

@@ -47,7 +47,9 @@ def test_ranks_get_exactly_the_plan(tmp_path: Path) -> None:
 
 
 def test_module_form_keeps_a_value_the_user_set(tmp_path: Path) -> None:
-    r = numarun("--nproc_per_node=1", "-m", "report_binding", str(tmp_path), "--module", cwd=SCRIPTS, OMP_NUM_THREADS="5")
+    r = numarun(
+        "--nproc_per_node=1", "-m", "report_binding", str(tmp_path), "--module", cwd=SCRIPTS, OMP_NUM_THREADS="5"
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads((tmp_path / "rank0.json").read_text())
     assert got["name"] == "__main__" and got["file"] == str(SCRIPTS / "report_binding.py")
@@ -83,9 +85,15 @@ def test_dry_run_prints_plan_and_command_and_runs_nothing(tmp_path: Path) -> Non
     words = shlex.split(command[0])
     i = words.index("torchrun")
     assert "NUMARUN_PLAN=plan.json" in words[:i]
-    assert words[i + 1:] == [
-        "--nproc-per-node=2", "--local-addr=127.0.0.1", "--max-restarts=1", ENTRY_FILE,
-        "tests/scripts/report_binding.py", str(tmp_path), "--lr=3", "x=1",
+    assert words[i + 1 :] == [
+        "--nproc-per-node=2",
+        "--local-addr=127.0.0.1",
+        "--max-restarts=1",
+        ENTRY_FILE,
+        "tests/scripts/report_binding.py",
+        str(tmp_path),
+        "--lr=3",
+        "x=1",
     ]
 
 
@@ -131,13 +139,17 @@ def test_user_mistakes_are_one_line_exit_2(
     for k in [k for k in os.environ if k.startswith(("NUMARUN_", "PET_"))]:
         monkeypatch.delenv(k)
     monkeypatch.chdir(REPO)
-    code, _, err = _cli(capsys, "--nproc-per-node", str(len(os.sched_getaffinity(0)) + 1), "tests/scripts/exit_rank.py", "0", "0")
+    code, _, err = _cli(
+        capsys, "--nproc-per-node", str(len(os.sched_getaffinity(0)) + 1), "tests/scripts/exit_rank.py", "0", "0"
+    )
     assert code == 2 and err.count("\n") == 1 and "nproc-per-node" in err
     plan_file = tmp_path / "plan.json"
     code, out, _ = _cli(capsys, "plan", "--json", "--nproc-per-node", "1")
     assert code == 0
     plan_file.write_text(out)
-    code, _, err = _cli(capsys, "--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0")
+    code, _, err = _cli(
+        capsys, "--plan-file", str(plan_file), "--nproc-per-node", "2", "tests/scripts/exit_rank.py", "0", "0"
+    )
     assert code == 2 and err.count("\n") == 1 and "has 1 rank;" in err
     code, _, err = _cli(capsys, "--plan-file", str(tmp_path / "nope.json"), "tests/scripts/exit_rank.py", "0", "0")
     assert code == 2 and err.count("\n") == 1 and "nope.json" in err

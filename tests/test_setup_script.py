@@ -27,12 +27,15 @@ def _index(root: Path, *, with_wheel: bool) -> str:
     project.mkdir(parents=True)
     links = ""
     if with_wheel:
-        files = {"numarun_probe/__init__.py": "", "numarun_probe-1.0.dist-info/METADATA":
-                 "Metadata-Version: 2.1\nName: numarun_probe\nVersion: 1.0\n",
-                 "numarun_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                                      "Tag: py3-none-any\n"}
-        files["numarun_probe-1.0.dist-info/RECORD"] = "".join(f"{name},,\n" for name in [*files, "x"][:-1]) + \
-            "numarun_probe-1.0.dist-info/RECORD,,\n"
+        files = {
+            "numarun_probe/__init__.py": "",
+            "numarun_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: numarun_probe\nVersion: 1.0\n",
+            "numarun_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+            "Tag: py3-none-any\n",
+        }
+        files["numarun_probe-1.0.dist-info/RECORD"] = (
+            "".join(f"{name},,\n" for name in [*files, "x"][:-1]) + "numarun_probe-1.0.dist-info/RECORD,,\n"
+        )
         with zipfile.ZipFile(project / WHEEL, "w") as z:
             for name, text in files.items():
                 z.writestr(name, text)
@@ -52,10 +55,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _setup(repo: Path, *, cpu_index: str, pip_index: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=pip_index, NUMARUN_TORCH="numarun_probe==1.0",
-               NUMARUN_TORCH_INDEX=cpu_index)
-    return subprocess.run(["bash", str(repo / "scripts" / "setup.sh"), "torch"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_INDEX_URL=pip_index,
+        NUMARUN_TORCH="numarun_probe==1.0",
+        NUMARUN_TORCH_INDEX=cpu_index,
+    )
+    return subprocess.run(
+        ["bash", str(repo / "scripts" / "setup.sh"), "torch"], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_torch_step_says_in_one_line_what_came_from_where_and_why(repo: Path, tmp_path: Path) -> None:
@@ -71,16 +79,23 @@ def test_the_torch_step_says_in_one_line_what_came_from_where_and_why(repo: Path
     r = _setup(repo, cpu_index=empty, pip_index=full)
     assert r.returncode == 0 and r.stderr == "", r
     url = (tmp_path / "full" / "simple" / "numarun-probe" / WHEEL).as_uri()
-    assert r.stdout == (f"setup.sh: numarun_probe 1.0 (build) from {url}: from pip's configured sources, as {empty} "
-                        "has no numarun_probe==1.0 for this machine\n"), r.stdout
+    assert r.stdout == (
+        f"setup.sh: numarun_probe 1.0 (build) from {url}: from pip's configured sources, as {empty} "
+        "has no numarun_probe==1.0 for this machine\n"
+    ), r.stdout
     # installed: the step does nothing the next time
     assert _setup(repo, cpu_index=dead, pip_index=empty).stdout == ""
 
 
 def test_an_unreachable_cpu_index_is_named_so(repo: Path, tmp_path: Path) -> None:
-    subprocess.run([str(repo / ".venv" / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "numarun_probe"],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [str(repo / ".venv" / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "numarun_probe"],
+        capture_output=True,
+        timeout=120,
+    )
     dead = f"http://127.0.0.1:{free_port()}/simple"
     r = _setup(repo, cpu_index=dead, pip_index=_index(tmp_path, with_wheel=True))
     assert r.returncode == 0 and r.stderr == "", r
-    assert r.stdout.count("\n") == 1 and r.stdout.endswith(f": from pip's configured sources, as {dead} was unreachable\n")
+    assert r.stdout.count("\n") == 1 and r.stdout.endswith(
+        f": from pip's configured sources, as {dead} was unreachable\n"
+    )

@@ -29,9 +29,18 @@ def cluster():
 
 def submit(cluster, out: Path, *args, wait=True, timeout=300) -> subprocess.CompletedProcess:
     argv = [
-        *NUMARUN, "submit", "--nnodes", "2", "--time", "5", "--output-dir", str(out),
-        "--poll-seconds", "0.5",  # no GLOO_SOCKET_IFNAME: numarun's address rule picks the nodes' interface
-        *(["--wait"] if wait else []), *args,
+        *NUMARUN,
+        "submit",
+        "--nnodes",
+        "2",
+        "--time",
+        "5",
+        "--output-dir",
+        str(out),
+        "--poll-seconds",
+        "0.5",  # no GLOO_SOCKET_IFNAME: numarun's address rule picks the nodes' interface
+        *(["--wait"] if wait else []),
+        *args,
     ]
     return slurm(cluster, *argv, timeout=timeout, check=False)
 
@@ -82,7 +91,9 @@ def test_two_nodes_two_ranks_each_bound(cluster, tmp_path):
     nodes = slurm(cluster, "scontrol", "show", "hostnames", fields["NodeList"]).stdout.split()
     addr = dict(zip(cluster["NUMARUN_CLUSTER_NODES"].split(), cluster["NUMARUN_CLUSTER_ADDRS"].split()))
     assert sorted(nodes, key=addr.__getitem__) == nodes[::-1], "the test needs addresses sorting against the node order"
-    assert "Requested: 2 whole nodes (--exclusive): every CPU, no GPUs" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
+    assert (
+        "Requested: 2 whole nodes (--exclusive): every CPU, no GPUs" in (tmp_path / f"sbatch-{job_id}.sh").read_text()
+    )
 
 
 def test_four_nodes_under_two_switches_get_adjacent_node_ranks(cluster, tmp_path):
@@ -105,8 +116,17 @@ def test_a_layout_over_four_nodes_keeps_each_dp_shard_group_under_one_switch(clu
     nodes = cluster["NUMARUN_CLUSTER_NODES"].split()
     if len(nodes) < 4:
         pytest.fail("this test needs 'scripts/test-cluster.sh up --nodes 4'")
-    proc = submit(cluster, tmp_path, "--nnodes", "4", "--nproc-per-node", "1", "--mesh", "dp_replicate=2,dp_shard=2",
-                  str(SCRIPTS / "mesh_ranks.py"))
+    proc = submit(
+        cluster,
+        tmp_path,
+        "--nnodes",
+        "4",
+        "--nproc-per-node",
+        "1",
+        "--mesh",
+        "dp_replicate=2,dp_shard=2",
+        str(SCRIPTS / "mesh_ranks.py"),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run_dir,) = printed(proc.stdout, "run dir")
     reports = {r["rank"]: r for r in (json.loads(p.read_text()) for p in Path(run_dir).glob("rank-*.json"))}
@@ -145,14 +165,37 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
     part = cluster["NUMARUN_CLUSTER_GPU_PARTITION"]
     node = slurm(cluster, "sinfo", "-h", "-N", "-p", part, "-o", "%N").stdout.split()[0]
     # hold one GPU of the node so that the job gets the other one
-    holder = slurm(cluster, "sbatch", "--parsable", "-p", part, "-w", node, "--gpus-per-node=1", "-o", "/dev/null",
-                   "--wrap", "sleep 120").stdout.strip()
+    holder = slurm(
+        cluster,
+        "sbatch",
+        "--parsable",
+        "-p",
+        part,
+        "-w",
+        node,
+        "--gpus-per-node=1",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 120",
+    ).stdout.strip()
     try:
         wait_until("the holder job to run", lambda: job_fields(cluster, holder).get("JobState") == "RUNNING", 60)
         tree = cluster["NUMARUN_CLUSTER_GPU_TREE"]
-        proc = submit(cluster, tmp_path, "--nnodes", "1", "--partition", part, f"--sbatch-option=--nodelist={node}",
-                      "--gpus-per-node", "1", "--launch-opt=--dry-run", f"--launch-opt=--topology={tree}",
-                      str(SCRIPTS / "slurm_ranks.py"))
+        proc = submit(
+            cluster,
+            tmp_path,
+            "--nnodes",
+            "1",
+            "--partition",
+            part,
+            f"--sbatch-option=--nodelist={node}",
+            "--gpus-per-node",
+            "1",
+            "--launch-opt=--dry-run",
+            f"--launch-opt=--topology={tree}",
+            str(SCRIPTS / "slurm_ranks.py"),
+        )
     finally:
         slurm(cluster, "scancel", holder, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -167,7 +210,15 @@ def test_gpu_gres_job_plans_on_the_gpus_slurm_gave(cluster, tmp_path):
 
 def test_failing_rank_fails_the_job_with_its_exit_code(cluster, tmp_path):
     proc = submit(
-        cluster, tmp_path, "--nproc-per-node", "2", str(SCRIPTS / "slurm_ranks.py"), "--fail-rank", "3", "--exit-code", "3"
+        cluster,
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "slurm_ranks.py"),
+        "--fail-rank",
+        "3",
+        "--exit-code",
+        "3",
     )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
@@ -223,8 +274,18 @@ REQUEUE_STEPS = 36
 
 def _requeued_twice(cluster, tmp_path: Path) -> tuple[str, Path, str]:
     """(job id, run dir, log) of a counter job requeued by the admin, then by its own pre-timeout signal."""
-    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--requeue-limit", "3", str(SCRIPTS / "slurm_counter.py"),
-                  str(REQUEUE_STEPS), "0.3", wait=False)
+    proc = submit(
+        cluster,
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        "--requeue-limit",
+        "3",
+        str(SCRIPTS / "slurm_counter.py"),
+        str(REQUEUE_STEPS),
+        "0.3",
+        wait=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])
@@ -239,7 +300,9 @@ def _requeued_twice(cluster, tmp_path: Path) -> tuple[str, Path, str]:
         pid = wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
         os.kill(pid, 10)  # SIGUSR1
         _start_requeued_now(cluster, job_id)
-        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180)
+        wait_until(
+            "the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 180
+        )
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     return job_id, run_dir, Path(printed(proc.stdout, "log")[0]).read_text()
@@ -261,8 +324,19 @@ GRACE_STEPS, SAVE_S = 14, 36
 
 def _slow_save_after_the_signal(cluster, tmp_path: Path) -> tuple[str, Path]:
     """(job id, run dir) of a counter job whose save after the pre-timeout signal takes 36 s."""
-    proc = submit(cluster, tmp_path, "--nproc-per-node", "1", "--signal-before", "120",
-                  str(SCRIPTS / "slurm_counter.py"), str(GRACE_STEPS), "0.3", str(SAVE_S), wait=False)
+    proc = submit(
+        cluster,
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        "--signal-before",
+        "120",
+        str(SCRIPTS / "slurm_counter.py"),
+        str(GRACE_STEPS),
+        "0.3",
+        str(SAVE_S),
+        wait=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
     run_dir = Path(printed(proc.stdout, "run dir")[0])
@@ -272,7 +346,9 @@ def _slow_save_after_the_signal(cluster, tmp_path: Path) -> tuple[str, Path]:
         pid = wait_until("the batch shell", lambda: _batch_shell_pid(job_id), 60)
         os.kill(pid, 10)  # SIGUSR1, as Slurm sends it --signal-before seconds before the limit
         _start_requeued_now(cluster, job_id)
-        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240)
+        wait_until(
+            "the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 240
+        )
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     return job_id, run_dir
@@ -313,8 +389,16 @@ def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path)
     steps = 120
     # a 30 min limit: the 5 min of the other jobs can end a slow run by the real pre-timeout signal
     proc = submit(
-        cluster, tmp_path, "--nproc-per-node", "1", "--time", "30", str(REPO / "scripts" / "train.py"),
-        f"trainer.steps={steps}", "trainer.progress=false", wait=False,
+        cluster,
+        tmp_path,
+        "--nproc-per-node",
+        "1",
+        "--time",
+        "30",
+        str(REPO / "scripts" / "train.py"),
+        f"trainer.steps={steps}",
+        "trainer.progress=false",
+        wait=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (job_id,) = printed(proc.stdout, "job id")
@@ -323,16 +407,20 @@ def test_trainer_requeued_mid_run_resumes_from_its_checkpoint(cluster, tmp_path)
         wait_until("20 trainer steps", lambda: len(_metric_steps(run_dir)) >= 20, 240)
         slurm(cluster, "scontrol", "requeue", job_id)
         _start_requeued_now(cluster, job_id)
-        wait_until("the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 300)
+        wait_until(
+            "the job to end", lambda: not slurm(cluster, "squeue", "-h", "-j", job_id, check=False).stdout.strip(), 300
+        )
     finally:
         slurm(cluster, "scancel", job_id, check=False)
     fields = job_fields(cluster, job_id)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", fields
     got = _metric_steps(run_dir)
-    assert got == list(range(1, steps + 1)), f"steps lost or repeated around {sorted(set(range(1, steps + 1)) ^ set(got))[:5]}"
+    assert got == list(range(1, steps + 1)), (
+        f"steps lost or repeated around {sorted(set(range(1, steps + 1)) ^ set(got))[:5]}"
+    )
 
 
-SWEEP_APP = '''
+SWEEP_APP = """
 import os
 import socket
 from pathlib import Path
@@ -342,24 +430,42 @@ import hydra
 
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def job(cfg):
-    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(os.environ.get('SLURMD_NODENAME', socket.gethostname()))
+    node = os.environ.get('SLURMD_NODENAME', socket.gethostname())
+    Path(cfg.out, f"job{cfg.x}.rank{os.environ['RANK']}").write_text(node)
     return (cfg.x - 2) ** 2
 
 
 if __name__ == "__main__":
     job()
-'''
+"""
 
 
-def hydra_sweep(cluster, tmp_path: Path, *args: str, env: tuple[str, ...] = (),
-                timeout: float = 600) -> subprocess.CompletedProcess:
+def hydra_sweep(
+    cluster, tmp_path: Path, *args: str, env: tuple[str, ...] = (), timeout: float = 600
+) -> subprocess.CompletedProcess:
     """``python app.py -m hydra/launcher=numarun_slurm ...`` where the cluster's clients run."""
     (tmp_path / "app.py").write_text(SWEEP_APP)
     (tmp_path / "out").mkdir(exist_ok=True)
     options = "[--time,5,--poll-seconds,0.5]"  # the address rule picks the nodes' interface
-    return slurm(cluster, "bash", "-c", 'cd "$0" && exec "$@"', str(tmp_path), "env", *env, sys.executable, "app.py", "-m",
-                 "hydra/launcher=numarun_slurm", f"hydra.launcher.submit_options={options}", f"+out={tmp_path / 'out'}",
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}", *args, timeout=timeout, check=False)
+    return slurm(
+        cluster,
+        "bash",
+        "-c",
+        'cd "$0" && exec "$@"',
+        str(tmp_path),
+        "env",
+        *env,
+        sys.executable,
+        "app.py",
+        "-m",
+        "hydra/launcher=numarun_slurm",
+        f"hydra.launcher.submit_options={options}",
+        f"+out={tmp_path / 'out'}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *args,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("pack", [None, 2])
@@ -380,9 +486,16 @@ def test_hydra_launcher_numarun_slurm_runs_the_sweep_as_a_job_array(cluster, tmp
 def test_an_optuna_sweep_on_slurm_reaches_optuna(cluster, tmp_path):
     (tmp_path / "recording.py").write_text(RECORDING_SAMPLER)
     trials = tmp_path / "trials.jsonl"
-    proc = hydra_sweep(cluster, tmp_path, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
-                       "+x=interval(0,4)", "hydra.sweeper.sampler._target_=recording.RecordingSampler",
-                       env=(f"TRIALS={trials}",))
+    proc = hydra_sweep(
+        cluster,
+        tmp_path,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "+x=interval(0,4)",
+        "hydra.sweeper.sampler._target_=recording.RecordingSampler",
+        env=(f"TRIALS={trials}",),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     told = [json.loads(line) for line in trials.read_text().splitlines()]
     assert len(told) == 4 and all(t["state"] == "COMPLETE" for t in told)

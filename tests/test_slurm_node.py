@@ -57,7 +57,8 @@ FAKE_SCONTROL = """#!/bin/bash
 echo "$*" >> "$FAKE_CALLS"
 case "$1 $2" in
   "show topology") printf '%s' "$FAKE_TOPOLOGY" ;;
-  "show node") echo "NodeName=$3 Arch=x86_64"; echo "   NodeAddr=$(grep "^$3 " "$FAKE_ADDRS" | cut -d' ' -f2) NodeHostName=h" ;;
+  "show node") addr=$(grep "^$3 " "$FAKE_ADDRS" | cut -d' ' -f2)
+    echo "NodeName=$3 Arch=x86_64"; echo "   NodeAddr=$addr NodeHostName=h" ;;
   "requeue "*) echo "$*" >> "$FAKE_REQUEUED" ;;
 esac
 """
@@ -66,9 +67,19 @@ esac
 def _step(me: str) -> dict[str, str]:
     """The variables of one task of a 4-node step with one task per node (as srun sets them)."""
     i = ["node1", "node2", "node3", "node4"].index(me)
-    return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_STEP_NODELIST": "node[1-4]",
-            "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "1(x4)",
-            "SLURM_NODEID": str(i), "SLURM_PROCID": str(i), "SLURM_LOCALID": "0", "SLURMD_NODENAME": me}
+    return {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "node[1-4]",
+        "SLURM_STEP_NODELIST": "node[1-4]",
+        "SLURM_STEP_NUM_NODES": "4",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x4)",
+        "SLURM_NODEID": str(i),
+        "SLURM_PROCID": str(i),
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": me,
+    }
 
 
 @pytest.fixture
@@ -80,14 +91,26 @@ def fake_slurm(tmp_path):
     addrs = tmp_path / "addrs"
     addrs.write_text("".join(f"{n} {a}\n" for n, a in ADDRS.items()))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "NUMARUN", "OMPI", "PMI"))}
-    env.update(PATH=f"{b}:{os.environ['PATH']}", FAKE_ADDRS=str(addrs), FAKE_TOPOLOGY=TOPOLOGY,
-               FAKE_REQUEUED=str(tmp_path / "requeued"), FAKE_CALLS=str(tmp_path / "calls"), SLURM_JOB_ID="77")
+    env.update(
+        PATH=f"{b}:{os.environ['PATH']}",
+        FAKE_ADDRS=str(addrs),
+        FAKE_TOPOLOGY=TOPOLOGY,
+        FAKE_REQUEUED=str(tmp_path / "requeued"),
+        FAKE_CALLS=str(tmp_path / "calls"),
+        SLURM_JOB_ID="77",
+    )
     return env
 
 
 def _node(env, *args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "numarun", "slurm-node", *args], env=env, capture_output=True,
-                          text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", "slurm-node", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
 
 
 def _calls(tmp_path) -> list[str]:
@@ -102,7 +125,9 @@ def test_node_task_runs_numarun_with_static_rendezvous_at_the_head(fake_slurm, t
     info = tmp_path / "info"
     info.mkdir()
     (info / "topology").write_text(TOPOLOGY)
-    (info / "nodes").write_text("".join(f"NodeName={n} Arch=x86_64 NodeAddr={a} NodeHostName=h\n" for n, a in ADDRS.items()))
+    (info / "nodes").write_text(
+        "".join(f"NodeName={n} Arch=x86_64 NodeAddr={a} NodeHostName=h\n" for n, a in ADDRS.items())
+    )
     env = dict(fake_slurm, **_step("node2"), NUMARUN_SLURM_INFO=str(info))
     proc = _node(
         env,
@@ -126,7 +151,9 @@ def test_node_task_runs_numarun_with_static_rendezvous_at_the_head(fake_slurm, t
     assert "--local-addr" not in cmd  # a static rendezvous advertises nothing: the head's address is the store's
     assert cmd.endswith(f"{script} --x")
     assert "Slurm step 77.0: node 1 of 4, 1 task on this node: per-node mode" in proc.stderr
-    assert "node rank 2 of 4: rendezvous 10.231.0.9" in proc.stderr and "node order node1,node3,node2,node4" in proc.stderr
+    assert (
+        "node rank 2 of 4: rendezvous 10.231.0.9" in proc.stderr and "node order node1,node3,node2,node4" in proc.stderr
+    )
     assert _calls(tmp_path) == []
     assert not list(tmp_path.glob(".numarun-node*.exit"))
 
@@ -136,8 +163,13 @@ def test_users_own_srun_asks_slurm_at_most_twice_per_node(fake_slurm, tmp_path):
     """No handed-over answers (a user's own sbatch): the switch map and the head's NodeAddr, once each."""
     script = Path(__file__).parent / "scripts" / "slurm_ranks.py"
     env = dict(fake_slurm, **_step("node4"))
-    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", "--nproc-per-node", "1", str(script)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "numarun", "--dry-run", "--nproc-per-node", "1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     cmd = next(line for line in proc.stdout.splitlines() if " torchrun " in line)
     for part in ("--nnodes=4", "--node-rank=3", "--master-addr=10.231.0.9", f"--master-port={rendezvous_port(77, 0)}"):
@@ -150,13 +182,23 @@ def test_an_unanswered_switch_map_is_an_error_not_a_different_order_on_some_node
     (tmp_path / "bin" / "scontrol").write_text('#!/bin/bash\necho "$*" >> "$FAKE_CALLS"\nexit 1\n')
     env = dict(fake_slurm, **_step("node2"))
     script = Path(__file__).parent / "scripts" / "slurm_ranks.py"
-    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", str(script)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "numarun", "--dry-run", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "'scontrol show topology' did not answer" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     # an explicit, quoted --node-rank uses Slurm's order and needs no switch map
-    proc = subprocess.run([sys.executable, "-m", "numarun", "--dry-run", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                           str(script)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "numarun", "--dry-run", "--node-rank", "1", "--master-addr", "127.0.0.1", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -174,8 +216,20 @@ def test_node_task_records_a_failure_and_finish_reports_the_first(fake_slurm, tm
 @pytest.mark.slow
 def test_finish_requeues_after_the_signal_until_the_limit(fake_slurm, tmp_path):
     def finish_preempted(restart_count: int):
-        return _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1",
-                     "--restart-count", str(restart_count), "--requeue-limit", "2")
+        return _node(
+            fake_slurm,
+            "finish",
+            "--run-dir",
+            str(tmp_path),
+            "--rc",
+            "0",
+            "--preempted",
+            "1",
+            "--restart-count",
+            str(restart_count),
+            "--requeue-limit",
+            "2",
+        )
 
     fin = finish_preempted(1)
     assert fin.returncode == 0 and "requeueing job 77 (restart 2 of 2)" in fin.stdout
@@ -193,7 +247,9 @@ def test_finish_reports_a_node_whose_ranks_were_killed_even_when_srun_says_0(fak
     fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0")
     assert fin.returncode == 143 and "step finished with exit code 143" in fin.stdout
     # a preempted job still requeues
-    fin = _node(fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--requeue-limit", "1")
+    fin = _node(
+        fake_slurm, "finish", "--run-dir", str(tmp_path), "--rc", "0", "--preempted", "1", "--requeue-limit", "1"
+    )
     assert fin.returncode == 0 and "requeueing job 77" in fin.stdout
 
 
@@ -210,12 +266,40 @@ def test_node_outcome_records_the_code_and_spares_srun_after_a_signal(tmp_path):
 def test_a_signal_the_node_task_gets_before_numarun_is_ready_is_held(fake_slurm, tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text("import time\ntime.sleep(600)\n")
-    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node1", "SLURM_STEP_NODELIST": "node1",
-            "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
-            "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node1"}
-    p = subprocess.Popen([sys.executable, "-m", "numarun", "slurm-node", "task", "--run-dir", str(tmp_path), "--job-key", "77",
-                          "run", "--nproc-per-node", "1", str(script)], env=dict(fake_slurm, **step),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    step = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_STEP_NODELIST": "node1",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NUM_TASKS": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": "node1",
+    }
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "slurm-node",
+            "task",
+            "--run-dir",
+            str(tmp_path),
+            "--job-key",
+            "77",
+            "run",
+            "--nproc-per-node",
+            "1",
+            str(script),
+        ],
+        env=dict(fake_slurm, **step),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert p.stdout is not None
     line = p.stdout.readline()  # the task's first line: its handlers are in, numarun is only starting
     assert line.startswith("numarun: job 77"), line

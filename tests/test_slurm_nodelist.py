@@ -24,7 +24,9 @@ def test_expand(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text", ["", " ", "n[3-1]", "n[1-2", "n]1", "n[a-b]", "n[1-]", "n[[1]]", "a,,b", "a b", "n[]", "n[-2]"])
+@pytest.mark.parametrize(
+    "text", ["", " ", "n[3-1]", "n[1-2", "n]1", "n[a-b]", "n[1-]", "n[[1]]", "a,,b", "a b", "n[]", "n[-2]"]
+)
 def test_bad_hostlists_name_the_value(text):
     with pytest.raises(SlurmError) as e:
         expand_hostlist(text)

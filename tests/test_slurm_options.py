@@ -92,9 +92,20 @@ def test_bad_options(kwargs, flag, shown):
 
 def test_good_options_pass():
     o = SlurmOptions(
-        nodes=4, nproc_per_node=8, gpus_per_node="h100:8", partition="gpu,gpu-long", time="1-00:00",
-        account="proj_1", qos="high", constraint="a100&ib|[rack1*2]", exclusive=True, cpus_per_task=64,
-        mem="500G", job_name="llm-7b.v2", requeue_limit=0, signal_before=300,
+        nodes=4,
+        nproc_per_node=8,
+        gpus_per_node="h100:8",
+        partition="gpu,gpu-long",
+        time="1-00:00",
+        account="proj_1",
+        qos="high",
+        constraint="a100&ib|[rack1*2]",
+        exclusive=True,
+        cpus_per_task=64,
+        mem="500G",
+        job_name="llm-7b.v2",
+        requeue_limit=0,
+        signal_before=300,
     ).validate()
     assert o.effective_signal_before == 300
 
@@ -150,9 +161,20 @@ def test_cli_refuses_bad_options_and_submits_nothing(flags, shown, spy_path, tmp
     script.write_text("print('hi')\n")
     env = dict(os.environ, PATH=f"{spy_path}/bin:{os.environ['PATH']}")
     proc = subprocess.run(
-        NUMARUN + ["submit", *flags, "--output-dir" if "--output-dir" not in flags else "--job-name",
-                   str(tmp_path / "out") if "--output-dir" not in flags else "j", str(script), "a=1"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+        NUMARUN
+        + [
+            "submit",
+            *flags,
+            "--output-dir" if "--output-dir" not in flags else "--job-name",
+            str(tmp_path / "out") if "--output-dir" not in flags else "j",
+            str(script),
+            "a=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -164,6 +186,8 @@ def test_cli_refuses_bad_options_and_submits_nothing(flags, shown, spy_path, tmp
 @pytest.mark.slow
 def test_cli_missing_script(spy_path, tmp_path):
     env = dict(os.environ, PATH=f"{spy_path}/bin:{os.environ['PATH']}")
-    proc = subprocess.run(NUMARUN + ["submit", str(tmp_path / "nope.py")], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        NUMARUN + ["submit", str(tmp_path / "nope.py")], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == 2 and "nope.py" in proc.stderr and "expected an existing script file" in proc.stderr
     assert not (spy_path / "called").exists()

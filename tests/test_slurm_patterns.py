@@ -34,8 +34,9 @@ def cluster():
 def batch(cluster, tmp_path: Path, body: str, *sbatch: str, timeout: float = 240) -> tuple[int, str]:
     """Run a batch script of the user's (``body``) to its end; (sbatch --wait's exit code, the job's output)."""
     script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n"
-                      f"cd {shlex.quote(str(REPO))}\n" + body)  # no GLOO_SOCKET_IFNAME: the address rule picks it
+    script.write_text(
+        f"#!/bin/bash\ncd {shlex.quote(str(REPO))}\n" + body
+    )  # no GLOO_SOCKET_IFNAME: the address rule picks it
     log = tmp_path / "job.out"
     # not 'sbatch --wait': it polls with a back-off that adds up to half a minute to a short job
     job = slurm(cluster, "sbatch", "--parsable", "--time", "5", "-o", str(log), *sbatch, str(script)).stdout.strip()
@@ -75,9 +76,11 @@ def check_own_cpus(got: list[dict]) -> None:
 def test_srun_numarun_in_the_users_sbatch_is_one_world_in_slurms_order(cluster, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    body = (f"srun {NUMARUN} --nproc-per-node 2 {RANKS} --out {out}\n"
-            # the doctor under srun on every node finds its nodes the same way
-            f"srun {NUMARUN} doctor --no-measure; echo \"doctor exit $?\"\n")
+    body = (
+        f"srun {NUMARUN} --nproc-per-node 2 {RANKS} --out {out}\n"
+        # the doctor under srun on every node finds its nodes the same way
+        f'srun {NUMARUN} doctor --no-measure; echo "doctor exit $?"\n'
+    )
     rc, log = batch(cluster, tmp_path, body, "-N2", "--exclusive")
     assert rc == 0, log
     got = reports(out)
@@ -96,8 +99,9 @@ def test_srun_numarun_in_the_users_sbatch_is_one_world_in_slurms_order(cluster, 
 def test_one_task_per_rank_is_one_world_with_rank_equal_procid(cluster, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    rc, log = batch(cluster, tmp_path, f"srun --ntasks-per-node=2 {NUMARUN} {RANKS} --out {out}\n", "-N2",
-                    "--ntasks-per-node=2")
+    rc, log = batch(
+        cluster, tmp_path, f"srun --ntasks-per-node=2 {NUMARUN} {RANKS} --out {out}\n", "-N2", "--ntasks-per-node=2"
+    )
     assert rc == 0, log
     got = reports(out)
     assert [r["rank"] for r in got] == [r["slurm_procid"] for r in got] == [0, 1, 2, 3], log
@@ -118,7 +122,7 @@ def test_early_expanded_node_rank_ends_the_whole_job_in_seconds(cluster, tmp_pat
         f"--nproc-per-node 1 {RANKS} --out {tmp_path}\n"
         'rc=$?; echo "srun exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms"\n'
         # a contradiction every node sees, and the opt-out that keeps today's behaviour
-        f"srun {NUMARUN} --nnodes 3 {RANKS} --out {tmp_path}; echo \"nnodes exit $?\"\n"
+        f'srun {NUMARUN} --nnodes 3 {RANKS} --out {tmp_path}; echo "nnodes exit $?"\n'
     )
     rc, log = batch(cluster, tmp_path, body, "-N2")
     m = re.search(r"srun exit (\d+) after (\d+) ms", log)
@@ -172,10 +176,20 @@ def test_a_gpu_per_task_binds_each_rank_to_the_gpu_slurm_gave_it(cluster, tmp_pa
     for bind in ("--cpu-bind=none", ""):
         out = tmp_path / f"out{bool(bind)}"
         out.mkdir()
-        body = (f"export NUMARUN_TOPOLOGY={tree}\n"
-                f"srun --ntasks-per-node=2 --gpus-per-task=1 {bind} {NUMARUN} --mem-policy none {RANKS} --out {out}\n")
-        rc, log = batch(cluster, tmp_path, body, "-N2", "-p", cluster["NUMARUN_CLUSTER_GPU_PARTITION"],
-                        "--ntasks-per-node=2", "--gpus-per-node=2")
+        body = (
+            f"export NUMARUN_TOPOLOGY={tree}\n"
+            f"srun --ntasks-per-node=2 --gpus-per-task=1 {bind} {NUMARUN} --mem-policy none {RANKS} --out {out}\n"
+        )
+        rc, log = batch(
+            cluster,
+            tmp_path,
+            body,
+            "-N2",
+            "-p",
+            cluster["NUMARUN_CLUSTER_GPU_PARTITION"],
+            "--ntasks-per-node=2",
+            "--gpus-per-node=2",
+        )
         assert rc == 0, log
         got = reports(out)
         assert [r["rank"] for r in got] == [0, 1, 2, 3], log
@@ -226,15 +240,32 @@ def test_a_submitted_job_asks_slurm_twice_at_start_whatever_its_size(cluster, tm
     nodes = len(cluster["NUMARUN_CLUSTER_NODES"].split())
     env = dict(cluster, PATH=f"{wrap}:{cluster['PATH']}")
     cmd = shlex.split(cluster["NUMARUN_CLUSTER_EXEC"]) + [
-        NUMARUN, "submit", "--nnodes", str(nodes), "--nproc-per-node", "1", "--time", "5", "--output-dir", str(tmp_path),
-        "--env", f"GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}", "--env", f"PATH={wrap}:{cluster['PATH']}",
-        "--poll-seconds", "0.5", "--wait", RANKS,
+        NUMARUN,
+        "submit",
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        "1",
+        "--time",
+        "5",
+        "--output-dir",
+        str(tmp_path),
+        "--env",
+        f"GLOO_SOCKET_IFNAME={cluster['NUMARUN_CLUSTER_IFNAME']}",
+        "--env",
+        f"PATH={wrap}:{cluster['PATH']}",
+        "--poll-seconds",
+        "0.5",
+        "--wait",
+        RANKS,
     ]
     import subprocess
 
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = Path(next(line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("run dir:")))
+    run_dir = Path(
+        next(line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if line.startswith("run dir:"))
+    )
     assert len(reports(run_dir)) == nodes
     # the job's own calls (submit --wait's polling of 'show job' runs on the submit host, outside the job)
     in_job = [line.split(" ", 1)[1] for line in calls.read_text().splitlines() if " show job" not in line]

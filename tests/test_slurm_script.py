@@ -39,9 +39,20 @@ GOLDEN_JOBS = {
         script="/home/ada/my project/run.py",
         output_dir="/scratch/ada/runs",
         options=SlurmOptions(
-            nodes=4, nproc_per_node=8, gpus_per_node="h100:8", partition="gpu", time="1-12:00",
-            account="proj1", qos="high", constraint="ib&nvlink", exclusive=True, cpus_per_task=96,
-            mem="900G", job_name="llm", requeue_limit=5, signal_before=300,
+            nodes=4,
+            nproc_per_node=8,
+            gpus_per_node="h100:8",
+            partition="gpu",
+            time="1-12:00",
+            account="proj1",
+            qos="high",
+            constraint="ib&nvlink",
+            exclusive=True,
+            cpus_per_task=96,
+            mem="900G",
+            job_name="llm",
+            requeue_limit=5,
+            signal_before=300,
             extra_sbatch=("--mail-type=END",),
         ),
         arg_sets=(("--epochs", "3", "--data", "/data/set one"),),
@@ -52,7 +63,12 @@ GOLDEN_JOBS = {
         script="/home/ada/proj/scripts/train.py",
         output_dir="/scratch/ada/runs",
         options=SlurmOptions(nodes=1, time="10:00"),
-        arg_sets=(("optim=sgd", "lr=0.1"), ("optim=sgd", "lr=0.01"), ("optim=adamw", "lr=0.1"), ("optim=adamw", "lr=0.01")),
+        arg_sets=(
+            ("optim=sgd", "lr=0.1"),
+            ("optim=sgd", "lr=0.01"),
+            ("optim=adamw", "lr=0.1"),
+            ("optim=adamw", "lr=0.01"),
+        ),
         numarun=NUMARUN,
         hydra_run_dir=True,
     ),
@@ -87,7 +103,9 @@ def test_whole_nodes_by_default_and_parts_on_request():
     def header(**kw):
         return [
             line
-            for line in render_sbatch(SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw))).splitlines()
+            for line in render_sbatch(
+                SlurmJob(script="/p/t.py", output_dir="/o", options=SlurmOptions(**kw))
+            ).splitlines()
             if line.startswith("#SBATCH") or line.startswith("# Requested")
         ]
 
@@ -136,7 +154,8 @@ def _fake_bin(tmp: Path) -> Path:
         "esac\n"
     )
     (b / "numarun").write_text(
-        '#!/bin/bash\nif [ "$2" = task ]; then printf "%s\\0" "$@" > "$ARGV_OUT"; printf "%s" "${PROBE-unset}" > "$ENV_OUT";'
+        '#!/bin/bash\nif [ "$2" = task ]; then printf "%s\\0" "$@" > "$ARGV_OUT"; printf "%s" "${PROBE-unset}" > '
+        '"$ENV_OUT";'
         ' else echo "$*" > "$ARGV_OUT.finish"; fi\n'
     )
     for f in b.iterdir():
@@ -181,21 +200,47 @@ def test_script_runs_the_node_task_then_finish(tmp_path):
     argv, probe = _run_script(tmp_path, _job(tmp_path, "/p/train.py", ("a=1",), "v"))
     run_dir = f"{tmp_path}/out/4242"
     assert argv == [
-        "slurm-node", "task", "--run-dir", run_dir, "--job-key", "4242",
-        "run", "--nproc-per-node", "2", "--shutdown-timeout", "105", "/p/train.py", "a=1",
+        "slurm-node",
+        "task",
+        "--run-dir",
+        run_dir,
+        "--job-key",
+        "4242",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--shutdown-timeout",
+        "105",
+        "/p/train.py",
+        "a=1",
     ]
     assert probe == "v"
     assert (tmp_path / "out" / "4242").is_dir()
     finish = (tmp_path / "argv.finish").read_text().split()
-    assert finish == ["slurm-node", "finish", "--run-dir", run_dir, "--rc", "0", "--preempted", "0",
-                      "--restart-count", "0", "--requeue-limit", "3"]
+    assert finish == [
+        "slurm-node",
+        "finish",
+        "--run-dir",
+        run_dir,
+        "--rc",
+        "0",
+        "--preempted",
+        "0",
+        "--restart-count",
+        "0",
+        "--requeue-limit",
+        "3",
+    ]
 
 
 @pytest.mark.slow
 def test_array_index_selects_its_override_set(tmp_path):
     job = SlurmJob(
-        script="/p/train.py", output_dir=str(tmp_path / "out"), numarun=(str(tmp_path / "bin" / "numarun"),),
-        arg_sets=(("lr=1",), ("lr=2", "x=$(y)"), ("lr=3",)), hydra_run_dir=True,
+        script="/p/train.py",
+        output_dir=str(tmp_path / "out"),
+        numarun=(str(tmp_path / "bin" / "numarun"),),
+        arg_sets=(("lr=1",), ("lr=2", "x=$(y)"), ("lr=3",)),
+        hydra_run_dir=True,
     )
     argv, _ = _run_script(tmp_path, job, array_index=1)
     assert argv[-3:] == ["lr=2", "x=$(y)", f"hydra.run.dir={tmp_path}/out/4240_1"]
@@ -204,8 +249,33 @@ def test_array_index_selects_its_override_set(tmp_path):
 
 CANARY = "/tmp/numarun-quoting-canary"
 FRAGMENTS = [
-    f"$(touch {CANARY})", f"`touch {CANARY}`", f"; touch {CANARY}", f"\ntouch {CANARY}\n", "'", '"', "\\", "$HOME",
-    "${IFS}", "$1", "*", "?", "!", "#", "&&", "|", ">x", "<y", "~", "%j", "@@SCRIPT@@", "\t", " ", "-", "=", "é", "日本",
+    f"$(touch {CANARY})",
+    f"`touch {CANARY}`",
+    f"; touch {CANARY}",
+    f"\ntouch {CANARY}\n",
+    "'",
+    '"',
+    "\\",
+    "$HOME",
+    "${IFS}",
+    "$1",
+    "*",
+    "?",
+    "!",
+    "#",
+    "&&",
+    "|",
+    ">x",
+    "<y",
+    "~",
+    "%j",
+    "@@SCRIPT@@",
+    "\t",
+    " ",
+    "-",
+    "=",
+    "é",
+    "日本",
 ]
 piece = st.one_of(
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8),
@@ -224,7 +294,7 @@ def test_any_user_value_arrives_byte_exact(tmp_path, args, script_name, probe):
     job = _job(tmp_path, script, tuple(args), probe)
     subprocess.run(["bash", "-n"], input=render_sbatch(job), text=True, check=True)
     argv, got_probe = _run_script(tmp_path, job)
-    assert argv[-(len(args) + 1):] == [script, *args]
+    assert argv[-(len(args) + 1) :] == [script, *args]
     assert got_probe == probe
     assert not os.path.exists(CANARY), "a user value was executed by the batch script"
 
@@ -245,14 +315,32 @@ def test_submit_prints_id_run_dir_and_logs(tmp_path):
     """Against a recording sbatch: the script goes to sbatch on stdin, a copy is kept."""
     b = tmp_path / "bin"
     b.mkdir()
-    (b / "sbatch").write_text(f'#!/bin/bash\necho "$*" > {tmp_path}/sbatch-args\ncat > {tmp_path}/stdin\necho "321;cluster"\n')
+    (b / "sbatch").write_text(
+        f'#!/bin/bash\necho "$*" > {tmp_path}/sbatch-args\ncat > {tmp_path}/stdin\necho "321;cluster"\n'
+    )
     (b / "sbatch").chmod(0o755)
     script = tmp_path / "train.py"
     script.write_text("print(1)\n")
     out = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "numarun", "submit", "--nnodes", "2", "--output-dir", str(out), str(script), "-m", "a=1,2"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PATH=f"{b}:{os.environ['PATH']}"),
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "submit",
+            "--nnodes",
+            "2",
+            "--output-dir",
+            str(out),
+            str(script),
+            "-m",
+            "a=1,2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=dict(os.environ, PATH=f"{b}:{os.environ['PATH']}"),
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "sbatch-args").read_text().split() == ["--parsable"]
@@ -260,8 +348,10 @@ def test_submit_prints_id_run_dir_and_logs(tmp_path):
     assert "#SBATCH --array=0-1" in sent and (out / "sbatch-321.sh").read_text() == sent
     assert proc.stdout.splitlines() == [
         "job id:  321",
-        f"run dir: {out}/321_0", f"log:     {out}/slurm-321_0.out",
-        f"run dir: {out}/321_1", f"log:     {out}/slurm-321_1.out",
+        f"run dir: {out}/321_0",
+        f"log:     {out}/slurm-321_0.out",
+        f"run dir: {out}/321_1",
+        f"log:     {out}/slurm-321_1.out",
     ]
 
 
@@ -292,17 +382,34 @@ def test_dry_run_prints_script_only(tmp_path):
 
 
 def test_a_module_job_runs_numarun_run_dash_m(tmp_path):
-    job = SlurmJob(script="numarun.train", module=True, output_dir=str(tmp_path / "out"), arg_sets=(("trainer.steps=3",),))
+    job = SlurmJob(
+        script="numarun.train", module=True, output_dir=str(tmp_path / "out"), arg_sets=(("trainer.steps=3",),)
+    )
     text = render_sbatch(job)
     assert "script=numarun.train\n" in text
     opts = next(line for line in text.splitlines() if line.startswith("launch_opts=("))
-    assert shlex.split(opts[len("launch_opts=("):-1])[-1] == "--module"  # right before "$script"
+    assert shlex.split(opts[len("launch_opts=(") : -1])[-1] == "--module"  # right before "$script"
     assert render_sbatch(SlurmJob(script="/p/t.py", output_dir=str(tmp_path / "out"))).count("--module") == 0
 
 
 @pytest.mark.slow
 def test_submit_refuses_a_module_that_does_not_import(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "numarun", "submit", "--dry-run", "--output-dir", str(tmp_path / "o"),
-                           "-m", "no_such_module_here"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "submit",
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path / "o"),
+            "-m",
+            "no_such_module_here",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'no_such_module_here'" in proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -52,7 +52,9 @@ def test_an_sbatch_that_never_answers_fails_naming_the_timeout(tmp_path):
 
 def test_a_refused_submit_leaves_no_output_dir(tmp_path):
     env = _fake(
-        tmp_path, sbatch="echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1", sinfo="exit 1"
+        tmp_path,
+        sbatch="echo 'sbatch: error: Batch job submission failed: Invalid partition' >&2; exit 1",
+        sinfo="exit 1",
     )
     proc = _submit(env, tmp_path, "--output-dir", str(tmp_path / "out"), _script(tmp_path))
     assert proc.returncode == 2 and "sbatch refused the job: sbatch: error: Batch job submission failed" in proc.stderr
@@ -69,14 +71,18 @@ FORGOTTEN = dict(
 
 def test_wait_falls_back_to_sacct_when_slurmctld_forgot_the_job(tmp_path):
     env = _fake(tmp_path, **FORGOTTEN, sacct='echo "41|FAILED|3:0"')
-    proc = _submit(env, tmp_path, "--wait", "--poll-seconds", "0.1", "--output-dir", str(tmp_path / "out"), _script(tmp_path))
+    proc = _submit(
+        env, tmp_path, "--wait", "--poll-seconds", "0.1", "--output-dir", str(tmp_path / "out"), _script(tmp_path)
+    )
     assert proc.returncode == 3, proc.stderr
     assert "job 41: FAILED exit code 3:0" in proc.stdout
 
 
 def test_wait_without_accounting_reports_the_last_known_state_and_why(tmp_path):
     env = _fake(tmp_path, **FORGOTTEN, sacct='echo "sacct: error: Slurm accounting storage is disabled" >&2; exit 1')
-    proc = _submit(env, tmp_path, "--wait", "--poll-seconds", "0.1", "--output-dir", str(tmp_path / "out"), _script(tmp_path))
+    proc = _submit(
+        env, tmp_path, "--wait", "--poll-seconds", "0.1", "--output-dir", str(tmp_path / "out"), _script(tmp_path)
+    )
     assert proc.returncode == 1
     assert "final state unknown" in proc.stdout
     assert "slurmctld forgot it" in proc.stderr and "accounting storage is disabled" in proc.stderr
@@ -91,13 +97,16 @@ def test_every_job_of_a_sweep_is_checked_before_submitting(tmp_path):
     assert not (tmp_path / "submitted").exists() and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("opt, shown", [
-    ("--binding=bogus", "bad --binding 'bogus'"),
-    ("--max-restarts=x", "bad --max-restarts 'x': expected an integer"),
-    ("--no-such-option", "unrecognized arguments: --no-such-option"),
-    ("--rdzv-endpoint=h:1", "the job does not set itself"),
-    ("--nnodes=2", "the job does not set itself"),
-])
+@pytest.mark.parametrize(
+    "opt, shown",
+    [
+        ("--binding=bogus", "bad --binding 'bogus'"),
+        ("--max-restarts=x", "bad --max-restarts 'x': expected an integer"),
+        ("--no-such-option", "unrecognized arguments: --no-such-option"),
+        ("--rdzv-endpoint=h:1", "the job does not set itself"),
+        ("--nnodes=2", "the job does not set itself"),
+    ],
+)
 def test_launch_opts_are_checked_like_numarun_run(tmp_path, opt, shown):
     env = _fake(tmp_path, sbatch=f"touch {tmp_path}/submitted; echo 1", sinfo="exit 1")
     proc = _submit(env, tmp_path, "--dry-run", f"--launch-opt={opt}", _script(tmp_path))
@@ -106,7 +115,9 @@ def test_launch_opts_are_checked_like_numarun_run(tmp_path, opt, shown):
 
 
 def test_a_whole_node_job_asks_for_every_gpu_sinfo_reports(tmp_path):
-    env = _fake(tmp_path, sinfo='echo "cpu|(null)"; echo "big*|gpu:h100:8(S:0-1)"; echo "big*|gpu:4,nic:1"; echo "small|gpu:1"')
+    env = _fake(
+        tmp_path, sinfo='echo "cpu|(null)"; echo "big*|gpu:h100:8(S:0-1)"; echo "big*|gpu:4,nic:1"; echo "small|gpu:1"'
+    )
     proc = _submit(env, tmp_path, "--dry-run", "--nnodes", "2", _script(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --exclusive" in proc.stdout and "#SBATCH --gpus-per-node=4" in proc.stdout

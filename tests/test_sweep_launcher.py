@@ -20,7 +20,7 @@ from helpers import RECORDING_SAMPLER, REPO, TIMEOUT, clean_env, error_lines, nu
 
 pytestmark = pytest.mark.slow
 
-APP = '''
+APP = """
 import json, os, time
 from pathlib import Path
 
@@ -41,7 +41,8 @@ def job(cfg):
             time.sleep(0.01)
     while cfg.get("block") and not (out / "release").exists() and not (out / f"usr1.{me}").exists():
         time.sleep(0.05)
-    (out / f"ran.{me}").write_text(json.dumps({"start": start, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0))}))
+    ran = {"start": start, "end": time.time(), "cpus": sorted(os.sched_getaffinity(0))}
+    (out / f"ran.{me}").write_text(json.dumps(ran))
     if cfg.get("fail") == cfg.x:
         raise ValueError("boom")
     if cfg.get("unpicklable") == cfg.x:
@@ -51,10 +52,10 @@ def job(cfg):
 
 if __name__ == "__main__":
     job()
-'''
+"""
 
 
-CALLBACK = '''
+CALLBACK = """
 import os
 from pathlib import Path
 
@@ -67,7 +68,7 @@ class Recorder(Callback):
 
     def on_job_end(self, config, job_return, **kwargs):
         Path(config.out, f"job_end.{config.x}").write_text(job_return.status.name)
-'''
+"""
 
 
 @pytest.fixture
@@ -80,8 +81,14 @@ def app(tmp_path: Path) -> Path:
 
 def sweep(where: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """``python app.py -m hydra/launcher=numarun ARGS`` to its end."""
-    return subprocess.run([sys.executable, "app.py", "-m", "hydra/launcher=numarun", f"+out={where / 'out'}", *args],
-                          cwd=where, env=clean_env(**env), capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run(
+        [sys.executable, "app.py", "-m", "hydra/launcher=numarun", f"+out={where / 'out'}", *args],
+        cwd=where,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
 
 
 def record(where: Path, kind: str) -> dict[str, dict[str, object]]:
@@ -94,7 +101,8 @@ def test_two_one_rank_jobs_run_at_once_each_on_its_own_core(app: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Hydra's job callbacks, called in each job's own process
     assert {x: int(p.read_text()) for x, p in ((p.name[10:], p) for p in (app / "out").glob("job_start.*"))} == {
-        x: r["pid"] for x, r in record(app, "started").items()}
+        x: r["pid"] for x, r in record(app, "started").items()
+    }
     assert sorted(p.read_text() for p in (app / "out").glob("job_end.*")) == ["COMPLETED", "COMPLETED"]
     ran = record(app, "ran")
     a, b = ran["1"], ran["2"]
@@ -109,8 +117,15 @@ def test_two_one_rank_jobs_run_at_once_each_on_its_own_core(app: Path) -> None:
 def test_an_optuna_sweep_of_two_jobs_at_a_time_reaches_optuna(app: Path) -> None:
     (app / "recording.py").write_text(RECORDING_SAMPLER)
     trials = app / "trials.jsonl"
-    proc = sweep(app, "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.n_jobs=2", "+x=interval(0,4)",
-                 "hydra.sweeper.sampler._target_=recording.RecordingSampler", TRIALS=str(trials))
+    proc = sweep(
+        app,
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.n_jobs=2",
+        "+x=interval(0,4)",
+        "hydra.sweeper.sampler._target_=recording.RecordingSampler",
+        TRIALS=str(trials),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     told = [json.loads(line) for line in trials.read_text().splitlines()]
     assert len(told) == 6 and all(t["state"] == "COMPLETE" for t in told)
@@ -124,8 +139,11 @@ def test_a_failed_job_and_a_value_that_cannot_be_handed_back_fail_alone(app: Pat
     assert proc.returncode == 1  # Hydra's sweeper reports the first failed job once every job ran
     assert sorted(record(app, "ran")) == ["1", "2", "3"]
     (line,) = error_lines(proc.stderr)
-    assert re.fullmatch(r"numarun: error: bad return value of job #1: function cannot be handed back to the sweeper "
-                        r"\(.*\); expected a value pickle can write \(a number, a dict\.\.\.\)", line), line
+    assert re.fullmatch(
+        r"numarun: error: bad return value of job #1: function cannot be handed back to the sweeper "
+        r"\(.*\); expected a value pickle can write \(a number, a dict\.\.\.\)",
+        line,
+    ), line
     assert "ValueError: boom" in proc.stderr
 
 
@@ -138,11 +156,20 @@ def test_a_job_larger_than_the_node_is_refused_before_anything_starts(app: Path)
 
 
 def test_a_signal_to_the_sweep_ends_every_job(app: Path) -> None:
-    cmd = [sys.executable, "app.py", "-m", "hydra/launcher=numarun", "hydra.launcher.max_jobs=2", f"+out={app / 'out'}",
-           "+x=1,2,3,4", "+block=1"]
+    cmd = [
+        sys.executable,
+        "app.py",
+        "-m",
+        "hydra/launcher=numarun",
+        "hydra.launcher.max_jobs=2",
+        f"+out={app / 'out'}",
+        "+x=1,2,3,4",
+        "+block=1",
+    ]
     sweeper = subprocess.Popen(cmd, cwd=app, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    started = wait_until("two jobs started", lambda: record(app, "started") if len(record(app, "started")) == 2 else None,
-                         proc=sweeper)
+    started = wait_until(
+        "two jobs started", lambda: record(app, "started") if len(record(app, "started")) == 2 else None, proc=sweeper
+    )
     sweeper.send_signal(signal.SIGINT)
     _, err = sweeper.communicate(timeout=TIMEOUT)
     assert sweeper.returncode == 128 + signal.SIGINT, err[-2000:]
@@ -152,8 +179,17 @@ def test_a_signal_to_the_sweep_ends_every_job(app: Path) -> None:
 
 
 def test_sigusr1_to_the_sweep_reaches_every_running_job(app: Path) -> None:
-    cmd = [sys.executable, "app.py", "-m", "hydra/launcher=numarun", "hydra.launcher.max_jobs=2", f"+out={app / 'out'}",
-           "+x=1,2", "+block=1", "+usr1=1"]
+    cmd = [
+        sys.executable,
+        "app.py",
+        "-m",
+        "hydra/launcher=numarun",
+        "hydra.launcher.max_jobs=2",
+        f"+out={app / 'out'}",
+        "+x=1,2",
+        "+block=1",
+        "+usr1=1",
+    ]
     sweeper = subprocess.Popen(cmd, cwd=app, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_until("two jobs started", lambda: len(record(app, "started")) == 2 or None, proc=sweeper)
     sweeper.send_signal(signal.SIGUSR1)
@@ -164,8 +200,14 @@ def test_sigusr1_to_the_sweep_reaches_every_running_job(app: Path) -> None:
 
 def test_numarun_app_m_runs_each_job_of_two_ranks_in_a_slot(app: Path) -> None:
     """``numarun --nproc-per-node 2 app.py -m``: each job a numarun job of two ranks (one slot of both cores)."""
-    proc = subprocess.run([*numarun_cmd(), "--nproc-per-node", "2", "app.py", "-m", f"+out={app / 'out'}", "+x=1,2"],
-                          cwd=app, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*numarun_cmd(), "--nproc-per-node", "2", "app.py", "-m", f"+out={app / 'out'}", "+x=1,2"],
+        cwd=app,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(record(app, "ran")) == ["1", "2"]
     hydra_yaml = next(app.rglob("0/.hydra/hydra.yaml")).read_text()
@@ -174,37 +216,64 @@ def test_numarun_app_m_runs_each_job_of_two_ranks_in_a_slot(app: Path) -> None:
 
 
 def test_dry_run_shows_the_slots_and_starts_nothing(app: Path) -> None:
-    proc = subprocess.run([*numarun_cmd(), "--dry-run", "app.py", "-m", "+x=1,2,3"], cwd=app, env=clean_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*numarun_cmd(), "--dry-run", "app.py", "-m", "+x=1,2,3"],
+        cwd=app,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("3 jobs of 1 rank, ") and "<- #0 +x=1" in lines[1]
     assert sorted(p.name for p in app.iterdir()) == ["app.py", "out", "recording_cb.py"]
     nvswitch = REPO / "tests" / "fixtures" / "nvidia-smi" / "h100-8gpu-13nic-mlx5_ib-penny.txt"
-    proc = subprocess.run([*numarun_cmd(), "plan", "--topology", str(nvswitch), "--nproc-per-node", "2", "--jobs", "6"],
-                          cwd=app, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*numarun_cmd(), "plan", "--topology", str(nvswitch), "--nproc-per-node", "2", "--jobs", "6"],
+        cwd=app,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     check_golden(GOLDEN_DIR / "sweep" / "plan-jobs-penny-2x6.txt", proc.stdout.replace(str(REPO), "<repo>"))
 
 
 def test_numarun_trainer_sweep_goes_through_the_launcher(tmp_path: Path) -> None:
     train = str(REPO / "scripts" / "train.py")
-    proc = subprocess.run([*numarun_cmd(), train, "-m", "trainer.steps=1,2"], cwd=tmp_path, env=clean_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*numarun_cmd(), train, "-m", "trainer.steps=1,2"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (sweep_dir,) = list((tmp_path / "multirun").glob("*/*"))
     for num, steps in ((0, 1), (1, 2)):
         assert json.loads((sweep_dir / str(num) / "summary.json").read_text())["steps_done"] == steps
-        assert (sweep_dir / str(num) / "config.yaml").is_file() and (sweep_dir / str(num) / ".hydra" / "hydra.yaml").is_file()
+        assert (sweep_dir / str(num) / "config.yaml").is_file() and (
+            sweep_dir / str(num) / ".hydra" / "hydra.yaml"
+        ).is_file()
 
 
 @pytest.mark.parametrize("pack", [None, 2])
 def test_slurm_launcher_renders_a_job_array(app: Path, pack: int | None) -> None:
     options = "[--gpus-per-node,2,--exclusive,--partition,gpu,--time,'1:00:00']"  # whole nodes of 2 GPUs
-    proc = sweep(app, "hydra/launcher=numarun_slurm", "hydra.launcher.dry_run=true", f"hydra.launcher.submit_options={options}",
-                 "hydra.sweep.dir=sweep", "+x=1,2,3", *([f"hydra.launcher.pack={pack}"] if pack else []),
-                 NUMARUN_HYDRA_NOW="2020-01-02T03:04:05")
+    proc = sweep(
+        app,
+        "hydra/launcher=numarun_slurm",
+        "hydra.launcher.dry_run=true",
+        f"hydra.launcher.submit_options={options}",
+        "hydra.sweep.dir=sweep",
+        "+x=1,2,3",
+        *([f"hydra.launcher.pack={pack}"] if pack else []),
+        NUMARUN_HYDRA_NOW="2020-01-02T03:04:05",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    text = proc.stdout[proc.stdout.index("#!/bin/bash"):]
+    text = proc.stdout[proc.stdout.index("#!/bin/bash") :]
     text = text.replace(str(app), "<cwd>").replace(str(Path(sys.executable).parent), "<bin>")
     check_golden(GOLDEN_DIR / "sweep" / f"slurm-array{'-pack' if pack else ''}.sh", text)
     assert record(app, "started") == {}  # nothing ran
@@ -212,7 +281,7 @@ def test_slurm_launcher_renders_a_job_array(app: Path, pack: int | None) -> None
 
 # ----------------------------------------------------------------------------- one options path, one composition
 
-PLAN_APP = '''
+PLAN_APP = """
 import json, os
 from pathlib import Path
 
@@ -231,9 +300,9 @@ def job(cfg):
 
 if __name__ == "__main__":
     job()
-'''
+"""
 
-COUNTING_CALLBACK = '''
+COUNTING_CALLBACK = """
 import os
 from pathlib import Path
 
@@ -244,24 +313,28 @@ class Counter(Callback):
     def on_job_start(self, config, **kwargs):
         with open(Path(config.out, f"job_start.{config.x}"), "a") as f:
             f.write(f"{os.getpid()}\\n")
-'''
+"""
 
 
 def _shown(err: str, job: int, dest: str) -> str:
     """The value and source ``--show-sources`` printed for ``dest`` of job ``job``, spaces squeezed."""
-    block = err[err.index(f"# job #{job} "):]
+    block = err[err.index(f"# job #{job} ") :]
     return " ".join(next(line for line in block.splitlines() if line.startswith(f"#   {dest} ")).split()[2:])
 
 
-@pytest.mark.parametrize(("variable", "text", "dest", "shown", "planned"), [
-    ("NUMARUN_BINDING", "none", "binding", "none", {"binding": "none"}),
-    ("NUMARUN_MEM_POLICY", "preferred", "mem_policy", "preferred", {"mem_policy": "preferred"}),
-    ("NUMARUN_NIC_POLICY", "per-rank", "nic_policy", "per-rank", {"nic_policy": "per-rank"}),
-    ("NUMARUN_STRICT_BINDING", "1", "strict_binding", "True", {}),
-    ("PET_NPROC_PER_NODE", "2", "nproc_per_node", "2", {"world": 2}),
-])
-def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(tmp_path: Path, variable: str, text: str,
-                                                                          dest: str, shown: str, planned: dict) -> None:
+@pytest.mark.parametrize(
+    ("variable", "text", "dest", "shown", "planned"),
+    [
+        ("NUMARUN_BINDING", "none", "binding", "none", {"binding": "none"}),
+        ("NUMARUN_MEM_POLICY", "preferred", "mem_policy", "preferred", {"mem_policy": "preferred"}),
+        ("NUMARUN_NIC_POLICY", "per-rank", "nic_policy", "per-rank", {"nic_policy": "per-rank"}),
+        ("NUMARUN_STRICT_BINDING", "1", "strict_binding", "True", {}),
+        ("PET_NPROC_PER_NODE", "2", "nproc_per_node", "2", {"world": 2}),
+    ],
+)
+def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(
+    tmp_path: Path, variable: str, text: str, dest: str, shown: str, planned: dict
+) -> None:
     """``NUMARUN_BINDING=none python app.py -m hydra/launcher=numarun``: every job unbound, as in a run; each
     variable named as the source in each job's ``--show-sources`` block."""
     (tmp_path / "app.py").write_text(PLAN_APP)
@@ -277,10 +350,18 @@ def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(tmp_path
 
 def test_numarun_topology_reaches_the_sweeps_slots(app: Path) -> None:
     nvswitch = REPO / "tests" / "fixtures" / "nvidia-smi" / "h100-8gpu-13nic-mlx5_ib-penny.txt"
-    proc = subprocess.run([*numarun_cmd(), "--dry-run", "--nproc-per-node", "2", "app.py", "-m", "+x=1,2"], cwd=app,
-                          env=clean_env(NUMARUN_TOPOLOGY=str(nvswitch)), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [*numarun_cmd(), "--dry-run", "--nproc-per-node", "2", "app.py", "-m", "+x=1,2"],
+        cwd=app,
+        env=clean_env(NUMARUN_TOPOLOGY=str(nvswitch)),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("2 jobs of 2 ranks, 4 at a time on nvidia-smi:") and "GPU 0-1" in proc.stdout, proc.stdout
+    assert proc.stdout.startswith("2 jobs of 2 ranks, 4 at a time on nvidia-smi:") and "GPU 0-1" in proc.stdout, (
+        proc.stdout
+    )
 
 
 def test_a_trainer_sweep_composes_each_job_once_and_its_config_does_not_beat_the_environment(tmp_path: Path) -> None:
@@ -297,10 +378,26 @@ def test_a_trainer_sweep_composes_each_job_once_and_its_config_does_not_beat_the
         "    return real(self, *a, **k)\n"
         "L.load_sweep_config = counted\n"
         "from numarun.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.run([sys.executable, "-c", wrapper, "--show-sources", str(REPO / "scripts" / "train.py"), "-m",
-                           "trainer.steps=1", "trainer.seed=1,2", "launcher.binding=node"], cwd=tmp_path,
-                          env=clean_env(NUMARUN_BINDING="none"), capture_output=True, text=True, timeout=TIMEOUT)
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            wrapper,
+            "--show-sources",
+            str(REPO / "scripts" / "train.py"),
+            "-m",
+            "trainer.steps=1",
+            "trainer.seed=1,2",
+            "launcher.binding=node",
+        ],
+        cwd=tmp_path,
+        env=clean_env(NUMARUN_BINDING="none"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job in (0, 1):
         assert _shown(proc.stderr, job, "binding") == "none environment (NUMARUN_BINDING)", proc.stderr[-3000:]
@@ -311,8 +408,13 @@ def test_a_trainer_sweep_composes_each_job_once_and_its_config_does_not_beat_the
 
 def test_hydras_job_callbacks_run_once_per_job_not_once_per_rank(app: Path) -> None:
     (app / "counting_cb.py").write_text(COUNTING_CALLBACK)
-    proc = sweep(app, "+x=1,2", "hydra.launcher.nproc_per_node=2", "hydra.launcher.max_jobs=1",
-                 "+hydra.callbacks.count._target_=counting_cb.Counter")
+    proc = sweep(
+        app,
+        "+x=1,2",
+        "hydra.launcher.nproc_per_node=2",
+        "hydra.launcher.max_jobs=1",
+        "+hydra.callbacks.count._target_=counting_cb.Counter",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(record(app, "ran")) == ["1", "2"]
     for x in ("1", "2"):  # each job of two ranks: one on_job_start

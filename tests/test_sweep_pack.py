@@ -24,21 +24,29 @@ CPUS = FIXTURES / "hwloc" / "24em64t-2n6c2t-pci.xml"
 
 
 def slots(topology: Topology, ranks: int, **kw: object) -> list[tuple[str, str, str, str]]:
-    return [(format_list(s.gpus), format_list(s.cpus), format_list(s.mems), ",".join(s.nics))
-            for s in pack(topology, ranks, **kw)]  # type: ignore[arg-type]
+    return [
+        (format_list(s.gpus), format_list(s.cpus), format_list(s.mems), ",".join(s.nics))
+        for s in pack(topology, ranks, **kw)
+    ]  # type: ignore[arg-type]
 
 
 def test_nvswitch_machine_8x1_4x2_2x4() -> None:
     t = load_topology(str(NVSWITCH))
     assert slots(t, 1) == [
-        ("0", "0-13,112-125", "0", "mlx5_ib0"), ("1", "14-27,126-139", "0", "mlx5_ib1"),
-        ("2", "28-41,140-153", "0", "mlx5_ib2"), ("3", "42-55,154-167", "0", "mlx5_ib3"),
-        ("4", "56-69,168-181", "1", "mlx5_ib4"), ("5", "70-83,182-195", "1", "mlx5_ib5"),
-        ("6", "84-97,196-209", "1", "mlx5_ib6"), ("7", "98-111,210-223", "1", "mlx5_ib7"),
+        ("0", "0-13,112-125", "0", "mlx5_ib0"),
+        ("1", "14-27,126-139", "0", "mlx5_ib1"),
+        ("2", "28-41,140-153", "0", "mlx5_ib2"),
+        ("3", "42-55,154-167", "0", "mlx5_ib3"),
+        ("4", "56-69,168-181", "1", "mlx5_ib4"),
+        ("5", "70-83,182-195", "1", "mlx5_ib5"),
+        ("6", "84-97,196-209", "1", "mlx5_ib6"),
+        ("7", "98-111,210-223", "1", "mlx5_ib7"),
     ]
     assert slots(t, 2) == [  # the two GPUs of each PCIe switch (they share its two rails)
-        ("0-1", "0-27,112-139", "0", "mlx5_ib0,mlx5_ib1"), ("2-3", "28-55,140-167", "0", "mlx5_ib2,mlx5_ib3"),
-        ("4-5", "56-83,168-195", "1", "mlx5_ib4,mlx5_ib5"), ("6-7", "84-111,196-223", "1", "mlx5_ib6,mlx5_ib7"),
+        ("0-1", "0-27,112-139", "0", "mlx5_ib0,mlx5_ib1"),
+        ("2-3", "28-55,140-167", "0", "mlx5_ib2,mlx5_ib3"),
+        ("4-5", "56-83,168-195", "1", "mlx5_ib4,mlx5_ib5"),
+        ("6-7", "84-111,196-223", "1", "mlx5_ib6,mlx5_ib7"),
     ]
     assert slots(t, 4) == [
         ("0-3", "0-55,112-167", "0", "mlx5_ib0,mlx5_ib1,mlx5_ib2,mlx5_ib3"),
@@ -49,12 +57,21 @@ def test_nvswitch_machine_8x1_4x2_2x4() -> None:
 def test_pcie_switch_machine_8x1_4x2_2x4() -> None:
     t = load_topology(str(PCIE))
     assert slots(t, 1) == [
-        ("0", "0-3,28-31", "0", ""), ("1", "4-7,32-35", "0", ""), ("2", "8-10,36-38", "0", ""),
-        ("3", "11-13,39-41", "0", ""), ("4", "14-17,42-45", "1", ""), ("5", "18-21,46-49", "1", ""),
-        ("6", "22-24,50-52", "1", ""), ("7", "25-27,53-55", "1", ""),
+        ("0", "0-3,28-31", "0", ""),
+        ("1", "4-7,32-35", "0", ""),
+        ("2", "8-10,36-38", "0", ""),
+        ("3", "11-13,39-41", "0", ""),
+        ("4", "14-17,42-45", "1", ""),
+        ("5", "18-21,46-49", "1", ""),
+        ("6", "22-24,50-52", "1", ""),
+        ("7", "25-27,53-55", "1", ""),
     ]
-    assert slots(t, 2) == [("0-1", "0-6,28-34", "0", ""), ("2-3", "7-13,35-41", "0", ""),
-                           ("4-5", "14-20,42-48", "1", ""), ("6-7", "21-27,49-55", "1", "")]
+    assert slots(t, 2) == [
+        ("0-1", "0-6,28-34", "0", ""),
+        ("2-3", "7-13,35-41", "0", ""),
+        ("4-5", "14-20,42-48", "1", ""),
+        ("6-7", "21-27,49-55", "1", ""),
+    ]
     assert slots(t, 4) == [("0-3", "0-13,28-41", "0", ""), ("4-7", "14-27,42-55", "1", "")]
 
 
@@ -77,7 +94,7 @@ def test_cpu_slots_are_cores_of_one_numa_node_first() -> None:
     got = slots(t, 4, cuda_visible_devices="")
     assert len(got) == 3 and [s[2] for s in got] == ["0", "1", "0-1"]  # the leftover cores of both nodes last
     cpus = [set(s.cpus) for s in pack(t, 4, cuda_visible_devices="")]
-    assert all(not (a & b) for i, a in enumerate(cpus) for b in cpus[i + 1:])  # disjoint
+    assert all(not (a & b) for i, a in enumerate(cpus) for b in cpus[i + 1 :])  # disjoint
     assert [len(s) for s in cpus] == [8, 8, 8]  # 4 whole cores, hyperthreads kept together
     assert len(pack(t, 1, cuda_visible_devices="")) == 12 and len(pack(t, 1, cuda_visible_devices="", limit=5)) == 5
 
@@ -99,6 +116,9 @@ def test_a_job_plans_inside_its_slot() -> None:
     slot = pack(t, 2)[3]
     request = PlanRequest(nproc_per_node=2, cuda_visible_devices="6,7", cuda_device_order="PCI_BUS_ID")
     plan = make_plan(slot_topology(t, slot), request)
-    assert [r.gpu.index for r in plan.ranks if r.gpu] == [6, 7] and [r.nic for r in plan.ranks] == ["mlx5_ib6", "mlx5_ib7"]
+    assert [r.gpu.index for r in plan.ranks if r.gpu] == [6, 7] and [r.nic for r in plan.ranks] == [
+        "mlx5_ib6",
+        "mlx5_ib7",
+    ]
     assert {c for r in plan.ranks for c in r.cpus} <= set(slot.cpus)
     assert not set(plan.ranks[0].cpus) & set(plan.ranks[1].cpus)

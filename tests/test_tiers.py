@@ -36,8 +36,13 @@ def test_the_fast_tier_passes_on_a_fresh_machines_empty_cache(tmp_path) -> None:
 
     repo = Path(__file__).resolve().parents[1]
     test = "tests/test_net.py::test_ipv6_forms_reach_torchrun_in_brackets"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-m", "not slow", test],
-                       cwd=repo, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-m", "not slow", test],
+        cwd=repo,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     assert list((tmp_path / "numarun").glob("torchrun-options.*.json"))

@@ -155,7 +155,10 @@ def test_bench_script_runs() -> None:
     repo = Path(__file__).resolve().parents[1]
     out = subprocess.run(
         [sys.executable, str(repo / "scripts" / "bench_discovery.py"), "--runs", "1"],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     ).stdout
     lines = out.splitlines()
     assert lines[0].split()[:2] == ["source", "nodes"]
@@ -163,12 +166,16 @@ def test_bench_script_runs() -> None:
     assert sum(line.startswith("tree ") for line in lines) == 2
     bad = subprocess.run(
         [sys.executable, str(repo / "scripts" / "bench_discovery.py"), "--runs", "0"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert bad.returncode == 2 and "--runs" in bad.stderr
 
 
-def test_tarball_source_reads_like_its_extracted_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, h200_tree: Path) -> None:
+def test_tarball_source_reads_like_its_extracted_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, h200_tree: Path
+) -> None:
     from conftest import H200_TARBALL
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

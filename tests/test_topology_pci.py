@@ -61,7 +61,9 @@ def test_hwloc_reader_keeps_the_onboard_vga_out_and_numbers_in_bus_order() -> No
     assert all(g.vendor == "nvidia" for g in t.gpus)
 
 
-STATUS = "Name:\tpython\nCpus_allowed:\tff\nCpus_allowed_list:\t0-7\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t3\n"
+STATUS = (
+    "Name:\tpython\nCpus_allowed:\tff\nCpus_allowed_list:\t0-7\nMems_allowed_list:\t0\nvoluntary_ctxt_switches:\t3\n"
+)
 
 
 def test_status_field() -> None:
@@ -74,37 +76,58 @@ def test_status_field() -> None:
 
 def test_cgroup2_mount_and_own_path() -> None:
     """One reader of this process's cgroup v2 for discovery (a recorded or live tree) and the launcher's cage."""
-    hybrid = ("cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n"
-              "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\ncgroup2 /other cgroup2 rw 0 0\n")
+    hybrid = (
+        "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n"
+        "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\ncgroup2 /other cgroup2 rw 0 0\n"
+    )
     assert cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"  # the first one
     assert cgroup2_mount("proc /proc proc rw 0 0\n") is None
-    assert own_cgroup2_path("12:cpuset:/slurm/uid_0/job_5\n0::/user.slice/session-1.scope\n") == "/user.slice/session-1.scope"
+    assert (
+        own_cgroup2_path("12:cpuset:/slurm/uid_0/job_5\n0::/user.slice/session-1.scope\n")
+        == "/user.slice/session-1.scope"
+    )
     assert own_cgroup2_path("0::/\n") == "/" and own_cgroup2_path("0::\n") == "/"
     assert own_cgroup2_path("4:memory:/x\n") is None
 
 
-HYBRID_MOUNTS = ("cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n"
-                 "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
-                 "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n")
+HYBRID_MOUNTS = (
+    "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n"
+    "cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n"
+    "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+)
 HYBRID_CGROUP = "4:memory:/process_api/6ef7\n3:cpuset:/\n0::/\n"  # this project's CI host
 
 
 def test_one_cgroup_walk_for_v1_and_v2() -> None:
     """Every cgroup reader (discovery's cpuset, the step's cpuset, the out-of-memory report) walks the same dirs."""
     assert cgroup_dirs(HYBRID_MOUNTS, HYBRID_CGROUP, "memory") == [
-        (2, "/sys/fs/cgroup/unified"), (1, "/sys/fs/cgroup/memory/process_api/6ef7"),
-        (1, "/sys/fs/cgroup/memory/process_api"), (1, "/sys/fs/cgroup/memory")]
+        (2, "/sys/fs/cgroup/unified"),
+        (1, "/sys/fs/cgroup/memory/process_api/6ef7"),
+        (1, "/sys/fs/cgroup/memory/process_api"),
+        (1, "/sys/fs/cgroup/memory"),
+    ]
     v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n"
     assert cgroup_dirs(v2, "0::/job/step\n", "cpuset") == [
-        (2, "/sys/fs/cgroup/job/step"), (2, "/sys/fs/cgroup/job"), (2, "/sys/fs/cgroup")]  # no v1 hierarchy mounted
+        (2, "/sys/fs/cgroup/job/step"),
+        (2, "/sys/fs/cgroup/job"),
+        (2, "/sys/fs/cgroup"),
+    ]  # no v1 hierarchy mounted
     # no mount table (a recorded tree): the usual layout; an hwloc capture's proc/self/cpuset as the path
     assert cgroup_dirs(None, None, "cpuset", fallback="/a") == [
-        (2, "/sys/fs/cgroup/a"), (2, "/sys/fs/cgroup"), (1, "/sys/fs/cgroup/cpuset/a"), (1, "/sys/fs/cgroup/cpuset")]
-    files = {"/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes": "1073741824\n",
-             "/sys/fs/cgroup/memory/process_api/6ef7/memory.limit_in_bytes": "  \n"}  # empty: not an answer
+        (2, "/sys/fs/cgroup/a"),
+        (2, "/sys/fs/cgroup"),
+        (1, "/sys/fs/cgroup/cpuset/a"),
+        (1, "/sys/fs/cgroup/cpuset"),
+    ]
+    files = {
+        "/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes": "1073741824\n",
+        "/sys/fs/cgroup/memory/process_api/6ef7/memory.limit_in_bytes": "  \n",
+    }  # empty: not an answer
     names = {2: ("memory.max",), 1: ("memory.limit_in_bytes",)}
     assert cgroup_read(cgroup_dirs(HYBRID_MOUNTS, HYBRID_CGROUP, "memory"), names, files.get) == (
-        "/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes", "1073741824")
+        "/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes",
+        "1073741824",
+    )
     assert cgroup_read(cgroup_dirs(v2, "0::/job\n", "memory"), names, files.get) is None
 
 

@@ -140,7 +140,17 @@ def test_tesla_p4_numa_na_and_tab_separated() -> None:
 def test_h800_noncontiguous_legend_and_bond() -> None:
     mx = parse_topo_m(read("h800-8gpu-NV8-9nic-bond.txt"), "h800")
     assert mx.nics == tuple(f"NIC{i}" for i in range(9))
-    assert mx.nic_names == ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_bond_0")
+    assert mx.nic_names == (
+        "mlx5_0",
+        "mlx5_3",
+        "mlx5_4",
+        "mlx5_5",
+        "mlx5_6",
+        "mlx5_7",
+        "mlx5_8",
+        "mlx5_9",
+        "mlx5_bond_0",
+    )
     # one PIX NIC per GPU: GPU i <-> NIC i
     assert [mx.nic_links[i][i] for i in range(8)] == ["PIX"] * 8
     t = topology_from_smi(read("h800-8gpu-NV8-9nic-bond.txt"), "h800")
@@ -214,11 +224,7 @@ def test_smt_not_inferred_for_single_range() -> None:
 def test_smt_not_inferred_for_interleaved_numbering() -> None:
     evens = ",".join(str(i) for i in range(0, 16, 2))
     odds = ",".join(str(i) for i in range(1, 16, 2))
-    text = (
-        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
-        f"GPU0\t X \tSYS\t{evens}\t0\n"
-        f"GPU1\tSYS\t X \t{odds}\t1\n"
-    )
+    text = f"\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t{evens}\t0\nGPU1\tSYS\t X \t{odds}\t1\n"
     t = topology_from_smi(text, "interleaved")
     assert t.node(0).cpus == tuple(range(0, 16, 2))
     assert all(c.siblings == () for c in t.cpus)
@@ -226,11 +232,7 @@ def test_smt_not_inferred_for_interleaved_numbering() -> None:
 
 def test_smt_not_inferred_when_the_gap_is_not_half_the_cpus() -> None:
     # Two ranges per node, but 10 apart on a 28-CPU box (a narrowed affinity), not 14.
-    text = (
-        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\n"
-        "GPU0\t X \tSYS\t0-3,10-11\t0\n"
-        "GPU1\tSYS\t X \t16-19,26-27\t1\n"
-    )
+    text = "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tSYS\t0-3,10-11\t0\nGPU1\tSYS\t X \t16-19,26-27\t1\n"
     t = topology_from_smi(text, "narrowed")
     assert all(c.siblings == () for c in t.cpus)
 

@@ -52,8 +52,13 @@ def test_many_differing_nvlinks_become_a_matrix() -> None:
     topo = make_topology(packages=2, gpus_per_node=4)
     n = len(topo.gpus)
     # NV2 inside a board half, NV1 across, GPU 0 and 7 not linked: 27 pairs, two codes
-    links = tuple(tuple("X" if i == j else ("SYS" if {i, j} == {0, n - 1} else ("NV2" if i // 4 == j // 4 else "NV1"))
-                        for j in range(n)) for i in range(n))
+    links = tuple(
+        tuple(
+            "X" if i == j else ("SYS" if {i, j} == {0, n - 1} else ("NV2" if i // 4 == j // 4 else "NV1"))
+            for j in range(n)
+        )
+        for i in range(n)
+    )
     root = parse(render_svg(Topology(**{**topo.__dict__, "gpu_links": links})))
     (matrix,) = by_class(root, "link-matrix")
     assert by_class(root, "link") == [] and by_class(root, "link-all") == []
@@ -99,7 +104,7 @@ def test_text_is_escaped() -> None:
     topo = make_topology(stray_gpu=True, hostname='a<b>&"c"')
     svg = render_svg(topo)
     root = parse(svg)  # would raise on unescaped < or &
-    assert any("a<b>&\"c\"" in (e.text or "") for e in root.iter())
+    assert any('a<b>&"c"' in (e.text or "") for e in root.iter())
     assert any("<&>" in (e.text or "") for e in root.iter())
 
 
@@ -305,8 +310,13 @@ def test_down_nics_and_the_nccl_list_are_marked() -> None:
     from numarun.topology.model import RdmaPort
 
     topo = load_topology(str(FIXTURES_DIR / "nvidia-smi" / "dgx-a100-8numa-nps4-10nic.txt"))
-    topo = dataclasses.replace(topo, nics=tuple(
-        dataclasses.replace(n, ports=(RdmaPort(1, "DOWN", "InfiniBand"),)) if n.name == "mlx5_7" else n for n in topo.nics))
+    topo = dataclasses.replace(
+        topo,
+        nics=tuple(
+            dataclasses.replace(n, ports=(RdmaPort(1, "DOWN", "InfiniBand"),)) if n.name == "mlx5_7" else n
+            for n in topo.nics
+        ),
+    )
     root = parse(render_svg(topo, make_plan(topo, PlanRequest())))
     nics = {e.get("data-nic"): e.get("class").split() for e in by_class(root, "nic")}
     assert "down" in nics["mlx5_7"] and "nccl" not in nics["mlx5_7"]

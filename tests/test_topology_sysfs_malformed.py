@@ -45,7 +45,17 @@ def _write(root: Path, rel: str, data: bytes | str) -> None:
         ("proc/self/status", "Name:\tx\nCpus_allowed_list:\t0-a\n", ["status", "Cpus_allowed_list", "'0-a'"]),
         (f"{GPU}/class", b"\x00\x01\x02\x03", ["class", "binary"]),
     ],
-    ids=["truncated", "reversed", "binary", "not-utf8", "core-id-word", "empty-package", "siblings", "status", "pci-class"],
+    ids=[
+        "truncated",
+        "reversed",
+        "binary",
+        "not-utf8",
+        "core-id-word",
+        "empty-package",
+        "siblings",
+        "status",
+        "pci-class",
+    ],
 )
 def test_bad_file_is_a_clear_error(tree: Path, rel: str, data: bytes | str, words: list[str]) -> None:
     _write(tree, rel, data)

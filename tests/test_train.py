@@ -19,7 +19,9 @@ from numarun.train.models import build_model, loss_fn
 
 
 def test_step_batches_split_the_global_batch_without_overlap() -> None:
-    samplers = [StepBatchSampler(start_step=0, steps=3, global_batch=8, dp_rank=r, dp_size=2, grad_accum=2) for r in (0, 1)]
+    samplers = [
+        StepBatchSampler(start_step=0, steps=3, global_batch=8, dp_rank=r, dp_size=2, grad_accum=2) for r in (0, 1)
+    ]
     for step in (1, 2, 3):
         parts = [s.indices(step) for s in samplers]
         flat = sorted(i for p in parts for micro in p for i in micro)
@@ -214,7 +216,10 @@ def test_checksums_find_a_flipped_byte_and_split_the_reading(tmp_path: Path) -> 
             checkpoint.save(root, step, model, opt, meta={}, rank=0)
         newest = checkpoint.step_dir(root, 2)
         meta = json.loads((newest / "meta.json").read_text())
-        assert meta["hash"] == checkpoint.HASH and set(meta["checksums"]) == set(meta["files"]) == {".metadata", "__0_0.distcp"}
+        assert meta["hash"] == checkpoint.HASH and set(meta["checksums"]) == set(meta["files"]) == {
+            ".metadata",
+            "__0_0.distcp",
+        }
         shard = newest / "__0_0.distcp"
         data = bytearray(shard.read_bytes())
         data[-100] ^= 1
@@ -223,12 +228,16 @@ def test_checksums_find_a_flipped_byte_and_split_the_reading(tmp_path: Path) -> 
         assert checkpoint.verify_share(newest, rank=1, world_size=2) == ""  # rank 1's share: .metadata is rank 0's
         assert "__0_0.distcp does not match its checksum" in checkpoint.verify_share(newest, rank=0, world_size=2)
         lines: list[str] = []
-        assert checkpoint.newest_verified(root, rank=0, world_size=1, report=lines.append) == (1, checkpoint.step_dir(root, 1))
+        assert checkpoint.newest_verified(root, rank=0, world_size=1, report=lines.append) == (
+            1,
+            checkpoint.step_dir(root, 1),
+        )
         assert len(lines) == 1 and "step_00000002 is damaged (__0_0.distcp" in lines[0]
     finally:
         dist.destroy_process_group()
 
 
 def test_owner_gives_each_rank_its_own_shards() -> None:
-    assert [checkpoint.owner(n, 4) for n in ("__0_0.distcp", "__3_1.distcp", "__5_0.distcp", ".metadata", "__0.metadata")] == [
-        0, 3, 1, 0, 0]
+    assert [
+        checkpoint.owner(n, 4) for n in ("__0_0.distcp", "__3_1.distcp", "__5_0.distcp", ".metadata", "__0.metadata")
+    ] == [0, 3, 1, 0, 0]

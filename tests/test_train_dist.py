@@ -63,15 +63,43 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ddp8(base: Path) -> Path:
-    ok(numarun(["--nproc-per-node", "2", TRAIN, "parallel=ddp", "trainer.steps=8", "optim.lr=0.004",
-                "trainer.batch_size=8", f"hydra.run.dir={base / 'ddp8'}", *QUIET], base))
+    ok(
+        numarun(
+            [
+                "--nproc-per-node",
+                "2",
+                TRAIN,
+                "parallel=ddp",
+                "trainer.steps=8",
+                "optim.lr=0.004",
+                "trainer.batch_size=8",
+                f"hydra.run.dir={base / 'ddp8'}",
+                *QUIET,
+            ],
+            base,
+        )
+    )
     return base / "ddp8"
 
 
 @pytest.fixture(scope="module")
 def fsdp8(base: Path) -> Path:
-    ok(numarun(["--nproc-per-node", "2", TRAIN, "parallel=fsdp", "trainer.steps=8", "optim.lr=0.004",
-                "trainer.batch_size=8", f"hydra.run.dir={base / 'fsdp8'}", *QUIET], base))
+    ok(
+        numarun(
+            [
+                "--nproc-per-node",
+                "2",
+                TRAIN,
+                "parallel=fsdp",
+                "trainer.steps=8",
+                "optim.lr=0.004",
+                "trainer.batch_size=8",
+                f"hydra.run.dir={base / 'fsdp8'}",
+                *QUIET,
+            ],
+            base,
+        )
+    )
     return base / "fsdp8"
 
 
@@ -98,8 +126,22 @@ def test_fsdp_matches_ddp_step_by_step(ddp8: Path, fsdp8: Path) -> None:
 def test_one_rank_with_grad_accum_matches_two_ranks(base: Path, ddp8: Path) -> None:
     # the same global batch of 8: one rank in two micro-batches of 4 = two ranks of 4 each
     run_dir = base / "accum"
-    ok(numarun(["--nproc-per-node", "1", TRAIN, "trainer.steps=8", "optim.lr=0.004", "trainer.batch_size=8",
-                "trainer.grad_accum=2", f"hydra.run.dir={run_dir}", *QUIET], base))
+    ok(
+        numarun(
+            [
+                "--nproc-per-node",
+                "1",
+                TRAIN,
+                "trainer.steps=8",
+                "optim.lr=0.004",
+                "trainer.batch_size=8",
+                "trainer.grad_accum=2",
+                f"hydra.run.dir={run_dir}",
+                *QUIET,
+            ],
+            base,
+        )
+    )
     a, b = losses(ddp8), losses(run_dir)
     for step in a:
         assert b[step] == pytest.approx(a[step], abs=1e-4), step
@@ -107,8 +149,16 @@ def test_one_rank_with_grad_accum_matches_two_ranks(base: Path, ddp8: Path) -> N
 
 def test_resume_continues_with_the_same_losses(base: Path, fsdp8: Path) -> None:
     ck = base / "ck"
-    common = ["--nproc-per-node", "2", TRAIN, "parallel=fsdp", "optim.lr=0.004", "trainer.batch_size=8",
-              f"trainer.checkpoint_dir={ck}", *QUIET]
+    common = [
+        "--nproc-per-node",
+        "2",
+        TRAIN,
+        "parallel=fsdp",
+        "optim.lr=0.004",
+        "trainer.batch_size=8",
+        f"trainer.checkpoint_dir={ck}",
+        *QUIET,
+    ]
     ok(numarun([*common, "trainer.steps=4", f"hydra.run.dir={base / 'first'}"], base))
     assert (ck / "step_00000004" / "meta.json").is_file()
     ok(numarun([*common, "trainer.steps=8", "trainer.resume=true", f"hydra.run.dir={base / 'resumed'}"], base))
@@ -135,8 +185,17 @@ def _worker_pids(proc: subprocess.Popen) -> list[int]:
 
 def test_sigusr1_saves_a_checkpoint_and_exits_0(base: Path) -> None:
     run_dir = base / "signal"
-    cmd = [sys.executable, "-m", "numarun", "--nproc-per-node", "1", TRAIN, "trainer.steps=1000000",
-           f"hydra.run.dir={run_dir}", *QUIET]
+    cmd = [
+        sys.executable,
+        "-m",
+        "numarun",
+        "--nproc-per-node",
+        "1",
+        TRAIN,
+        "trainer.steps=1000000",
+        f"hydra.run.dir={run_dir}",
+        *QUIET,
+    ]
     proc = subprocess.Popen(cmd, cwd=base, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT  # a guard against hanging, not a performance bound
@@ -163,15 +222,39 @@ def test_sigusr1_saves_a_checkpoint_and_exits_0(base: Path) -> None:
 
 def test_batch_size_auto_reports_each_size(base: Path) -> None:
     run_dir = base / "auto"
-    ok(numarun(["--nproc-per-node", "1", TRAIN, "trainer.batch_size=auto", "trainer.auto_max_batch=16",
-                "trainer.memory_limit_mb=100000", "trainer.steps=2", f"hydra.run.dir={run_dir}", *QUIET], base))
+    ok(
+        numarun(
+            [
+                "--nproc-per-node",
+                "1",
+                TRAIN,
+                "trainer.batch_size=auto",
+                "trainer.auto_max_batch=16",
+                "trainer.memory_limit_mb=100000",
+                "trainer.steps=2",
+                f"hydra.run.dir={run_dir}",
+                *QUIET,
+            ],
+            base,
+        )
+    )
     search = json.loads((run_dir / "batch_size_search.json").read_text())
     assert [r["batch_size"] for r in search["sizes"]] == [1, 2, 4, 8, 16]
     assert all(r["fits"] and r["samples_per_s"] > 0 for r in search["sizes"])
     assert search["chosen"] == 16 and summary(run_dir)["batch_size"] == 16
     # a limit below what the process already holds: nothing fits, one clear line
-    proc = numarun(["--nproc-per-node", "1", TRAIN, "trainer.batch_size=auto", "trainer.memory_limit_mb=1",
-                    f"hydra.run.dir={base / 'auto_none'}", *QUIET], base)
+    proc = numarun(
+        [
+            "--nproc-per-node",
+            "1",
+            TRAIN,
+            "trainer.batch_size=auto",
+            "trainer.memory_limit_mb=1",
+            f"hydra.run.dir={base / 'auto_none'}",
+            *QUIET,
+        ],
+        base,
+    )
     assert proc.returncode != 0
     assert "bad trainer.batch_size 'auto'" in proc.stderr
     search = json.loads((base / "auto_none" / "batch_size_search.json").read_text())

@@ -18,14 +18,17 @@ from numarun.train.preflight import check_layout, job_shape
 from numarun.train.stages import accepted_schedules, even_split, plan_pipeline, schedule_name
 
 
-@pytest.mark.parametrize(("overrides", "spec"), [
-    ([], "pp=1,dp_replicate=-1,dp_shard=1,cp=1,tp=1"),  # the default preset, ddp
-    (["parallel=fsdp"], "pp=1,dp_replicate=1,dp_shard=-1,cp=1,tp=1"),
-    (["parallel=hsdp"], "pp=1,dp_replicate=3,dp_shard=-1,cp=1,tp=1"),  # replicas across the 3 nodes
-    (["parallel=tp"], "pp=1,dp_replicate=-1,dp_shard=1,cp=1,tp=4"),  # tp over a node's 4 ranks
-    (["parallel=fsdp", "parallel.pp=2", "parallel.tp=2"], "pp=2,dp_replicate=1,dp_shard=-1,cp=1,tp=2"),
-    (["parallel=tp", "parallel.pp=3", "parallel.tp=2"], "pp=3,dp_replicate=-1,dp_shard=1,cp=1,tp=2"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "spec"),
+    [
+        ([], "pp=1,dp_replicate=-1,dp_shard=1,cp=1,tp=1"),  # the default preset, ddp
+        (["parallel=fsdp"], "pp=1,dp_replicate=1,dp_shard=-1,cp=1,tp=1"),
+        (["parallel=hsdp"], "pp=1,dp_replicate=3,dp_shard=-1,cp=1,tp=1"),  # replicas across the 3 nodes
+        (["parallel=tp"], "pp=1,dp_replicate=-1,dp_shard=1,cp=1,tp=4"),  # tp over a node's 4 ranks
+        (["parallel=fsdp", "parallel.pp=2", "parallel.tp=2"], "pp=2,dp_replicate=1,dp_shard=-1,cp=1,tp=2"),
+        (["parallel=tp", "parallel.pp=3", "parallel.tp=2"], "pp=3,dp_replicate=-1,dp_shard=1,cp=1,tp=2"),
+    ],
+)
 def test_presets_are_sets_of_degrees_the_keys_override(overrides: list[str], spec: str) -> None:
     cfg = compose(overrides)
     assert layout_of(cfg.parallel, nnodes=3, nproc_per_node=4).spec() == spec
@@ -58,13 +61,16 @@ def test_coordinates_are_row_major_with_tp_fastest() -> None:
     assert [hsdp.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("n_layers", "stages", "split"), [
-    (4, 2, (2, 2)),  # 6 layers: in+2 | 2+out
-    (4, 4, (0, 2, 2, 0)),  # the 2 extra layers go to the middle stages
-    (4, 3, (1, 2, 1)),
-    (5, 2, (3, 2)),  # 7 layers: the extra one to the first stage (its embedding is cheap), never the last
-    (2, 4, (0, 1, 1, 0)),
-])
+@pytest.mark.parametrize(
+    ("n_layers", "stages", "split"),
+    [
+        (4, 2, (2, 2)),  # 6 layers: in+2 | 2+out
+        (4, 4, (0, 2, 2, 0)),  # the 2 extra layers go to the middle stages
+        (4, 3, (1, 2, 1)),
+        (5, 2, (3, 2)),  # 7 layers: the extra one to the first stage (its embedding is cheap), never the last
+        (2, 4, (0, 1, 1, 0)),
+    ],
+)
 def test_even_split_makes_first_and_last_lighter(n_layers: int, stages: int, split: tuple[int, ...]) -> None:
     assert even_split(n_layers, stages) == split
     assert sum(split) == n_layers
@@ -90,18 +96,23 @@ def test_stages_go_round_the_ranks_or_in_a_v() -> None:
 def test_schedule_names_are_torchs_in_any_case() -> None:
     assert {"GPipe", "1F1B", "Interleaved1F1B"} <= set(accepted_schedules())
     assert schedule_name("gpipe") == "GPipe" and schedule_name("1f1b") == "1F1B"
-    with pytest.raises(ConfigError, match=r"bad parallel.pp_schedule 'PipelineScheduleMulti': expected one of GPipe, 1F1B"):
+    with pytest.raises(
+        ConfigError, match=r"bad parallel.pp_schedule 'PipelineScheduleMulti': expected one of GPipe, 1F1B"
+    ):
         schedule_name("PipelineScheduleMulti")  # a base class, not a schedule
 
 
-@pytest.mark.parametrize(("keys", "words"), [
-    ({"pp_schedule": "1F1B", "pp_stages_per_rank": 2}, "a single-stage schedule holds 1 stage per rank"),
-    ({"pp_schedule": "ZBVZeroBubble", "pp_stages_per_rank": 3}, "exactly 2 stages per rank"),
-    ({"pp_schedule": "DualPipeV", "pp_microbatches": 3}, "at least as many microbatches as stages (4)"),
-    ({"pp_split": "[4,0,0]"}, "3 stages holding 4 blocks"),
-    ({"pp_split": "[4,0]", "pp_schedule": "GPipe"}, None),  # the last stage may hold the head alone
-    ({"pp_schedule": "LoopedBFS", "pp_split": "[2,0,0,2]"}, "a middle stage holds no block"),
-])
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"pp_schedule": "1F1B", "pp_stages_per_rank": 2}, "a single-stage schedule holds 1 stage per rank"),
+        ({"pp_schedule": "ZBVZeroBubble", "pp_stages_per_rank": 3}, "exactly 2 stages per rank"),
+        ({"pp_schedule": "DualPipeV", "pp_microbatches": 3}, "at least as many microbatches as stages (4)"),
+        ({"pp_split": "[4,0,0]"}, "3 stages holding 4 blocks"),
+        ({"pp_split": "[4,0]", "pp_schedule": "GPipe"}, None),  # the last stage may hold the head alone
+        ({"pp_schedule": "LoopedBFS", "pp_split": "[2,0,0,2]"}, "a middle stage holds no block"),
+    ],
+)
 def test_pipeline_rules(keys: dict[str, object], words: str | None) -> None:
     if words is None:
         assert plan_pipeline(_parallel(**keys), pp=2, n_layers=4, local_batch=8).split == (4, 0)
@@ -111,8 +122,9 @@ def test_pipeline_rules(keys: dict[str, object], words: str | None) -> None:
 
 
 def test_check_layout_resolves_and_plans() -> None:
-    cfg = load_job_config_text("model:\n  kind: gpt\n  n_layers: 4\nparallel:\n  pp: 2\n  tp: 2\n"
-                               "trainer:\n  batch_size: 16\n  grad_accum: 2\n")
+    cfg = load_job_config_text(
+        "model:\n  kind: gpt\n  n_layers: 4\nparallel:\n  pp: 2\n  tp: 2\ntrainer:\n  batch_size: 16\n  grad_accum: 2\n"
+    )
     layout, plan = check_layout(cfg, world_size=8, nnodes=1, nproc_per_node=8)
     assert layout.spec() == "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=2"
     assert plan is not None and plan.schedule == "1F1B" and plan.microbatches == 2
@@ -135,7 +147,9 @@ def test_stages_chained_are_the_model(kind: str) -> None:
         x = torch.randint(0, 256, x.shape)
     whole = model(x)
     split = (0, 2, 1)
-    parts = [stage_module(model, range(sum(split[:s]), sum(split[: s + 1])), first=s == 0, last=s == 2) for s in range(3)]
+    parts = [
+        stage_module(model, range(sum(split[:s]), sum(split[: s + 1])), first=s == 0, last=s == 2) for s in range(3)
+    ]
     names = [n for p in parts for n, _ in p.named_parameters()]
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
     assert dict(model.named_parameters())[names[0]] is dict(parts[0].named_parameters())[names[0]]
@@ -145,8 +159,9 @@ def test_stages_chained_are_the_model(kind: str) -> None:
     assert torch.equal(h, whole)
 
 
-def test_a_trainer_job_is_placed_for_its_layout(tmp_path, capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_trainer_job_is_placed_for_its_layout(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The launcher hands the trainer's layout to its placement as the job's mesh: --dry-run shows its groups,
     on a recorded 8-GPU machine; nothing is created."""
     from helpers import REPO
@@ -159,8 +174,20 @@ def test_a_trainer_job_is_placed_for_its_layout(tmp_path, capsys: pytest.Capture
     monkeypatch.chdir(tmp_path)
     p4d = REPO / "tests" / "fixtures" / "nvidia-smi" / "aws-p4d.24xlarge.txt"
     capsys.readouterr()
-    code = main(["--dry-run", "--topology", str(p4d), "--nproc-per-node", "4", str(REPO / "scripts" / "train.py"),
-                 "model=gpt", "parallel=fsdp", "parallel.pp=2", "parallel.tp=2"])
+    code = main(
+        [
+            "--dry-run",
+            "--topology",
+            str(p4d),
+            "--nproc-per-node",
+            "4",
+            str(REPO / "scripts" / "train.py"),
+            "model=gpt",
+            "parallel=fsdp",
+            "parallel.pp=2",
+            "parallel.tp=2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "# layout of the ranks (parallel.*): pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=2" in out

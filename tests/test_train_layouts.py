@@ -16,8 +16,10 @@ LAYOUTS = {
     "pp2-dp_shard2": (["parallel=fsdp", "parallel.pp=2"], "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=1"),
     "pp2-tp2": (["parallel=fsdp", "parallel.pp=2", "parallel.tp=2"], "pp=2,dp_replicate=1,dp_shard=1,cp=1,tp=2"),
     "dp_shard2-tp2": (["parallel=fsdp", "parallel.tp=2"], "pp=1,dp_replicate=1,dp_shard=2,cp=1,tp=2"),
-    "dp_replicate2-dp_shard2": (["parallel.dp_replicate=2", "parallel.dp_shard=2"],
-                                "pp=1,dp_replicate=2,dp_shard=2,cp=1,tp=1"),
+    "dp_replicate2-dp_shard2": (
+        ["parallel.dp_replicate=2", "parallel.dp_shard=2"],
+        "pp=1,dp_replicate=2,dp_shard=2,cp=1,tp=1",
+    ),
 }
 
 
@@ -44,6 +46,10 @@ def test_preset_on_two_nodes_matches_one_rank(base: Path, trainer_reference: Ref
     s = summary(run_dir)
     assert s["num_nodes"] == 2 and s["parallel"] == preset
     # hsdp: replicas across the nodes, shards inside; tp: tensor parallel inside, replicas across
-    assert s["layout"] == {"hsdp": "pp=1,dp_replicate=2,dp_shard=2,cp=1,tp=1",
-                           "tp": "pp=1,dp_replicate=2,dp_shard=1,cp=1,tp=2"}[preset]
+    assert (
+        s["layout"]
+        == {"hsdp": "pp=1,dp_replicate=2,dp_shard=2,cp=1,tp=1", "tp": "pp=1,dp_replicate=2,dp_shard=1,cp=1,tp=2"}[
+            preset
+        ]
+    )
     assert "tokens_per_s" in metrics(run_dir)[1]

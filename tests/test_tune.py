@@ -19,7 +19,10 @@ def test_axes_parse_and_product_order() -> None:
     axes = [cand.binding_axis("exclusive,node,none"), cand.mem_policy_axis("bind,preferred")]
     cs = cand.candidates(axes)
     assert [c.label() for c in cs[:3]] == [
-        "binding=exclusive mem-policy=bind", "binding=exclusive mem-policy=preferred", "binding=node mem-policy=bind"]
+        "binding=exclusive mem-policy=bind",
+        "binding=exclusive mem-policy=preferred",
+        "binding=node mem-policy=bind",
+    ]
     assert len(cs) == 6
     base = {"binding": "exclusive", "mem-policy": "bind"}
     assert cand.default_index(cs, axes, base) == 0
@@ -29,10 +32,19 @@ def test_axes_parse_and_product_order() -> None:
     assert cand.default_index(cand.candidates(two), two, {**base, "binding": "none"}) == 0
 
 
-@pytest.mark.parametrize("flag,text", [
-    ("binding", "exclusive,fast"), ("binding", ""), ("binding", "node,,none"), ("binding", "node,node"),
-    ("mem", "bind,strict"), ("omp", "4,0"), ("omp", "four"), ("omp", "-1"),
-])
+@pytest.mark.parametrize(
+    "flag,text",
+    [
+        ("binding", "exclusive,fast"),
+        ("binding", ""),
+        ("binding", "node,,none"),
+        ("binding", "node,node"),
+        ("mem", "bind,strict"),
+        ("omp", "4,0"),
+        ("omp", "four"),
+        ("omp", "-1"),
+    ],
+)
 def test_bad_lists_name_the_value(flag: str, text: str) -> None:
     parse = {"binding": cand.binding_axis, "mem": cand.mem_policy_axis, "omp": cand.omp_axis}[flag]
     with pytest.raises(UsageError) as e:
@@ -116,12 +128,18 @@ def test_ties_go_to_the_earlier_candidate() -> None:
 
 
 def test_metrics_median_after_the_first_step_and_peak() -> None:
-    text = "\n".join(json.dumps(r) for r in [
-        {"step": 1, "tokens_per_s": 1.0, "samples_per_s": 0.1, "peak_mem_mb": [10, 12]},
-        {"step": 2, "tokens_per_s": 100.0, "peak_mem_mb": [11, 30]},
-        {"step": 3, "tokens_per_s": 120.0, "peak_mem_mb": [11, 13]},
-        {"step": 4, "tokens_per_s": 110.0},
-    ]) + "\n{cut"
+    text = (
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"step": 1, "tokens_per_s": 1.0, "samples_per_s": 0.1, "peak_mem_mb": [10, 12]},
+                {"step": 2, "tokens_per_s": 100.0, "peak_mem_mb": [11, 30]},
+                {"step": 3, "tokens_per_s": 120.0, "peak_mem_mb": [11, 13]},
+                {"step": 4, "tokens_per_s": 110.0},
+            ]
+        )
+        + "\n{cut"
+    )
     m = from_metrics(text)
     assert m is not None and m.unit == "tokens/s" and m.throughput == 110.0 and m.peak_mem_mb == 30
     m2 = from_metrics(json.dumps({"samples_per_s": 7.0}))
@@ -130,8 +148,12 @@ def test_metrics_median_after_the_first_step_and_peak() -> None:
 
 
 def test_reports_sum_rank_rates() -> None:
-    lines = [{"rank": "0", "samples": 10, "seconds": 1}, {"rank": "0", "samples": 10, "seconds": 1},
-             {"rank": "1", "samples": 30, "seconds": 2}, {"rank": "1", "samples": 5, "seconds": 0}]
+    lines = [
+        {"rank": "0", "samples": 10, "seconds": 1},
+        {"rank": "0", "samples": 10, "seconds": 1},
+        {"rank": "1", "samples": 30, "seconds": 2},
+        {"rank": "1", "samples": 5, "seconds": 0},
+    ]
     m = from_reports("\n".join(json.dumps(x) for x in lines))
     assert m is not None and m.throughput == pytest.approx(10 + 15)
     assert from_reports("") is None
@@ -142,7 +164,11 @@ def test_chart_is_svg_with_a_bar_per_candidate() -> None:
     s = summarize(cs, [_runs([3, 4], [1, 1]), _runs([5, 6], [1, 1]), _runs([1, 2], [1, 1])], default=0)
     svg = render_chart(s, default=0, winner=best(s))
     doc = xml.dom.minidom.parseString(svg)
-    bars = [r for r in doc.getElementsByTagName("rect") if r.getAttribute("height") != doc.documentElement.getAttribute("height")]
+    bars = [
+        r
+        for r in doc.getElementsByTagName("rect")
+        if r.getAttribute("height") != doc.documentElement.getAttribute("height")
+    ]
     assert len(bars) == 3
     widths = [float(b.getAttribute("width")) for b in bars]
     assert widths[1] > widths[0] > widths[2]

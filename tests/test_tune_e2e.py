@@ -22,14 +22,40 @@ TRAIN = str(REPO / "scripts" / "train.py")
 
 def tune(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_"))}
-    return subprocess.run([sys.executable, "-m", "numarun", "tune", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", "tune", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs so that exclusive differs from none")
 def test_fake_job_is_tuned_to_its_fastest_binding(tmp_path: Path) -> None:
-    r = tune(["--binding", "none,exclusive", "--mem-policy", "bind,preferred", "--nproc-per-node", "2", "--trials", "2",
-              "--json", "t.json", "--save", "best.json", "--svg", "t.svg", "--work-dir", "runs", FAKE], tmp_path)
+    r = tune(
+        [
+            "--binding",
+            "none,exclusive",
+            "--mem-policy",
+            "bind,preferred",
+            "--nproc-per-node",
+            "2",
+            "--trials",
+            "2",
+            "--json",
+            "t.json",
+            "--save",
+            "best.json",
+            "--svg",
+            "t.svg",
+            "--work-dir",
+            "runs",
+            FAKE,
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "t.json").read_text())
     assert report["best"]["options"] == {"binding": "exclusive", "mem-policy": "preferred"}
@@ -45,8 +71,14 @@ def test_fake_job_is_tuned_to_its_fastest_binding(tmp_path: Path) -> None:
     # the saved plan runs: numarun --plan-file applies it (the fake reports preferred's doubled speed)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_"))}
     env[envvars.REPORT] = str(tmp_path / "again.jsonl")
-    run = subprocess.run([sys.executable, "-m", "numarun", "--standalone", "--plan-file", "best.json", FAKE],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    run = subprocess.run(
+        [sys.executable, "-m", "numarun", "--standalone", "--plan-file", "best.json", FAKE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert run.returncode == 0, run.stderr
     rows = [json.loads(line) for line in (tmp_path / "again.jsonl").read_text().splitlines()]
     assert sorted(row["samples"] for row in rows) == [2.0, 2.0]
@@ -74,8 +106,22 @@ def test_wall_time_when_nothing_is_reported(tmp_path: Path) -> None:
 
 
 def test_hydra_override_lists_report_throughput_and_peak_memory(tmp_path: Path) -> None:
-    r = tune(["--nproc-per-node", "1", "--trials", "1", "--json", "t.json", TRAIN, "trainer.batch_size=4,8",
-              "trainer.steps=3", "trainer.log_interval=1", "trainer.progress=false"], tmp_path)
+    r = tune(
+        [
+            "--nproc-per-node",
+            "1",
+            "--trials",
+            "1",
+            "--json",
+            "t.json",
+            TRAIN,
+            "trainer.batch_size=4,8",
+            "trainer.steps=3",
+            "trainer.log_interval=1",
+            "trainer.progress=false",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "t.json").read_text())
     assert [c["options"] for c in report["candidates"]] == [{"trainer.batch_size": "4"}, {"trainer.batch_size": "8"}]
@@ -93,15 +139,18 @@ def test_a_failing_candidate_stops_the_tune(tmp_path: Path) -> None:
     assert not (tmp_path / "t.json").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--binding", "exclusive,fast", "x.py"], "'fast'"),
-    (["--trials", "0", "--binding", "none", "x.py"], "--trials '0'"),
-    (["--omp", "2,zero", "x.py"], "'zero'"),
-    (["--binding", "none", "missing.py"], "missing.py"),
-    (["x.py"], "nothing to compare"),
-    (["--binding", "none", "--json", "no/such/dir/t.json", "x.py"], "no/such/dir/t.json"),
-    (["--binding", "none", "--save", ".", "x.py"], "--save '.'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--binding", "exclusive,fast", "x.py"], "'fast'"),
+        (["--trials", "0", "--binding", "none", "x.py"], "--trials '0'"),
+        (["--omp", "2,zero", "x.py"], "'zero'"),
+        (["--binding", "none", "missing.py"], "missing.py"),
+        (["x.py"], "nothing to compare"),
+        (["--binding", "none", "--json", "no/such/dir/t.json", "x.py"], "no/such/dir/t.json"),
+        (["--binding", "none", "--save", ".", "x.py"], "--save '.'"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
     (tmp_path / "x.py").write_text("pass\n")
     r = tune(args, tmp_path, timeout=60)

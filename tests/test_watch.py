@@ -62,9 +62,27 @@ def test_watcher_reads_this_process_and_warns_once(caplog, tmp_path):
 def _run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "REPIN_WAIT": "2", "PYTHONUNBUFFERED": "1"}
     env.pop("NUMARUN_TOPOLOGY", None)
-    return subprocess.run([sys.executable, "-m", "numarun", "run", "--nproc-per-node", "1", "--binding", "node",
-                           "--watch-interval", "0.2", *flags, REPIN],
-                          capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--binding",
+            "node",
+            "--watch-interval",
+            "0.2",
+            *flags,
+            REPIN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 def _lines(out: str) -> dict[str, str]:
@@ -107,20 +125,46 @@ def test_no_watch_turns_it_off(tmp_path):
 
 @pytest.mark.slow
 def test_bad_watch_interval_is_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "numarun", "run", "--watch-interval", "-1", "--nproc-per-node", "1", REPIN],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "numarun", "run", "--watch-interval", "-1", "--nproc-per-node", "1", REPIN],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert p.returncode == 2 and "--watch-interval" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
 def test_trainer_writes_the_watchers_figures(tmp_path):
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_CONFIG", "NUMARUN_RUN_DIR", "NUMARUN_TOPOLOGY"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NUMARUN_CONFIG", "NUMARUN_RUN_DIR", "NUMARUN_TOPOLOGY"))
+    }
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    p = subprocess.run([sys.executable, "-m", "numarun", "run", "--nproc-per-node", "1", "--watch-interval", "0.1",
-                        str(REPO / "scripts" / "train.py"), "trainer.steps=4", "trainer.progress=false",
-                        f"hydra.run.dir={run_dir}"],
-                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "numarun",
+            "run",
+            "--nproc-per-node",
+            "1",
+            "--watch-interval",
+            "0.1",
+            str(REPO / "scripts" / "train.py"),
+            "trainer.steps=4",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(len(r["threads_repaired"]) == 1 and len(r["remote_memory_share"]) == 1 for r in rows)

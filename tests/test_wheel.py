@@ -43,21 +43,29 @@ ctx = numarun.init()
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 Path(sys.argv[1], f"rank{dist.get_rank()}").write_text(
-    f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():g} backend {dist.get_backend()} from {numarun.__file__}")
+    f"rank {dist.get_rank()}/{dist.get_world_size()} sum {t.item():g} backend {dist.get_backend()} "
+    f"from {numarun.__file__}")
 dist.destroy_process_group()
 """
 
 
-def _run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"{argv} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+    )
     return proc
 
 
 def _user_env() -> dict[str, str]:
     """A user's shell: the venv's bin first, nothing of the checkout or the test run."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMARUN_", "PYTHON", "VIRTUAL_ENV", "PYTEST_", "TORCHELASTIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NUMARUN_", "PYTHON", "VIRTUAL_ENV", "PYTEST_", "TORCHELASTIC_"))
+    }
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(VENV)
     env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks (gloo) even on a GPU host
@@ -71,7 +79,11 @@ def dist_dir(tmp_path_factory) -> Path:
     proc = _run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)], cwd=REPO)
     log = proc.stdout + proc.stderr
     # current setuptools' complaints about the project's metadata or layout
-    for complaint in ("absent from the `packages` configuration", "SetuptoolsDeprecationWarning", "License classifiers"):
+    for complaint in (
+        "absent from the `packages` configuration",
+        "SetuptoolsDeprecationWarning",
+        "License classifiers",
+    ):
         assert complaint not in log, log
     return out
 
@@ -91,8 +103,12 @@ def test_wheel_holds_configs_template_and_entry_as_real_files(dist_dir):
     infos = {i.filename: i for i in wheel.infolist()}
     configs = {n.removeprefix("numarun/configs/") for n in infos if n.startswith("numarun/configs/")}
     assert configs == _checkout_configs()
-    for name in ("numarun/slurm/templates/sbatch.sh.in", "numarun/worker/entry.py", "numarun/py.typed",
-                 "numarun/configs/config.yaml"):
+    for name in (
+        "numarun/slurm/templates/sbatch.sh.in",
+        "numarun/worker/entry.py",
+        "numarun/py.typed",
+        "numarun/configs/config.yaml",
+    ):
         assert name in infos, name
     # a symlink stored in a zip has S_IFLNK in the high bits of external_attr
     links = [n for n, i in infos.items() if stat.S_ISLNK(i.external_attr >> 16)]
@@ -111,8 +127,11 @@ def test_sdist_holds_configs_as_real_files(dist_dir):
     sdist = _one(dist_dir, "numarun-*.tar.gz")
     with tarfile.open(sdist) as tar:
         members = {m.name.split("/", 1)[1]: m for m in tar.getmembers() if "/" in m.name}
-    configs = {n.removeprefix("launcher/configs/") for n, m in members.items()
-               if n.startswith("launcher/configs/") and n.endswith(".yaml")}
+    configs = {
+        n.removeprefix("launcher/configs/")
+        for n, m in members.items()
+        if n.startswith("launcher/configs/") and n.endswith(".yaml")
+    }
     assert configs == _checkout_configs()
     assert all(m.isfile() for n, m in members.items() if n.startswith("launcher/configs/") and n.endswith(".yaml"))
     assert not [n for n, m in members.items() if m.issym() or m.islnk()]
@@ -156,8 +175,11 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def _site_packages(venv: Path) -> Path:
-    out = _run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-               cwd=venv, env=_user_env())
+    out = _run(
+        [str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        cwd=venv,
+        env=_user_env(),
+    )
     return Path(out.stdout.strip())
 
 
@@ -171,8 +193,11 @@ def test_installed_numarun_is_the_wheel(venv, workdir):
     stray.mkdir()
     try:
         (stray / "config.yaml").write_text("{}\n")
-        where = _run([str(venv / "bin/python"), "-c", "import numarun.config.compose as c; print(c.config_dir())"],
-                     cwd=venv, env=_user_env())
+        where = _run(
+            [str(venv / "bin/python"), "-c", "import numarun.config.compose as c; print(c.config_dir())"],
+            cwd=venv,
+            env=_user_env(),
+        )
     finally:
         (stray / "config.yaml").unlink()
         stray.rmdir()
@@ -191,8 +216,11 @@ def test_python_m_numarun_two_gloo_ranks(venv, workdir, tmp_path):
     (cwd / "launcher" / "__init__.py").write_text(DECOY.format(name="launcher"))
     out = tmp_path / "ranks"
     out.mkdir()
-    _run([str(venv / "bin/python"), "-m", "numarun", "--nproc-per-node", "2", str(workdir / "allreduce.py"), str(out)],
-         cwd=cwd, env=_user_env())
+    _run(
+        [str(venv / "bin/python"), "-m", "numarun", "--nproc-per-node", "2", str(workdir / "allreduce.py"), str(out)],
+        cwd=cwd,
+        env=_user_env(),
+    )
     lines = [(out / f"rank{r}").read_text() for r in range(2)]
     site = _site_packages(venv)
     assert [line.split(" from ")[0] for line in lines] == ["rank 0/2 sum 3 backend gloo", "rank 1/2 sum 3 backend gloo"]
@@ -203,13 +231,27 @@ def test_numarun_command_from_decoy_folder(venv, workdir, tmp_path):
     _run(["numarun", "--nproc-per-node", "2", "allreduce.py", str(tmp_path)], cwd=workdir, env=_user_env())
     site = _site_packages(venv)
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == [
-        f"rank {r}/2 sum 3 backend gloo from {site / 'numarun' / '__init__.py'}" for r in range(2)]
+        f"rank {r}/2 sum 3 backend gloo from {site / 'numarun' / '__init__.py'}" for r in range(2)
+    ]
 
 
 def test_trainer_with_packaged_configs(venv, workdir):
     run_dir = workdir / "outputs" / "train"
-    _run(["numarun", "-m", "numarun.train", "launcher=cpu2", "model=mlp", "parallel=ddp", "trainer.steps=3",
-          "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=workdir, env=_user_env())
+    _run(
+        [
+            "numarun",
+            "-m",
+            "numarun.train",
+            "launcher=cpu2",
+            "model=mlp",
+            "parallel=ddp",
+            "trainer.steps=3",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=workdir,
+        env=_user_env(),
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps_done"] == 3 and summary["world_size"] == 2, summary
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -226,15 +268,32 @@ def _check_sbatch(text: str, target: str) -> None:
 def test_submit_dry_run_renders_the_packaged_template(venv, workdir):
     """A user's own trainer script (the form ``numarun submit`` takes today)."""
     (workdir / "my_train.py").write_text("from numarun.train import main\n\nmain()\n")
-    out = _run(["numarun", "submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "my_train.py",
-                "trainer.steps=3"], cwd=workdir, env=_user_env())
+    out = _run(
+        ["numarun", "submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "my_train.py", "trainer.steps=3"],
+        cwd=workdir,
+        env=_user_env(),
+    )
     _check_sbatch(out.stdout, "my_train.py")
     assert not (workdir / "outputs" / "slurm").exists(), "a dry run writes nothing"
 
 
 def test_submit_dry_run_module_trainer(venv, workdir):
-    out = _run(["numarun", "submit", "--dry-run", "--nodes", "2", "--nproc-per-node", "2", "-m", "numarun.train",
-                "trainer.steps=3"], cwd=workdir, env=_user_env())
+    out = _run(
+        [
+            "numarun",
+            "submit",
+            "--dry-run",
+            "--nodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "numarun.train",
+            "trainer.steps=3",
+        ],
+        cwd=workdir,
+        env=_user_env(),
+    )
     _check_sbatch(out.stdout, "numarun.train")
 
 
@@ -260,8 +319,19 @@ def test_installed_hydra_finds_the_launcher_plugin(venv, workdir, tmp_path, rank
     """A sweep of ``hydra/launcher=numarun`` from the decoys' folder: one-rank jobs (the rank started
     directly) and two-rank jobs (a ``numarun run`` each)."""
     (tmp_path / "sweep_app.py").write_text(SWEEP_APP)
-    _run([str(venv / "bin/python"), str(tmp_path / "sweep_app.py"), "-m", "hydra/launcher=numarun", f"+out={tmp_path}",
-          "+x=1,2", f"hydra.launcher.nproc_per_node={ranks}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-         cwd=workdir, env=_user_env())
+    _run(
+        [
+            str(venv / "bin/python"),
+            str(tmp_path / "sweep_app.py"),
+            "-m",
+            "hydra/launcher=numarun",
+            f"+out={tmp_path}",
+            "+x=1,2",
+            f"hydra.launcher.nproc_per_node={ranks}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=workdir,
+        env=_user_env(),
+    )
     got = sorted(p.name for p in tmp_path.glob("job*"))
     assert got == sorted(f"job{x}.rank{r}" for x in (1, 2) for r in range(ranks))

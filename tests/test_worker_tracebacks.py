@@ -24,11 +24,13 @@ FILES = {
     "bad_import.py": "raise ValueError('at import')\n",
     "imports.py": "import bad_import\n",
     "calls.py": "import helper\nhelper.boom()\n",
-    "chained.py": "import helper\ntry:\n    helper.boom()\nexcept ValueError as e:\n    raise RuntimeError('wrapped') from e\n",
+    "chained.py": "import helper\ntry:\n    helper.boom()\nexcept ValueError as e:\n    raise RuntimeError('wrapped') "
+    "from e\n",
     "during.py": "try:\n    {}['k']\nexcept KeyError:\n    import helper\n    helper.boom()\n",
     "base.py": "class Stop(BaseException):\n    pass\n\nraise Stop('base')\n",
-    "hooked.py": "import sys\nsys.excepthook = lambda t, e, tb: print('HOOK', t.__name__, tb.tb_frame.f_code.co_filename)\n"
-                 "raise ValueError('hooked')\n",
+    "hooked.py": "import sys\nsys.excepthook = lambda t, e, tb: print('HOOK', t.__name__, "
+    "tb.tb_frame.f_code.co_filename)\n"
+    "raise ValueError('hooked')\n",
     "pkg/__init__.py": "",
     "pkg/mod.py": "raise ValueError('in -m')\n",
     "pkg/imports.py": "import bad_import\n",
@@ -57,8 +59,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _worker(cwd: Path, *target: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ENTRY), *target], cwd=cwd, env=clean_env(), capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ENTRY), *target], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("target", list(CASES))
@@ -76,4 +79,6 @@ def test_the_traceback_starts_at_the_users_code(programs: Path, target: str) -> 
 
 def test_the_users_excepthook_gets_the_users_frames(programs: Path) -> None:
     r = _worker(programs, "hooked.py")
-    assert r.returncode == 1 and r.stderr.strip() == "" and r.stdout.strip() == f"HOOK ValueError {programs / 'hooked.py'}", r
+    assert (
+        r.returncode == 1 and r.stderr.strip() == "" and r.stdout.strip() == f"HOOK ValueError {programs / 'hooked.py'}"
+    ), r

@@ -53,13 +53,24 @@ def build_topology(
             if llc_cores:
                 first_core_of_llc = (local // llc_cores) * llc_cores
                 # smallest CPU id sharing the LLC
-                members = [c for c in range(total_cores) if (c % nodes if interleaved else c // cores_per_node) == n_idx
-                           and (c // nodes if interleaved else c % cores_per_node) // llc_cores == first_core_of_llc // llc_cores]
+                members = [
+                    c
+                    for c in range(total_cores)
+                    if (c % nodes if interleaved else c // cores_per_node) == n_idx
+                    and (c // nodes if interleaved else c % cores_per_node) // llc_cores
+                    == first_core_of_llc // llc_cores
+                ]
                 llc = min(members)
             cpus.append(
                 Cpu(
-                    id=cid, package=n_idx, core=local, numa_node=ids[n_idx], siblings=siblings, llc=llc,
-                    online=cid not in offline, allowed=cid not in disallowed,
+                    id=cid,
+                    package=n_idx,
+                    core=local,
+                    numa_node=ids[n_idx],
+                    siblings=siblings,
+                    llc=llc,
+                    online=cid not in offline,
+                    allowed=cid not in disallowed,
                 )
             )
     cpus.sort(key=lambda c: c.id)
@@ -67,19 +78,38 @@ def build_topology(
     numa = []
     for i, nid in enumerate(all_ids):
         row = tuple(
-            10 if j == i else (80 if (i >= len(ids) or j >= len(ids)) else 20 + 5 * abs(i - j)) for j in range(len(all_ids))
+            10 if j == i else (80 if (i >= len(ids) or j >= len(ids)) else 20 + 5 * abs(i - j))
+            for j in range(len(all_ids))
         )
-        numa.append(NumaNode(id=nid, cpus=tuple(c.id for c in cpus if c.numa_node == nid), memory_bytes=1 << 34,
-                             distances=row, memory_only=nid in memory_only_nodes))
+        numa.append(
+            NumaNode(
+                id=nid,
+                cpus=tuple(c.id for c in cpus if c.numa_node == nid),
+                memory_bytes=1 << 34,
+                distances=row,
+                memory_only=nid in memory_only_nodes,
+            )
+        )
     numa.sort(key=lambda n: n.id)
-    gpus = tuple(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=n) for i, n in enumerate(gpu_nodes))
-    return Topology(hostname="built", numa_nodes=tuple(numa), cpus=tuple(cpus), gpus=gpus, nics=tuple(nics),
-                    allowed_mems=tuple(allowed_mems), source="built")
+    gpus = tuple(
+        Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=n) for i, n in enumerate(gpu_nodes)
+    )
+    return Topology(
+        hostname="built",
+        numa_nodes=tuple(numa),
+        cpus=tuple(cpus),
+        gpus=gpus,
+        nics=tuple(nics),
+        allowed_mems=tuple(allowed_mems),
+        source="built",
+    )
 
 
 def ib(name: str, node: int, bus: str = "", state: str = "") -> Nic:
     ports = (RdmaPort(number=1, state=state, link_layer="InfiniBand", rate_gbps=200.0),) if state else ()
-    return Nic(name=name, pci_bus_id=bus, numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{name[-1]}",), ports=ports)
+    return Nic(
+        name=name, pci_bus_id=bus, numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{name[-1]}",), ports=ports
+    )
 
 
 def eth(name: str, node: int) -> Nic:
@@ -99,7 +129,9 @@ def check_invariants(topology: Topology, plan: LaunchPlan) -> None:
         cores = {by_id[c].core_key for c in r.cpus}
         assert r.physical_cores == len(cores)
         if r.fallback:
-            assert any(r.fallback in w or w.endswith(r.fallback.split("; ")[0]) for w in plan.warnings), "fallback not warned"
+            assert any(r.fallback in w or w.endswith(r.fallback.split("; ")[0]) for w in plan.warnings), (
+                "fallback not warned"
+            )
         if mode in (BindingMode.EXCLUSIVE, BindingMode.CORE_COMPLEX):
             for c in r.cpus:
                 assert c not in seen, f"CPU {c} in ranks {seen[c]} and {r.local_rank}"
@@ -166,7 +198,9 @@ def _check_nic_env(topology: Topology, plan: LaunchPlan) -> None:
         if hca is not None:
             assert hca.startswith("=") and ":" not in hca, f"rank {r.local_rank}: NCCL_IB_HCA {hca!r} not exact-match"
             for name in hca[1:].split(","):
-                assert by_name[name].rdma and by_name[name].port_up, f"NCCL_IB_HCA names {name}, not an RDMA NIC that is up"
+                assert by_name[name].rdma and by_name[name].port_up, (
+                    f"NCCL_IB_HCA names {name}, not an RDMA NIC that is up"
+                )
         ucx = r.env.get("UCX_NET_DEVICES")
         if ucx is not None:
             assert r.nic is not None and ucx == f"{r.nic}:{by_name[r.nic].port}"
@@ -192,7 +226,9 @@ def _check_nic_fields(topology: Topology, plan: LaunchPlan) -> None:
         node = {nccl.variable} if nccl is not None and r.gpu is not None else set()
         if node:
             assert r.env[nccl.variable] == nccl.value, f"rank {r.local_rank}: {nccl.variable} is not the node list"  # type: ignore[union-attr]
-        assert {v for v in _NIC_VARS if v in r.env} == node | set(r.nic_variables), f"rank {r.local_rank}: env and fields differ"
+        assert {v for v in _NIC_VARS if v in r.env} == node | set(r.nic_variables), (
+            f"rank {r.local_rank}: env and fields differ"
+        )
         assert not node & set(r.nic_variables)
         if r.nic is None:
             assert r.nic_variables == () and r.nic_port == 0
@@ -203,9 +239,18 @@ def _check_nic_fields(topology: Topology, plan: LaunchPlan) -> None:
 
 
 def make_topology(
-    *, packages: int = 2, nodes_per_package: int = 1, cores_per_node: int = 4, smt: int = 2,
-    gpus_per_node: int = 2, nics_per_node: int = 1, nv: str = "NV12", hostname: str = "box",
-    offline: tuple[int, ...] = (), disallowed: tuple[int, ...] = (), memory_only_nodes: int = 0,
+    *,
+    packages: int = 2,
+    nodes_per_package: int = 1,
+    cores_per_node: int = 4,
+    smt: int = 2,
+    gpus_per_node: int = 2,
+    nics_per_node: int = 1,
+    nv: str = "NV12",
+    hostname: str = "box",
+    offline: tuple[int, ...] = (),
+    disallowed: tuple[int, ...] = (),
+    memory_only_nodes: int = 0,
     stray_gpu: bool = False,
 ) -> Topology:
     """A regular machine: SMT siblings numbered i and i+N (as on most x86 servers)."""
@@ -219,43 +264,84 @@ def make_topology(
             node = core // cores_per_node
             pkg = node // nodes_per_package
             sibs = tuple(s * n_cores + core for s in range(smt))
-            cpus.append(Cpu(id=cid, package=pkg, core=core, numa_node=node, siblings=sibs,
-                            online=cid not in offline, allowed=cid not in disallowed))
+            cpus.append(
+                Cpu(
+                    id=cid,
+                    package=pkg,
+                    core=core,
+                    numa_node=node,
+                    siblings=sibs,
+                    online=cid not in offline,
+                    allowed=cid not in disallowed,
+                )
+            )
             node_cpus[node].append(cid)
     cpus.sort(key=lambda c: c.id)
     total = n_nodes + memory_only_nodes
     numa = [
-        NumaNode(id=n, cpus=tuple(sorted(node_cpus[n])), memory_bytes=64 << 30,
-                 distances=tuple(10 if m == n else 21 for m in range(total)))
+        NumaNode(
+            id=n,
+            cpus=tuple(sorted(node_cpus[n])),
+            memory_bytes=64 << 30,
+            distances=tuple(10 if m == n else 21 for m in range(total)),
+        )
         for n in range(n_nodes)
     ]
     numa += [
-        NumaNode(id=n_nodes + k, cpus=(), memory_bytes=96 << 30, memory_only=True,
-                 distances=tuple(10 if m == n_nodes + k else 40 for m in range(total)))
+        NumaNode(
+            id=n_nodes + k,
+            cpus=(),
+            memory_bytes=96 << 30,
+            memory_only=True,
+            distances=tuple(10 if m == n_nodes + k else 40 for m in range(total)),
+        )
         for k in range(memory_only_nodes)
     ]
     gpus = []
     for node in range(n_nodes):
         for _ in range(gpus_per_node):
             i = len(gpus)
-            gpus.append(Gpu(index=i, pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0", numa_node=node,
-                            name="NVIDIA H100 80GB HBM3", cpu_affinity=tuple(sorted(node_cpus[node])),
-                            memory_bytes=80 << 30))
+            gpus.append(
+                Gpu(
+                    index=i,
+                    pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0",
+                    numa_node=node,
+                    name="NVIDIA H100 80GB HBM3",
+                    cpu_affinity=tuple(sorted(node_cpus[node])),
+                    memory_bytes=80 << 30,
+                )
+            )
     if stray_gpu:
         gpus.append(Gpu(index=len(gpus), pci_bus_id="0000:f1:00.0", numa_node=-1, name="NVIDIA L4 <&>"))
     links = tuple(
-        tuple("X" if i == j else (nv if gpus[i].numa_node >= 0 and gpus[j].numa_node >= 0 else "SYS")
-              for j in range(len(gpus)))
+        tuple(
+            "X" if i == j else (nv if gpus[i].numa_node >= 0 and gpus[j].numa_node >= 0 else "SYS")
+            for j in range(len(gpus))
+        )
         for i in range(len(gpus))
     )
     nics = [
-        Nic(name=f"mlx5_{node * nics_per_node + k}", pci_bus_id=f"0000:{0x1a + 0x20 * node + k:02x}:00.0",
-            numa_node=node, kind=NicKind.INFINIBAND, netdevs=(f"ib{node * nics_per_node + k}",),
-            speed_mbps=400000)
-        for node in range(n_nodes) for k in range(nics_per_node)
+        Nic(
+            name=f"mlx5_{node * nics_per_node + k}",
+            pci_bus_id=f"0000:{0x1A + 0x20 * node + k:02x}:00.0",
+            numa_node=node,
+            kind=NicKind.INFINIBAND,
+            netdevs=(f"ib{node * nics_per_node + k}",),
+            speed_mbps=400000,
+        )
+        for node in range(n_nodes)
+        for k in range(nics_per_node)
     ]
-    return Topology(hostname=hostname, numa_nodes=tuple(numa), cpus=tuple(cpus), gpus=tuple(gpus),
-                    nics=tuple(nics), gpu_links=links, source="test", gpu_source="json")
+    return Topology(
+        hostname=hostname,
+        numa_nodes=tuple(numa),
+        cpus=tuple(cpus),
+        gpus=tuple(gpus),
+        nics=tuple(nics),
+        gpu_links=links,
+        source="test",
+        gpu_source="json",
+    )
 
 
 def by_class(root: ET.Element, cls: str) -> list[ET.Element]:
@@ -274,12 +360,19 @@ def plan_for(topo: Topology, *, shared: bool = False) -> LaunchPlan:
         else:
             k = on_node.index(g)
             cores = sorted({topo.cpu(c).core_key for c in node.cpus})
-            share = cores[k::len(on_node)]
+            share = cores[k :: len(on_node)]
             cpus = tuple(sorted(c for key in share for c in key))
-        ranks.append(RankBinding(
-            local_rank=g.index, gpu=GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node),
-            cpus=cpus, mems=(g.numa_node,), nic=f"mlx5_{g.numa_node}", env={}, numa_node=g.numa_node,
-        ))
+        ranks.append(
+            RankBinding(
+                local_rank=g.index,
+                gpu=GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node),
+                cpus=cpus,
+                mems=(g.numa_node,),
+                nic=f"mlx5_{g.numa_node}",
+                env={},
+                numa_node=g.numa_node,
+            )
+        )
     return LaunchPlan(ranks=tuple(ranks), binding=BindingMode.NODE if shared else BindingMode.EXCLUSIVE)
 
 

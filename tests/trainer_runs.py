@@ -34,9 +34,18 @@ NORM_RTOL = 1e-5
 
 def job(tokens: Path) -> list[str]:
     """The overrides every run shares (its layout comes after them)."""
-    return ["model=gpt", "model.n_layers=4", "model.vocab_size=128", "data=tokens", f"data.path={tokens}",
-            "optim=sgd", "optim.grad_clip=0", "trainer.batch_size=16", f"trainer.steps={STEPS}",
-            "trainer.progress=false"]
+    return [
+        "model=gpt",
+        "model.n_layers=4",
+        "model.vocab_size=128",
+        "data=tokens",
+        f"data.path={tokens}",
+        "optim=sgd",
+        "optim.grad_clip=0",
+        "trainer.batch_size=16",
+        f"trainer.steps={STEPS}",
+        "trainer.progress=false",
+    ]
 
 
 def write_tokens(path: Path) -> Path:
@@ -63,16 +72,34 @@ def summary(run_dir: Path) -> dict:
 
 
 def numarun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "numarun", *args], cwd=cwd, env=clean_env(PYTHONUNBUFFERED="1"),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "numarun", *args],
+        cwd=cwd,
+        env=clean_env(PYTHONUNBUFFERED="1"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 def train(run_dir: Path, *, nproc: int, overrides: list[str], ref: Reference, launch: tuple[str, ...] = ()) -> Path:
     """One numarun on this host with ``nproc`` ranks (``--binding none``: 4 ranks may share 2 cores)."""
-    numarun(["--nproc-per-node", str(nproc), "--binding", "none", *launch, TRAIN, *ref.job(), *overrides,
-             f"hydra.run.dir={run_dir}"], run_dir.parent)
+    numarun(
+        [
+            "--nproc-per-node",
+            str(nproc),
+            "--binding",
+            "none",
+            *launch,
+            TRAIN,
+            *ref.job(),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        run_dir.parent,
+    )
     return run_dir
 
 
@@ -81,11 +108,35 @@ def train_two_nodes(run_dir: Path, *, overrides: list[str], ref: Reference) -> P
     port = free_port()
     procs = []
     for node_rank in (0, 1):
-        cmd = [sys.executable, "-m", "numarun", "--nnodes", "2", "--node-rank", str(node_rank), "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(port), TRAIN, *ref.job(), *overrides,
-               f"hydra.run.dir={run_dir}"]
-        procs.append(subprocess.Popen(cmd, cwd=run_dir.parent, env=clean_env(PYTHONUNBUFFERED="1"),
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "numarun",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node_rank),
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            TRAIN,
+            *ref.job(),
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=run_dir.parent,
+                env=clean_env(PYTHONUNBUFFERED="1"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = []
     try:
         for p in procs:

@@ -34,7 +34,9 @@ class NumarunSlurmLauncherConf(NumarunLauncherConf):
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="numarun", node=NumarunLauncherConf, provider="numarun")
-ConfigStore.instance().store(group="hydra/launcher", name="numarun_slurm", node=NumarunSlurmLauncherConf, provider="numarun")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="numarun_slurm", node=NumarunSlurmLauncherConf, provider="numarun"
+)
 
 
 class NumarunLauncher(Launcher):

@@ -26,8 +26,19 @@ log = logging.getLogger(__name__)
 DISTRIBUTED = True  # every rank of a job runs this benchmark
 
 DEFAULT_SIZES = "1M,4M,16M,64M,256M"
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
-          "G": 2**30, "GB": 2**30, "GIB": 2**30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KB": 2**10,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MB": 2**20,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GB": 2**30,
+    "GIB": 2**30,
+}
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
@@ -38,7 +49,9 @@ def parse_size(text: str) -> int:
     """``16M`` / ``1MiB`` / ``4096`` -> bytes (binary units), at most :data:`MAX_SIZE`."""
     m = re.fullmatch(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).upper() not in _UNITS or not 0 < int(m.group(1)) * _UNITS[m.group(2).upper()] <= MAX_SIZE:
-        raise UsageError(expected(text, "a positive size up to 1T such as 4096, 512K, 16M or 1G (binary units)", "size"))
+        raise UsageError(
+            expected(text, "a positive size up to 1T such as 4096, 512K, 16M or 1G (binary units)", "size")
+        )
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
@@ -108,23 +121,45 @@ def summarize(*, size_bytes: int, mode: str, times: Sequence[float], world_size:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default=DEFAULT_SIZES,
-                        help=f"comma-separated message sizes, binary units (default {DEFAULT_SIZES})")
-    parser.add_argument("--iters", type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT), default=5,
-                        help="timed iterations per size and mode (default 5)")
-    parser.add_argument("--warmup", type=argtypes.int_in("--warmup", low=0, high=argtypes.MAX_COUNT), default=1,
-                        help="untimed iterations per size and mode (default 1)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="element type (default float32)")
-    parser.add_argument("--modes", default="flat,hierarchical",
-                        help="which all-reduces to time, comma-separated: flat, hierarchical (default both)")
-    parser.add_argument("--chunk", default="auto",
-                        help="hierarchical pipelining chunk (e.g. 1M; 0 = one shot, no pipelining; default auto)")
-    parser.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl with GPUs, else gloo)")
-    parser.add_argument("--link-rate", default=None,
-                        help="inter-node link rate (e.g. 200mbit): adds each mode's time at that rate to the report")
-    parser.add_argument("--json", dest="json_path", default=None, metavar="FILE",
-                        help="write the results as JSON to FILE (rank 0)")
+    parser.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"comma-separated message sizes, binary units (default {DEFAULT_SIZES})"
+    )
+    parser.add_argument(
+        "--iters",
+        type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT),
+        default=5,
+        help="timed iterations per size and mode (default 5)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=argtypes.int_in("--warmup", low=0, high=argtypes.MAX_COUNT),
+        default=1,
+        help="untimed iterations per size and mode (default 1)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="element type (default float32)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="flat,hierarchical",
+        help="which all-reduces to time, comma-separated: flat, hierarchical (default both)",
+    )
+    parser.add_argument(
+        "--chunk",
+        default="auto",
+        help="hierarchical pipelining chunk (e.g. 1M; 0 = one shot, no pipelining; default auto)",
+    )
+    parser.add_argument(
+        "--backend", default=None, help="torch.distributed backend (default: nccl with GPUs, else gloo)"
+    )
+    parser.add_argument(
+        "--link-rate",
+        default=None,
+        help="inter-node link rate (e.g. 200mbit): adds each mode's time at that rate to the report",
+    )
+    parser.add_argument(
+        "--json", dest="json_path", default=None, metavar="FILE", help="write the results as JSON to FILE (rank 0)"
+    )
 
 
 def check_options(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], float | None]:
@@ -134,7 +169,9 @@ def check_options(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str,
     if not modes or any(m not in ("flat", "hierarchical") for m in modes):
         raise UsageError(expected(args.modes, "flat, hierarchical or flat,hierarchical", "--modes"))
     if args.iters < 1 or args.warmup < 0:
-        raise UsageError(expected(f"--iters {args.iters} --warmup {args.warmup}", "iters >= 1 and warmup >= 0", "counts"))
+        raise UsageError(
+            expected(f"--iters {args.iters} --warmup {args.warmup}", "iters >= 1 and warmup >= 0", "counts")
+        )
     rate = parse_rate(args.link_rate) if args.link_rate else None
     chunk = str(args.chunk).strip().lower()
     args.chunk_bytes = None if chunk == "auto" else 0 if chunk == "0" else parse_size(chunk)
@@ -157,8 +194,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elem = torch.tensor([], dtype=dtype).element_size()
     world = ctx.world_size
 
-    fns = {"flat": dist.all_reduce,
-           "hierarchical": lambda t: hierarchical_all_reduce(t, context=ctx, chunk_bytes=args.chunk_bytes)}
+    fns = {
+        "flat": dist.all_reduce,
+        "hierarchical": lambda t: hierarchical_all_reduce(t, context=ctx, chunk_bytes=args.chunk_bytes),
+    }
     results: list[SizeResult] = []
     checks: dict[str, bool] = {}
     for size in sizes:
@@ -192,17 +231,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vals = flat_times_dev.cpu().tolist()
         checks[str(size)] = vals[-1] == 0.0
         for k, m in enumerate(modes):
-            ts = vals[k * args.iters:(k + 1) * args.iters]
+            ts = vals[k * args.iters : (k + 1) * args.iters]
             results.append(summarize(size_bytes=size, mode=m, times=ts, world_size=world))
         if ctx.rank == 0:
             log.info("size %s done", human_size(size))
 
     return {
-        "benchmark": "allreduce", "world_size": world, "num_nodes": ctx.num_nodes, "local_world_size": ctx.local_world_size,
-        "backend": ctx.backend, "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup, "link_rate_bps": rate,
-        "chunk_bytes": args.chunk_bytes, "rank0_cpus": list(ctx.binding.cpus) if ctx.binding is not None else None,
+        "benchmark": "allreduce",
+        "world_size": world,
+        "num_nodes": ctx.num_nodes,
+        "local_world_size": ctx.local_world_size,
+        "backend": ctx.backend,
+        "dtype": args.dtype,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "link_rate_bps": rate,
+        "chunk_bytes": args.chunk_bytes,
+        "rank0_cpus": list(ctx.binding.cpus) if ctx.binding is not None else None,
         "bound_ratio": bound_ratio(num_nodes=ctx.num_nodes, local_world_size=ctx.local_world_size)
-        if ctx.hierarchical_ok else None,
+        if ctx.hierarchical_ok
+        else None,
         "results": [asdict(r) for r in results],
         "correct": checks,
         "comparisons": _comparisons(results, ctx.num_nodes, ctx.local_world_size if ctx.hierarchical_ok else 0, rate),
@@ -221,8 +269,13 @@ def _comparisons(results: Sequence[SizeResult], num_nodes: int, g: int, rate: fl
             for mode, r in (("flat", f), ("hierarchical", h)):
                 if r is None:
                     continue
-                link_s = node_bytes(size_bytes=size, num_nodes=num_nodes, local_world_size=g,
-                                    hierarchical=mode == "hierarchical") * 8 / rate
+                link_s = (
+                    node_bytes(
+                        size_bytes=size, num_nodes=num_nodes, local_world_size=g, hierarchical=mode == "hierarchical"
+                    )
+                    * 8
+                    / rate
+                )
                 row[f"{mode}_link_bound_s"] = link_s
                 row[f"{mode}_over_bound"] = r.median_s / link_s - 1.0
         out.append(row)
@@ -233,8 +286,10 @@ def render(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    title = (f"all-reduce, {report['num_nodes']} node(s) x {report['local_world_size']} rank(s), "
-             f"{report['backend']}, {report['dtype']}, median of {report['iters']}")
+    title = (
+        f"all-reduce, {report['num_nodes']} node(s) x {report['local_world_size']} rank(s), "
+        f"{report['backend']}, {report['dtype']}, median of {report['iters']}"
+    )
     table = Table(title=title)
     for col in ("size", "mode", "time (ms)", "algbw (GB/s)", "busbw (GB/s)", "hier/flat", "vs link bound"):
         table.add_column(col, justify="right")
@@ -243,9 +298,15 @@ def render(report: dict[str, Any]) -> None:
         c = comps.get(r["size_bytes"], {})
         ratio = f"{c['ratio']:.3f}" if r["mode"] == "hierarchical" and "ratio" in c else ""
         over = c.get(f"{r['mode']}_over_bound")
-        table.add_row(human_size(r["size_bytes"]), r["mode"], f"{r['median_s'] * 1e3:.2f}",
-                      f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}", ratio,
-                      f"{over * 100:+.1f}%" if over is not None else "")
+        table.add_row(
+            human_size(r["size_bytes"]),
+            r["mode"],
+            f"{r['median_s'] * 1e3:.2f}",
+            f"{r['algbw_gbps']:.3f}",
+            f"{r['busbw_gbps']:.3f}",
+            ratio,
+            f"{over * 100:+.1f}%" if over is not None else "",
+        )
     console = Console(width=120)
     console.print(table)
     if report.get("bound_ratio"):

@@ -54,10 +54,15 @@ class WorkerResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="1GiB", help="bytes per copy, binary units (default 1GiB)")
-    parser.add_argument("--iters", type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT), default=10,
-                        help="timed copies per direction and kind (default 10)")
-    parser.add_argument("--json", dest="json_file", default=None, metavar="FILE",
-                        help="also write the figures as JSON to FILE")
+    parser.add_argument(
+        "--iters",
+        type=argtypes.int_in("--iters", low=1, high=argtypes.MAX_COUNT),
+        default=10,
+        help="timed copies per direction and kind (default 10)",
+    )
+    parser.add_argument(
+        "--json", dest="json_file", default=None, metavar="FILE", help="also write the figures as JSON to FILE"
+    )
 
 
 def check_args(size: str, iters: int) -> int:
@@ -69,7 +74,8 @@ def check_args(size: str, iters: int) -> int:
 
 
 def page_nodes(address: int, length: int, *, samples: int = 16) -> tuple[int, ...]:
-    """NUMA nodes of ``samples`` pages over [address, address+length) (``move_pages(2)``, NULL nodes: query); () unknown."""
+    """NUMA nodes of ``samples`` pages over [address, address+length) (``move_pages(2)``, NULL nodes: query); ()
+    unknown."""
     number = _MOVE_PAGES.get(platform.machine().lower())
     if number is None or length <= 0:
         return ()
@@ -97,8 +103,13 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
         return {"cpus": got.cpus, "mem_policy": got.mem_policy, "mems": got.mems}
 
     if not torch.cuda.is_available():
-        return WorkerResult(label=label, cuda=False, torch_version=torch.__version__,
-                            error="no CUDA device (torch.cuda.is_available() is False)", **where())
+        return WorkerResult(
+            label=label,
+            cuda=False,
+            torch_version=torch.__version__,
+            error="no CUDA device (torch.cuda.is_available() is False)",
+            **where(),
+        )
     from ..worker import current_binding
 
     binding = current_binding()
@@ -129,10 +140,18 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
         "h2d_pageable": timed(lambda: device_buf.copy_(pageable)),
         "d2h_pageable": timed(lambda: pageable.copy_(device_buf)),
     }
-    return WorkerResult(label=label, cuda=True, size_bytes=size_bytes, iters=iters,
-                        gbps={k: round(v, 2) for k, v in gbps.items()},
-                        device=torch.cuda.get_device_name(dev), torch_version=torch.__version__,
-                        pinned_page_nodes=nodes, pageable_page_nodes=pageable_nodes, **where())
+    return WorkerResult(
+        label=label,
+        cuda=True,
+        size_bytes=size_bytes,
+        iters=iters,
+        gbps={k: round(v, 2) for k, v in gbps.items()},
+        device=torch.cuda.get_device_name(dev),
+        torch_version=torch.__version__,
+        pinned_page_nodes=nodes,
+        pageable_page_nodes=pageable_nodes,
+        **where(),
+    )
 
 
 def worker_main(argv: Sequence[str]) -> int:
@@ -178,16 +197,22 @@ def format_table(bound: WorkerResult, raw: WorkerResult) -> str:
     head = f"{'GB/s':<6}{'numarun pinned':>16}{'numarun pageable':>18}{'raw pinned':>12}{'raw pageable':>14}"
     lines = [f"host<->device copies of {human_size(bound.size_bytes)} x {bound.iters} on {bound.device}", head]
     for d in DIRECTIONS:
-        row = [bound.gbps.get(f"{d}_pinned"), bound.gbps.get(f"{d}_pageable"),
-               raw.gbps.get(f"{d}_pinned"), raw.gbps.get(f"{d}_pageable")]
+        row = [
+            bound.gbps.get(f"{d}_pinned"),
+            bound.gbps.get(f"{d}_pageable"),
+            raw.gbps.get(f"{d}_pinned"),
+            raw.gbps.get(f"{d}_pageable"),
+        ]
         cells = [f"{v:.2f}" if v is not None else "-" for v in row]
         lines.append(f"{d:<6}{cells[0]:>16}{cells[1]:>18}{cells[2]:>12}{cells[3]:>14}")
     r = ratios(bound.gbps, raw.gbps)
     lines.append("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     nodes = ",".join(map(str, bound.pinned_page_nodes)) or "?"
     pageable = ",".join(map(str, bound.pageable_page_nodes)) or "?"
-    lines.append(f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, "
-                 f"pinned pages on node(s) {nodes}, pageable pages on node(s) {pageable}")
+    lines.append(
+        f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, "
+        f"pinned pages on node(s) {nodes}, pageable pages on node(s) {pageable}"
+    )
     return "\n".join(lines)
 
 

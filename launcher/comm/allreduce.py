@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 def _context(context: DistContext | None) -> DistContext:
     ctx = context if context is not None else current_context()
     if ctx is None:
-        raise NumarunError("no distributed context: expected numarun.init() to be called before hierarchical_all_reduce")
+        raise NumarunError(
+            "no distributed context: expected numarun.init() to be called before hierarchical_all_reduce"
+        )
     return ctx
 
 
@@ -37,9 +39,14 @@ def ddp_bucket_mb(bucket_mb: float | None, mode: str | CommMode) -> float | None
     return bucket_mb
 
 
-def hierarchical_all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType | Any = None, *,
-                            context: DistContext | None = None, inter_dtype: torch.dtype | None = None,
-                            chunk_bytes: int | None = None) -> torch.Tensor:
+def hierarchical_all_reduce(
+    tensor: torch.Tensor,
+    op: dist.ReduceOp.RedOpType | Any = None,
+    *,
+    context: DistContext | None = None,
+    inter_dtype: torch.dtype | None = None,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
     """All-reduce ``tensor`` in place over the whole job (docs/allreduce.md); returns it.
 
     ``op``: SUM (default), AVG (SUM, then a division by the world size), MAX, MIN or PRODUCT. ``inter_dtype``:
@@ -89,8 +96,9 @@ class HookState:
         """Average one bucket by itself, in place."""
         import torch.distributed as dist
 
-        return hierarchical_all_reduce(buffer, dist.ReduceOp.AVG, context=self.context, inter_dtype=self.inter_dtype,
-                                       chunk_bytes=self.chunk_bytes)
+        return hierarchical_all_reduce(
+            buffer, dist.ReduceOp.AVG, context=self.context, inter_dtype=self.inter_dtype, chunk_bytes=self.chunk_bytes
+        )
 
 
 def hierarchical_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -128,27 +136,46 @@ def _real_hook_annotations() -> None:
         hook.__annotations__.update(bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})
 
 
-def apply_comm(model_ddp: Any, mode: str | CommMode, compression: str | Compression | None, context: DistContext | None, *,
-               overlap: bool = True, chunk_bytes: int | None = None) -> CommMode:
-    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, In DDP); returns the mode."""
+def apply_comm(
+    model_ddp: Any,
+    mode: str | CommMode,
+    compression: str | Compression | None,
+    context: DistContext | None,
+    *,
+    overlap: bool = True,
+    chunk_bytes: int | None = None,
+) -> CommMode:
+    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, In DDP); returns the
+    mode."""
     m = parse_comm_mode(mode)
     c = parse_compression(compression)
     if m is CommMode.FLAT:
         if c is not Compression.NONE:
             _real_hook_annotations()
-            model_ddp.register_comm_hook(HookState(context=_context(context), inter_dtype=c.dtype()), flat_compressed_hook)
+            model_ddp.register_comm_hook(
+                HookState(context=_context(context), inter_dtype=c.dtype()), flat_compressed_hook
+            )
         return m
     ctx = _context(context)
     ctx.require_hierarchical()
     _real_hook_annotations()
     if chunk_bytes is not None and chunk_bytes < 0:
         raise NumarunError(f"bad chunk size {chunk_bytes} bytes: expected 0 (one shot) or more")
-    model_ddp.register_comm_hook(HookState(context=ctx, inter_dtype=c.dtype(), overlap=overlap, chunk_bytes=chunk_bytes),
-                                 hierarchical_hook)
+    model_ddp.register_comm_hook(
+        HookState(context=ctx, inter_dtype=c.dtype(), overlap=overlap, chunk_bytes=chunk_bytes), hierarchical_hook
+    )
     return m
 
 
 __all__ = [
-    "CommMode", "Compression", "BucketStream", "HookState", "apply_comm", "hierarchical_all_reduce",
-    "flat_compressed_hook", "hierarchical_hook", "parse_comm_mode", "parse_compression",
+    "CommMode",
+    "Compression",
+    "BucketStream",
+    "HookState",
+    "apply_comm",
+    "hierarchical_all_reduce",
+    "flat_compressed_hook",
+    "hierarchical_hook",
+    "parse_comm_mode",
+    "parse_compression",
 ]

@@ -89,7 +89,8 @@ def all_gather(full: torch.Tensor, shard: torch.Tensor, group: Any, forms: Tenso
 
 
 def padded(flat: torch.Tensor, g: int) -> torch.Tensor:
-    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy (the caller copies ``[:n]`` back)."""
+    """``flat`` itself when its length is a multiple of ``g``, else a zero-padded copy (the caller copies ``[:n]``
+    back)."""
     import torch
 
     n = flat.numel()

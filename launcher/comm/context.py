@@ -1,4 +1,5 @@
-"""``numarun.init()``: one call in the worker sets up the distributed state from numarun's plan, or torchrun's environment."""
+"""``numarun.init()``: one call in the worker sets up the distributed state from numarun's plan, or torchrun's
+environment."""
 
 from __future__ import annotations
 
@@ -62,8 +63,10 @@ def _env_int(name: str, default: int | None = None) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise DistInitError(f"bad environment: {name} is not set; expected to run under numarun or torchrun "
-                                "(they set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)")
+            raise DistInitError(
+                f"bad environment: {name} is not set; expected to run under numarun or torchrun "
+                "(they set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)"
+            )
         return default
     try:
         return int(raw)
@@ -158,8 +161,10 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
             kwargs["store"] = store
         dist.init_process_group(**kwargs)
     elif dist.get_rank() != rank or dist.get_world_size() != world_size:
-        raise DistInitError(f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
-                            f"expected RANK={rank} WORLD_SIZE={world_size} from the environment")
+        raise DistInitError(
+            f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
+            f"expected RANK={rank} WORLD_SIZE={world_size} from the environment"
+        )
 
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", -1))
     local_world_size = _env_int("LOCAL_WORLD_SIZE", 0)
@@ -170,13 +175,17 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
     if any(r[0] < 0 for r in rows):  # no node rank (launched by hand): torchrun's contiguous numbering
         lws = [r[2] for r in rows]
         if len(set(lws)) != 1 or lws[0] <= 0:
-            raise DistInitError(f"bad environment: GROUP_RANK unset and LOCAL_WORLD_SIZE {sorted(set(lws))} differs or is unset; "
-                                "expected to run under numarun or torchrun")
+            raise DistInitError(
+                f"bad environment: GROUP_RANK unset and LOCAL_WORLD_SIZE {sorted(set(lws))} differs or is unset; "
+                "expected to run under numarun or torchrun"
+            )
         rows = [(r // lws[0], r % lws[0], lws[0]) for r in range(world_size)]
     layout = layout_from_places([RankPlace(r[0], r[1]) for r in rows])
     for r, row in enumerate(rows):
         if row[2] and row[2] != len(layout.intra_of(r)):
-            raise DistInitError(f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks")
+            raise DistInitError(
+                f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks"
+            )
     me = layout.places[rank]
     mesh_layout = declared_layout(os.environ, world_size=world_size, node_sizes=layout.node_sizes)
     groups = create_groups(layout, rank)
@@ -185,14 +194,35 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
     else:
         mesh = _make_mesh(layout, groups.intra, groups.inter, device) if build_mesh and layout.uniform else None
     if not layout.uniform:
-        log.warning("nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes)
+        log.warning(
+            "nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes
+        )
     _CONTEXT = DistContext(
-        rank=rank, local_rank=me.local_rank, world_size=world_size, node_rank=me.node_rank, num_nodes=layout.num_nodes,
-        local_world_size=len(layout.intra_of(rank)), backend=str(dist.get_backend()), device=device, binding=binding,
-        layout=layout, intra_group=groups.intra, inter_group=groups.inter, mesh=mesh, mesh_layout=mesh_layout,
+        rank=rank,
+        local_rank=me.local_rank,
+        world_size=world_size,
+        node_rank=me.node_rank,
+        num_nodes=layout.num_nodes,
+        local_world_size=len(layout.intra_of(rank)),
+        backend=str(dist.get_backend()),
+        device=device,
+        binding=binding,
+        layout=layout,
+        intra_group=groups.intra,
+        inter_group=groups.inter,
+        mesh=mesh,
+        mesh_layout=mesh_layout,
     )
-    log.info("rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
-             rank, me.node_rank, layout.num_nodes, me.local_rank, _CONTEXT.local_world_size, _CONTEXT.backend, device)
+    log.info(
+        "rank %d: node %d/%d, local rank %d/%d, backend %s, device %s",
+        rank,
+        me.node_rank,
+        layout.num_nodes,
+        me.local_rank,
+        _CONTEXT.local_world_size,
+        _CONTEXT.backend,
+        device,
+    )
     return _CONTEXT
 
 
@@ -209,7 +239,8 @@ def declared_layout(environ: Mapping[str, str], *, world_size: int, node_sizes: 
     if len(set(node_sizes)) != 1:
         raise DistInitError(
             f"bad {envvars.MESH} {spec.text!r}: nodes run {','.join(map(str, node_sizes))} ranks; expected the same "
-            "number of ranks on every node for a layout (the same --nproc-per-node everywhere)")
+            "number of ranks on every node for a layout (the same --nproc-per-node everywhere)"
+        )
     resolved = spec.resolve(world_size)
     node_cut(resolved, node_sizes[0], where=envvars.MESH)
     return resolved
@@ -234,7 +265,9 @@ def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: torch.device
         log.debug("DeviceMesh.from_group failed (%s); using init_device_mesh", e)
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device.type, (layout.num_nodes, layout.local_world_size), mesh_dim_names=("inter", "intra"))
+        return init_device_mesh(
+            device.type, (layout.num_nodes, layout.local_world_size), mesh_dim_names=("inter", "intra")
+        )
 
 
 def destroy() -> None:

@@ -79,8 +79,10 @@ def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) 
     for rank, p in enumerate(norm):
         slots = by_node.setdefault(p.node_rank, {})
         if p.local_rank in slots:
-            raise HierarchyError(f"bad job shape: ranks {slots[p.local_rank]} and {rank} both claim node {p.node_rank} "
-                                 f"local rank {p.local_rank}; expected one rank per (node, local rank)")
+            raise HierarchyError(
+                f"bad job shape: ranks {slots[p.local_rank]} and {rank} both claim node {p.node_rank} "
+                f"local rank {p.local_rank}; expected one rank per (node, local rank)"
+            )
         slots[p.local_rank] = rank
     nodes = sorted(by_node)
     if nodes != list(range(len(nodes))):

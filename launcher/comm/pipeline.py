@@ -145,7 +145,8 @@ ONE_TENSOR_CROSSING = 2  # chunks on the link at once: one starts while the othe
 
 
 def one_shot(full: torch.Tensor, steps: Steps, forms: coll.TensorForms) -> None:
-    """The three steps on the whole (padded) tensor in turn, with fallbacks; records in ``forms`` what the backend showed."""
+    """The three steps on the whole (padded) tensor in turn, with fallbacks; records in ``forms`` what the backend
+    showed."""
     import torch
 
     ctx = steps.context

@@ -1,4 +1,5 @@
-"""One pipeline for all of a backward pass's DDP buckets, so the link never waits for a bucket's tail (docs/allreduce.md).
+"""One pipeline for all of a backward pass's DDP buckets, so the link never waits for a bucket's tail
+(docs/allreduce.md).
 
 The order of collectives depends only on the buckets' sizes and ``is_last()``, never on timing.
 """
@@ -42,7 +43,9 @@ class BucketStream:
 
         self.context = context
         self.chunk_bytes = chunk_bytes
-        self.steps = Steps(context, op=dist.ReduceOp.SUM, inter_dtype=inter_dtype, divisor=context.world_size)  # average
+        self.steps = Steps(
+            context, op=dist.ReduceOp.SUM, inter_dtype=inter_dtype, divisor=context.world_size
+        )  # average
         self._jobs: queue.SimpleQueue[_Bucket] = queue.SimpleQueue()
         self._taken: list[_Bucket] = []  # of the pass in progress
         self._thread: threading.Thread | None = None

@@ -33,19 +33,28 @@ BENCHMARKS: dict[str, str] = {"allreduce": "numarun.bench.allreduce", "h2d": "nu
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="micro-benchmarks (allreduce, ...)",
-                                   description="Run a micro-benchmark, inside a job or as its own job.")
+    parser = subparsers.add_parser(
+        "bench",
+        help="micro-benchmarks (allreduce, ...)",
+        description="Run a micro-benchmark, inside a job or as its own job.",
+    )
     sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", parser_class=type(parser))
     sub.required = True
     for name, modname in BENCHMARKS.items():
         module = importlib.import_module(modname)
         p = sub.add_parser(name, help=(module.__doc__ or name).strip().splitlines()[0])
         if getattr(module, "DISTRIBUTED", True):
-            g = p.add_argument_group(f"job, as 'numarun run' takes it ({BENCH_RANKS} ranks unless told; "
-                                     "ignored inside a numarun/torchrun job)")
+            g = p.add_argument_group(
+                f"job, as 'numarun run' takes it ({BENCH_RANKS} ranks unless told; "
+                "ignored inside a numarun/torchrun job)"
+            )
             add_options(p, JOB, group=g)
-            g.add_argument("--launcher", choices=("numarun", "torchrun"), default="numarun",
-                           help="start the ranks with 'numarun run' (bound, default) or plain torchrun")
+            g.add_argument(
+                "--launcher",
+                choices=("numarun", "torchrun"),
+                default="numarun",
+                help="start the ranks with 'numarun run' (bound, default) or plain torchrun",
+            )
         own = argparse.ArgumentParser(add_help=False)
         module.add_arguments(own)
         module.add_arguments(p)
@@ -69,7 +78,9 @@ def launch_argv(args: argparse.Namespace, options: Options, bench_argv: list[str
 
     typed = {d: s.value for d, s in options.stated().items() if s.source is Source.COMMAND_LINE}
     if args.launcher == "torchrun" and "binding" in typed:
-        raise UsageError(expected(f"--binding {typed['binding'].value}", "no --binding with --launcher torchrun", "option"))
+        raise UsageError(
+            expected(f"--binding {typed['binding'].value}", "no --binding with --launcher torchrun", "option")
+        )
     check_torchrun_options(typed)  # --node-rank below --nnodes...: refused here, before any rank starts
     job = options.flags(Source.COMMAND_LINE, leave_out=("nproc_per_node",))
     head = [sys.executable, "-m", "torch.distributed.run"] if args.launcher == "torchrun" else numarun_command("run")

@@ -20,7 +20,16 @@ from ..doctor.render import render
 from ..errors import UsageError
 from ..launch.options import PLANNING, Options, add_options, from_args, shown
 
-RENDEZVOUS = ("nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "rdzv_conf")
+RENDEZVOUS = (
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "rdzv_endpoint",
+    "rdzv_backend",
+    "rdzv_id",
+    "rdzv_conf",
+)
 """torchrun's options the doctor takes, in their spellings: with --nnodes, every node reports to node rank 0."""
 
 
@@ -30,33 +39,59 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="check the node(s) before a job: PCIe links, RDMA ports, modules, cores, GPU health, slow nodes",
         description="Check this node from the same topology 'numarun plan' reads (a recorded tree works "
         "like the live machine); with --nnodes, every node reports to node rank 0, which compares "
-        "them and measures the nodes' links in pairs (at most 6 rounds at any node count). Exit 1 when any finding is an error.",
+        "them and measures the nodes' links in pairs (at most 6 rounds at any node count). Exit 1 when any finding is "
+        "an error.",
     )
     add_options(p, PLANNING)
     add_doctor_options(p)
     p.add_argument("--json", action="store_true", help="print {'findings': [...], ...} as JSON")
-    p.add_argument("--nvml-record", metavar="FILE", default=None,
-                   help="a recorded NVML answer (JSON) to check instead of asking the driver")
-    p.add_argument("--measure", action="store_true",
-                   help="also measure memory and host<->device bandwidth (always with --nnodes)")
+    p.add_argument(
+        "--nvml-record",
+        metavar="FILE",
+        default=None,
+        help="a recorded NVML answer (JSON) to check instead of asking the driver",
+    )
+    p.add_argument(
+        "--measure", action="store_true", help="also measure memory and host<->device bandwidth (always with --nnodes)"
+    )
     p.add_argument("--no-measure", action="store_true", help="with --nnodes: measure only the links")
     add_options(p, RENDEZVOUS, group=p.add_argument_group("multi-node (torchrun's options)"))
-    p.add_argument("--no-detect", action="store_true",
-                   help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
+    p.add_argument(
+        "--no-detect",
+        action="store_true",
+        help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
+    )
     p.set_defaults(func=main)
     return p
 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
     d = Settings()
-    p.add_argument("--min-link-fraction", type=float, default=d.min_link_fraction, metavar="F",  # check_fraction: (0, 1]
-                   help=f"a node whose best pair, or one pair, below F x the median is slow (default {d.min_link_fraction})")
-    p.add_argument("--doctor-timeout", type=argtypes.seconds("--doctor-timeout"), default=d.doctor_timeout, metavar="SECONDS",
-                   help=f"how long a node waits for the others (default {d.doctor_timeout:g})")
-    p.add_argument("--link-schedule", type=parse_link_schedule, default=d.link_schedule, metavar="NAME",
-                   help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
-                   f"bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds); default {d.link_schedule}")
-    p.add_argument("--link-seconds", type=argtypes.seconds("--link-seconds"), default=d.link_seconds, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--min-link-fraction",
+        type=float,
+        default=d.min_link_fraction,
+        metavar="F",  # check_fraction: (0, 1]
+        help=f"a node whose best pair, or one pair, below F x the median is slow (default {d.min_link_fraction})",
+    )
+    p.add_argument(
+        "--doctor-timeout",
+        type=argtypes.seconds("--doctor-timeout"),
+        default=d.doctor_timeout,
+        metavar="SECONDS",
+        help=f"how long a node waits for the others (default {d.doctor_timeout:g})",
+    )
+    p.add_argument(
+        "--link-schedule",
+        type=parse_link_schedule,
+        default=d.link_schedule,
+        metavar="NAME",
+        help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
+        f"bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds); default {d.link_schedule}",
+    )
+    p.add_argument(
+        "--link-seconds", type=argtypes.seconds("--link-seconds"), default=d.link_seconds, help=argparse.SUPPRESS
+    )
 
 
 def parse_link_schedule(text: str) -> str:
@@ -68,7 +103,6 @@ def parse_link_schedule(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"bad --link-schedule {text!r}: expected one of {', '.join(m.value for m in LinkSchedule)}"
         ) from None
-
 
 
 def _detected(args: argparse.Namespace) -> Options:
@@ -83,7 +117,8 @@ def _detected(args: argparse.Namespace) -> Options:
         announce(args, job.describe())
         if job.mode is Mode.PER_RANK:
             raise UsageError(
-                f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task per "
+                f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task "
+                "per "
                 "node (srun --ntasks-per-node=1 numarun doctor)"
             )
         try:
@@ -102,6 +137,8 @@ def main(args: argparse.Namespace) -> int:
     elif result.get("node_rank", 0) == 0:  # one node, or node 0 of several: the report
         sys.stdout.write(render(result))
     else:
-        print(f"numarun doctor: node rank {result['node_rank']}: reported to node 0; "
-              + ("no errors" if result["ok"] else "errors found (see node 0's report)"))
+        print(
+            f"numarun doctor: node rank {result['node_rank']}: reported to node 0; "
+            + ("no errors" if result["ok"] else "errors found (see node 0's report)")
+        )
     return 0 if result["ok"] else 1

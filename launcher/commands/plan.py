@@ -12,17 +12,29 @@ from ..launch.options import PLANNING, add_options, from_args, shown
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("plan",
-                                   help="show the per-rank binding plan (table, --json, --svg)",
-                                   description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
-                                   "for this node (or a recorded topology) and print it; runs nothing.")
+    parser = subparsers.add_parser(
+        "plan",
+        help="show the per-rank binding plan (table, --json, --svg)",
+        description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
+        "for this node (or a recorded topology) and print it; runs nothing.",
+    )
     add_options(parser, (*PLANNING, "nnodes"))  # --nnodes: the nodes a --mesh layout spans, this one among them
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)")
-    parser.add_argument("--no-detect", action="store_true",
-                        help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)"
+    )
+    parser.add_argument(
+        "--no-detect",
+        action="store_true",
+        help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)",
+    )
     parser.add_argument("--svg", metavar="FILE", help="also write the topology picture with each rank's cores coloured")
-    parser.add_argument("--jobs", type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT), default=None, metavar="N",
-                        help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side")
+    parser.add_argument(
+        "--jobs",
+        type=argtypes.int_in("--jobs", low=1, high=argtypes.MAX_COUNT),
+        default=None,
+        metavar="N",
+        help="show instead the slots a sweep of N jobs of --nproc-per-node ranks runs on, side by side",
+    )
     parser.set_defaults(func=main)
     return parser
 
@@ -41,7 +53,9 @@ def main(args: argparse.Namespace) -> int:
     if job is not None:
         announce(args, job.describe())  # stderr, so that --json output stays the plan alone
     shown(args, options)
-    plan = Planner(job).plan(options).plan  # per-rank mode: the node's plan as every task makes it, with this task's row
+    plan = (
+        Planner(job).plan(options).plan
+    )  # per-rank mode: the node's plan as every task makes it, with this task's row
     if args.svg:
         from ..view.svg import render_svg
 

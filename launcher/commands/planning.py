@@ -87,8 +87,13 @@ def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
     if job.mode is Mode.PER_RANK:
         if job.scheduler is Scheduler.SLURM and job.job_id is not None:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                subprocess.run(["scancel", "--quiet", f"{job.job_id}.{job.step_id}"], timeout=30, check=False,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    ["scancel", "--quiet", f"{job.job_id}.{job.step_id}"],
+                    timeout=30,
+                    check=False,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 print(f"numarun: cancelled Slurm step {job.job}: {who} refused to start", file=sys.stderr, flush=True)
         return 2
     from ..jobenv.settle import rank_master
@@ -102,7 +107,9 @@ def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
         from ..launch import abort
 
         if abort.tell(addr, port, f"{who} refused to start: {error}"):
-            print(f"numarun: told the other nodes to stop (rendezvous store {addr}:{port})", file=sys.stderr, flush=True)
+            print(
+                f"numarun: told the other nodes to stop (rendezvous store {addr}:{port})", file=sys.stderr, flush=True
+            )
     return 2
 
 
@@ -132,8 +139,9 @@ def _live(root: Any) -> bool:
     return bool(root.resolve() == root.__class__("/").resolve())
 
 
-def here(topology: Any, source: str | None, job: JobShape | None = None,
-         environ: Mapping[str, str] | None = None) -> Here:
+def here(
+    topology: Any, source: str | None, job: JobShape | None = None, environ: Mapping[str, str] | None = None
+) -> Here:
     """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
     one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
     ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0), the container, and the memory-policy probe."""
@@ -146,14 +154,19 @@ def here(topology: Any, source: str | None, job: JobShape | None = None,
     allowed = None
     if topology.gpus:
         access, allowed = _openable_minors(topology, device_root(source), container)
-        if (allowed is None and not any(v is not None for v in access.values()) and job is not None
-                and job.scheduler is Scheduler.SLURM):
+        if (
+            allowed is None
+            and not any(v is not None for v in access.values())
+            and job is not None
+            and job.scheduler is Scheduler.SLURM
+        ):
             allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
     return Here(container, tuple(sorted(allowed)) if allowed is not None else None, mempolicy_refusal())
 
 
-def _openable_minors(topology: Any, root: Any,
-                     container: Container | None) -> tuple[dict[int, bool | None], frozenset[int] | None]:
+def _openable_minors(
+    topology: Any, root: Any, container: Container | None
+) -> tuple[dict[int, bool | None], frozenset[int] | None]:
     """(minor -> may it be opened, the minors this process may open when some are refused, else None),
     by opening the topology's GPU device files under ``root``."""
     from ..plan.scheduled import allowed_minors
@@ -207,13 +220,17 @@ class Planner:
             with open(path) as f:
                 text = f.read()
         except OSError as e:
-            raise UsageError(f"bad --plan-file {path!r}: {e.strerror}; expected a file from 'numarun plan --json'") from None
+            raise UsageError(
+                f"bad --plan-file {path!r}: {e.strerror}; expected a file from 'numarun plan --json'"
+            ) from None
         # the ranks run here, wherever the plan was made
         plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(self._env), mempolicy_refusal())
         nproc = options.setting("nproc_per_node")
         if isinstance(nproc.value, int) and nproc.value != plan.nproc_per_node:
-            raise UsageError(f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
-                             f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}")
+            raise UsageError(
+                f"bad {nproc.where} {nproc.value!r}: the plan file {path!r} has {plan.nproc_per_node} "
+                f"rank{'' if plan.nproc_per_node == 1 else 's'}; expected {plan.nproc_per_node} or no {nproc.where}"
+            )
         return Planned(plan, os.path.abspath(path))
 
     def _rank(self, options: Options, job: JobShape) -> Planned:
@@ -240,18 +257,31 @@ class Planner:
         cvd = env.get("CUDA_VISIBLE_DEVICES")
         request = request_for(options, env, topology)
         if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
-            request = replace(request, nproc_per_node=max(job.local_world_size, len(node_minors)),
-                              cuda_visible_devices=None, allowed_gpu_minors=node_minors,
-                              keep_gpus=True)  # each task holds its own GPU: the layout cannot move it
+            request = replace(
+                request,
+                nproc_per_node=max(job.local_world_size, len(node_minors)),
+                cuda_visible_devices=None,
+                allowed_gpu_minors=node_minors,
+                keep_gpus=True,
+            )  # each task holds its own GPU: the layout cannot move it
             own = own_gpu_refs(topology, own_minors, cvd)
         else:
-            request = replace(request, nproc_per_node=job.local_world_size,
-                              allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None)
+            request = replace(
+                request,
+                nproc_per_node=job.local_world_size,
+                allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None,
+            )
             own = ()
-            if (job.gpus_on_node or 0) > job.local_world_size and own_minors is None and cvd and len(cvd.split(",")) < (
-                    job.gpus_on_node or 0):
-                notes.append("this task sees fewer GPUs than the job holds on the node, and no device file tells "
-                             "which: planned by local rank")
+            if (
+                (job.gpus_on_node or 0) > job.local_world_size
+                and own_minors is None
+                and cvd
+                and len(cvd.split(",")) < (job.gpus_on_node or 0)
+            ):
+                notes.append(
+                    "this task sees fewer GPUs than the job holds on the node, and no device file tells "
+                    "which: planned by local rank"
+                )
         plan = confine(make_plan(topology, request), container, mempolicy_refusal())
         binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
         # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)

@@ -45,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     torchrun = torchrun_parser()
     parser = subparsers.add_parser(
         "run",
-        parents=[torchrun], add_help=False,
+        parents=[torchrun],
+        add_help=False,
         # numarun's --nproc-per-node and --binding take over torchrun's --nproc-per-node and --numa-binding
         conflict_handler="resolve",
         help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",
@@ -55,15 +56,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_run_options(parser)
     from .doctor import add_doctor_options
 
-    parser.add_argument("--preflight", action="store_true",
-                        help="run 'numarun doctor' on every node first and stop on errors")
+    parser.add_argument(
+        "--preflight", action="store_true", help="run 'numarun doctor' on every node first and stop on errors"
+    )
     add_doctor_options(parser)
-    parser.add_argument("--watch-interval", type=argtypes.seconds("--watch-interval", above=False), default=None,
-                        metavar="SECONDS",
-                        help="seconds between the binding watcher's checks in every rank (default 30)")
+    parser.add_argument(
+        "--watch-interval",
+        type=argtypes.seconds("--watch-interval", above=False),
+        default=None,
+        metavar="SECONDS",
+        help="seconds between the binding watcher's checks in every rank (default 30)",
+    )
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
-    parser.add_argument("--no-detect", action="store_true",
-                        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)")
+    parser.add_argument(
+        "--no-detect",
+        action="store_true",
+        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
+    )
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
@@ -132,8 +141,10 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
         hydra_app = kind is AppKind.HYDRA_MAIN
         if kind is AppKind.TRAINER:
             raise UsageError(
-                f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config and "
-                "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
+                f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config "
+                "and "
+                "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which "
+                "starts "
                 "the node's ranks"
             )
     addr, port = rank_master(job, stated)
@@ -149,28 +160,49 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
         run.job = run.planner.job = job
         check_rank(job, stated, per_rank=per_rank)
     addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
-    node = {"nnodes": str(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}  # a dry run may not know
-    options = options.with_job({"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
-                               job.describe().split(":")[0])
+    node = (
+        {"nnodes": str(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
+    )  # a dry run may not know
+    options = options.with_job(
+        {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
+        job.describe().split(":")[0],
+    )
     planned = run.planner.plan(options)
     plan = planned.plan
     refuse_unbound(plan, options.strict_binding)
     for note in (*(plan.warnings if job.local_rank == 0 else ()), *planned.notes):  # the node's: said once
         log.warning("%s", note)
     env = {**rank_env(job, master_addr=addr, master_port=port, environ=os.environ), **run.env(options, plan, "")}
-    env.update(addressing(multi_node=job.nnodes > 1, backend="static", endpoint=(addr, port),
-                          flag="--master-addr (MASTER_ADDR)", node_rank=job.node_index).env)
+    env.update(
+        addressing(
+            multi_node=job.nnodes > 1,
+            backend="static",
+            endpoint=(addr, port),
+            flag="--master-addr (MASTER_ADDR)",
+            node_rank=job.node_index,
+        ).env
+    )
     env.pop(envvars.PLAN, None)
     env[envvars.PLAN_JSON] = plan.to_json()
     if clock and not args.dry_run:
         env[envvars.HYDRA_NOW] = now
     if args.dry_run:
         listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
-        unknown = "" if job.node_index >= 0 else (
-            "\n# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks when they "
-            "start, as the launcher does not say which node a rank is on")
-        return dry_run(plan, options, f"# this task is local rank {job.local_rank}: it would bind itself as that row "
-                       f"and run, with{unknown}", " ".join([*listed, shlex.join([target.name, *target.args])]))
+        unknown = (
+            ""
+            if job.node_index >= 0
+            else (
+                "\n# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks when "
+                "they "
+                "start, as the launcher does not say which node a rank is on"
+            )
+        )
+        return dry_run(
+            plan,
+            options,
+            f"# this task is local rank {job.local_rank}: it would bind itself as that row and run, with{unknown}",
+            " ".join([*listed, shlex.join([target.name, *target.args])]),
+        )
     from ..launch.rank import become_rank
 
     shown(args, options)
@@ -245,7 +277,9 @@ TRAINER_MESH = "parallel.* (the trainer's layout)"
 
 def _with_mesh(options: Options, mesh: str) -> Options:
     """``options`` with the trainer's layout as the job config's mesh (below a stated one, which it equals)."""
-    return dataclasses.replace(options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)})
+    return dataclasses.replace(
+        options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)}
+    )
 
 
 def trainer_mesh(options: Options, spec: str | None) -> str | None:
@@ -266,8 +300,10 @@ def trainer_mesh(options: Options, spec: str | None) -> str | None:
         return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
 
     if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
-        raise TrainerLayoutError(f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
-                          "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)")
+        raise TrainerLayoutError(
+            f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
+            "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
+        )
     return None
 
 
@@ -314,8 +350,9 @@ class _Runner:
             env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
         return env
 
-    def prepare(self, options: Options, target: Target,
-                mesh_of: Callable[[Options, Planned], str | None] | None = None) -> _Prepared:
+    def prepare(
+        self, options: Options, target: Target, mesh_of: Callable[[Options, Planned], str | None] | None = None
+    ) -> _Prepared:
         """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
         plan and may return a mesh to plan with instead (the trainer's layout)."""
         rendezvous = None
@@ -324,8 +361,11 @@ class _Runner:
             options, rendezvous = settle(options, self.job)
             if not rendezvous.own_rendezvous and self.job.nnodes > 1:
                 order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
-                announce(self.args, f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
-                                    f"{options.master_addr}:{options.master_port} (static{order})")
+                announce(
+                    self.args,
+                    f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
+                    f"{options.master_addr}:{options.master_port} (static{order})",
+                )
         planned = self.planner.plan(options, plan_file=self.args.plan_file)
         trainer = mesh_of(options, planned) if mesh_of is not None else None
         if trainer is not None:
@@ -337,21 +377,37 @@ class _Runner:
         refuse_unbound(planned.plan, options.strict_binding)
         if not self.args.dry_run:  # a dry run prints the same block on stdout
             shown(self.args, options)
-        spec = launch_spec(options.values(), nproc_per_node=planned.plan.nproc_per_node, target=target,
-                           nics=[r.nic for r in planned.plan.ranks if r.nic])
+        spec = launch_spec(
+            options.values(),
+            nproc_per_node=planned.plan.nproc_per_node,
+            target=target,
+            nics=[r.nic for r in planned.plan.ranks if r.nic],
+        )
         mesh = planned.plan.mesh
         if mesh is not None and spec.multi_node and spec.backend != "static":
             nodes: tuple[str, ...] = rendezvous.order if rendezvous is not None else ()
             name = self.job.node_name if self.job is not None else ""
-            key = rendezvous_key(nvlink_domain=mesh.nvlink_domain, position=nodes.index(name) if name in nodes else None,
-                                 environ=os.environ)
+            key = rendezvous_key(
+                nvlink_domain=mesh.nvlink_domain,
+                position=nodes.index(name) if name in nodes else None,
+                environ=os.environ,
+            )
             spec = dataclasses.replace(spec, node_key=key)
-            announce(self.args, f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the "
-                                "order of the nodes' keys")
+            announce(
+                self.args,
+                f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the "
+                "order of the nodes' keys",
+            )
         return options, planned, spec
 
-    def __call__(self, options: Options, target: Target, job_env: dict[str, str],
-                 run_dir: os.PathLike[str] | None = None, prepared: _Prepared | None = None) -> int:
+    def __call__(
+        self,
+        options: Options,
+        target: Target,
+        job_env: dict[str, str],
+        run_dir: os.PathLike[str] | None = None,
+        prepared: _Prepared | None = None,
+    ) -> int:
         options, planned, spec = prepared or self.prepare(options, target)
         plan, plan_path = planned.plan, planned.path
         for w in plan.warnings:

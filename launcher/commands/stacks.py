@@ -19,17 +19,28 @@ from ..launch.hangs import Job, StacksUnavailable, ask_stacks, job_of, running_j
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "stacks", help="print where every rank of a running job stands (its roll-call)",
+        "stacks",
+        help="print where every rank of a running job stands (its roll-call)",
         description="Print the roll-call of a numarun job running on this node: ranks grouped by where they stand "
-                    "(the innermost frame of your code and the library call it is in), the odd ones named, and the "
-                    "file holding every thread's stack of every rank. Harmless to the job.",
+        "(the innermost frame of your code and the library call it is in), the odd ones named, and the "
+        "file holding every thread's stack of every rank. Harmless to the job.",
     )
-    p.add_argument("--pid", type=argtypes.int_in("--pid", low=1, high=2**22), default=None, metavar="PID",
-                   help="the job: its numarun's pid or one of its ranks' (default: the latest started of yours here)")
+    p.add_argument(
+        "--pid",
+        type=argtypes.int_in("--pid", low=1, high=2**22),
+        default=None,
+        metavar="PID",
+        help="the job: its numarun's pid or one of its ranks' (default: the latest started of yours here)",
+    )
     p.add_argument("--list", action="store_true", help="list your numarun jobs running on this node and exit")
     p.add_argument("--full", action="store_true", help="print every thread's stack of every rank too")
-    p.add_argument("--timeout", type=argtypes.seconds("--timeout"), default=180.0, metavar="SECONDS",
-                   help="how long to wait for the job's answer (default 180; py-spy's native frames take seconds)")
+    p.add_argument(
+        "--timeout",
+        type=argtypes.seconds("--timeout"),
+        default=180.0,
+        metavar="SECONDS",
+        help="how long to wait for the job's answer (default 180; py-spy's native frames take seconds)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -48,13 +59,19 @@ def main(args: argparse.Namespace) -> int:
     if args.pid is not None:
         job = job_of(args.pid)
     elif not jobs:
-        raise StacksUnavailable("no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a "
-                                "running 'numarun SCRIPT' (or --pid PID)")
+        raise StacksUnavailable(
+            "no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a "
+            "running 'numarun SCRIPT' (or --pid PID)"
+        )
     else:
         job = jobs[0]
         if len(jobs) > 1:
-            print(f"numarun: {len(jobs)} jobs run here; showing the latest, {_describe(job)} (choose with --pid; "
-                  "--list lists them)", file=sys.stderr, flush=True)
+            print(
+                f"numarun: {len(jobs)} jobs run here; showing the latest, {_describe(job)} (choose with --pid; "
+                "--list lists them)",
+                file=sys.stderr,
+                flush=True,
+            )
     text = ask_stacks(job, full=args.full, timeout_s=args.timeout)
     sys.stdout.write("".join(f"numarun: {line}\n" if not args.full else f"{line}\n" for line in text.splitlines()))
     return 0

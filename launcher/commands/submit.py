@@ -37,58 +37,115 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "the run dir, which is keyed on the job id. '-m a=1,2' after SCRIPT makes a job array.",
     )
     g = p.add_argument_group("sbatch options")
-    # the node count and ranks per node: launch options, also from the environment and the job config (1 node unless told)
+    # the node count and ranks per node: launch options, also from the environment and the job config (1 node unless
+    # told)
     add_options(p, ("nnodes", "nproc_per_node"), group=g)
-    g.add_argument("--nodes", dest="nnodes", default=argparse.SUPPRESS, action=Spelled, help=argparse.SUPPRESS)  # sbatch's
-    g.add_argument("--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
+    g.add_argument(
+        "--nodes", dest="nnodes", default=argparse.SUPPRESS, action=Spelled, help=argparse.SUPPRESS
+    )  # sbatch's
+    g.add_argument(
+        "--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
+    )
     g.add_argument("--partition")
-    g.add_argument("--time", metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    g.add_argument(
+        "--time", metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+    )
     for flag in ("--account", "--qos", "--constraint"):
         g.add_argument(flag)
-    g.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
-                   help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
-                   "--no-exclusive: share nodes, with Slurm's default CPUs")
-    g.add_argument("--cpus-per-task", type=argtypes.int_in("--cpus-per-task", low=1, high=argtypes.MAX_LOCAL_RANKS), default=None,
-                   help="CPUs of the single task per node (default: every CPU of a whole node)")
+    g.add_argument(
+        "--exclusive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whole nodes (the default unless --cpus-per-task or --gpus-per-node asks for part of one); "
+        "--no-exclusive: share nodes, with Slurm's default CPUs",
+    )
+    g.add_argument(
+        "--cpus-per-task",
+        type=argtypes.int_in("--cpus-per-task", low=1, high=argtypes.MAX_LOCAL_RANKS),
+        default=None,
+        help="CPUs of the single task per node (default: every CPU of a whole node)",
+    )
     g.add_argument("--mem", help="memory per node, e.g. 64G")
     g.add_argument("--job-name", default="numarun")
-    g.add_argument("--sbatch-option", dest="extra_sbatch", action="append", default=[], metavar="--FLAG=VALUE",
-                   help="any other sbatch option for the header (repeatable)")
+    g.add_argument(
+        "--sbatch-option",
+        dest="extra_sbatch",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="any other sbatch option for the header (repeatable)",
+    )
     r = p.add_argument_group("run")
-    r.add_argument("--output-dir", metavar="DIR",
-                   help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
-                   "on a filesystem the nodes share (default: ./outputs/slurm)")
-    r.add_argument("--requeue-limit", type=argtypes.int_in("--requeue-limit", low=0, high=argtypes.MAX_COUNT),
-                   help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)")
-    r.add_argument("--signal-before", type=argtypes.int_in("--signal-before", low=0, high=argtypes.MAX_SECONDS),
-                   metavar="SECONDS",
-                   help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
-                   "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)")
-    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable for the job (repeatable)")
-    r.add_argument("--numarun", metavar="COMMAND",
-                   help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)")
-    r.add_argument("--launch-opt", dest="launch_opts", action="append", default=[], metavar="OPT",
-                   help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)")
+    r.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="root of run dirs (DIR/<job id>) and Slurm logs (DIR/slurm-<job id>.out); "
+        "on a filesystem the nodes share (default: ./outputs/slurm)",
+    )
+    r.add_argument(
+        "--requeue-limit",
+        type=argtypes.int_in("--requeue-limit", low=0, high=argtypes.MAX_COUNT),
+        help="how often the job requeues itself near its time limit (default: slurm.requeue_limit, 3)",
+    )
+    r.add_argument(
+        "--signal-before",
+        type=argtypes.int_in("--signal-before", low=0, high=argtypes.MAX_SECONDS),
+        metavar="SECONDS",
+        help="seconds before the time limit at which the job checkpoints and requeues; the ranks get this minus "
+        "a margin before they are killed (default: slurm.signal_before, 120, or a quarter of a shorter limit)",
+    )
+    r.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable for the job (repeatable)"
+    )
+    r.add_argument(
+        "--numarun",
+        metavar="COMMAND",
+        help="how compute nodes start numarun (default: the numarun next to this Python, on a shared filesystem)",
+    )
+    r.add_argument(
+        "--launch-opt",
+        dest="launch_opts",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="an extra 'numarun run' option for every node, e.g. --launch-opt=--binding=node (repeatable)",
+    )
     add_options(p, ("mesh",), group=r)  # every node's layout, checked here against --nnodes x --nproc-per-node
-    r.add_argument("--hydra-run-dir", choices=("auto", "yes", "no"), default="auto",
-                   help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)")
-    r.add_argument("--preflight", action="store_true", help="every node runs 'numarun doctor' before the job and the job "
-                   "stops on errors, naming the nodes to --exclude")
+    r.add_argument(
+        "--hydra-run-dir",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="append hydra.run.dir=<run dir> to the arguments (auto: for numarun's trainer and @hydra.main scripts)",
+    )
+    r.add_argument(
+        "--preflight",
+        action="store_true",
+        help="every node runs 'numarun doctor' before the job and the job "
+        "stops on errors, naming the nodes to --exclude",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     p.add_argument("--wait", action="store_true", help="follow the job to its end and exit with its exit code")
     p.add_argument("--poll-seconds", type=argtypes.seconds("--poll-seconds"), default=2.0, help=argparse.SUPPRESS)
-    p.add_argument("-m", "--module", action="store_true",
-                   help="SCRIPT is a module run as 'python -m' (e.g. numarun.train), as 'numarun run -m' takes it")
+    p.add_argument(
+        "-m",
+        "--module",
+        action="store_true",
+        help="SCRIPT is a module run as 'python -m' (e.g. numarun.train), as 'numarun run -m' takes it",
+    )
     p.add_argument("script", metavar="SCRIPT", help="the training script (Python file), or a module with -m")
-    p.add_argument("args", nargs=argparse.REMAINDER, metavar="OVERRIDES",
-                   help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array")
+    p.add_argument(
+        "args",
+        nargs=argparse.REMAINDER,
+        metavar="OVERRIDES",
+        help="script arguments or Hydra overrides; -m/--multirun makes a sweep a job array",
+    )
     p.set_defaults(func=main)
     return p
 
 
-def _config_settings(script: str, user_args: list[str], *,
-                     is_module: bool = False) -> tuple[AppKind, dict[str, Any], dict[str, Any]]:
+def _config_settings(
+    script: str, user_args: list[str], *, is_module: bool = False
+) -> tuple[AppKind, dict[str, Any], dict[str, Any]]:
     """(kind of script, sbatch settings from the job config's ``slurm`` group, its ``launcher`` group).
 
     Only numarun's trainer composes numarun's configs/: every job of a sweep is composed once
@@ -128,9 +185,22 @@ def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: in
 
 # 'numarun run' options the job sets on each node itself, from Slurm's allocation
 _SET_BY_JOB = {
-    "--nnodes", "--node-rank", "--node_rank", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint",
-    "--rdzv-id", "--rdzv_id", "--master-addr", "--master_addr", "--master-port", "--master_port", "--local-addr",
-    "--local_addr", "--standalone",
+    "--nnodes",
+    "--node-rank",
+    "--node_rank",
+    "--rdzv-backend",
+    "--rdzv_backend",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--rdzv-id",
+    "--rdzv_id",
+    "--master-addr",
+    "--master_addr",
+    "--master-port",
+    "--master_port",
+    "--local-addr",
+    "--local_addr",
+    "--standalone",
 }
 
 
@@ -144,8 +214,14 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
     for opt in opts:
         name = opt.split("=", 1)[0]
         if name in _SET_BY_JOB:
-            raise SlurmError(expected(opt, "an option the job does not set itself (node count and rank, rendezvous and "
-                                      "addresses come from Slurm's allocation)", "--launch-opt"))
+            raise SlurmError(
+                expected(
+                    opt,
+                    "an option the job does not set itself (node count and rank, rendezvous and "
+                    "addresses come from Slurm's allocation)",
+                    "--launch-opt",
+                )
+            )
         if name in ("--nproc-per-node", "--nproc_per_node"):
             raise SlurmError(expected(opt, "--nproc-per-node as a 'numarun submit' option", "--launch-opt"))
     if not opts:
@@ -206,14 +282,25 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         value = from_config.get(name)
         return default if value is None else value
 
-    options = _with_node_gpus(SlurmOptions(
-        nodes=_count(launch, "nnodes", argtypes.MAX_NODES, "a node count") or 1,
-        nproc_per_node=_count(launch, "nproc_per_node", argtypes.MAX_LOCAL_RANKS, "a number of ranks"),
-        gpus_per_node=pick("gpus_per_node"), partition=pick("partition"), time=pick("time"), account=pick("account"),
-        qos=args.qos, constraint=args.constraint, exclusive=args.exclusive, cpus_per_task=args.cpus_per_task, mem=args.mem,
-        job_name=args.job_name, requeue_limit=pick("requeue_limit", 3), signal_before=pick("signal_before"),
-        extra_sbatch=tuple(args.extra_sbatch),
-    ).validate())
+    options = _with_node_gpus(
+        SlurmOptions(
+            nodes=_count(launch, "nnodes", argtypes.MAX_NODES, "a node count") or 1,
+            nproc_per_node=_count(launch, "nproc_per_node", argtypes.MAX_LOCAL_RANKS, "a number of ranks"),
+            gpus_per_node=pick("gpus_per_node"),
+            partition=pick("partition"),
+            time=pick("time"),
+            account=pick("account"),
+            qos=args.qos,
+            constraint=args.constraint,
+            exclusive=args.exclusive,
+            cpus_per_task=args.cpus_per_task,
+            mem=args.mem,
+            job_name=args.job_name,
+            requeue_limit=pick("requeue_limit", 3),
+            signal_before=pick("signal_before"),
+            extra_sbatch=tuple(args.extra_sbatch),
+        ).validate()
+    )
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
     arg_sets = _sweep(user_args)
     if kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
@@ -232,12 +319,23 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
 
         numarun = tuple(numarun_command())
     launch_opts = check_launch_opts(
-        list(args.launch_opts) + (["--preflight"] if args.preflight else [])
+        list(args.launch_opts)
+        + (["--preflight"] if args.preflight else [])
         + check_mesh(launch, list(args.launch_opts), nodes=options.nodes, nproc=options.nproc_per_node),
-        args.script if module else str(script), is_module=module)
-    return SlurmJob(script=args.script if module else str(script.resolve()), module=module, output_dir=output_dir,
-                    options=options, arg_sets=arg_sets, env=check_env(args.env), numarun=numarun, launch_opts=launch_opts,
-                    hydra_run_dir=hydra_run_dir)
+        args.script if module else str(script),
+        is_module=module,
+    )
+    return SlurmJob(
+        script=args.script if module else str(script.resolve()),
+        module=module,
+        output_dir=output_dir,
+        options=options,
+        arg_sets=arg_sets,
+        env=check_env(args.env),
+        numarun=numarun,
+        launch_opts=launch_opts,
+        hydra_run_dir=hydra_run_dir,
+    )
 
 
 def _count(options: Options, dest: str, high: int, what: str) -> int | None:
@@ -270,7 +368,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise SlurmError(expected(job.output_dir, f"a directory you can create ({e.strerror})", "--output-dir")) from None
+        raise SlurmError(
+            expected(job.output_dir, f"a directory you can create ({e.strerror})", "--output-dir")
+        ) from None
     try:
         if not os.access(out, os.W_OK | os.X_OK):
             raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))

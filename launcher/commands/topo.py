@@ -21,18 +21,28 @@ MAX_WIDTH = 10000
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("topo",
-                              help="show NUMA nodes, CPUs, GPUs, links and NICs of this node",
-                              description="Show the node's topology: NUMA nodes and their CPUs and memory, GPUs with "
-                              "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
-                              "that --topology reads back; --svg draws the picture.")
+    p = subparsers.add_parser(
+        "topo",
+        help="show NUMA nodes, CPUs, GPUs, links and NICs of this node",
+        description="Show the node's topology: NUMA nodes and their CPUs and memory, GPUs with "
+        "their NUMA node and nearest NIC, the GPU link matrix, NICs. --json prints the snapshot "
+        "that --topology reads back; --svg draws the picture.",
+    )
     add_options(p, ("topology",))
     p.add_argument("--json", action="store_true", help="print the JSON snapshot instead of the table view")
     p.add_argument("--svg", metavar="FILE", default=None, help="also write an SVG picture of the topology to FILE")
-    p.add_argument("--smi", metavar="FILE", default=None,
-                   help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs")
-    p.add_argument("--width", type=argtypes.int_in("--width", low=1, high=MAX_WIDTH), default=None,
-                   help="text width of the table view (default: terminal width)")
+    p.add_argument(
+        "--smi",
+        metavar="FILE",
+        default=None,
+        help="a saved 'nvidia-smi topo -m' text used for GPUs and their links when the main source has no GPUs",
+    )
+    p.add_argument(
+        "--width",
+        type=argtypes.int_in("--width", low=1, high=MAX_WIDTH),
+        default=None,
+        help="text width of the table view (default: terminal width)",
+    )
     p.set_defaults(func=main)
     return p
 
@@ -40,18 +50,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 def merge_smi(topology: Topology, smi_path: str) -> Topology:
     """Take GPUs, NICs and links from a saved ``nvidia-smi topo -m`` when ``topology`` has no GPUs."""
     if topology.gpus:
-        log.warning("--smi %s ignored: %s already lists %d GPUs", smi_path, topology.source or "the topology", len(topology.gpus))
+        log.warning(
+            "--smi %s ignored: %s already lists %d GPUs",
+            smi_path,
+            topology.source or "the topology",
+            len(topology.gpus),
+        )
         return topology
     try:
         text = Path(smi_path).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
-        raise TopologyError(f"bad --smi file {smi_path!r}: {e.strerror}; expected a saved 'nvidia-smi topo -m' text") from None
+        raise TopologyError(
+            f"bad --smi file {smi_path!r}: {e.strerror}; expected a saved 'nvidia-smi topo -m' text"
+        ) from None
     from ..topology.smi import topology_from_smi
 
     smi = topology_from_smi(text, smi_path)
-    return dataclasses.replace(topology, gpus=smi.gpus, gpu_links=smi.gpu_links, nics=topology.nics or smi.nics,
-                               nic_links=smi.nic_links if not topology.nics else (), gpu_source="nvidia-smi",
-                               notes=topology.notes + (f"GPUs and links from {smi_path}",))
+    return dataclasses.replace(
+        topology,
+        gpus=smi.gpus,
+        gpu_links=smi.gpu_links,
+        nics=topology.nics or smi.nics,
+        nic_links=smi.nic_links if not topology.nics else (),
+        gpu_source="nvidia-smi",
+        notes=topology.notes + (f"GPUs and links from {smi_path}",),
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,7 +89,8 @@ def main(args: argparse.Namespace) -> int:
         parent = Path(out_svg).parent
         if not parent.is_dir():
             raise UsageError(
-                f"bad --svg {out_svg!r}: directory {str(parent)!r} does not exist; expected a file in an existing directory"
+                f"bad --svg {out_svg!r}: directory {str(parent)!r} does not exist; expected a file in an existing "
+                "directory"
             )
     if args.width is not None and args.width < 40:
         raise UsageError(f"bad --width {args.width!r}: expected an integer of at least 40")
@@ -93,8 +117,15 @@ def main(args: argparse.Namespace) -> int:
         from .planning import container_at
 
         found = container_at(source) if snapshot is None else None
-        sys.stdout.write(render_text(topology, width=width, color=sys.stdout.isatty(), snapshot=snapshot,
-                                     container=found.describe() if found else ""))
+        sys.stdout.write(
+            render_text(
+                topology,
+                width=width,
+                color=sys.stdout.isatty(),
+                snapshot=snapshot,
+                container=found.describe() if found else "",
+            )
+        )
         if out_svg is not None:
             sys.stdout.write(f"picture written to {out_svg}\n")
     return 0

@@ -51,6 +51,7 @@ def _axis(parse):
             return parse(text)
         except UsageError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     return wrapped
 
 
@@ -62,24 +63,49 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "each candidate's median throughput (metrics.jsonl, numarun.report(samples=N), else wall time).",
     )
     # numarun run's --binding and --mem-policy, each a list of values to try
-    parser.add_argument(*option("binding").flags, dest="binding", type=_axis(cand.binding_axis), default=None,
-                        metavar="LIST", help="binding modes to try, e.g. exclusive,node,none")
-    parser.add_argument(*option("mem_policy").flags, dest="mem_policy", type=_axis(cand.mem_policy_axis), default=None,
-                        metavar="LIST", help="memory policies to try, e.g. bind,preferred")
-    parser.add_argument("--omp", type=_axis(cand.omp_axis), default=None, metavar="LIST",
-                        help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)")
-    parser.add_argument("--trials", type=_trials, default=3, metavar="K",
-                        help="rounds; each runs every candidate once (default 3)")
+    parser.add_argument(
+        *option("binding").flags,
+        dest="binding",
+        type=_axis(cand.binding_axis),
+        default=None,
+        metavar="LIST",
+        help="binding modes to try, e.g. exclusive,node,none",
+    )
+    parser.add_argument(
+        *option("mem_policy").flags,
+        dest="mem_policy",
+        type=_axis(cand.mem_policy_axis),
+        default=None,
+        metavar="LIST",
+        help="memory policies to try, e.g. bind,preferred",
+    )
+    parser.add_argument(
+        "--omp",
+        type=_axis(cand.omp_axis),
+        default=None,
+        metavar="LIST",
+        help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)",
+    )
+    parser.add_argument(
+        "--trials", type=_trials, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
+    )
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
-    parser.add_argument("--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'")
+    parser.add_argument(
+        "--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'"
+    )
     parser.add_argument("--svg", metavar="FILE", default=None, help="write a bar chart of the results")
-    parser.add_argument("--work-dir", metavar="DIR",
-                        help="keep each run's log and run dir here (default: a temporary dir, removed)")
+    parser.add_argument(
+        "--work-dir", metavar="DIR", help="keep each run's log and run dir here (default: a temporary dir, removed)"
+    )
     add_options(parser, ("nproc_per_node", "topology"), group=parser.add_argument_group("every run's (numarun run's)"))
     parser.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module, as with python -m")
     parser.add_argument("script", metavar="SCRIPT", help="the training script (or module with -m)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                        help="its arguments; key=a,b,c lists are swept for Hydra jobs")
+    parser.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="its arguments; key=a,b,c lists are swept for Hydra jobs",
+    )
     parser.set_defaults(func=main)
     return parser
 
@@ -95,13 +121,16 @@ def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
         override, rest = cand.override_axes(rest)
         axes += override
     if not axes:
-        raise UsageError("bad numarun tune: nothing to compare; expected --binding, --mem-policy, --omp lists "
-                         "(or key=a,b,c overrides for a Hydra job)")
+        raise UsageError(
+            "bad numarun tune: nothing to compare; expected --binding, --mem-policy, --omp lists "
+            "(or key=a,b,c overrides for a Hydra job)"
+        )
     return axes, rest, kind
 
 
-def _command(args: argparse.Namespace, options: Options, c: cand.Candidate, rest: list[str],
-             run_dir: Path | None) -> list[str]:
+def _command(
+    args: argparse.Namespace, options: Options, c: cand.Candidate, rest: list[str], run_dir: Path | None
+) -> list[str]:
     # given here or in the environment (which the runs do not see: PET_* is left out), the same for every run
     cmd = numarun_command("run", "--standalone", *options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT))
     for flag in ("binding", "mem-policy"):
@@ -152,11 +181,19 @@ def _save_plan(options: Options, winner: cand.Candidate) -> str:
     from .planning import Planner
 
     base = _baseline(os.environ)
-    plan = Planner().plan(given(
-        topology=options.topology, nproc_per_node=options.nproc_per_node, nic_policy=base.nic_policy,
-        binding=BindingMode(winner.get("binding") or base.binding),
-        mem_policy=MemPolicy(winner.get("mem-policy") or base.mem_policy),
-    )).plan
+    plan = (
+        Planner()
+        .plan(
+            given(
+                topology=options.topology,
+                nproc_per_node=options.nproc_per_node,
+                nic_policy=base.nic_policy,
+                binding=BindingMode(winner.get("binding") or base.binding),
+                mem_policy=MemPolicy(winner.get("mem-policy") or base.mem_policy),
+            )
+        )
+        .plan
+    )
     omp = winner.get("omp")
     if omp and omp != cand.OMP_FROM_PLAN:
         ranks = tuple(dataclasses.replace(r, env={**r.env, "OMP_NUM_THREADS": omp}) for r in plan.ranks)
@@ -209,8 +246,14 @@ def main(args: argparse.Namespace) -> int:
                 where = f"log {work / (tag + '.log')}" if args.work_dir else "rerun with --work-dir to keep its log"
                 raise TuneRunFailed(f"candidate {c.label()!r} failed with exit code {code} ({where}): {tail[0][:300]}")
             m = _measure(run_dir, report_file)
-            runs[i].append(Run(seconds=wall, throughput=m.throughput if m else None, unit=m.unit if m else "s",
-                               peak_mem_mb=(m.peak_mem_mb if m and m.peak_mem_mb is not None else rss)))
+            runs[i].append(
+                Run(
+                    seconds=wall,
+                    throughput=m.throughput if m else None,
+                    unit=m.unit if m else "s",
+                    peak_mem_mb=(m.peak_mem_mb if m and m.peak_mem_mb is not None else rss),
+                )
+            )
             said = f"{m.throughput:.4g} {m.unit}" if m and m.throughput is not None else "no throughput reported"
             print(f"run {n}/{len(order)}  {c.label()}: {wall:.2f} s, {said}", file=sys.stderr, flush=True)
     finally:
@@ -222,11 +265,15 @@ def main(args: argparse.Namespace) -> int:
     summaries = summarize(cands, runs, default)
     winner = best(summaries)
     sys.stdout.write(table(summaries, default=default, winner=winner))
-    print(f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)")
+    print(
+        f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)"
+    )
     if args.json:
-        write_output(args.json,
-                     json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
-                     flag="--json")
+        write_output(
+            args.json,
+            json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
+            flag="--json",
+        )
     if args.svg:
         from ..tune.chart import render_chart
 

@@ -78,8 +78,10 @@ def config_dir() -> Path:
     for c in candidates:
         if (c / "config.yaml").is_file():
             return c
-    raise ConfigError(f"bad config dir {str(candidates[0])!r}: expected a directory holding config.yaml "
-                      f"(set {envvars.CONFIG_DIR} to numarun's configs/)")
+    raise ConfigError(
+        f"bad config dir {str(candidates[0])!r}: expected a directory holding config.yaml "
+        f"(set {envvars.CONFIG_DIR} to numarun's configs/)"
+    )
 
 
 def is_info_command(script_args: Sequence[str]) -> bool:
@@ -88,6 +90,7 @@ def is_info_command(script_args: Sequence[str]) -> bool:
 
 
 # --- the entry points -------------------------------------------------------------------------
+
 
 def run_hydra(script_args: Sequence[str], on_job: Callable[[PreparedJob], Any], check: JobCheck | None = None) -> Any:
     """Run Hydra's command for ``script_args``; ``on_job`` runs each composed, saved job.
@@ -123,7 +126,8 @@ def prepare_launch(script_args: Sequence[str], check: JobCheck | None = None) ->
         )
     if is_info_command(script_args):
         raise ConfigError(
-            f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value overrides"
+            f"bad trainer arguments {' '.join(script_args)!r}: --cfg/--info/--help run nothing; expected key=value "
+            "overrides"
         )
     return run_hydra(script_args, lambda job: job, check)
 
@@ -148,7 +152,9 @@ def expand_sweep(overrides: Sequence[str], *, config_loader: Any = None) -> list
     try:
         return internals.split_sweep(overrides, config_loader)
     except HydraException as e:
-        raise ConfigError(f"bad overrides {' '.join(overrides)!r}: {_first_line(e)}; expected key=value or key=a,b,c") from None
+        raise ConfigError(
+            f"bad overrides {' '.join(overrides)!r}: {_first_line(e)}; expected key=value or key=a,b,c"
+        ) from None
 
 
 def sweep_arg_sets(script_args: Sequence[str]) -> list[list[str]]:
@@ -170,6 +176,7 @@ def sweep_arg_sets(script_args: Sequence[str]) -> list[list[str]]:
 
 
 # --- the steps --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Job:
@@ -201,8 +208,10 @@ def _parse(script_args: Sequence[str]) -> Any:
     parser = internals.args_parser()
 
     def refuse(message: str) -> None:
-        raise ConfigError(f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected "
-                          "key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)")
+        raise ConfigError(
+            f"bad trainer arguments {' '.join(script_args)!r}: {message}; expected "
+            "key=value overrides and Hydra's flags (-m, -cn NAME, --cfg job...)"
+        )
 
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser, parser.parse_args(list(script_args))
@@ -223,10 +232,14 @@ def _app(args: Any) -> Iterator[tuple[Any, str]]:
     if args.config_dir is not None:
         extra = os.path.abspath(args.config_dir)
         if not os.path.isdir(extra):
-            raise ConfigError(f"bad --config-dir {args.config_dir!r}: no such directory; expected a directory of configs")
+            raise ConfigError(
+                f"bad --config-dir {args.config_dir!r}: no such directory; expected a directory of configs"
+            )
     GlobalHydra.instance().clear()
     try:
-        app = internals.create_app(task_name=TASK_NAME, config_path=config_path, extra_dir=extra, version_base=VERSION_BASE)
+        app = internals.create_app(
+            task_name=TASK_NAME, config_path=config_path, extra_dir=extra, version_base=VERSION_BASE
+        )
         yield app, (args.config_name or "config")
     finally:
         GlobalHydra.instance().clear()
@@ -263,7 +276,9 @@ def _print_only(app: Any, parser: Any, args: Any, config_name: str) -> bool:
     elif args.hydra_help:
         app.hydra_help(config_name=config_name, args_parser=parser, args=args)
     elif args.cfg:
-        app.show_cfg(config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve)
+        app.show_cfg(
+            config_name=config_name, overrides=overrides, cfg_type=args.cfg, package=args.package, resolve=args.resolve
+        )
     elif args.info:
         # Hydra gives the info its own stdout handler on the root logger: ours would double it
         root = logging.getLogger()
@@ -334,7 +349,9 @@ def _prepare(cfg: Any, *, sweep: bool) -> _Job:
 def _check_run_dirs(command: _Command) -> None:
     """No run dir to be made through a planted link (only for a real run: ``submit`` and
     ``--dry-run`` make none here)."""
-    for d in ([command.sweep_dir] if command.sweep_dir is not None else []) + [j.prepared.run_dir for j in command.jobs]:
+    for d in ([command.sweep_dir] if command.sweep_dir is not None else []) + [
+        j.prepared.run_dir for j in command.jobs
+    ]:
         check_run_dir(d)
 
 
@@ -345,8 +362,9 @@ def _check(command: _Command, check: JobCheck | None) -> None:
             check(job.prepared)
 
 
-def _run(app: Any, config_name: str, command: _Command, on_job: Callable[[PreparedJob], Any],
-         check: JobCheck | None = None) -> Any:
+def _run(
+    app: Any, config_name: str, command: _Command, on_job: Callable[[PreparedJob], Any], check: JobCheck | None = None
+) -> Any:
     """Step 4, as Hydra's run, or multirun with its basic sweeper and launcher, runs the jobs.
 
     Another sweeper or launcher (``hydra/launcher=numarun``) runs as Hydra runs it, after the
@@ -415,7 +433,7 @@ def _launch(launcher: Any, command: _Command) -> list[Any]:
     size = command.cfg.hydra.sweeper.get("max_batch_size") or len(command.jobs)
     values = []
     for start in range(0, len(command.jobs), size):
-        batch = command.jobs[start:start + size]
+        batch = command.jobs[start : start + size]
         launcher.composed.update((tuple(j.prepared.overrides), j.cfg) for j in batch)
         for ret in launcher.launch([list(j.prepared.overrides) for j in batch], initial_job_idx=start):
             values.append(internals.job_value(ret))
@@ -423,6 +441,7 @@ def _launch(launcher: Any, command: _Command) -> list[Any]:
 
 
 # --- one-line errors ---------------------------------------------------------------------------
+
 
 def _first_line(e: BaseException) -> str:
     for line in str(e).splitlines():
@@ -457,9 +476,11 @@ def too_deep(overrides: list[str], *, config: str = "") -> ConfigError:
 
 def explain(e: BaseException, overrides: list[str]) -> str:
     """One line: which override, what Hydra/OmegaConf said, what was expected."""
-    text = " ".join(line.strip()
-                    for line in str(e).splitlines()
-                    if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type")))
+    text = " ".join(
+        line.strip()
+        for line in str(e).splitlines()
+        if line.strip() and not line.strip().startswith(("full_key", "object_type", "reference_type"))
+    )
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause).strip():
         detail = _first_line(cause)

@@ -52,7 +52,8 @@ def detect_app(target: str, *, is_module: bool) -> AppKind:
 
 
 def runs_trainer(source: str) -> bool:
-    """The script imports ``main`` from ``numarun.train`` or calls ``numarun.train.main`` (borrowing parts does not count)."""
+    """The script imports ``main`` from ``numarun.train`` or calls ``numarun.train.main`` (borrowing parts does not
+    count)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -80,10 +81,12 @@ def is_hydra_main(source: str) -> bool:
         tree = ast.parse(source)
     except SyntaxError:
         return "@hydra.main" in source
-    return any(isinstance(dec, ast.Call)
-               and isinstance(dec.func, ast.Attribute)
-               and dec.func.attr == "main"
-               and getattr(dec.func.value, "id", "") == "hydra"
-               for node in ast.walk(tree)
-               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-               for dec in node.decorator_list)
+    return any(
+        isinstance(dec, ast.Call)
+        and isinstance(dec.func, ast.Attribute)
+        and dec.func.attr == "main"
+        and getattr(dec.func.value, "id", "") == "hydra"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for dec in node.decorator_list
+    )

@@ -20,6 +20,7 @@ from .rundir import write_text_nofollow
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class PreparedJob:
     """One trainer job composed by the launcher, ready for ``numarun run``."""
@@ -64,8 +65,15 @@ def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
 
     launcher = {k: plain(checked.launcher[k]) for k, _ in config_keys()}
     config_file = run_dir / "config.yaml"
-    return PreparedJob(run_dir=run_dir, config_file=config_file, overrides=tuple(overrides), launcher=launcher,
-                       env={envvars.RUN_DIR: str(run_dir), envvars.CONFIG: str(config_file)}, config_text=text, config=checked)
+    return PreparedJob(
+        run_dir=run_dir,
+        config_file=config_file,
+        overrides=tuple(overrides),
+        launcher=launcher,
+        env={envvars.RUN_DIR: str(run_dir), envvars.CONFIG: str(config_file)},
+        config_text=text,
+        config=checked,
+    )
 
 
 def running_job(cfg: Any) -> PreparedJob:

@@ -45,13 +45,16 @@ class Layout:
         return self.dp_replicate * self.dp_shard
 
     def resolved(self, world_size: int) -> Layout:
-        """The layout for ``world_size`` ranks, ``-1`` filled in; one line naming the rule when the product cannot be it."""
+        """The layout for ``world_size`` ranks, ``-1`` filled in; one line naming the rule when the product cannot be
+        it."""
         known = math.prod(v for v in self.degrees() if v != REST)
         rest = [d for d in DIMS if getattr(self, d) == REST]
         if rest:
             if world_size % known:
-                raise TrainerLayoutError(f"bad layout {self.spec()}: {world_size} ranks cannot be split into {_product(self)} x "
-                                         f"parallel.{rest[0]}; expected a world size that is a multiple of {known}")
+                raise TrainerLayoutError(
+                    f"bad layout {self.spec()}: {world_size} ranks cannot be split into {_product(self)} x "
+                    f"parallel.{rest[0]}; expected a world size that is a multiple of {known}"
+                )
             return Layout(**{**{d: getattr(self, d) for d in DIMS}, rest[0]: world_size // known})
         if known != world_size:
             raise TrainerLayoutError(
@@ -85,19 +88,27 @@ def _degree(key: str, raw: Any, *, nnodes: int | None, nproc_per_node: int | Non
     if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
         raw = int(raw)
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-        raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
+        raise TrainerLayoutError(
+            f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node"
+        )
     if isinstance(raw, int):
         if raw < 1 and raw != REST:
-            raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, or -1 for the rest of the world")
+            raise TrainerLayoutError(
+                f"bad parallel.{key} {raw!r}: expected an integer >= 1, or -1 for the rest of the world"
+            )
         return raw
     word = raw.strip()
     if word not in NODE_WORDS:
-        raise TrainerLayoutError(f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node")
+        raise TrainerLayoutError(
+            f"bad parallel.{key} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node"
+        )
     value = nnodes if word == "nnodes" else nproc_per_node
     if value is None:
         # the ranks always know; the launcher does once the job's shape is fixed
-        raise TrainerLayoutError(f"bad parallel.{key} {word!r}: the job's {word} is not known here; expected a fixed "
-                          f"launcher.{word} (or an integer degree)")
+        raise TrainerLayoutError(
+            f"bad parallel.{key} {word!r}: the job's {word} is not known here; expected a fixed "
+            f"launcher.{word} (or an integer degree)"
+        )
     return int(value)
 
 
@@ -114,7 +125,9 @@ def layout_of(parallel_cfg: Any, *, nnodes: int | None = None, nproc_per_node: i
             f"{' and '.join(f'parallel.{d}' for d in rest)} are both -1; expected at most one degree -1 (the rest)"
         )
     if values["cp"] != 1:
-        raise TrainerLayoutError(f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1")
+        raise TrainerLayoutError(
+            f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1"
+        )
     return Layout(**values)
 
 

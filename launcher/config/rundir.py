@@ -20,17 +20,24 @@ def check_run_dir(path: Path, *, root: Path | None = None) -> None:
     below = [p for p in (path, *path.parents) if base in p.parents] if base in path.parents else [path]
     for p in below:
         if p.is_symlink():
-            raise ConfigError(f"bad run dir {str(path)!r}: {str(p)!r} is a symbolic link; expected real directories "
-                              "(or hydra.run.dir=DIR naming one)")
+            raise ConfigError(
+                f"bad run dir {str(path)!r}: {str(p)!r} is a symbolic link; expected real directories "
+                "(or hydra.run.dir=DIR naming one)"
+            )
         if p.exists() and not p.is_dir():
             raise ConfigError(
-                f"bad run dir {str(path)!r}: {str(p)!r} exists and is not a directory; expected a writable directory path"
+                f"bad run dir {str(path)!r}: {str(p)!r} exists and is not a directory; expected a writable directory "
+                "path"
             )
     existing = next(p for p in (path, *path.parents) if p.exists())
     if not existing.is_dir():
-        raise ConfigError(f"bad run dir {str(path)!r}: {str(existing)!r} is not a directory; expected a writable directory path")
+        raise ConfigError(
+            f"bad run dir {str(path)!r}: {str(existing)!r} is not a directory; expected a writable directory path"
+        )
     if existing != path and not os.access(existing, os.W_OK):
-        raise ConfigError(f"bad run dir {str(path)!r}: {str(existing)!r} is not writable; expected a writable directory path")
+        raise ConfigError(
+            f"bad run dir {str(path)!r}: {str(existing)!r} is not writable; expected a writable directory path"
+        )
 
 
 def write_text_nofollow(path: Path, text: str) -> None:

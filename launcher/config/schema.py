@@ -132,7 +132,9 @@ class ParallelConfig:
     pp_microbatches: Optional[int] = None  # None: one per stage of the pipeline
     pp_stages_per_rank: Optional[int] = None  # None: 1 for single-stage schedules, 2 for looped/V ones
     pp_split: Optional[list[int]] = None  # blocks per stage (None: an even split, embedding and head as layers)
-    reshard_after_forward: bool = True  # FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)
+    reshard_after_forward: bool = (
+        True  # FSDP2: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)
+    )
 
 
 @dataclass
@@ -227,25 +229,41 @@ def check_values(cfg: Any) -> None:
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
         raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
-    for key in ("trainer.steps", "trainer.grad_accum", "trainer.log_interval", "model.num_layers",
-                "model.n_layers", "model.n_heads"):
+    for key in (
+        "trainer.steps",
+        "trainer.grad_accum",
+        "trainer.log_interval",
+        "model.num_layers",
+        "model.n_layers",
+        "model.n_heads",
+    ):
         section, name = key.split(".")
         if (value := cfg[section][name]) < 1:
             raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
     if cfg.launcher.nproc_per_node is not None and not 1 <= cfg.launcher.nproc_per_node <= MAX_LOCAL_RANKS:
-        raise ConfigError(f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
-                          f"{MAX_LOCAL_RANKS} or null")
+        raise ConfigError(
+            f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
+            f"{MAX_LOCAL_RANKS} or null"
+        )
     if cfg.launcher.nnodes is not None and not 1 <= cfg.launcher.nnodes <= MAX_NODES:
-        raise ConfigError(f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES} or null")
+        raise ConfigError(
+            f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES} or null"
+        )
     _check_launcher(cfg.launcher)
     if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
         raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
     if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:
-        raise ConfigError(f"bad comm.chunk_mb {cfg.comm.chunk_mb!r}: expected a size in MiB >= 0 (0: one shot), or null")
+        raise ConfigError(
+            f"bad comm.chunk_mb {cfg.comm.chunk_mb!r}: expected a size in MiB >= 0 (0: one shot), or null"
+        )
     if cfg.trainer.checkpoint_interval < 0:
-        raise ConfigError(f"bad trainer.checkpoint_interval {cfg.trainer.checkpoint_interval!r}: expected an integer >= 0")
+        raise ConfigError(
+            f"bad trainer.checkpoint_interval {cfg.trainer.checkpoint_interval!r}: expected an integer >= 0"
+        )
     if cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(f"bad model.d_model {cfg.model.d_model!r}: expected a multiple of model.n_heads={cfg.model.n_heads}")
+        raise ConfigError(
+            f"bad model.d_model {cfg.model.d_model!r}: expected a multiple of model.n_heads={cfg.model.n_heads}"
+        )
     if cfg.data.dtype not in ("uint16", "int32"):
         raise ConfigError(f"bad data.dtype {cfg.data.dtype!r}: expected uint16 or int32")
     if cfg.data.kind == DataKind.TOKENS:
@@ -272,7 +290,9 @@ def load_job_config(path: str | Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"bad job config {str(path)!r}: {e.strerror}; expected a config.yaml saved by numarun") from None
+        raise ConfigError(
+            f"bad job config {str(path)!r}: {e.strerror}; expected a config.yaml saved by numarun"
+        ) from None
     return load_job_config_text(text, origin=str(path))
 
 
@@ -284,7 +304,9 @@ def load_job_config_text(text: str, origin: str = "config") -> Any:
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(text))
     except (OmegaConfBaseException, ValueError) as e:
-        raise ConfigError(f"bad job config {origin!r}: {_one_line(e)}; expected the keys and types of JobConfig") from None
+        raise ConfigError(
+            f"bad job config {origin!r}: {_one_line(e)}; expected the keys and types of JobConfig"
+        ) from None
     check_values(cfg)
     return cfg
 

@@ -51,14 +51,22 @@ def check_pcie_links(topo: Topology) -> list[Finding]:
         if not link.degraded:
             continue
         narrow = link.current_width < link.max_width
-        out.append(Finding(
-            # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
-            Severity.ERROR if narrow else Severity.WARN, "pcie-link", bus,
-            f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
-            f"{link.max_gts:g} GT/s x{link.max_width}: "
-            + ("reseat the card or check the slot, riser and BIOS link settings" if narrow else
-               "GPUs lower the link speed when idle: check again under load; if it stays low, check the slot and BIOS"),
-        ))
+        out.append(
+            Finding(
+                # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
+                Severity.ERROR if narrow else Severity.WARN,
+                "pcie-link",
+                bus,
+                f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
+                f"{link.max_gts:g} GT/s x{link.max_width}: "
+                + (
+                    "reseat the card or check the slot, riser and BIOS link settings"
+                    if narrow
+                    else "GPUs lower the link speed when idle: check again under load; "
+                    "if it stays low, check the slot and BIOS"
+                ),
+            )
+        )
     return out
 
 
@@ -72,24 +80,42 @@ def check_rdma_ports(topo: Topology) -> list[Finding]:
         for p in dev_ports:
             where = f"{dev}:{p.number}"
             if not p.state:
-                out.append(Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked"))
+                out.append(
+                    Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked")
+                )
                 continue
             if not p.active:
                 sev = Severity.WARN if active else Severity.ERROR
-                out.append(Finding(sev, "rdma-port", where,
-                                   f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
-                                   "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA"))
+                out.append(
+                    Finding(
+                        sev,
+                        "rdma-port",
+                        where,
+                        f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
+                        "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
+                    )
+                )
                 continue
             if p.link_layer and p.link_layer not in USABLE_LINK_LAYERS:
-                out.append(Finding(
-                    Severity.WARN, "rdma-link-layer", where,
-                    f"RDMA port {where} has link layer {p.link_layer!r}; the plan uses only InfiniBand or Ethernet "
-                    "(RoCE) ports: this device is not a compute NIC",
-                ))
+                out.append(
+                    Finding(
+                        Severity.WARN,
+                        "rdma-link-layer",
+                        where,
+                        f"RDMA port {where} has link layer {p.link_layer!r}; the plan uses only InfiniBand or Ethernet "
+                        "(RoCE) ports: this device is not a compute NIC",
+                    )
+                )
             elif p.link_layer == "Ethernet" and not netdevs.get(dev):
-                out.append(Finding(Severity.WARN, "rdma-link-layer", where,
-                                   f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
-                                   "bring the interface up or leave the device out with NCCL_IB_HCA"))
+                out.append(
+                    Finding(
+                        Severity.WARN,
+                        "rdma-link-layer",
+                        where,
+                        f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
+                        "bring the interface up or leave the device out with NCCL_IB_HCA",
+                    )
+                )
     return out
 
 
@@ -103,17 +129,26 @@ def check_numa_unknown(topo: Topology) -> list[Finding]:
     out = []
     for g in topo.gpus:
         if g.numa_node < 0:
-            out.append(Finding(
-                Severity.WARN, "numa-unknown", g.pci_bus_id,
-                f"GPU {g.index} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: its rank "
-                "cannot be placed next to it; enable ACPI SRAT/_PXM in the BIOS (or the VM's NUMA passthrough)",
-            ))
+            out.append(
+                Finding(
+                    Severity.WARN,
+                    "numa-unknown",
+                    g.pci_bus_id,
+                    f"GPU {g.index} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: its rank "
+                    "cannot be placed next to it; enable ACPI SRAT/_PXM in the BIOS (or the VM's NUMA passthrough)",
+                )
+            )
     for n in topo.nics:
         if n.numa_node < 0 and n.pci_bus_id:
-            out.append(Finding(Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
-                               "numa-unknown", n.name,
-                               f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
-                               "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS"))
+            out.append(
+                Finding(
+                    Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
+                    "numa-unknown",
+                    n.name,
+                    f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
+                    "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS",
+                )
+            )
     return out
 
 
@@ -123,13 +158,25 @@ def check_peermem(topo: Topology) -> list[Finding]:
     if not rdma or not nvidia:
         return []
     if topo.kernel_modules is None:
-        return [Finding(Severity.INFO, "peermem", "kernel",
-                        "the loaded kernel modules are unknown (no proc/modules): GPUDirect RDMA not checked")]
+        return [
+            Finding(
+                Severity.INFO,
+                "peermem",
+                "kernel",
+                "the loaded kernel modules are unknown (no proc/modules): GPUDirect RDMA not checked",
+            )
+        ]
     if any(m in topo.kernel_modules for m in PEERMEM_MODULES):
         return []
-    return [Finding(Severity.WARN, "peermem", ",".join(rdma),
-                    "RDMA NICs and NVIDIA GPUs are present but nvidia_peermem is not loaded: NCCL falls back to "
-                    "copies through host memory unless the driver and kernel support DMA-BUF; run 'modprobe nvidia_peermem'")]
+    return [
+        Finding(
+            Severity.WARN,
+            "peermem",
+            ",".join(rdma),
+            "RDMA NICs and NVIDIA GPUs are present but nvidia_peermem is not loaded: NCCL falls back to "
+            "copies through host memory unless the driver and kernel support DMA-BUF; run 'modprobe nvidia_peermem'",
+        )
+    ]
 
 
 def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> list[Finding]:
@@ -146,44 +193,77 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
             out.append(Finding(Severity.WARN, "plan", "plan", w))
     except NumarunError as e:
         nproc = request.nproc_per_node or max(len(topo.gpus), 1)
-        out.append(Finding(Severity.ERROR, "plan", format_list(usable) or "-",
-                           f"the binding cannot be planned here: {e}"))
+        out.append(
+            Finding(Severity.ERROR, "plan", format_list(usable) or "-", f"the binding cannot be planned here: {e}")
+        )
     if len(cores) < nproc:
-        out.append(Finding(Severity.ERROR, "cpus", format_list(usable) or "-",
-                           f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
-                           f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks"))
+        out.append(
+            Finding(
+                Severity.ERROR,
+                "cpus",
+                format_list(usable) or "-",
+                f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
+                f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks",
+            )
+        )
     disallowed = sorted(c.id for c in topo.cpus if c.online and not c.allowed)
     if disallowed and len(cores) >= nproc:
-        out.append(Finding(
-            Severity.INFO, "cpus", format_list(disallowed),
-            f"{len(disallowed)} online CPUs are outside this process's cgroup/affinity; ranks are bound within the rest",
-        ))
+        out.append(
+            Finding(
+                Severity.INFO,
+                "cpus",
+                format_list(disallowed),
+                f"{len(disallowed)} online CPUs are outside this process's cgroup/affinity; ranks are bound within the "
+                "rest",
+            )
+        )
     offline = sorted(c.id for c in topo.cpus if not c.online)
     if offline:
-        out.append(Finding(Severity.WARN, "cpus-offline", format_list(offline),
-                           f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
-                           "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended"))
+        out.append(
+            Finding(
+                Severity.WARN,
+                "cpus-offline",
+                format_list(offline),
+                f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
+                "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended",
+            )
+        )
     if topo.allowed_mems:
         allowed = set(topo.allowed_mems)
         wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {
             n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)
         }
         for node in sorted(wanted - allowed):
-            out.append(Finding(Severity.WARN, "mems", f"node{node}",
-                               f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
-                               "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)"))
+            out.append(
+                Finding(
+                    Severity.WARN,
+                    "mems",
+                    f"node{node}",
+                    f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
+                    "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)",
+                )
+            )
     smt = smt_control.strip()
     if smt:
         siblings = any(len(topo.cpu(c).siblings) > 1 for c in usable)
-        out.append(Finding(
-            Severity.INFO, "smt", "cpu",
-            f"SMT is {_SMT.get(smt, smt)}" + (" (hardware threads share cores: ranks get whole cores)" if siblings else ""),
-        ))
+        out.append(
+            Finding(
+                Severity.INFO,
+                "smt",
+                "cpu",
+                f"SMT is {_SMT.get(smt, smt)}"
+                + (" (hardware threads share cores: ranks get whole cores)" if siblings else ""),
+            )
+        )
     return out
 
 
 # sysfs smt/control values (Documentation/ABI/testing/sysfs-devices-system-cpu) in words
-_SMT = {"forceoff": "off (forced)", "notsupported": "not supported by this CPU", "notimplemented": "not known to this kernel"}
+_SMT = {
+    "forceoff": "off (forced)",
+    "notsupported": "not supported by this CPU",
+    "notimplemented": "not known to this kernel",
+}
 
 
 def _int(v: Any) -> int | None:
@@ -212,64 +292,130 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
         name = f"GPU {g.get('index', pos)}"
         vol = _int(g.get("ecc_uncorrected_volatile"))
         if vol:
-            out.append(Finding(Severity.ERROR, "nvml-ecc", dev,
-                               f"{name} has {vol} uncorrected ECC errors since the driver loaded: results may be wrong; "
-                               "drain the node and reset the GPU (nvidia-smi -r), replace it if they return"))
+            out.append(
+                Finding(
+                    Severity.ERROR,
+                    "nvml-ecc",
+                    dev,
+                    f"{name} has {vol} uncorrected ECC errors since the driver loaded: results may be wrong; "
+                    "drain the node and reset the GPU (nvidia-smi -r), replace it if they return",
+                )
+            )
         agg = _int(g.get("ecc_uncorrected_aggregate"))
         if agg and not vol:
-            out.append(Finding(Severity.WARN, "nvml-ecc", dev,
-                               f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it"))
+            out.append(
+                Finding(
+                    Severity.WARN,
+                    "nvml-ecc",
+                    dev,
+                    f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it",
+                )
+            )
         if _int(g.get("retired_pages_pending")):
-            out.append(Finding(Severity.ERROR, "nvml-retirement", dev,
-                               f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running"))
+            out.append(
+                Finding(
+                    Severity.ERROR,
+                    "nvml-retirement",
+                    dev,
+                    f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running",
+                )
+            )
         rows = g.get("remapped_rows")
         if isinstance(rows, list) and len(rows) >= 4 and all(_int(x) is not None for x in rows[:4]):
             _corr, uncorr, pending, failure = rows[:4]
             if failure:
-                out.append(Finding(Severity.ERROR, "nvml-row-remap", dev,
-                                   f"{name}: row remapping failed (no spare rows left): replace the GPU"))
+                out.append(
+                    Finding(
+                        Severity.ERROR,
+                        "nvml-row-remap",
+                        dev,
+                        f"{name}: row remapping failed (no spare rows left): replace the GPU",
+                    )
+                )
             elif pending:
-                out.append(Finding(Severity.ERROR, "nvml-row-remap", dev,
-                                   f"{name} has a row remapping pending: reset the GPU (nvidia-smi -r) before running"))
+                out.append(
+                    Finding(
+                        Severity.ERROR,
+                        "nvml-row-remap",
+                        dev,
+                        f"{name} has a row remapping pending: reset the GPU (nvidia-smi -r) before running",
+                    )
+                )
             elif uncorr:
-                out.append(Finding(Severity.INFO, "nvml-row-remap", dev,
-                                   f"{name} has {uncorr} rows remapped after uncorrectable errors"))
+                out.append(
+                    Finding(
+                        Severity.INFO,
+                        "nvml-row-remap",
+                        dev,
+                        f"{name} has {uncorr} rows remapped after uncorrectable errors",
+                    )
+                )
         reasons = _int(g.get("throttle_reasons"))
         if reasons:
             bad = [text for bit, text in THROTTLE_WARN.items() if reasons & bit]
             if bad:
-                out.append(Finding(Severity.WARN, "nvml-throttle", dev,
-                                   f"{name} clocks are held down: {', '.join(bad)}; check cooling and power"))
+                out.append(
+                    Finding(
+                        Severity.WARN,
+                        "nvml-throttle",
+                        dev,
+                        f"{name} clocks are held down: {', '.join(bad)}; check cooling and power",
+                    )
+                )
             soft = [text for bit, text in THROTTLE_INFO.items() if reasons & bit]
             if soft:
                 out.append(Finding(Severity.INFO, "nvml-throttle", dev, f"{name} clocks limited by {', '.join(soft)}"))
         if _int(g.get("persistence_mode")) == 0:
-            out.append(Finding(Severity.WARN, "nvml-persistence", dev,
-                               f"{name} has persistence mode off: every job start re-initialises the driver "
-                               "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'"))
+            out.append(
+                Finding(
+                    Severity.WARN,
+                    "nvml-persistence",
+                    dev,
+                    f"{name} has persistence mode off: every job start re-initialises the driver "
+                    "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'",
+                )
+            )
     return out
 
 
-def check_hostname(hostname: str, resolved: Sequence[str], own: Mapping[str, str], address: str | None, *,
-                   multi_node: bool) -> list[Finding]:
+def check_hostname(
+    hostname: str, resolved: Sequence[str], own: Mapping[str, str], address: str | None, *, multi_node: bool
+) -> list[Finding]:
     """Whether the hostname resolves (``resolved``: its addresses), to what, and the address numarun uses
     (``address``: what a job of several nodes advertises; None: this host has none but loopback or link-local)."""
     from ..launch.net import loopback
 
     if address is None:
-        return [Finding(Severity.ERROR if multi_node else Severity.WARN, "hostname", hostname,
-                        "this host has no address but loopback or link-local: other nodes cannot reach it; fix: attach "
-                        "a network (docker run --network host) or give --local-addr ADDR")]
+        return [
+            Finding(
+                Severity.ERROR if multi_node else Severity.WARN,
+                "hostname",
+                hostname,
+                "this host has no address but loopback or link-local: other nodes cannot reach it; fix: attach "
+                "a network (docker run --network host) or give --local-addr ADDR",
+            )
+        ]
     found, local = ", ".join(resolved), [a for a in resolved if loopback(a)]
-    severity, what = (Severity.INFO, f"resolves to {found}") if local or set(resolved) & set(own) else (
-        Severity.WARN, f"resolves to {found}, not an address of this host" if resolved else
-        "does not resolve (torchrun hangs on such a host)")
+    severity, what = (
+        (Severity.INFO, f"resolves to {found}")
+        if local or set(resolved) & set(own)
+        else (
+            Severity.WARN,
+            f"resolves to {found}, not an address of this host"
+            if resolved
+            else "does not resolve (torchrun hangs on such a host)",
+        )
+    )
     if resolved and len(local) == len(resolved):
         severity = Severity.WARN if multi_node else Severity.INFO
-        what = (f"resolves to loopback {found} only: other nodes cannot reach this one by it (torchrun then lets no node "
-                "host the c10d store at this node's IP)")
-    text = (f"hostname {hostname!r} {what}; numarun uses 127.0.0.1 for a job of one node and {address} "
-            f"({own.get(address, '?')}) for several")
+        what = (
+            f"resolves to loopback {found} only: other nodes cannot reach this one by it (torchrun then lets no node "
+            "host the c10d store at this node's IP)"
+        )
+    text = (
+        f"hostname {hostname!r} {what}; numarun uses 127.0.0.1 for a job of one node and {address} "
+        f"({own.get(address, '?')}) for several"
+    )
     fix = f"; fix: map it in /etc/hosts ('{address} {hostname}'; docker run --add-host {hostname}:{address})"
     return [Finding(severity, "hostname", hostname, text + ("" if what == f"resolves to {found}" else fix))]
 

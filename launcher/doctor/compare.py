@@ -34,12 +34,18 @@ def _mismatches(reports: Sequence[NodeReport]) -> list[tuple[Finding, list[int]]
         ranked = sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[1]))
         common, _ = ranked[0]
         for value, ranks in ranked[1:]:
-            out.append((Finding(
-                Severity.ERROR if key in ("gpu_count", "gpu_models", "compute_nics") else Severity.WARN,
-                "node-mismatch", "nodes " + ",".join(map(str, ranks)),
-                f"{key} is {value} on node rank(s) {','.join(map(str, ranks))} but {common} on the others: "
-                "a job across them runs at the slowest node's pace or fails to build its groups",
-            ), ranks))
+            out.append(
+                (
+                    Finding(
+                        Severity.ERROR if key in ("gpu_count", "gpu_models", "compute_nics") else Severity.WARN,
+                        "node-mismatch",
+                        "nodes " + ",".join(map(str, ranks)),
+                        f"{key} is {value} on node rank(s) {','.join(map(str, ranks))} but {common} on the others: "
+                        "a job across them runs at the slowest node's pace or fails to build its groups",
+                    ),
+                    ranks,
+                )
+            )
     return out
 
 
@@ -91,6 +97,9 @@ def link_verdict(directed: Mapping[tuple[int, int], float], n: int, min_fraction
     links: tuple[tuple[int, int, float], ...] = ()
     if n >= 3:
         slow_set = set(slow)
-        links = tuple((a, b, gbs) for (a, b), gbs in sorted(pairs.items())
-                      if gbs < min_fraction * median and a not in slow_set and b not in slow_set)
+        links = tuple(
+            (a, b, gbs)
+            for (a, b), gbs in sorted(pairs.items())
+            if gbs < min_fraction * median and a not in slow_set and b not in slow_set
+        )
     return LinkVerdict(pairs, best, peers, median, slow, links)

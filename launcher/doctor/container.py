@@ -76,7 +76,7 @@ def read_confinement(root: Path, environ: Mapping[str, str], *, live: bool, topo
     memlock = None
     for line in _read(root / "proc/self/limits").splitlines():
         if line.startswith("Max locked memory"):
-            soft = line[len("Max locked memory"):].split()[0]
+            soft = line[len("Max locked memory") :].split()[0]
             memlock = -1 if soft == "unlimited" else int(soft) if soft.isdigit() else None
     kinds = {f[2] for f in mounts if len(f) >= 3 and f[2] in ("cgroup", "cgroup2")}
     cgroup = "hybrid" if len(kinds) == 2 else "v2" if "cgroup2" in kinds else "v1" if kinds else ""
@@ -87,10 +87,16 @@ def read_confinement(root: Path, environ: Mapping[str, str], *, live: bool, topo
 
         mem_refused = mempolicy_refusal()
     return Confinement(
-        container=detect_container(environ if live else {}, root), mem_refused=mem_refused, shm_bytes=shm,
-        memlock_bytes=memlock, gpu_access=gpu_device_access(root, minors) if minors else {},
-        nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES") if live else None, cgroup=cgroup, cpuset=cgroup_cpus(root),
-        pid1=live and (os.getpid() == 1 or (environ.get(INIT) == "1" and os.getppid() == 1)),  # numarun as PID 1 runs it
+        container=detect_container(environ if live else {}, root),
+        mem_refused=mem_refused,
+        shm_bytes=shm,
+        memlock_bytes=memlock,
+        gpu_access=gpu_device_access(root, minors) if minors else {},
+        nvidia_visible_devices=environ.get("NVIDIA_VISIBLE_DEVICES") if live else None,
+        cgroup=cgroup,
+        cpuset=cgroup_cpus(root),
+        pid1=live
+        and (os.getpid() == 1 or (environ.get(INIT) == "1" and os.getppid() == 1)),  # numarun as PID 1 runs it
     )
 
 
@@ -111,14 +117,26 @@ def check_confinement(topo: Topology, c: Confinement, request: PlanRequest) -> l
     where = c.container
     runtime = where.runtime if where else None
     if where is not None:
-        out.append(Finding(Severity.INFO, "container", where.runtime.value,
-                           f"running in a {where.runtime.value} container ({', '.join(where.markers)})"))
+        out.append(
+            Finding(
+                Severity.INFO,
+                "container",
+                where.runtime.value,
+                f"running in a {where.runtime.value} container ({', '.join(where.markers)})",
+            )
+        )
     if c.mem_refused and request.mem_policy is not MemPolicy.NONE:
-        out.append(Finding(
-            Severity.WARN, "mempolicy", "set_mempolicy",
-            f"the memory-policy syscalls are refused here ({c.mem_refused}: EPERM from set_mempolicy/get_mempolicy): the "
-            f"ranks' memory would not be bound to their NUMA node; fix: {fix(Fix.MEMPOLICY, runtime)}, or --mem-policy none",
-        ))
+        out.append(
+            Finding(
+                Severity.WARN,
+                "mempolicy",
+                "set_mempolicy",
+                f"the memory-policy syscalls are refused here ({c.mem_refused}: EPERM from "
+                "set_mempolicy/get_mempolicy): the "
+                f"ranks' memory would not be bound to their NUMA node; fix: {fix(Fix.MEMPOLICY, runtime)}, or "
+                "--mem-policy none",
+            )
+        )
     gpus = [g for g in topo.gpus if g.vendor == "nvidia"]
     openable = sorted(m for m, v in c.gpu_access.items() if v)
     confined = any(v is False or (where is not None and v is None) for v in c.gpu_access.values())
@@ -127,9 +145,15 @@ def check_confinement(topo: Topology, c: Confinement, request: PlanRequest) -> l
         visible = f"; NVIDIA_VISIBLE_DEVICES={c.nvidia_visible_devices}" if c.nvidia_visible_devices is not None else ""
         files = ",".join(f"/dev/nvidia{m}" for m in openable) or "none"
         sev = Severity.WARN if not openable else Severity.INFO
-        out.append(Finding(sev, "gpus", files,
-                           f"{seen} GPUs under /sys, {len(openable)} may be opened here ({files}{visible}): the plan uses "
-                           + ("those" if openable else f"none; fix: {fix(Fix.GPUS, runtime)}")))
+        out.append(
+            Finding(
+                sev,
+                "gpus",
+                files,
+                f"{seen} GPUs under /sys, {len(openable)} may be opened here ({files}{visible}): the plan uses "
+                + ("those" if openable else f"none; fix: {fix(Fix.GPUS, runtime)}"),
+            )
+        )
     nproc = request.nproc_per_node if isinstance(request.nproc_per_node, int) else None
     gpu_ranks = len(openable) if confined else seen
     ranks = nproc or gpu_ranks or 1
@@ -137,25 +161,48 @@ def check_confinement(topo: Topology, c: Confinement, request: PlanRequest) -> l
         need, nccl = shm_needed(ranks=ranks, gpu_ranks=min(ranks, gpu_ranks))
         if c.shm_bytes < need:
             size = f"{-(-need // (1 << 30))}g"
-            out.append(Finding(
-                Severity.ERROR if c.shm_bytes < nccl else Severity.WARN, "shm", "/dev/shm",
-                f"/dev/shm holds {_mib(c.shm_bytes)}; {ranks} rank{'s' if ranks > 1 else ''} need about {_mib(need)} "
-                f"(NCCL's shared-memory buffers {_mib(nccl)}, DataLoader workers {_mib(ranks * DATALOADER_SHM_PER_RANK)}): "
-                f"they fail on it at run time; fix: {fix(Fix.SHM, runtime, size=size)}",
-            ))
+            out.append(
+                Finding(
+                    Severity.ERROR if c.shm_bytes < nccl else Severity.WARN,
+                    "shm",
+                    "/dev/shm",
+                    f"/dev/shm holds {_mib(c.shm_bytes)}; {ranks} rank{'s' if ranks > 1 else ''} need about "
+                    f"{_mib(need)} "
+                    f"(NCCL's shared-memory buffers {_mib(nccl)}, DataLoader workers "
+                    f"{_mib(ranks * DATALOADER_SHM_PER_RANK)}): "
+                    f"they fail on it at run time; fix: {fix(Fix.SHM, runtime, size=size)}",
+                )
+            )
     rdma = [n.name for n in topo.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)]
     if c.memlock_bytes is not None and c.memlock_bytes != -1 and (rdma or where is not None):
         limit = f"memlock (RLIMIT_MEMLOCK) is {c.memlock_bytes >> 10} KiB"
-        out.append(Finding(Severity.ERROR, "memlock", ",".join(rdma), f"{limit} with RDMA devices present: registering "
-                           f"NCCL's buffers fails; fix: {fix(Fix.MEMLOCK, runtime)}") if rdma else
-                   Finding(Severity.INFO, "memlock", "-", f"{limit}; no RDMA device here needs more (RDMA would: "
-                           f"{fix(Fix.MEMLOCK, runtime)})"))
+        out.append(
+            Finding(
+                Severity.ERROR,
+                "memlock",
+                ",".join(rdma),
+                f"{limit} with RDMA devices present: registering "
+                f"NCCL's buffers fails; fix: {fix(Fix.MEMLOCK, runtime)}",
+            )
+            if rdma
+            else Finding(
+                Severity.INFO,
+                "memlock",
+                "-",
+                f"{limit}; no RDMA device here needs more (RDMA would: {fix(Fix.MEMLOCK, runtime)})",
+            )
+        )
     if where is not None and (c.cgroup or c.cpuset):
         cpus = f", cpuset {format_list(c.cpuset)} ({len(c.cpuset)} CPUs)" if c.cpuset else ""
         out.append(Finding(Severity.INFO, "cgroup", c.cgroup or "?", f"cgroup {c.cgroup or 'unknown'}{cpus}"))
     if c.pid1:
-        out.append(Finding(
-            Severity.INFO, "pid1", "pid 1", "numarun is the container's PID 1 and does init's duties (reaps orphans, "
-            f"passes on signals); a command other than numarun as PID 1 needs an init: {fix(Fix.INIT, runtime)}",
-        ))
+        out.append(
+            Finding(
+                Severity.INFO,
+                "pid1",
+                "pid 1",
+                "numarun is the container's PID 1 and does init's duties (reaps orphans, "
+                f"passes on signals); a command other than numarun as PID 1 needs an init: {fix(Fix.INIT, runtime)}",
+            )
+        )
     return out

@@ -44,10 +44,16 @@ def parse_nnodes(text: str) -> int:
         values = [int(x) for x in parts]
     except ValueError:
         values = []
-    if not values or len(values) > 2 or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES or (
-            len(values) == 2 and values[0] != values[1]):
-        raise UsageError(f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
-                         "(or N:N; the doctor needs a fixed count)")
+    if (
+        not values
+        or len(values) > 2
+        or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES
+        or (len(values) == 2 and values[0] != values[1])
+    ):
+        raise UsageError(
+            f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
+            "(or N:N; the doctor needs a fixed count)"
+        )
     return values[0]
 
 
@@ -59,7 +65,9 @@ def rendezvous(options: Options, *, port_offset: int = 0, endpoint: bool = True)
     flag = options.setting("rdzv_endpoint").where if given_endpoint else options.setting("master_addr").where
     if not (given_endpoint or "master_addr" in stated):
         raise UsageError("missing --master-addr (or --rdzv-endpoint): expected node rank 0's address for --nnodes > 1")
-    host, given = argtypes.parse_endpoint(given_endpoint or options.master_addr, flag, port=None if given_endpoint else False)
+    host, given = argtypes.parse_endpoint(
+        given_endpoint or options.master_addr, flag, port=None if given_endpoint else False
+    )
     port = (options.master_port or TORCHRUN_DEFAULT_PORT) if given is None else given
     if not 0 < port + port_offset < 65536:
         raise UsageError(f"bad --master-port {port!r}: expected a port 1..65535")
@@ -88,17 +96,36 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
         host, port = rendezvous(options, port_offset=port_offset, endpoint=endpoint)
         if not 0 <= node_rank < nnodes:
             raise UsageError(f"bad --node-rank {node_rank!r}: expected 0..{nnodes - 1}")
-    inputs = Inputs(topology=options.topology, request=request_from_args(options, os.environ), nvml_record=settings.nvml_record,
-                    measure=(nnodes > 1 and not settings.no_measure) or settings.measure, compare=nnodes > 1,
-                    endpoint=host if nnodes > 1 else None)
+    inputs = Inputs(
+        topology=options.topology,
+        request=request_from_args(options, os.environ),
+        nvml_record=settings.nvml_record,
+        measure=(nnodes > 1 and not settings.no_measure) or settings.measure,
+        compare=nnodes > 1,
+        endpoint=host if nnodes > 1 else None,
+    )
     report, topo = run_node(inputs, node_rank=node_rank if nnodes > 1 else 0)
     if nnodes == 1:
         failed = has_error(report.findings)
-        return {"findings": [f.to_dict() for f in report.findings], "hostname": report.hostname, "source": topo.source,
-                "facts": report.facts, "figures": report.figures, "ok": not failed, "exclude": report.hostname if failed else ""}
-    verdict = exchange(report, nnodes=nnodes, master_addr=host, master_port=port, min_link_fraction=fraction,
-                       seconds=settings.link_seconds, timeout_s=settings.doctor_timeout,
-                       schedule=LinkSchedule(settings.link_schedule))
+        return {
+            "findings": [f.to_dict() for f in report.findings],
+            "hostname": report.hostname,
+            "source": topo.source,
+            "facts": report.facts,
+            "figures": report.figures,
+            "ok": not failed,
+            "exclude": report.hostname if failed else "",
+        }
+    verdict = exchange(
+        report,
+        nnodes=nnodes,
+        master_addr=host,
+        master_port=port,
+        min_link_fraction=fraction,
+        seconds=settings.link_seconds,
+        timeout_s=settings.doctor_timeout,
+        schedule=LinkSchedule(settings.link_schedule),
+    )
     verdict["node_rank"] = node_rank
     return verdict
 

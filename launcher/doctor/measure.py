@@ -1,7 +1,8 @@
 """Bounded bandwidth measurements of one node, in a child process (the launcher must not initialise CUDA or rebind).
 
 Prints ``mem_bw_gbs`` ``{"<numa node>": GB/s}`` (a numpy copy bound to the node, best within :data:`MEM_SECONDS`;
-memory-only nodes read from the first CPU node) and ``h2d_gbs`` / ``d2h_gbs`` ``{"<pci bus id>": GB/s}`` (pinned, per GPU).
+memory-only nodes read from the first CPU node) and ``h2d_gbs`` / ``d2h_gbs`` ``{"<pci bus id>": GB/s}`` (pinned, per
+GPU).
 """
 
 from __future__ import annotations

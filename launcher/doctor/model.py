@@ -61,12 +61,23 @@ class NodeReport:
     figures: dict[str, Any] = field(default_factory=dict)  # mem_bw_gbs per NUMA node, h2d_gbs per GPU, link_gbs
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node_rank": self.node_rank, "hostname": self.hostname, "findings": [f.to_dict() for f in self.findings],
-                "facts": self.facts, "figures": self.figures}
+        return {
+            "node_rank": self.node_rank,
+            "hostname": self.hostname,
+            "findings": [f.to_dict() for f in self.findings],
+            "facts": self.facts,
+            "figures": self.figures,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NodeReport:
-        findings = tuple(Finding(Severity(f["severity"]), f["check"], f["device"], f["message"])
-                         for f in data.get("findings", []))
-        return cls(node_rank=int(data["node_rank"]), hostname=str(data["hostname"]), findings=findings,
-                   facts=dict(data.get("facts", {})), figures=dict(data.get("figures", {})))
+        findings = tuple(
+            Finding(Severity(f["severity"]), f["check"], f["device"], f["message"]) for f in data.get("findings", [])
+        )
+        return cls(
+            node_rank=int(data["node_rank"]),
+            hostname=str(data["hostname"]),
+            findings=findings,
+            facts=dict(data.get("facts", {})),
+            figures=dict(data.get("figures", {})),
+        )

@@ -128,11 +128,18 @@ def _store(master_addr: str, master_port: int, nnodes: int, node_rank: int, time
     if node_rank != 0:
         await_endpoint(master_addr, master_port, timeout_s, "--doctor-timeout")
     try:
-        return TCPStore(master_addr, master_port, nnodes, node_rank == 0, timeout=timedelta(seconds=timeout_s),
-                        wait_for_workers=False)
+        return TCPStore(
+            master_addr,
+            master_port,
+            nnodes,
+            node_rank == 0,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
     except (RuntimeError, OSError) as e:
         raise UsageError(
-            f"bad --master-addr/--master-port {host_port(master_addr, master_port)}: cannot reach node 0's store ({e}); "
+            f"bad --master-addr/--master-port {host_port(master_addr, master_port)}: cannot reach node 0's store "
+            f"({e}); "
             "expected the address and a free port of node rank 0"
         ) from None
 
@@ -232,28 +239,50 @@ class TcpLink:
         _stream_to(peer_address, self.rank, self.seconds)
 
 
-def exchange(report: NodeReport, *, nnodes: int, master_addr: str, master_port: int, min_link_fraction: float = 0.5,
-             seconds: float = 0.5, timeout_s: float = 120.0, schedule: LinkSchedule = LinkSchedule.AUTO) -> dict[str, Any]:
+def exchange(
+    report: NodeReport,
+    *,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    min_link_fraction: float = 0.5,
+    seconds: float = 0.5,
+    timeout_s: float = 120.0,
+    schedule: LinkSchedule = LinkSchedule.AUTO,
+) -> dict[str, Any]:
     """Run the multi-node doctor on this node. Node 0 returns the whole verdict; the others
     return it without the per-node detail (``nodes``)."""
     rank = report.node_rank
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
-    server = _StreamServer(route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0"))
+    server = _StreamServer(
+        route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0")
+    )
     server.start()
     t0 = time.perf_counter()
     try:
         sync = StoreSync(store, rank=rank, nnodes=nnodes, timeout_s=timeout_s)
-        return run_exchange(sync, TcpLink(server, rank, seconds), report, schedule=schedule,
-                            min_link_fraction=min_link_fraction, t0=t0)
+        return run_exchange(
+            sync, TcpLink(server, rank, seconds), report, schedule=schedule, min_link_fraction=min_link_fraction, t0=t0
+        )
     except OSError as e:  # a stream cut or refused mid-way
-        raise DoctorError(f"node rank {rank}: a bandwidth stream failed ({e}); check the link between the nodes") from None
+        raise DoctorError(
+            f"node rank {rank}: a bandwidth stream failed ({e}); check the link between the nodes"
+        ) from None
     finally:
         server.close()
         del store
 
 
-def run_exchange(sync: StoreSync, link: Link, report: NodeReport, *, schedule: LinkSchedule, min_link_fraction: float,
-                 t0: float, seed: int | None = None) -> dict[str, Any]:
+def run_exchange(
+    sync: StoreSync,
+    link: Link,
+    report: NodeReport,
+    *,
+    schedule: LinkSchedule,
+    min_link_fraction: float,
+    t0: float,
+    seed: int | None = None,
+) -> dict[str, Any]:
     """The exchange over ``sync`` with measurements by ``link`` (the module docstring's sequence)."""
     rank, nnodes = sync.rank, sync.nnodes
     if rank == 0:
@@ -270,8 +299,11 @@ def run_exchange(sync: StoreSync, link: Link, report: NodeReport, *, schedule: L
         # node 0 plans each further round from every node's figures so far (a few numbers each)
         sync.publish(f"fig/{step}", json.dumps(link.received))
         if rank == 0:
-            directed = {(int(s), r): float(g) for r, raw in enumerate(sync.gather(f"fig/{step}"))
-                        for s, g in json.loads(raw).items()}
+            directed = {
+                (int(s), r): float(g)
+                for r, raw in enumerate(sync.gather(f"fig/{step}"))
+                for s, g in json.loads(raw).items()
+            }
             nxt = next_round(nnodes, directed, done, min_fraction=min_link_fraction, seed=seed)
             # each node's peer in the round, -1 for none, or "stop" for everyone when nothing is in doubt
             slots = ["stop"] * nnodes if not nxt else ["-1"] * nnodes
@@ -290,8 +322,9 @@ def run_exchange(sync: StoreSync, link: Link, report: NodeReport, *, schedule: L
     sync.publish("report", json.dumps(replace(report, figures=figures).to_dict()))
     if rank == 0:
         reports = [NodeReport.from_dict(json.loads(raw)) for raw in sync.gather("report")]
-        verdict = judge(reports, min_link_fraction=min_link_fraction,
-                        schedule={"name": kind.value, "seed": seed, "rounds": step})
+        verdict = judge(
+            reports, min_link_fraction=min_link_fraction, schedule={"name": kind.value, "seed": seed, "rounds": step}
+        )
         verdict["seconds"] = round(time.perf_counter() - t0, 2)
         sync.announce("verdict", json.dumps(summary(verdict)))
         sync.gather("ack", ranks=range(1, nnodes), values=False)
@@ -329,7 +362,9 @@ def summary(verdict: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in verdict.items() if k != "nodes"}
 
 
-def judge(reports: list[NodeReport], *, min_link_fraction: float, schedule: dict[str, Any] | None = None) -> dict[str, Any]:
+def judge(
+    reports: list[NodeReport], *, min_link_fraction: float, schedule: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Pure: the node reports -> the verdict (findings of every node, comparison, slow nodes and links)."""
     n = len(reports)
     directed: dict[tuple[int, int], float] = {}
@@ -339,20 +374,28 @@ def judge(reports: list[NodeReport], *, min_link_fraction: float, schedule: dict
     lv = link_verdict(directed, n, min_link_fraction)
     findings: list[Finding] = list(compare_nodes(reports))
     for s in lv.slow_nodes:
-        findings.append(Finding(
-            Severity.ERROR, "slow-node", f"node {s}",
-            f"node rank {s} ({reports[s].hostname}) reaches at best {lv.node_gbs[s]:.3f} GB/s to any of its "
-            f"{lv.peers[s]} peer(s) measured, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s: "
-            "check its NIC, cable and switch port, or leave it out",
-        ))
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "slow-node",
+                f"node {s}",
+                f"node rank {s} ({reports[s].hostname}) reaches at best {lv.node_gbs[s]:.3f} GB/s to any of its "
+                f"{lv.peers[s]} peer(s) measured, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s: "
+                "check its NIC, cable and switch port, or leave it out",
+            )
+        )
     for a, b, gbs in lv.slow_links:
-        findings.append(Finding(
-            Severity.ERROR, "slow-link", f"nodes {a}-{b}",
-            f"the link between node rank {a} ({reports[a].hostname}) and {b} ({reports[b].hostname}) reaches "
-            f"{gbs:.3f} GB/s, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s, while both reach "
-            "other peers at full speed: check the switch ports, cables and routes between them; leaving out "
-            "either node avoids it",
-        ))
+        findings.append(
+            Finding(
+                Severity.ERROR,
+                "slow-link",
+                f"nodes {a}-{b}",
+                f"the link between node rank {a} ({reports[a].hostname}) and {b} ({reports[b].hostname}) reaches "
+                f"{gbs:.3f} GB/s, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s, while both reach "
+                "other peers at full speed: check the switch ports, cables and routes between them; leaving out "
+                "either node avoids it",
+            )
+        )
     nodes = []
     for r in reports:
         d = r.to_dict()

@@ -53,7 +53,9 @@ def load_nvml_record(path: str) -> dict[str, Any]:
     try:
         data = jsonable.loads(Path(path).read_text())  # nesting bounded: a ValueError, not a RecursionError
     except (OSError, ValueError) as e:
-        raise UsageError(f"bad --nvml-record {path!r}: {e}; expected a JSON NVML record (tests/fixtures/nvml/ shape)") from None
+        raise UsageError(
+            f"bad --nvml-record {path!r}: {e}; expected a JSON NVML record (tests/fixtures/nvml/ shape)"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise UsageError(f"bad --nvml-record {path!r}: expected a JSON object with a 'gpus' list")
     return data
@@ -85,8 +87,13 @@ def measure(topo: Topology) -> dict[str, Any]:
         "from numarun.doctor.measure import main;sys.exit(main(sys.argv[2:]))"
     )
     try:
-        out = subprocess.run([sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
-                             capture_output=True, text=True, timeout=MEASURE_TIMEOUT_S, check=False)
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=MEASURE_TIMEOUT_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"measurement took over {MEASURE_TIMEOUT_S:g} s"}
     if out.returncode != 0:
@@ -113,10 +120,18 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
         confinement = read_confinement(root, os.environ, live=live, topo=topo)
         findings = list(sort_findings(findings + check_confinement(topo, confinement, inputs.request)))
     if root is None:
-        findings.append(Finding(Severity.INFO, "source", topo.source,
-                                "not a machine tree: RDMA ports, SMT and kernel modules not checked"))
+        findings.append(
+            Finding(
+                Severity.INFO,
+                "source",
+                topo.source,
+                "not a machine tree: RDMA ports, SMT and kernel modules not checked",
+            )
+        )
     if live and pr.nvml is None and any(g.vendor == "nvidia" for g in topo.gpus):
-        findings.append(Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked"))
+        findings.append(
+            Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked")
+        )
     if live:
         findings += check_hostname(*host_view(inputs.endpoint), multi_node=inputs.endpoint is not None)
     figures = measure(topo) if inputs.measure and live else {}

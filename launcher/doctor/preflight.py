@@ -24,22 +24,36 @@ def preflight(options: Options, args: argparse.Namespace) -> int:
     from .render import render
 
     # a static rendezvous: --master-addr/--master-port name node 0
-    result = diagnose(options, Settings.of(args), port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static")
+    result = diagnose(
+        options, Settings.of(args), port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static"
+    )
     node0 = result.get("node_rank", 0) == 0
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
-    counts = result.get("counts") or {s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")}
+    counts = result.get("counts") or {
+        s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")
+    }
     if result["ok"]:
-        print(f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)",
-              file=sys.stderr, flush=True)
+        print(
+            f"numarun: preflight: no errors, {counts['warn']} warnings ('numarun doctor' shows them)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 0
     if node0:
         sys.stderr.write(render(result))
     exclude = result.get("exclude") or ""
     if os.environ.get("SLURM_JOB_ID") and exclude:
-        print(f"numarun: preflight: leave out node(s) {exclude}: resubmit with "
-              f"'numarun submit --sbatch-option=--exclude={exclude} ...'", file=sys.stderr, flush=True)
-    print(f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
-          file=sys.stderr, flush=True)
+        print(
+            f"numarun: preflight: leave out node(s) {exclude}: resubmit with "
+            f"'numarun submit --sbatch-option=--exclude={exclude} ...'",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 

@@ -1,4 +1,5 @@
-"""The doctor's I/O beside topology discovery (SMT control, NVML health, versions), below ``root`` as a recorded tree."""
+"""The doctor's I/O beside topology discovery (SMT control, NVML health, versions), below ``root`` as a recorded
+tree."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def nvml_health(pynvml: Any, handle: Any) -> dict[str, Any]:
     rows = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
     pending = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
     reasons_fn = (
-        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
     )
     return {
         "ecc_uncorrected_volatile": ecc(pynvml.NVML_VOLATILE_ECC),
@@ -79,7 +81,8 @@ def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) 
 
 
 def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:
-    """Driver, CUDA, NCCL and torch versions, which the nodes of a job must share; torch's only when ``live`` (slow import)."""
+    """Driver, CUDA, NCCL and torch versions, which the nodes of a job must share; torch's only when ``live`` (slow
+    import)."""
     out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
     if not live:
         return out

@@ -35,8 +35,16 @@ def render(result: dict[str, Any]) -> str:
             mem = " ".join(f"{k}:{v:g}" for k, v in (fig.get("mem_bw_gbs") or {}).items()) or "-"
             h2d = " ".join(f"{v:g}" for v in (fig.get("h2d_gbs") or {}).values()) or "-"
             link = f"{fig.get('link_gbs', 0):.3f}" + (" SLOW" if n["node_rank"] in slow else "")
-            t.add_row(str(n["node_rank"]), n["hostname"], str(sev.count("error")), str(sev.count("warn")), link,
-                      str(fig.get("link_peers", "-")), mem, h2d)
+            t.add_row(
+                str(n["node_rank"]),
+                n["hostname"],
+                str(sev.count("error")),
+                str(sev.count("warn")),
+                link,
+                str(fig.get("link_peers", "-")),
+                mem,
+                h2d,
+            )
         if len(shown) < len(nodes):
             t.caption = f"{len(nodes) - len(shown)} more nodes without an error or a warning (--json lists every node)"
         console.print(t)

@@ -88,9 +88,11 @@ class Doubts:
     suspect_links: tuple[Pair, ...]  # slow pairs between known-good nodes, measured once so far
 
 
-def doubts(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
-           min_fraction: float) -> Doubts:
-    """Known-good nodes, suspects and suspect links after ``rounds``, judged against the fastest pair (docs/scale.md)."""
+def doubts(
+    n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *, min_fraction: float
+) -> Doubts:
+    """Known-good nodes, suspects and suspect links after ``rounds``, judged against the fastest pair
+    (docs/scale.md)."""
     pairs = pair_figures(directed)
     if not pairs:
         return Doubts(frozenset(), (), ())
@@ -101,13 +103,23 @@ def doubts(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[S
     for rnd in rounds:
         for a, b in rnd:
             times[pair(a, b)] = times.get(pair(a, b), 0) + 1
-    links = tuple(sorted((p for p in pairs if p not in fast and p[0] in good and p[1] in good and times.get(p, 0) < 2),
-                         key=lambda p: (pairs[p], p)))
+    links = tuple(
+        sorted(
+            (p for p in pairs if p not in fast and p[0] in good and p[1] in good and times.get(p, 0) < 2),
+            key=lambda p: (pairs[p], p),
+        )
+    )
     return Doubts(good, tuple(i for i in range(n) if i not in good), links)
 
 
-def next_round(n: int, directed: Mapping[tuple[int, int], float], rounds: Sequence[Sequence[Pair]], *,
-               min_fraction: float, seed: int) -> Round:
+def next_round(
+    n: int,
+    directed: Mapping[tuple[int, int], float],
+    rounds: Sequence[Sequence[Pair]],
+    *,
+    min_fraction: float,
+    seed: int,
+) -> Round:
     """Node 0's next round of a ``bounded`` schedule after ``rounds`` (who meets whom: docs/scale.md); [] when nothing
     is in doubt or the bound is reached."""
     if len(rounds) >= MAX_ROUNDS or len(rounds) < FIRST_ROUNDS:
@@ -172,8 +184,11 @@ def _pair_up(nodes: list[int], met: Collection[Pair], rng: random.Random, busy: 
     return out
 
 
-def _match(left: Sequence[int], right: Sequence[int], forbidden: Collection[Pair], rng: random.Random) -> dict[int, int]:
-    """A maximum matching of ``left`` to ``right`` avoiding ``forbidden``, within a budget: greedy, then augmenting paths."""
+def _match(
+    left: Sequence[int], right: Sequence[int], forbidden: Collection[Pair], rng: random.Random
+) -> dict[int, int]:
+    """A maximum matching of ``left`` to ``right`` avoiding ``forbidden``, within a budget: greedy, then augmenting
+    paths."""
     if not left or not right:
         return {}
     order = list(right)

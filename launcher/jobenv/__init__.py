@@ -40,7 +40,8 @@ def scheduler_in(environ: Mapping[str, str]) -> Scheduler | None:
     in_step = slurm.in_step(environ)
     if which is not None and in_step:
         same = environ.get("SLURM_PROCID") == environ.get("PMI_RANK", environ.get("PMIX_RANK")) and (
-            which is Scheduler.PMIX or environ.get("SLURM_NTASKS", environ.get("SLURM_STEP_NUM_TASKS")) == environ.get("PMI_SIZE")
+            which is Scheduler.PMIX
+            or environ.get("SLURM_NTASKS", environ.get("SLURM_STEP_NUM_TASKS")) == environ.get("PMI_SIZE")
         )
         return Scheduler.SLURM if same else which
     if which is not None:

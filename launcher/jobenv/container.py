@@ -31,9 +31,15 @@ class Container:
 
 
 # substrings of /proc/1/cgroup or /proc/self/mountinfo that only a container's processes see
-_CGROUP_HINTS = (("kubepods", Runtime.KUBERNETES), ("/pyxis_", Runtime.ENROOT), ("libpod", Runtime.PODMAN),
-                 ("/docker/", Runtime.DOCKER), ("docker-", Runtime.DOCKER), ("containerd", Runtime.OTHER),
-                 ("/lxc/", Runtime.OTHER))
+_CGROUP_HINTS = (
+    ("kubepods", Runtime.KUBERNETES),
+    ("/pyxis_", Runtime.ENROOT),
+    ("libpod", Runtime.PODMAN),
+    ("/docker/", Runtime.DOCKER),
+    ("docker-", Runtime.DOCKER),
+    ("containerd", Runtime.OTHER),
+    ("/lxc/", Runtime.OTHER),
+)
 
 
 def _exists(root: Path, path: str) -> bool:
@@ -68,9 +74,13 @@ def detect_container(environ: Mapping[str, str], root: Path = Path("/")) -> Cont
             mark(Runtime.APPTAINER, key)
         elif key.startswith(("ENROOT_", "PYXIS_")):
             mark(Runtime.ENROOT, key)
-    for path, runtime in (("/.singularity.d", Runtime.APPTAINER), ("/.lock", Runtime.ENROOT),
-                          ("/.enroot", Runtime.ENROOT), ("/run/.containerenv", Runtime.PODMAN),
-                          ("/.dockerenv", Runtime.DOCKER)):
+    for path, runtime in (
+        ("/.singularity.d", Runtime.APPTAINER),
+        ("/.lock", Runtime.ENROOT),
+        ("/.enroot", Runtime.ENROOT),
+        ("/run/.containerenv", Runtime.PODMAN),
+        ("/.dockerenv", Runtime.DOCKER),
+    ):
         if _exists(root, path):
             mark(runtime, path)
     value = environ.get("container", "")
@@ -103,8 +113,10 @@ _FIXES: dict[Fix, dict[Runtime | None, str]] = {
     Fix.MEMPOLICY: {
         Runtime.DOCKER: "docker run --cap-add SYS_NICE",
         Runtime.PODMAN: "podman run --cap-add SYS_NICE",
-        Runtime.KUBERNETES: "the container's securityContext.capabilities.add: [\"SYS_NICE\"]",
-        Runtime.APPTAINER: "apptainer exec --add-caps CAP_SYS_NICE (an administrator grants it with 'apptainer capability add')",
+        Runtime.KUBERNETES: 'the container\'s securityContext.capabilities.add: ["SYS_NICE"]',
+        Runtime.APPTAINER: (
+            "apptainer exec --add-caps CAP_SYS_NICE (an administrator grants it with 'apptainer capability add')"
+        ),
         None: "give the container CAP_SYS_NICE, or a seccomp profile that allows set_mempolicy and mbind",
     },
     Fix.SHM: {
@@ -117,7 +129,9 @@ _FIXES: dict[Fix, dict[Runtime | None, str]] = {
     Fix.MEMLOCK: {
         Runtime.DOCKER: "docker run --ulimit memlock=-1",
         Runtime.PODMAN: "podman run --ulimit memlock=-1",
-        Runtime.KUBERNETES: "LimitMEMLOCK=infinity for the node's container runtime (containerd's systemd unit); pods inherit it",
+        Runtime.KUBERNETES: (
+            "LimitMEMLOCK=infinity for the node's container runtime (containerd's systemd unit); pods inherit it"
+        ),
         None: "raise the limit where the container is started (ulimit -l unlimited; Slurm: PropagateResourceLimits)",
     },
     Fix.GPUS: {

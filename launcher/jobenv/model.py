@@ -14,7 +14,8 @@ class Scheduler(str, enum.Enum):
     OPENMPI = "openmpi"
     """Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_*``."""
     MPICH = "mpich"
-    """MPICH's or Intel MPI's Hydra ``mpiexec``: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``, ``MPI_LOCALNRANKS``."""
+    """MPICH's or Intel MPI's Hydra ``mpiexec``: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
+    ``MPI_LOCALNRANKS``."""
     PMIX = "pmix"
     """Another PMIx launcher: ``PMIX_RANK`` (the job's size from ``WORLD_SIZE``/``LOCAL_WORLD_SIZE``)."""
 

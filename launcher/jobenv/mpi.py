@@ -24,7 +24,10 @@ OPT_OUT = "NUMARUN_DETECT=0 or --no-detect turns detection off"
 
 _VARS = {
     Scheduler.OPENMPI: (
-        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
     ),
     Scheduler.MPICH: ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     Scheduler.PMIX: ("PMIX_RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
@@ -45,7 +48,13 @@ def which(environ: Mapping[str, str]) -> Scheduler | None:
 def _int(environ: Mapping[str, str], name: str, scheduler: Scheduler, *, low: int = 0, below: int | None = None) -> int:
     value = environ.get(name)
     text = (value or "").strip()
-    ok = text.isdigit() and text.isascii() and len(text) <= 9 and int(text) >= low and (below is None or int(text) < below)
+    ok = (
+        text.isdigit()
+        and text.isascii()
+        and len(text) <= 9
+        and int(text) >= low
+        and (below is None or int(text) < below)
+    )
     if not ok:
         form = f"a whole number from {low} to {below - 1}" if below is not None else f"a whole number >= {low}"
         if value is None:
@@ -65,5 +74,16 @@ def shape_from_env(environ: Mapping[str, str], scheduler: Scheduler, *, nproc_gi
     nnodes, node_index = (1, 0) if local_size == size else (size, rank) if per_node else (0, -1)
     mode = Mode.PER_NODE if per_node else Mode.PER_RANK
     job = environ.get("PMIX_NAMESPACE", "") if scheduler is not Scheduler.MPICH else ""
-    return JobShape(scheduler=scheduler, mode=mode, job=job, nnodes=nnodes, node_index=node_index, nodes=(),
-                    node_name="", rank=rank, local_rank=local_rank, world_size=size, local_world_size=local_size)
+    return JobShape(
+        scheduler=scheduler,
+        mode=mode,
+        job=job,
+        nnodes=nnodes,
+        node_index=node_index,
+        nodes=(),
+        node_name="",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=size,
+        local_world_size=local_size,
+    )

@@ -94,8 +94,12 @@ class NodeRendezvous:
         if addr is None:
             raise UsageError(f"no address for the head node {self.head!r}: expected --master-addr HOST")
         return {
-            "nnodes": str(self.nnodes), "node_rank": self.node_rank, "rdzv_backend": "static",
-            "master_addr": addr, "master_port": self.master_port, "rdzv_endpoint": "",
+            "nnodes": str(self.nnodes),
+            "node_rank": self.node_rank,
+            "rdzv_backend": "static",
+            "master_addr": addr,
+            "master_port": self.master_port,
+            "rdzv_endpoint": "",
         }
 
 
@@ -119,8 +123,10 @@ def _check_nnodes(shape: JobShape, stated: Stated) -> None:
         return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
     flag = _flag(stated, "nnodes")
-    raise JobConflict(f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
-                      f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)")
+    raise JobConflict(
+        f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
+        f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)"
+    )
 
 
 def _check_node_rank(shape: JobShape, stated: Stated) -> None:
@@ -156,7 +162,8 @@ def _check_shape(shape: JobShape, stated: Stated) -> None:
 def own_rendezvous(stated: Stated) -> bool:
     """The user's own rendezvous (``--rdzv-endpoint``, c10d, ``--standalone``): the job sets only the node count."""
     return bool(_stated(stated, "rdzv_endpoint") or _stated(stated, "standalone")) or (
-        _stated(stated, "rdzv_backend") not in (None, "static"))
+        _stated(stated, "rdzv_backend") not in (None, "static")
+    )
 
 
 def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, str] | None = None) -> NodeRendezvous:
@@ -170,8 +177,15 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
     _check_shape(shape, stated)
     if own_rendezvous(stated):  # the order is the one the nodes' keys give a c10d rendezvous with a layout
         order = tuple(node_order(shape.nodes, leaf_switch)) if leaf_switch is not None and shape.nodes else ()
-        return NodeRendezvous(nnodes=shape.nnodes, node_rank=shape.node_index, head="", master_addr=None,
-                              master_port=None, own_rendezvous=True, order=order)
+        return NodeRendezvous(
+            nnodes=shape.nnodes,
+            node_rank=shape.node_index,
+            head="",
+            master_addr=None,
+            master_port=None,
+            own_rendezvous=True,
+            order=order,
+        )
     if shape.nodes:
         order = shape.nodes if "node_rank" in stated else tuple(node_order(shape.nodes, leaf_switch))
         node_rank = order.index(shape.node_name)
@@ -179,8 +193,15 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
         order, node_rank = (), shape.node_index
     head = order[0] if order else ""
     addr, port = _master(shape, stated, nodes=order)
-    return NodeRendezvous(nnodes=shape.nnodes, node_rank=node_rank, head=head, master_addr=addr, master_port=port,
-                          own_rendezvous=False, order=order)
+    return NodeRendezvous(
+        nnodes=shape.nnodes,
+        node_rank=node_rank,
+        head=head,
+        master_addr=addr,
+        master_port=port,
+        own_rendezvous=False,
+        order=order,
+    )
 
 
 def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) -> None:
@@ -190,7 +211,8 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
     if nproc is not None and nproc != 1:
         raise JobConflict(
             f"bad {_flag(stated, 'nproc_per_node')} {nproc}: {_who(shape)} already starts {shape.local_world_size} "
-            f"task{'s' if shape.local_world_size != 1 else ''} on this node, each one rank (per-rank mode); expected no "
+            f"task{'s' if shape.local_world_size != 1 else ''} on this node, each one rank (per-rank mode); expected "
+            "no "
             "--nproc-per-node, or one task per node (srun --ntasks-per-node=1) for numarun to start the node's ranks"
         )
     if shape.node_index >= 0:  # else checked again once the ranks agree on it
@@ -199,8 +221,10 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
     if agent:
         flag = agent[0]
         raise JobConflict(
-            f"bad option {flag!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no torchrun "
-            "agent, which that option configures; expected it left out, or one task per node for numarun to start the ranks"
+            f"bad option {flag!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no "
+            "torchrun "
+            "agent, which that option configures; expected it left out, or one task per node for numarun to start the "
+            "ranks"
         )
 
 
@@ -209,9 +233,12 @@ def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | No
     if addr is None and not nodes:  # MPI: no node names to look rank 0's up by
         if shape.nnodes != 1:
             raise UsageError(
-                f"no address for rank 0's node: {shape.describe().split(':')[0]} spans {shape.nnodes} nodes and the MPI "
-                "launcher does not say where rank 0 runs; expected --master-addr HOST or MASTER_ADDR in the environment "
-                "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)")
+                f"no address for rank 0's node: {shape.describe().split(':')[0]} spans {shape.nnodes} nodes and the "
+                "MPI "
+                "launcher does not say where rank 0 runs; expected --master-addr HOST or MASTER_ADDR in the "
+                "environment "
+                "(e.g. mpirun -x MASTER_ADDR=$(hostname) ...)"
+            )
         addr = "127.0.0.1"
     derived = rendezvous_port(shape.job_id, shape.step_id or 0) if shape.job_id is not None else TORCHRUN_DEFAULT_PORT
     return addr, _stated(stated, "master_port") or derived
@@ -227,13 +254,23 @@ def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Ma
     (``GROUP_RANK``, ``GROUP_WORLD_SIZE``) only once known (an MPI launcher does not say: the ranks agree on it)."""
     if shape.mode is not Mode.PER_RANK:
         raise ValueError("rank_env is for per-rank mode")
-    group = {"GROUP_RANK": str(shape.node_index), "GROUP_WORLD_SIZE": str(shape.nnodes)} if shape.node_index >= 0 else {}
+    group = (
+        {"GROUP_RANK": str(shape.node_index), "GROUP_WORLD_SIZE": str(shape.nnodes)} if shape.node_index >= 0 else {}
+    )
     return {
-        "RANK": str(shape.rank), "LOCAL_RANK": str(shape.local_rank), "WORLD_SIZE": str(shape.world_size),
-        "LOCAL_WORLD_SIZE": str(shape.local_world_size), **group, "ROLE_NAME": "default", "ROLE_RANK": str(shape.rank),
-        "ROLE_WORLD_SIZE": str(shape.world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_RUN_ID": shape.job or "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "RANK": str(shape.rank),
+        "LOCAL_RANK": str(shape.local_rank),
+        "WORLD_SIZE": str(shape.world_size),
+        "LOCAL_WORLD_SIZE": str(shape.local_world_size),
+        **group,
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(shape.rank),
+        "ROLE_WORLD_SIZE": str(shape.world_size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": shape.job or "none",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
-

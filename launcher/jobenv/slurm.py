@@ -36,7 +36,9 @@ OPT_OUT = "NUMARUN_DETECT=0 or --no-detect turns detection off"
 
 
 def _bad(name: str, value: object, form: str) -> SlurmError:
-    return SlurmError(f"bad Slurm environment: {name} {value!r}: expected {form} (numarun runs inside a Slurm step; {OPT_OUT})")
+    return SlurmError(
+        f"bad Slurm environment: {name} {value!r}: expected {form} (numarun runs inside a Slurm step; {OPT_OUT})"
+    )
 
 
 def in_step(environ: Mapping[str, str]) -> bool:
@@ -105,13 +107,19 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
         raise _bad("SLURM_STEP_NODELIST", nodelist, "a Slurm hostlist such as 'node[01-03,07]'") from None
     nnodes = _int(environ, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", low=1)
     if nnodes is not None and nnodes != len(nodes):
-        raise _bad("SLURM_STEP_NUM_NODES", str(nnodes), f"the number of nodes in SLURM_STEP_NODELIST {nodelist!r} ({len(nodes)})")
+        raise _bad(
+            "SLURM_STEP_NUM_NODES",
+            str(nnodes),
+            f"the number of nodes in SLURM_STEP_NODELIST {nodelist!r} ({len(nodes)})",
+        )
     node_index = _int(environ, "SLURM_NODEID")
     if node_index is None or node_index >= len(nodes):
         raise _bad("SLURM_NODEID", environ.get("SLURM_NODEID"), f"a node index from 0 to {len(nodes) - 1}")
     name = environ.get("SLURMD_NODENAME") or nodes[node_index]
     if name != nodes[node_index]:
-        raise _bad("SLURMD_NODENAME", name, f"{nodes[node_index]!r}, node {node_index} of SLURM_STEP_NODELIST {nodelist!r}")
+        raise _bad(
+            "SLURMD_NODENAME", name, f"{nodes[node_index]!r}, node {node_index} of SLURM_STEP_NODELIST {nodelist!r}"
+        )
     per_node_text = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
     per_node = parse_tasks_per_node(per_node_text) if per_node_text else [1] * len(nodes)
     if len(per_node) != len(nodes):
@@ -128,15 +136,31 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
         raise _bad("SLURM_PROCID", environ.get("SLURM_PROCID"), f"a task rank from 0 to {ntasks - 1}")
     local_rank = _int(environ, "SLURM_LOCALID")
     if local_rank is None or local_rank >= local_size:
-        raise _bad("SLURM_LOCALID", environ.get("SLURM_LOCALID"), f"a task index on this node from 0 to {local_size - 1}")
+        raise _bad(
+            "SLURM_LOCALID", environ.get("SLURM_LOCALID"), f"a task index on this node from 0 to {local_size - 1}"
+        )
     # One task on every node: each is a node (numarun starts its ranks). Decided on the whole
     # step's shape, so that every task of the step takes the same mode.
     mode = Mode.PER_NODE if ntasks == len(nodes) else Mode.PER_RANK
     gpus_on_node = _int(environ, "SLURM_GPUS_ON_NODE")
-    return JobShape(scheduler=Scheduler.SLURM, mode=mode, job=f"{job_id}.{step_id}", nnodes=len(nodes), node_index=node_index,
-                    nodes=tuple(nodes), node_name=name, rank=rank, local_rank=local_rank, world_size=ntasks,
-                    local_world_size=local_size, job_id=job_id, step_id=step_id, gpus_on_node=gpus_on_node,
-                    job_gpus=_ids(environ, "SLURM_JOB_GPUS"), step_gpus=_ids(environ, "SLURM_STEP_GPUS"))
+    return JobShape(
+        scheduler=Scheduler.SLURM,
+        mode=mode,
+        job=f"{job_id}.{step_id}",
+        nnodes=len(nodes),
+        node_index=node_index,
+        nodes=tuple(nodes),
+        node_name=name,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=ntasks,
+        local_world_size=local_size,
+        job_id=job_id,
+        step_id=step_id,
+        gpus_on_node=gpus_on_node,
+        job_gpus=_ids(environ, "SLURM_JOB_GPUS"),
+        step_gpus=_ids(environ, "SLURM_STEP_GPUS"),
+    )
 
 
 def parse_leaf_switches(text: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ def stat(pid: int) -> tuple[int, bytes] | None:
             s = f.read()
     except OSError:
         return None
-    rest = s[s.rindex(b")") + 2:].split()
+    rest = s[s.rindex(b")") + 2 :].split()
     return int(rest[1]), rest[19]
 
 

@@ -24,7 +24,9 @@ def resolve(host: str, *, flag: str | None, timeout: float = RESOLVE_TIMEOUT_S) 
 
     def look_up() -> None:
         try:
-            result.append(tuple(dict.fromkeys(str(a[4][0]) for a in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))))
+            result.append(
+                tuple(dict.fromkeys(str(a[4][0]) for a in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
+            )
         except (OSError, UnicodeError) as e:
             result.append(getattr(e, "strerror", None) or str(e))
 
@@ -34,8 +36,9 @@ def resolve(host: str, *, flag: str | None, timeout: float = RESOLVE_TIMEOUT_S) 
     why = result[0] if result else f"the name did not resolve within {timeout:.0f} s"
     if isinstance(why, tuple) or flag is None:
         return () if isinstance(why, str) else why
-    raise UsageError(f"bad {flag} {host!r}: {why}; expected a name that resolves on this node (DNS or /etc/hosts) "
-                     "or an IP address")
+    raise UsageError(
+        f"bad {flag} {host!r}: {why}; expected a name that resolves on this node (DNS or /etc/hosts) or an IP address"
+    )
 
 
 def route_address(host: str, port: int, *, zone: bool = False) -> str | None:
@@ -55,8 +58,9 @@ def route_address(host: str, port: int, *, zone: bool = False) -> str | None:
 def sockaddr(host: str, port: int) -> tuple[int, tuple[object, ...]]:
     """(family, address) to bind or connect to ``host``:``port``: a scoped link-local address (``fe80::1%eth0``)
     keeps its scope, which ``socket.bind((host, port))`` drops (and the kernel then refuses with EINVAL)."""
-    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
-                                               if ip_address(host) is not None else 0)[0]
+    family, _, _, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST if ip_address(host) is not None else 0
+    )[0]
     return int(family), tuple(addr)
 
 
@@ -64,8 +68,12 @@ def own_addresses() -> dict[str, str]:
     """This host's interface addresses (IPv4 and IPv6, zone removed) -> interface name."""
     import psutil
 
-    return {a.address.partition("%")[0]: name for name, addrs in psutil.net_if_addrs().items() for a in addrs
-            if a.family in (socket.AF_INET, socket.AF_INET6)}
+    return {
+        a.address.partition("%")[0]: name
+        for name, addrs in psutil.net_if_addrs().items()
+        for a in addrs
+        if a.family in (socket.AF_INET, socket.AF_INET6)
+    }
 
 
 def accepts(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -77,8 +85,9 @@ def accepts(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def await_endpoint(host: str, port: int, seconds: float, source: str | None = None,
-                   give_up: Callable[[], bool] = lambda: False) -> bool:
+def await_endpoint(
+    host: str, port: int, seconds: float, source: str | None = None, give_up: Callable[[], bool] = lambda: False
+) -> bool:
     """Wait quietly (torch's store client retries in C++ and logs each try) until host:port accepts
     connections; after ``seconds`` or ``give_up()``: False, or with ``source`` (what ``seconds`` come
     from) a one-line :class:`UsageError`."""
@@ -89,7 +98,8 @@ def await_endpoint(host: str, port: int, seconds: float, source: str | None = No
                 return False
             raise UsageError(
                 f"bad rendezvous endpoint {host_port(host, port)!r}: nothing accepted a connection there within "
-                f"{seconds:.0f} s ({source}); expected node rank 0's numarun running and that address reachable from here"
+                f"{seconds:.0f} s ({source}); expected node rank 0's numarun running and that address reachable from "
+                "here"
             )
         time.sleep(0.5)
     return True
@@ -104,8 +114,15 @@ def usable(addr: str) -> bool:
     return bool((ip := ip_address(addr)) and not (ip.is_loopback or ip.is_link_local or ip.is_unspecified))
 
 
-def choose(*, multi_node: bool, endpoint: str, endpoint_addrs: Sequence[str], own: Mapping[str, str],
-           route: str | None, prefer: Sequence[str] = ()) -> str | None:
+def choose(
+    *,
+    multi_node: bool,
+    endpoint: str,
+    endpoint_addrs: Sequence[str],
+    own: Mapping[str, str],
+    route: str | None,
+    prefer: Sequence[str] = (),
+) -> str | None:
     """What this node's workers and the other nodes connect to (pure): loopback for one node or an endpoint
     written as loopback; else an address of ``own`` neither loopback nor link-local, in the endpoint's
     family: ``route``, else one on a ``prefer`` interface (the plan's NICs), else the first; else None."""
@@ -133,17 +150,34 @@ class Addressing:
     env: tuple[tuple[str, str], ...] = ()
 
 
-def addressing(*, multi_node: bool, backend: str, endpoint: tuple[str, int], flag: str, node_rank: int = 0,
-               given_local_addr: str | None = None, given_is_host: bool | None = None,
-               prefer: Sequence[str] = ()) -> Addressing:
+def addressing(
+    *,
+    multi_node: bool,
+    backend: str,
+    endpoint: tuple[str, int],
+    flag: str,
+    node_rank: int = 0,
+    given_local_addr: str | None = None,
+    given_is_host: bool | None = None,
+    prefer: Sequence[str] = (),
+) -> Addressing:
     """The rule applied to one node; the endpoint must resolve (:func:`resolve`, naming ``flag``). Whether
     the node hosts the store comes from its interfaces, not from what its hostname resolves to."""
     host, port = endpoint
     addrs = () if host == "localhost" else resolve(host, flag=flag)
     own = own_addresses()
-    mine = resolve(given_local_addr, flag="--local-addr")[0] if given_local_addr else choose(
-        multi_node=multi_node, endpoint=host, endpoint_addrs=addrs, own=own, prefer=prefer,
-        route=route_address(addrs[0], port) if multi_node and addrs else None)
+    mine = (
+        resolve(given_local_addr, flag="--local-addr")[0]
+        if given_local_addr
+        else choose(
+            multi_node=multi_node,
+            endpoint=host,
+            endpoint_addrs=addrs,
+            own=own,
+            prefer=prefer,
+            route=route_address(addrs[0], port) if multi_node and addrs else None,
+        )
+    )
     is_host = given_is_host
     if backend == "static":
         hosts = node_rank == 0
@@ -164,5 +198,9 @@ def host_view(endpoint: str | None = None) -> tuple[str, tuple[str, ...], dict[s
     advertises toward ``endpoint``), for the doctor."""
     own = own_addresses()
     route = route_address(endpoint, 0) if endpoint else None
-    return (socket.gethostname(), resolve(socket.gethostname(), flag=None, timeout=5.0), own,
-            choose(multi_node=True, endpoint=endpoint or "", endpoint_addrs=(), own=own, route=route))
+    return (
+        socket.gethostname(),
+        resolve(socket.gethostname(), flag=None, timeout=5.0),
+        own,
+        choose(multi_node=True, endpoint=endpoint or "", endpoint_addrs=(), own=own, route=route),
+    )

@@ -67,8 +67,11 @@ def kills(root: Path = Path("/")) -> Kills:
     """The counts now: this process's (and so its workers') innermost v2 and v1 memory cgroup, the host."""
     read, dirs = _reader(root)
     vmstat = read("/proc/vmstat")
-    found = [cgroup_read(dirs, {2: ("memory.events",)}, read), cgroup_read(dirs, {1: ("memory.oom_control",)}, read),
-             ("/proc/vmstat", vmstat) if vmstat else None]
+    found = [
+        cgroup_read(dirs, {2: ("memory.events",)}, read),
+        cgroup_read(dirs, {1: ("memory.oom_control",)}, read),
+        ("/proc/vmstat", vmstat) if vmstat else None,
+    ]
     return Kills(tuple((hit[0], n) for hit in found if hit and (n := _field(hit[1], "oom_kill")) is not None))
 
 
@@ -76,8 +79,15 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def explain(before: Kills, pid: int, *, signum: int, root: Path = Path("/"), environ: Mapping[str, str] | None = None,
-            kernel_log: str | None = None) -> str:
+def explain(
+    before: Kills,
+    pid: int,
+    *,
+    signum: int,
+    root: Path = Path("/"),
+    environ: Mapping[str, str] | None = None,
+    kernel_log: str | None = None,
+) -> str:
     """``: out of memory (limit, where it was read, what was used, the count that rose)`` for a rank killed
     by ``signum`` when a kill count rose since ``before``, else ''. ``kernel_log``: default /dev/kmsg's."""
     if signum != signal.SIGKILL:
@@ -89,8 +99,9 @@ def explain(before: Kills, pid: int, *, signum: int, root: Path = Path("/"), env
         return ""
     total = re.search(r"^MemTotal:\s+(\d+) kB", read("/proc/meminfo") or "", re.M)
     host = int(total.group(1)) << 10 if total else _UNLIMITED
-    limits = [(int(t), v, d) for v, d in dirs if (t := (read(f"{d}/{_LIMIT[v]}") or "").strip()).isdigit()
-              and int(t) < host]
+    limits = [
+        (int(t), v, d) for v, d in dirs if (t := (read(f"{d}/{_LIMIT[v]}") or "").strip()).isdigit() and int(t) < host
+    ]
     facts, used = [], []
     if limits:
         limit, v, d = min(limits)
@@ -124,10 +135,17 @@ def in_pid_namespace(root: Path = Path("/")) -> bool:
 def _held(log: str, pid: int, *, since_us: int, pid_namespace: bool) -> tuple[int | None, str]:
     """(KiB the rank held, how the line was matched) from the log's "Killed process" lines (``[USEC;]TEXT``):
     the line of ``pid``; in a PID namespace, the one line since ``since_us`` (the kernel names the host's pid)."""
-    lines = [(int(stamp) if ok else None, text) for line in log.splitlines() if line.strip()
-             for stamp, ok, text in [_stamped(line)]]
-    found = [(int(m.group(1)), sum(int(x) for x in m.groups()[1:])) for when, text in lines
-             if (m := _KILLED.search(text)) and (when is None or when >= since_us)]
+    lines = [
+        (int(stamp) if ok else None, text)
+        for line in log.splitlines()
+        if line.strip()
+        for stamp, ok, text in [_stamped(line)]
+    ]
+    found = [
+        (int(m.group(1)), sum(int(x) for x in m.groups()[1:]))
+        for when, text in lines
+        if (m := _KILLED.search(text)) and (when is None or when >= since_us)
+    ]
     mine = [kib for killed, kib in found if killed == pid]
     if mine:
         return mine[-1], ""

@@ -31,7 +31,15 @@ from ..plan.model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 from ..plan.options import parse_nproc
 from . import hangs
 
-NOT_LAUNCH = ("help", "module", "no_python", "run_path", "virtual_local_rank", "training_script", "training_script_args")
+NOT_LAUNCH = (
+    "help",
+    "module",
+    "no_python",
+    "run_path",
+    "virtual_local_rank",
+    "training_script",
+    "training_script_args",
+)
 """torchrun's options that choose the program, not the launch."""
 
 
@@ -72,7 +80,8 @@ class Option:
         return self.env or ("PET_" if self.owner != "numarun" else "NUMARUN_") + self.dest.upper()
 
     def read(self, raw: object, where: str) -> Any:
-        """``raw`` (a variable's text, a config value) as the option's type; one line naming ``where`` if it is not one."""
+        """``raw`` (a variable's text, a config value) as the option's type; one line naming ``where`` if it is not
+        one."""
         if self.switch:
             text = str(raw).strip()
             if not isinstance(raw, bool) and not text.lstrip("-").isdigit():  # torchrun's check_env: bool(int(...))
@@ -85,7 +94,7 @@ class Option:
         except (argparse.ArgumentTypeError, UsageError, TypeError, ValueError) as e:
             msg = str(e)
             kind = {int: "an integer", float: "a number"}.get(self.parse, f"a value {self.flag} takes")  # type: ignore[call-overload]
-            expected = msg[msg.index("expected"):] if "expected" in msg else f"expected {kind}"
+            expected = msg[msg.index("expected") :] if "expected" in msg else f"expected {kind}"
             raise UsageError(f"bad {where} {str(raw)!r}: {expected}") from None
 
     def argtype(self, text: str) -> Any:
@@ -105,45 +114,114 @@ def _choices(kind: type[enum.Enum]) -> str:
 
 
 DECLARED: tuple[Option, ...] = (
-    Option("topology", ("--topology",), env=envvars.TOPOLOGY, metavar="PATH", per_rank=True, planning=True,
-           default_text="this machine",
-           help="topology source: a machine root holding sys/ and proc/, a 'numarun topo --json' snapshot, "
-           "hwloc XML, or saved 'nvidia-smi topo -m' text"),
-    Option("nproc_per_node", ("--nproc-per-node", "--nproc_per_node"), env="PET_NPROC_PER_NODE", parse=parse_nproc,
-           config=int, per_rank=True,
-           planning=True, metavar="N", default_text="one per visible GPU, or 1 without GPUs",
-           help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu"),
+    Option(
+        "topology",
+        ("--topology",),
+        env=envvars.TOPOLOGY,
+        metavar="PATH",
+        per_rank=True,
+        planning=True,
+        default_text="this machine",
+        help="topology source: a machine root holding sys/ and proc/, a 'numarun topo --json' snapshot, "
+        "hwloc XML, or saved 'nvidia-smi topo -m' text",
+    ),
+    Option(
+        "nproc_per_node",
+        ("--nproc-per-node", "--nproc_per_node"),
+        env="PET_NPROC_PER_NODE",
+        parse=parse_nproc,
+        config=int,
+        per_rank=True,
+        planning=True,
+        metavar="N",
+        default_text="one per visible GPU, or 1 without GPUs",
+        help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu",
+    ),
     Option("nnodes", config=int, per_rank=True),
     Option("node_rank", config=int, per_rank=True),
-    Option("binding", ("--binding", "--numa-binding", "--numa_binding"), default=PlanRequest.binding,
-           parse=argtypes.choice(BindingMode, "--binding"), config=str, per_rank=True, planning=True, metavar="MODE",
-           help=f"CPU binding: {_choices(BindingMode)}"),
-    Option("mem_policy", ("--mem-policy",), default=PlanRequest.mem_policy, parse=argtypes.choice(MemPolicy, "--mem-policy"),
-           config=str, per_rank=True, planning=True, metavar="POLICY", help=f"memory policy per rank: {_choices(MemPolicy)}"),
-    Option("nic_policy", ("--nic-policy",), default=PlanRequest.nic_policy, parse=argtypes.choice(NicPolicy, "--nic-policy"),
-           config=str, per_rank=True, planning=True, metavar="POLICY",
-           help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank; "
-           "'per-rank' = each rank's closest NIC only"),
+    Option(
+        "binding",
+        ("--binding", "--numa-binding", "--numa_binding"),
+        default=PlanRequest.binding,
+        parse=argtypes.choice(BindingMode, "--binding"),
+        config=str,
+        per_rank=True,
+        planning=True,
+        metavar="MODE",
+        help=f"CPU binding: {_choices(BindingMode)}",
+    ),
+    Option(
+        "mem_policy",
+        ("--mem-policy",),
+        default=PlanRequest.mem_policy,
+        parse=argtypes.choice(MemPolicy, "--mem-policy"),
+        config=str,
+        per_rank=True,
+        planning=True,
+        metavar="POLICY",
+        help=f"memory policy per rank: {_choices(MemPolicy)}",
+    ),
+    Option(
+        "nic_policy",
+        ("--nic-policy",),
+        default=PlanRequest.nic_policy,
+        parse=argtypes.choice(NicPolicy, "--nic-policy"),
+        config=str,
+        per_rank=True,
+        planning=True,
+        metavar="POLICY",
+        help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank; "
+        "'per-rank' = each rank's closest NIC only",
+    ),
     # read by numarun.plan.layout.parse_mesh where the plan is made, so that a bad value names its source
-    Option("mesh", ("--mesh",), config=str, per_rank=True, planning=True, metavar="SPEC", default_text="none",
-           help="parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names pp, dp_replicate, dp_shard, cp, "
-           "tp; -1: the rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
-           "dp_shard's and dp_replicate's (docs/layouts.md)"),
+    Option(
+        "mesh",
+        ("--mesh",),
+        config=str,
+        per_rank=True,
+        planning=True,
+        metavar="SPEC",
+        default_text="none",
+        help="parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names pp, dp_replicate, dp_shard, cp, "
+        "tp; -1: the rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
+        "dp_shard's and dp_replicate's (docs/layouts.md)",
+    ),
     Option("master_addr", config=str, per_rank=True, job_env="MASTER_ADDR"),
     Option("master_port", parse=argtypes.port("--master-port"), config=int, per_rank=True, job_env="MASTER_PORT"),
     Option("rdzv_backend"),
     Option("rdzv_endpoint", config=str),
     Option("rdzv_id", config=str),
     Option("standalone", per_rank=True),
-    Option("strict_binding", ("--strict-binding",), default=False, switch=True, config=bool, per_rank=True,
-           help=f"a rank whose binding cannot be applied fails instead of running unbound (sets {envvars.STRICT_BINDING}=1)"),
-    Option("hang_timeout", ("--hang-timeout",), default=hangs.DEFAULT_TIMEOUT_S, parse=hangs.parse_hang_timeout,
-           config=float, metavar="SECONDS",
-           help="print the roll-call of every rank when no rank entered or left a torch.distributed collective or "
-           "took an optimizer step for this long while a rank's stack stood still (0: off)"),
-    Option("on_hang", ("--on-hang",), default=hangs.OnHang.REPORT, parse=argtypes.choice(hangs.OnHang, "--on-hang"),
-           config=str, metavar="ACTION",
-           help=f"after the roll-call: report (keep running) or stop (end the job, exit code {hangs.EXIT_HANG})"),
+    Option(
+        "strict_binding",
+        ("--strict-binding",),
+        default=False,
+        switch=True,
+        config=bool,
+        per_rank=True,
+        help=(
+            f"a rank whose binding cannot be applied fails instead of running unbound (sets {envvars.STRICT_BINDING}=1)"
+        ),
+    ),
+    Option(
+        "hang_timeout",
+        ("--hang-timeout",),
+        default=hangs.DEFAULT_TIMEOUT_S,
+        parse=hangs.parse_hang_timeout,
+        config=float,
+        metavar="SECONDS",
+        help="print the roll-call of every rank when no rank entered or left a torch.distributed collective or "
+        "took an optimizer step for this long while a rank's stack stood still (0: off)",
+    ),
+    Option(
+        "on_hang",
+        ("--on-hang",),
+        default=hangs.OnHang.REPORT,
+        parse=argtypes.choice(hangs.OnHang, "--on-hang"),
+        config=str,
+        metavar="ACTION",
+        help=f"after the roll-call: report (keep running) or stop (end the job, exit code {hangs.EXIT_HANG})",
+    ),
 )
 """numarun's launch options, and the torchrun options numarun gives more (no flags: torchrun's own), in the order
 ``--show-sources`` lists them."""
@@ -171,12 +249,21 @@ def _table() -> dict[str, Option]:
             continue
         kind = {"int": int, "float": float}.get(r["type"] or "")
         default = kind(r["default"]) if kind and isinstance(r["default"], str) else r["default"]  # as argparse does
-        torch = Option(r["dest"], tuple(r["flags"]), default, kind, r["help"] or "", r["metavar"], r["nargs"] == 0,
-                       owner=owner())
+        torch = Option(
+            r["dest"], tuple(r["flags"]), default, kind, r["help"] or "", r["metavar"], r["nargs"] == 0, owner=owner()
+        )
         own = declared.get(r["dest"])
         if own is not None and not own.flags:  # adopted: torchrun's flags and default, numarun's additions
-            torch = dataclasses.replace(own, flags=torch.flags, default=torch.default, parse=own.parse or kind,
-                                        help=torch.help, metavar=torch.metavar, switch=torch.switch, owner=torch.owner)
+            torch = dataclasses.replace(
+                own,
+                flags=torch.flags,
+                default=torch.default,
+                parse=own.parse or kind,
+                help=torch.help,
+                metavar=torch.metavar,
+                switch=torch.switch,
+                owner=torch.owner,
+            )
         table[r["dest"]] = torch
     table.update((o.dest, o) for o in DECLARED if o.flags)
     return table
@@ -196,8 +283,13 @@ class Spelled(argparse.Action):
     """Stores the value and the flag as typed (``--nodes`` for ``--nnodes``), so that a value refused later names
     the spelling the user wrote."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, values)
         spelled = {**getattr(namespace, "spelled", {}), self.dest: option_string or self.option_strings[0]}
         namespace.spelled = spelled
@@ -216,14 +308,29 @@ def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group:
             action.default = argparse.SUPPRESS
             action.type = o.argtype if o.parse is not None else action.type
         elif o.switch:
-            where.add_argument(*o.flags, dest=o.dest, action="store_true", default=argparse.SUPPRESS,
-                               help=o.help_text() if o.owner == "numarun" else o.help)
+            where.add_argument(
+                *o.flags,
+                dest=o.dest,
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help=o.help_text() if o.owner == "numarun" else o.help,
+            )
         else:
-            where.add_argument(*o.flags, dest=o.dest, type=o.argtype, default=argparse.SUPPRESS, metavar=o.metavar,
-                               action=Spelled, help=o.help_text() if o.owner == "numarun" else o.help)
+            where.add_argument(
+                *o.flags,
+                dest=o.dest,
+                type=o.argtype,
+                default=argparse.SUPPRESS,
+                metavar=o.metavar,
+                action=Spelled,
+                help=o.help_text() if o.owner == "numarun" else o.help,
+            )
     if "show_sources" not in present:
-        parser.add_argument("--show-sources", action="store_true",
-                            help="also print each launch option with its value and source (on stderr)")
+        parser.add_argument(
+            "--show-sources",
+            action="store_true",
+            help="also print each launch option with its value and source (on stderr)",
+        )
     parser.set_defaults(launch_options=(*(parser.get_default("launch_options") or ()), *options))
 
 
@@ -264,7 +371,9 @@ class Options:
         """With ``settings`` in their place in the precedence; from the same source, the newer or the older wins."""
         merged = dict(self.settings)
         for dest, s in settings:
-            merged[dest] = (resolve(s, merged[dest]) if newer_wins else resolve(merged[dest], s)) if dest in merged else s
+            merged[dest] = (
+                (resolve(s, merged[dest]) if newer_wins else resolve(merged[dest], s)) if dest in merged else s
+            )
         return dataclasses.replace(self, settings=merged)
 
     def flags(self, *sources: Source, leave_out: Iterable[str] = ()) -> list[str]:
@@ -280,15 +389,21 @@ class Options:
     def with_config(self, launcher: Mapping[str, Any], prefix: str = "launcher") -> Options:
         """With a job config's ``launcher`` group (None: not set there) in its place in the precedence;
         ``prefix``: where the values are (``hydra.launcher`` for a sweep launcher's own)."""
-        given = [(f.dest, Setting(f.read(value, f"{prefix}.{f.dest}"), Source.CONFIG, f"{prefix}.{f.dest}"))
-                 for f in self.fields if f.config is not None and (value := launcher.get(f.dest)) is not None]
+        given = [
+            (f.dest, Setting(f.read(value, f"{prefix}.{f.dest}"), Source.CONFIG, f"{prefix}.{f.dest}"))
+            for f in self.fields
+            if f.config is not None and (value := launcher.get(f.dest)) is not None
+        ]
         return self._with(given, newer_wins=True)
 
     def with_job_env(self, environ: Mapping[str, str]) -> Options:
         """Inside a job numarun found: the scheduler's variables its options read (``MASTER_ADDR``, ``MASTER_PORT``),
         below numarun's and torchrun's own (``PET_MASTER_ADDR``)."""
-        given = [(f.dest, Setting(f.read(text, f.job_env), Source.ENVIRONMENT, f.job_env))
-                 for f in self.fields if f.job_env and (text := environ.get(f.job_env, "").strip())]
+        given = [
+            (f.dest, Setting(f.read(text, f.job_env), Source.ENVIRONMENT, f.job_env))
+            for f in self.fields
+            if f.job_env and (text := environ.get(f.job_env, "").strip())
+        ]
         return self._with(given, newer_wins=False)
 
     def with_job(self, values: Mapping[str, Any], job: str) -> Options:
@@ -302,21 +417,39 @@ class Options:
 
     def with_defaults(self, owner: str, **values: Any) -> Options:
         """A command's own defaults in place of the declared ones (``numarun bench`` runs 2 ranks)."""
-        return dataclasses.replace(self, settings={**self.settings, **{
-            d: Setting(v, Source.DEFAULT, owner) for d, v in values.items() if self.settings[d].source is Source.DEFAULT}})
+        return dataclasses.replace(
+            self,
+            settings={
+                **self.settings,
+                **{
+                    d: Setting(v, Source.DEFAULT, owner)
+                    for d, v in values.items()
+                    if self.settings[d].source is Source.DEFAULT
+                },
+            },
+        )
 
     def describe(self) -> str:
         """``# options`` and a line per declared option and per stated one, e.g.
         ``#   binding          node             job config (launcher.binding)``."""
         order = [o.dest for o in DECLARED]
-        rows = sorted(((d, s) for d, s in self.settings.items() if d in order or s.source > Source.DEFAULT),
-                      key=lambda r: order.index(r[0]) if r[0] in order else len(order))
-        return "# options (value, source):\n" + "".join(f"#   {d:<16} {_text(s.value):<16} {s.source} ({s.where})\n"
-                                                         for d, s in rows)
+        rows = sorted(
+            ((d, s) for d, s in self.settings.items() if d in order or s.source > Source.DEFAULT),
+            key=lambda r: order.index(r[0]) if r[0] in order else len(order),
+        )
+        return "# options (value, source):\n" + "".join(
+            f"#   {d:<16} {_text(s.value):<16} {s.source} ({s.where})\n" for d, s in rows
+        )
 
 
 def _text(value: Any) -> str:
-    return "(none)" if value is None else "''" if value == "" else str(value.value if isinstance(value, enum.Enum) else value)
+    return (
+        "(none)"
+        if value is None
+        else "''"
+        if value == ""
+        else str(value.value if isinstance(value, enum.Enum) else value)
+    )
 
 
 def _from(fields: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[str, str]) -> Options:
@@ -333,7 +466,8 @@ def _from(fields: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[s
 
 
 def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Options:
-    """The options of a command whose parser :func:`add_options` set up: the command line, the environment, the defaults."""
+    """The options of a command whose parser :func:`add_options` set up: the command line, the environment, the
+    defaults."""
     return _from(vars(args)["launch_options"], vars(args), environ)
 
 

@@ -90,8 +90,12 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
             return answer["hosts"], answer["now"]
         dual = socket.has_dualstack_ipv6()
         hosts = [host] + [""] * (world_size - 1)
-        with socket.create_server(("", port), family=socket.AF_INET6 if dual else socket.AF_INET, dualstack_ipv6=dual,
-                                  backlog=min(world_size, 4096)) as server:
+        with socket.create_server(
+            ("", port),
+            family=socket.AF_INET6 if dual else socket.AF_INET,
+            dualstack_ipv6=dual,
+            backlog=min(world_size, 4096),
+        ) as server:
             files: list[tuple[socket.socket, io.TextIOWrapper]] = []
             while len(files) < world_size - 1:
                 server.settimeout(max(0.1, deadline - time.monotonic()))
@@ -113,5 +117,7 @@ def _exchange(addr: str, port: int, *, rank: int, world_size: int, host: str, no
                     f.flush()
         return hosts, now
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"the ranks could not agree through {addr}:{port} within {AGREE_TIMEOUT_S:.0f} s ({e}); expected "
-                         "every rank of the job started and rank 0's MASTER_ADDR:MASTER_PORT reachable from each") from None
+        raise UsageError(
+            f"the ranks could not agree through {addr}:{port} within {AGREE_TIMEOUT_S:.0f} s ({e}); expected "
+            "every rank of the job started and rank 0's MASTER_ADDR:MASTER_PORT reachable from each"
+        ) from None

@@ -25,8 +25,22 @@ from pathlib import Path
 from ..cpuset import format_list
 from ..worker.progress import COLLECTIVES
 
-WRAPPERS = frozenset({"wrapper", "inner", "_fn", "wrapped", "_wrapper", "wrapped_fn", "decorate_context",
-                      "_call_impl", "_wrapped_call_impl", "collective", "_exception_logger", "_time_logger"})
+WRAPPERS = frozenset(
+    {
+        "wrapper",
+        "inner",
+        "_fn",
+        "wrapped",
+        "_wrapper",
+        "wrapped_fn",
+        "decorate_context",
+        "_call_impl",
+        "_wrapped_call_impl",
+        "collective",
+        "_exception_logger",
+        "_time_logger",
+    }
+)
 """Function names of decorators' wrappers: the call a rank is in is the function they wrap."""
 NUMARUN_DIR = str(Path(__file__).resolve().parent.parent)
 _OWN_PLUMBING = (os.path.join(NUMARUN_DIR, "worker"), os.path.join(NUMARUN_DIR, "launch"))
@@ -68,7 +82,8 @@ class Stand:
         return bool(self.inside) or (self.package.startswith("torch.distributed") and self.call in _COLLECTIVE_NAMES)
 
     def place(self) -> str:
-        """``at train.py:20 in all_reduce (torch.distributed)``, ``at train.py:9 in load_batch``, ``has exited (code 0)``."""
+        """``at train.py:20 in all_reduce (torch.distributed)``, ``at train.py:9 in load_batch``, ``has exited (code
+        0)``."""
         if self.state == "exited":
             return "has exited" + (f" (code {self.exit_code})" if self.exit_code is not None else "")
         if self.state == "silent" or not self.where:
@@ -100,18 +115,19 @@ def is_library(path: str, roots: Sequence[str]) -> bool:
 
 
 def package_of(path: str, roots: Sequence[str]) -> str:
-    """``torch.distributed`` for ``.../site-packages/torch/distributed/distributed_c10d.py``; ``threading`` for the stdlib's."""
+    """``torch.distributed`` for ``.../site-packages/torch/distributed/distributed_c10d.py``; ``threading`` for the
+    stdlib's."""
     real = os.path.realpath(path) if os.path.isabs(path) else path
     parts = Path(real).parts
     for marker in ("site-packages", "dist-packages"):
         if marker in parts:
-            rel = list(parts[len(parts) - parts[::-1].index(marker):])
+            rel = list(parts[len(parts) - parts[::-1].index(marker) :])
             break
     else:
         root = next((r for r in roots if real.startswith(r + os.sep)), None)
         if root is None:
             return Path(path).stem
-        rel = list(Path(real[len(root) + 1:]).parts)
+        rel = list(Path(real[len(root) + 1 :]).parts)
         if root == NUMARUN_DIR:
             rel = ["numarun", *rel]
     if not rel:
@@ -258,7 +274,9 @@ def lines(stands: Sequence[Stand], *, multi_node: bool = False) -> list[str]:
         out.append(f"=> the ranks stand in {len(found)} places, none where most are")
     elif odd:
         many = len(odd) > 1
-        out.append(f"=> {'ranks' if many else 'rank'} {format_ranks(odd)} {'are' if many else 'is'} not where the others are")
+        out.append(
+            f"=> {'ranks' if many else 'rank'} {format_ranks(odd)} {'are' if many else 'is'} not where the others are"
+        )
     elif found and len(stands) > 1:
         out.append("=> every rank stands in the same place")
     return out

@@ -42,23 +42,29 @@ class Phase(enum.Enum):
 
 class Act(enum.Enum):
     END = "the main thread raises the target's error: one line, exit 128+N (nothing to stop)"
-    STOP = ("the target stops what runs: torchrun's shutdown (torch's signal exception in the main thread, as "
-            "torchrun's own handler raises it), or SIGTERM to a sweep's jobs and SIGKILL after a grace")
-    AGAIN = ("a death signal after the first: the target's stop again (a sweep kills its jobs at once; torchrun's "
-             "shutdown goes on)")
+    STOP = (
+        "the target stops what runs: torchrun's shutdown (torch's signal exception in the main thread, as "
+        "torchrun's own handler raises it), or SIGTERM to a sweep's jobs and SIGKILL after a grace"
+    )
+    AGAIN = (
+        "a death signal after the first: the target's stop again (a sweep kills its jobs at once; torchrun's "
+        "shutdown goes on)"
+    )
     HOLD = "kept for the workers of the next job (the supervisor notes them in the ledger)"
-    FORWARD = "the target passes it on: to the live workers (and the ledger, for those yet to start), the jobs, the child"
+    FORWARD = (
+        "the target passes it on: to the live workers (and the ledger, for those yet to start), the jobs, the child"
+    )
 
 
 ON_SIGNAL: Mapping[Phase, tuple[Act, Act]] = {
     # phase:          (a death signal, SIGUSR1/SIGUSR2)
-    Phase.STARTING:   (Act.END, Act.HOLD),
+    Phase.STARTING: (Act.END, Act.HOLD),
     Phase.RENDEZVOUS: (Act.STOP, Act.FORWARD),  # torch may wait in C++: the supervisor ends the run after a grace
-    Phase.RUNNING:    (Act.STOP, Act.FORWARD),
-    Phase.STOPPING:   (Act.AGAIN, Act.FORWARD),
-    Phase.JOBS:       (Act.STOP, Act.FORWARD),
-    Phase.BETWEEN:    (Act.END, Act.HOLD),
-    Phase.RELAYING:   (Act.FORWARD, Act.FORWARD),
+    Phase.RUNNING: (Act.STOP, Act.FORWARD),
+    Phase.STOPPING: (Act.AGAIN, Act.FORWARD),
+    Phase.JOBS: (Act.STOP, Act.FORWARD),
+    Phase.BETWEEN: (Act.END, Act.HOLD),
+    Phase.RELAYING: (Act.FORWARD, Act.FORWARD),
 }
 
 DEATH = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -270,7 +276,8 @@ class Requests:
 class Relay:
     """A relay's target: runs numarun as a child and passes it the signals this process gets (:data:`RELAYED`),
     each held until the child says its handlers are in place (sent at once, it would kill a Python still
-    starting). ``reap_all`` (PID 1): every child that ends is reaped, as init's are. Made first thing: nothing is lost."""
+    starting). ``reap_all`` (PID 1): every child that ends is reaped, as init's are. Made first thing: nothing is
+    lost."""
 
     def __init__(self, *, reap_all: bool = False) -> None:
         self.reap_all = reap_all
@@ -303,8 +310,9 @@ class Relay:
         """The child's exit code (128+N when killed by signal N). ``foreground``: the child leads the
         terminal's foreground process group (a Ctrl-C reaches it once, not again through this process)."""
         r, w = os.pipe()
-        child = subprocess.Popen(list(argv), env={**env, READY_FD: str(w)}, pass_fds=(w,),
-                                 preexec_fn=os.setpgrp if foreground else None)
+        child = subprocess.Popen(
+            list(argv), env={**env, READY_FD: str(w)}, pass_fds=(w,), preexec_fn=os.setpgrp if foreground else None
+        )
         os.close(w)
         with self._lock:
             self._child = child

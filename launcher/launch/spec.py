@@ -34,9 +34,29 @@ RDZV_MARGIN_S = 15
 """Added to the rendezvous timeout torch was given before numarun stops waiting for it."""
 
 # torchrun options the spec holds as fields, or that numarun replaces
-_FIELDS = {"nproc_per_node", "numa_binding", "module", "no_python", "training_script", "training_script_args", "help",
-           "nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
-           "local_addr", "standalone", "max_restarts", "signals_to_handle", "shutdown_timeout", "log_dir"}
+_FIELDS = {
+    "nproc_per_node",
+    "numa_binding",
+    "module",
+    "no_python",
+    "training_script",
+    "training_script_args",
+    "help",
+    "nnodes",
+    "node_rank",
+    "rdzv_backend",
+    "rdzv_endpoint",
+    "rdzv_id",
+    "rdzv_conf",
+    "master_addr",
+    "master_port",
+    "local_addr",
+    "standalone",
+    "max_restarts",
+    "signals_to_handle",
+    "shutdown_timeout",
+    "log_dir",
+}
 
 
 @dataclass(frozen=True)
@@ -140,10 +160,14 @@ class LaunchSpec:
         if self.standalone:
             out.append("--standalone")
         for flag, value, default in (
-            ("--rdzv-backend", self.rdzv_backend, "static"), ("--rdzv-endpoint", self.rdzv_endpoint, ""),
-            ("--rdzv-id", self.rdzv_id, "none"), ("--master-addr", self.master_addr, None),
-            ("--master-port", self.master_port, None), ("--local-addr", self.local_addr, None),
-            ("--max-restarts", self.max_restarts, 0), ("--shutdown-timeout", self.shutdown_timeout, None),
+            ("--rdzv-backend", self.rdzv_backend, "static"),
+            ("--rdzv-endpoint", self.rdzv_endpoint, ""),
+            ("--rdzv-id", self.rdzv_id, "none"),
+            ("--master-addr", self.master_addr, None),
+            ("--master-port", self.master_port, None),
+            ("--local-addr", self.local_addr, None),
+            ("--max-restarts", self.max_restarts, 0),
+            ("--shutdown-timeout", self.shutdown_timeout, None),
         ):
             if value is not None and value != default:
                 out.append(f"{flag}={value}")
@@ -164,7 +188,9 @@ def _option_text(value: Any) -> str:
     return str(value)
 
 
-def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()) -> LaunchSpec:
+def launch_spec(
+    options: Mapping[str, Any], *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()
+) -> LaunchSpec:
     """Check every torchrun option in ``options`` once, and build the spec with the address rule applied
     (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). ``options``: dest -> value of
     the options some source stated (:meth:`numarun.launch.options.Options.values`); torchrun's defaults
@@ -192,30 +218,52 @@ def launch_spec(options: Mapping[str, Any], *, nproc_per_node: int, target: Targ
     port = options.get("master_port")
     endpoint = str(options.get("rdzv_endpoint") or "")
     spec = LaunchSpec(
-        target=target, nproc_per_node=nproc_per_node, nnodes=str(options.get("nnodes") or "1:1"),
-        node_rank=int(options.get("node_rank") or 0), rdzv_backend=str(options.get("rdzv_backend") or "static"),
+        target=target,
+        nproc_per_node=nproc_per_node,
+        nnodes=str(options.get("nnodes") or "1:1"),
+        node_rank=int(options.get("node_rank") or 0),
+        rdzv_backend=str(options.get("rdzv_backend") or "static"),
         rdzv_endpoint=host_port(*parse_endpoint(endpoint, "--rdzv-endpoint")) if endpoint else "",
-        rdzv_id=str(options.get("rdzv_id") or "none"), rdzv_conf=tuple(conf.items()), master_addr=host("master_addr"),
-        master_port=int(port) if port is not None else None, local_addr=host("local_addr"),
-        standalone=bool(options.get("standalone")), max_restarts=int(options.get("max_restarts") or 0),
+        rdzv_id=str(options.get("rdzv_id") or "none"),
+        rdzv_conf=tuple(conf.items()),
+        master_addr=host("master_addr"),
+        master_port=int(port) if port is not None else None,
+        local_addr=host("local_addr"),
+        standalone=bool(options.get("standalone")),
+        max_restarts=int(options.get("max_restarts") or 0),
         death_signals=tuple(n.strip() for n in signals.split(",") if n.strip()),
         shutdown_timeout=int(options["shutdown_timeout"]) if options.get("shutdown_timeout") is not None else None,
-        log_dir=str(options["log_dir"]) if options.get("log_dir") else None, passthrough=tuple(passthrough),
+        log_dir=str(options["log_dir"]) if options.get("log_dir") else None,
+        passthrough=tuple(passthrough),
         rdzv_margin_s=rdzv_margin(os.environ),
     )
     from .net import addressing
 
     is_host = conf.get("is_host")
-    a = addressing(multi_node=spec.multi_node, backend=spec.backend, endpoint=spec.endpoint(), node_rank=spec.node_rank,
-                   flag="--master-addr" if spec.backend == "static" else "--rdzv-endpoint", prefer=nics,
-                   given_local_addr=spec.local_addr, given_is_host=None if is_host is None else is_host.lower() in _TRUE)
+    a = addressing(
+        multi_node=spec.multi_node,
+        backend=spec.backend,
+        endpoint=spec.endpoint(),
+        node_rank=spec.node_rank,
+        flag="--master-addr" if spec.backend == "static" else "--rdzv-endpoint",
+        prefer=nics,
+        given_local_addr=spec.local_addr,
+        given_is_host=None if is_host is None else is_host.lower() in _TRUE,
+    )
     advertise = not spec.multi_node or spec.backend != "static"  # static: torchrun ignores --local-addr
     if advertise and a.local_addr is None:
-        raise UsageError("no address for the other nodes to reach (only loopback or link-local); expected --local-addr ADDR")
+        raise UsageError(
+            "no address for the other nodes to reach (only loopback or link-local); expected --local-addr ADDR"
+        )
     if a.is_host is not None and is_host is None:
         conf["is_host"] = "true" if a.is_host else "false"
-    return dataclasses.replace(spec, local_addr=a.local_addr if advertise else spec.local_addr,
-                               rdzv_conf=tuple(conf.items()), hosts_store=a.hosts_store, env=a.env)
+    return dataclasses.replace(
+        spec,
+        local_addr=a.local_addr if advertise else spec.local_addr,
+        rdzv_conf=tuple(conf.items()),
+        hosts_store=a.hosts_store,
+        env=a.env,
+    )
 
 
 def rdzv_margin(environ: Mapping[str, str]) -> int:

@@ -182,8 +182,11 @@ class Supervisor:
             log.warning("got %s: the workers get it when they start", signal.Signals(signum).name)
             return
         sent = ledger.forward(self.private_dir, signum, {c.pid for c in psutil.Process().children()})
-        log.warning("got %s: sending it to %d worker(s) (workers yet to start get it when they do)",
-                    signal.Signals(signum).name, len(sent))
+        log.warning(
+            "got %s: sending it to %d worker(s) (workers yet to start get it when they do)",
+            signal.Signals(signum).name,
+            len(sent),
+        )
 
     def _tick(self, now: float) -> None:
         """The loop's periodic check: the phase (workers alive or not), the rendezvous deadline (the first, and
@@ -210,9 +213,12 @@ class Supervisor:
         if now - job.idle_since >= job.deadline_s:
             groups = [g for _, g in ledger.workers(self.private_dir).values()]
             which = f"the rendezvous after restart {max(groups) + 1}" if groups else "the rendezvous"
-            self.die(1, f"{which} did not complete within {job.deadline_s} s ({job.source}) at "
-                        f"{job.spec.endpoint_text()!r}; expected every node to join and the rendezvous store at "
-                        "that endpoint (is another program listening on it, or is a node gone?)")
+            self.die(
+                1,
+                f"{which} did not complete within {job.deadline_s} s ({job.source}) at "
+                f"{job.spec.endpoint_text()!r}; expected every node to join and the rendezvous store at "
+                "that endpoint (is another program listening on it, or is a node gone?)",
+            )
         message = job.abort.poll() if job.abort is not None else None
         if message:
             self.die(2, f"{message}; this node stops too")
@@ -235,7 +241,10 @@ class Supervisor:
         # before numarun enters its cage: the cleaner outlives what it ends
         self._cleaner = subprocess.Popen(
             [sys.executable, "-I", "-S", reaper.CLEANER, str(directory), str(os.getpid()), str(reaper.WATCH_S)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self._cage = reaper.enter()
         (directory / reaper.CAGE_FILE).write_text(self._cage.record())
@@ -260,8 +269,14 @@ class Supervisor:
         return path
 
     # ----------------------------------------------------------------- 3. a job
-    def run(self, spec: LaunchSpec, env: Mapping[str, str], *, hang: HangPolicy | None = None,
-            run_dir: os.PathLike[str] | str | None = None) -> None:
+    def run(
+        self,
+        spec: LaunchSpec,
+        env: Mapping[str, str],
+        *,
+        hang: HangPolicy | None = None,
+        run_dir: os.PathLike[str] | str | None = None,
+    ) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
         :class:`RunFailed` (README, "Exit codes" and "Signals"). ``hang``: the watchdog's policy (docs/hangs.md),
         whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
@@ -287,11 +302,22 @@ class Supervisor:
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
         hang = hang or HangPolicy()
-        updates = {**dict(spec.env), **env, **hang.worker_env(), envvars.LAUNCHER_PID: str(os.getpid()),
-                   envvars.STATE_DIR: str(directory)}
+        updates = {
+            **dict(spec.env),
+            **env,
+            **hang.worker_env(),
+            envvars.LAUNCHER_PID: str(os.getpid()),
+            envvars.STATE_DIR: str(directory),
+        }
         self._hang_stop = None
-        self._hangs = HangWatch(hang, directory, keep=keep_dir(run_dir or spec.log_dir), store=spec.store_address(),
-                                request_stop=self._request_stop, hold=self._hold).start()
+        self._hangs = HangWatch(
+            hang,
+            directory,
+            keep=keep_dir(run_dir or spec.log_dir),
+            store=spec.store_address(),
+            request_stop=self._request_stop,
+            hold=self._hold,
+        ).start()
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -303,8 +329,12 @@ class Supervisor:
             parts = []
             for rank in sorted(e.failures):
                 failure = e.failures[rank]
-                how = (f"exited with code {failure.exitcode}" if failure.exitcode >= 0 else
-                       f"was killed by {failure.signal_name()}{oom.explain(kills, failure.pid, signum=-failure.exitcode)}")
+                how = (
+                    f"exited with code {failure.exitcode}"
+                    if failure.exitcode >= 0
+                    else f"was killed by {failure.signal_name()}"
+                    + oom.explain(kills, failure.pid, signum=-failure.exitcode)
+                )
                 cause = torch_private.failure_cause(failure)
                 who = f"rank {rank} (local rank {failure.local_rank}, pid {failure.pid})"
                 parts.append(f"{who} failed: {cause} ({how})" if cause else f"{who} {how}")

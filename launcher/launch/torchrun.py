@@ -2,7 +2,8 @@
 
 ``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` parses torchrun's options as
 torchrun's own parser declares them (read once per torch version: :func:`torchrun_record`, so
-every spelling torchrun accepts is accepted, and help screens need no torch) and adds numarun's. :func:`check_torchrun_options`
+every spelling torchrun accepts is accepted, and help screens need no torch) and adds numarun's.
+:func:`check_torchrun_options`
 refuses, in one line, every value torchrun would only reject later with a traceback, or
 ignore; :mod:`numarun.launch.spec` turns the checked options into the launch spec whose argv
 torchrun runs, with this package's worker bootstrap as its entrypoint::
@@ -76,7 +77,9 @@ def torchrun_record() -> tuple[dict[str, Any], ...]:
         with contextlib.suppress(OSError, ValueError):
             return tuple(json.loads(path.read_text(encoding="utf-8")))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}  # torch's defaults, not the user's
-    r = subprocess.run([sys.executable, "-c", _RECORD], env=env, capture_output=True, text=True, timeout=600, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", _RECORD], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
         raise UsageError(f"cannot read torchrun's options from torch {version}: {why}; expected a working torch >= 2.4")
@@ -103,8 +106,12 @@ def torchrun_parser() -> argparse.ArgumentParser:
         if o["nargs"] == 0:
             kw["action"] = "store_true"
         else:
-            kw.update(nargs=o["nargs"], metavar=o["metavar"], choices=o["choices"],
-                      type={"int": int, "float": float}.get(o["type"] or ""))
+            kw.update(
+                nargs=o["nargs"],
+                metavar=o["metavar"],
+                choices=o["choices"],
+                type={"int": int, "float": float}.get(o["type"] or ""),
+            )
         if o["flags"]:
             parser.add_argument(*o["flags"], dest=o["dest"], required=o["required"], **kw)
         else:
@@ -115,9 +122,12 @@ def torchrun_parser() -> argparse.ArgumentParser:
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """numarun's own ``run`` options, next to torchrun's and the planning ones."""
     group = parser.add_argument_group("numarun")
-    group.add_argument("--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing")
-    group.add_argument("--plan-file", metavar="PATH",
-                       help="use this saved plan ('numarun plan --json' output) instead of planning")
+    group.add_argument(
+        "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
+    )
+    group.add_argument(
+        "--plan-file", metavar="PATH", help="use this saved plan ('numarun plan --json' output) instead of planning"
+    )
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,13 @@ class Target:
 def target_from_args(args: argparse.Namespace) -> Target:
     """The user's program from torchrun's positional/flag options; checks it exists."""
     if getattr(args, "run_path", False):
-        raise UsageError("bad option '--run-path': numarun runs each worker in its own process to bind it; expected it left out")
+        raise UsageError(
+            "bad option '--run-path': numarun runs each worker in its own process to bind it; expected it left out"
+        )
     if getattr(args, "virtual_local_rank", False):
-        raise UsageError("bad option '--virtual-local-rank': every rank would read local rank 0's binding; expected it left out")
+        raise UsageError(
+            "bad option '--virtual-local-rank': every rank would read local rank 0's binding; expected it left out"
+        )
     name = args.training_script
     script_args = tuple(args.training_script_args)
     if args.module and args.no_python:
@@ -149,7 +163,9 @@ def target_from_args(args: argparse.Namespace) -> Target:
         return Target("module", name, script_args)
     if args.no_python:
         if shutil.which(name) is None:
-            raise UsageError(f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one")
+            raise UsageError(
+                f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one"
+            )
         return Target("exec", name, script_args)
     if not os.path.isfile(name):
         raise UsageError(f"bad script {name!r}: no such file; expected a path to a Python script (or -m MODULE)")
@@ -176,17 +192,36 @@ def check_module(name: str) -> None:
 # torch's registered rendezvous backends (torch.distributed.elastic.rendezvous.registry).
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 # --rdzv-conf keys torch's rendezvous backends read, by the type they read them as.
-RDZV_INT_KEYS = ("timeout", "join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
-                 "read_timeout", "keep_alive_interval", "keep_alive_max_attempt")
+RDZV_INT_KEYS = (
+    "timeout",
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "read_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+)
 RDZV_BOOL_KEYS = ("is_host",)
-RDZV_STR_KEYS = ("store_type", "protocol", "cert", "key", "cacert", "ssl_cert", "ssl_cert_key", "ca_cert", "etcd_prefix")
+RDZV_STR_KEYS = (
+    "store_type",
+    "protocol",
+    "cert",
+    "key",
+    "cacert",
+    "ssl_cert",
+    "ssl_cert_key",
+    "ca_cert",
+    "etcd_prefix",
+)
 _BOOL_WORDS = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
 # torch.distributed.elastic.events handlers
 EVENT_LOG_HANDLERS = ("console", "dynamic_rendezvous", "null")
 
 
-def _int_option(options: Mapping[str, Any], dest: str, flag: str, *, low: int, high: int | None = None,
-                cap: int | None = None) -> int | None:
+def _int_option(
+    options: Mapping[str, Any], dest: str, flag: str, *, low: int, high: int | None = None, cap: int | None = None
+) -> int | None:
     value = options.get(dest)
     if value is None:
         return None
@@ -212,7 +247,8 @@ def check_rdzv_conf(conf: str) -> dict[str, str]:
         if key in RDZV_INT_KEYS:
             if not value.isdigit() or not 1 <= int(value) <= MAX_SECONDS:  # torch passes it to C as an int
                 raise UsageError(
-                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds from 1 to {MAX_SECONDS}; "
+                    f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds from 1 to "
+                    f"{MAX_SECONDS}; "
                     f"expected {key}=N"
                 )
         elif key in RDZV_BOOL_KEYS:
@@ -233,7 +269,9 @@ def check_signals(text: str) -> tuple[str, ...]:
     for n in names:
         sig = getattr(signal, n, None) if n.startswith("SIG") and not n.startswith("SIG_") else None
         if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise UsageError(f"bad --signals-to-handle {text!r}: {n!r} is not a signal that can be handled; expected {form}")
+            raise UsageError(
+                f"bad --signals-to-handle {text!r}: {n!r} is not a signal that can be handled; expected {form}"
+            )
     return names
 
 
@@ -268,14 +306,17 @@ def check_redirects(options: Mapping[str, Any], *, nproc: int | None) -> None:
             Std.from_str(str(value))
         except (ValueError, KeyError, TypeError):
             raise UsageError(
-                f"bad {flag} {value!r}: expected 0-3 (none, stdout, stderr, both) or LOCAL_RANK:0-3,... e.g. 3 or 0:1,1:2"
+                f"bad {flag} {value!r}: expected 0-3 (none, stdout, stderr, both) or LOCAL_RANK:0-3,... e.g. 3 or "
+                "0:1,1:2"
             ) from None
     ranks = str(options.get("local_ranks_filter") or "")
     if ranks:
         parts = [r.strip() for r in ranks.split(",")]
         if not all(r.isdigit() for r in parts) or (nproc is not None and any(int(r) >= nproc for r in parts)):
             below = f" below {nproc}" if nproc is not None else ""
-            raise UsageError(f"bad --local-ranks-filter {ranks!r}: expected comma-separated local ranks{below}, e.g. 0,1")
+            raise UsageError(
+                f"bad --local-ranks-filter {ranks!r}: expected comma-separated local ranks{below}, e.g. 0,1"
+            )
 
 
 def check_port_free(port: int) -> None:
@@ -349,8 +390,10 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
 
         names = sorted(ep.name for ep in metadata.entry_points().select(group="torchrun.logs_specs"))
         if specs not in names:
-            raise UsageError(f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' "
-                             f"entry point ({', '.join(names) or 'none installed'})")
+            raise UsageError(
+                f"bad --logs-specs {specs!r}: expected a 'torchrun.logs_specs' "
+                f"entry point ({', '.join(names) or 'none installed'})"
+            )
     signals = options.get("signals_to_handle")
     if signals is not None:
         check_signals(str(signals))
@@ -379,5 +422,3 @@ def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
     """The equivalent shell command: ``NUMARUN_PLAN=... torchrun ...``."""
     prefix = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
     return " ".join([*prefix, shlex.join(["torchrun", *argv])])
-
-

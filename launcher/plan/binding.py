@@ -61,8 +61,10 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     if nproc is None:
         nproc = len(gpus) or 1
     if gpus and nproc > len(gpus):
-        raise PlanError(f"bad --nproc-per-node {nproc}: only {len(gpus)} GPUs are visible; expected at most {len(gpus)}, "
-                        "or CUDA_VISIBLE_DEVICES= (empty) for CPU-only ranks")
+        raise PlanError(
+            f"bad --nproc-per-node {nproc}: only {len(gpus)} GPUs are visible; expected at most {len(gpus)}, "
+            "or CUDA_VISIBLE_DEVICES= (empty) for CPU-only ranks"
+        )
     # by identity, then equality: nvidia-smi topologies have no bus ids to match on
     positions = {id(g): i for i, g in enumerate(topology.gpus)}
 
@@ -105,9 +107,15 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
 
     mem_policy = request.mem_policy if mode is not BindingMode.NONE else MemPolicy.NONE
     rank_nodes = [_cpu_side_node(by_id, r) for r in ranks]
-    nics = choose_nics(topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes, request.nic_policy)
+    nics = choose_nics(
+        topology, [r.gpu_pos if r.gpu is not None else None for r in ranks], rank_nodes, request.nic_policy
+    )
     nccl = None if request.nic_policy is NicPolicy.PER_RANK else nccl_nics(topology, gpu_ranks=bool(gpus))
-    wanted = {"OMP_NUM_THREADS"} | {k for c in nics if c is not None for k, _ in c.env} | ({nccl.variable} if nccl else set())
+    wanted = (
+        {"OMP_NUM_THREADS"}
+        | {k for c in nics if c is not None for k, _ in c.env}
+        | ({nccl.variable} if nccl else set())
+    )
     for var in ("OMP_NUM_THREADS", *NIC_VARIABLES):
         if var in wanted and var in user_env:
             warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's value is not applied")
@@ -131,14 +139,31 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         warnings += [f"rank {r.local_rank}: {f}" for f in r.fallback]
         g = r.gpu
         gpu_ref = GpuRef(g.index, g.pci_bus_id, g.numa_node, g.uuid, g.name, r.cuda_index) if g else None
-        bindings.append(RankBinding(
-            local_rank=r.local_rank, gpu=gpu_ref, cpus=r.cpus, mems=mems, nic=choice.nic.name if choice else None,
-            nic_port=choice.port if choice else 0, nic_variables=tuple(k for k, _ in own), env=env, numa_node=node,
-            mem_policy=mem_policy if mems else MemPolicy.NONE, physical_cores=cores, fallback="; ".join(r.fallback),
-        ))
+        bindings.append(
+            RankBinding(
+                local_rank=r.local_rank,
+                gpu=gpu_ref,
+                cpus=r.cpus,
+                mems=mems,
+                nic=choice.nic.name if choice else None,
+                nic_port=choice.port if choice else 0,
+                nic_variables=tuple(k for k, _ in own),
+                env=env,
+                numa_node=node,
+                mem_policy=mem_policy if mems else MemPolicy.NONE,
+                physical_cores=cores,
+                fallback="; ".join(r.fallback),
+            )
+        )
     return LaunchPlan(
-        ranks=tuple(bindings), binding=mode, mem_policy=mem_policy, hostname=topology.hostname,
-        topology_source=topology.source, warnings=tuple(dict.fromkeys(warnings)), nic_policy=request.nic_policy, nccl_nics=nccl,
+        ranks=tuple(bindings),
+        binding=mode,
+        mem_policy=mem_policy,
+        hostname=topology.hostname,
+        topology_source=topology.source,
+        warnings=tuple(dict.fromkeys(warnings)),
+        nic_policy=request.nic_policy,
+        nccl_nics=nccl,
         mesh=mesh.plan if mesh is not None else None,
     )
 
@@ -171,8 +196,9 @@ def _nearest_cpu_node(topology: Topology, node: int, cpu_nodes: Sequence[int]) -
     return min(cpu_nodes, key=lambda n: (topology.node_distance(node, n), n))
 
 
-def _place_gpu_rank(topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int],
-                    usable: tuple[int, ...]) -> None:
+def _place_gpu_rank(
+    topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int, ...]], cpu_nodes: list[int], usable: tuple[int, ...]
+) -> None:
     g = r.gpu
     assert g is not None
     node = g.numa_node
@@ -183,8 +209,11 @@ def _place_gpu_rank(topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int
         nearest = _nearest_cpu_node(topology, node, cpu_nodes)
         if nearest is not None:
             r.home = nearest
-            why = "is memory-only" if _is_memory_only(topology, node) else \
-                "has no usable CPUs (offline or outside the allowed set)"
+            why = (
+                "is memory-only"
+                if _is_memory_only(topology, node)
+                else "has no usable CPUs (offline or outside the allowed set)"
+            )
             r.fallback.append(f"GPU {g.index} NUMA node {node} {why}: using nearest node {nearest}")
             return
     # unknown node, but the GPU's memory is a NUMA node (POWER9/GH200): its distances may single out a CPU node
@@ -195,7 +224,8 @@ def _place_gpu_rank(topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int
         if len(closest) == 1:
             r.home = closest[0]
             r.fallback.append(
-                f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, nearest to its memory node {g.memory_numa_node}"
+                f"GPU {g.index} NUMA node unknown (-1): placed on node {r.home}, nearest to its memory node "
+                f"{g.memory_numa_node}"
             )
             return
     local = tuple(c for c in g.cpu_affinity if c in set(usable))
@@ -209,7 +239,9 @@ def _place_gpu_rank(topology: Topology, r: _Rank, node_cpus: dict[int, tuple[int
     r.fallback.append(f"GPU {g.index} NUMA node {what}: spread over {'its local' if local else 'all usable'} CPUs")
 
 
-def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_cpus: dict[int, tuple[int, ...]]) -> None:
+def _resolve_overlapping_pools(
+    by_id: dict[int, Cpu], ranks: list[_Rank], node_cpus: dict[int, tuple[int, ...]]
+) -> None:
     """Keep CPU sets disjoint: a pool that shares CPUs with another group has its ranks join NUMA nodes one by one,
     each the pool's node with the most usable cores per rank, so that every group owns whole nodes."""
     homed: set[int] = set()
@@ -218,7 +250,8 @@ def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_c
             homed.update(node_cpus[r.home])
     pools = list(dict.fromkeys(r.pool for r in ranks if r.home == _POOL))
     clash = {
-        pool for pool in pools
+        pool
+        for pool in pools
         if homed.intersection(pool) or any(other != pool and set(other) & set(pool) for other in pools)
     }
     if not clash:
@@ -228,7 +261,11 @@ def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_c
         if r.home != _POOL or r.pool not in clash:
             continue
         nodes = sorted(
-            {by_id[c].numa_node for c in r.pool if by_id[c].numa_node >= 0 and c in set(node_cpus.get(by_id[c].numa_node, ()))}
+            {
+                by_id[c].numa_node
+                for c in r.pool
+                if by_id[c].numa_node >= 0 and c in set(node_cpus.get(by_id[c].numa_node, ()))
+            }
         )
         if not nodes:
             continue
@@ -237,7 +274,8 @@ def _resolve_overlapping_pools(by_id: dict[int, Cpu], ranks: list[_Rank], node_c
         r.pool = ()
         g = r.gpu
         r.fallback = [
-            f"GPU {g.index if g else '?'} NUMA node unknown (-1): placed on node {r.home}, the one with most usable CPUs per rank"
+            f"GPU {g.index if g else '?'} NUMA node unknown (-1): placed on node {r.home}, the one with most usable "
+            "CPUs per rank"
         ]
 
 
@@ -269,13 +307,20 @@ def _split(cores: list[Core], k: int) -> list[list[Core]]:
     out, start = [], 0
     for i in range(k):
         n = q + (1 if i < rem else 0)
-        out.append(cores[start:start + n])
+        out.append(cores[start : start + n])
         start += n
     return out
 
 
-def _assign(topology: Topology, by_id: dict[int, Cpu], mode: BindingMode, cpus: tuple[int, ...], members: list[_Rank],
-            warnings: list[str], usable: tuple[int, ...]) -> None:
+def _assign(
+    topology: Topology,
+    by_id: dict[int, Cpu],
+    mode: BindingMode,
+    cpus: tuple[int, ...],
+    members: list[_Rank],
+    warnings: list[str],
+    usable: tuple[int, ...],
+) -> None:
     k = len(members)
     if mode in (BindingMode.NONE, BindingMode.NODE, BindingMode.SOCKET):
         if mode is BindingMode.SOCKET:
@@ -297,10 +342,14 @@ def _assign(topology: Topology, by_id: dict[int, Cpu], mode: BindingMode, cpus: 
                 r.cpus = tuple(sorted(c for core in domain for c in core))
             return
         n_llc = len(known) if len(known) == len(llcs) else 0
-        warnings.append(f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive")
+        warnings.append(
+            f"core-complex: {where} has {n_llc} known last-level-cache domains for {k} ranks; using exclusive"
+        )
     if len(cores) < k:
-        raise PlanError(f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
-                        f"for {k} ranks; expected at least one core per rank (use --binding node, or fewer ranks)")
+        raise PlanError(
+            f"bad --nproc-per-node for binding {mode.value!r}: {where} has {len(cores)} usable physical cores "
+            f"for {k} ranks; expected at least one core per rank (use --binding node, or fewer ranks)"
+        )
     for r, chunk in zip(members, _split(cores, k)):
         r.cpus = tuple(sorted(c for core in chunk for c in core))
 

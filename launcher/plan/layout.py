@@ -19,8 +19,11 @@ DIM_NAMES: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The dimensions a layout may name (torchtitan's world mesh, outermost first)."""
 PRIORITY: tuple[str, ...] = ("tp", "cp", "dp_shard", "dp_replicate")
 """Whose groups get the fastest links first; pipeline stages (``pp``) meet across what is left."""
-FORM = "name=size,... outermost first, names from " + ", ".join(DIM_NAMES) + \
-       ", sizes positive integers and at most one -1 (the rest), e.g. pp=2,dp_shard=-1,tp=4"
+FORM = (
+    "name=size,... outermost first, names from "
+    + ", ".join(DIM_NAMES)
+    + ", sizes positive integers and at most one -1 (the rest), e.g. pp=2,dp_shard=-1,tp=4"
+)
 MAX_SIZE = 1 << 20
 
 
@@ -59,14 +62,17 @@ class MeshSpec:
             if self.known != world_size:
                 raise LayoutError(
                     f"bad {self.where} {self.text!r}: its sizes multiply to {self.known}, but the job has {world_size} "
-                    f"rank{'s' if world_size != 1 else ''}; expected sizes whose product is {world_size}, or -1 for one "
-                    "dimension (the rest)")
+                    f"rank{'s' if world_size != 1 else ''}; expected sizes whose product is {world_size}, or -1 for "
+                    "one "
+                    "dimension (the rest)"
+                )
             return Layout(self.names, self.sizes)
         if world_size % self.known:
             raise LayoutError(
                 f"bad {self.where} {self.text!r}: -1 for {self.rest} is the job's {world_size} ranks divided by the "
                 f"other sizes' product {self.known}, which does not divide it; expected sizes whose product divides "
-                f"{world_size}")
+                f"{world_size}"
+            )
         return Layout(self.names, tuple(world_size // self.known if s == -1 else s for s in self.sizes))
 
 
@@ -92,7 +98,7 @@ class Layout:
     def stride(self, name: str) -> int:
         """How far apart in rank two neighbours of ``name``'s groups are."""
         i = self.names.index(name)
-        return math.prod(self.shape[i + 1:])
+        return math.prod(self.shape[i + 1 :])
 
     def groups(self, name: str) -> tuple[tuple[int, ...], ...]:
         """Every group of ``name`` as ascending global ranks, in the order of their first rank."""
@@ -102,10 +108,11 @@ class Layout:
 def mesh_groups(shape: tuple[int, ...], dim: int) -> tuple[tuple[int, ...], ...]:
     """The groups of dimension ``dim`` of the row-major mesh of ``shape``, by first rank."""
     size = shape[dim]
-    stride = math.prod(shape[dim + 1:])
+    stride = math.prod(shape[dim + 1 :])
     total = math.prod(shape)
-    return tuple(tuple(start + k * stride for k in range(size))
-                 for start in range(total) if (start // stride) % size == 0)
+    return tuple(
+        tuple(start + k * stride for k in range(size)) for start in range(total) if (start // stride) % size == 0
+    )
 
 
 def format_mesh(names: tuple[str, ...], sizes: tuple[int, ...]) -> str:
@@ -125,23 +132,30 @@ def parse_mesh(text: str, where: str = "--mesh") -> MeshSpec:
         if not sep or not name:
             raise LayoutError(f"bad {where} {raw!r}: {item.strip()!r} is not name=size; expected {FORM}")
         if name not in DIM_NAMES:
-            raise LayoutError(f"bad {where} {raw!r}: unknown dimension {name!r}; expected names from "
-                              f"{', '.join(DIM_NAMES)} ({FORM})")
+            raise LayoutError(
+                f"bad {where} {raw!r}: unknown dimension {name!r}; expected names from {', '.join(DIM_NAMES)} ({FORM})"
+            )
         if name in names:
-            raise LayoutError(f"bad {where} {raw!r}: {name} is named twice; expected each dimension at most once ({FORM})")
+            raise LayoutError(
+                f"bad {where} {raw!r}: {name} is named twice; expected each dimension at most once ({FORM})"
+            )
         body = value[1:] if value.startswith(("-", "+")) else value
         if not body.isdigit() or not body.isascii() or len(body) > 9:
-            raise LayoutError(f"bad {where} {raw!r}: {name}={value!r} is not an integer; expected a positive size or -1 "
-                              f"({FORM})")
+            raise LayoutError(
+                f"bad {where} {raw!r}: {name}={value!r} is not an integer; expected a positive size or -1 ({FORM})"
+            )
         size = int(value)
         if size == -1:
             if -1 in sizes:
                 other = names[sizes.index(-1)]
-                raise LayoutError(f"bad {where} {raw!r}: -1 for both {other} and {name}; expected -1 for at most one "
-                                  f"dimension ({FORM})")
+                raise LayoutError(
+                    f"bad {where} {raw!r}: -1 for both {other} and {name}; expected -1 for at most one "
+                    f"dimension ({FORM})"
+                )
         elif not 1 <= size <= MAX_SIZE:
-            raise LayoutError(f"bad {where} {raw!r}: {name}={size} is not a positive size; expected 1 to {MAX_SIZE} or -1 "
-                              f"({FORM})")
+            raise LayoutError(
+                f"bad {where} {raw!r}: {name}={size} is not a positive size; expected 1 to {MAX_SIZE} or -1 ({FORM})"
+            )
         names.append(name)
         sizes.append(size)
     return MeshSpec(tuple(names), tuple(sizes), where)
@@ -176,7 +190,7 @@ def node_cut(layout: Layout, ranks_per_node: int, *, where: str = "--mesh") -> N
             continue
         if ranks_per_node % block == 0 and size % (ranks_per_node // block) == 0:
             part = ranks_per_node // block
-            outer = layout.names[:i] if part > 1 else layout.names[:i + 1]
+            outer = layout.names[:i] if part > 1 else layout.names[: i + 1]
             return NodeCut(tuple(inner), name if part > 1 else None, part if part > 1 else 1, tuple(outer))
         break
     else:
@@ -186,12 +200,16 @@ def node_cut(layout: Layout, ranks_per_node: int, *, where: str = "--mesh") -> N
     raise LayoutError(
         f"bad {where} {layout.text!r}: it does not fit nodes of {ranks_per_node} ranks (the innermost dimensions "
         f"{dims} cross the node boundary unevenly); expected {ranks_per_node} to be a product of the innermost sizes, "
-        "times a divisor of the next one")
+        "times a divisor of the next one"
+    )
 
 
 DEGREE_VARIABLES: dict[str, str] = {
-    "pp": envvars.MESH_PP, "dp_replicate": envvars.MESH_DP_REPLICATE, "dp_shard": envvars.MESH_DP_SHARD,
-    "cp": envvars.MESH_CP, "tp": envvars.MESH_TP,
+    "pp": envvars.MESH_PP,
+    "dp_replicate": envvars.MESH_DP_REPLICATE,
+    "dp_shard": envvars.MESH_DP_SHARD,
+    "cp": envvars.MESH_CP,
+    "tp": envvars.MESH_TP,
 }
 """Each dimension's degree variable in the ranks' environment."""
 
@@ -199,7 +217,10 @@ DEGREE_VARIABLES: dict[str, str] = {
 def layout_env(layout: Layout) -> dict[str, str]:
     """The variables that name ``layout`` in every rank (docs/layouts.md): ``NUMARUN_MESH``, ``NUMARUN_MESH_NAMES``,
     ``NUMARUN_MESH_SHAPE`` and one degree per dimension (1 for those it does not name)."""
-    env = {envvars.MESH: layout.text, envvars.MESH_NAMES: ",".join(layout.names),
-           envvars.MESH_SHAPE: ",".join(map(str, layout.shape))}
+    env = {
+        envvars.MESH: layout.text,
+        envvars.MESH_NAMES: ",".join(layout.names),
+        envvars.MESH_SHAPE: ",".join(map(str, layout.shape)),
+    }
     env.update({var: str(layout.size(name)) for name, var in DEGREE_VARIABLES.items()})
     return env

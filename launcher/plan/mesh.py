@@ -34,8 +34,11 @@ class MeshChoice:
 def parse_nnodes(text: str) -> tuple[int, int]:
     """torchrun's ``N`` / ``MIN:MAX`` -> (MIN, MAX); LayoutError for anything else."""
     parts = str(text).strip().split(":")
-    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts) or not (
-            1 <= int(parts[0]) <= int(parts[-1])):
+    if (
+        len(parts) > 2
+        or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts)
+        or not (1 <= int(parts[0]) <= int(parts[-1]))
+    ):
         raise LayoutError(f"bad --nnodes {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4")
     return int(parts[0]), int(parts[-1])
 
@@ -54,14 +57,17 @@ def resolve_on_nodes(spec: MeshSpec, *, nproc: int, nnodes: str) -> tuple[Layout
         return layout, node_cut(layout, nproc, where=spec.where), low
     rest = spec.rest
     big = [n for n, s in zip(spec.names, spec.sizes) if s not in (1, -1)]
-    outer = spec.names[:spec.names.index(rest)] if rest is not None else ()
+    outer = spec.names[: spec.names.index(rest)] if rest is not None else ()
     if rest is None or any(n in big for n in outer):
         raise LayoutError(
             f"bad {spec.where} {spec.text!r} with --nnodes {nnodes}: the world size is known only once the nodes meet; "
-            "expected -1 for the outermost dimension larger than 1 (it takes the nodes there are), or a fixed --nnodes")
+            "expected -1 for the outermost dimension larger than 1 (it takes the nodes there are), or a fixed --nnodes"
+        )
     if nproc % spec.known:
-        raise LayoutError(f"bad {spec.where} {spec.text!r}: the sizes inside -1 multiply to {spec.known}, which does not "
-                          f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node")
+        raise LayoutError(
+            f"bad {spec.where} {spec.text!r}: the sizes inside -1 multiply to {spec.known}, which does not "
+            f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node"
+        )
     layout = spec.resolve(high * nproc)
     return layout, node_cut(layout, nproc, where=spec.where), 0
 
@@ -83,7 +89,7 @@ def _code_key(code: str) -> tuple[int, int]:
 def _slowest(order: Sequence[int], group: Sequence[int], positions: Sequence[int], links: GpuLinks) -> str:
     if len(group) < 2:
         return "-"
-    pairs = [(positions[order[a]], positions[order[b]]) for i, a in enumerate(group) for b in group[i + 1:]]
+    pairs = [(positions[order[a]], positions[order[b]]) for i, a in enumerate(group) for b in group[i + 1 :]]
     worst = max(pairs, key=lambda p: (links.link(*p), _code_key(links.code(*p))))
     return links.code(*worst)
 
@@ -107,12 +113,17 @@ def _visible_text(request: PlanRequest, topology: Topology, gpus: Sequence[Gpu],
 def _topology_order(topology: Topology, positions: Sequence[int], links: GpuLinks) -> tuple[int, ...]:
     """Visible positions sorted by NVLink island, NUMA node, PCIe switch (the search's second start)."""
     island, switch = nvlink_islands(links), pcie_switches(links)
-    return tuple(sorted(range(len(positions)), key=lambda v: (island[positions[v]], topology.gpus[positions[v]].numa_node,
-                                                               switch[positions[v]], v)))
+    return tuple(
+        sorted(
+            range(len(positions)),
+            key=lambda v: (island[positions[v]], topology.gpus[positions[v]].numa_node, switch[positions[v]], v),
+        )
+    )
 
 
-def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int], nproc: int,
-              request: PlanRequest) -> MeshChoice:
+def plan_mesh(
+    topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int], nproc: int, request: PlanRequest
+) -> MeshChoice:
     """Place ``request.mesh`` on this node's ``nproc`` ranks; ``gpus``: the visible GPUs in CUDA's order,
     ``positions``: their positions in ``topology.gpus``."""
     assert request.mesh is not None
@@ -131,15 +142,19 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
     elif request.keep_gpus:
         placed = Placement(today, (), (), True, 0)
         search = "kept: the scheduler gives each task its own GPU"
-        warnings.append(f"{spec.where} {spec.text}: the scheduler gives each task its own GPU, so the layout keeps "
-                        "its GPUs (start one task per node for numarun to place it)")
+        warnings.append(
+            f"{spec.where} {spec.text}: the scheduler gives each task its own GPU, so the layout keeps "
+            "its GPUs (start one task per node for numarun to place it)"
+        )
     else:
         classes = link_classes(links.classes, positions)
         placed = place(mesh, classes, topology_order=_topology_order(topology, positions, links))
         search = f"{'exhaustive' if placed.exact else 'stopped at its step budget'}, {placed.steps} steps"
         if not placed.exact:
-            warnings.append(f"{spec.where} {spec.text}: {len(gpus)} visible GPUs are past the exhaustive search; placed "
-                            f"by a search stopped after {placed.steps} steps (docs/layouts.md)")
+            warnings.append(
+                f"{spec.where} {spec.text}: {len(gpus)} visible GPUs are past the exhaustive search; placed "
+                f"by a search stopped after {placed.steps} steps (docs/layouts.md)"
+            )
     order = placed.order if gpus else ()
     dims = []
     for i, name in enumerate(layout.names):
@@ -161,18 +176,26 @@ def plan_mesh(topology: Topology, gpus: Sequence[Gpu], positions: Sequence[int],
     if gpus and scored and not request.keep_gpus:
         first = in_node[scored[0]]
         dim = next(d for d in dims if d.name == first)
-        fastest = min((links.link(a, b) for i, a in enumerate(positions) for b in positions[i + 1:]),
-                      default=Link.SYS)
+        fastest = min((links.link(a, b) for i, a in enumerate(positions) for b in positions[i + 1 :]), default=Link.SYS)
         worst = max(placed.score[0]) if placed.score else 0
         if worst > fastest:
             slowest = max(dim.links, key=_code_key)
             warnings.append(
-                f"{spec.where} {spec.text}: the slowest {first} link is {slowest} (no placement keeps {first}'s groups of "
-                f"{layout.size(first)} on this node's fastest links, {fastest.word}); the job runs so")
+                f"{spec.where} {spec.text}: the slowest {first} link is {slowest} (no placement keeps {first}'s groups "
+                "of "
+                f"{layout.size(first)} on this node's fastest links, {fastest.word}); the job runs so"
+            )
     shown_shape = tuple(d.size for d in dims)
-    record = MeshPlan(spec=",".join(f"{d.name}={d.size}" for d in dims), declared=str(request.mesh), names=layout.names,
-                      shape=shown_shape, nnodes=nnodes, dims=tuple(dims),
-                      default_gpus=tuple(gpus[p].index for p in today) if gpus else (), search=search,
-                      cuda_visible_devices=_visible_text(request, topology, gpus, order) if gpus else "",
-                      nvlink_domain=nvlink_domain(topology))
+    record = MeshPlan(
+        spec=",".join(f"{d.name}={d.size}" for d in dims),
+        declared=str(request.mesh),
+        names=layout.names,
+        shape=shown_shape,
+        nnodes=nnodes,
+        dims=tuple(dims),
+        default_gpus=tuple(gpus[p].index for p in today) if gpus else (),
+        search=search,
+        cuda_visible_devices=_visible_text(request, topology, gpus, order) if gpus else "",
+        nvlink_domain=nvlink_domain(topology),
+    )
     return MeshChoice(order, record, tuple(warnings))

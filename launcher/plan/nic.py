@@ -49,7 +49,9 @@ def _closest_class(topology: Topology, candidates: list[tuple[int, Nic]]) -> lis
     """The candidates a node's NCCL list should name: the closest link class (PIX = PXB), else those on a GPU's node."""
     if not candidates or not topology.gpus:
         return []
-    best = {pos: min(link_rank(topology.gpu_nic_link(g, pos)) for g in range(len(topology.gpus))) for pos, _ in candidates}
+    best = {
+        pos: min(link_rank(topology.gpu_nic_link(g, pos)) for g in range(len(topology.gpus))) for pos, _ in candidates
+    }
     if all(b == _UNKNOWN for b in best.values()):
         gpu_nodes = {g.numa_node for g in topology.gpus if g.numa_node >= 0}
         return [(pos, n) for pos, n in candidates if n.numa_node in gpu_nodes]
@@ -87,7 +89,9 @@ def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
     if not chosen or [n.name for n in chosen] == [n.name for n in all_eth]:
         return None
     return NcclNics(
-        variable="NCCL_SOCKET_IFNAME", nics=tuple(n.name for n in chosen), value="=" + ",".join(_ifname(n) for n in chosen)
+        variable="NCCL_SOCKET_IFNAME",
+        nics=tuple(n.name for n in chosen),
+        value="=" + ",".join(_ifname(n) for n in chosen),
     )
 
 
@@ -110,8 +114,12 @@ def rank_nic(nic: Nic, position: int, *, gpu_rank: bool, policy: NicPolicy = Nic
     return NicChoice(nic=nic, position=position, port=port, env=env)
 
 
-def choose_nics(topology: Topology, gpu_positions: Sequence[int | None], rank_nodes: Sequence[int],
-                policy: NicPolicy = NicPolicy.NODE) -> list[NicChoice | None]:
+def choose_nics(
+    topology: Topology,
+    gpu_positions: Sequence[int | None],
+    rank_nodes: Sequence[int],
+    policy: NicPolicy = NicPolicy.NODE,
+) -> list[NicChoice | None]:
     """One choice per rank, None when nothing is clearly close; ``gpu_positions[i]`` indexes ``topology.gpus``
     (None: CPU-only), ``rank_nodes[i]`` is the rank's CPU node (-1 unknown).
 

@@ -37,8 +37,10 @@ def parse_nproc(text: str) -> int | str | None:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
-        raise argparse.ArgumentTypeError(f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
-                                         f"or one of {', '.join(NPROC_KEYWORDS)}")
+        raise argparse.ArgumentTypeError(
+            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
+            f"or one of {', '.join(NPROC_KEYWORDS)}"
+        )
     return value
 
 
@@ -72,19 +74,26 @@ def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int =
 
 
 def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
-    """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment ``environ``."""
+    """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment
+    ``environ``."""
     mesh, nnodes = options.settings.get("mesh"), options.settings.get("nnodes")
     return PlanRequest(
-        mesh=None if mesh is None or mesh.value is None else str(mesh.value), mesh_where=mesh.where if mesh else "--mesh",
+        mesh=None if mesh is None or mesh.value is None else str(mesh.value),
+        mesh_where=mesh.where if mesh else "--mesh",
         nnodes=str(nnodes.value) if nnodes is not None and nnodes.value is not None else "1",
-        nproc_per_node=options.nproc_per_node, binding=options.binding, mem_policy=options.mem_policy,
-        nic_policy=options.nic_policy, cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        cuda_device_order=environ.get("CUDA_DEVICE_ORDER"), user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
+        nproc_per_node=options.nproc_per_node,
+        binding=options.binding,
+        mem_policy=options.mem_policy,
+        nic_policy=options.nic_policy,
+        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=environ.get("CUDA_DEVICE_ORDER"),
+        user_env={k: environ[k] for k in USER_ENV_VARIABLES if k in environ},
     )
 
 
-def request_for(args: Any, environ: Mapping[str, str], topology: Topology, *,
-                allowed_gpu_minors: tuple[int, ...] | None = None) -> PlanRequest:
+def request_for(
+    args: Any, environ: Mapping[str, str], topology: Topology, *, allowed_gpu_minors: tuple[int, ...] | None = None
+) -> PlanRequest:
     """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.
 
     ``allowed_gpu_minors``: the GPUs a scheduler's device cgroup lets the ranks open (by minor number)."""
@@ -96,8 +105,14 @@ def request_for(args: Any, environ: Mapping[str, str], topology: Topology, *,
         return request
     num_gpus = 0
     if word in ("gpu", "auto"):
-        num_gpus = len(visible_gpus(topology, request.cuda_visible_devices, request.cuda_device_order or "PCI_BUS_ID",
-                                    request.allowed_gpu_minors))
+        num_gpus = len(
+            visible_gpus(
+                topology,
+                request.cuda_visible_devices,
+                request.cuda_device_order or "PCI_BUS_ID",
+                request.allowed_gpu_minors,
+            )
+        )
     xpus = _xpu_count() if word == "xpu" else 0
     return resolve_nproc(request, num_gpus, cpus=len(topology.usable_cpus) or cpu_count(), xpus=xpus)
 

@@ -67,7 +67,7 @@ def score_of(mesh: SubMesh, classes: Sequence[Sequence[int]], order: Sequence[in
         worst = []
         for group in mesh.groups(d):
             gpus = [order[r] for r in group]
-            worst.append(max((classes[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1:]), default=0))
+            worst.append(max((classes[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]), default=0))
         out.append(tuple(sorted(worst, reverse=True)))
     return tuple(out)
 
@@ -87,7 +87,7 @@ class _Search:
         # per rank: the rank before it on its axis through the origin (symmetry breaking), or -1; 0 for the origin's
         self.axis_prev = [-1] * g
         for d, size in enumerate(mesh.shape):
-            stride = math.prod(mesh.shape[d + 1:])
+            stride = math.prod(mesh.shape[d + 1 :])
             for k in range(1, size):
                 self.axis_prev[k * stride] = (k - 1) * stride
         self.order = [-1] * g
@@ -108,7 +108,7 @@ class _Search:
             for group in groups:
                 placed = [self.order[r] for r in group if r < depth]
                 missing = len(group) - len(placed)
-                cur = max((self.c[a][b] for i, a in enumerate(placed) for b in placed[i + 1:]), default=0)
+                cur = max((self.c[a][b] for i, a in enumerate(placed) for b in placed[i + 1 :]), default=0)
                 if missing and placed:
                     # the group needs `missing` more GPUs: at best the missing-th closest free one to those placed
                     reach = sorted(max(self.c[u][a] for a in placed) for u in free)

@@ -42,10 +42,16 @@ def confine(plan: LaunchPlan, container: Container | None, mem_refused: str = ""
 
 def mem_refused_line(plan: LaunchPlan, *, strict: bool = False) -> str:
     """Why a confined plan's memory is not bound, and the fix; ``strict``: as ``--strict-binding``'s refusal."""
-    why = ("Docker's and containerd's default seccomp profiles allow set_mempolicy and mbind only with CAP_SYS_NICE"
-           if plan.mem_unbound == "seccomp" else "set_mempolicy fails")
-    head = (f"--strict-binding, but the ranks' memory cannot be bound here ({plan.mem_unbound})" if strict else
-            f"memory not bound ({plan.mem_unbound})")
+    why = (
+        "Docker's and containerd's default seccomp profiles allow set_mempolicy and mbind only with CAP_SYS_NICE"
+        if plan.mem_unbound == "seccomp"
+        else "set_mempolicy fails"
+    )
+    head = (
+        f"--strict-binding, but the ranks' memory cannot be bound here ({plan.mem_unbound})"
+        if strict
+        else f"memory not bound ({plan.mem_unbound})"
+    )
     tail = "" if strict else "; the ranks are bound to their CPUs only"
     return f"{head}: {why}{tail}; fix: {fix(Fix.MEMPOLICY, plan.container)}, or --mem-policy none"
 
@@ -75,8 +81,10 @@ def own_gpu_refs(topology: Topology, own_minors: Iterable[int], cuda_visible: st
             picked = list(view)
     else:
         picked = list(view)
-    return tuple(GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=i)
-                 for i, g in enumerate(picked))
+    return tuple(
+        GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=i)
+        for i, g in enumerate(picked)
+    )
 
 
 def own_binding(plan: LaunchPlan, *, local_rank: int, own_gpus: Sequence[GpuRef] = ()) -> RankBinding:
@@ -102,8 +110,11 @@ def narrow(binding: RankBinding, topology: Topology, allowed: Iterable[int]) -> 
     common = tuple(c for c in binding.cpus if c in keep)
     cpus = common or tuple(sorted(keep))
     planned = _fmt(binding.cpus)
-    why = (f"the scheduler let this task use only cpus {_fmt(keep)}: kept {_fmt(cpus)} of the planned {planned}"
-           if common else f"the scheduler bound this task to cpus {_fmt(keep)}, none of the planned {planned}: kept them")
+    why = (
+        f"the scheduler let this task use only cpus {_fmt(keep)}: kept {_fmt(cpus)} of the planned {planned}"
+        if common
+        else f"the scheduler bound this task to cpus {_fmt(keep)}, none of the planned {planned}: kept them"
+    )
     by_id = {c.id: c for c in topology.cpus}
     cores = len(physical_cores([by_id[c] for c in cpus if c in by_id])) or len(cpus)
     env = dict(binding.env)
@@ -114,9 +125,15 @@ def narrow(binding: RankBinding, topology: Topology, allowed: Iterable[int]) -> 
         nodes = sorted({by_id[c].numa_node for c in cpus if c in by_id and by_id[c].numa_node >= 0})
         allowed_mems = set(topology.allowed_mems)
         mems = tuple(n for n in nodes if not allowed_mems or n in allowed_mems)
-    return dataclasses.replace(binding, cpus=cpus, env=env, mems=mems, physical_cores=cores,
-                               mem_policy=binding.mem_policy if mems else MemPolicy.NONE,
-                               fallback="; ".join(f for f in (binding.fallback, why) if f))
+    return dataclasses.replace(
+        binding,
+        cpus=cpus,
+        env=env,
+        mems=mems,
+        physical_cores=cores,
+        mem_policy=binding.mem_policy if mems else MemPolicy.NONE,
+        fallback="; ".join(f for f in (binding.fallback, why) if f),
+    )
 
 
 def _fmt(cpus: Iterable[int]) -> str:
@@ -126,7 +143,9 @@ def _fmt(cpus: Iterable[int]) -> str:
 def with_usable_cpus(topology: Topology, cpus: Iterable[int]) -> Topology:
     """The topology with exactly ``cpus`` allowed (the step's cpuset), whatever this task's own affinity."""
     allowed = set(cpus)
-    return dataclasses.replace(topology, cpus=tuple(dataclasses.replace(c, allowed=c.id in allowed) for c in topology.cpus))
+    return dataclasses.replace(
+        topology, cpus=tuple(dataclasses.replace(c, allowed=c.id in allowed) for c in topology.cpus)
+    )
 
 
 def task_plan(plan: LaunchPlan, binding: RankBinding) -> LaunchPlan:

@@ -76,8 +76,12 @@ def handed_over(environ: Mapping[str, str]) -> SlurmFacts | None:
     if nodes is None:
         log.warning("%s=%s holds no readable 'nodes' file: asking Slurm instead", SLURM_INFO, directory)
         return None
-    return SlurmFacts(leaf_switch=parse_leaf_switches(topology or ""), addrs=parse_node_addrs(nodes), calls=0,
-                      source=f"handed over ({directory})")
+    return SlurmFacts(
+        leaf_switch=parse_leaf_switches(topology or ""),
+        addrs=parse_node_addrs(nodes),
+        calls=0,
+        source=f"handed over ({directory})",
+    )
 
 
 def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None) -> SlurmFacts:
@@ -97,7 +101,8 @@ def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None)
         if text is None and shutil.which("scontrol") is not None:
             raise ControllerError(
                 "'scontrol show topology' did not answer: the node order (by leaf switch) cannot be known the same "
-                "on every node; expected slurmctld to answer, or --node-rank \"$SLURM_NODEID\" (quoted) to use Slurm's order"
+                'on every node; expected slurmctld to answer, or --node-rank "$SLURM_NODEID" (quoted) to use Slurm\'s '
+                "order"
             )
         leaf = parse_leaf_switches(text or "")
     addrs: dict[str, str] = {}

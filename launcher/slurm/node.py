@@ -72,18 +72,24 @@ def task_main(opts: argparse.Namespace) -> int:
     relay = Relay()  # first thing: from now on a signal is held for numarun, never lost
     job = detect(env)
     if job is None or job.scheduler is not Scheduler.SLURM or job.mode is not Mode.PER_NODE:
-        raise SlurmError("bad use of 'numarun slurm-node task': expected one srun task per node of a Slurm step "
-                         "(srun --ntasks-per-node=1), as numarun's sbatch script starts it")
+        raise SlurmError(
+            "bad use of 'numarun slurm-node task': expected one srun task per node of a Slurm step "
+            "(srun --ntasks-per-node=1), as numarun's sbatch script starts it"
+        )
     run_dir = Path(opts.run_dir)
     if job.node_index == 0:
-        print(f"numarun: job {opts.job_key} (restart {env.get('SLURM_RESTART_COUNT', '0')}) on "
-              f"{env.get('SLURM_JOB_NODELIST', '')}: {job.describe()}, run dir {run_dir}",
-              flush=True)
+        print(
+            f"numarun: job {opts.job_key} (restart {env.get('SLURM_RESTART_COUNT', '0')}) on "
+            f"{env.get('SLURM_JOB_NODELIST', '')}: {job.describe()}, run dir {run_dir}",
+            flush=True,
+        )
     cpus = sorted(os.sched_getaffinity(0))
-    print(f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {format_list(cpus)}, "
-          f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')} "
-          f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
-          flush=True)
+    print(
+        f"numarun: node {job.node_name} (SLURM_NODEID {job.node_index}): {len(cpus)} CPUs {format_list(cpus)}, "
+        f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '(unset)')} "
+        f"SLURM_STEP_GPUS={env.get('SLURM_STEP_GPUS', '(unset)')}",
+        flush=True,
+    )
     rc = relay.run(numarun_command(*opts.command), dict(env))
     return node_outcome(rc, relay.forwarded, record=run_dir / EXIT_FILE.format(rank=job.node_index), node=job.node_name)
 
@@ -100,8 +106,11 @@ def node_outcome(rc: int, forwarded: set[int], *, record: Path, node: str) -> in
         record.write_text(f"{time.time_ns()} {rc}\n", encoding="utf-8")
     if rc != 0 and forwarded:
         signals = ",".join(signal.Signals(s).name for s in sorted(forwarded))
-        print(f"numarun: node {node}: after {signals} numarun ended with exit code {rc}: recorded for the job's exit code",
-              flush=True)
+        print(
+            f"numarun: node {node}: after {signals} numarun ended with exit code {rc}: recorded for the job's exit "
+            "code",
+            flush=True,
+        )
         return 0
     return rc
 
@@ -110,23 +119,31 @@ def finish_main(opts: argparse.Namespace) -> int:
     run_dir = Path(opts.run_dir)
     rc = opts.rc
     # every node's numarun exit code is in the run dir (srun's may read 0 after a signal: see node_outcome)
-    records = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(run_dir.glob(EXIT_FILE.format(rank="*")))]
+    records = [
+        p.read_text(encoding="utf-8", errors="replace") for p in sorted(run_dir.glob(EXIT_FILE.format(rank="*")))
+    ]
     first = first_failure(records)
     if first is not None:
         rc = first
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if opts.preempted:
         if should_requeue(True, opts.restart_count, opts.requeue_limit):
-            print(f"numarun: time limit near: requeueing job {job_id} (restart {opts.restart_count + 1} of {opts.requeue_limit})",
-                  flush=True)
+            print(
+                f"numarun: time limit near: requeueing job {job_id} (restart {opts.restart_count + 1} of "
+                f"{opts.requeue_limit})",
+                flush=True,
+            )
             try:
                 subprocess.run(["scontrol", "requeue", job_id], timeout=SCONTROL_TIMEOUT_S, check=False)
             except (subprocess.TimeoutExpired, FileNotFoundError) as e:
                 print(f"numarun: error: 'scontrol requeue {job_id}' failed ({e})", file=sys.stderr, flush=True)
                 return 1
             return 0
-        print(f"numarun: time limit near and requeue limit {opts.requeue_limit} reached: not requeueing",
-              file=sys.stderr, flush=True)
+        print(
+            f"numarun: time limit near and requeue limit {opts.requeue_limit} reached: not requeueing",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"numarun: step finished with exit code {rc}", flush=True)
     return rc
 

@@ -113,10 +113,14 @@ class SlurmOptions:
         if self.cpus_per_task is not None:
             _positive("--cpus-per-task", self.cpus_per_task, "an integer >= 1")
         if self.gpus_per_node is not None and not _GPUS.fullmatch(self.gpus_per_node):
-            raise SlurmError(expected(self.gpus_per_node, "N or TYPE:N with N up to 9999, e.g. 4 or a100:4", "--gpus-per-node"))
+            raise SlurmError(
+                expected(self.gpus_per_node, "N or TYPE:N with N up to 9999, e.g. 4 or a100:4", "--gpus-per-node")
+            )
         if self.partition is not None and not _NAME_LIST.fullmatch(self.partition):
             raise SlurmError(
-                expected(self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition")
+                expected(
+                    self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition"
+                )
             )
         for flag, value in (("--account", self.account), ("--qos", self.qos)):
             if value is not None and not _NAME.fullmatch(value):
@@ -124,18 +128,26 @@ class SlurmOptions:
         if not _NAME.fullmatch(self.job_name):
             raise SlurmError(expected(self.job_name, "a name of letters, digits and _.+- (at most 200)", "--job-name"))
         if self.constraint is not None and not _CONSTRAINT.fullmatch(self.constraint):
-            raise SlurmError(expected(self.constraint, "features joined by & | , with optional *N, [] and ()", "--constraint"))
+            raise SlurmError(
+                expected(self.constraint, "features joined by & | , with optional *N, [] and ()", "--constraint")
+            )
         if self.mem is not None and not _MEM.fullmatch(self.mem):
             raise SlurmError(expected(self.mem, "a size of up to 12 digits such as 4000, 16G or 512M", "--mem"))
         if not isinstance(self.requeue_limit, int) or self.requeue_limit < 0:
             raise SlurmError(expected(self.requeue_limit, "an integer >= 0", "--requeue-limit"))
         sig = self.signal_before
-        if sig is not None and (isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= MAX_SIGNAL_SECONDS):
+        if sig is not None and (
+            isinstance(sig, bool) or not isinstance(sig, int) or not 1 <= sig <= MAX_SIGNAL_SECONDS
+        ):
             raise SlurmError(expected(sig, f"seconds between 1 and {MAX_SIGNAL_SECONDS}", "--signal-before"))
         limit = self.time_limit_seconds
         if sig is not None and limit is not None and sig >= limit:
             raise SlurmError(
-                expected(self.signal_before, f"fewer seconds than the time limit {self.time!r} ({limit} s)", "--signal-before")
+                expected(
+                    self.signal_before,
+                    f"fewer seconds than the time limit {self.time!r} ({limit} s)",
+                    "--signal-before",
+                )
             )
         for line in self.extra_sbatch:
             if not line.startswith("--") or any(c in line for c in "\n\r\0"):
@@ -160,8 +172,11 @@ class SlurmOptions:
 
     def requested(self) -> str:
         """One line saying what each node of the job gets, for the script and --dry-run."""
-        cpus = "every CPU" if self.whole_nodes and self.cpus_per_task is None else (
-            f"{self.cpus_per_task} CPUs" if self.cpus_per_task is not None else "Slurm's default CPUs (1)")
+        cpus = (
+            "every CPU"
+            if self.whole_nodes and self.cpus_per_task is None
+            else (f"{self.cpus_per_task} CPUs" if self.cpus_per_task is not None else "Slurm's default CPUs (1)")
+        )
         gpus = self.effective_gpus_per_node
         gpu_text = f"{gpus} GPUs" if gpus is not None else "no GPUs"
         if self.whole_nodes and self.gpus_per_node is None and self.node_gpus == 0:
@@ -202,5 +217,7 @@ def check_env(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
 def check_output_dir(path: str) -> str:
     """The output root must be an absolute path sbatch can read in a header line."""
     if not path.startswith("/") or _PATH_BAD.search(path) or "\0" in path:
-        raise SlurmError(expected(path, "an absolute path without whitespace, quotes, backslashes or '%'", "--output-dir"))
+        raise SlurmError(
+            expected(path, "an absolute path without whitespace, quotes, backslashes or '%'", "--output-dir")
+        )
     return path.rstrip("/") or "/"

@@ -41,7 +41,9 @@ class SlurmScheduler:
     def submit(self, text: str) -> str:
         return sbatch(text)
 
-    def status(self, job_id: str, *, poll_seconds: float = 2.0, on_state: Callable[[str], None] | None = None) -> list[JobRecord]:
+    def status(
+        self, job_id: str, *, poll_seconds: float = 2.0, on_state: Callable[[str], None] | None = None
+    ) -> list[JobRecord]:
         return wait_for_job(job_id, poll_seconds=poll_seconds, on_state=on_state)
 
     def cancel(self, job_id: str) -> None:

@@ -65,8 +65,15 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
     o = job.options
     lines = [f"--job-name={o.job_name}", f"--nodes={o.nodes}", "--ntasks-per-node=1"]
     # optional '--flag=value' lines, in this order, for the options the user set
-    optional = {"cpus-per-task": o.cpus_per_task, "gpus-per-node": o.effective_gpus_per_node, "mem": o.mem,
-                "partition": o.partition, "account": o.account, "qos": o.qos, "constraint": o.constraint}
+    optional = {
+        "cpus-per-task": o.cpus_per_task,
+        "gpus-per-node": o.effective_gpus_per_node,
+        "mem": o.mem,
+        "partition": o.partition,
+        "account": o.account,
+        "qos": o.qos,
+        "constraint": o.constraint,
+    }
     lines += [f"--{flag}={value}" for flag, value in optional.items() if value is not None]
     if o.whole_nodes:
         # every CPU (and, with --gpus-per-node above, every GPU) of each node
@@ -96,7 +103,8 @@ def _args_block(job: SlurmJob) -> str:
     for i, arg_set in enumerate(job.arg_sets):
         out.append(f"  {i}) args=({_q(arg_set)}) ;;")
     out.append(
-        f"  *) echo \"numarun: error: array index '${{SLURM_ARRAY_TASK_ID:-}}' not in 0-{len(job.arg_sets) - 1}\" >&2; exit 2 ;;"
+        f"  *) echo \"numarun: error: array index '${{SLURM_ARRAY_TASK_ID:-}}' not in 0-{len(job.arg_sets) - 1}\" >&2; "
+        "exit 2 ;;"
     )
     out.append("esac")
     return "\n".join(out)

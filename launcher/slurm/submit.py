@@ -61,7 +61,9 @@ def command_timeout() -> float:
     return value
 
 
-def _run(argv: Sequence[str], *, input_text: str | None = None, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str], *, input_text: str | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
     limit = command_timeout() if timeout is None else timeout
     try:
         return subprocess.run(list(argv), input=input_text, capture_output=True, text=True, check=False, timeout=limit)
@@ -71,7 +73,9 @@ def _run(argv: Sequence[str], *, input_text: str | None = None, timeout: float |
             f"(or a longer {SLURM_TIMEOUT})"
         ) from None
     except FileNotFoundError:
-        raise SlurmError(f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)") from None
+        raise SlurmError(
+            f"bad Slurm client {argv[0]!r}: expected '{argv[0]}' on PATH (is this a Slurm login node?)"
+        ) from None
 
 
 def parse_gres_gpus(text: str) -> int:
@@ -101,7 +105,9 @@ def partition_gpus(partition: str | None) -> int:
     lines = []
     for line in proc.stdout.splitlines():
         name, _, gres = line.strip().partition("|")
-        if (partition is None and name.endswith("*")) or (partition is not None and name.rstrip("*") in partition.split(",")):
+        if (partition is None and name.endswith("*")) or (
+            partition is not None and name.rstrip("*") in partition.split(",")
+        ):
             lines.append(gres)
     return parse_gres_gpus("\n".join(lines))
 
@@ -114,7 +120,9 @@ def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
         raise SlurmError(f"sbatch refused the job: {msg}")
     job_id = proc.stdout.strip().split(";", 1)[0]
     if not _JOB_ID.fullmatch(job_id):
-        raise SlurmError(f"bad sbatch output {proc.stdout.strip()!r}: expected a job id such as '1234' or '1234;cluster'")
+        raise SlurmError(
+            f"bad sbatch output {proc.stdout.strip()!r}: expected a job id such as '1234' or '1234;cluster'"
+        )
     return job_id
 
 
@@ -129,13 +137,15 @@ def parse_scontrol_jobs(text: str) -> list[JobRecord]:
         job_id = fields["JobId"]
         if fields.get("ArrayJobId") and fields.get("ArrayTaskId", "").isdigit():
             job_id = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}"
-        records.append(JobRecord(
-                           job_id=job_id,
-                           state=fields.get("JobState", "UNKNOWN"),
-                           exit_code=int(code) if code.isdigit() else 1,
-                           signal=int(sig) if sig.isdigit() else 0,
-                           restarts=int(fields.get("Restarts", "0")) if fields.get("Restarts", "0").isdigit() else 0,
-                       ))
+        records.append(
+            JobRecord(
+                job_id=job_id,
+                state=fields.get("JobState", "UNKNOWN"),
+                exit_code=int(code) if code.isdigit() else 1,
+                signal=int(sig) if sig.isdigit() else 0,
+                restarts=int(fields.get("Restarts", "0")) if fields.get("Restarts", "0").isdigit() else 0,
+            )
+        )
     return records
 
 
@@ -159,8 +169,14 @@ def parse_sacct(text: str) -> list[JobRecord]:
             continue
         code, _, sig = parts[2].partition(":")
         # 'CANCELLED by 0' -> CANCELLED
-        records.append(JobRecord(job_id=parts[0], state=parts[1].split()[0] if parts[1] else "UNKNOWN",
-                                 exit_code=int(code) if code.isdigit() else 1, signal=int(sig) if sig.isdigit() else 0))
+        records.append(
+            JobRecord(
+                job_id=parts[0],
+                state=parts[1].split()[0] if parts[1] else "UNKNOWN",
+                exit_code=int(code) if code.isdigit() else 1,
+                signal=int(sig) if sig.isdigit() else 0,
+            )
+        )
     return records
 
 
@@ -186,8 +202,14 @@ def job_records(job_id: str, *, last_state: str = "") -> list[JobRecord]:
             return records
         why_sacct = " ".join(acct.stderr.split()) or "no record (is accounting enabled?)"
     state = last_state or "UNKNOWN"
-    log.warning("job %s: final state unknown: slurmctld forgot it (scontrol: %s; see MinJobAge) and sacct has no record (%s); "
-                "last seen %s", job_id, why_scontrol, why_sacct, state)
+    log.warning(
+        "job %s: final state unknown: slurmctld forgot it (scontrol: %s; see MinJobAge) and sacct has no record (%s); "
+        "last seen %s",
+        job_id,
+        why_scontrol,
+        why_sacct,
+        state,
+    )
     return [JobRecord(job_id=job_id, state=f"{state} (last seen; final state unknown)", exit_code=1, signal=0)]
 
 
@@ -197,8 +219,13 @@ def cancel(job_id: str) -> None:
         raise SlurmError(f"scancel refused job {job_id!r}: {' '.join(proc.stderr.split()) or proc.returncode}")
 
 
-def wait_for_job(job_id: str, *, poll_seconds: float = 2.0, on_state: Callable[[str], None] | None = None,
-                 max_squeue_failures: int = 30) -> list[JobRecord]:
+def wait_for_job(
+    job_id: str,
+    *,
+    poll_seconds: float = 2.0,
+    on_state: Callable[[str], None] | None = None,
+    max_squeue_failures: int = 30,
+) -> list[JobRecord]:
     """Block until the job (all array tasks) has left the queue; return its final records."""
     last = ""
     failures = 0

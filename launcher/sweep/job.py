@@ -52,8 +52,10 @@ def run_one(folder: Path, idx: int) -> int:
         try:
             data = pickle.dumps(ret)
         except Exception as e:
-            message = (f"bad return value of job #{idx}: {type(internals.raw_value(ret)).__name__} cannot be handed back to "
-                       f"the sweeper ({e}); expected a value pickle can write (a number, a dict...)")
+            message = (
+                f"bad return value of job #{idx}: {type(internals.raw_value(ret)).__name__} cannot be handed back to "
+                f"the sweeper ({e}); expected a value pickle can write (a number, a dict...)"
+            )
             print(f"numarun: error: {message}", file=sys.stderr, flush=True)
             ret.status, ret.return_value = JobStatus.FAILED, RuntimeError(message)
             data = pickle.dumps(ret)

@@ -63,8 +63,19 @@ class Job:
         return options, args, rest
 
 
-SET_BY_SLURM = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_backend",
-                          "rdzv_endpoint", "rdzv_id", "standalone"})
+SET_BY_SLURM = frozenset(
+    {
+        "nproc_per_node",
+        "nnodes",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "rdzv_backend",
+        "rdzv_endpoint",
+        "rdzv_id",
+        "standalone",
+    }
+)
 """Launch options a Slurm array task does not take as ``--launch-opt``: submit's and the allocation's."""
 SET_BY_SWEEP = SET_BY_SLURM | set(PLANNING)
 """Launch options a job on one node does not pass on: its plan holds the planning ones, the sweep sets the rest."""
@@ -91,7 +102,7 @@ def _common(settings: dict[str, Any]) -> list[str]:
 def forwarded(args: argparse.Namespace, script: str) -> list[str]:
     """The options given to ``numarun [OPTIONS] SCRIPT -m ...`` that each job of the sweep takes."""
     argv = list(getattr(args, "argv", None) or ())
-    given = argv[:argv.index(script)] if script in argv else []
+    given = argv[: argv.index(script)] if script in argv else []
     level = ["--log-level", args.log_level] if getattr(args, "log_level", None) else []
     return level + [a for a in given if a not in ("-m", "--module", "--dry-run")]
 
@@ -105,18 +116,26 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
 
     own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group
     config: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
-        (("launcher", tuple((k, plain(own[k])) for k, _ in config_keys())),) if own is not None else ())
+        (("launcher", tuple((k, plain(own[k])) for k, _ in config_keys())),) if own is not None else ()
+    )
     if settings.get("nproc_per_node") is not None:
         config += (("hydra.launcher", (("nproc_per_node", settings["nproc_per_node"]),)),)
-    job = Job(int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), 1, tuple(_common(settings)), config)
+    job = Job(
+        int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), 1, tuple(_common(settings)), config
+    )
     options = job.launch_options(os.environ)[0]
     nnodes = options.setting("nnodes")
     if nnodes.source > Source.DEFAULT and str(nnodes.value) not in ("1", "1:1"):
-        raise UsageError(f"bad {nnodes.where} {nnodes.value!r} in a sweep on one node: expected 1 "
-                         "(hydra/launcher=numarun_slurm runs jobs of several nodes)")
+        raise UsageError(
+            f"bad {nnodes.where} {nnodes.value!r} in a sweep on one node: expected 1 "
+            "(hydra/launcher=numarun_slurm runs jobs of several nodes)"
+        )
     ranks = options.nproc_per_node
     if topology is not None and not isinstance(ranks, int):  # torchrun's words; the trainer's None: one per GPU
-        gpus, cpus = len(visible_gpus(topology, os.environ.get("CUDA_VISIBLE_DEVICES"), "PCI_BUS_ID")), len(topology.usable_cpus)
+        gpus, cpus = (
+            len(visible_gpus(topology, os.environ.get("CUDA_VISIBLE_DEVICES"), "PCI_BUS_ID")),
+            len(topology.usable_cpus),
+        )
         ranks = {"gpu": gpus, "auto": gpus or cpus, "cpu": cpus}.get(ranks or "", gpus if trainer else 1)
     return replace(job, ranks=int(ranks or 1))
 
@@ -134,8 +153,10 @@ def _task_ref(task: Any) -> tuple[str, str, str, int, bool]:
     while found is not None and found is not task:
         found, depth = getattr(found, "__wrapped__", None), depth + 1
     if found is None:
-        raise UsageError(f"bad task function {task.__qualname__!r}: each job runs in processes of its own, which find it "
-                         "by name; expected a function at the top of its module (other decorators with functools.wraps)")
+        raise UsageError(
+            f"bad task function {task.__qualname__!r}: each job runs in processes of its own, which find it "
+            "by name; expected a function at the top of its module (other decorators with functools.wraps)"
+        )
     main, spec = task.__module__ == "__main__", getattr(module, "__spec__", None)
     if main and spec is None:
         return "file", os.path.abspath(str(getattr(module, "__file__", ""))), task.__qualname__, depth, True
@@ -150,10 +171,14 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     from omegaconf import open_dict, read_write
 
     setup_globals()
-    sys.modules.setdefault("__mp_main__", sys.modules["__main__"])  # as multiprocessing: the jobs' classes of the script
+    sys.modules.setdefault(
+        "__mp_main__", sys.modules["__main__"]
+    )  # as multiprocessing: the jobs' classes of the script
     composed = getattr(launcher, "composed", {})  # numarun's trainer composed each job once already
-    cfgs = [composed.pop(tuple(o), None) or launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o))
-            for o in job_overrides]
+    cfgs = [
+        composed.pop(tuple(o), None) or launcher.hydra_context.config_loader.load_sweep_config(launcher.config, list(o))
+        for o in job_overrides
+    ]
     for i, cfg in enumerate(cfgs):
         with read_write(cfg.hydra), open_dict(cfg):
             cfg.hydra.job.id = cfg.hydra.job.num = initial_job_idx + i
@@ -168,7 +193,9 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
         if given[1].show_sources:
             for job in jobs:
-                sys.stderr.write(f"# job #{job.idx} ({' '.join(job.overrides)})\n" + job.launch_options(os.environ)[0].describe())
+                sys.stderr.write(
+                    f"# job #{job.idx} ({' '.join(job.overrides)})\n" + job.launch_options(os.environ)[0].describe()
+                )
         base = version.getbase()  # the app's version_base: run_job's defaults (chdir) in each rank
         head = {"task": _task_ref(launcher.task_function), "version_base": None if base is None else str(base)}
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
@@ -181,7 +208,11 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
             with open(folder / f"{job.idx}.job", "wb") as f:
                 pickle.dump({**head, "job": job}, f)
                 pickle.dump(cfg, f)
-        codes = _submit(settings, jobs, folder) if slurm else run_local(jobs, topology, folder, limit=settings.get("max_jobs"))
+        codes = (
+            _submit(settings, jobs, folder)
+            if slurm
+            else run_local(jobs, topology, folder, limit=settings.get("max_jobs"))
+        )
         if codes is None:  # a dry run
             return [JobReturn(overrides=list(j.overrides), status=JobStatus.COMPLETED) for j in jobs]
         return [_result(folder, job, codes[job.idx]) for job in jobs]
@@ -217,7 +248,9 @@ def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
     from ..plan.options import request_from_args
 
     request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
-    return make_plan(slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"))
+    return make_plan(
+        slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID")
+    )
 
 
 def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: str) -> subprocess.Popen[bytes]:
@@ -227,9 +260,16 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     options, ns, rest = job.launch_options(os.environ)
     plan = _plan(job, options, slot, topology)
     env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
-    env.update({"CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                envvars.DETECT: "0", envvars.HYDRA_NOW: now, envvars.LAUNCHER_PID: str(os.getpid()),
-                **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {})})
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            envvars.DETECT: "0",
+            envvars.HYDRA_NOW: now,
+            envvars.LAUNCHER_PID: str(os.getpid()),
+            **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {}),
+        }
+    )
     args = [str(folder), f"index={job.idx}"]
     # what the job's numarun run takes (--max-restarts, --hang-timeout...), typed or from the job config; the
     # environment's reach it as they are, below them as in the sweep
@@ -237,17 +277,43 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     if job.ranks == 1 and not rest and not typed:  # nothing for torchrun's agent to do: the process is the rank
         env.update(worker_env(plan, os.environ, plan_path="", strict=options.strict_binding))
         env.pop(envvars.PLAN)
-        env.update({envvars.PLAN_JSON: plan.to_json(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                    "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": f"sweep-{os.getpid()}-{job.idx}"})
+        env.update(
+            {
+                envvars.PLAN_JSON: plan.to_json(),
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_WORLD_SIZE": "1",
+                "GROUP_RANK": "0",
+                "GROUP_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TORCHELASTIC_RUN_ID": f"sweep-{os.getpid()}-{job.idx}",
+            }
+        )
         cmd = [sys.executable, "-u", ENTRY_FILE, "--module", JOB_MODULE, *args]
     else:
         (folder / f"{job.idx}.plan.json").write_text(plan.to_json())
         strict = options.setting("strict_binding")
-        cmd = [*numarun_command(), "run", "--no-detect", "--plan-file", str(folder / f"{job.idx}.plan.json"),
-               "--nproc-per-node", str(job.ranks), "--master-addr", "127.0.0.1", "--master-port", str(port),
-               *(["--strict-binding"] if strict.value and strict.source is not Source.ENVIRONMENT else []),
-               *typed, *rest, "--module", JOB_MODULE, *args]
+        cmd = [
+            *numarun_command(),
+            "run",
+            "--no-detect",
+            "--plan-file",
+            str(folder / f"{job.idx}.plan.json"),
+            "--nproc-per-node",
+            str(job.ranks),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            *(["--strict-binding"] if strict.value and strict.source is not Source.ENVIRONMENT else []),
+            *typed,
+            *rest,
+            "--module",
+            JOB_MODULE,
+            *args,
+        ]
     # the affinity is set in the child before exec: every process of the job inherits it
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, slot.cpus))
 
@@ -289,8 +355,11 @@ class _Queue:
         self.changed.set()
 
     def end(self, signum: int) -> BaseException:
-        print(f"numarun: error: stopped by {signal.Signals(signum).name} between the jobs of the sweep", file=sys.stderr,
-              flush=True)
+        print(
+            f"numarun: error: stopped by {signal.Signals(signum).name} between the jobs of the sweep",
+            file=sys.stderr,
+            flush=True,
+        )
         return SystemExit(128 + signum)
 
     def tick(self, now: float) -> None:
@@ -323,8 +392,14 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     from ..launch import signals
     from ..launch.supervisor import RunFailed
 
-    slots = list(pack(topology, max(j.ranks for j in jobs), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                      limit=limit))
+    slots = list(
+        pack(
+            topology,
+            max(j.ranks for j in jobs),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+            limit=limit,
+        )
+    )
     for job in jobs:
         _plan(job, job.launch_options(os.environ)[0], slots[0], topology)
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
@@ -333,8 +408,13 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
 
     def start(job: Job, slot: Slot) -> subprocess.Popen[bytes]:
         proc = _start(job, slot, ports[slot.index], topology, folder, now)
-        log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, format_list(slot.cpus),
-                 format_list(slot.gpus) or "-")
+        log.info(
+            "job #%d in slot %d: cpus %s gpus %s",
+            job.idx,
+            slot.index,
+            format_list(slot.cpus),
+            format_list(slot.gpus) or "-",
+        )
         return proc
 
     loop = signals.loop()
@@ -349,8 +429,11 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     finally:
         cancel()
     if queue.stopped_by:
-        raise RunFailed(f"stopped by {signal.Signals(queue.stopped_by).name}: {queue.ended} running jobs ended, "
-                        f"{len(queue.waiting)} not started", 128 + queue.stopped_by)
+        raise RunFailed(
+            f"stopped by {signal.Signals(queue.stopped_by).name}: {queue.ended} running jobs ended, "
+            f"{len(queue.waiting)} not started",
+            128 + queue.stopped_by,
+        )
     return queue.codes
 
 
@@ -367,21 +450,47 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
     if len(sizes) > 1:
         raise UsageError(f"bad nproc_per_node {sorted(sizes)}: the jobs of one Slurm array take one value")
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
-    cmd = [*numarun_command(), "submit", *settings.get("submit_options", ()), "--nnodes", str(settings["nnodes"]),
-           "--output-dir", str(folder / "slurm"), "--env", f"{envvars.HYDRA_NOW}={now}",
-           "--dry-run" if settings.get("dry_run") else "--wait"]
+    cmd = [
+        *numarun_command(),
+        "submit",
+        *settings.get("submit_options", ()),
+        "--nnodes",
+        str(settings["nnodes"]),
+        "--output-dir",
+        str(folder / "slurm"),
+        "--env",
+        f"{envvars.HYDRA_NOW}={now}",
+        "--dry-run" if settings.get("dry_run") else "--wait",
+    ]
     n = settings.get("pack")
     if n:
-        groups = [jobs[i:i + n] for i in range(0, len(jobs), n)]
+        groups = [jobs[i : i + n] for i in range(0, len(jobs), n)]
         for g, members in enumerate(groups):
             (folder / f"group{g}.json").write_text(json.dumps([j.idx for j in members]))
-        cmd += ["--nproc-per-node", "1", "--launch-opt=--binding=none", "--launch-opt=--no-watch",
-                "--module", JOB_MODULE, str(folder), "-m", f"group=range(0,{len(groups)})"]
+        cmd += [
+            "--nproc-per-node",
+            "1",
+            "--launch-opt=--binding=none",
+            "--launch-opt=--no-watch",
+            "--module",
+            JOB_MODULE,
+            str(folder),
+            "-m",
+            f"group=range(0,{len(groups)})",
+        ]
     else:
         options, _, rest = jobs[0].launch_options(os.environ)
         given = options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, leave_out=SET_BY_SLURM)
-        cmd += ["--nproc-per-node", str(sizes.pop()), *(f"--launch-opt={o}" for o in [*given, *rest]),
-                "--module", JOB_MODULE, str(folder), "-m", f"index=range({jobs[0].idx},{jobs[-1].idx + 1})"]
+        cmd += [
+            "--nproc-per-node",
+            str(sizes.pop()),
+            *(f"--launch-opt={o}" for o in [*given, *rest]),
+            "--module",
+            JOB_MODULE,
+            str(folder),
+            "-m",
+            f"index=range({jobs[0].idx},{jobs[-1].idx + 1})",
+        ]
     code = subprocess.run(cmd, check=False).returncode
     if settings.get("dry_run"):
         if code:
@@ -393,18 +502,30 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
 def describe(topology: Any, ranks: int, jobs: Sequence[str]) -> str:
     """Which job takes which slot: one line per slot under its NUMA node, then the queue."""
     slots = pack(topology, ranks, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    rows = [(f"NUMA {format_list(s.mems) or '?'}", f"slot {s.index}", f"GPU {format_list(s.gpus) or '-'}",
-             f"CPU {format_list(s.cpus)}", f"NIC {','.join(s.nics) or '-'}") for s in slots]
+    rows = [
+        (
+            f"NUMA {format_list(s.mems) or '?'}",
+            f"slot {s.index}",
+            f"GPU {format_list(s.gpus) or '-'}",
+            f"CPU {format_list(s.cpus)}",
+            f"NIC {','.join(s.nics) or '-'}",
+        )
+        for s in slots
+    ]
     width = [max(len(r[i]) for r in rows) for i in range(5)]
-    out = [f"{f'{len(jobs)} jobs' if jobs else 'the sweeper’s jobs'} of {ranks} rank{'s' * (ranks > 1)}, {len(slots)} "
-           f"at a time on {topology.hostname or topology.source}; a job starts as soon as a slot frees"]
+    out = [
+        f"{f'{len(jobs)} jobs' if jobs else 'the sweeper’s jobs'} of {ranks} rank{'s' * (ranks > 1)}, {len(slots)} "
+        f"at a time on {topology.hostname or topology.source}; a job starts as soon as a slot frees"
+    ]
     for i, r in enumerate(rows):
         first, last = i == 0 or r[0] != rows[i - 1][0], i == len(rows) - 1 or r[0] != rows[i + 1][0]
         cells = "  ".join(c.ljust(w) for c, w in zip(r[1:], width[1:]))
         tree = "─" if first and last else "┌" if first else "└" if last else "├"
-        out.append(f"  {(r[0] if first else '').ljust(width[0])} {tree} {cells}  <- {jobs[i] if i < len(jobs) else '-'}")
+        out.append(
+            f"  {(r[0] if first else '').ljust(width[0])} {tree} {cells}  <- {jobs[i] if i < len(jobs) else '-'}"
+        )
     if len(jobs) > len(slots):
-        out.append(f"  then, each in the first slot that frees: {', '.join(jobs[len(slots):])}")
+        out.append(f"  then, each in the first slot that frees: {', '.join(jobs[len(slots) :])}")
     return "\n".join(out) + "\n"
 
 
@@ -419,11 +540,18 @@ def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequenc
 
         launch = Job(0, (), 1, tuple(options)).launch_options(os.environ)[0]
         overrides = [a for a in script_args if "=" in a and not a.lstrip("+~").startswith("hydra")]
-        jobs = [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
+        jobs = (
+            [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
+        )
         ranks = launch.nproc_per_node if isinstance(launch.nproc_per_node, int) else 1
         sys.stdout.write(describe(load_topology(launch.topology), ranks, jobs))
         return 0
-    argv = [sys.executable, *(["-m"] if kind == "module" else []), name, *script_args,
-            *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"])]
+    argv = [
+        sys.executable,
+        *(["-m"] if kind == "module" else []),
+        name,
+        *script_args,
+        *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"]),
+    ]
     os.execve(sys.executable, argv, {**os.environ, envvars.SWEEP_OPTIONS: json.dumps(options)})
     return 0  # not reached

@@ -54,7 +54,9 @@ def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> tupl
         if count > max_members:
             raise tarfile.TarError(f"more than {max_members} members (set {envvars.TAR_MAX_MEMBERS} to allow more)")
         if total > max_bytes:
-            raise tarfile.TarError(f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)")
+            raise tarfile.TarError(
+                f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)"
+            )
     return count, total
 
 
@@ -84,7 +86,9 @@ def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
     try:
         digest = file_digest(tarball)[:16]
     except OSError as e:
-        raise TopologyError(f"bad topology archive {str(tarball)!r}: {e.strerror}; expected a readable tarball") from None
+        raise TopologyError(
+            f"bad topology archive {str(tarball)!r}: {e.strerror}; expected a readable tarball"
+        ) from None
     dest = cache / f"{tarball.name.split('.tar')[0]}-{digest}"
     if not (dest / ".complete").exists():
         cache.mkdir(parents=True, exist_ok=True)
@@ -110,5 +114,7 @@ def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
     dirs = [p for p in dest.iterdir() if p.is_dir()]
     if len(dirs) == 1 and (dirs[0] / "sys").is_dir():
         return dirs[0]
-    raise TopologyError(f"bad topology archive {str(tarball)!r}: no sys/ directory at its top or in its single top directory; "
-                        "expected a tarball of a machine's /sys and /proc")
+    raise TopologyError(
+        f"bad topology archive {str(tarball)!r}: no sys/ directory at its top or in its single top directory; "
+        "expected a tarball of a machine's /sys and /proc"
+    )

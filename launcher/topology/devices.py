@@ -58,8 +58,11 @@ def cgroup_cpus(root: Path = Path("/")) -> tuple[int, ...] | None:
     ``cpuset.effective_cpus`` or ``cpuset.cpus``), the nearest ancestor that has the file; None when
     unknown. This is what the scheduler gave the whole step, before any per-task ``--cpu-bind``."""
     dirs = cgroup_dirs(_read(root / "proc/self/mounts"), _read(root / "proc/self/cgroup"), "cpuset")
-    found = cgroup_read(dirs, {2: ("cpuset.cpus.effective",), 1: ("cpuset.effective_cpus", "cpuset.cpus")},
-                        lambda p: _read(root / p.lstrip("/")))
+    found = cgroup_read(
+        dirs,
+        {2: ("cpuset.cpus.effective",), 1: ("cpuset.effective_cpus", "cpuset.cpus")},
+        lambda p: _read(root / p.lstrip("/")),
+    )
     try:
         return parse_list(found[1]) if found else None
     except CpuListError:

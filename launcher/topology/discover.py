@@ -1,4 +1,5 @@
-"""Choose a topology source and load it: the live machine, a recorded tree, or a saved file (forms: docs/design-notes.md)."""
+"""Choose a topology source and load it: the live machine, a recorded tree, or a saved file (forms:
+docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -100,10 +101,17 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
         if s is None:
             merged.append(dataclasses.replace(g, pci_bus_id=bus))
             continue
-        merged.append(dataclasses.replace(g, pci_bus_id=bus, numa_node=g.numa_node if g.numa_node >= 0 else s.numa_node,
-                                          cpu_affinity=g.cpu_affinity or s.cpu_affinity, pci_path=g.pci_path or s.pci_path,
-                                          memory_numa_node=g.memory_numa_node if g.memory_numa_node >= 0 else s.memory_numa_node,
-                                          minor=g.minor if g.minor >= 0 else s.minor))
+        merged.append(
+            dataclasses.replace(
+                g,
+                pci_bus_id=bus,
+                numa_node=g.numa_node if g.numa_node >= 0 else s.numa_node,
+                cpu_affinity=g.cpu_affinity or s.cpu_affinity,
+                pci_path=g.pci_path or s.pci_path,
+                memory_numa_node=g.memory_numa_node if g.memory_numa_node >= 0 else s.memory_numa_node,
+                minor=g.minor if g.minor >= 0 else s.minor,
+            )
+        )
     merged_notes += [f"PCI GPU {bus} not listed by NVML; left out" for bus in by_bus]
     return dataclasses.replace(
         topo, gpus=tuple(merged), gpu_links=reading.gpu_links, gpu_source="nvml", notes=tuple(merged_notes)
@@ -111,7 +119,8 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
 
 
 def device_root(source: str | None = None) -> Path | None:
-    """The directory whose ``dev/`` and ``proc/`` stand for the machine ``source`` names (None: this one); None for files."""
+    """The directory whose ``dev/`` and ``proc/`` stand for the machine ``source`` names (None: this one); None for
+    files."""
     if source is None:
         return Path("/")
     path = Path(source).expanduser()

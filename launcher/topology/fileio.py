@@ -11,7 +11,12 @@ from ..errors import TopologyError
 
 MAX_BYTES = 64 << 20  # an hwloc XML of a 384-PU machine is a few MB
 
-_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+_KINDS = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 def read_bounded(path: Path | str, *, shown: str | None = None, limit: int = MAX_BYTES) -> bytes:
@@ -35,7 +40,8 @@ def read_bounded(path: Path | str, *, shown: str | None = None, limit: int = MAX
             total += len(chunk)
             if total > limit:
                 raise TopologyError(
-                    f"bad topology file {name!r}: larger than {limit} bytes; expected a topology file of at most that size"
+                    f"bad topology file {name!r}: larger than {limit} bytes; expected a topology file of at most that "
+                    "size"
                 )
         return b"".join(chunks)
     finally:

@@ -85,8 +85,10 @@ def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
     except ValueError:
         major = 1
     if major < 2:
-        raise TopologyError(f"bad hwloc XML {origin!r}: hwloc 1.x format (version {version or 'missing'!r}) is not supported; "
-                            f"expected {_FORM} (hwloc >= 2.0)")
+        raise TopologyError(
+            f"bad hwloc XML {origin!r}: hwloc 1.x format (version {version or 'missing'!r}) is not supported; "
+            f"expected {_FORM} (hwloc >= 2.0)"
+        )
     top = root.find("object")
     if top is None:
         raise TopologyError(f"bad hwloc XML {origin!r}: no <object> under <topology>; expected {_FORM}")
@@ -137,15 +139,20 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
         c = st.cpus.get(cid)
         in_allowed = allowed is None or cid in allowed
         if c is None:
-            cpus.append(Cpu(cid, st.package_of.get(cid, -1), -1, cpu_node.get(cid, -1), online=not in_allowed, allowed=False))
+            cpus.append(
+                Cpu(cid, st.package_of.get(cid, -1), -1, cpu_node.get(cid, -1), online=not in_allowed, allowed=False)
+            )
         else:
-            cpus.append(Cpu(cid, c.package, c.core, cpu_node.get(cid, -1), c.die, c.siblings, c.llc, allowed=in_allowed))
+            cpus.append(
+                Cpu(cid, c.package, c.core, cpu_node.get(cid, -1), c.die, c.siblings, c.llc, allowed=in_allowed)
+            )
     hidden = len(cpus) - len(st.cpus)
     if hidden:
         st.notes.append(f"{hidden} CPUs in complete_cpuset have no PU object (disallowed or offline)")
     dist = _numa_distances(root, node_ids)
     nodes = tuple(
-        NumaNode(nid, st.nodes[nid][0], st.nodes[nid][1], dist.get(nid, ()), memory_only=not st.nodes[nid][0]) for nid in node_ids
+        NumaNode(nid, st.nodes[nid][0], st.nodes[nid][1], dist.get(nid, ()), memory_only=not st.nodes[nid][0])
+        for nid in node_ids
     )
     if not nodes:
         nodes = (NumaNode(id=0, cpus=tuple(c.id for c in cpus), memory_bytes=_attr_int(top, "local_memory", 0)),)
@@ -156,9 +163,15 @@ def _build(root: ET.Element, top: ET.Element, major: int, origin: str) -> Topolo
     gpus = pci_order(tuple(st.gpus))
     infos = _infos(top)
     return Topology(
-        hostname=infos.get("HostName", ""), numa_nodes=nodes, cpus=tuple(cpus),
-        gpus=tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(gpus)), nics=tuple(st.nics),
-        allowed_mems=allowed_mems, source=f"hwloc:{origin}", gpu_source="hwloc" if gpus else "none", notes=tuple(st.notes),
+        hostname=infos.get("HostName", ""),
+        numa_nodes=nodes,
+        cpus=tuple(cpus),
+        gpus=tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(gpus)),
+        nics=tuple(st.nics),
+        allowed_mems=allowed_mems,
+        source=f"hwloc:{origin}",
+        gpu_source="hwloc" if gpus else "none",
+        notes=tuple(st.notes),
     )
 
 
@@ -184,8 +197,14 @@ def _walk(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
         pid = _attr_int(el, "os_index", -1)
         if pid < 0:
             raise ValueError("PU without os_index")
-        st.cpus[pid] = Cpu(id=pid, package=ctx.package, core=ctx.core if ctx.core is not None and ctx.core >= 0 else pid,
-                           die=ctx.die, siblings=ctx.core_cpus or (pid,), llc=min(ctx.llc) if ctx.llc else -1)
+        st.cpus[pid] = Cpu(
+            id=pid,
+            package=ctx.package,
+            core=ctx.core if ctx.core is not None and ctx.core >= 0 else pid,
+            die=ctx.die,
+            siblings=ctx.core_cpus or (pid,),
+            llc=min(ctx.llc) if ctx.llc else -1,
+        )
     elif typ in ("Bridge", "PCIDev"):
         bus = el.get("pci_busid")
         if bus:
@@ -232,16 +251,35 @@ def _pci_device(el: ET.Element, ctx: _Ctx, st: _State, major: int) -> None:
                 info = _infos(o)
                 name = name or info.get("GPUModel", "")
                 uuid = uuid or info.get("NVIDIAUUID", "") or info.get("AMDUUID", "")
-            st.gpus.append(Gpu(index=0, pci_bus_id=bus, numa_node=numa, name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
-                               uuid=uuid, vendor=vendor, cpu_affinity=cpus, pci_path=ctx.pci_chain))
+            st.gpus.append(
+                Gpu(
+                    index=0,
+                    pci_bus_id=bus,
+                    numa_node=numa,
+                    name=name or f"PCI {vendor_id:04x}:{m.group(3).lower()}",
+                    uuid=uuid,
+                    vendor=vendor,
+                    cpu_affinity=cpus,
+                    pci_path=ctx.pci_chain,
+                )
+            )
     ofed = [o for o, k in osdevs if k == "ofed"]
     nets = [o.get("name", "") for o, k in osdevs if k == "net"]
     for o in ofed:
         info = _infos(o)
         layers = [v for k, v in info.items() if re.fullmatch(r"Port\d+LinkLayer", k)]
         kind = NicKind.ROCE if layers and all(v == "Ethernet" for v in layers) else NicKind.INFINIBAND
-        st.nics.append(Nic(name=o.get("name", ""), pci_bus_id=bus, numa_node=numa, kind=kind, netdevs=tuple(sorted(nets)),
-                           pci_path=ctx.pci_chain, ports=_rdma_ports(info)))
+        st.nics.append(
+            Nic(
+                name=o.get("name", ""),
+                pci_bus_id=bus,
+                numa_node=numa,
+                kind=kind,
+                netdevs=tuple(sorted(nets)),
+                pci_path=ctx.pci_chain,
+                ports=_rdma_ports(info),
+            )
+        )
     if not ofed:
         for n in nets:
             st.nics.append(
@@ -255,9 +293,13 @@ def _rdma_ports(info: dict[str, str]) -> tuple[RdmaPort, ...]:
     ports = []
     for n in numbers:
         state = info.get(f"Port{n}State", "").strip()
-        ports.append(RdmaPort(number=n,
-                              state=PORT_STATES.get(int(state), "") if state.isdigit() else "",
-                              link_layer=info.get(f"Port{n}LinkLayer", "").strip()))
+        ports.append(
+            RdmaPort(
+                number=n,
+                state=PORT_STATES.get(int(state), "") if state.isdigit() else "",
+                link_layer=info.get(f"Port{n}LinkLayer", "").strip(),
+            )
+        )
     return tuple(ports)
 
 

@@ -44,8 +44,13 @@ class Link(enum.IntEnum):
 
 
 _WORDS = {
-    Link.NVLINK: "NVLink", Link.PCIE_SWITCH: "PCIe switch", Link.HOST_BRIDGE: "host bridge", Link.SYS: "SYS",
-    Link.NVLINK_DOMAIN: "NVLink domain", Link.LEAF_SWITCH: "leaf switch", Link.NETWORK: "network",
+    Link.NVLINK: "NVLink",
+    Link.PCIE_SWITCH: "PCIe switch",
+    Link.HOST_BRIDGE: "host bridge",
+    Link.SYS: "SYS",
+    Link.NVLINK_DOMAIN: "NVLink domain",
+    Link.LEAF_SWITCH: "leaf switch",
+    Link.NETWORK: "network",
 }
 
 
@@ -86,12 +91,22 @@ def _pair(topology: Topology, a: int, b: int) -> tuple[Link, str, bool]:
     ga, gb = topology.gpus[a], topology.gpus[b]
     derived = pci_code(ga.pci_path, gb.pci_path)
     # both one switch away from one NIC: the switch is theirs too
-    switch = known is Link.PCIE_SWITCH or derived in _SWITCH or any(
-        topology.gpu_nic_link(a, k) in _SWITCH and topology.gpu_nic_link(b, k) in _SWITCH for k in range(len(topology.nics)))
+    switch = (
+        known is Link.PCIE_SWITCH
+        or derived in _SWITCH
+        or any(
+            topology.gpu_nic_link(a, k) in _SWITCH and topology.gpu_nic_link(b, k) in _SWITCH
+            for k in range(len(topology.nics))
+        )
+    )
     if known is Link.NVLINK:
         return known, recorded, switch
     if switch:
-        return Link.PCIE_SWITCH, recorded if known is Link.PCIE_SWITCH else derived if derived in _SWITCH else "PXB", True
+        return (
+            Link.PCIE_SWITCH,
+            recorded if known is Link.PCIE_SWITCH else derived if derived in _SWITCH else "PXB",
+            True,
+        )
     if known is not None:
         return known, recorded, False
     if derived:

@@ -202,6 +202,7 @@ class Nic:
             if p.active:
                 return p.number
         return self.ports[0].number if self.ports else 1
+
     pcie_link: PcieLink = PcieLink()
 
 
@@ -274,8 +275,10 @@ class Topology:
             raise TopologyError(f"bad topology snapshot {origin!r}: expected a JSON object from 'numarun topo --json'")
         version = data.get("schema_version")
         if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:
-            raise TopologyError(f"bad topology snapshot {origin!r}: schema_version {version!r}, expected one of "
-                                f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (re-create it with 'numarun topo --json')")
+            raise TopologyError(
+                f"bad topology snapshot {origin!r}: schema_version {version!r}, expected one of "
+                f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))} (re-create it with 'numarun topo --json')"
+            )
         try:  # older versions lack only fields that have defaults
             return from_jsonable(cls, {**data, "schema_version": SCHEMA_VERSION})
         except SchemaError as e:

@@ -79,7 +79,12 @@ def fabric_of(raw: Any) -> tuple[str, int]:
     if not isinstance(raw, Mapping):
         return "", -1
     uuid, clique, state, status = raw.get("cluster_uuid"), raw.get("clique_id"), raw.get("state"), raw.get("status")
-    if state != FABRIC_STATE_COMPLETED or status != NVML_SUCCESS or not isinstance(uuid, str) or not isinstance(clique, int):
+    if (
+        state != FABRIC_STATE_COMPLETED
+        or status != NVML_SUCCESS
+        or not isinstance(uuid, str)
+        or not isinstance(clique, int)
+    ):
         return "", -1
     digits = uuid.replace("-", "").lower()
     if len(digits) != 32 or any(c not in "0123456789abcdef" for c in digits) or not digits.strip("0"):
@@ -103,16 +108,28 @@ def gpus_from_nvml_record(record: Mapping[str, Any]) -> tuple[Gpu, ...]:
         node = mem_nodes[0] if len(mem_nodes) == 1 else -1
         numa_id = g.get("numa_node_id")
         mem_node = (
-            numa_id if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node else -1
+            numa_id
+            if isinstance(numa_id, int) and not isinstance(numa_id, bool) and numa_id >= 0 and numa_id != node
+            else -1
         )
         total = g.get("memory_total")
         minor = g.get("minor_number")
         cluster, clique = fabric_of(g.get("fabric"))
-        out.append(Gpu(index=index, pci_bus_id=bus, numa_node=node, name=str(g.get("name") or ""), uuid=str(g.get("uuid") or ""),
-                       cpu_affinity=_bits(g.get("cpu_affinity_words")), memory_numa_node=mem_node,
-                       memory_bytes=total if isinstance(total, int) and total > 0 else 0,
-                       minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
-                       fabric_cluster=cluster, fabric_clique=clique))
+        out.append(
+            Gpu(
+                index=index,
+                pci_bus_id=bus,
+                numa_node=node,
+                name=str(g.get("name") or ""),
+                uuid=str(g.get("uuid") or ""),
+                cpu_affinity=_bits(g.get("cpu_affinity_words")),
+                memory_numa_node=mem_node,
+                memory_bytes=total if isinstance(total, int) and total > 0 else 0,
+                minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and minor >= 0 else -1,
+                fabric_cluster=cluster,
+                fabric_clique=clique,
+            )
+        )
     return tuple(out)
 
 
@@ -209,26 +226,28 @@ def read_nvml_record() -> dict[str, Any] | None:
         for i, h in enumerate(handles):
             pci = _call(pynvml.nvmlDeviceGetPciInfo, h)
             mem = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
-            gpus.append({
-                "index": i,
-                "name": _call(pynvml.nvmlDeviceGetName, h),
-                "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
-                "pci_bus_id": _bus_text(pci),
-                "memory_total": mem if isinstance(mem, str) else int(mem.total),
-                "cpu_affinity_words": _words(_call(pynvml.nvmlDeviceGetCpuAffinity, h, CPU_WORDS)),
-                "memory_affinity_words": _words(
-                    _call(pynvml.nvmlDeviceGetMemoryAffinity, h, CPU_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE)
-                ),
-                "numa_node_id": _call(pynvml.nvmlDeviceGetNumaNodeId, h),
-                "minor_number": _call(pynvml.nvmlDeviceGetMinorNumber, h),
-                "nvlinks": _nvlinks(pynvml, h),
-                "fabric": _fabric(pynvml, h),
-                "common_ancestor": {
-                    str(j): _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)
-                    for j, other in enumerate(handles)
-                    if j != i
-                },
-            })
+            gpus.append(
+                {
+                    "index": i,
+                    "name": _call(pynvml.nvmlDeviceGetName, h),
+                    "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                    "pci_bus_id": _bus_text(pci),
+                    "memory_total": mem if isinstance(mem, str) else int(mem.total),
+                    "cpu_affinity_words": _words(_call(pynvml.nvmlDeviceGetCpuAffinity, h, CPU_WORDS)),
+                    "memory_affinity_words": _words(
+                        _call(pynvml.nvmlDeviceGetMemoryAffinity, h, CPU_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE)
+                    ),
+                    "numa_node_id": _call(pynvml.nvmlDeviceGetNumaNodeId, h),
+                    "minor_number": _call(pynvml.nvmlDeviceGetMinorNumber, h),
+                    "nvlinks": _nvlinks(pynvml, h),
+                    "fabric": _fabric(pynvml, h),
+                    "common_ancestor": {
+                        str(j): _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, h, other)
+                        for j, other in enumerate(handles)
+                        if j != i
+                    },
+                }
+            )
         return {
             "driver": _call(pynvml.nvmlSystemGetDriverVersion),
             "nvml_version": _call(pynvml.nvmlSystemGetNVMLVersion),
@@ -274,8 +293,12 @@ def _fabric(pynvml: Any, handle: Any) -> Any:
     answer = _call(call, handle, ctypes.byref(info))
     if isinstance(answer, str):
         return answer
-    return {"cluster_uuid": bytes(info.clusterUuid).hex(), "clique_id": int(info.cliqueId), "state": int(info.state),
-            "status": int(info.status)}
+    return {
+        "cluster_uuid": bytes(info.clusterUuid).hex(),
+        "clique_id": int(info.cliqueId),
+        "state": int(info.state),
+        "status": int(info.status),
+    }
 
 
 def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
@@ -288,8 +311,11 @@ def _nvlinks(pynvml: Any, handle: Any) -> list[list[Any]]:
                 break
             continue
         remote = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link) if state else "ERR inactive"
-        kind = _call(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link) if state and hasattr(
-            pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType") else "ERR inactive"
+        kind = (
+            _call(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
+            if state and hasattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType")
+            else "ERR inactive"
+        )
         # [link, active, far end's bus id, far end's device type (0 GPU, 2 NVSwitch)]
         out.append([link, int(state), remote if isinstance(remote, str) else _bus_text(remote), kind])
     return out

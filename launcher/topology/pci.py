@@ -1,4 +1,5 @@
-"""The PCI rules every topology reader shares: which function is a GPU, and the bus order (pure; docs/design-notes.md)."""
+"""The PCI rules every topology reader shares: which function is a GPU, and the bus order (pure;
+docs/design-notes.md)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,9 @@ def own_cgroup2_path(cgroup_text: str) -> str | None:
     return None
 
 
-def cgroup_dirs(mounts: str | None, cgroup: str | None, controller: str, *,
-                fallback: str | None = None) -> list[tuple[int, str]]:
+def cgroup_dirs(
+    mounts: str | None, cgroup: str | None, controller: str, *, fallback: str | None = None
+) -> list[tuple[int, str]]:
     """This process's cgroups that may hold ``controller``'s files, innermost first, as (cgroup
     version, directory): its v2 cgroup and each ancestor up to the v2 mount, then the same in the
     v1 hierarchy of ``controller``. ``mounts``/``cgroup``: the texts of ``/proc/self/mounts`` and
@@ -56,8 +57,10 @@ def cgroup_dirs(mounts: str | None, cgroup: str | None, controller: str, *,
         if len(parts) == 3 and controller in parts[1].split(","):
             v1_path = parts[2].strip() or "/"
     v2_mount = cgroup2_mount(mounts or "")
-    trees = ((2, v2_mount if mounts else "/sys/fs/cgroup", own_cgroup2_path(cgroup or "")),
-             (1, v1_mount if mounts else f"/sys/fs/cgroup/{controller}", v1_path))
+    trees = (
+        (2, v2_mount if mounts else "/sys/fs/cgroup", own_cgroup2_path(cgroup or "")),
+        (1, v1_mount if mounts else f"/sys/fs/cgroup/{controller}", v1_path),
+    )
     out: list[tuple[int, str]] = []
     for version, mount, rel in trees:
         if mount is not None:
@@ -66,8 +69,9 @@ def cgroup_dirs(mounts: str | None, cgroup: str | None, controller: str, *,
     return out
 
 
-def cgroup_read(dirs: Sequence[tuple[int, str]], names: Mapping[int, Sequence[str]],
-                read: Callable[[str], str | None]) -> tuple[str, str] | None:
+def cgroup_read(
+    dirs: Sequence[tuple[int, str]], names: Mapping[int, Sequence[str]], read: Callable[[str], str | None]
+) -> tuple[str, str] | None:
     """The first of ``names[version]`` that ``read`` finds non-empty in ``dirs`` (innermost first):
     (its path, its text stripped); None when none is."""
     for version, d in dirs:

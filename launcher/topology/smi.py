@@ -1,4 +1,5 @@
-"""``nvidia-smi topo -m`` text -> :class:`SmiMatrix` -> :class:`Topology` (pure; forms and inferences: docs/design-notes.md)."""
+"""``nvidia-smi topo -m`` text -> :class:`SmiMatrix` -> :class:`Topology` (pure; forms and inferences:
+docs/design-notes.md)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
         raise _fail(origin, header_no, "the header does not start with GPU0, GPU1, ...", lines[n])
     if "CPU Affinity" not in columns or tuple(columns) != tuple(c for c in _AFFINITY_COLUMNS if c in columns):
         raise _fail(origin, header_no, "the header lacks 'CPU Affinity' or has its columns out of order", lines[n])
-    nics = devices[len(gpus):]
+    nics = devices[len(gpus) :]
     for d in nics:
         if _GPU_LABEL.fullmatch(d) or not re.fullmatch(r"[A-Za-z][\w.\-]*", d):
             raise _fail(origin, header_no, f"bad device column {d!r} in the header", lines[n])
@@ -114,7 +115,9 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
     n += 1
     for row_i, label in enumerate(devices):
         if n >= len(lines) or not lines[n].strip():
-            raise _fail(origin, n + 1 if n < len(lines) else 0, f"the matrix ends before the row of {label} (file truncated?)")
+            raise _fail(
+                origin, n + 1 if n < len(lines) else 0, f"the matrix ends before the row of {label} (file truncated?)"
+            )
         line = lines[n]
         toks = line.split()
         if toks[0] != label:
@@ -132,11 +135,15 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
         if len(cells) != ndev:
             raise _fail(origin, n + 1, f"{len(cells)} link cells for {ndev} devices in", line)
         if cells[row_i] != "X":
-            raise _fail(origin, n + 1, f"cell {row_i} of row {label} is {cells[row_i]!r}, not 'X' (columns misaligned)", line)
+            raise _fail(
+                origin, n + 1, f"cell {row_i} of row {label} is {cells[row_i]!r}, not 'X' (columns misaligned)", line
+            )
         links.append(["SYS" if c == "SOC" else c for c in cells])
         if row_i < len(gpus):
             if len(rest) != len(columns):
-                raise _fail(origin, n + 1, f"{len(rest)} affinity values for the {len(columns)} columns {columns} in", line)
+                raise _fail(
+                    origin, n + 1, f"{len(rest)} affinity values for the {len(columns)} columns {columns} in", line
+                )
             gpu_cols.append(rest)
         elif rest:
             raise _fail(origin, n + 1, f"unexpected values {rest} after the link cells of {label}", line)
@@ -161,8 +168,18 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
             gpu_numa.append(int(raw))
         else:
             raise _fail(origin, lineno, f"bad GPU NUMA ID {raw!r} (expected a node id or N/A) in", lines[lineno - 1])
-    return SmiMatrix(origin, tuple(gpus), tuple(nics), nic_names, tuple(tuple(r[:ng]) for r in links[:ng]),
-                     tuple(tuple(r[ng:]) for r in links[:ng]), tuple(cpu_aff), tuple(numa_aff), tuple(gpu_numa), tuple(columns))
+    return SmiMatrix(
+        origin,
+        tuple(gpus),
+        tuple(nics),
+        nic_names,
+        tuple(tuple(r[:ng]) for r in links[:ng]),
+        tuple(tuple(r[ng:]) for r in links[:ng]),
+        tuple(cpu_aff),
+        tuple(numa_aff),
+        tuple(gpu_numa),
+        tuple(columns),
+    )
 
 
 def _ids(value: str, origin: str, lineno: int, column: str) -> tuple[int, ...]:
@@ -246,8 +263,12 @@ def topology_from_smi(text: str, origin: str) -> Topology:
         known = set().union(*node_cpus.values())
         stray = [c for c in all_cpus if c not in known]
         if stray:
-            notes.append(f"CPUs {format_list(stray)} have no known NUMA node (their GPU's NUMA affinity is not one node)")
-    notes.append("NUMA node CPUs come from the GPUs' CPU affinity; nodes without a GPU are not visible; memory sizes unknown")
+            notes.append(
+                f"CPUs {format_list(stray)} have no known NUMA node (their GPU's NUMA affinity is not one node)"
+            )
+    notes.append(
+        "NUMA node CPUs come from the GPUs' CPU affinity; nodes without a GPU are not visible; memory sizes unknown"
+    )
 
     mem_only: list[int] = []
     for g in range(ng):
@@ -279,10 +300,18 @@ def topology_from_smi(text: str, origin: str) -> Topology:
         core = sib[0] if sib else c
         cpus.append(Cpu(id=c, package=max(nid, 0), core=core, numa_node=nid, siblings=sib))
 
-    numa_nodes = tuple(NumaNode(id=nid, cpus=frozen_nodes[nid], memory_bytes=0, memory_only=not frozen_nodes[nid])
-                       for nid in sorted(frozen_nodes))
+    numa_nodes = tuple(
+        NumaNode(id=nid, cpus=frozen_nodes[nid], memory_bytes=0, memory_only=not frozen_nodes[nid])
+        for nid in sorted(frozen_nodes)
+    )
     gpus = tuple(
-        Gpu(index=g, pci_bus_id="", numa_node=gpu_nodes[g], cpu_affinity=mx.cpu_affinity[g], memory_numa_node=mx.gpu_numa_id[g])
+        Gpu(
+            index=g,
+            pci_bus_id="",
+            numa_node=gpu_nodes[g],
+            cpu_affinity=mx.cpu_affinity[g],
+            memory_numa_node=mx.gpu_numa_id[g],
+        )
         for g in range(ng)
     )
     nics: list[Nic] = []
@@ -290,11 +319,21 @@ def topology_from_smi(text: str, origin: str) -> Topology:
         near = {gpu_nodes[g] for g in range(ng) if mx.nic_links[g][k] in _NEAR}
         node = near.pop() if len(near) == 1 else -1
         if node < 0:
-            notes.append(f"NIC {name}: NUMA node unknown (no GPU on a known node is PIX/PXB/PHB/NODE to it, or they disagree)")
+            notes.append(
+                f"NIC {name}: NUMA node unknown (no GPU on a known node is PIX/PXB/PHB/NODE to it, or they disagree)"
+            )
         nics.append(Nic(name=name, numa_node=node, kind=nic_kind(name)))
     if nics:
         notes.append("NIC NUMA nodes inferred from the GPUs they are PIX/PXB/PHB/NODE to; NIC kinds guessed from names")
     return Topology(
-        hostname="", numa_nodes=numa_nodes, cpus=tuple(cpus), gpus=gpus, nics=tuple(nics), gpu_links=mx.gpu_links,
-        nic_links=mx.nic_links if nics else (), source=f"nvidia-smi:{origin}", gpu_source="nvidia-smi", notes=tuple(notes),
+        hostname="",
+        numa_nodes=numa_nodes,
+        cpus=tuple(cpus),
+        gpus=gpus,
+        nics=tuple(nics),
+        gpu_links=mx.gpu_links,
+        nic_links=mx.nic_links if nics else (),
+        source=f"nvidia-smi:{origin}",
+        gpu_source="nvidia-smi",
+        notes=tuple(notes),
     )

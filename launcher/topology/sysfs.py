@@ -114,7 +114,9 @@ class _Reader:
         except FileNotFoundError:
             return None
         except IsADirectoryError:
-            raise TopologyError(f"bad topology file {self.show(p)!r}: a directory; expected a file holding {form}") from None
+            raise TopologyError(
+                f"bad topology file {self.show(p)!r}: a directory; expected a file holding {form}"
+            ) from None
         except OSError:
             return None
         # Some captures end files with a NUL (copied with a fixed-size read); only a NUL
@@ -136,7 +138,8 @@ class _Reader:
             return parse(text)
         except (CpuListError, ValueError):
             raise TopologyError(
-                f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {expected or form}") from None
+                f"bad topology file {self.show(p)!r}: {text.strip()[:80]!r}; expected {expected or form}"
+            ) from None
 
     def cpulist(self, p: Path, *, what: str = "a cpu list such as '0-3,8'") -> tuple[int, ...] | None:
         return self.parsed(p, parse_list, form=what, expected=f"{what} (ascending ranges)")
@@ -193,8 +196,10 @@ def read_sysfs(root: Path | str) -> Topology:
     live = root.resolve() == Path("/")
     r = _Reader(root)
     if not r.path("sys/devices/system/cpu").is_dir():
-        raise TopologyError(f"bad topology tree {str(root)!r}: no sys/devices/system/cpu; expected a directory standing "
-                            "for a machine's '/' (holding sys/ and proc/)")
+        raise TopologyError(
+            f"bad topology tree {str(root)!r}: no sys/devices/system/cpu; expected a directory standing "
+            "for a machine's '/' (holding sys/ and proc/)"
+        )
     links_file = r.path("links.json")
     if not live and links_file.is_file():
         try:
@@ -211,9 +216,18 @@ def read_sysfs(root: Path | str) -> Topology:
     nv_driver = _nvidia_driver_gpus(r)
     gpus = _read_gpus(r, nv_driver)
     nics = _read_nics(r)
-    return Topology(hostname=_hostname(r, live), numa_nodes=nodes, cpus=cpus, gpus=gpus, nics=nics, allowed_mems=allowed_mems,
-                    source="live" if live else f"sysfs:{root}", gpu_source="sysfs" if gpus else "none",
-                    notes=tuple(r.notes), kernel_modules=read_kernel_modules(r))
+    return Topology(
+        hostname=_hostname(r, live),
+        numa_nodes=nodes,
+        cpus=cpus,
+        gpus=gpus,
+        nics=nics,
+        allowed_mems=allowed_mems,
+        source="live" if live else f"sysfs:{root}",
+        gpu_source="sysfs" if gpus else "none",
+        notes=tuple(r.notes),
+        kernel_modules=read_kernel_modules(r),
+    )
 
 
 # --- CPUs and NUMA nodes -------------------------------------------------------------
@@ -252,8 +266,10 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
             # Kernels before 2.6.27 have only the hex cpumap.
             cl = r.cpumask(d / "cpumap")
         if cl is None:
-            raise TopologyError(f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
-                                "expected a cpu list such as '0-3,8' (empty for a CPU-less node)")
+            raise TopologyError(
+                f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
+                "expected a cpu list such as '0-3,8' (empty for a CPU-less node)"
+            )
         cpus = tuple(c for c in cl if c in universe)
         for c in cpus:
             cpu_node.setdefault(c, nid)
@@ -265,8 +281,10 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
         raw.append((nid, cpus, mem, dist))
     # Distances are a matrix: keep them only when every row is known.
     dists_ok = all(row for *_, row in raw)
-    nodes = tuple(NumaNode(id=nid, cpus=cpus, memory_bytes=mem, distances=dist if dists_ok else (), memory_only=not cpus)
-                  for nid, cpus, mem, dist in raw)
+    nodes = tuple(
+        NumaNode(id=nid, cpus=cpus, memory_bytes=mem, distances=dist if dists_ok else (), memory_only=not cpus)
+        for nid, cpus, mem, dist in raw
+    )
     return nodes, cpu_node
 
 
@@ -333,8 +351,19 @@ def _read_cpus(r: _Reader, cpu_ids: tuple[int, ...], cpu_node: dict[int, int], *
         sib = r.cpulist(topo / "thread_siblings_list")
         if sib is None:
             sib = r.cpumask(topo / "thread_siblings")  # kernels before 2.6.26
-        out.append(Cpu(id=cid, package=pkg, core=core, numa_node=node, die=die if die is not None and die >= 0 else 0,
-                       siblings=sib if sib else (cid,), llc=_llc(r, d / "cache"), online=online, allowed=cid in allowed))
+        out.append(
+            Cpu(
+                id=cid,
+                package=pkg,
+                core=core,
+                numa_node=node,
+                die=die if die is not None and die >= 0 else 0,
+                siblings=sib if sib else (cid,),
+                llc=_llc(r, d / "cache"),
+                online=online,
+                allowed=cid in allowed,
+            )
+        )
     return tuple(out)
 
 
@@ -372,11 +401,17 @@ def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
     """The ``cpus`` or ``mems`` of this process's cpuset cgroup (v2 ``cpuset.<name>.effective``, v1
     ``cpuset.<name>``, as hwloc reads them), if recorded. hwloc captures record the path in ``proc/self/cpuset``."""
     cs = r.text(r.path("proc/self/cpuset"), form="a cgroup path")
-    dirs = cgroup_dirs(r.text(r.path("proc/mounts"), form="mount table lines"),
-                       r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines"), "cpuset",
-                       fallback=cs.strip() if cs and cs.strip().startswith("/") else None)
-    found = cgroup_read(dirs, {2: (f"cpuset.{name}.effective",), 1: (f"cpuset.{name}",)},
-                        lambda p: r.text(r.path(p), form="a cpu list such as '0-3,8'"))
+    dirs = cgroup_dirs(
+        r.text(r.path("proc/mounts"), form="mount table lines"),
+        r.text(r.path("proc/self/cgroup"), form="'id:controllers:path' lines"),
+        "cpuset",
+        fallback=cs.strip() if cs and cs.strip().startswith("/") else None,
+    )
+    found = cgroup_read(
+        dirs,
+        {2: (f"cpuset.{name}.effective",), 1: (f"cpuset.{name}",)},
+        lambda p: r.text(r.path(p), form="a cpu list such as '0-3,8'"),
+    )
     return r.cpulist(r.path(found[0])) if found else None
 
 
@@ -490,9 +525,20 @@ def _read_gpus(r: _Reader, nv_driver: dict[str, tuple[int, int]]) -> tuple[Gpu, 
         name = f"PCI {vendor_id:04x}:{device_id:04x}" if device_id is not None else f"PCI {vendor_id:04x}"
         affinity = r.cpulist(d / "local_cpulist") or ()
         memory_node, minor = nv_driver.get(bus, (-1, -1))
-        found.append(Gpu(index=0, pci_bus_id=bus, numa_node=_pci_numa(r, d), name=name, vendor=vendor, cpu_affinity=affinity,
-                         memory_numa_node=memory_node, minor=minor, pci_path=_pci_chain(r, d) or (bus,),
-                         pcie_link=read_pcie_link(r, d)))
+        found.append(
+            Gpu(
+                index=0,
+                pci_bus_id=bus,
+                numa_node=_pci_numa(r, d),
+                name=name,
+                vendor=vendor,
+                cpu_affinity=affinity,
+                memory_numa_node=memory_node,
+                minor=minor,
+                pci_path=_pci_chain(r, d) or (bus,),
+                pcie_link=read_pcie_link(r, d),
+            )
+        )
     return tuple(Gpu(**{**g.__dict__, "index": i}) for i, g in enumerate(pci_order(tuple(found))))
 
 
@@ -520,10 +566,17 @@ def _read_rdma_ports(r: _Reader, dev: Path) -> tuple[RdmaPort, ...]:
         sm = _PORT_STATE.match(state_text or "")
         if state_text is not None and not sm:
             r.note(
-                f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state unknown"
+                f"{r.show(port / 'state')}: {state_text.strip()[:40]!r} is not a port state such as '4: ACTIVE'; state "
+                "unknown"
             )
-        out.append(RdmaPort(number=int(port.name), state=sm.group(1) if sm else "", link_layer=layer,
-                            rate_gbps=float(m.group(1)) if m else 0.0))
+        out.append(
+            RdmaPort(
+                number=int(port.name),
+                state=sm.group(1) if sm else "",
+                link_layer=layer,
+                rate_gbps=float(m.group(1)) if m else 0.0,
+            )
+        )
     return tuple(out)
 
 
@@ -544,9 +597,19 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             netdir = r.resolve(dev) / "net"
             netdevs = tuple(sorted(p.name for p in netdir.iterdir())) if netdir.is_dir() else ()
             owned.update(netdevs)
-            nics.append(Nic(name=d.name, pci_bus_id=chain[-1], numa_node=_pci_numa(r, r.resolve(dev)), kind=kind,
-                            netdevs=netdevs, speed_mbps=speed, pci_path=chain, ports=ports,
-                            pcie_link=read_pcie_link(r, r.resolve(dev))))
+            nics.append(
+                Nic(
+                    name=d.name,
+                    pci_bus_id=chain[-1],
+                    numa_node=_pci_numa(r, r.resolve(dev)),
+                    kind=kind,
+                    netdevs=netdevs,
+                    speed_mbps=speed,
+                    pci_path=chain,
+                    ports=ports,
+                    pcie_link=read_pcie_link(r, r.resolve(dev)),
+                )
+            )
     net = r.path("sys/class/net")
     if net.is_dir():
         for d in sorted(net.iterdir(), key=lambda p: p.name):
@@ -563,9 +626,18 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             pci_dev = r.path("sys/bus/pci/devices") / chain[-1]
             if not pci_dev.exists():
                 pci_dev = _pci_parent(r, r.resolve(d / "device"))
-            nics.append(Nic(name=d.name, pci_bus_id=chain[-1], numa_node=_pci_numa(r, pci_dev), kind=NicKind.ETHERNET,
-                            netdevs=(d.name,), speed_mbps=max(speed, 0), pci_path=chain,
-                            pcie_link=read_pcie_link(r, pci_dev)))
+            nics.append(
+                Nic(
+                    name=d.name,
+                    pci_bus_id=chain[-1],
+                    numa_node=_pci_numa(r, pci_dev),
+                    kind=NicKind.ETHERNET,
+                    netdevs=(d.name,),
+                    speed_mbps=max(speed, 0),
+                    pci_path=chain,
+                    pcie_link=read_pcie_link(r, pci_dev),
+                )
+            )
     return tuple(nics)
 
 
@@ -587,8 +659,12 @@ def read_pcie_link(r: _Reader, dev: Path) -> PcieLink:
         t = (r.text(dev / name, form="a lane count such as '16'") or "").strip()
         return int(t) if t.isdigit() else 0
 
-    return PcieLink(current_gts=speed("current_link_speed"), current_width=width("current_link_width"),
-                    max_gts=speed("max_link_speed"), max_width=width("max_link_width"))
+    return PcieLink(
+        current_gts=speed("current_link_speed"),
+        current_width=width("current_link_width"),
+        max_gts=speed("max_link_speed"),
+        max_width=width("max_link_width"),
+    )
 
 
 def read_kernel_modules(r: _Reader) -> tuple[str, ...] | None:

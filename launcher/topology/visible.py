@@ -15,26 +15,34 @@ _FORM = "a comma-separated list of GPU indices or GPU UUIDs such as '0,2' or 'GP
 
 
 def openable(gpus: tuple[Gpu, ...], minors: frozenset[int] | tuple[int, ...] | None) -> tuple[Gpu, ...]:
-    """The GPUs a process whose device cgroup lets it open only ``minors`` (``/dev/nvidia<minor>``) can use (None: all)."""
+    """The GPUs a process whose device cgroup lets it open only ``minors`` (``/dev/nvidia<minor>``) can use (None:
+    all)."""
     if minors is None:
         return gpus
     known = all(g.minor >= 0 for g in gpus)
     if not known:
-        log.warning("this topology source records no GPU minor numbers: taking GPU index N as /dev/nvidiaN for the scheduler's "
-                    "GPUs %s (a live machine, or a recorded tree with /proc/driver/nvidia/gpus/*/information, knows them)",
-                    ",".join(str(m) for m in sorted(minors)))
+        log.warning(
+            "this topology source records no GPU minor numbers: taking GPU index N as /dev/nvidiaN for the scheduler's "
+            "GPUs %s (a live machine, or a recorded tree with /proc/driver/nvidia/gpus/*/information, knows them)",
+            ",".join(str(m) for m in sorted(minors)),
+        )
     number = {id(g): (g.minor if known else g.index) for g in gpus}
     missing = set(minors) - set(number.values())
     if missing:
         raise VisibleDevicesError(
-            f"bad GPU selection: the scheduler gave this task GPU minor number(s) {sorted(missing)}, which this topology "
+            f"bad GPU selection: the scheduler gave this task GPU minor number(s) {sorted(missing)}, which this "
+            "topology "
             f"does not have (its minors: {sorted(number.values())}); expected the node's own topology"
         )
     return tuple(g for g in gpus if number[id(g)] in minors)
 
 
-def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_device_order: str | None,
-                 allowed_minors: frozenset[int] | tuple[int, ...] | None = None) -> tuple[Gpu, ...]:
+def visible_gpus(
+    topology: Topology,
+    cuda_visible_devices: str | None,
+    cuda_device_order: str | None,
+    allowed_minors: frozenset[int] | tuple[int, ...] | None = None,
+) -> tuple[Gpu, ...]:
     """GPUs of ``topology`` as CUDA device 0, 1, ... of a process with this environment.
 
     Unset -> all, ``""``/``"-1"`` -> none; indices count among ``allowed_minors`` (see :func:`openable`).
@@ -42,11 +50,13 @@ def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_devi
     """
     gpus = pci_order(openable(tuple(topology.gpus), allowed_minors))
     if (cuda_device_order or "").strip() != PCI_BUS_ID and len({g.name for g in gpus}) > 1:
-        log.warning("CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "
-                    "FASTEST_FIRST order may then differ from NVML's PCI bus order used here; numarun sets "
-                    "CUDA_DEVICE_ORDER=PCI_BUS_ID for its workers",
-                    cuda_device_order,
-                    ", ".join(sorted({g.name or "?" for g in gpus})))
+        log.warning(
+            "CUDA_DEVICE_ORDER is %r, not PCI_BUS_ID, and the GPUs differ (%s): CUDA's default "
+            "FASTEST_FIRST order may then differ from NVML's PCI bus order used here; numarun sets "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID for its workers",
+            cuda_device_order,
+            ", ".join(sorted({g.name or "?" for g in gpus})),
+        )
     if cuda_visible_devices is None:
         return gpus
     text = cuda_visible_devices.strip()
@@ -54,7 +64,10 @@ def visible_gpus(topology: Topology, cuda_visible_devices: str | None, cuda_devi
         return ()
     if not gpus:
         # as torchrun: the variable names devices CUDA will not find, and the ranks run on CPUs
-        log.warning("CUDA_VISIBLE_DEVICES=%r names GPUs, but this machine has none: running CPU-only ranks", cuda_visible_devices)
+        log.warning(
+            "CUDA_VISIBLE_DEVICES=%r names GPUs, but this machine has none: running CPU-only ranks",
+            cuda_visible_devices,
+        )
         return ()
     chosen: list[Gpu] = []
     for raw in text.split(","):
@@ -74,7 +87,8 @@ def _resolve(entry: str, gpus: tuple[Gpu, ...], whole: str) -> Gpu:
     # "MIG-<uuid>" (R470+) or the older "MIG-GPU-<uuid>/<gi>/<ci>".
     if entry.upper().startswith("MIG-") or "/" in entry:
         raise VisibleDevicesError(
-            f"{bad} is a MIG instance; MIG instances are not supported for binding, expected GPU indices or GPU UUIDs ({_FORM})"
+            f"{bad} is a MIG instance; MIG instances are not supported for binding, expected GPU indices or GPU UUIDs "
+            f"({_FORM})"
         )
     if entry.lstrip("-").isdigit():
         i = int(entry)

@@ -72,7 +72,8 @@ def check_trusted(root: Path) -> None:
         if why:
             raise CheckpointError(
                 f"bad checkpoint {str(path)!r}: {why}; a checkpoint is loaded as code, so it must be a real file or "
-                "directory owned by you (or root) and not writable by others (chmod o-w, or a private trainer.checkpoint_dir)"
+                "directory owned by you (or root) and not writable by others (chmod o-w, or a private "
+                "trainer.checkpoint_dir)"
             )
 
 
@@ -94,8 +95,10 @@ def check_model(meta: dict[str, Any], model_cfg: Any, path: Path) -> None:
     keys = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if keys:
         diff = ", ".join(f"model.{k}={saved.get(k)!r} in the checkpoint but {now.get(k)!r} now" for k in keys)
-        raise ConfigError(f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
-                          "config, or a new trainer.checkpoint_dir")
+        raise ConfigError(
+            f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
+            "config, or a new trainer.checkpoint_dir"
+        )
 
 
 def damage(path: Path) -> str:
@@ -144,8 +147,11 @@ def owner(name: str, world_size: int) -> int:
 
 def hash_share(path: Path, *, rank: int, world_size: int) -> dict[str, str]:
     """Checksums of the files under ``path`` that :func:`owner` gives to ``rank``."""
-    return {f.name: file_digest(f) for f in sorted(path.iterdir())
-            if f.is_file() and f.name != "meta.json" and owner(f.name, world_size) == rank}
+    return {
+        f.name: file_digest(f)
+        for f in sorted(path.iterdir())
+        if f.is_file() and f.name != "meta.json" and owner(f.name, world_size) == rank
+    }
 
 
 def verify_share(path: Path, *, rank: int, world_size: int) -> str:
@@ -175,15 +181,23 @@ def _candidates(root: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints under ``root`` (a ``step_*`` with meta.json), newest first."""
     if not root.is_dir():
         return []
-    return sorted((
-                      (int(m.group(1)), child)
-                      for child in root.iterdir()
-                      if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
-                  ), reverse=True)
+    return sorted(
+        (
+            (int(m.group(1)), child)
+            for child in root.iterdir()
+            if (m := _STEP_DIR.match(child.name)) and (child / "meta.json").is_file()
+        ),
+        reverse=True,
+    )
 
 
-def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str] = damage,
-                  candidates: Sequence[tuple[int, Path]] | None = None) -> tuple[int, Path] | None:
+def newest_intact(
+    root: Path,
+    report: Any = None,
+    *,
+    check: Callable[[Path], str] = damage,
+    candidates: Sequence[tuple[int, Path]] | None = None,
+) -> tuple[int, Path] | None:
     """The newest checkpoint under ``root`` that ``check`` finds undamaged, or None.
 
     ``check`` is :func:`damage` (sizes) by default. A damaged newer one (a truncated or
@@ -195,17 +209,23 @@ def newest_intact(root: Path, report: Any = None, *, check: Callable[[Path], str
         why = check(path)
         if not why:
             if skipped and report is not None:
-                report(f"checkpoint {skipped[0][0]} is damaged ({skipped[0][1]}); resuming from the newest intact one, {path}")
+                report(
+                    f"checkpoint {skipped[0][0]} is damaged ({skipped[0][1]}); resuming from the newest intact one, "
+                    f"{path}"
+                )
             return step, path
         skipped.append((str(path), why))
     if skipped:
-        raise CheckpointError(f"bad checkpoint {skipped[0][0]!r}: damaged ({skipped[0][1]}) and no older intact one; "
-                              "expected a complete step_* (or trainer.resume=false)")
+        raise CheckpointError(
+            f"bad checkpoint {skipped[0][0]!r}: damaged ({skipped[0][1]}) and no older intact one; "
+            "expected a complete step_* (or trainer.resume=false)"
+        )
     return None
 
 
-def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = None,
-                    device: Any = "cpu") -> tuple[int, Path] | None:
+def newest_verified(
+    root: Path, *, rank: int, world_size: int, report: Any = None, device: Any = "cpu"
+) -> tuple[int, Path] | None:
     """Collective: :func:`newest_intact` with every file's content checked, before torch reads any.
 
     Each rank verifies its share of the files (:func:`owner`), in parallel, and the ranks agree
@@ -230,8 +250,10 @@ def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = Non
         n = len(candidates)
         got = most([1 if why else 0, n, -n, step, -step])
         if got[1] != -got[2] or got[3] != -got[4]:
-            raise CheckpointError(f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
-                                  f"({n} here, step {step} first); expected one directory shared by every node")
+            raise CheckpointError(
+                f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
+                f"({n} here, step {step} first); expected one directory shared by every node"
+            )
         return bool(got[0])
 
     if distributed and not candidates:
@@ -250,8 +272,10 @@ def newest_verified(root: Path, *, rank: int, world_size: int, report: Any = Non
     if result is not None and report is not None:
         meta = json.loads((result[1] / "meta.json").read_text())
         if not isinstance(meta.get("checksums"), dict):
-            report(f"checkpoint {result[1]} has no checksums (saved by an earlier numarun): its file sizes are checked, "
-                   "its content is not")
+            report(
+                f"checkpoint {result[1]} has no checksums (saved by an earlier numarun): its file sizes are checked, "
+                "its content is not"
+            )
     return result
 
 
@@ -273,14 +297,20 @@ def _listed(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _states(parts: Sequence[Any], optimizers: Sequence[Any], *, flat: bool = True,
-            ) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
+def _states(
+    parts: Sequence[Any],
+    optimizers: Sequence[Any],
+    *,
+    flat: bool = True,
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], dict[str, Any]]:
     """Each part's (model, optimizer) state dicts, and all of them merged as DCP saves them."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
-    pairs = [(get_model_state_dict(part), get_optimizer_state_dict(part, opt, options=options))
-             for part, opt in zip(parts, optimizers, strict=True)]
+    pairs = [
+        (get_model_state_dict(part), get_optimizer_state_dict(part, opt, options=options))
+        for part, opt in zip(parts, optimizers, strict=True)
+    ]
     if len(pairs) == 1:
         return pairs, {"model": pairs[0][0], "optim": pairs[0][1]}
     # a rank holding several pipeline stages: their names are disjoint, and so are their flattened optimizer keys
@@ -342,7 +372,9 @@ def save(root: Path, step: int, parts: Any, optimizers: Any, *, meta: dict[str, 
             raise
         failed = e
     # rank 0's part can fail alone (meta.json): the ranks agree instead of a barrier
-    flag = torch.tensor([failed is not None], dtype=torch.int32, device="cuda" if "nccl" in dist.get_backend() else "cpu")
+    flag = torch.tensor(
+        [failed is not None], dtype=torch.int32, device="cuda" if "nccl" in dist.get_backend() else "cpu"
+    )
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if not flag.item():
         if rank == 0:
@@ -355,8 +387,11 @@ def save(root: Path, step: int, parts: Any, optimizers: Any, *, meta: dict[str, 
             os.replace(old, final)
     previous = latest(root)
     kept = f"the previous checkpoint {previous[1]} is kept" if previous else "no earlier checkpoint exists"
-    raise CheckpointError(f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
-                          "trainer.checkpoint_dir with room for a checkpoint", exit_code=1)
+    raise CheckpointError(
+        f"checkpoint save to {str(final)!r} failed: {cause}; {kept}; expected a writable "
+        "trainer.checkpoint_dir with room for a checkpoint",
+        exit_code=1,
+    )
 
 
 def _failure(e: BaseException, root: Path, state: Any) -> str:
@@ -387,8 +422,10 @@ def _failure(e: BaseException, root: Path, state: Any) -> str:
         text = str(seen[1] if len(seen) > 1 else e)
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[0] if lines else type(e).__name__
-    return (f"No space left on device: {free} bytes free of {total} on {mount} (statvfs of {root}), "
-            f"a checkpoint takes about {need} bytes")
+    return (
+        f"No space left on device: {free} bytes free of {total} on {mount} (statvfs of {root}), "
+        f"a checkpoint takes about {need} bytes"
+    )
 
 
 def _nbytes(obj: Any) -> int:
@@ -413,6 +450,7 @@ def load(path: Path, parts: Any, optimizers: Any) -> int:
     for (model_sd, optim_sd), part, opt in zip(pairs, parts, optimizers, strict=True):
         # DCP loads tensors in place and puts the other values (lr, momentum...) into the merged dict: read it
         set_model_state_dict(part, {k: state["model"][k] for k in model_sd})
-        set_optimizer_state_dict(part, opt, {k: state["optim"][k] for k in optim_sd} if flat else state["optim"],
-                                 options=options)
+        set_optimizer_state_dict(
+            part, opt, {k: state["optim"][k] for k in optim_sd} if flat else state["optim"], options=options
+        )
     return int(meta["step"])

@@ -93,10 +93,14 @@ class TokenFile(Dataset):
 class StepBatchSampler(Sampler[list[int]]):
     """Yields, for steps ``start_step+1 .. steps``, this rank's ``grad_accum`` micro-batches of indices."""
 
-    def __init__(self, *, start_step: int, steps: int, global_batch: int, dp_rank: int, dp_size: int, grad_accum: int) -> None:
+    def __init__(
+        self, *, start_step: int, steps: int, global_batch: int, dp_rank: int, dp_size: int, grad_accum: int
+    ) -> None:
         if global_batch % (dp_size * grad_accum):
-            raise ConfigError(f"bad trainer.batch_size {global_batch}: expected a multiple of data-parallel ranks x "
-                              f"trainer.grad_accum = {dp_size} x {grad_accum}")
+            raise ConfigError(
+                f"bad trainer.batch_size {global_batch}: expected a multiple of data-parallel ranks x "
+                f"trainer.grad_accum = {dp_size} x {grad_accum}"
+            )
         self.start_step, self.steps = start_step, steps
         self.global_batch, self.dp_rank, self.dp_size, self.grad_accum = global_batch, dp_rank, dp_size, grad_accum
 
@@ -137,18 +141,27 @@ def rank_cpus() -> tuple[int, ...]:
 
 def build_dataset(data_cfg: Any, model_cfg: Any, *, seed: int) -> Dataset:
     if data_cfg.kind == DataKind.TOKENS:
-        return TokenFile(data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size,
-                         seed=seed)
+        return TokenFile(
+            data_cfg.path, dtype=data_cfg.dtype, seq_len=model_cfg.seq_len, vocab_size=model_cfg.vocab_size, seed=seed
+        )
     if model_cfg.kind == ModelKind.GPT:
-        return SyntheticTokens(vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples,
-                               seed=seed)
-    return SyntheticVectors(input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples,
-                            seed=seed)
+        return SyntheticTokens(
+            vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, num_samples=data_cfg.num_samples, seed=seed
+        )
+    return SyntheticVectors(
+        input_dim=model_cfg.input_dim, num_classes=model_cfg.num_classes, num_samples=data_cfg.num_samples, seed=seed
+    )
 
 
-def build_loader(dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int,
-                 cpus: tuple[int, ...] | None = None) -> DataLoader:
+def build_loader(
+    dataset: Dataset, sampler: StepBatchSampler, *, num_workers: int, cpus: tuple[int, ...] | None = None
+) -> DataLoader:
     """A DataLoader over ``sampler``'s micro-batches; workers pinned to ``cpus`` (default: the rank's)."""
     cpus = rank_cpus() if cpus is None else cpus
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, persistent_workers=False,
-                      worker_init_fn=functools.partial(pin_worker, cpus) if num_workers > 0 else None)
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        persistent_workers=False,
+        worker_init_fn=functools.partial(pin_worker, cpus) if num_workers > 0 else None,
+    )

@@ -36,6 +36,7 @@ from .preflight import check_layout
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class _Shared:
     """What every rank learns of all ranks after a step."""
@@ -58,8 +59,15 @@ def init_context() -> Any:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        for k, v in {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }.items():
             os.environ.setdefault(k, v)
     import numarun
 
@@ -115,13 +123,15 @@ def build_optimizer(model: torch.nn.Module, cfg: Any, *, tp: int = 1) -> torch.o
 
 class Trainer:
     def __init__(self, cfg: Any, run_dir: Path, ctx: Any, stops: Requests | None = None) -> None:
-        """``stops``: the signals that ask the run to stop after its step (:data:`STOP_SIGNALS`), read after each step."""
+        """``stops``: the signals that ask the run to stop after its step (:data:`STOP_SIGNALS`), read after each
+        step."""
         self.cfg, self.run_dir, self.ctx = cfg, run_dir, ctx
         self.stops = stops
         self.rank = ctx.rank
         t = cfg.trainer
-        layout, pipeline_plan = check_layout(cfg, world_size=ctx.world_size, nnodes=ctx.num_nodes,
-                                             nproc_per_node=ctx.local_world_size)
+        layout, pipeline_plan = check_layout(
+            cfg, world_size=ctx.world_size, nnodes=ctx.num_nodes, nproc_per_node=ctx.local_world_size
+        )
         self.base_mem = peak_memory_mb(ctx.device)
         torch.manual_seed(t.seed)  # identical initial weights on every rank and every layout
         model = build_model(cfg.model)
@@ -152,8 +162,11 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
 
     # -- one optimisation step -------------------------------------------------------------
-    def _step(self, step: int, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float) -> tuple[float, float]:
-        """One optimizer step; returns (the step's mean loss, the gradient norm before clipping), the same on every rank."""
+    def _step(
+        self, step: int, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float
+    ) -> tuple[float, float]:
+        """One optimizer step; returns (the step's mean loss, the gradient norm before clipping), the same on every
+        rank."""
         t = self.cfg.trainer
         torch.manual_seed(t.seed + 7919 * step + self.rank)  # dropout depends on the step, not on history
         for group in self.param_groups:
@@ -161,8 +174,9 @@ class Trainer:
         total = torch.zeros((), device=self.ctx.device)
         n = len(micro_batches)
         for i, (x, y) in enumerate(micro_batches):
-            loss = self.par.forward_backward(x.to(self.ctx.device), y.to(self.ctx.device), scale=1.0 / n,
-                                             sync=i == n - 1, autocast=self.autocast)
+            loss = self.par.forward_backward(
+                x.to(self.ctx.device), y.to(self.ctx.device), scale=1.0 / n, sync=i == n - 1, autocast=self.autocast
+            )
             if loss is not None:
                 total += loss
         # the last stage's loss, to every rank, while the gradients are clipped and applied
@@ -201,7 +215,9 @@ class Trainer:
             import psutil
 
             limit = (
-                (psutil.Process().memory_info().rss + psutil.virtual_memory().available / self.ctx.local_world_size) * 0.8 / 2**20
+                (psutil.Process().memory_info().rss + psutil.virtual_memory().available / self.ctx.local_world_size)
+                * 0.8
+                / 2**20
             )
         results: list[dict[str, Any]] = []
         best = 0
@@ -230,10 +246,15 @@ class Trainer:
             flag = torch.tensor([1 if fits else 0], device=self.ctx.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # a size fits only if it fits on every rank
             fits = bool(flag.item())
-            results.append({"batch_size": size, "fits": fits, "samples_per_s": round(rate, 2), "peak_mem_mb": round(peak, 1)})
+            results.append(
+                {"batch_size": size, "fits": fits, "samples_per_s": round(rate, 2), "peak_mem_mb": round(peak, 1)}
+            )
             if self.rank == 0:
-                print(f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} MiB",
-                      flush=True)
+                print(
+                    f"batch size {size}: {'fits' if fits else 'does not fit'}, {rate:.1f} samples/s, peak {peak:.0f} "
+                    "MiB",
+                    flush=True,
+                )
             if not fits:
                 break
             best = size
@@ -241,14 +262,30 @@ class Trainer:
         capped = bool(results) and results[-1]["fits"]  # every size tried fitted: the cap stopped it
         if self.rank == 0:
             if capped:
-                print(f"batch size search stopped at trainer.auto_max_batch={t.auto_max_batch}: chose {best}, "
-                      "larger sizes may fit (raise trainer.auto_max_batch to try them)", flush=True)
-            write_atomic(self.run_dir / "batch_size_search.json",
-                         json.dumps({"memory_limit_mb": limit, "chosen": best, "auto_max_batch": t.auto_max_batch,
-                                     "stopped_by": "auto_max_batch" if capped else "memory", "sizes": results}, indent=1) + "\n")
+                print(
+                    f"batch size search stopped at trainer.auto_max_batch={t.auto_max_batch}: chose {best}, "
+                    "larger sizes may fit (raise trainer.auto_max_batch to try them)",
+                    flush=True,
+                )
+            write_atomic(
+                self.run_dir / "batch_size_search.json",
+                json.dumps(
+                    {
+                        "memory_limit_mb": limit,
+                        "chosen": best,
+                        "auto_max_batch": t.auto_max_batch,
+                        "stopped_by": "auto_max_batch" if capped else "memory",
+                        "sizes": results,
+                    },
+                    indent=1,
+                )
+                + "\n",
+            )
         if best == 0:
-            raise ConfigError(f"bad trainer.batch_size 'auto': even {dp * accum} samples exceed the memory limit "
-                              f"{limit:.0f} MiB; expected a larger trainer.memory_limit_mb or a smaller model")
+            raise ConfigError(
+                f"bad trainer.batch_size 'auto': even {dp * accum} samples exceed the memory limit "
+                f"{limit:.0f} MiB; expected a larger trainer.memory_limit_mb or a smaller model"
+            )
         return best
 
     # -- the run -------------------------------------------------------------------------------
@@ -262,8 +299,9 @@ class Trainer:
             checkpoint.check_trusted(self.ckpt_dir)  # before torch unpickles anything from it
             report = (lambda line: print(line, flush=True)) if self.rank == 0 else None
             # every file's content checked, the ranks sharing the reading, before torch reads any
-            found = checkpoint.newest_verified(self.ckpt_dir, rank=self.rank, world_size=self.ctx.world_size,
-                                                 report=report, device=self.ctx.device)
+            found = checkpoint.newest_verified(
+                self.ckpt_dir, rank=self.rank, world_size=self.ctx.world_size, report=report, device=self.ctx.device
+            )
             if found is not None:
                 meta = json.loads((found[1] / "meta.json").read_text())
                 checkpoint.check_model(meta, self.cfg.model, found[1])
@@ -271,12 +309,21 @@ class Trainer:
                 resumed_from = str(found[1])
                 if self.rank == 0:
                     saved = meta.get("layout")
-                    moved = f"; saved with layout {saved}, resharded onto {self.layout.spec()}" if (
-                        saved and saved != self.layout.spec()) else ""
+                    moved = (
+                        f"; saved with layout {saved}, resharded onto {self.layout.spec()}"
+                        if (saved and saved != self.layout.spec())
+                        else ""
+                    )
                     print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
         batch_size = self.find_batch_size() if t.batch_size == "auto" else int(t.batch_size)
-        sampler = StepBatchSampler(start_step=start_step, steps=t.steps, global_batch=batch_size,
-                                   dp_rank=self.par.dp_rank, dp_size=self.par.dp_size, grad_accum=t.grad_accum)
+        sampler = StepBatchSampler(
+            start_step=start_step,
+            steps=t.steps,
+            global_batch=batch_size,
+            dp_rank=self.par.dp_rank,
+            dp_size=self.par.dp_size,
+            grad_accum=t.grad_accum,
+        )
         loader = build_loader(self.dataset, sampler, num_workers=self.cfg.data.num_workers)
         metrics = (self.run_dir / "metrics.jsonl").open("a") if self.rank == 0 else None
         progress = self._progress(t.steps, start_step)
@@ -340,8 +387,12 @@ class Trainer:
         return 0
 
     def _save(self, step: int) -> None:
-        meta = {"world_size": self.ctx.world_size, "parallel": self.cfg.parallel.kind, "layout": self.layout.spec(),
-                "model": checkpoint.model_config(self.cfg.model)}
+        meta = {
+            "world_size": self.ctx.world_size,
+            "parallel": self.cfg.parallel.kind,
+            "layout": self.layout.spec(),
+            "model": checkpoint.model_config(self.cfg.model),
+        }
         checkpoint.save(self.ckpt_dir, step, self.par.parts, self.optimizers, meta=meta, rank=self.rank)
 
     def _exchange(self) -> _Shared:
@@ -351,9 +402,18 @@ class Trainer:
         figures = watch.figures()
         share = figures.get("remote_memory_share")
         stop = self.stops.first() if self.stops is not None else 0
-        mine = torch.tensor([float(stop), peak_memory_mb(self.ctx.device), -1.0 if share is None else float(share),
-                             float(figures.get("threads_repaired", 0)), 1.0 if figures else 0.0, self.base_mem],
-                            dtype=torch.float64, device=self.ctx.device)
+        mine = torch.tensor(
+            [
+                float(stop),
+                peak_memory_mb(self.ctx.device),
+                -1.0 if share is None else float(share),
+                float(figures.get("threads_repaired", 0)),
+                1.0 if figures else 0.0,
+                self.base_mem,
+            ],
+            dtype=torch.float64,
+            device=self.ctx.device,
+        )
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, mine)
         rows = torch.stack(out).tolist()  # one copy to the host (one sync on a GPU), not one per rank
@@ -363,8 +423,12 @@ class Trainer:
                 "remote_memory_share": [None if r[2] < 0 else round(r[2], 4) for r in rows],
                 "threads_repaired": [int(r[3]) for r in rows],
             }
-        return _Shared(stop=int(max(r[0] for r in rows)), peaks=[round(r[1], 1) for r in rows], watched=watched,
-                       bases=[round(r[5], 1) for r in rows])
+        return _Shared(
+            stop=int(max(r[0] for r in rows)),
+            peaks=[round(r[1], 1) for r in rows],
+            watched=watched,
+            bases=[round(r[5], 1) for r in rows],
+        )
 
     def _progress(self, total: int, done: int) -> Any:
         if self.rank != 0 or not self.cfg.trainer.progress or not sys.stderr.isatty():
@@ -372,15 +436,30 @@ class Trainer:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        progress = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=False)
+        progress = Progress(
+            TextColumn("step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
         progress.start()
         self._task = progress.add_task("train", total=total, completed=done, info="")
         return progress
 
-    def _log(self, metrics: Any, progress: Any, step: int, loss: float, batch_size: int, dt: float,
-             shared: _Shared, *, grad_norm: float) -> None:
+    def _log(
+        self,
+        metrics: Any,
+        progress: Any,
+        step: int,
+        loss: float,
+        batch_size: int,
+        dt: float,
+        shared: _Shared,
+        *,
+        grad_norm: float,
+    ) -> None:
         peaks = shared.peaks
         if self.rank != 0:
             return

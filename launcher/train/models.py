@@ -106,7 +106,9 @@ class Gpt(nn.Module):
     INPUT = ("tok", "pos")
     OUTPUT = ("ln_f", "head")
 
-    def __init__(self, *, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, dropout: float) -> None:
+    def __init__(
+        self, *, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, dropout: float
+    ) -> None:
         super().__init__()
         self.seq_len, self.d_model, self.vocab_size, self.n_heads = seq_len, d_model, vocab_size, n_heads
         self.tok: nn.Module | None = nn.Embedding(vocab_size, d_model)
@@ -138,10 +140,18 @@ class Gpt(nn.Module):
 def build_model(cfg: Any) -> nn.Module:
     """The model named by ``cfg.kind`` (the ``model`` config group)."""
     if cfg.kind == ModelKind.MLP:
-        return Mlp(input_dim=cfg.input_dim, hidden_dim=cfg.hidden_dim, num_layers=cfg.num_layers, num_classes=cfg.num_classes)
+        return Mlp(
+            input_dim=cfg.input_dim, hidden_dim=cfg.hidden_dim, num_layers=cfg.num_layers, num_classes=cfg.num_classes
+        )
     if cfg.kind == ModelKind.GPT:
-        return Gpt(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                   n_layers=cfg.n_layers, dropout=cfg.dropout)
+        return Gpt(
+            vocab_size=cfg.vocab_size,
+            seq_len=cfg.seq_len,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            n_layers=cfg.n_layers,
+            dropout=cfg.dropout,
+        )
     raise errors.ConfigError(f"bad model.kind {cfg.kind!r}: expected mlp or gpt")
 
 

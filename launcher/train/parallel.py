@@ -101,8 +101,15 @@ class Parallelized:
         """How many ranks compute the loss (the last stage's tp x dp ranks), each of dp's shares tp times."""
         return self.layout.dp_replicate * self.layout.dp_shard * self.layout.cp * self.layout.tp
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, *, scale: float, sync: bool,
-                         autocast: AbstractContextManager[Any] | None = None) -> torch.Tensor | None:
+    def forward_backward(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        scale: float,
+        sync: bool,
+        autocast: AbstractContextManager[Any] | None = None,
+    ) -> torch.Tensor | None:
         """Forward and backward of one (accumulation) micro-batch, the loss scaled by ``scale`` before backward;
         ``sync``: the last micro-batch of the step (data-parallel gradients are reduced on it). Returns the scaled
         loss (detached) where this rank computes it, else None."""
@@ -148,7 +155,9 @@ def build_mesh(layout: Layout, ctx: Any) -> Any:
     return init_device_mesh(ctx.device.type, layout.degrees(), mesh_dim_names=DIMS)
 
 
-def parallelize(model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_plan: PipelinePlan | None) -> Parallelized:
+def parallelize(
+    model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_plan: PipelinePlan | None
+) -> Parallelized:
     """``model`` (built alike on every rank) spread over the ranks as ``layout`` says; ``layout`` resolved and its
     pipeline planned by :func:`numarun.train.preflight.check_layout` (every rule already checked)."""
     device = ctx.device
@@ -180,10 +189,16 @@ def parallelize(model: nn.Module, ctx: Any, cfg: Any, layout: Layout, pipeline_p
     pipeline = None
     if pipeline_plan is not None:
         pipeline = _pipeline(pipeline_plan, wrapped, indices, mesh, device, cfg)
-    log.info("rank %d: layout %s at %s%s", rank, layout.spec(), ",".join(f"{d}={coords[d]}" for d in DIMS),
-             f"; stages {list(indices)} of {pipeline_plan.describe()}" if pipeline_plan is not None else "")
-    return Parallelized(layout=layout, parts=tuple(wrapped), mesh=mesh, dp_rank=dp_rank, dp_size=dp_size,
-                        pipeline=pipeline)
+    log.info(
+        "rank %d: layout %s at %s%s",
+        rank,
+        layout.spec(),
+        ",".join(f"{d}={coords[d]}" for d in DIMS),
+        f"; stages {list(indices)} of {pipeline_plan.describe()}" if pipeline_plan is not None else "",
+    )
+    return Parallelized(
+        layout=layout, parts=tuple(wrapped), mesh=mesh, dp_rank=dp_rank, dp_size=dp_size, pipeline=pipeline
+    )
 
 
 def _ddp(model: nn.Module, ctx: Any, comm_cfg: Any) -> nn.Module:
@@ -197,8 +212,14 @@ def _ddp(model: nn.Module, ctx: Any, comm_cfg: Any) -> nn.Module:
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **bucket)
     if comm_cfg.allreduce != CommMode.FLAT.value or comm_cfg.compression:
         chunk_mb = getattr(comm_cfg, "chunk_mb", None)
-        apply_comm(ddp, comm_cfg.allreduce, comm_cfg.compression, ctx, overlap=bool(getattr(comm_cfg, "overlap", True)),
-                   chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20))
+        apply_comm(
+            ddp,
+            comm_cfg.allreduce,
+            comm_cfg.compression,
+            ctx,
+            overlap=bool(getattr(comm_cfg, "overlap", True)),
+            chunk_bytes=None if chunk_mb is None else int(float(chunk_mb) * 2**20),
+        )
     return ddp
 
 
@@ -212,26 +233,35 @@ def _fully_shard(model: nn.Module, dp_mesh: Any, reshard: bool) -> None:
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
 
 
-def _pipeline(plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ...], mesh: Any, device: torch.device,
-              cfg: Any) -> Pipeline:
+def _pipeline(
+    plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ...], mesh: Any, device: torch.device, cfg: Any
+) -> Pipeline:
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     from .models import loss_fn
 
     t = cfg.trainer
-    microbatch = int(t.batch_size) // (mesh["dp_replicate"].size() * mesh["dp_shard"].size() * t.grad_accum
-                                       ) // plan.microbatches
+    microbatch = (
+        int(t.batch_size) // (mesh["dp_replicate"].size() * mesh["dp_shard"].size() * t.grad_accum) // plan.microbatches
+    )
     group = mesh["pp"].get_group()
     last = plan.num_stages - 1
     stages = []
     for part, s in zip(parts, indices, strict=True):
         shapes = _shape_source(part)
         # static shapes (both given): no metadata exchange before the first step
-        stages.append(PipelineStage(part, s, plan.num_stages, device,
-                                    input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
-                                    output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
-                                    group=group))
+        stages.append(
+            PipelineStage(
+                part,
+                s,
+                plan.num_stages,
+                device,
+                input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
+                output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
+                group=group,
+            )
+        )
     scale = 1.0 / (plan.microbatches * t.grad_accum)  # a mean over the step's samples, as one rank's loss is
 
     def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -239,8 +269,9 @@ def _pipeline(plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ..
 
     cls = get_schedule_class(plan.schedule)
     # scale_grads=False: the loss carries the 1/microbatches (and 1/grad_accum) itself, as torchtitan's does
-    schedule = cls(stages if plan.looped else stages[0], n_microbatches=plan.microbatches, loss_fn=scaled_loss,
-                   scale_grads=False)
+    schedule = cls(
+        stages if plan.looped else stages[0], n_microbatches=plan.microbatches, loss_fn=scaled_loss, scale_grads=False
+    )
     return Pipeline(plan=plan, schedule=schedule, stage_indices=indices)
 
 
@@ -290,4 +321,3 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
             assert p.grad is not None
             p.grad.mul_(factor)
     return total
-

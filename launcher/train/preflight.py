@@ -38,7 +38,9 @@ def check_writable_dir(path: Path, *, what: str) -> None:
     if probe == path and path.is_symlink():
         raise ConfigError(f"bad {what} {str(path)!r}: it is a symbolic link; expected a real directory")
     if not probe.is_dir():
-        raise ConfigError(f"bad {what} {str(path)!r}: {str(probe)!r} is not a directory; expected a writable directory path")
+        raise ConfigError(
+            f"bad {what} {str(path)!r}: {str(probe)!r} is not a directory; expected a writable directory path"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".numarun-probe-", dir=probe))
     except OSError as e:
@@ -58,8 +60,10 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
         raise ConfigError(f"bad data.path {path!r}: not a regular file; expected a file of {dtype} token ids")
     item = np.dtype(np.uint16 if dtype == "uint16" else np.int32).itemsize
     if st.st_size % item:
-        raise ConfigError(f"bad data.path {path!r}: {st.st_size} bytes is not a whole number of {dtype} tokens; "
-                          f"expected a size that is a multiple of {item} (or data.dtype=int32/uint16 to match the file)")
+        raise ConfigError(
+            f"bad data.path {path!r}: {st.st_size} bytes is not a whole number of {dtype} tokens; "
+            f"expected a size that is a multiple of {item} (or data.dtype=int32/uint16 to match the file)"
+        )
     tokens = st.st_size // item
     if tokens < seq_len + 2:
         raise ConfigError(f"bad data.path {path!r}: {tokens} tokens; expected at least model.seq_len+2 = {seq_len + 2}")
@@ -72,8 +76,10 @@ def check_token_file(path: str, *, dtype: str, seq_len: int, vocab_size: int, sc
             if high >= vocab_size or low < 0:
                 bad = high if high >= vocab_size else low
                 at = start + int(np.argmax(part == bad))
-                raise ConfigError(f"bad token id {bad} at position {at} of data.path {path!r}: expected ids from 0 to "
-                                  f"model.vocab_size-1 = {vocab_size - 1}")
+                raise ConfigError(
+                    f"bad token id {bad} at position {at} of data.path {path!r}: expected ids from 0 to "
+                    f"model.vocab_size-1 = {vocab_size - 1}"
+                )
         del data
     return tokens
 
@@ -99,11 +105,18 @@ def check_job(cfg: Any, *, run_dir: Path) -> None:
             meta = json.loads((found[1] / "meta.json").read_text())
             checkpoint.check_model(meta, cfg.model, found[1])
     if cfg.data.kind == DataKind.TOKENS:
-        check_token_file(cfg.data.path, dtype=cfg.data.dtype, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size)
+        check_token_file(
+            cfg.data.path, dtype=cfg.data.dtype, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size
+        )
 
 
-def check_layout(cfg: Any, *, world_size: int, nnodes: int | None, nproc_per_node: int | None,
-                 ) -> tuple[Layout, PipelinePlan | None]:
+def check_layout(
+    cfg: Any,
+    *,
+    world_size: int,
+    nnodes: int | None,
+    nproc_per_node: int | None,
+) -> tuple[Layout, PipelinePlan | None]:
     """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
     stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
@@ -115,22 +128,30 @@ def check_layout(cfg: Any, *, world_size: int, nnodes: int | None, nproc_per_nod
     m = cfg.model
     if layout.tp > 1:
         if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
-            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
-                              f"{layout.tp} ranks; expected a tp that divides model.n_heads")
+            raise TrainerLayoutError(
+                f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
+                f"{layout.tp} ranks; expected a tp that divides model.n_heads"
+            )
         if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.tp:
-            raise TrainerLayoutError(f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
-                              f"features cannot be split over {layout.tp} ranks; expected a tp that divides it")
+            raise TrainerLayoutError(
+                f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
+                f"features cannot be split over {layout.tp} ranks; expected a tp that divides it"
+            )
     only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
-        raise TrainerLayoutError(f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
-                          "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)")
+        raise TrainerLayoutError(
+            f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
+            "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)"
+        )
     t = cfg.trainer
     local_batch = None
     if t.batch_size != "auto":
         bs, per = int(t.batch_size), layout.dp * t.grad_accum
         if bs % per:
-            raise TrainerLayoutError(f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
-                              f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})")
+            raise TrainerLayoutError(
+                f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
+                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})"
+            )
         local_batch = bs // per
     schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
     if layout.pp == 1:

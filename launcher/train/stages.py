@@ -112,8 +112,9 @@ def even_split(n_layers: int, num_stages: int) -> tuple[int, ...]:
     return tuple(blocks)
 
 
-def plan_pipeline(parallel_cfg: Any, *, pp: int, n_layers: int, local_batch: int | None,
-                  layers_key: str = "model.n_layers") -> PipelinePlan:
+def plan_pipeline(
+    parallel_cfg: Any, *, pp: int, n_layers: int, local_batch: int | None, layers_key: str = "model.n_layers"
+) -> PipelinePlan:
     """The pipeline of a layout with ``pp`` > 1 pipeline ranks; one line naming the value and the rule it breaks.
 
     ``local_batch``: the samples one data-parallel rank takes per optimizer step and accumulation step (None:
@@ -125,46 +126,64 @@ def plan_pipeline(parallel_cfg: Any, *, pp: int, n_layers: int, local_batch: int
     if spr is None:
         spr = 1 if single else 2
     if single and spr != 1:
-        raise TrainerLayoutError(f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a single-stage "
-                          "schedule holds 1 stage per rank; expected 1, or a looped schedule "
-                          f"({', '.join(n for n in accepted_schedules() if n not in _SINGLE)})")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a single-stage "
+            "schedule holds 1 stage per rank; expected 1, or a looped schedule "
+            f"({', '.join(n for n in accepted_schedules() if n not in _SINGLE)})"
+        )
     if not single and spr < 2:
-        raise TrainerLayoutError(f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a looped schedule "
-                          "holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a looped schedule "
+            "holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)"
+        )
     if name in _V_STYLE and spr != 2:
-        raise TrainerLayoutError(f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a V schedule "
-                          "holds exactly 2 stages per rank; expected 2")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a V schedule "
+            "holds exactly 2 stages per rank; expected 2"
+        )
     stages = pp * spr
     if parallel_cfg.pp_split is not None:
         split = tuple(int(n) for n in parallel_cfg.pp_split)
         if len(split) != stages or sum(split) != n_layers:
             raise TrainerLayoutError(
                 f"bad parallel.pp_split {list(split)}: {len(split)} stages holding {sum(split)} blocks; expected "
-                f"{stages} block counts (pp={pp} x {spr} stages per rank) adding up to {layers_key}={n_layers}")
+                f"{stages} block counts (pp={pp} x {spr} stages per rank) adding up to {layers_key}={n_layers}"
+            )
         if any(n < 1 for n in split[1:-1]):
-            raise TrainerLayoutError(f"bad parallel.pp_split {list(split)}: a middle stage holds no block; expected at least "
-                              "1 block in every stage but the first and the last (they hold the input and output layers)")
+            raise TrainerLayoutError(
+                f"bad parallel.pp_split {list(split)}: a middle stage holds no block; expected at least "
+                "1 block in every stage but the first and the last (they hold the input and output layers)"
+            )
     else:
         if stages > n_layers + 2:
             raise TrainerLayoutError(
                 f"bad layout: pp={pp} x {spr} stages per rank = {stages} pipeline stages for {layers_key}={n_layers} "
-                f"({n_layers + 2} layers with the input and output layers); expected at most {n_layers + 2} stages")
+                f"({n_layers + 2} layers with the input and output layers); expected at most {n_layers + 2} stages"
+            )
         split = even_split(n_layers, stages)
     mb = parallel_cfg.pp_microbatches
     mb = stages if mb is None else int(mb)
     if name in _MB_AT_LEAST_STAGES and mb < stages:
-        raise TrainerLayoutError(f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: {stages} stages; "
-                          f"expected at least as many microbatches as stages ({stages})")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: {stages} stages; "
+            f"expected at least as many microbatches as stages ({stages})"
+        )
     if name in _MB_ROUNDS and mb % max(1, mb // pp):
         rounds = max(1, mb // pp)
-        raise TrainerLayoutError(f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: it runs {rounds} rounds "
-                          f"of max(1, microbatches // pp={pp}); expected a multiple of the rounds, e.g. "
-                          f"{pp * rounds} or {pp}")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: it runs {rounds} rounds "
+            f"of max(1, microbatches // pp={pp}); expected a multiple of the rounds, e.g. "
+            f"{pp * rounds} or {pp}"
+        )
     if local_batch is None:
-        raise TrainerLayoutError("bad trainer.batch_size 'auto' with parallel.pp > 1: pipeline stages are built for one "
-                          "microbatch shape; expected an integer trainer.batch_size")
+        raise TrainerLayoutError(
+            "bad trainer.batch_size 'auto' with parallel.pp > 1: pipeline stages are built for one "
+            "microbatch shape; expected an integer trainer.batch_size"
+        )
     if local_batch % mb:
-        raise TrainerLayoutError(f"bad parallel.pp_microbatches {mb}: a data-parallel rank's batch of {local_batch} samples "
-                          f"(trainer.batch_size / (dp_replicate x dp_shard x trainer.grad_accum)) is not divisible by "
-                          f"it; expected a divisor of {local_batch}")
+        raise TrainerLayoutError(
+            f"bad parallel.pp_microbatches {mb}: a data-parallel rank's batch of {local_batch} samples "
+            f"(trainer.batch_size / (dp_replicate x dp_shard x trainer.grad_accum)) is not divisible by "
+            f"it; expected a divisor of {local_batch}"
+        )
     return PipelinePlan(schedule=name, pp=pp, stages_per_rank=spr, microbatches=mb, split=split)

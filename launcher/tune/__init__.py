@@ -1,1 +1,2 @@
-"""``numarun tune``: pure parts (candidates, schedule, stats, measure, chart); the runner is ``numarun.commands.tune``."""
+"""``numarun tune``: pure parts (candidates, schedule, stats, measure, chart); the runner is
+``numarun.commands.tune``."""

@@ -71,8 +71,9 @@ def omp_axis(text: str) -> Axis:
     values = _split("--omp", text)
     for v in values:
         if v != OMP_FROM_PLAN and not (v.isdigit() and 1 <= int(v) <= MAX_LOCAL_RANKS):
-            raise UsageError(f"bad --omp value {v!r} in {text!r}: expected a list of integers from 1 to {MAX_LOCAL_RANKS} "
-                             "or 'plan'")
+            raise UsageError(
+                f"bad --omp value {v!r} in {text!r}: expected a list of integers from 1 to {MAX_LOCAL_RANKS} or 'plan'"
+            )
     return Axis("omp", values)
 
 

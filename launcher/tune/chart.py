@@ -26,9 +26,11 @@ def render_chart(summaries: Sequence[Summary], *, default: int, winner: int, tit
     width = LABEL_W + PLOT_W + 130 + 2 * PAD
     height = PAD * 3 + 20 + len(summaries) * (BAR_H + GAP)
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="12">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{PAD}" y="{PAD + 12}" font-size="14" font-weight="bold">{escape(title)}: median {escape(unit)}</text>',
+        f'<text x="{PAD}" y="{PAD + 12}" font-size="14" font-weight="bold">{escape(title)}: median '
+        f"{escape(unit)}</text>",
     ]
     y0 = PAD * 2 + 20
     for i, (s, v, (lo, hi)) in enumerate(zip(summaries, values, ranges)):
@@ -37,8 +39,10 @@ def render_chart(summaries: Sequence[Summary], *, default: int, winner: int, tit
         colour = "#2e7d32" if i == winner else ("#1565c0" if i == default else "#90a4ae")
         label = s.candidate.label() + (" (default)" if i == default else "")
         out.append(f'<text x="{PAD}" y="{y + BAR_H * 0.7:.1f}">{escape(label)}</text>')
-        out.append(f'<rect x="{PAD + LABEL_W}" y="{y}" width="{w:.1f}" height="{BAR_H}" '
-                   f'fill="{colour}"><title>{escape(label)}: {v:.4g}</title></rect>')
+        out.append(
+            f'<rect x="{PAD + LABEL_W}" y="{y}" width="{w:.1f}" height="{BAR_H}" '
+            f'fill="{colour}"><title>{escape(label)}: {v:.4g}</title></rect>'
+        )
         x_lo, x_hi, ym = PAD + LABEL_W + PLOT_W * lo / top, PAD + LABEL_W + PLOT_W * hi / top, y + BAR_H / 2
         out.append(f'<line x1="{x_lo:.1f}" y1="{ym}" x2="{x_hi:.1f}" y2="{ym}" stroke="black"/>')
         for x in (x_lo, x_hi):

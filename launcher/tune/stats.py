@@ -44,9 +44,18 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
         else:
             ratio = med_s[default] / med_s[i] if med_s[i] > 0 else float("inf")
         peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
-        out.append(Summary(candidate=c, runs=tuple(rs), median_s=med_s[i], throughput=tp,
-                           throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
-                           unit=rs[0].unit if with_tp else "s", peak_mem_mb=max(peaks) if peaks else None, ratio=ratio))
+        out.append(
+            Summary(
+                candidate=c,
+                runs=tuple(rs),
+                median_s=med_s[i],
+                throughput=tp,
+                throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
+                unit=rs[0].unit if with_tp else "s",
+                peak_mem_mb=max(peaks) if peaks else None,
+                ratio=ratio,
+            )
+        )
     return out
 
 
@@ -73,10 +82,21 @@ def table(summaries: Sequence[Summary], *, default: int, winner: int) -> str:
             med, rng = f"{s.median_s:.3f}", f"{min(times):.3f}-{max(times):.3f}"
         mark = " (default)" if i == default else ""
         mark += " *best*" if i == winner else ""
-        rows.append([s.candidate.label() + mark, med, rng, f"{s.median_s:.3f}",
-                     f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-", f"{s.ratio:.3f}x"])
+        rows.append(
+            [
+                s.candidate.label() + mark,
+                med,
+                rng,
+                f"{s.median_s:.3f}",
+                f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-",
+                f"{s.ratio:.3f}x",
+            ]
+        )
     widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths))) for r in [head, *rows]]
+    lines = [
+        "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
+        for r in [head, *rows]
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -98,5 +118,8 @@ def to_json(summaries: Sequence[Summary], *, default: int, winner: int, trials: 
             }
             for i, s in enumerate(summaries)
         ],
-        "best": {"options": summaries[winner].candidate.as_dict(), "ratio_to_default": round(summaries[winner].ratio, 4)},
+        "best": {
+            "options": summaries[winner].candidate.as_dict(),
+            "ratio_to_default": round(summaries[winner].ratio, 4),
+        },
     }

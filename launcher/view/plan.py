@@ -27,15 +27,31 @@ def plan_table(plan: LaunchPlan) -> Table:
     title = f"{plan.hostname or 'this node'}{where}: {ranks}, binding {plan.binding.value}, memory {memory}"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
     for name, justify in (
-        ("rank", "right"), ("GPU", "left"), ("bus id", "left"), ("NUMA", "right"), ("CPUs", "left"),
-        ("mems", "left"), ("NIC", "left"), ("OMP", "right"), ("fallback", "left"),
+        ("rank", "right"),
+        ("GPU", "left"),
+        ("bus id", "left"),
+        ("NUMA", "right"),
+        ("CPUs", "left"),
+        ("mems", "left"),
+        ("NIC", "left"),
+        ("OMP", "right"),
+        ("fallback", "left"),
     ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for r in plan.ranks:
         gpu, bus = (f"{r.gpu.index} (cuda:{r.gpu.cuda_index})", r.gpu.pci_bus_id or "-") if r.gpu else ("-", "-")
         mems = f"{format_list(r.mems)} {r.mem_policy.value}" if r.mems else "-"
-        table.add_row(str(r.local_rank), gpu, bus, str(r.numa_node) if r.numa_node >= 0 else "?",
-                      format_list(r.cpus), mems, _nic_cell(r), r.env.get("OMP_NUM_THREADS", "(user)"), r.fallback or "")
+        table.add_row(
+            str(r.local_rank),
+            gpu,
+            bus,
+            str(r.numa_node) if r.numa_node >= 0 else "?",
+            format_list(r.cpus),
+            mems,
+            _nic_cell(r),
+            r.env.get("OMP_NUM_THREADS", "(user)"),
+            r.fallback or "",
+        )
     return table
 
 
@@ -72,8 +88,10 @@ def _preposition(code: str) -> str:
 def link_summary(links: tuple[str, ...]) -> str:
     """``("NV4", "NV4", "SYS")`` -> ``2 groups on NV4, 1 across SYS`` (slowest last)."""
     counts = collections.Counter(links)  # in first-seen order, as a dict
-    return ", ".join(f"{n}{(' group' if n == 1 else ' groups') if i == 0 else ''} {_preposition(code)}"
-                     for i, (code, n) in enumerate(counts.items()))
+    return ", ".join(
+        f"{n}{(' group' if n == 1 else ' groups') if i == 0 else ''} {_preposition(code)}"
+        for i, (code, n) in enumerate(counts.items())
+    )
 
 
 def _cell(dim: MeshDim, plan: LaunchPlan) -> str:
@@ -92,8 +110,13 @@ def mesh_table(plan: LaunchPlan, mesh: MeshPlan) -> Table:
     if mesh.cuda_visible_devices:
         title += f"; every rank sees CUDA_VISIBLE_DEVICES={mesh.cuda_visible_devices}"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
-    for name, justify in (("dim", "left"), ("size", "right"), ("groups (local ranks→GPUs)", "left"),
-                          ("slowest link", "left"), ("default order", "left")):
+    for name, justify in (
+        ("dim", "left"),
+        ("size", "right"),
+        ("groups (local ranks→GPUs)", "left"),
+        ("slowest link", "left"),
+        ("default order", "left"),
+    ):
         table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for d in mesh.dims:
         size = "rest" if d.size == -1 else str(d.size)
@@ -103,15 +126,23 @@ def mesh_table(plan: LaunchPlan, mesh: MeshPlan) -> Table:
 
 def mesh_lines(mesh: MeshPlan) -> list[str]:
     """``tp: 4 groups on NV4; default order: 4 groups across SYS`` for each dimension inside the node."""
-    return [f"{d.name}: {link_summary(d.links)}; default order: {link_summary(d.default_links)}"
-            for d in mesh.dims if d.reach == "node" and d.size > 1]
+    return [
+        f"{d.name}: {link_summary(d.links)}; default order: {link_summary(d.default_links)}"
+        for d in mesh.dims
+        if d.reach == "node" and d.size > 1
+    ]
 
 
 def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> str:
     """The table and the warnings as text; without colour it is stable (golden files)."""
     buf = io.StringIO()
     console = Console(
-        file=buf, width=width, color_system="auto" if color else None, force_terminal=color, highlight=False, soft_wrap=False
+        file=buf,
+        width=width,
+        color_system="auto" if color else None,
+        force_terminal=color,
+        highlight=False,
+        soft_wrap=False,
     )
     console.print(plan_table(plan))
     for line in nic_lines(plan):

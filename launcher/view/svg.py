@@ -31,9 +31,26 @@ LINK_STEP = 90  # between GPUs in the link panel
 NODE_W, NODE_H = 60, 22  # a GPU in the link panel
 
 RANK_COLOURS: tuple[str, ...] = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-    "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
-    "#f7b6d2", "#9edae5", "#dbdb8d", "#393b79",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#9edae5",
+    "#dbdb8d",
+    "#393b79",
 )
 
 _STYLE = """
@@ -72,7 +89,7 @@ def rank_colour(local_rank: int) -> str:
 
 def _dark(colour: str) -> bool:
     """True when black text would be hard to read on ``colour`` (``#rrggbb``)."""
-    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     return 0.299 * r + 0.587 * g + 0.114 * b < 100
 
 
@@ -130,8 +147,15 @@ def _grid(children: Sequence[_Box], cols: int) -> tuple[float, float, list[tuple
     return cols * cw + (cols - 1) * GAP, rows * ch + (rows - 1) * GAP, offsets
 
 
-def _container(css: str, title: str, children: Sequence[_Box], *, devices: Sequence[_Box] = (), max_w: float = MAX_WIDTH,
-               tooltip: str = "") -> _Box:
+def _container(
+    css: str,
+    title: str,
+    children: Sequence[_Box],
+    *,
+    devices: Sequence[_Box] = (),
+    max_w: float = MAX_WIDTH,
+    tooltip: str = "",
+) -> _Box:
     """A titled frame holding children (in rows that wrap) and, below them, a row of devices."""
     cw, ch, coffs = _flow(children, max_w - 2 * PAD)
     title_w = len(title) * 7 + 2 * PAD
@@ -170,19 +194,24 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
             state = "not allowed"
         fill = f' style="fill:{rank_colour(ranks[0])}"' if len(ranks) == 1 else ""
         rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
-        out.append(f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
-                   f'width="{PU_W}" height="{PU_H}"{fill}>'
-                   f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>")
+        out.append(
+            f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
+            f'width="{PU_W}" height="{PU_H}"{fill}>'
+            f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>"
+        )
         if len(ranks) > 1:  # shared CPU: one stripe per rank
             sw = PU_W / len(ranks)
             for i, r in enumerate(ranks):
-                out.append(f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
-                           f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>')
+                out.append(
+                    f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
+                    f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>'
+                )
         greyed = " greyed" if not (cpu.online and cpu.allowed) else ""
         if len(ranks) == 1 and _dark(rank_colour(ranks[0])):
             greyed += " on-dark"
-        out.append(f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" '
-                   f'text-anchor="middle">{cpu.id}</text>')
+        out.append(
+            f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" text-anchor="middle">{cpu.id}</text>'
+        )
 
     return _Box(PU_W, PU_H, draw)
 
@@ -202,8 +231,10 @@ def _core_box(ctx: _Ctx, cpus: Sequence[Cpu]) -> _Box:
         for i, p in enumerate(pus):
             p.draw(x + 3 + i * (PU_W + 2), y + 3, out)
         if label:
-            out.append(f'<text class="core-rank" x="{x + w / 2:.0f}" y="{y + PU_H + 3 + 10:.0f}" '
-                       f'text-anchor="middle">{_t(label)}</text>')
+            out.append(
+                f'<text class="core-rank" x="{x + w / 2:.0f}" y="{y + PU_H + 3 + 10:.0f}" '
+                f'text-anchor="middle">{_t(label)}</text>'
+            )
         out.append("</g>")
 
     return _Box(w, h, draw)
@@ -237,8 +268,14 @@ def _cpu_boxes(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
         for members in llcs.values():
             ids = [c.id for core in members for c in core]
             boxes = [_core_box(ctx, core) for core in members]
-            out.append(_container("llc", f"LLC {format_list(ids)}", [_plain(boxes, CORES_PER_ROW // 2)],
-                                  tooltip=f"last-level cache shared by CPUs {format_list(ids)}"))
+            out.append(
+                _container(
+                    "llc",
+                    f"LLC {format_list(ids)}",
+                    [_plain(boxes, CORES_PER_ROW // 2)],
+                    tooltip=f"last-level cache shared by CPUs {format_list(ids)}",
+                )
+            )
     elif cores:
         out.append(_plain([_core_box(ctx, core) for core in cores], CORES_PER_ROW))
     offline = [c for c in sorted(cpus, key=lambda c: c.id) if not c.online]
@@ -250,7 +287,7 @@ def _cpu_boxes(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
 def _short_model(name: str) -> str:
     for prefix in ("NVIDIA ", "AMD "):
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -266,10 +303,12 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
         rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
         out.append(
             f'<rect class="gpu" data-gpu="{g.index}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
-            f'width="{DEV_W}" height="{DEV_H}" rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
+            f'width="{DEV_W}" height="{DEV_H}" '
+            f'rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
         )
         out.append(
-            f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>'
+            f'<text class="title" x="{x + 4:.0f}" '
+            f'y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>'
         )
         out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
 
@@ -283,13 +322,17 @@ def _nic_box(ctx: _Ctx, n: Nic) -> _Box:
         ports = ", ".join(f"port {p.number} {p.state or '?'}" for p in n.ports)
         out.append(
             f'<rect class={_a(cls)} data-nic={_a(n.name)} x="{x:.0f}" y="{y:.0f}" width="{DEV_W}" '
-            f'height="{DEV_H}" rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip())}</title></rect>'
+            f'height="{DEV_H}" '
+            f'rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip())}</title></rect>'
         )
         speed = f" {n.speed_mbps // 1000}G" if n.speed_mbps >= 1000 else ""
         line2 = (",".join(n.netdevs) or n.pci_bus_id) + speed
         if not n.port_up:
             line2 = "port down " + line2
-        out.append(f'<text class="title" x="{x + 4:.0f}" y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:DEV_CHARS])}</text>')
+        out.append(
+            f'<text class="title" x="{x + 4:.0f}" '
+            f'y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:DEV_CHARS])}</text>'
+        )
         out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
         if n.name in ctx.nccl_nics:
             out.append(f'<text class="nccl-tag" x="{x + DEV_W - 4:.0f}" y="{y + 12:.0f}" text-anchor="end">NCCL</text>')
@@ -331,10 +374,18 @@ def _layout(ctx: _Ctx) -> _Box:
             inner: list[_Box] = []
             for n in cpu_nodes:
                 if p in node_pkgs[n.id]:
-                    inner.append(_container("numa", _node_title(n, n.memory_bytes), _cpu_boxes(ctx, cpus_by_node[n.id]),
-                                            devices=_devices_on(ctx, n.id),
-                                            tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}"))
-            pkg_unknown = [c for c in unknown_cpus if c.package == p or (p == packages[0] and c.package not in packages)]
+                    inner.append(
+                        _container(
+                            "numa",
+                            _node_title(n, n.memory_bytes),
+                            _cpu_boxes(ctx, cpus_by_node[n.id]),
+                            devices=_devices_on(ctx, n.id),
+                            tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
+                        )
+                    )
+            pkg_unknown = [
+                c for c in unknown_cpus if c.package == p or (p == packages[0] and c.package not in packages)
+            ]
             if pkg_unknown:
                 inner.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, pkg_unknown)))
             top.append(_container("package", f"Package {p}", inner, max_w=MAX_WIDTH - 2 * PAD))
@@ -342,19 +393,27 @@ def _layout(ctx: _Ctx) -> _Box:
         for n in cpu_nodes:
             inner = [
                 _container(
-                    "package", f"Package {p}", _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if c.online and c.package == p])
+                    "package",
+                    f"Package {p}",
+                    _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if c.online and c.package == p]),
                 )
                 for p in sorted(node_pkgs[n.id])
             ]
             inner += _cpu_boxes(ctx, [c for c in cpus_by_node[n.id] if not c.online])
-            top.append(_container("numa", _node_title(n, n.memory_bytes), inner,
-                                  devices=_devices_on(ctx, n.id), max_w=MAX_WIDTH - 2 * PAD))
+            top.append(
+                _container(
+                    "numa",
+                    _node_title(n, n.memory_bytes),
+                    inner,
+                    devices=_devices_on(ctx, n.id),
+                    max_w=MAX_WIDTH - 2 * PAD,
+                )
+            )
         if unknown_cpus:
             top.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, unknown_cpus)))
 
     for n in mem_nodes:
-        top.append(_container("numa memory-only", _node_title(n, n.memory_bytes), [],
-                              devices=_devices_on(ctx, n.id)))
+        top.append(_container("numa memory-only", _node_title(n, n.memory_bytes), [], devices=_devices_on(ctx, n.id)))
 
     stray = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node not in node_ids]
     stray += [_nic_box(ctx, n) for n in t.nics if n.numa_node not in node_ids]
@@ -396,12 +455,16 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
         ax, bx = centre(i), centre(j)
         apex = 12 + 22 * (j - i)
         # a quadratic curve peaks at half its control point's offset
-        out.append(f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
-                   f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>')
+        out.append(
+            f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
+            f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>'
+        )
         mx, my = (ax + bx) / 2, base - apex
         lw = len(code) * 7 + 4
-        labels.append(f'<rect class="link-label-bg" x="{mx - lw / 2:.0f}" y="{my - 8:.0f}" width="{lw}" '
-                      'height="13" style="fill:#fafff0"/>')
+        labels.append(
+            f'<rect class="link-label-bg" x="{mx - lw / 2:.0f}" y="{my - 8:.0f}" width="{lw}" '
+            'height="13" style="fill:#fafff0"/>'
+        )
         labels.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 3:.0f}" text-anchor="middle">{_t(code)}</text>')
     out.extend(labels)  # labels above all arcs
     _gpu_nodes(ctx, centre, base, out)
@@ -412,8 +475,10 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
 def _panel(out: list[str], css: str, title: str, x0: float, y0: float, w: float, h: float) -> Callable[[int], float]:
     """Open a link panel's group and frame; returns the x of the centre of GPU ``pos``."""
     out.append(f"<g class={_a(css)}>")
-    out.append(f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
-               'style="fill:#fafff0;stroke:#76b900" rx="3"/>')
+    out.append(
+        f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
+        'style="fill:#fafff0;stroke:#76b900" rx="3"/>'
+    )
     out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">{_t(title)}</text>')
     return lambda pos: x0 + PAD + pos * LINK_STEP + NODE_W / 2
 
@@ -422,8 +487,10 @@ def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list
     for pos, g in enumerate(ctx.topology.gpus):
         ranks = ctx.gpu_ranks.get(pos, [])
         style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
-        out.append(f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
-                   f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>')
+        out.append(
+            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
+            f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>'
+        )
         out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
 
 
@@ -436,7 +503,8 @@ def _links_all(ctx: _Ctx, code: str, x0: float, y0: float, out: list[str]) -> tu
     h = base - y0 + NODE_H + PAD
     centre = _panel(out, "links", f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else ""), x0, y0, w, h)
     d = f"M{centre(0):.0f},{bus_y:.0f} H{centre(n - 1):.0f}" + "".join(
-        f" M{centre(i):.0f},{bus_y:.0f} V{base:.0f}" for i in range(n))
+        f" M{centre(i):.0f},{bus_y:.0f} V{base:.0f}" for i in range(n)
+    )
     out.append(f'<path class="link-all" data-code={_a(code)} data-gpus="{n}" d="{d}"/>')
     out.append(f'<text class="link-label" x="{x0 + w - PAD:.0f}" y="{y0 + 13:.0f}" text-anchor="end">{_t(code)}</text>')
     _gpu_nodes(ctx, centre, base, out)
@@ -454,8 +522,10 @@ def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[floa
     _panel(out, "links link-matrix", "GPU links (NVLink)", x0, y0, w, h)
     top = y0 + TITLE_H + PAD
     for j, g in enumerate(t.gpus):
-        out.append(f'<text class="link-cell" x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" y="{top + 12:.0f}" '
-                   f'text-anchor="middle">GPU{g.index}</text>')
+        out.append(
+            f'<text class="link-cell" x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" y="{top + 12:.0f}" '
+            f'text-anchor="middle">GPU{g.index}</text>'
+        )
     for i, g in enumerate(t.gpus):
         y = top + (i + 1) * cell_h
         out.append(f'<text class="link-cell" x="{x0 + PAD:.0f}" y="{y + 12:.0f}">GPU{g.index}</text>')
@@ -464,23 +534,29 @@ def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[floa
             shown = code if code.startswith("NV") else ("X" if i == j else "")
             if shown:
                 cls = "link-label" if code.startswith("NV") else "link-cell"
-                out.append(f'<text class={_a(cls)} x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" '
-                           f'y="{y + 12:.0f}" text-anchor="middle">{_t(shown)}</text>')
+                out.append(
+                    f'<text class={_a(cls)} x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" '
+                    f'y="{y + 12:.0f}" text-anchor="middle">{_t(shown)}</text>'
+                )
     out.append("</g>")
     return w, h
 
 
 def _legend_text(r: RankBinding) -> str:
     gpu = f"GPU{r.gpu.index} {r.gpu.pci_bus_id}" if r.gpu else "no GPU"
-    text = f"rank {r.local_rank}: {gpu}  CPUs {format_list(r.cpus)}  mems {format_list(r.mems) or '-'}  NIC {r.nic or '-'}"
+    text = (
+        f"rank {r.local_rank}: {gpu}  CPUs {format_list(r.cpus)}  mems {format_list(r.mems) or '-'}  NIC {r.nic or '-'}"
+    )
     return text + (f"  ({r.fallback})" if r.fallback else "")
 
 
 def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
     out.append('<g class="legend">')
-    out.append(f'<text class="title" x="{x:.0f}" '
-               f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>')
+    out.append(
+        f'<text class="title" x="{x:.0f}" '
+        f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
+    )
     row_y = y + TITLE_H + 4
     if plan.nccl_nics is not None:
         line = f"every rank: {plan.nccl_nics.variable}={plan.nccl_nics.value}"
@@ -488,8 +564,10 @@ def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> 
         row_y += 18
     for r in plan.ranks:
         out.append(f'<g class="legend-rank" data-rank="{r.local_rank}">')
-        out.append(f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{rank_colour(r.local_rank)};'
-                   'stroke:#000"/>')
+        out.append(
+            f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{rank_colour(r.local_rank)};'
+            'stroke:#000"/>'
+        )
         out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(_legend_text(r))}</text>')
         out.append("</g>")
         row_y += 18
@@ -512,9 +590,15 @@ def _mesh_lines(plan: LaunchPlan) -> list[tuple[str, str]]:
         if d.reach == "nodes":
             groups = "across nodes"
         else:
-            groups = "  ".join(f"[{','.join(map(str, g))}→GPU {','.join(gpu.get(r, '-') for r in g)}]" for g in d.groups)
-        out.append((d.name, f"{d.name}={d.size}: {groups}: {link_summary(d.links)}; default order: "
-                            f"{link_summary(d.default_links)}"))
+            groups = "  ".join(
+                f"[{','.join(map(str, g))}→GPU {','.join(gpu.get(r, '-') for r in g)}]" for g in d.groups
+            )
+        out.append(
+            (
+                d.name,
+                f"{d.name}={d.size}: {groups}: {link_summary(d.links)}; default order: {link_summary(d.default_links)}",
+            )
+        )
     return out
 
 

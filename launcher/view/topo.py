@@ -85,13 +85,23 @@ def _speed(mbps: int) -> str:
     return f"{mbps / 1000:g} Gb/s" if mbps >= 1000 else f"{mbps} Mb/s"
 
 
-def render_text(topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None,
-                container: str = "") -> str:
+def render_text(
+    topology: Topology, *, width: int = 120, color: bool = False, snapshot: str | None = None, container: str = ""
+) -> str:
     """The whole ``numarun topo`` view (fixed ``width``: stable output). ``snapshot``: the JSON file read
     (its recorded source is where it was captured); ``container``: the runtime the machine is seen from."""
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, color_system="standard" if color else None,
-                      no_color=not color, highlight=False, soft_wrap=False, emoji=False, markup=False)
+    console = Console(
+        file=buf,
+        width=width,
+        force_terminal=color,
+        color_system="standard" if color else None,
+        no_color=not color,
+        highlight=False,
+        soft_wrap=False,
+        emoji=False,
+        markup=False,
+    )
     t = topology
 
     header = Text()
@@ -110,15 +120,23 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
         kind = "memory-only" if n.memory_only else "cpu+mem"
         if t.allowed_mems and n.id not in t.allowed_mems:
             kind += " (mem disallowed)"
-        numa.add_row(str(n.id), format_list(n.cpus) or "-", format_list(c for c in n.cpus if c in allowed_by_id) or "-",
-                     gib(n.memory_bytes), kind, " ".join(str(d) for d in n.distances) or "?")
+        numa.add_row(
+            str(n.id),
+            format_list(n.cpus) or "-",
+            format_list(c for c in n.cpus if c in allowed_by_id) or "-",
+            gib(n.memory_bytes),
+            kind,
+            " ".join(str(d) for d in n.distances) or "?",
+        )
     if not t.numa_nodes:
         numa.add_row("-", "-", "-", "-", "-", "-")
     console.print(numa)
 
     s = cpu_summary(t)
-    console.print(f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   SMT: {'yes' if s['smt'] else 'no'}   "
-                  f"offline CPUs: {s['offline']}   disallowed CPUs: {s['disallowed']}")
+    console.print(
+        f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   SMT: {'yes' if s['smt'] else 'no'}   "
+        f"offline CPUs: {s['offline']}   disallowed CPUs: {s['disallowed']}"
+    )
     if s["disallowed"]:
         console.print(f"usable: {s['usable_cores']} cores, {s['usable_pus']} PUs in {s['usable_packages']} packages")
     offline = [c.id for c in t.cpus if not c.online]
@@ -126,17 +144,35 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
         console.print(f"offline: {format_list(offline)}")
 
     if t.gpus:
-        gt = _table("GPUs", "GPU", "name", "bus id", "NUMA", "CPU affinity", "memory", "nearest NIC",
-                    right=("GPU", "NUMA", "memory"))
+        gt = _table(
+            "GPUs",
+            "GPU",
+            "name",
+            "bus id",
+            "NUMA",
+            "CPU affinity",
+            "memory",
+            "nearest NIC",
+            right=("GPU", "NUMA", "memory"),
+        )
         for g, nic_cell in zip(t.gpus, nic_cells(t)):
             numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
             if g.memory_numa_node >= 0:
                 numa_cell += f" (mem node {g.memory_numa_node})"
-            gt.add_row(str(g.index), g.name or "?", g.pci_bus_id or "?", numa_cell,
-                       format_list(g.cpu_affinity) or "?", gib(g.memory_bytes), nic_cell)
+            gt.add_row(
+                str(g.index),
+                g.name or "?",
+                g.pci_bus_id or "?",
+                numa_cell,
+                format_list(g.cpu_affinity) or "?",
+                gib(g.memory_bytes),
+                nic_cell,
+            )
         console.print(gt)
         # GPU x GPU and GPU x NIC apart, so that neither is squeezed on a box with many NICs
-        matrices = [("GPU links", [f"GPU{g.index}" for g in t.gpus], lambda i, j: t.gpu_links[i][j])] if t.gpu_links else []
+        matrices = (
+            [("GPU links", [f"GPU{g.index}" for g in t.gpus], lambda i, j: t.gpu_links[i][j])] if t.gpu_links else []
+        )
         if t.nics:
             matrices.append(("GPU to NIC links", [nic.name for nic in t.nics], t.gpu_nic_link))
         for title, names, cell in matrices:
@@ -153,9 +189,15 @@ def render_text(topology: Topology, *, width: int = 120, color: bool = False, sn
     if t.nics:
         nt = _table("NICs", "NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports", right=("NUMA", "speed"))
         for nic in t.nics:
-            nt.add_row(nic.name, nic.kind.value, ",".join(nic.netdevs) or "-", nic.pci_bus_id or "-",
-                       str(nic.numa_node) if nic.numa_node >= 0 else "unknown", _speed(nic.speed_mbps),
-                       " ".join(f"{p.number}:{p.state or '?'}" for p in nic.ports) or "-")
+            nt.add_row(
+                nic.name,
+                nic.kind.value,
+                ",".join(nic.netdevs) or "-",
+                nic.pci_bus_id or "-",
+                str(nic.numa_node) if nic.numa_node >= 0 else "unknown",
+                _speed(nic.speed_mbps),
+                " ".join(f"{p.number}:{p.state or '?'}" for p in nic.ports) or "-",
+            )
         console.print(nt)
     else:
         console.print("no NICs found")

@@ -33,7 +33,9 @@ def load_plan(environ: Mapping[str, str] | None = None) -> LaunchPlan | None:
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise BindingError(f"bad {envvars.PLAN} {path!r}: {e.strerror}; expected a plan file written by numarun") from None
+        raise BindingError(
+            f"bad {envvars.PLAN} {path!r}: {e.strerror}; expected a plan file written by numarun"
+        ) from None
     return LaunchPlan.from_json(text, origin=path)
 
 

@@ -62,7 +62,9 @@ class Applied:
     """Binding steps that failed; () when everything was applied."""
 
 
-def apply_env(binding: RankBinding, environ: MutableMapping[str, str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+def apply_env(
+    binding: RankBinding, environ: MutableMapping[str, str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """Set the rank's variables in ``environ``; returns (set, kept at the user's value)."""
     if envvars.USER_ENV in environ:
         keep = {k for k in environ[envvars.USER_ENV].split(",") if k}
@@ -95,17 +97,23 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
         # The kernel silently drops offline/disallowed CPUs as long as one is left.
         missing = wanted - set(affinity.get_cpu_affinity())
         if missing:
-            errors.append(f"sched_setaffinity: cpus {format_list(missing)} of {format_list(wanted)} are not usable here")
+            errors.append(
+                f"sched_setaffinity: cpus {format_list(missing)} of {format_list(wanted)} are not usable here"
+            )
 
     mode = _MPOL.get(binding.mem_policy)
     if mode is not None and binding.mems:
         try:
             affinity.set_mempolicy(mode, binding.mems)
         except OSError as e:
-            errors.append(f"set_mempolicy {binding.mem_policy.value} to nodes {format_list(binding.mems)} failed: {e.strerror}")
+            errors.append(
+                f"set_mempolicy {binding.mem_policy.value} to nodes {format_list(binding.mems)} failed: {e.strerror}"
+            )
 
     got = affinity.read_back()
-    return Applied(cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, kept_env=kept, errors=tuple(errors))
+    return Applied(
+        cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, kept_env=kept, errors=tuple(errors)
+    )
 
 
 def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str]) -> str:
@@ -146,7 +154,9 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
     if applied.errors:
         what = "; ".join(applied.errors)
         if env.get(envvars.STRICT_BINDING) == "1":
-            raise BindingError(f"local rank {binding.local_rank}: {what} (binding asked for by {envvars.STRICT_BINDING}=1)")
+            raise BindingError(
+                f"local rank {binding.local_rank}: {what} (binding asked for by {envvars.STRICT_BINDING}=1)"
+            )
         log.warning("local rank %d: %s; continuing with cpus %s", binding.local_rank, what, format_list(applied.cpus))
     log.info(describe(binding, applied, env))
     return applied
@@ -161,7 +171,9 @@ def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
     world = environ.get("WORLD_SIZE", "")
     spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{envvars.PLAN} layout")
     if spec.rest is not None and not world.isdigit():
-        raise BindingError(f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {spec.rest} of {spec.text}")
+        raise BindingError(
+            f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {spec.rest} of {spec.text}"
+        )
     environ.update(layout_env(spec.resolve(int(world)) if spec.rest is not None else spec.resolve(spec.known)))
 
 
@@ -193,8 +205,13 @@ def _run_file(target: str) -> None:
         source = f.read()
     code = compile(source, path, "exec", dont_inherit=True)
     main_module = types.ModuleType("__main__")
-    main_module.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins,
-                                __loader__=importlib.machinery.SourceFileLoader("__main__", path), __spec__=None)
+    main_module.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __spec__=None,
+    )
     # Kept registered afterwards, as Python keeps its __main__ (pickling, multiprocessing spawn).
     sys.modules["__main__"] = main_module
     exec(code, main_module.__dict__)
@@ -255,7 +272,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if applied is not None:
             from . import watch
 
-            watch.start_from_env(applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ)
+            watch.start_from_env(
+                applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ
+            )
         hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
         if kind != "exec":  # an exec'd program keeps no handler: the dump signal would end it
             from . import progress
@@ -289,12 +308,18 @@ def announce_restart(environ: Mapping[str, str]) -> None:
         limit = environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
         node = environ.get("GROUP_RANK")
         where = f" of node {node}" if node and environ.get("WORLD_SIZE") != environ.get("LOCAL_WORLD_SIZE") else ""
-        log.warning("restart %s of %s (--max-restarts): the workers%s were started again after a failure", restart, limit, where)
+        log.warning(
+            "restart %s of %s (--max-restarts): the workers%s were started again after a failure", restart, limit, where
+        )
 
 
 _BOOTSTRAP = os.path.abspath(__file__)
-_LOADERS = ("<frozen runpy>", "<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>",
-            os.path.abspath(runpy.__file__))
+_LOADERS = (
+    "<frozen runpy>",
+    "<frozen importlib._bootstrap>",
+    "<frozen importlib._bootstrap_external>",
+    os.path.abspath(runpy.__file__),
+)
 
 
 def _from_user_code(tb: types.TracebackType | None) -> types.TracebackType | None:
@@ -330,5 +355,3 @@ def report_failure(e: BaseException, environ: Mapping[str, str]) -> None:
         from ..torch_private import record_error
 
         record_error(path, e, text)
-
-

@@ -105,7 +105,8 @@ def agreed_now(value: str, environ: Mapping[str, str]) -> str:
         return got.decode() if isinstance(got, bytes) else str(got)
     except Exception as e:  # the job still runs; nodes may then pick different run dirs
         log.warning(
-            "could not agree on Hydra's clock with the other nodes through %s:%s (%s); using this node's", host, port, e)
+            "could not agree on Hydra's clock with the other nodes through %s:%s (%s); using this node's", host, port, e
+        )
         return value
 
 

@@ -45,18 +45,43 @@ log = logging.getLogger("numarun.worker.bootstrap.progress")
 FORMAT = 1
 """Of the heartbeat file; bumped when a field changes meaning."""
 DUMP_SIGNAL = signal.SIGRTMIN + 6
-"""A real-time signal nothing else in a training process uses; sent only to ranks whose heartbeat says the handler is in."""
+"""A real-time signal nothing else in a training process uses; sent only to ranks whose heartbeat says the handler is
+in."""
 HEARTBEAT = "progress.{local_rank}"
 STACKS = "stacks.{local_rank}"
 MAX_FRAMES = 80
-"""Frames of the main thread kept in a heartbeat: the innermost 60 and the outermost 20 (a recursion is cut in the middle)."""
+"""Frames of the main thread kept in a heartbeat: the innermost 60 and the outermost 20 (a recursion is cut in the
+middle)."""
 
 COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_gather_coalesced",
-    "all_reduce_coalesced", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "broadcast",
-    "broadcast_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "barrier",
-    "monitored_barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list",
-    "_all_gather_base", "_reduce_scatter_base",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "send_object_list",
+    "recv_object_list",
+    "_all_gather_base",
+    "_reduce_scatter_base",
 )
 """torch.distributed's functions that talk to other ranks (``distributed_c10d.__all__`` of torch 2.13, and the two
 deprecated base forms still called by older libraries); those a torch version lacks are skipped."""
@@ -180,8 +205,9 @@ class _PostImport(importlib.abc.MetaPathFinder):
     def __init__(self, patches: Mapping[str, Callable[[ModuleType], object]]) -> None:
         self.pending = dict(patches)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         then = self.pending.pop(fullname, None)
         if then is None:
             return None
@@ -225,8 +251,15 @@ def main_frames(frame: Any) -> list[list[Any]]:
 class Sampler:
     """Rewrites the heartbeat every ``interval`` seconds on a daemon thread (see the module docstring)."""
 
-    def __init__(self, path: Path, identity: Mapping[str, Any], *, interval: float, counters: Counters = COUNTERS,
-                 main: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        identity: Mapping[str, Any],
+        *,
+        interval: float,
+        counters: Counters = COUNTERS,
+        main: int | None = None,
+    ) -> None:
         self.path = path
         self.identity = dict(identity)
         self.interval = interval
@@ -264,11 +297,19 @@ class Sampler:
         inside = self.counters.inside.get(self.main) if self.main is not None else None
         self.samples += 1
         beat = {
-            **self.identity, "t": now, "moved": self.moved, "changed": self.changed, "events": events,
-            "collectives": self.counters.collectives, "steps": self.counters.steps,
+            **self.identity,
+            "t": now,
+            "moved": self.moved,
+            "changed": self.changed,
+            "events": events,
+            "collectives": self.counters.collectives,
+            "steps": self.counters.steps,
             "inside": inside,
-            "frames": self._frames, "threads": {str(t.ident): t.name for t in threading.enumerate()},
-            "samples": self.samples, "sampler_cpu_s": round(self.cpu_s, 6), "interval": self.interval,
+            "frames": self._frames,
+            "threads": {str(t.ident): t.name for t in threading.enumerate()},
+            "samples": self.samples,
+            "sampler_cpu_s": round(self.cpu_s, 6),
+            "interval": self.interval,
         }
         write_heartbeat(self.path, beat)
         self.cpu_s += time.thread_time() - cpu0
@@ -306,10 +347,18 @@ def identity(environ: Mapping[str, str]) -> dict[str, Any]:
         return int(text) if text.isdigit() else default
 
     return {
-        "v": FORMAT, "pid": os.getpid(), "rank": num("RANK"), "local_rank": num("LOCAL_RANK"),
-        "world": num("WORLD_SIZE", 1), "local_world": num("LOCAL_WORLD_SIZE", 1), "node_rank": num("GROUP_RANK"),
-        "nodes": num("GROUP_WORLD_SIZE", 1), "group": num("TORCHELASTIC_RESTART_COUNT"),
-        "main": threading.main_thread().ident, "cwd": os.getcwd(), "dump_signal": int(DUMP_SIGNAL),
+        "v": FORMAT,
+        "pid": os.getpid(),
+        "rank": num("RANK"),
+        "local_rank": num("LOCAL_RANK"),
+        "world": num("WORLD_SIZE", 1),
+        "local_world": num("LOCAL_WORLD_SIZE", 1),
+        "node_rank": num("GROUP_RANK"),
+        "nodes": num("GROUP_WORLD_SIZE", 1),
+        "group": num("TORCHELASTIC_RESTART_COUNT"),
+        "main": threading.main_thread().ident,
+        "cwd": os.getcwd(),
+        "dump_signal": int(DUMP_SIGNAL),
     }
 
 
@@ -339,8 +388,15 @@ def install(environ: Mapping[str, str]) -> Sampler | None:
     interval = sample_interval(environ)
     path = Path(state) / HEARTBEAT.format(local_rank=local)
     if interval <= 0:  # the dump handler only: one heartbeat says it is in place
-        write_heartbeat(path, {**who, "t": time.monotonic(), "sampling": False,
-                               "threads": {str(t.ident): t.name for t in threading.enumerate()}})
+        write_heartbeat(
+            path,
+            {
+                **who,
+                "t": time.monotonic(),
+                "sampling": False,
+                "threads": {str(t.ident): t.name for t in threading.enumerate()},
+            },
+        )
         return None
     install_counters()
     _current = Sampler(path, {**who, "sampling": True}, interval=interval).start()
@@ -352,5 +408,10 @@ def figures() -> dict[str, Any]:
     s = _current
     if s is None:
         return {}
-    return {"samples": s.samples, "sampler_cpu_s": s.cpu_s, "interval_s": s.interval,
-            "collectives": s.counters.collectives, "steps": s.counters.steps}
+    return {
+        "samples": s.samples,
+        "sampler_cpu_s": s.cpu_s,
+        "interval_s": s.interval,
+        "collectives": s.counters.collectives,
+        "steps": s.counters.steps,
+    }

@@ -119,8 +119,15 @@ def read_threads() -> list[ThreadState]:
 class Watcher:
     """Checks the binding of this process every ``interval`` seconds on a daemon thread."""
 
-    def __init__(self, cpus: Iterable[int], mems: Iterable[int], *, interval: float, strict: bool,
-                 numa_maps: str = "/proc/self/numa_maps") -> None:
+    def __init__(
+        self,
+        cpus: Iterable[int],
+        mems: Iterable[int],
+        *,
+        interval: float,
+        strict: bool,
+        numa_maps: str = "/proc/self/numa_maps",
+    ) -> None:
         self.bound = frozenset(cpus)
         self.mems = tuple(mems)
         self.interval = interval
@@ -144,9 +151,14 @@ class Watcher:
                     with contextlib.suppress(OSError):
                         os.sched_setaffinity(t.tid, self.bound)
                         self.repaired.add(t.tid)
-            self._warn_once("affinity", "thread(s) left the bound CPUs " + format_list(sorted(self.bound)) + ": "
-                            + ", ".join(f"{t.name!r} (tid {t.tid}) on {format_list(sorted(t.cpus))}" for t in drifted[:4])
-                            + ("; put back (--strict-binding)" if self.strict else "; --strict-binding puts them back"))
+            self._warn_once(
+                "affinity",
+                "thread(s) left the bound CPUs "
+                + format_list(sorted(self.bound))
+                + ": "
+                + ", ".join(f"{t.name!r} (tid {t.tid}) on {format_list(sorted(t.cpus))}" for t in drifted[:4])
+                + ("; put back (--strict-binding)" if self.strict else "; --strict-binding puts them back"),
+            )
         if self.mems and memory:
             try:
                 with open(self.numa_maps) as f:
@@ -155,8 +167,11 @@ class Watcher:
                 return
             self.remote_share = round(remote_share(per_node, self.mems), 4)
             if self.remote_share > REMOTE_WARN_SHARE:
-                self._warn_once("remote-memory", f"{self.remote_share:.0%} of resident memory is on NUMA nodes other than "
-                                f"{format_list(self.mems)}: memory allocated before binding or by another thread's policy")
+                self._warn_once(
+                    "remote-memory",
+                    f"{self.remote_share:.0%} of resident memory is on NUMA nodes other than "
+                    f"{format_list(self.mems)}: memory allocated before binding or by another thread's policy",
+                )
 
     def _warn_once(self, kind: str, text: str) -> None:
         if kind in self.warned:
@@ -197,7 +212,9 @@ def interval_from_env(environ: Mapping[str, str]) -> float:
     try:
         value = float(text)
     except ValueError:
-        log.warning("%s=%r is not a number of seconds; watching every %g s", envvars.WATCH_INTERVAL, text, DEFAULT_INTERVAL)
+        log.warning(
+            "%s=%r is not a number of seconds; watching every %g s", envvars.WATCH_INTERVAL, text, DEFAULT_INTERVAL
+        )
         return DEFAULT_INTERVAL
     return max(value, 0.0)
 

@@ -2,7 +2,8 @@
 
 ``fault_counter.py OUT STEPS CRASH_RANK CRASH_STEP``: every rank resumes from
 ``OUT/ckpt<RANK>`` (written to a temporary file, fsynced, then renamed), logs the step it resumed
-from (``resume N``) and each step it runs to ``OUT/steps<RANK>.<attempt>`` and its pid to ``OUT/pid<RANK>.<attempt>``. On the
+from (``resume N``) and each step it runs to ``OUT/steps<RANK>.<attempt>`` and its pid to ``OUT/pid<RANK>.<attempt>``.
+On the
 first attempt only, rank CRASH_RANK exits with code 3 when it reaches CRASH_STEP.
 """
 

@@ -29,10 +29,17 @@ for name in mesh.mesh_dim_names:
     sums[name] = t.item()
 binding = current_binding()
 report = {
-    "rank": rank, "local_rank": ctx.local_rank, "world_size": ctx.world_size, "node_rank": ctx.node_rank,
-    "node_key": os.environ.get("NUMARUN_NODE_KEY"), "host": os.environ.get("SLURMD_NODENAME"),
-    "names": list(mesh.mesh_dim_names), "shape": list(mesh.shape), "mesh": mesh.mesh.tolist(),
-    "groups": groups, "sums": sums,
+    "rank": rank,
+    "local_rank": ctx.local_rank,
+    "world_size": ctx.world_size,
+    "node_rank": ctx.node_rank,
+    "node_key": os.environ.get("NUMARUN_NODE_KEY"),
+    "host": os.environ.get("SLURMD_NODENAME"),
+    "names": list(mesh.mesh_dim_names),
+    "shape": list(mesh.shape),
+    "mesh": mesh.mesh.tolist(),
+    "groups": groups,
+    "sums": sums,
     "gpu_index": binding.gpu.index if binding is not None and binding.gpu is not None else None,
     "cuda_index": binding.gpu.cuda_index if binding is not None and binding.gpu is not None else None,
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),

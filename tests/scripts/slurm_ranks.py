@@ -28,13 +28,12 @@ parser.add_argument("--out", default=os.environ.get("NUMARUN_RUN_DIR"))
 opts = parser.parse_args()
 
 
-
 def cgroup_cpus():
     """The CPUs of this process's cpuset cgroup (v1 or v2): what Slurm's task/cgroup allowed."""
     for line in open("/proc/self/cgroup").read().splitlines():
         _, controllers, path = line.split(":", 2)
         for base, name in (("/sys/fs/cgroup/cpuset", "cpuset.cpus"), ("/sys/fs/cgroup", "cpuset.cpus.effective")):
-            if ("cpuset" in controllers.split(",") or (controllers == "" and base == "/sys/fs/cgroup")):
+            if "cpuset" in controllers.split(",") or (controllers == "" and base == "/sys/fs/cgroup"):
                 try:
                     text = open(f"{base}{path}/{name}").read().strip()
                 except OSError:

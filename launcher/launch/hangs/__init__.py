@@ -29,6 +29,26 @@ from .stacks import Job, StacksUnavailable, ask_stacks, job_of, running_jobs, wr
 from .verdict import Summary, judge, read_beats, summarize
 from .watch import HangWatch, keep_dir
 
-__all__ = ["DEFAULT_TIMEOUT_S", "EXIT_HANG", "HangPolicy", "HangWatch", "Job", "NodeCall", "OnHang", "StacksUnavailable",
-           "Summary", "ask_stacks", "find_py_spy", "job_of", "judge", "keep_dir", "parse_hang_timeout", "policy_from",
-           "read_beats", "render", "running_jobs", "summarize", "write_job_record"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "EXIT_HANG",
+    "HangPolicy",
+    "HangWatch",
+    "Job",
+    "NodeCall",
+    "OnHang",
+    "StacksUnavailable",
+    "Summary",
+    "ask_stacks",
+    "find_py_spy",
+    "job_of",
+    "judge",
+    "keep_dir",
+    "parse_hang_timeout",
+    "policy_from",
+    "read_beats",
+    "render",
+    "running_jobs",
+    "summarize",
+    "write_job_record",
+]

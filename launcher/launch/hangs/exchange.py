@@ -29,8 +29,9 @@ class Exchange:
 
             from torch.distributed import TCPStore
 
-            self._store = TCPStore(self.host, self.port, None, False, timeout=timedelta(seconds=10),
-                                   wait_for_workers=False)
+            self._store = TCPStore(
+                self.host, self.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
+            )
         return self._store
 
     def _get(self, key: str) -> bytes | None:
@@ -78,4 +79,3 @@ class Exchange:
 
     def acks(self) -> int:
         return int(self.store().add(self.prefix + "stopped", 0))
-

@@ -59,8 +59,9 @@ class NodeCall:
     @staticmethod
     def from_json(text: str | bytes) -> NodeCall:
         d = loads(text)
-        return NodeCall(int(d["node"]), str(d["host"]), tuple(Stand(**s) for s in d["stands"]), str(d["stacks"]),
-                        str(d["source"]))
+        return NodeCall(
+            int(d["node"]), str(d["host"]), tuple(Stand(**s) for s in d["stands"]), str(d["stacks"]), str(d["source"])
+        )
 
 
 class Dumps:
@@ -107,8 +108,16 @@ class Dumps:
 
 def _py_spy(exe: str, pids: Iterable[int], timeout_s: float) -> tuple[dict[int, str], str]:
     """``py-spy dump --native`` of every pid, in parallel: (pid -> output, why it failed for some, '' if none)."""
-    procs = {pid: subprocess.Popen([exe, "dump", "--pid", str(pid), "--native"], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for pid in pids}
+    procs = {
+        pid: subprocess.Popen(
+            [exe, "dump", "--pid", str(pid), "--native"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for pid in pids
+    }
     out, why = {}, ""
     deadline = time.monotonic() + timeout_s
     for pid, p in procs.items():
@@ -141,14 +150,22 @@ def _frames(items: Iterable[Sequence[Any]]) -> list[Frame]:
     return [Frame(str(f[0]), int(f[1]), str(f[2])) for f in items if len(f) == 3]
 
 
-def stand_of(beat: Mapping[str, Any], dump: str | None, *, state: Path, roots: Sequence[str], host: str,
-             running: bool | None = None) -> Stand:
+def stand_of(
+    beat: Mapping[str, Any],
+    dump: str | None,
+    *,
+    state: Path,
+    roots: Sequence[str],
+    host: str,
+    running: bool | None = None,
+) -> Stand:
     """Where one rank stands: its main thread in the dump (else in its last heartbeat), the collective it is in.
     ``running``: whether it ran when asked (default: whether it runs now)."""
     pid = int(beat.get("pid", 0))
     local = int(beat.get("local_rank", 0))
-    base: dict[str, Any] = dict(rank=int(beat.get("rank", 0)), local_rank=local, pid=pid,
-                                node=int(beat.get("node_rank", 0)), host=host)
+    base: dict[str, Any] = dict(
+        rank=int(beat.get("rank", 0)), local_rank=local, pid=pid, node=int(beat.get("node_rank", 0)), host=host
+    )
     if not (alive(pid) if running is None else running):
         return Stand(**base, state="exited", exit_code=exit_code(state, local, int(beat.get("group", 0))))
     frames = []
@@ -163,12 +180,26 @@ def stand_of(beat: Mapping[str, Any], dump: str | None, *, state: Path, roots: S
     if not frames:
         return Stand(**base, state="silent", note="no dump and no sample")
     where, function, call, package = rollcall.locate(frames, roots, str(beat.get("cwd", "")))
-    return Stand(**base, where=where, function=function, call=call, package=package,
-                 inside=str(beat.get("inside") or ""), note=note)
+    return Stand(
+        **base,
+        where=where,
+        function=function,
+        call=call,
+        package=package,
+        inside=str(beat.get("inside") or ""),
+        note=note,
+    )
 
 
-def call_node(state: Path, beats: Mapping[int, Mapping[str, Any]], out: Path, *, py_spy: bool = True,
-              dumps: Dumps | None = None, dump_wait_s: float = DUMP_WAIT_S) -> NodeCall:
+def call_node(
+    state: Path,
+    beats: Mapping[int, Mapping[str, Any]],
+    out: Path,
+    *,
+    py_spy: bool = True,
+    dumps: Dumps | None = None,
+    dump_wait_s: float = DUMP_WAIT_S,
+) -> NodeCall:
     """Roll-call of this node's ranks: every thread's stacks written to ``out``, a stand per rank."""
     host = socket.gethostname()
     dumps = dumps or Dumps(state, beats)
@@ -191,28 +222,38 @@ def call_node(state: Path, beats: Mapping[int, Mapping[str, Any]], out: Path, *,
         if stand.pid in native:
             body.append("--- py-spy dump --native (Python and C/C++ frames):\n" + native[stand.pid].rstrip() + "\n")
         if texts.get(local, "").strip():
-            body.append("--- faulthandler, every thread's Python stack (in-process):\n"
-                        + rollcall.name_threads(texts[local].strip("\n"), names) + "\n")
+            body.append(
+                "--- faulthandler, every thread's Python stack (in-process):\n"
+                + rollcall.name_threads(texts[local].strip("\n"), names)
+                + "\n"
+            )
         elif b.get("frames"):
-            body.append("--- the main thread at the last sample (in-process):\n" + "".join(
-                f'  File "{f[0]}", line {f[1]} in {f[2]}\n' for f in b["frames"]))
+            body.append(
+                "--- the main thread at the last sample (in-process):\n"
+                + "".join(f'  File "{f[0]}", line {f[1]} in {f[2]}\n' for f in b["frames"])
+            )
         parts.append("\n".join([head, *body]) if body else head + "\n")
     if not py_spy:
         source = "in-process Python stacks (faulthandler)"
     elif exe is None:
-        source = ("in-process Python stacks (faulthandler); py-spy is not installed: pip install 'numarun[debug]' "
-                  "adds native frames")
+        source = (
+            "in-process Python stacks (faulthandler); py-spy is not installed: pip install 'numarun[debug]' "
+            "adds native frames"
+        )
     elif native and len(native) == len(live):
         source = "py-spy with native frames, and in-process Python stacks"
     else:
         denied = "EPERM" in why or "ermission" in why or "not permitted" in why
-        source = ("in-process Python stacks (faulthandler); py-spy could not read the ranks"
-                  + (" (ptrace is not permitted here: CAP_SYS_PTRACE, kernel.yama.ptrace_scope or seccomp)" if denied else "")
-                  + f": {why}")
+        source = (
+            "in-process Python stacks (faulthandler); py-spy could not read the ranks"
+            + (" (ptrace is not permitted here: CAP_SYS_PTRACE, kernel.yama.ptrace_scope or seccomp)" if denied else "")
+            + f": {why}"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# every thread of every rank on {host}; stacks: {source}\n\n" + "\n".join(parts))
-    return NodeCall(int(next(iter(beats.values())).get("node_rank", 0)) if beats else 0, host, tuple(stands), str(out),
-                    source)
+    return NodeCall(
+        int(next(iter(beats.values())).get("node_rank", 0)) if beats else 0, host, tuple(stands), str(out), source
+    )
 
 
 def render(calls: Sequence[NodeCall], *, header: Sequence[str] = ()) -> list[str]:
@@ -221,10 +262,14 @@ def render(calls: Sequence[NodeCall], *, header: Sequence[str] = ()) -> list[str
     nodes = len(calls)
     sources = sorted({c.source for c in calls})
     where = f" on {nodes} nodes" if nodes > 1 else ""
-    out = [*header, f"roll-call of {len(stands)} rank{'s' if len(stands) != 1 else ''}{where} (stacks: {'; '.join(sources)}):"]
+    out = [
+        *header,
+        f"roll-call of {len(stands)} rank{'s' if len(stands) != 1 else ''}{where} (stacks: {'; '.join(sources)}):",
+    ]
     out += [f"  {line}" for line in rollcall.lines(stands, multi_node=nodes > 1)]
     files = [c.stacks for c in calls]
-    out.append("every thread of every rank: " + (files[0] if len(files) == 1 else
-                                                  ", ".join(f"node {c.node} ({c.host}) {c.stacks}" for c in calls)))
+    out.append(
+        "every thread of every rank: "
+        + (files[0] if len(files) == 1 else ", ".join(f"node {c.node} ({c.host}) {c.stacks}" for c in calls))
+    )
     return out
-

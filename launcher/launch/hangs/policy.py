@@ -61,4 +61,3 @@ def policy_from(options: Any) -> HangPolicy:
     timeout = options.setting("hang_timeout")
     action = options.on_hang
     return HangPolicy(float(timeout.value), OnHang(action), timeout.where)
-

@@ -18,7 +18,8 @@ from ...jsonable import loads
 from .verdict import alive
 
 FIFO = "stacks.fifo"
-"""In numarun's private directory: ``numarun stacks`` writes ``<id> <full>`` lines to it; the answer is ``stacks.<id>.txt``."""
+"""In numarun's private directory: ``numarun stacks`` writes ``<id> <full>`` lines to it; the answer is
+``stacks.<id>.txt``."""
 JOB_FILE = "job.json"
 """In numarun's private directory: which numarun runs there (``numarun stacks`` lists these)."""
 
@@ -32,8 +33,13 @@ class StacksUnavailable(NumarunError):
 
 def write_job_record(directory: Path, argv: Sequence[str]) -> None:
     """``job.json`` in numarun's private directory: which numarun runs there, for ``numarun stacks``."""
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "cwd": os.getcwd(),
-              "argv": list(argv)}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+        "cwd": os.getcwd(),
+        "argv": list(argv),
+    }
     (directory / JOB_FILE).write_text(json.dumps(record))
 
 
@@ -82,8 +88,10 @@ def job_of(pid: int) -> Job:
         state = _environ_of(p).get(envvars.STATE_DIR)
         if state and (record := Path(state) / JOB_FILE).is_file():
             return _read_job(record)
-    raise UsageError(f"bad --pid {pid}: no numarun job of this user has that pid, nor a rank of one; expected the pid of "
-                     "a running numarun or of one of its ranks (numarun stacks --list)")
+    raise UsageError(
+        f"bad --pid {pid}: no numarun job of this user has that pid, nor a rank of one; expected the pid of "
+        "a running numarun or of one of its ranks (numarun stacks --list)"
+    )
 
 
 def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str:
@@ -93,8 +101,9 @@ def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError as e:
-        raise StacksUnavailable(f"numarun {job.pid} takes no stacks request now ({fifo}: {e.strerror}); expected a job "
-                                "whose ranks run") from None
+        raise StacksUnavailable(
+            f"numarun {job.pid} takes no stacks request now ({fifo}: {e.strerror}); expected a job whose ranks run"
+        ) from None
     with os.fdopen(fd, "wb") as f:
         f.write(f"{rid} {1 if full else 0}\n".encode())
     answer = job.state / f"stacks.{rid}.txt"
@@ -107,5 +116,6 @@ def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str
         if not alive(job.pid):
             break
         time.sleep(0.1)
-    raise StacksUnavailable(f"numarun {job.pid} did not answer within {timeout_s:g} s"
-                            + ("" if alive(job.pid) else ": it ended meanwhile"))
+    raise StacksUnavailable(
+        f"numarun {job.pid} did not answer within {timeout_s:g} s" + ("" if alive(job.pid) else ": it ended meanwhile")
+    )

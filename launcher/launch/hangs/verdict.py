@@ -76,7 +76,9 @@ class Summary:
     sampling: bool = True
 
 
-def summarize(beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable[[int], bool] = alive) -> Summary | None:
+def summarize(
+    beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable[[int], bool] = alive
+) -> Summary | None:
     """This node's summary from its heartbeats (None before the first)."""
     if not beats:
         return None
@@ -88,10 +90,17 @@ def summarize(beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable
         n_live += 1
         quiet.append(now - float(b["moved"]))
         still.append(now - max(float(b["moved"]), float(b.get("changed", b["moved"]))))
-    return Summary(node=int(first.get("node_rank", 0)), nodes=int(first.get("nodes", 1)), world=int(first.get("world", 1)),
-                   ranks=len(beats), local_world=int(first.get("local_world", len(beats))), live=n_live,
-                   quiet_s=min(quiet) if quiet else -1.0, still_s=max(still) if still else -1.0,
-                   sampling=all(b.get("sampling", True) for b in beats.values()))
+    return Summary(
+        node=int(first.get("node_rank", 0)),
+        nodes=int(first.get("nodes", 1)),
+        world=int(first.get("world", 1)),
+        ranks=len(beats),
+        local_world=int(first.get("local_world", len(beats))),
+        live=n_live,
+        quiet_s=min(quiet) if quiet else -1.0,
+        still_s=max(still) if still else -1.0,
+        sampling=all(b.get("sampling", True) for b in beats.values()),
+    )
 
 
 @dataclass(frozen=True)
@@ -118,4 +127,3 @@ def judge(summaries: Sequence[Summary], timeout_s: float) -> Verdict:
     quiet = min(s.quiet_s for s in live)
     still = max(s.still_s for s in live)
     return Verdict(quiet >= timeout_s and still >= timeout_s, quiet, still)
-

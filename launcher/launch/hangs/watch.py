@@ -1,4 +1,5 @@
-"""The watchdog thread of one job (``numarun-hangs``): samples, judges, calls the roll, acts, answers ``numarun stacks``."""
+"""The watchdog thread of one job (``numarun-hangs``): samples, judges, calls the roll, acts, answers ``numarun
+stacks``."""
 
 from __future__ import annotations
 
@@ -43,8 +44,16 @@ class HangWatch:
     thread must not end the run its own way meanwhile), ``request_stop(code, message)`` asks the supervisor's loop
     to end the job; ``store``: (host, port) of the rendezvous store of a multi-node job."""
 
-    def __init__(self, policy: HangPolicy, state: Path, *, keep: Path, store: tuple[str, int] | None,
-                 request_stop: Callable[[int, str], None], hold: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        policy: HangPolicy,
+        state: Path,
+        *,
+        keep: Path,
+        store: tuple[str, int] | None,
+        request_stop: Callable[[int, str], None],
+        hold: Callable[[], None],
+    ) -> None:
         self.policy = policy
         self.state = state
         self.keep = keep
@@ -183,8 +192,9 @@ class HangWatch:
                 continue  # this node's own: answered as it asked
             ex.answer(k, call_node(self.state, beats, self.keep / f"stacks.{k}.txt", py_spy=why != "stop"))
 
-    def _call(self, why: str, beats: Mapping[int, Mapping[str, Any]], summary: Summary,
-              ex: Exchange | None) -> list[NodeCall]:
+    def _call(
+        self, why: str, beats: Mapping[int, Mapping[str, Any]], summary: Summary, ex: Exchange | None
+    ) -> list[NodeCall]:
         """Every node's answer to one roll-call (this node's own first); nodes that do not answer are named."""
         if ex is None:
             self._count += 1
@@ -206,12 +216,15 @@ class HangWatch:
             calls.append(NodeCall(n, "", (), "(no answer)", f"node {n} did not answer within {ANSWER_WAIT_S:g} s"))
         return calls
 
-    def _report(self, verdict: Verdict, beats: Mapping[int, Mapping[str, Any]], summary: Summary,
-                ex: Exchange | None) -> None:
+    def _report(
+        self, verdict: Verdict, beats: Mapping[int, Mapping[str, Any]], summary: Summary, ex: Exchange | None
+    ) -> None:
         calls = self._call("hang", beats, summary, ex)
         p = self.policy
-        first = (f"hang: for {verdict.quiet_s:.0f} s no rank entered or left a torch.distributed collective or took "
-                 f"an optimizer step ({p.source} {p.timeout_s:g})")
+        first = (
+            f"hang: for {verdict.quiet_s:.0f} s no rank entered or left a torch.distributed collective or took "
+            f"an optimizer step ({p.source} {p.timeout_s:g})"
+        )
         text = render(calls, header=[first])
         n = len(self.reports) + 1
         kept = self.keep / f"rollcall.{n}.txt"
@@ -223,17 +236,24 @@ class HangWatch:
             self._say(text)
             self.hold()
             freeze(beats)
-            message = (f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
-                       f"stopped it (--on-hang stop, exit code {EXIT_HANG})")
+            message = (
+                f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
+                f"stopped it (--on-hang stop, exit code {EXIT_HANG})"
+            )
             if ex is not None:
-                ex.stop(f"node {summary.node} found the job hung ({p.source} {p.timeout_s:g}; the roll-call is on its "
-                        f"stderr): stopped it (--on-hang stop, exit code {EXIT_HANG})", summary.node)
+                ex.stop(
+                    f"node {summary.node} found the job hung ({p.source} {p.timeout_s:g}; the roll-call is on its "
+                    f"stderr): stopped it (--on-hang stop, exit code {EXIT_HANG})",
+                    summary.node,
+                )
                 self._await_acks(ex, summary.nodes)
             self.request_stop(EXIT_HANG, message)
             self._closed.set()
             return
-        text.append("the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
-                    f"--on-hang stop would end it (exit code {EXIT_HANG})")
+        text.append(
+            "the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
+            f"--on-hang stop would end it (exit code {EXIT_HANG})"
+        )
         self.reports.append(text)
         self._say(text)
 
@@ -270,10 +290,10 @@ class HangWatch:
         # torchrun's own SIGTERM may have ended a rank before its dump: one that recorded no exit of its own
         # was running when the signal came, where its last sample has it
         dumps.alive |= {lr for lr, b in beats.items() if exit_code(self.state, lr, int(b.get("group", 0))) is None}
-        call = call_node(self.state, beats, self.keep / "stacks.stop.txt", py_spy=False, dumps=dumps,
-                         dump_wait_s=STOP_DUMP_WAIT_S)
+        call = call_node(
+            self.state, beats, self.keep / "stacks.stop.txt", py_spy=False, dumps=dumps, dump_wait_s=STOP_DUMP_WAIT_S
+        )
         text = render([call], header=[f"where each rank of this node stood when numarun got {name}:"])
         kept = self.keep / "rollcall.stop.txt"
         kept.write_text("".join(f"{line}\n" for line in text))
         self._say([f"where each rank stood at {name}: {kept}"])
-
