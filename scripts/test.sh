@@ -40,10 +40,12 @@ if cluster_wanted; then
   rm -f "$NUMARUN_TEST_CLUSTER"
   bash scripts/test-cluster.sh up --nodes 4 || echo "test cluster did not come up: cluster tests will fail" >&2
 fi
-# Lint (the package, its tests and scripts), type check and the layers contract of the package (settings in pyproject.toml; ruff, mypy
-# and import-linter come with the [test] extras that setup.sh installs); NUMARUN_LINT=0 skips them.
+# Layout (ruff format: the formatter owns it), lint (the package, its tests and scripts), type check and the
+# layers contract of the package (settings in pyproject.toml; ruff, mypy and import-linter come with the [test]
+# extras that setup.sh installs); NUMARUN_LINT=0 skips them.
 # A finding fails the test command, after the tests have run.
 if [ "${NUMARUN_LINT:-1}" != 0 ]; then
+  .venv/bin/ruff format --check launcher hydra_plugins tests scripts || status=1
   .venv/bin/ruff check launcher hydra_plugins tests scripts || status=1
   .venv/bin/mypy launcher || status=1
   .venv/bin/lint-imports || status=1
