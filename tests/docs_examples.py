@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from helpers import REPO, clean_env
@@ -111,12 +112,27 @@ def session(source: str) -> list[tuple[str, str]]:
     return [("\n".join(cmd), "\n".join(out)) for cmd, out in steps]
 
 
-def farm(tmp: Path) -> Path:
-    """A directory standing for the repository's top level: a link to each entry, so that what an example
-    reads is the repository's and what it writes lands here."""
-    for entry in REPO.iterdir():
-        if entry.name != ".git":
-            (tmp / entry.name).symlink_to(entry)
+KEPT = frozenset({".venv"})
+"""Ignored entries an example needs all the same: the environment ``scripts/setup.sh`` made."""
+
+
+def ignored(repo: Path) -> list[str]:
+    """The top-level patterns of ``repo``'s .gitignore (``/outputs/`` -> ``outputs``, ``.venv/`` -> ``.venv``)."""
+    path = repo / ".gitignore"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return [line.strip().strip("/") for line in lines if line.strip() and not line.startswith(("#", "!"))]
+
+
+def farm(tmp: Path, repo: Path = REPO) -> Path:
+    """A directory standing for a fresh clone's top level: a link to each entry of the checkout, so that what an
+    example reads is the repository's and what it writes lands here. What the checkout ignores (the runs a user
+    made, ``outputs/`` and ``multirun/``, caches, builds) is not linked: an example sees a fresh clone, whatever
+    was run in this one before."""
+    patterns = ignored(repo)
+    for entry in repo.iterdir():
+        if entry.name == ".git" or (entry.name not in KEPT and any(fnmatch(entry.name, p) for p in patterns)):
+            continue
+        (tmp / entry.name).symlink_to(entry)
     return tmp
 
 

@@ -7,6 +7,8 @@ in the run's summary (``-ra``).
 
 from __future__ import annotations
 
+import runpy
+
 import docs_examples as de
 import pytest
 from markdown_it import MarkdownIt
@@ -40,6 +42,33 @@ def test_marks_are_known_and_examples_are_found() -> None:
     assert readme[0].source.startswith("bash scripts/setup.sh && .venv/bin/numarun scripts/train.py")
     assert readme[1].source.strip() == "bash scripts/test.sh"
     assert readme[2].language == "console" and readme[2].needs is None and "numarun plan --topology" in readme[2].source
+
+
+def test_examples_run_in_what_a_fresh_clone_holds(tmp_path) -> None:
+    """The README's main job leaves outputs/ in the checkout; the examples that run next must not see it (numarun
+    refuses a run dir under a symbolic link, so a linked outputs/ failed them after the README's first command)."""
+    repo, scratch = tmp_path / "repo", tmp_path / "scratch"
+    for name in ("docs", "outputs/2026-01-01/00-00-00", "multirun", ".venv/bin", ".git", "build"):
+        (repo / name).mkdir(parents=True)
+    (repo / "README.md").write_text("# r\n")
+    (repo / ".gitignore").write_text(".venv/\n__pycache__/\n/build/\n/outputs/\n/multirun/\n# a comment\n")
+    scratch.mkdir()
+    de.farm(scratch, repo)
+    assert sorted(p.name for p in scratch.iterdir()) == [".gitignore", ".venv", "README.md", "docs"]
+    assert (scratch / "docs").resolve() == (repo / "docs").resolve()
+
+
+def test_ci_runs_the_readmes_two_commands_in_order() -> None:
+    """CI does what a newcomer does: the README's first command, then its test command, in one checkout."""
+    readme = [e.source.strip() for e in EXAMPLES if e.page == "README.md"][:2]
+    script = runpy.run_path(str(de.REPO / "scripts" / "readme_commands.py"))
+    assert script["commands"](script["README"].read_text(encoding="utf-8"))[:2] == readme
+    ci = (de.REPO / ".ci" / "run").read_text()
+    assert (
+        ci.index("readme_commands.py 1")
+        < ci.index("readme_commands.py 2")
+        < ci.index('exec bash -euo pipefail -c "$second"')
+    )
 
 
 def test_session_parsing() -> None:
