@@ -30,7 +30,7 @@ COMMANDS: dict[str, str] = {
 }
 
 # command (as typed after numarun; "" for numarun itself) -> the docs page that explains it, ending its help.
-# A new command (or a benchmark under 'numarun bench') needs its line here: tests/test_docs_site.py checks.
+# A new command (or a benchmark under 'numarun bench') needs its line here: tests/docs/test_docs_site.py checks.
 HELP_PAGES: dict[str, str] = {
     "": "index.md",
     "run": "run.md",

@@ -5,7 +5,7 @@
 
 Each machine gives two pictures: ``<name>-topo.svg`` (``numarun topo --svg``) and ``<name>-plan.svg``
 (``numarun plan --svg`` with the machine's plan options). A machine is one line of :data:`MACHINES`;
-tests/test_docs_pictures.py runs ``--check``'s comparison, so a change in what numarun draws shows up
+tests/docs/test_docs_pictures.py runs ``--check``'s comparison, so a change in what numarun draws shows up
 as a picture to regenerate.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: installs (scripts/setup.sh), then runs the whole suite, which
 # includes building the sdist and wheel and running the installed wheel from a foreign
-# directory (tests/test_wheel.py, in the venv .venv-wheel/, kept between runs).
+# directory (tests/e2e/test_wheel.py, in the venv .venv-wheel/, kept between runs).
 # As root on Linux it also brings up the four-node Slurm test cluster for the cluster tests
 # (scripts/test-cluster.sh) and always tears it down.
 set -euo pipefail
@@ -11,7 +11,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 # System packages, as root where apt-get is: Slurm and munge for the test cluster
 # (scripts/test-cluster.sh install), Debian's MPI launchers (openmpi-bin, mpich) for the tests
 # that start ranks with mpirun/mpiexec, and the OCI runtime crun for the container tests
-# (tests/containers.py). They install while setup.sh installs the Python ones.
+# (tests/support/containers.py). They install while setup.sh installs the Python ones.
 # NUMARUN_TEST_MPI and NUMARUN_TEST_CRUN are exported even when the install fails: those tests
 # then fail naming what is missing instead of being skipped.
 cluster_wanted() { [ -x scripts/test-cluster.sh ] && [ "$(id -u)" = 0 ] && [ "${NUMARUN_NO_CLUSTER:-}" != 1 ]; }

@@ -1,39 +1,20 @@
-"""Shared test helpers: recorded machine trees, extracted once into a cache outside the repo.
+"""The suite's fixtures and hooks: recorded machine trees (tests/support/trees.py), the fast tier's rule that a test
+starting a process is marked slow, and plain torchrun's reference run.
 
-The sysfs/procfs captures stay in the repository as tarballs (their symlinks and odd file
-names survive that way); tests extract them on first use into ``$TMPDIR/numarun-fixture-trees``.
-Never inside the checkout: the trees hold symlink cycles, and setuptools walks the whole
-project directory following links when it builds (``pip install -e .`` would never end).
+Where a test goes, and the support modules every test can import (tests/support/ is on sys.path): docs/testing.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from pathlib import Path
 
 import pytest
 from skips import pytest_terminal_summary  # noqa: F401  (a hook: the run's end names the tests skipped for want of root)
-
-from numarun.topology import archive
-
-FIXTURES = Path(__file__).parent / "fixtures"
-EXTRACTED = Path(tempfile.gettempdir()) / "numarun-fixture-trees"
-SYSFS_DIR = FIXTURES / "hwloc-linux-sysfs"
-HWLOC_XML_DIR = FIXTURES / "hwloc"
-H200_TARBALL = FIXTURES / "live-h200-vm" / "sysfs.tar.gz"
+from trees import H200_TARBALL, SYSFS_DIR, extract_tree
 
 # Extracted trees hold sysfs symlink cycles (cpuN/node0 -> node0/cpuN): never walk them.
 collect_ignore = ["fixtures", "golden"]
-
-
-def extract_tree(tarball: Path) -> Path:
-    """Extract ``tarball`` once (into :data:`EXTRACTED`) and return the tree's ``/``."""
-    return archive.extract_tree(tarball, EXTRACTED)
-
-
-def sysfs_tarballs() -> list[Path]:
-    return sorted(SYSFS_DIR.glob("*.tar.bz2"))
 
 
 @pytest.fixture(scope="session")
@@ -111,7 +92,7 @@ def pytest_runtest_call(item: pytest.Item):
 
 @pytest.fixture(scope="session")
 def torchrun_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """What plain torchrun's two ranks end with on tests/scripts/ddp_train.py: the reference that
+    """What plain torchrun's two ranks end with on tests/support/scripts/ddp_train.py: the reference that
     numarun's launcher and per-rank modes are held to. Run once for the whole session, also across
     pytest-xdist's workers (they share the parent of their temporary roots; a lock orders them)."""
     import fcntl
@@ -151,7 +132,7 @@ def torchrun_ddp(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture(scope="session")
 def trainer_reference(tmp_path_factory: pytest.TempPathFactory):
-    """The one-rank run of tests/trainer_runs.py's job that every layout is held to: made once for the whole
+    """The one-rank run of tests/support/trainer_runs.py's job that every layout is held to: made once for the whole
     session, also across pytest-xdist's workers (as ``torchrun_ddp``)."""
     import fcntl
     import os

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import REPO
 
 from numarun import hydra_internals
 
-REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "launcher"
 
 

@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import EXTRACTED, H200_TARBALL, extract_tree
+from helpers import REPO
+from trees import EXTRACTED, H200_TARBALL, extract_tree
 
-REPO = Path(__file__).resolve().parents[1]
 # what the build never packs: the venvs (.venv-wheel is the installed-wheel test), caches, git
 SKIP = {".git", ".venv", ".venv-wheel", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"}
 
@@ -44,6 +44,14 @@ def test_walking_the_checkout_through_links_ends() -> None:
     assert cycles == [] and budget[0] >= 0
 
 
+def _test_sources() -> list[Path]:
+    """The suite's own Python files: tests and their support modules, not the recorded fixtures nor the programs
+    tests run as ranks (tests/support/scripts/, whose sleeps are what a test waits on)."""
+    tests = REPO / "tests"
+    skip = (("fixtures",), ("golden",), ("support", "scripts"))
+    return sorted(p for p in tests.rglob("*.py") if not any(p.relative_to(tests).parts[: len(k)] == k for k in skip))
+
+
 def _fixed_sleeps(source: str) -> list[int]:
     """Lines of ``time.sleep`` calls outside any ``while`` loop (a poll waits on a condition; a bare
     sleep bets on a duration). Scripts that tests write for their children are strings: not seen."""
@@ -70,8 +78,7 @@ def _fixed_sleeps(source: str) -> list[int]:
 
 def test_no_test_waits_a_fixed_time() -> None:
     assert _fixed_sleeps("import time\ntime.sleep(1)\nwhile x:\n    time.sleep(0.1)\n") == [2]  # the check itself
-    here = Path(__file__).resolve().parent
-    offenders = {p.name: lines for p in sorted(here.glob("*.py")) if (lines := _fixed_sleeps(p.read_text()))}
+    offenders = {p.name: lines for p in _test_sources() if (lines := _fixed_sleeps(p.read_text()))}
     assert offenders == {}, f"tests that sleep instead of waiting on a condition: {offenders}"
 
 
@@ -97,11 +104,8 @@ def test_a_free_port_comes_from_one_helper() -> None:
         _port_helpers("with socket.socket() as s:\n    s.bind(('', 0))\n    s.listen()\n    p = s.getsockname()[1]\n")
         == []
     )
-    here = Path(__file__).resolve().parent
     offenders = {
-        p.name: lines
-        for p in sorted(here.glob("*.py"))
-        if p.name != "helpers.py" and (lines := _port_helpers(p.read_text()))
+        p.name: lines for p in _test_sources() if p.name != "helpers.py" and (lines := _port_helpers(p.read_text()))
     }
     assert offenders == {}, f"tests with a free-port helper of their own (use helpers.free_port): {offenders}"
 
@@ -119,11 +123,10 @@ def test_a_run_says_at_its_end_how_many_tests_need_root(tmp_path: Path) -> None:
         "def test_listed():\n    pytest.skip('not run here: docs/doctor.md:78 needs root: sudo bash demo.sh')\n\n"
         "def test_fine():\n    pass\n"
     )
-    here = Path(__file__).resolve().parent
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "skips", "-q", "test_some.py"],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(here)},
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests" / "support")},
         capture_output=True,
         text=True,
         timeout=120,

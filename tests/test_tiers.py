@@ -7,6 +7,7 @@ import os
 import subprocess
 
 import pytest
+from helpers import REPO
 
 
 def test_unmarked_test_cannot_start_a_process() -> None:
@@ -32,10 +33,9 @@ def test_the_fast_tier_passes_on_a_fresh_machines_empty_cache(tmp_path) -> None:
     """The run parser is built from torchrun's options, which a child interpreter reads once and caches; on a
     fresh machine (an empty ``$XDG_CACHE_HOME``) the fast tier's tests that build it must still pass."""
     import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
-    test = "tests/test_net.py::test_ipv6_forms_reach_torchrun_in_brackets"
+    repo = REPO
+    test = "tests/launch/test_launch_net.py::test_ipv6_forms_reach_torchrun_in_brackets"
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-m", "not slow", test],
         cwd=repo,

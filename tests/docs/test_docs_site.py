@@ -1,0 +1,198 @@
+"""The documentation site: it builds strictly, its reference is the code's, the help points home, and a
+measured figure is stated once (docs/testing.md, "The docs are tested")."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import FIXTURES, REPO
+
+from numarun import cli, errors
+
+DOCS = REPO / "docs"
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "scripts" / "docs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mkdocs() -> dict:
+    # mkdocs.yml holds no !tags: the plain loader reads it
+    return yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for item in nav:
+        for value in item.values() if isinstance(item, dict) else [item]:
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def _walk(parser: argparse.ArgumentParser, command: str = ""):
+    yield command, parser
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                yield from _walk(sub, f"{command} {name}".strip())
+
+
+# ---------------------------------------------------------------- fast: the links between code and pages
+
+
+def test_site_url_is_the_one_the_code_names() -> None:
+    assert _mkdocs()["site_url"] == errors.DOCS_URL
+    assert errors.page_url("slurm.md#per-node") == errors.DOCS_URL + "slurm/#per-node"
+    assert errors.page_url("index.md") == errors.DOCS_URL
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page() -> None:
+    nav = set(_nav_pages(_mkdocs()["nav"]))
+    files = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert nav == files, (sorted(files - nav), sorted(nav - files))
+
+
+def test_every_command_has_a_page_that_exists() -> None:
+    """A new command needs its line in numarun.cli.HELP_PAGES (and its page in mkdocs.yml's nav)."""
+    nav = set(_nav_pages(_mkdocs()["nav"]))
+    missing = [name for name in cli.COMMANDS if name not in cli.HELP_PAGES]
+    assert not missing, f"commands without a page in numarun.cli.HELP_PAGES: {missing}"
+    for command, page in cli.HELP_PAGES.items():
+        assert page in nav, f"{command!r}: {page} is not a page of the site"
+
+
+@pytest.mark.parametrize("command", [c for c in cli.COMMANDS if c != "run"])  # run's parser starts torch's: slow
+def test_help_ends_with_its_page(command: str) -> None:
+    parser = cli.build_parser(only=command)
+    for name, p in _walk(parser):
+        if name and not name.startswith(command):
+            continue  # the other commands are listed, not built
+        page = cli.help_page(name)
+        assert page is not None, f"'numarun {name}' has no page in numarun.cli.HELP_PAGES"
+        help_text = p.format_help().rstrip()
+        assert help_text.endswith(f"Documentation: {errors.page_url(page)}"), help_text[-300:]
+
+
+def test_error_lines_name_their_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--topology", str(REPO / "no-such-topology")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.endswith(f"(see {errors.page_url('topology.md')})"), err
+    fixture = str(FIXTURES / "nvidia-smi" / "aws-p4d.24xlarge.txt")
+    assert cli.main(["plan", "--topology", fixture, "--nproc-per-node", "9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("numarun: error: bad --nproc-per-node 9") and err.endswith(
+        f"(see {errors.page_url('binding.md')})"
+    )
+    nav = set(_nav_pages(_mkdocs()["nav"]))
+    for cls in vars(errors).values():
+        if isinstance(cls, type) and issubclass(cls, errors.NumarunError) and cls.page:
+            assert cls.page.partition("#")[0] in nav, (cls.__name__, cls.page)
+
+
+# a figure: a decimal with its unit, a ratio (×, or three decimals), a duration in minutes and seconds, a test count;
+# not a version (2.13, 0.2.0) nor a shape (2×4)
+FIGURE = re.compile(
+    r"(?<![\w.])(?:\d+\.\d+\s?(?:×|ms\b|s\b|GB/s|MB\b|%)|\d+\.\d{3,}(?![\d.])|\d+×(?!\d)"
+    r"|\d+ min \d+ s|\d[\d,]* (?:passed|tests))"
+)
+NOT_MEASURED = {
+    # computed byte-count bounds of the hierarchical all-reduce, stated where they are derived (allreduce.md)
+    "0.667",
+    "0.571",
+    "1.5×",
+    "3.0×",
+    "1.25×",
+    "2.5×",
+    # settings, not results: the doctor streams each direction for 0.5 s; a slow node is below 0.5 of the median
+    "0.5 s",
+}
+
+
+ELSEWHERE = {
+    ("docs/scale.md", "0.03 s"): "the store exchange estimated at 8 nodes, another quantity than Measured's",
+}
+
+
+def _figures(text: str) -> set[str]:
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)  # commands and their output: not statements
+    return {m.group(0) for m in FIGURE.finditer(text)} - NOT_MEASURED
+
+
+def test_a_measured_figure_is_stated_once() -> None:
+    """The Measured page's figures appear on no other page, the README and the CHANGELOG included."""
+    measured = _figures((DOCS / "measured.md").read_text(encoding="utf-8"))
+    assert len(measured) > 50, sorted(measured)
+    others = [REPO / "README.md", REPO / "CHANGELOG.md", *(p for p in DOCS.rglob("*.md") if p.name != "measured.md")]
+    again = []
+    for page in others:
+        found = _figures(page.read_text(encoding="utf-8")) & measured
+        again += [
+            f"{page.relative_to(REPO)}: {f}" for f in sorted(found) if (str(page.relative_to(REPO)), f) not in ELSEWHERE
+        ]
+    assert not again, "figures of docs/measured.md stated again:\n" + "\n".join(again)
+
+
+# ---------------------------------------------------------------- slow: the reference and the build
+
+
+@pytest.mark.slow  # run's parser reads torchrun's options from the installed torch, in a child interpreter once
+def test_run_help_ends_with_its_page() -> None:
+    parser = cli.build_parser(only="run")
+    sub = dict(_walk(parser))["run"]
+    assert sub.format_help().rstrip().endswith(f"Documentation: {errors.page_url('run.md')}")
+    assert parser.format_help().rstrip().endswith(f"Documentation: {errors.DOCS_URL}")
+
+
+@pytest.mark.slow
+def test_reference_holds_every_flag_variable_and_key() -> None:
+    hooks = _hooks()
+    commands = hooks.commands_markdown()
+    for name, parser in hooks.command_parsers():
+        for _, p in _walk(parser, name):
+            for action in p._actions:  # noqa: SLF001
+                for flag in action.option_strings:
+                    if action.help != argparse.SUPPRESS:
+                        assert f"`{flag}" in commands, (name, flag)
+    assert "--run-path" not in commands and "--virtual-local-rank" not in commands  # refused: not offered
+    assert "## `numarun bench allreduce`" in commands and "--sizes" in commands
+    env = hooks.environment_markdown()
+    from numarun import envvars
+
+    for var in (*envvars.ALL, "PET_NNODES", "NUMARUN_BINDING", "NUMARUN_STRICT_BINDING"):
+        assert f"`{var}`" in env, var
+    config = hooks.config_markdown()
+    from dataclasses import fields
+
+    from numarun.config.schema import JobConfig
+
+    for group in fields(JobConfig):
+        for f in fields(group.default_factory()):  # type: ignore[misc]
+            assert f"`{group.name}.{f.name}`" in config, (group.name, f.name)
+    assert "`core-complex`: One last-level-cache domain" in config
+    assert "| `OutputError` | 1 |" in hooks.errors_markdown()
+    with pytest.raises(ValueError, match="unknown generated part 'nope'"):
+        hooks.expand("<!-- generated: nope -->")
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    """Broken links, missing anchors, pages left out of the nav: each a warning, and strict makes it fatal."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(str(REPO / "mkdocs.yml"), strict=True, site_dir=str(tmp_path / "site"))
+    build(config)
+    commands = (tmp_path / "site" / "reference" / "commands" / "index.html").read_text(encoding="utf-8")
+    assert "--nproc-per-node" in commands and "PET_NNODES" in commands and "generated:" not in commands
+    concepts = (tmp_path / "site" / "topology" / "index.html").read_text(encoding="utf-8")
+    assert "img/dgx-a100-topo.svg" in concepts
+    assert (tmp_path / "site" / "img" / "dgx-a100-plan.svg").exists()
