@@ -1,4 +1,4 @@
-"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor|tune|stacks``; ``numarun SCRIPT ...`` = run.
+"""``numarun`` command line: ``numarun run|topo|plan|submit|bench|doctor|tune|stacks|top``; ``numarun SCRIPT`` = run.
 
 Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 ``add_parser(subparsers) -> argparse.ArgumentParser`` and ``main(args) -> int``.
@@ -26,7 +26,7 @@ from .errors import NumarunError, OutputError, page_url
 # subcommand -> module under numarun.commands
 COMMANDS: dict[str, str] = {
     name: name.replace("-", "_")
-    for name in ("run", "topo", "plan", "bench", "submit", "doctor", "tune", "stacks", "slurm-node")
+    for name in ("run", "topo", "plan", "bench", "submit", "doctor", "tune", "stacks", "top", "slurm-node")
 }
 
 # command (as typed after numarun; "" for numarun itself) -> the docs page that explains it, ending its help.
@@ -43,6 +43,7 @@ HELP_PAGES: dict[str, str] = {
     "doctor": "doctor.md",
     "tune": "tune.md",
     "stacks": "hangs.md",
+    "top": "steps-views.md",
     "slurm-node": "slurm.md",
 }
 

@@ -9,12 +9,10 @@ shown unless ``--pid`` names one (numarun's pid or any rank's); ``--list`` lists
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import shlex
 import sys
 
 from .. import argtypes
-from ..launch.hangs import Job, StacksUnavailable, ask_stacks, job_of, running_jobs
+from ..launch.hangs import ask_stacks, choose_job, describe, running_jobs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -45,33 +43,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _describe(job: Job) -> str:
-    when = _dt.datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S")
-    return f"pid {job.pid}, started {when}: {shlex.join(job.argv) if job.argv else '?'}"
-
-
 def main(args: argparse.Namespace) -> int:
-    jobs = running_jobs()
     if args.list:
-        for job in jobs:
-            sys.stdout.write(_describe(job) + "\n")
+        for job in running_jobs():
+            sys.stdout.write(describe(job) + "\n")
         return 0
-    if args.pid is not None:
-        job = job_of(args.pid)
-    elif not jobs:
-        raise StacksUnavailable(
-            "no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a "
-            "running 'numarun SCRIPT' (or --pid PID)"
-        )
-    else:
-        job = jobs[0]
-        if len(jobs) > 1:
-            print(
-                f"numarun: {len(jobs)} jobs run here; showing the latest, {_describe(job)} (choose with --pid; "
-                "--list lists them)",
-                file=sys.stderr,
-                flush=True,
-            )
+    job, note = choose_job(args.pid)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     text = ask_stacks(job, full=args.full, timeout_s=args.timeout)
     sys.stdout.write("".join(f"numarun: {line}\n" if not args.full else f"{line}\n" for line in text.splitlines()))
     return 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import os
+import shlex
 import socket
 import tempfile
 import time
@@ -92,6 +94,32 @@ def job_of(pid: int) -> Job:
         f"bad --pid {pid}: no numarun job of this user has that pid, nor a rank of one; expected the pid of "
         "a running numarun or of one of its ranks (numarun stacks --list)"
     )
+
+
+def describe(job: Job) -> str:
+    """``pid 4242, started 2026-01-01 12:00:00: numarun train.py``."""
+    when = _dt.datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S")
+    return f"pid {job.pid}, started {when}: {shlex.join(job.argv) if job.argv else '?'}"
+
+
+def choose_job(pid: int | None) -> tuple[Job, str]:
+    """The job ``--pid`` names (:func:`job_of`), else the latest started of this user's here, and a note for stderr
+    when several run (``""`` else). :class:`StacksUnavailable` when none runs."""
+    if pid is not None:
+        return job_of(pid), ""
+    jobs = running_jobs()
+    if not jobs:
+        raise StacksUnavailable(
+            "no numarun job of yours runs on this node (none in $TMPDIR/numarun-*); expected a "
+            "running 'numarun SCRIPT' (or --pid PID)"
+        )
+    if len(jobs) == 1:
+        return jobs[0], ""
+    note = (
+        f"numarun: {len(jobs)} jobs run here; showing the latest, {describe(jobs[0])} (choose with --pid; "
+        "'numarun stacks --list' lists them)"
+    )
+    return jobs[0], note
 
 
 def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str:

@@ -1,0 +1,306 @@
+"""The step report as a picture: ranks × steps on a time axis, each step split by phase (pure; docs/steps-views.md).
+
+One row per rank, in rank order, grouped by node. Each step is a segment as wide as its wall time, placed at its
+start; inside it the step's phases (:data:`~numarun.worker.steps.PHASES`) lie back to back in that order, coloured
+by phase. A record holds each phase's total for the step, not when it happened: the split shows shares, not order.
+Each node's ranks share one axis starting at 0 at the node's first step (``time.monotonic()`` is one host's clock;
+nodes are never compared by it); all nodes share one scale (pixels per second), so a node that ran longer is wider.
+A rank that holds the job back shows at a glance: its row's steps are longer, or its colours differ from its
+neighbours' (less ``comm``: the others wait for it there), and its label's second line gives its median step.
+
+Bounded size: a node whose rows hold more than :data:`MAX_STEPS` steps has its time axis cut into
+:data:`BUCKETS` equal buckets and each rank's steps merged per bucket (a step belongs to the bucket its start lies
+in): one segment from the bucket's first step's start to its last step's end, split by the bucket's summed phase
+seconds, its tooltip naming the steps it holds and their mean. The document is O(ranks × min(steps, BUCKETS)), a few
+hundred kB for 8 ranks, however long the job ran. Each phase of a row is one ``<path>``; each segment one
+transparent ``<rect class="step">`` carrying its tooltip.
+
+Stable element classes for tools and tests: ``node`` (``data-node``), ``rank-row`` (``data-rank``, ``data-end``:
+the seconds of its last step's end on its node's axis), ``phase-<name>`` (a row's path of one phase), ``step``
+(``data-steps``: ``17`` or ``101-150``), ``rank-label``, ``rank-stats``, ``legend``, ``axis``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+from ...worker.steps import PHASES, RankPlace, StepRecord
+
+MAX_STEPS = 300
+"""Beyond this many steps in one row, the node's steps are merged into :data:`BUCKETS` time buckets."""
+BUCKETS = 200
+PLOT_W = 960
+ROW_H = 30  # a row: the bar and, beside it, two lines of label
+BAR_H = 20
+PAD = 10
+AXIS_H = 34  # a node's heading and its tick labels
+CHAR_W = 6.7  # monospace 11px
+MAX_LABEL_CHARS = 84
+
+PHASE_COLOURS: Mapping[str, str] = {
+    "input": "#e45756",  # waiting on data: red, the colour of a problem
+    "compute": "#4c78a8",
+    "comm": "#f2cf5b",
+    "optim": "#54a24b",
+}
+
+_STYLE = (
+    "text { font-family: monospace; font-size: 11px; fill: #000; white-space: pre; }\n"
+    "text.title { font-weight: bold; font-size: 13px; }\n"
+    "text.rank-stats { fill: #555; font-size: 10px; }\n"
+    "text.axis { fill: #555; font-size: 10px; }\n"
+    "line.grid { stroke: #ddd; }\n"
+    "rect.row-bg { fill: #f4f4f4; }\n"
+    "rect.step { fill: #000; fill-opacity: 0; stroke: #fff; stroke-width: 0.4; }\n"
+    + "".join(f"path.phase-{p} {{ fill: {c}; }}\n" for p, c in PHASE_COLOURS.items())
+)
+
+
+def peak_text(peak_bytes: int | None) -> str:
+    """``1.2 GiB``, ``640 MiB``; ``-`` when unknown."""
+    if peak_bytes is None or peak_bytes < 0:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if peak_bytes >= size:
+            value = peak_bytes / size
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
+    return f"{peak_bytes} B"
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One step, or the steps of one bucket, of one rank, on its node's axis (seconds from the node's origin)."""
+
+    start: float
+    end: float
+    phases: tuple[float, ...]
+    """Seconds of each of PHASES, summed over the segment's steps."""
+    first: int
+    last: int
+    count: int
+    peak: int | None
+
+    def tooltip(self, rank: int) -> str:
+        wall = self.end - self.start
+        each = " ".join(f"{p} {s / self.count:.4g}" for p, s in zip(PHASES, self.phases))
+        peak = f"; peak {peak_text(self.peak)}" if self.peak is not None else ""
+        if self.count == 1:
+            return f"rank {rank} step {self.first}: {wall:.4g} s ({each}){peak}"
+        mean = sum(self.phases) / self.count
+        return (
+            f"rank {rank} steps {self.first}-{self.last} ({self.count}), {self.start:.4g}-{self.end:.4g} s: "
+            f"mean {mean:.4g} s a step ({each}){peak}"
+        )
+
+
+@dataclass(frozen=True)
+class _Row:
+    rank: int
+    label: str
+    stats: str
+    segments: tuple[_Segment, ...]
+    end: float
+
+
+def _stats(steps: Sequence[StepRecord]) -> str:
+    """``median 0.123 s of 40 steps: input 8% compute 70% comm 20% optim 2%; peak 1.2 GiB``: a rank's steps."""
+    walls = [_finite(r.wall_s) for r in steps]
+    median = statistics.median(walls)
+    total = sum(walls) or 1.0
+    shares = " ".join(f"{p} {100 * sum(_finite(r.phase_s(p)) for r in steps) / total:.0f}%" for p in PHASES)
+    peaks = [r.peak_bytes for r in steps if r.peak_bytes is not None]
+    peak = f"; peak {peak_text(max(peaks))}" if peaks else ""
+    return f"median {median:.4g} s of {len(steps)} steps: {shares}{peak}"
+
+
+def _segments(steps: Sequence[StepRecord], origin: float, span: float, bucketed: bool) -> list[_Segment]:
+    """The segments of one rank's steps (sorted by start): one a step, or one a non-empty bucket."""
+    groups: list[list[StepRecord]] = []
+    last_bucket = -1
+    for r in steps:
+        bucket = min(BUCKETS - 1, int((r.start - origin) / span * BUCKETS)) if bucketed and span > 0 else -1
+        if not bucketed or bucket != last_bucket or not groups:
+            groups.append([])
+        groups[-1].append(r)
+        last_bucket = bucket
+    out = []
+    for g in groups:
+        peaks = [r.peak_bytes for r in g if r.peak_bytes is not None]
+        out.append(
+            _Segment(
+                start=g[0].start - origin,
+                end=max(g[0].start, *(r.end for r in g)) - origin,
+                phases=tuple(sum(_finite(r.phase_s(p)) for r in g) for p in PHASES),
+                first=g[0].step,
+                last=g[-1].step,
+                count=len(g),
+                peak=max(peaks) if peaks else None,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Node:
+    node_rank: int
+    host: str
+    rows: tuple[_Row, ...]
+    span: float
+    bucketed: bool
+
+
+def _nodes(records: Sequence[StepRecord], places: Mapping[int, RankPlace]) -> list[_Node]:
+    by_rank: dict[int, list[StepRecord]] = {}
+    for r in records:
+        if math.isfinite(r.start) and math.isfinite(r.end):
+            by_rank.setdefault(r.rank, []).append(r)
+    by_node: dict[int, list[int]] = {}
+    for rank in sorted(by_rank):
+        place = places.get(rank)
+        by_node.setdefault(place.node_rank if place else 0, []).append(rank)
+    nodes = []
+    for node_rank, ranks in sorted(by_node.items()):
+        for rank in ranks:
+            by_rank[rank].sort(key=lambda r: (r.start, r.step))
+        origin = min(by_rank[rank][0].start for rank in ranks)
+        span = max(max(r.end for r in by_rank[rank]) for rank in ranks) - origin
+        bucketed = max(len(by_rank[rank]) for rank in ranks) > MAX_STEPS
+        rows = []
+        for rank in ranks:
+            steps = by_rank[rank]
+            place = places.get(rank)
+            segments = _segments(steps, origin, span, bucketed)
+            label = place.label() if place else f"rank {rank}"
+            rows.append(_Row(rank, label, _stats(steps), tuple(segments), max(s.end for s in segments)))
+        hosts = {places[rank].host for rank in ranks if rank in places and places[rank].host}
+        nodes.append(_Node(node_rank, ",".join(sorted(hosts)), tuple(rows), max(span, 0.0), bucketed))
+    return nodes
+
+
+def _nice_step(span: float, ticks: int = 8) -> float:
+    """A tick interval of 1, 2 or 5 × 10^k giving about ``ticks`` ticks over ``span``."""
+    raw = max(span, 1e-9) / ticks
+    base = 10 ** math.floor(math.log10(raw))
+    return next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
+
+
+def _t(value: object) -> str:
+    return escape(str(value))
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "+"
+
+
+def _row(row: _Row, x0: float, y: float, scale: float, out: list[str]) -> None:
+    """One rank's row: its label (place; stats), its background, one path per phase, one hit rect per segment."""
+    out.append(f'<g class="rank-row" data-rank="{row.rank}" data-end="{row.end:.6g}">')
+    label = f"{_t(_fit(row.label))}<title>{_t(row.label)}</title>"
+    out.append(f'<text class="rank-label" xml:space="preserve" x="{PAD}" y="{y + 12:.0f}">{label}</text>')
+    out.append(f'<text class="rank-stats" x="{PAD}" y="{y + 24:.0f}">{_t(_fit(row.stats))}</text>')
+    bar_y = y + (ROW_H - BAR_H) / 2
+    out.append(f'<rect class="row-bg" x="{x0:.1f}" y="{bar_y:.1f}" width="{PLOT_W}" height="{BAR_H}"/>')
+    paths: dict[str, list[str]] = {p: [] for p in PHASES}
+    for s in row.segments:
+        left, wall = x0 + s.start * scale, max(s.end - s.start, 0.0)
+        total = sum(s.phases)
+        # phase totals above the wall (rounding, a clock step) are scaled down to fit, below it the rest stays empty;
+        # a bucket's are the sums of its steps, any gaps between them spread over its phases
+        fit = wall / total if total > wall or (s.count > 1 and total > 0) else 1.0
+        for p, secs in zip(PHASES, s.phases):
+            w = secs * fit * scale
+            if w >= 0.05:
+                paths[p].append(f"M{left:.1f} {bar_y:.1f}h{w:.2f}v{BAR_H}h{-w:.2f}z")
+            left += w
+    for p in PHASES:
+        if paths[p]:
+            out.append(f'<path class="phase-{p}" d="{"".join(paths[p])}"/>')
+    for s in row.segments:
+        w = max((s.end - s.start) * scale, 0.5)
+        steps = str(s.first) if s.count == 1 else f"{s.first}-{s.last}"
+        out.append(
+            f'<rect class="step" data-steps="{steps}" x="{x0 + s.start * scale:.1f}" y="{bar_y:.1f}" '
+            f'width="{w:.2f}" height="{BAR_H}"><title>{_t(s.tooltip(row.rank))}</title></rect>'
+        )
+    out.append("</g>")
+
+
+def _axis(node: _Node, x0: float, y: float, height: float, scale: float, out: list[str]) -> None:
+    where = f"node {node.node_rank}" + (f" ({node.host})" if node.host else "")
+    merged = f"; steps merged into {BUCKETS} time buckets (see tooltips)" if node.bucketed else ""
+    out.append(f'<text class="title" x="{PAD}" y="{y + 14:.0f}">{_t(where + merged)}</text>')
+    step = _nice_step(node.span)
+    ticks = int(node.span / step + 1e-9) + 1
+    for i in range(ticks):
+        x = x0 + i * step * scale
+        out.append(f'<line class="grid" x1="{x:.1f}" y1="{y + AXIS_H - 4:.0f}" x2="{x:.1f}" y2="{y + height:.0f}"/>')
+        out.append(
+            f'<text class="axis" x="{x:.1f}" y="{y + AXIS_H - 7:.0f}" text-anchor="middle">{i * step:.6g} s</text>'
+        )
+
+
+def _legend(x: float, y: float, out: list[str]) -> None:
+    out.append('<g class="legend">')
+    for p in PHASES:
+        out.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="12" height="12" style="fill:{PHASE_COLOURS[p]}"/>')
+        out.append(f'<text x="{x + 16:.0f}" y="{y + 10:.0f}">{_t(p)}</text>')
+        x += 16 + len(p) * CHAR_W + 18
+    out.append(
+        f'<text class="axis" x="{x:.0f}" y="{y + 10:.0f}">(a step\'s phase totals, laid back to back; '
+        "the record keeps no order)</text>"
+    )
+    out.append("</g>")
+
+
+def picture(records: Sequence[StepRecord], places: Mapping[int, RankPlace], *, title: str = "") -> str:
+    """The step report of ``records`` as a standalone SVG document: ranks × steps, split by phase.
+
+    ``places`` labels each rank (:meth:`RankPlace.label`) and puts it on its node; a rank without one is labelled by
+    its number, on node 0. ``title`` heads the picture (e.g. the verdict line).
+    """
+    nodes = _nodes(records, places)
+    longest = max(
+        [len(_fit(r.label)) for n in nodes for r in n.rows] + [len(_fit(r.stats)) for n in nodes for r in n.rows] + [20]
+    )
+    x0 = PAD + longest * CHAR_W + PAD
+    width = x0 + PLOT_W + 3 * PAD
+    span = max([n.span for n in nodes] + [0.0])
+    scale = PLOT_W / span if span > 0 else 0.0
+    head = title or "numarun step report"
+    ranks = sum(len(n.rows) for n in nodes)
+    summary = (
+        f"{ranks} rank{'s' if ranks != 1 else ''}, {len(records)} steps recorded" if nodes else "no steps recorded"
+    )
+    body = [
+        f'<text class="title" x="{PAD}" y="{PAD + 13}">{_t(head)}</text>',
+        f'<text x="{PAD}" y="{PAD + 30}">{_t(summary)}</text>',
+    ]
+    _legend(PAD, PAD + 40, body)
+    y = PAD + 62.0
+    for n in nodes:
+        section = AXIS_H + len(n.rows) * ROW_H
+        body.append(f'<g class="node" data-node="{n.node_rank}">')
+        _axis(n, x0, y, section, scale, body)
+        for i, row in enumerate(n.rows):
+            _row(row, x0, y + AXIS_H + i * ROW_H, scale, body)
+        body.append("</g>")
+        y += section + PAD
+    height = y + PAD
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}">\n'
+        f"<title>{_t(head)}</title>\n"
+        f"<style>{_STYLE}</style>\n"
+        f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" style="fill:#fff"/>\n'
+        + "\n".join(body)
+        + "\n</svg>\n"
+    )
