@@ -1,7 +1,7 @@
 """``numarun top --once`` during a real 4-rank job prints a row for every rank with its step time: numarun's agent
 writes the step report's live view (``steps.live.json``) on its own, nothing in the script asks for it.
 
-One job of four gloo ranks training a small DDP model from a DataLoader (tests/scripts/steps_train.py); the test
+One job of four gloo ranks training a small DDP model from a DataLoader (tests/support/scripts/steps_train.py); the test
 polls ``numarun top --once`` for the live view for up to 60 s after every rank started, then stops the job (exit 0).
 """
 
