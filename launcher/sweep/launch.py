@@ -35,7 +35,7 @@ from ..errors import NumarunError, UsageError
 from ..jobenv.settle import Source
 from ..launch.child import numarun_command
 from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests
-from ..plan.pack import Slot, pack, slot_topology
+from ..plan.pack import Slot, confined_cpus, pack, slot_topology
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +249,14 @@ def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
 
     request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(
-        slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID")
+        slot_topology(topology, slot, request.binding),
+        replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"),
     )
 
 
 def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: str) -> subprocess.Popen[bytes]:
-    """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``)."""
+    """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``; its CPUs left
+    alone under binding none)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
     options, ns, rest = job.launch_options(os.environ)
@@ -315,7 +317,9 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
             *args,
         ]
     # the affinity is set in the child before exec: every process of the job inherits it
-    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, slot.cpus))
+    cpus = confined_cpus(slot, plan.binding)
+    confine = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=confine)
 
 
 def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
@@ -408,13 +412,9 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
 
     def start(job: Job, slot: Slot) -> subprocess.Popen[bytes]:
         proc = _start(job, slot, ports[slot.index], topology, folder, now)
-        log.info(
-            "job #%d in slot %d: cpus %s gpus %s",
-            job.idx,
-            slot.index,
-            format_list(slot.cpus),
-            format_list(slot.gpus) or "-",
-        )
+        cpus = confined_cpus(slot, job.launch_options(os.environ)[0].binding)
+        shown = "not bound" if cpus is None else format_list(cpus)
+        log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, shown, format_list(slot.gpus) or "-")
         return proc
 
     loop = signals.loop()
