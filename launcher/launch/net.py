@@ -1,4 +1,4 @@
-"""The address rule (:func:`choose`; README, "Addresses"), applied to a node's launch before any process
+"""The address rule (:func:`choose`; docs/run.md, "Addresses"), applied to a node's launch before any process
 starts (:func:`addressing`), and network look-ups with a deadline."""
 
 from __future__ import annotations
