@@ -264,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
         runs = [[dataclasses.replace(r, throughput=None, unit="s") for r in rs] for rs in runs]
     summaries = summarize(cands, runs, default)
     winner = best(summaries)
-    sys.stdout.write(table(summaries, default=default, winner=winner))
+    sys.stdout.write(table(summaries, default=default, winner=winner, color=sys.stdout.isatty()))
     print(
         f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)"
     )
