@@ -44,7 +44,7 @@ def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
         pytest.skip("a CUDA device is visible: the CPU-only path does not apply")
     out_json = tmp_path / "h2d.json"
     proc = subprocess.run(
-        [*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", str(out_json)],
+        [*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", "--json-file", str(out_json)],
         capture_output=True,
         text=True,
         timeout=180,

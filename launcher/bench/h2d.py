@@ -60,9 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10,
         help="timed copies per direction and kind (default 10)",
     )
-    parser.add_argument(
-        "--json", dest="json_file", default=None, metavar="FILE", help="also write the figures as JSON to FILE"
-    )
+    argtypes.add_json_options(parser, what="the figures")
 
 
 def check_args(size: str, iters: int) -> int:
@@ -238,16 +236,17 @@ def run_and_report(args: argparse.Namespace) -> int:
         if r.error:
             print(f"numarun: bench h2d: {r.label} worker failed: {r.error}", file=sys.stderr)
             return 1
-    sys.stdout.write(format_table(bound, raw, color=sys.stdout.isatty()))
+    doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
+    text = json.dumps(doc, indent=1) + "\n"
+    sys.stdout.write(text if args.json else format_table(bound, raw, color=sys.stdout.isatty()))
     sys.stdout.flush()
     if args.json_file:
-        doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
-        write_atomic(Path(args.json_file), json.dumps(doc, indent=1) + "\n")
+        write_atomic(Path(args.json_file), text)
     return 0
 
 
 if __name__ == "__main__":
     if "--worker" not in sys.argv[1:]:
-        print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json FILE]", file=sys.stderr)
+        print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json] [--json-file FILE]", file=sys.stderr)
         sys.exit(2)
     sys.exit(worker_main(sys.argv[1:]))
