@@ -1,4 +1,5 @@
-"""Number and address options of every command: bounded whole numbers, finite floats, host:port.
+"""Number and address options of every command: bounded whole numbers, finite floats, host:port; and the JSON
+output options (:func:`add_json_options`).
 
 A number option feeds something with a range of its own: a rank count becomes a list of
 bindings and a process each, a node count a 32-bit world size in c10d's store, a port a
@@ -15,7 +16,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from .errors import UsageError
 
@@ -147,3 +148,58 @@ def host_port(host: str, port: int | None = None) -> str:
 
 def seconds(flag: str, *, low: float = 0.0, above: bool = True) -> Callable[[str], float]:
     return float_in(flag, low=low, high=MAX_SECONDS, above=above, unit=" of seconds")
+
+
+# ---------------------------------------------------------------- JSON output
+
+
+def json_moved(value: str) -> str:
+    """The line for a file given to ``--json``, which once took one."""
+    return (
+        f"bad --json {value!r}: --json prints JSON on standard output and takes no file; expected --json-file {value}"
+    )
+
+
+class _PrintJson(argparse.Action):
+    """``--json``: a switch. A value given to it (``--json FILE``, ``--json=FILE``: the old spellings) is refused in
+    one line naming ``--json-file``, never taken for something else."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        if values is not None and values != []:
+            raise argparse.ArgumentError(self, json_moved(str(values)))
+        setattr(namespace, self.dest, True)
+
+
+_IGNORED = re.compile(r"argument --json: ignored explicit argument (['\"])(.*)\1")
+
+
+def add_json_options(parser: argparse.ArgumentParser, *, what: str, script_follows: bool = False) -> None:
+    """``--json`` (print ``what`` as JSON on standard output instead of the table, as every command's ``--json``
+    does) and ``--json-file FILE`` (write it to FILE as well). ``script_follows``: the command's last positional is
+    a script, which ``--json`` must not take for its value: ``--json FILE SCRIPT`` then reads FILE as the script
+    (the command refuses a script named ``*.json`` with :func:`json_moved`), and ``--json=FILE`` is argparse's
+    error about a switch given a value, reworded here."""
+    parser.add_argument(
+        "--json",
+        action=_PrintJson,
+        nargs=0 if script_follows else "?",
+        default=False,
+        help=f"print {what} as JSON on standard output, instead of the table",
+    )
+    parser.add_argument("--json-file", metavar="FILE", default=None, help=f"also write {what} as JSON to FILE")
+    if script_follows:
+        error: Callable[[str], NoReturn] = parser.error
+
+        def refuse(message: str) -> NoReturn:
+            m = _IGNORED.fullmatch(message)
+            error(f"argument --json: {json_moved(m.group(2))}" if m else message)
+
+        parser.error = refuse  # type: ignore[method-assign]
+
+
+def refuse_json_script(json: bool, script: str, *, module: bool = False) -> None:
+    """``--json results.json train.py`` (the old spelling) parses as the script ``results.json``: refused."""
+    if json and not module and script.endswith(".json"):
+        raise UsageError(json_moved(script))

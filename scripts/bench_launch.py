@@ -7,7 +7,7 @@ the median of each and the ratio numarun / torchrun (target <= 1.03), for wall t
 for the CPU time of the whole process tree (launcher + workers, from getrusage), which
 stays meaningful on a busy machine where wall times swing by seconds.
 
-    .venv/bin/python scripts/bench_launch.py [--runs 5] [--nproc-per-node 2] [--json FILE]
+    .venv/bin/python scripts/bench_launch.py [--runs 5] [--nproc-per-node 2] [--json-file FILE]
 
 ``--per-rank`` times per-rank mode instead: ``numarun script.py`` as one rank a scheduler started
 (mpirun's variables for one rank), against ``python script.py``, alternated, for a script that
@@ -99,8 +99,8 @@ def _cli(args: argparse.Namespace) -> int:
             times[name].append(_time(cmd, env, args.timeout)[0])
     for name, t in times.items():
         print(f"{name:26s} median {statistics.median(t):.3f} s (min {min(t):.3f}, max {max(t):.3f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"wall_s": times}, indent=1) + "\n")
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps({"wall_s": times}, indent=1) + "\n")
     return 0
 
 
@@ -146,8 +146,8 @@ def _per_rank(args: argparse.Namespace) -> int:
             target = "  (target <= 1.05)" if label == "imports torch" else ""
             print(f"  ratio numarun/python wall {ratio:.3f}  cpu {ratio_cpu:.3f}  (+{extra * 1000:.0f} ms){target}")
             report[label] = {"wall_s": times, "cpu_s": cpu}  # type: ignore[dict-item]
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
@@ -249,7 +249,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of each launcher (default 5)")
     parser.add_argument("--nproc-per-node", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300, help="seconds before one launch counts as hung")
-    parser.add_argument("--json", metavar="FILE", help="also write the timings as JSON")
+    parser.add_argument("--json-file", metavar="FILE", help="also write the timings as JSON to FILE")
     parser.add_argument("--cli", action="store_true", help="time numarun's help screens and --version instead")
     parser.add_argument(
         "--baseline", metavar="CMD", default=None, help="with --cli: also time this numarun command line"
@@ -322,7 +322,7 @@ def main() -> int:
             f"{mesh_ratios['mesh_vs_torchrun_cpu']:.3f}; /numarun wall {mesh_ratios['mesh_vs_numarun_wall']:.3f}"
         )
     watchdog = _watchdog(args, commands["numarun"][: -len(launch)], env) if args.watchdog else None
-    if args.json:
+    if args.json_file:
         report = {
             "wall_s": times,
             "cpu_s": cpu,
@@ -333,7 +333,7 @@ def main() -> int:
             "watchdog": watchdog,
             **mesh_ratios,
         }
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.json_file).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -610,7 +610,8 @@ def step_train(
 
 def step_h2d(result: dict[str, Any], work: Path, *, size: str, iters: int) -> list[Check]:
     out = work / "h2d.json"
-    text = _run([*NUMARUN, "bench", "h2d", "--size", size, "--iters", str(iters), "--json", str(out)], timeout=300)
+    argv = [*NUMARUN, "bench", "h2d", "--size", size, "--iters", str(iters), "--json-file", str(out)]
+    text = _run(argv, timeout=300)
     print(text, flush=True)
     doc = json.loads(out.read_text())
     result["h2d"] = doc

@@ -80,7 +80,7 @@ for G in $SHAPES; do
   node1=$!
   rc=0
   in_ns "$NS0" env GLOO_SOCKET_IFNAME="$IF" OMP_NUM_THREADS=1 timeout "$TIMEOUT" \
-    "$NUMARUN" "${common[@]}" --node-rank 0 --json "$OUT/2x$G.json" 2>"$OUT/2x$G.node0.log" || rc=$?
+    "$NUMARUN" "${common[@]}" --node-rank 0 --json-file "$OUT/2x$G.json" 2>"$OUT/2x$G.node0.log" || rc=$?
   wait "$node1" || rc=$?
   [ "$rc" = 0 ] || { echo "netns-allreduce: 2x$G failed (rc $rc); logs in $OUT" >&2; tail -n 20 "$OUT/2x$G".node*.log >&2; exit 1; }
 done

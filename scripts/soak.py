@@ -19,7 +19,7 @@ reference, and once with a worker chosen at random SIGKILLed when rank 0 has log
   fault (the soak's wall time less the reference's, over the faults).
 
 Exit code 0 when every check holds, 1 otherwise (the failed checks are named). The last line
-is ``SOAK ...`` with the figures; ``--json FILE`` writes them too.
+is ``SOAK ...`` with the figures; ``--json-file FILE`` writes them too.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def main() -> int:
         default=600,
         help="a run still going after this many seconds is ended and counts as hung (default 600)",
     )
-    p.add_argument("--json", default=None, metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--json-file", default=None, metavar="FILE", help="also write the figures as JSON to FILE")
     p.add_argument("--keep", action="store_true", help="keep the run dirs (printed)")
     p.add_argument("overrides", nargs="*", help="more trainer overrides, e.g. model=gpt")
     args = p.parse_args()
@@ -293,8 +293,8 @@ def report(args: argparse.Namespace, targets: list[int], ref: dict[str, Any], so
         "failed_checks": [w for w, ok in checks.items() if not ok],
         "fault_steps": [f["step"] for f in faults],
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(figures, indent=1) + "\n")
     if figures["failed_checks"] and not args.keep:
         for name, r in (("reference", ref), ("soak", soak)):
             sys.stdout.write(f"--- {name} log (last 3000 characters)\n{r['log'][-3000:]}\n")

@@ -7,6 +7,7 @@ outside the checkout (tests/conftest.py).
 """
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,112 @@ def test_no_test_waits_a_fixed_time() -> None:
     assert _fixed_sleeps("import time\ntime.sleep(1)\nwhile x:\n    time.sleep(0.1)\n") == [2]  # the check itself
     offenders = {p.name: lines for p in _test_sources() if (lines := _fixed_sleeps(p.read_text()))}
     assert offenders == {}, f"tests that sleep instead of waiting on a condition: {offenders}"
+
+
+CLOCKS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns", "time_ns"}
+DURATION_WORDS = re.compile(r"(?:elapsed|seconds|duration|wall|took)(?:_s|_ms)?")
+
+
+def _duration_bounds(source: str) -> list[int]:
+    """Lines where a measured duration is held below a constant: ``time.monotonic() - t0 < 60``, ``elapsed <= 5``,
+    ``head["seconds"] < TIMEOUT``. A duration is a clock reading minus another (a name a clock reading was
+    assigned to counts as one), a name such a difference was assigned to, or a name, attribute or key called
+    ``elapsed``, ``seconds``, ``duration``, ``wall`` or ``took`` (``_s`` or ``_ms`` after it; not ``est_seconds``,
+    a simulation's estimate); a constant is a number or an UPPER_CASE name,
+    or arithmetic of them. A lower bound (``elapsed >= 7``: it waited for a timeout) is not one: a loaded machine
+    only makes durations longer."""
+    import ast
+
+    tree = ast.parse(source)
+
+    def clock_call(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call) or node.args:
+            return False
+        f = node.func
+        return (isinstance(f, ast.Attribute) and f.attr in CLOCKS and ast.unparse(f.value) == "time") or (
+            isinstance(f, ast.Name) and f.id in CLOCKS - {"time"}
+        )
+
+    readings = {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and clock_call(n.value)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def reading(node: ast.AST) -> bool:
+        return clock_call(node) or (isinstance(node, ast.Name) and node.id in readings)
+
+    def difference(node: ast.AST) -> bool:
+        return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and reading(node.left)
+
+    durations = {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and difference(n.value)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def duration(node: ast.AST) -> bool:
+        if difference(node):
+            return True
+        name = (
+            node.id
+            if isinstance(node, ast.Name)
+            else node.attr
+            if isinstance(node, ast.Attribute)
+            else node.slice.value
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            else None
+        )
+        return isinstance(name, str) and (name in durations or bool(DURATION_WORDS.fullmatch(name)))
+
+    def constant(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        if isinstance(node, ast.Name):
+            return node.id.isupper()
+        if isinstance(node, ast.UnaryOp):
+            return constant(node.operand)
+        return isinstance(node, ast.BinOp) and constant(node.left) and constant(node.right)
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for op, a, b in zip(node.ops, sides, sides[1:]):
+                below = isinstance(op, (ast.Lt, ast.LtE)) and duration(a) and constant(b)
+                above = isinstance(op, (ast.Gt, ast.GtE)) and constant(a) and duration(b)
+                if below or above:
+                    found.append(node.lineno)
+    return found
+
+
+def test_no_test_holds_a_duration_below_a_constant() -> None:
+    """Never a wall-clock bound in a test (a loaded machine fails it): what it meant is checked without a clock."""
+    old = 'head = results[0]\nassert head["seconds"] < 60\n'  # test_doctor_multinode.py had it
+    assert _duration_bounds(old) == [2]
+    caught = (
+        "t0 = time.monotonic()\nrun()\nassert time.monotonic() - t0 < TIMEOUT\n"
+        "wall = time.perf_counter() - t0\nassert 2 * TIMEOUT > wall\nassert 0 < r.elapsed <= 5.0\n"
+    )
+    assert _duration_bounds(caught) == [3, 5, 6]
+    passed = (
+        "start = time.monotonic()\nassert time.monotonic() - start >= 7\n"  # a lower bound: it waited
+        "while time.monotonic() < deadline:\n    pass\n"  # a poll's deadline
+        "while time.perf_counter() - start < seconds:\n    pass\n"  # a script's own loop, to a variable
+        "assert args.seconds == 3 and head['seconds'] > 0 and r['est_seconds'] < 60\n"
+    )
+    assert _duration_bounds(passed) == []
+    here = Path(__file__).resolve().parent
+    offenders = {
+        str(p.relative_to(here)): lines
+        for p in sorted(here.rglob("*.py"))
+        if "fixtures" not in p.parts and (lines := _duration_bounds(p.read_text()))
+    }
+    assert offenders == {}, f"tests that hold a measured duration below a constant: {offenders}"
 
 
 def _port_helpers(source: str) -> list[int]:

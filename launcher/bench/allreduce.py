@@ -157,9 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="inter-node link rate (e.g. 200mbit): adds each mode's time at that rate to the report",
     )
-    parser.add_argument(
-        "--json", dest="json_path", default=None, metavar="FILE", help="write the results as JSON to FILE (rank 0)"
-    )
+    argtypes.add_json_options(parser, what="the results (rank 0)")
 
 
 def check_options(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...], float | None]:
@@ -329,9 +327,14 @@ def run_and_report(args: argparse.Namespace) -> int:
 
     report = run(args)
     if report["world_size"] and _rank0():
-        render(report)
-        if args.json_path:  # allow_nan=False: NaN is not JSON
-            write_atomic(Path(args.json_path), json.dumps(report, indent=1, allow_nan=False) + "\n")
+        text = json.dumps(report, indent=1, allow_nan=False) + "\n"  # allow_nan=False: NaN is not JSON
+        if args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            render(report)
+        if args.json_file:
+            write_atomic(Path(args.json_file), text)
     destroy()
     return 0 if all(report["correct"].values()) else 1
 

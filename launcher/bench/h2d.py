@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import argtypes
+from .. import argtypes, tables
 from ..errors import UsageError, expected
 from ..fsutil import write_atomic
 from .allreduce import human_size, parse_size
@@ -60,9 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10,
         help="timed copies per direction and kind (default 10)",
     )
-    parser.add_argument(
-        "--json", dest="json_file", default=None, metavar="FILE", help="also write the figures as JSON to FILE"
-    )
+    argtypes.add_json_options(parser, what="the figures")
 
 
 def check_args(size: str, iters: int) -> int:
@@ -192,28 +190,24 @@ def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, fl
     return out
 
 
-def format_table(bound: WorkerResult, raw: WorkerResult) -> str:
+def format_table(bound: WorkerResult, raw: WorkerResult, *, color: bool = False) -> str:
     """The printed report: GB/s per direction, worker and memory kind, then the ratios."""
-    head = f"{'GB/s':<6}{'numarun pinned':>16}{'numarun pageable':>18}{'raw pinned':>12}{'raw pageable':>14}"
-    lines = [f"host<->device copies of {human_size(bound.size_bytes)} x {bound.iters} on {bound.device}", head]
+    columns = [(worker, kind) for worker in (bound, raw) for kind in ("pinned", "pageable")]
+    out = tables.table([("GB/s", "left"), *((f"{w.label} {kind}", "right") for w, kind in columns)])
     for d in DIRECTIONS:
-        row = [
-            bound.gbps.get(f"{d}_pinned"),
-            bound.gbps.get(f"{d}_pageable"),
-            raw.gbps.get(f"{d}_pinned"),
-            raw.gbps.get(f"{d}_pageable"),
-        ]
-        cells = [f"{v:.2f}" if v is not None else "-" for v in row]
-        lines.append(f"{d:<6}{cells[0]:>16}{cells[1]:>18}{cells[2]:>12}{cells[3]:>14}")
+        cells = [w.gbps.get(f"{d}_{kind}") for w, kind in columns]
+        out.add_row(d, *(f"{v:.2f}" if v is not None else "-" for v in cells))
     r = ratios(bound.gbps, raw.gbps)
-    lines.append("ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
     nodes = ",".join(map(str, bound.pinned_page_nodes)) or "?"
     pageable = ",".join(map(str, bound.pageable_page_nodes)) or "?"
-    lines.append(
+    return tables.render(
+        f"host<->device copies of {human_size(bound.size_bytes)} x {bound.iters} on {bound.device}",
+        out,
+        "ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()),
         f"numarun worker: memory policy {bound.mem_policy} nodes {list(bound.mems)}, "
-        f"pinned pages on node(s) {nodes}, pageable pages on node(s) {pageable}"
+        f"pinned pages on node(s) {nodes}, pageable pages on node(s) {pageable}",
+        color=color,
     )
-    return "\n".join(lines)
 
 
 def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> WorkerResult:
@@ -242,15 +236,17 @@ def run_and_report(args: argparse.Namespace) -> int:
         if r.error:
             print(f"numarun: bench h2d: {r.label} worker failed: {r.error}", file=sys.stderr)
             return 1
-    print(format_table(bound, raw), flush=True)
+    doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
+    text = json.dumps(doc, indent=1) + "\n"
+    sys.stdout.write(text if args.json else format_table(bound, raw, color=sys.stdout.isatty()))
+    sys.stdout.flush()
     if args.json_file:
-        doc = {"numarun": asdict(bound), "raw": asdict(raw), "ratios": ratios(bound.gbps, raw.gbps)}
-        write_atomic(Path(args.json_file), json.dumps(doc, indent=1) + "\n")
+        write_atomic(Path(args.json_file), text)
     return 0
 
 
 if __name__ == "__main__":
     if "--worker" not in sys.argv[1:]:
-        print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json FILE]", file=sys.stderr)
+        print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json] [--json-file FILE]", file=sys.stderr)
         sys.exit(2)
     sys.exit(worker_main(sys.argv[1:]))

@@ -145,7 +145,7 @@ def apply_comm(
     overlap: bool = True,
     chunk_bytes: int | None = None,
 ) -> CommMode:
-    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, In DDP); returns the
+    """Apply config ``comm.allreduce`` / ``comm.compression`` to a DDP model (docs/allreduce.md, "In DDP"); returns the
     mode."""
     m = parse_comm_mode(mode)
     c = parse_compression(compression)

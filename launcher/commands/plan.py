@@ -48,7 +48,8 @@ def main(args: argparse.Namespace) -> int:
         from ..sweep.launch import describe
 
         ranks = options.nproc_per_node if isinstance(options.nproc_per_node, int) else 1
-        sys.stdout.write(describe(load_topology(options.topology), ranks, [f"#{i}" for i in range(args.jobs)]))
+        jobs = [f"#{i}" for i in range(args.jobs)]
+        sys.stdout.write(describe(load_topology(options.topology), ranks, jobs, color=sys.stdout.isatty()))
         return 0
     if job is not None:
         announce(args, job.describe())  # stderr, so that --json output stays the plan alone

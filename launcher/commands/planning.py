@@ -235,7 +235,8 @@ class Planner:
 
     def _rank(self, options: Options, job: JobShape) -> Planned:
         """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
-        under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
+        under ``--gpus-per-task``), narrowed to the CPUs the task may use (per-rank mode: docs/slurm.md,
+        "Inside your own sbatch script, or under mpirun")."""
         from ..plan.binding import make_plan
         from ..plan.options import request_for
         from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus

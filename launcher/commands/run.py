@@ -4,7 +4,8 @@ torchrun's options in its spellings, numarun's launch options, ``--dry-run`` and
 resolved once with their sources (:mod:`numarun.launch.options`). numarun's trainer
 is composed by Hydra once per job, here (:func:`numarun.config.compose.run_hydra`), its ``launcher``
 group one of those sources; a user's ``@hydra.main`` app or any other script runs as torchrun runs it
-(a Hydra app's clock fixed once for every rank: :mod:`numarun.worker.hydra_pin`). Exit codes: README.
+(a Hydra app's clock fixed once for every rank: :mod:`numarun.worker.hydra_pin`). Exit codes:
+docs/reference/exit-codes.md.
 """
 
 from __future__ import annotations
@@ -344,8 +345,8 @@ class _Runner:
             env[envvars.WATCH_INTERVAL] = "0"
         elif self.args.watch_interval is not None:  # >= 0: its option type refuses the rest
             env[envvars.WATCH_INTERVAL] = f"{self.args.watch_interval:g}"
-        # The binding line of each rank is logged at INFO on purpose (see the README); an explicit
-        # --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+        # The binding line of each rank is logged at INFO on purpose (docs/binding.md, "Applied in the worker");
+        # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
         if self.args.log_level and envvars.LOG_LEVEL not in os.environ:
             env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
         return env

@@ -1,7 +1,7 @@
 """``numarun tune``: measure the plan options (and Hydra override lists) on your own job and keep the fastest.
 
     numarun tune [--binding exclusive,node,none] [--mem-policy bind,preferred] [--omp plan,4,8]
-                 [--trials K] [--json FILE] [--save PLAN.json] [--svg FILE] SCRIPT|-m MODULE [args...]
+                 [--trials K] [--json] [--json-file FILE] [--save PLAN.json] [--svg FILE] SCRIPT|-m MODULE [args...]
 
 Runs the job once per candidate, alternated over K rounds (every round runs each candidate
 once, rotated), each with ``numarun run --standalone``. Throughput: the trainer's
@@ -89,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         "--trials", type=_trials, default=3, metavar="K", help="rounds; each runs every candidate once (default 3)"
     )
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON")
+    argtypes.add_json_options(parser, what="the results", script_follows=True)
     parser.add_argument(
         "--save", metavar="PLAN.json", default=None, help="write the winner's plan, for 'numarun --plan-file'"
     )
@@ -202,17 +202,19 @@ def _save_plan(options: Options, winner: cand.Candidate) -> str:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --json/--save/--svg before minutes of runs, not after."""
-    for flag in ("json", "save", "svg"):
-        value = getattr(args, flag)
+    """Refuse an unwritable --json-file/--save/--svg before minutes of runs, not after."""
+    for dest in ("json_file", "save", "svg"):
+        value = getattr(args, dest)
         if value is None:
             continue
         path = Path(value)
         if path.is_dir() or not (path.parent if str(path.parent) else Path(".")).is_dir():
-            raise UsageError(f"bad --{flag} {value!r}: expected a file path in an existing directory")
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"bad {flag} {value!r}: expected a file path in an existing directory")
 
 
 def main(args: argparse.Namespace) -> int:
+    argtypes.refuse_json_script(args.json, args.script, module=args.module)
     if not args.module and not Path(args.script).is_file():
         raise UsageError(f"bad script {args.script!r}: no such file; expected a path to a Python script (or -m MODULE)")
     _check_outputs(args)
@@ -264,16 +266,15 @@ def main(args: argparse.Namespace) -> int:
         runs = [[dataclasses.replace(r, throughput=None, unit="s") for r in rs] for rs in runs]
     summaries = summarize(cands, runs, default)
     winner = best(summaries)
-    sys.stdout.write(table(summaries, default=default, winner=winner))
-    print(
-        f"best: {cands[winner].label()} ({summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds)"
-    )
+    results = json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n"
     if args.json:
-        write_output(
-            args.json,
-            json.dumps(to_json(summaries, default=default, winner=winner, trials=args.trials), indent=1) + "\n",
-            flag="--json",
-        )
+        sys.stdout.write(results)
+    else:
+        sys.stdout.write(table(summaries, default=default, winner=winner, color=sys.stdout.isatty()))
+        ratio = f"{summaries[winner].ratio:.3f}x the default, {args.trials} alternated rounds"
+        print(f"best: {cands[winner].label()} ({ratio})")
+    if args.json_file:
+        write_output(args.json_file, results, flag="--json-file")
     if args.svg:
         from ..tune.chart import render_chart
 

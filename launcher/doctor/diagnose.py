@@ -71,6 +71,12 @@ def rendezvous(options: Options, *, port_offset: int = 0, endpoint: bool = True)
     port = (options.master_port or TORCHRUN_DEFAULT_PORT) if given is None else given
     if not 0 < port + port_offset < 65536:
         raise UsageError(f"bad --master-port {port!r}: expected a port 1..65535")
+    ip = argtypes.ip_address(host)
+    if ip is not None and ip.version == 6 and ip.is_link_local and "%" not in host:  # no socket can bind or reach it
+        raise UsageError(
+            f"bad {flag} {given_endpoint or host!r}: a link-local address is one only with its interface; "
+            f"expected {argtypes.host_port(f'{host}%IFACE', given) if given else f'{host}%IFACE'} (such as %eth0)"
+        )
     resolve(host, flag=flag)
     return host, port + port_offset
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 from ..argtypes import host_port, parse_endpoint
 from ..errors import UsageError
-from ..launch.net import await_endpoint, route_address, sockaddr
+from ..launch.net import await_endpoint, route_address, scoped_address, sockaddr
 from .compare import compare_nodes, link_verdict, odd_nodes
 from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
 from .schedule import LinkSchedule, first_rounds, next_round, resolve
@@ -227,9 +227,8 @@ class TcpLink:
 
     @property
     def address(self) -> str:
-        name = self.server.sock.getsockname()
-        scope = name[3] if len(name) > 3 else 0  # link-local: the peers reach it through the interface of that name
-        return host_port(f"{name[0]}%{socket.if_indextoname(scope)}" if scope else name[0], self.server.port)
+        # link-local: the peers reach it through the interface of that name
+        return host_port(scoped_address(self.server.sock.getsockname()), self.server.port)
 
     @property
     def received(self) -> dict[int, float]:
@@ -254,9 +253,14 @@ def exchange(
     return it without the per-node detail (``nodes``)."""
     rank = report.node_rank
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
-    server = _StreamServer(
-        route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0")
-    )
+    host = route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0")
+    try:
+        server = _StreamServer(host)
+    except OSError as e:
+        raise UsageError(
+            f"bad --master-addr/--master-port {host_port(master_addr, master_port)}: this node reaches it from "
+            f"{host!r}, where no stream server can listen ({e.strerror or e}); expected node rank 0's address"
+        ) from None
     server.start()
     t0 = time.perf_counter()
     try:

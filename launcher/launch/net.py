@@ -1,4 +1,4 @@
-"""The address rule (:func:`choose`; README, "Addresses"), applied to a node's launch before any process
+"""The address rule (:func:`choose`; docs/run.md, "Addresses"), applied to a node's launch before any process
 starts (:func:`addressing`), and network look-ups with a deadline."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..argtypes import host_port, ip_address
 from ..errors import UsageError
@@ -41,6 +42,19 @@ def resolve(host: str, *, flag: str | None, timeout: float = RESOLVE_TIMEOUT_S) 
     )
 
 
+def scoped_address(name: tuple[Any, ...]) -> str:
+    """The address of a socket name (``getsockname()``), a link-local one with its interface: ``fe80::1%eth0``.
+    An IPv6 name carries the scope as an interface index (element 3), never in the address itself; an index
+    with no interface of that name left is written as the number, which ``getaddrinfo`` reads as well."""
+    address, scope = str(name[0]), name[3] if len(name) > 3 else 0
+    if not scope:
+        return address
+    try:
+        return f"{address}%{socket.if_indextoname(int(scope))}"
+    except OSError:
+        return f"{address}%{scope}"
+
+
 def route_address(host: str, port: int, *, zone: bool = False) -> str | None:
     """The address of this machine's interface that reaches ``host`` (no packet is sent); None when
     there is no route or ``host`` does not resolve. ``zone``: a link-local address keeps its ``%interface``
@@ -49,10 +63,10 @@ def route_address(host: str, port: int, *, zone: bool = False) -> str | None:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(addr)
-            found = str(s.getsockname()[0])
-            return found if zone else found.partition("%")[0]
+            name = s.getsockname()
     except (OSError, UnicodeError, IndexError):
         return None
+    return scoped_address(name) if zone else str(name[0])
 
 
 def sockaddr(host: str, port: int) -> tuple[int, tuple[object, ...]]:

@@ -8,8 +8,8 @@ what numarun gives it (a job-config key, a scheduler's variable, a meaning in pe
 
 Every command takes its flags from here (:func:`add_options`); the parser keeps only what was typed, and
 :func:`from_args` adds the environment and the defaults; :meth:`Options.with_config` a job config's ``launcher``
-group and :meth:`Options.with_job` what the job numarun runs in fixes. The precedence (:func:`resolve`) is the
-README's table ("Where each option comes from"). A new option is one entry of :data:`DECLARED` (``--on-hang``'s
+group and :meth:`Options.with_job` what the job numarun runs in fixes. The precedence (:func:`resolve`) is the table
+of docs/run.md, "Where each option comes from". A new option is one entry of :data:`DECLARED` (``--on-hang``'s
 below), read as ``options.on_hang``.
 """
 

@@ -1,5 +1,5 @@
 """Every process a job starts is found and ended, in whatever session it runs (docs/reliability.md,
-"Every descendant ends with numarun"). The cage, by kind:
+"Signals to numarun"). The cage, by kind:
 
 * ``cgroup``: a cgroup v2 of numarun's own, ended by ``cgroup.kill`` (root or a delegated subtree, not in
   a Slurm job, whose own cgroups end the step's processes);

@@ -278,8 +278,8 @@ class Supervisor:
         run_dir: os.PathLike[str] | str | None = None,
     ) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
-        :class:`RunFailed` (README, "Exit codes" and "Signals"). ``hang``: the watchdog's policy (docs/hangs.md),
-        whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
+        :class:`RunFailed` (docs/reference/exit-codes.md; docs/run.md, "Signals"). ``hang``: the watchdog's policy
+        (docs/hangs.md), whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError

@@ -1,6 +1,6 @@
 """Topology + request -> LaunchPlan: each local rank's GPU, CPUs, memory nodes, NIC and env (pure).
 
-The rules are the README's (See the plan: ``numarun plan``). Memory goes to the rank's CPU-side node:
+The rules are docs/binding.md, "The rules". Memory goes to the rank's CPU-side node:
 on GH200-like machines the CPU's LPDDR node, never the GPU's HBM node (reached through cudaMalloc).
 """
 

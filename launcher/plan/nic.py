@@ -1,6 +1,6 @@
 """NICs for a node's ranks: one NCCL list per node, the closest NIC per rank (pure).
 
-The rules and why (NVIDIA/nccl#1478) are the README's (See the plan, NICs). The choices are plan fields;
+The rules and why (NVIDIA/nccl#1478) are docs/plan.md, "NICs". The choices are plan fields;
 the variables are made from them here, and ``numarun topo`` names each GPU's NIC by the same rule (:func:`gpu_nics`).
 """
 

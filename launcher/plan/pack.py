@@ -10,6 +10,7 @@ from ..topology.links import Link, gpu_links, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology
 from ..topology.visible import visible_gpus
 from .binding import _cores, _split
+from .model import BindingMode
 from .nic import gpu_nics
 
 
@@ -100,7 +101,16 @@ def pack(
     return tuple(out[:limit])
 
 
-def slot_topology(topology: Topology, slot: Slot) -> Topology:
-    """The node as a job confined to ``slot`` sees it: only the slot's CPUs allowed."""
-    allowed = set(slot.cpus)
+def confined_cpus(slot: Slot, binding: BindingMode) -> tuple[int, ...] | None:
+    """The CPUs a job in ``slot`` is confined to; None for ``binding`` none, which leaves a job's CPUs alone as it
+    leaves a run's (its GPUs still come from its slot)."""
+    return None if binding is BindingMode.NONE else slot.cpus
+
+
+def slot_topology(topology: Topology, slot: Slot, binding: BindingMode) -> Topology:
+    """The node as a job in ``slot`` sees it: only the CPUs it is confined to allowed (all, unbound)."""
+    cpus = confined_cpus(slot, binding)
+    if cpus is None:
+        return topology
+    allowed = set(cpus)
     return replace(topology, cpus=tuple(replace(c, allowed=c.allowed and c.id in allowed) for c in topology.cpus))

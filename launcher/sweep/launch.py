@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import envvars
+from .. import envvars, tables
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
 from ..jobenv.settle import Source
 from ..launch.child import numarun_command
 from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests
-from ..plan.pack import Slot, pack, slot_topology
+from ..plan.pack import Slot, confined_cpus, pack, slot_topology
 
 log = logging.getLogger(__name__)
 
@@ -249,12 +249,14 @@ def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
 
     request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(
-        slot_topology(topology, slot), replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID")
+        slot_topology(topology, slot, request.binding),
+        replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"),
     )
 
 
 def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: str) -> subprocess.Popen[bytes]:
-    """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``)."""
+    """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``; its CPUs left
+    alone under binding none)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
     options, ns, rest = job.launch_options(os.environ)
@@ -315,7 +317,9 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
             *args,
         ]
     # the affinity is set in the child before exec: every process of the job inherits it
-    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, slot.cpus))
+    cpus = confined_cpus(slot, plan.binding)
+    confine = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=confine)
 
 
 def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
@@ -408,13 +412,9 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
 
     def start(job: Job, slot: Slot) -> subprocess.Popen[bytes]:
         proc = _start(job, slot, ports[slot.index], topology, folder, now)
-        log.info(
-            "job #%d in slot %d: cpus %s gpus %s",
-            job.idx,
-            slot.index,
-            format_list(slot.cpus),
-            format_list(slot.gpus) or "-",
-        )
+        cpus = confined_cpus(slot, job.launch_options(os.environ)[0].binding)
+        shown = "not bound" if cpus is None else format_list(cpus)
+        log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, shown, format_list(slot.gpus) or "-")
         return proc
 
     loop = signals.loop()
@@ -499,34 +499,34 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
     return {j.idx: 0 if (folder / f"{j.idx}.ret").exists() else code or 1 for j in jobs}
 
 
-def describe(topology: Any, ranks: int, jobs: Sequence[str]) -> str:
-    """Which job takes which slot: one line per slot under its NUMA node, then the queue."""
+def describe(topology: Any, ranks: int, jobs: Sequence[str], *, color: bool = False) -> str:
+    """Which job takes which slot: one row per slot under its NUMA node, then the queue."""
+    from rich.padding import Padding
+
     slots = pack(topology, ranks, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-    rows = [
-        (
-            f"NUMA {format_list(s.mems) or '?'}",
-            f"slot {s.index}",
+    numa = [f"NUMA {format_list(s.mems) or '?'}" for s in slots]
+    out = tables.table([(name, "left") for name in ("NUMA", "slot", "GPU", "CPU", "NIC", "job")], header=False)
+    for i, s in enumerate(slots):
+        first, last = i == 0 or numa[i] != numa[i - 1], i == len(slots) - 1 or numa[i] != numa[i + 1]
+        tree = "─" if first and last else "┌" if first else "└" if last else "├"
+        out.add_row(
+            numa[i] if first else "",
+            f"{tree} slot {s.index}",
             f"GPU {format_list(s.gpus) or '-'}",
             f"CPU {format_list(s.cpus)}",
             f"NIC {','.join(s.nics) or '-'}",
+            f"<- {jobs[i] if i < len(jobs) else '-'}",
         )
-        for s in slots
-    ]
-    width = [max(len(r[i]) for r in rows) for i in range(5)]
-    out = [
+    head = (
         f"{f'{len(jobs)} jobs' if jobs else 'the sweeper’s jobs'} of {ranks} rank{'s' * (ranks > 1)}, {len(slots)} "
         f"at a time on {topology.hostname or topology.source}; a job starts as soon as a slot frees"
-    ]
-    for i, r in enumerate(rows):
-        first, last = i == 0 or r[0] != rows[i - 1][0], i == len(rows) - 1 or r[0] != rows[i + 1][0]
-        cells = "  ".join(c.ljust(w) for c, w in zip(r[1:], width[1:]))
-        tree = "─" if first and last else "┌" if first else "└" if last else "├"
-        out.append(
-            f"  {(r[0] if first else '').ljust(width[0])} {tree} {cells}  <- {jobs[i] if i < len(jobs) else '-'}"
-        )
-    if len(jobs) > len(slots):
-        out.append(f"  then, each in the first slot that frees: {', '.join(jobs[len(slots) :])}")
-    return "\n".join(out) + "\n"
+    )
+    queue = (
+        [f"  then, each in the first slot that frees: {', '.join(jobs[len(slots) :])}"]
+        if len(jobs) > len(slots)
+        else []
+    )
+    return tables.render(head, Padding(out, (0, 0, 0, 2)), *queue, color=color)
 
 
 def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequence[str]) -> int:
@@ -544,7 +544,7 @@ def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequenc
             [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
         )
         ranks = launch.nproc_per_node if isinstance(launch.nproc_per_node, int) else 1
-        sys.stdout.write(describe(load_topology(launch.topology), ranks, jobs))
+        sys.stdout.write(describe(load_topology(launch.topology), ranks, jobs, color=sys.stdout.isatty()))
         return 0
     argv = [
         sys.executable,

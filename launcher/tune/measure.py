@@ -1,4 +1,4 @@
-"""What one run measured, from the text of the files it left (pure; the sources and their order are the README's)."""
+"""What one run measured, from the text of the files it left (pure; the sources and their order: docs/tune.md)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tables
 from .candidates import Candidate
 
 
@@ -68,12 +69,12 @@ def _num(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.0f}"
 
 
-def table(summaries: Sequence[Summary], *, default: int, winner: int) -> str:
+def table(summaries: Sequence[Summary], *, default: int, winner: int, color: bool = False) -> str:
     """Text table: candidate, median and range (throughput, else seconds), peak memory, ratio."""
     by_tp = summaries[0].throughput is not None
     unit = summaries[0].unit
-    head = ["candidate", f"median {unit}", "range", "median s", "peak MiB", "vs default"]
-    rows = []
+    numbers = (f"median {unit}", "range", "median s", "peak MiB", "vs default")
+    out = tables.table([("candidate", "left"), *((name, "right") for name in numbers)])
     for i, s in enumerate(summaries):
         times = [r.seconds for r in s.runs]
         if by_tp and s.throughput_range is not None:
@@ -82,22 +83,15 @@ def table(summaries: Sequence[Summary], *, default: int, winner: int) -> str:
             med, rng = f"{s.median_s:.3f}", f"{min(times):.3f}-{max(times):.3f}"
         mark = " (default)" if i == default else ""
         mark += " *best*" if i == winner else ""
-        rows.append(
-            [
-                s.candidate.label() + mark,
-                med,
-                rng,
-                f"{s.median_s:.3f}",
-                f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-",
-                f"{s.ratio:.3f}x",
-            ]
+        out.add_row(
+            s.candidate.label() + mark,
+            med,
+            rng,
+            f"{s.median_s:.3f}",
+            f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-",
+            f"{s.ratio:.3f}x",
         )
-    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
-    lines = [
-        "  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
-        for r in [head, *rows]
-    ]
-    return "\n".join(lines) + "\n"
+    return tables.render(out, color=color)
 
 
 def to_json(summaries: Sequence[Summary], *, default: int, winner: int, trials: int) -> dict[str, Any]:

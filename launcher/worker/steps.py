@@ -1,5 +1,4 @@
-"""The step report's records: what each rank writes per optimizer step, and what the agent shows of a running job
-(docs/steps.md).
+"""The step report's records: what each rank writes per optimizer step, and what the agent shows of a running job.
 
 A *step* of a rank is the time between two of its optimizer steps (the first from when the rank started counting).
 Within it, four phases, in the order the picture stacks them: ``input`` (waiting on a DataLoader's iterator),

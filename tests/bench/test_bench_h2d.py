@@ -43,7 +43,7 @@ def test_cpu_only_machine_prints_one_line_and_exits_2(tmp_path: Path) -> None:
         pytest.skip("a CUDA device is visible: the CPU-only path does not apply")
     out_json = tmp_path / "h2d.json"
     proc = subprocess.run(
-        [*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", str(out_json)],
+        [*NUMARUN, "bench", "h2d", "--size", "1MiB", "--iters", "1", "--json", "--json-file", str(out_json)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -137,11 +137,21 @@ def test_ratios_and_table() -> None:
     assert r["d2h_pinned_over_pageable"] == 2.0
     assert r["h2d_pinned_numarun_over_raw"] == 2.0
     assert r["d2h_pageable_numarun_over_raw"] == 0.5
-    table = h2d.format_table(bound, raw).splitlines()
-    assert "1 GiB x 4 on GPU X" in table[0]
-    assert table[2].split() == ["h2d", "50.00", "10.00", "25.00", "5.00"]
-    assert table[3].split() == ["d2h", "40.00", "20.00", "40.00", "40.00"]
-    assert "pinned pages on node(s) 1, pageable pages on node(s) 1" in table[-1]
+    title, head, rule, h2d_row, d2h_row, ratio_line, worker_line = h2d.format_table(bound, raw).splitlines()
+    assert "1 GiB x 4 on GPU X" in title
+    assert [c.strip() for c in head.split("  ") if c] == [
+        "GB/s",
+        "numarun pinned",
+        "numarun pageable",
+        "raw pinned",
+        "raw pageable",
+    ]
+    assert set(rule) == {"─"} and len(rule) == len(head)  # rich's rule under the header
+    assert h2d_row.split() == ["h2d", "50.00", "10.00", "25.00", "5.00"]
+    assert d2h_row.split() == ["d2h", "40.00", "20.00", "40.00", "40.00"]
+    assert len(h2d_row) == len(d2h_row) == len(head)  # numbers right-aligned under their headers
+    assert ratio_line.startswith("ratios: h2d_pinned_over_pageable 5.000")
+    assert "pinned pages on node(s) 1, pageable pages on node(s) 1" in worker_line
 
 
 @pytest.mark.slow

@@ -172,6 +172,7 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
             "--iters",
             "4",
             "--json",
+            "--json-file",
             "/tmp/x.json",
         ]
     )
@@ -188,13 +189,19 @@ def test_bench_launch_argv_forwards_bench_options_only() -> None:
     ]
     assert argv[i + 1] == "numarun.bench.allreduce"
     rest = argv[i + 2 :]
-    assert "--sizes=1M,2M" in rest and "--iters=4" in rest and "--json=/tmp/x.json" in rest
+    assert "--sizes=1M,2M" in rest and "--iters=4" in rest and "--json" in rest and "--json-file=/tmp/x.json" in rest
     assert not any(a.startswith(("--nnodes", "--node-rank", "--master", "--nproc")) for a in rest)
     # what is forwarded parses back to the same benchmark options
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
     again = p.parse_args(rest)
-    assert (again.sizes, again.iters, again.json_path, again.modes) == ("1M,2M", 4, "/tmp/x.json", args.modes)
+    assert (again.sizes, again.iters, again.json, again.json_file, again.modes) == (
+        "1M,2M",
+        4,
+        True,
+        "/tmp/x.json",
+        args.modes,
+    )
 
 
 def test_bench_launchers() -> None:

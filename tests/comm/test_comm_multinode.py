@@ -309,7 +309,7 @@ def test_bench_cli_two_nodes(tmp_path: Path) -> None:
         "--link-rate",
         "100mbit",
     ]
-    results = _run_nodes([base + ["--node-rank", "0", "--json", str(out)], base + ["--node-rank", "1"]], tmp_path)
+    results = _run_nodes([base + ["--node-rank", "0", "--json-file", str(out)], base + ["--node-rank", "1"]], tmp_path)
     for r in results:
         assert r.returncode == 0, r.stdout[-4000:]
     assert "hier/flat" in results[0].stdout and "flat == hierarchical" in results[0].stdout

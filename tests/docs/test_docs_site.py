@@ -98,6 +98,87 @@ def test_error_lines_name_their_page(capsys: pytest.CaptureFixture[str]) -> None
             assert cls.page.partition("#")[0] in nav, (cls.__name__, cls.page)
 
 
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
+CITATION = re.compile(r'(?<![\w/.])(README(?:\.md)?|docs/[\w/-]+\.md)(?:,\s+"([^"]+)")?')
+README_CITATION = re.compile(r'README(?:\.md)?,\s+"[^"]+"')
+
+
+def _headings(page: Path) -> set[str]:
+    """The headings of a Markdown page, code blocks left out (a ``# comment`` there is none)."""
+    return {m.group(1) for m in HEADING.finditer(FENCE.sub("", page.read_text(encoding="utf-8")))}
+
+
+def _citations() -> list[tuple[str, str, str | None, str]]:
+    """(source file, cited page, section or None, the text) of every README or docs/ citation in the package's
+    code (docstrings, comments and messages alike), the lines of a citation joined."""
+    found = []
+    for path in sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py")]):
+        text = " ".join(path.read_text(encoding="utf-8").split())  # a citation may break across lines
+        for m in CITATION.finditer(text):
+            found.append((str(path.relative_to(REPO)), m.group(1), m.group(2), text[m.start() : m.end() + 40]))
+    return found
+
+
+def test_every_page_the_code_cites_has_the_section_it_names() -> None:
+    """``docs/run.md, "Addresses"``: the page exists and has that heading; a README citation names one of the
+    README's headings (its sections move to docs/, and a citation of the whole README says nothing)."""
+    citations = _citations()
+    assert len(citations) > 40, citations  # the pattern finds them
+    wrong = []
+    for source, page, section, text in citations:
+        path = REPO / ("README.md" if page.startswith("README") else page)
+        if not path.is_file():
+            wrong.append(f"{source}: {page} is no page ({text!r})")
+        elif page.startswith("README") and section is None:
+            wrong.append(f'{source}: the README cited without a section; expected README, "Heading" ({text!r})')
+        elif section is not None and section not in _headings(path):
+            wrong.append(f"{source}: {page} has no heading {section!r} ({text!r})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_citation_names_its_section_in_the_form_the_check_reads() -> None:
+    """ "the README's (See the plan)" or "README: per-rank mode" would escape the check above: any README in the
+    package's code is a citation of the form it reads."""
+    loose = []
+    for path in [*(REPO / "launcher").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py")]:
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        loose += [
+            f"{path.relative_to(REPO)}: {text[m.start() : m.start() + 60]!r}"
+            for m in re.finditer(r"README", text)
+            if not README_CITATION.match(text, m.start())
+        ]
+    assert not loose, "\n".join(loose)
+
+
+def test_the_headings_are_read_outside_code_blocks() -> None:
+    headings = _headings(DOCS / "run.md")
+    assert {"Where each option comes from", "Addresses", "Signals"} <= headings
+    assert not any(h.startswith("options (value, source)") for h in headings)  # a console block's comment
+
+
+def test_run_page_lists_every_launch_option_as_declared() -> None:
+    """docs/run.md's list of numarun's launch options is :data:`numarun.launch.options.DECLARED`'s, in its order;
+    torchrun's options numarun refuses are named on the page with why, and where the README and the quick start
+    promise that torchrun's options work."""
+    from numarun.commands.run import REFUSED_OPTIONS
+    from numarun.launch.options import DECLARED
+
+    declared = [o.flag for o in DECLARED if o.flags]
+    run = (DOCS / "run.md").read_text(encoding="utf-8")
+    lists = [
+        re.findall(r"`(--[\w-]+)`", m.group(0))
+        for m in re.finditer(r"`--[\w-]+`(?:,? (?:and )?`--[\w-]+`){2,}", " ".join(run.split()))
+    ]
+    listed = [flags for flags in lists if "--topology" in flags]  # a list of numarun's launch options
+    assert listed, "docs/run.md lists no launch options"
+    assert all(flags == declared for flags in listed), (listed, declared)
+    for page in (DOCS / "run.md", REPO / "README.md", DOCS / "quickstart.md"):
+        text = page.read_text(encoding="utf-8")
+        for dest in REFUSED_OPTIONS:
+            assert f"`--{dest.replace('_', '-')}`" in text, (page.name, dest)
+
+
 # a figure: a decimal with its unit, a ratio (×, or three decimals), a duration in minutes and seconds, a test count;
 # not a version (2.13, 0.2.0) nor a shape (2×4)
 FIGURE = re.compile(

@@ -17,7 +17,7 @@ import pytest
 from helpers import free_port
 from netns import namespace_nodes
 
-from numarun.doctor.schedule import MAX_ROUNDS
+from numarun.doctor.schedule import MAX_ROUNDS, all_pairs_rounds
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,11 @@ def test_three_nodes_name_the_throttled_one(three_nodes, tmp_path):
     assert all(n["figures"]["mem_bw_gbs"] for n in nodes.values())  # measured per NUMA node
     link = {r: n["figures"]["link_gbs"] for r, n in nodes.items()}
     assert link[SLOW] * 2 < min(link[0], link[1])
-    assert head["seconds"] < 60
+    # the doctor's own bound, without a clock: every pair once, in all-pairs' rounds (three nodes: one sits out each
+    # round), every node against both others; no node waited out --doctor-timeout (each has the verdict above)
+    links = head["links"]
+    assert links["schedule"]["rounds"] == all_pairs_rounds(len(NS)) == 3 and links["pairs_measured"] == 3
+    assert all(n["figures"]["link_peers"] == len(NS) - 1 for n in nodes.values())
 
 
 SIX = [f"dscale-n{i}" for i in range(6)]

@@ -154,14 +154,13 @@ def test_conflicting_options_are_one_line_and_exit_2_before_anything_runs(tmp_pa
     marker = tmp_path / "ran"
     script = tmp_path / "s.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    t0 = time.monotonic()
     results = finish(start_tasks(["--nproc-per-node", "2", str(script)], 2))
     for rc, _, err in results:
         assert rc == 2 and len(error_lines(err)) == 1 and "Traceback" not in err, err
         assert "bad --nproc-per-node 2: Slurm step 4321.3 already starts 2 tasks on this node" in err
     results = finish(start_tasks(["--max-restarts", "3", str(script)], 2))
     assert all(rc == 2 and "bad option '--max-restarts': in per-rank mode" in err for rc, _, err in results), results
-    assert not marker.exists() and time.monotonic() - t0 < TIMEOUT
+    assert not marker.exists()  # nothing ran; a task that waited for its peers would have met finish's timeout
 
 
 def test_malformed_slurm_environment_is_one_line(tmp_path):

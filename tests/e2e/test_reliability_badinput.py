@@ -321,6 +321,11 @@ CASES: list[Case] = [
         "nested at most 64 levels",
     ),
     case("config-file-deep", f"{TRAIN} --config-dir {{bad}} --config-name deep", "deep", "nested at most 64 levels"),
+    # --- --json prints to stdout and takes no file (--json-file FILE does): the old spellings, refused
+    case("tune-json-file", f"tune --binding none --json t.json {EXIT}", "--json 't.json'", "--json-file t.json"),
+    case("tune-json-equals", f"tune --binding none --json=t.json {EXIT}", "--json 't.json'", "--json-file t.json"),
+    case("bench-json-file", "bench allreduce --json out.json", "--json 'out.json'", "--json-file out.json"),
+    case("h2d-json-equals", "bench h2d --json=out.json", "--json 'out.json'", "--json-file out.json"),
     # --- a standard output that cannot be written: one line, exit 1
     unwritable("topo-to-dev-full", f"topo --topology {P4D}", "standard output", "No space left on device"),
     unwritable("topo-json-to-dev-full", f"topo --json --topology {P4D}", "standard output", "No space left on device"),

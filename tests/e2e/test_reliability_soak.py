@@ -33,7 +33,7 @@ def test_soak_short(tmp_path: Path) -> None:
             "2",
             "--seed",
             "1",
-            "--json",
+            "--json-file",
             str(out),
         ],
         cwd=tmp_path,

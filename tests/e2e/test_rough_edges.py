@@ -45,7 +45,7 @@ def test_one_node_has_no_bound_ratio() -> None:
 
 
 @pytest.mark.slow
-def test_bench_allreduce_report_is_clean(tmp_path: Path) -> None:
+def test_bench_allreduce_report_is_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ar.json"
     proc = _numarun(
         tmp_path,
@@ -58,15 +58,18 @@ def test_bench_allreduce_report_is_clean(tmp_path: Path) -> None:
         "--warmup",
         "0",
         "--json",
+        "--json-file",
         str(out),
         env={"PYTHONWARNINGS": "default"},
     )
     assert proc.returncode == 0, proc.stderr
     report = _strict_json(out.read_text())  # null, never NaN
     assert isinstance(report, dict) and report["bound_ratio"] is None
+    assert _strict_json(proc.stdout) == report  # --json: rank 0's report on stdout, alone; the file the same
     assert "FutureWarning" not in proc.stderr, proc.stderr
     assert "set by the user" not in proc.stderr  # numarun set no OMP_NUM_THREADS of its own to complain about
-    assert "only helps across nodes" in proc.stdout
+    bench.render(report)  # the table --json replaces
+    assert "only helps across nodes" in capsys.readouterr().out
 
 
 def test_topo_names_where_gpus_were_looked_for(tmp_path: Path) -> None:

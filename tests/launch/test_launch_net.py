@@ -8,6 +8,7 @@ IPv6 loopback end to end for ``run`` and ``doctor``, and an endpoint where nothi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -249,7 +250,10 @@ def _doctor_options(*argv: str):  # type: ignore[no-untyped-def]
 def test_doctor_reads_a_bare_ipv6_endpoint() -> None:
     from numarun.doctor.diagnose import rendezvous
 
-    assert rendezvous(_doctor_options("--rdzv-endpoint", "fe80::1")) == ("fe80::1", 29500)  # not host 'fe80:' port 1
+    assert rendezvous(_doctor_options("--rdzv-endpoint", "fd00::1")) == ("fd00::1", 29500)  # not host 'fd00:' port 1
+    assert rendezvous(_doctor_options("--rdzv-endpoint", "fe80::1%lo")) == ("fe80::1%lo", 29500)
+    with pytest.raises(UsageError, match=r"bad --rdzv-endpoint '\[fe80::1\]:7': a link-local address .* \[fe80::1%"):
+        rendezvous(_doctor_options("--rdzv-endpoint", "[fe80::1]:7"))  # no interface: nothing could bind or reach it
     assert rendezvous(_doctor_options("--rdzv-endpoint", "[::1]:29511")) == ("::1", 29511)
     assert rendezvous(_doctor_options("--master-addr", "[::1]", "--master-port", "29512")) == ("::1", 29512)
     with pytest.raises(UsageError, match="missing --master-addr"):  # torchrun's 127.0.0.1 is no node's address
@@ -296,6 +300,20 @@ def test_the_doctor_binds_and_streams_to_a_scoped_link_local_address() -> None:
         assert server.received.get(1, 0) > 0
     finally:
         server.close()
+
+
+def test_a_socket_name_gives_its_address_with_the_scope() -> None:
+    """An IPv6 socket's ``getsockname()`` carries the scope as an interface index (element 3), never as
+    ``%eth0`` in the address: a link-local address is written back with its interface's name."""
+    from numarun.launch.net import scoped_address
+
+    index, name = socket.if_nameindex()[0]  # a real interface of this host (lo at least)
+    assert scoped_address(("fe80::1", 5, 0, index)) == f"fe80::1%{name}"
+    assert scoped_address(("fe80::1", 5, 0, 0)) == "fe80::1"  # no scope
+    assert scoped_address(("fd00::9", 5, 0, 0)) == "fd00::9"
+    assert scoped_address(("10.0.0.1", 5)) == "10.0.0.1"
+    gone = max(i for i, _ in socket.if_nameindex()) + 1000  # no such interface: the index, which getaddrinfo takes
+    assert scoped_address(("fe80::1", 5, 0, gone)) == f"fe80::1%{gone}"
 
 
 # ----------------------------------------------------------------------------- real jobs
@@ -512,3 +530,29 @@ def test_ipv6_loopback_end_to_end_for_run_and_doctor(tmp_path: Path) -> None:
     ]
     results = _nodes(tmp_path, [[*doctor, "--node-rank", "0"], [*doctor, "--node-rank", "1"]])
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+
+
+@pytest.mark.slow
+def test_doctor_on_a_scoped_link_local_endpoint_with_both_node_ranks_here(tmp_path: Path) -> None:
+    """``numarun doctor --rdzv-endpoint '[fe80::...%eth0]:PORT'``, both node ranks on this host: each node's stream
+    server binds to the scoped address it reaches node 0 from, the streams meet, and a link-local endpoint
+    without its interface is one line, exit 2."""
+    addr, ifname = _link_local()
+    doctor = [*numarun_cmd(), "doctor", "--json", "--no-measure", "--nnodes", "2", "--doctor-timeout", "120"]
+    endpoint = ["--rdzv-endpoint", f"[{addr}%{ifname}]:{free_port()}", "--link-seconds", "0.2"]
+    results = _nodes(tmp_path, [[*doctor, *endpoint, "--node-rank", str(rank)] for rank in (0, 1)])
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    head = json.loads(results[0].stdout)
+    assert sorted(n["node_rank"] for n in head["nodes"]) == [0, 1]
+    assert all(n["figures"]["link_gbs"] > 0 for n in head["nodes"]), head["nodes"]
+    bad = subprocess.run(
+        [*doctor, "--node-rank", "0", "--rdzv-endpoint", f"[{addr}]:{free_port()}"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    (line,) = error_lines(bad.stderr)
+    assert f"'[{addr}]:" in line and "expected" in line, line

@@ -10,8 +10,8 @@ from helpers import FIXTURES
 from numarun.cpuset import format_list
 from numarun.errors import PlanError
 from numarun.plan.binding import make_plan
-from numarun.plan.model import PlanRequest
-from numarun.plan.pack import pack, slot_topology
+from numarun.plan.model import BindingMode, PlanRequest
+from numarun.plan.pack import confined_cpus, pack, slot_topology
 from numarun.topology.discover import load_topology
 from numarun.topology.model import Topology
 
@@ -114,10 +114,23 @@ def test_a_job_plans_inside_its_slot() -> None:
     t = load_topology(str(NVSWITCH))
     slot = pack(t, 2)[3]
     request = PlanRequest(nproc_per_node=2, cuda_visible_devices="6,7", cuda_device_order="PCI_BUS_ID")
-    plan = make_plan(slot_topology(t, slot), request)
+    plan = make_plan(slot_topology(t, slot, request.binding), request)
     assert [r.gpu.index for r in plan.ranks if r.gpu] == [6, 7] and [r.nic for r in plan.ranks] == [
         "mlx5_ib6",
         "mlx5_ib7",
     ]
-    assert {c for r in plan.ranks for c in r.cpus} <= set(slot.cpus)
+    assert {c for r in plan.ranks for c in r.cpus} <= set(slot.cpus) == set(confined_cpus(slot, request.binding) or ())
     assert not set(plan.ranks[0].cpus) & set(plan.ranks[1].cpus)
+
+
+def test_an_unbound_job_keeps_its_slots_gpus_and_every_cpu() -> None:
+    """binding none leaves a job's CPUs alone, as in a run: its ranks' CPUs are the node's, its GPUs the slot's."""
+    t = load_topology(str(NVSWITCH))
+    slot = pack(t, 2)[3]
+    request = PlanRequest(
+        nproc_per_node=2, binding=BindingMode.NONE, cuda_visible_devices="6,7", cuda_device_order="PCI_BUS_ID"
+    )
+    plan = make_plan(slot_topology(t, slot, request.binding), request)
+    assert confined_cpus(slot, request.binding) is None
+    assert [r.gpu.index for r in plan.ranks if r.gpu] == [6, 7]
+    assert all(r.cpus == t.usable_cpus for r in plan.ranks)

@@ -7,6 +7,7 @@ Every case runs a real Hydra app (written here) in its own directory, as a user 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -295,7 +296,7 @@ def job(cfg):
     plan = load_plan(os.environ)
     Path(cfg.out, f"plan.{cfg.x}.{os.environ['RANK']}").write_text(json.dumps({
         "binding": plan.binding.value, "mem_policy": plan.mem_policy.value, "nic_policy": plan.nic_policy.value,
-        "world": int(os.environ["WORLD_SIZE"])}))
+        "world": int(os.environ["WORLD_SIZE"]), "cpus": sorted(os.sched_getaffinity(0))}))
 
 
 if __name__ == "__main__":
@@ -335,8 +336,9 @@ def _shown(err: str, job: int, dest: str) -> str:
 def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(
     tmp_path: Path, variable: str, text: str, dest: str, shown: str, planned: dict
 ) -> None:
-    """``NUMARUN_BINDING=none python app.py -m hydra/launcher=numarun``: every job unbound, as in a run; each
-    variable named as the source in each job's ``--show-sources`` block."""
+    """``NUMARUN_BINDING=none python app.py -m hydra/launcher=numarun``: every job unbound, as in a run (its
+    process on every CPU the sweep has, not its slot's); each variable named as the source in each job's
+    ``--show-sources`` block."""
     (tmp_path / "app.py").write_text(PLAN_APP)
     (tmp_path / "out").mkdir()
     proc = sweep(tmp_path, "+x=1,2", "hydra.launcher.options=[--show-sources]", **{variable: text})
@@ -346,6 +348,11 @@ def test_each_variable_reaches_every_job_of_a_sweep_as_it_reaches_a_run(
     plans = {p.name: json.loads(p.read_text()) for p in (tmp_path / "out").glob("plan.*")}
     assert len(plans) == 2 * planned.get("world", 1), plans
     assert all(p.items() >= planned.items() for p in plans.values()), plans
+    every = sorted(os.sched_getaffinity(0))  # the sweep's own CPUs: it inherits this process's
+    if variable == "NUMARUN_BINDING":  # unbound: the kernel's answer in each rank is the whole of the sweep's
+        assert all(p["cpus"] == every for p in plans.values()), plans
+    elif len(every) > 1:  # bound: each rank on a part of them
+        assert all(set(p["cpus"]) < set(every) for p in plans.values()), plans
 
 
 def test_numarun_topology_reaches_the_sweeps_slots(app: Path) -> None:

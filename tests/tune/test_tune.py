@@ -108,8 +108,12 @@ def test_summary_by_throughput_and_json_shape() -> None:
     assert j["best"]["options"] == {"binding": "none"}
     assert set(j["candidates"][0]) >= {"options", "runs_s", "median_s", "throughput"}
     assert j["candidates"][0]["runs_s"] == [3, 3, 3]
-    text = table(s, default=0, winner=w)
-    assert "(default)" in text and "*best*" in text and "1.818x" in text
+    head, rule, *rows = table(s, default=0, winner=w).splitlines()
+    assert head.split() == ["candidate", "median", "samples/s", "range", "median", "s", "peak", "MiB", "vs", "default"]
+    assert set(rule) == {"─"} and len(rule) == len(head)  # rich's rule under the header
+    assert rows[0].split() == ["binding=exclusive", "(default)", "11", "10-12", "3.000", "-", "1.000x"]
+    assert rows[1].split() == ["binding=none", "*best*", "20", "1-22", "3.000", "-", "1.818x"]
+    assert {len(r) for r in rows} == {len(head)}  # numbers right-aligned under their headers
 
 
 def test_summary_by_time_when_throughput_missing() -> None:

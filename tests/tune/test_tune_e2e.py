@@ -44,7 +44,7 @@ def test_fake_job_is_tuned_to_its_fastest_binding(tmp_path: Path) -> None:
             "2",
             "--trials",
             "2",
-            "--json",
+            "--json-file",
             "t.json",
             "--save",
             "best.json",
@@ -87,7 +87,7 @@ def test_fake_job_is_tuned_to_its_fastest_binding(tmp_path: Path) -> None:
 def test_omp_candidates_set_the_workers_threads(tmp_path: Path) -> None:
     script = tmp_path / "omp.py"
     script.write_text("import os, numarun\nnumarun.report(samples=int(os.environ['OMP_NUM_THREADS']), seconds=1)\n")
-    r = tune(["--omp", "1,3", "--trials", "1", "--json", "t.json", "--save", "p.json", str(script)], tmp_path)
+    r = tune(["--omp", "1,3", "--trials", "1", "--json-file", "t.json", "--save", "p.json", str(script)], tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "t.json").read_text())
     assert [c["throughput"] for c in report["candidates"]] == [1.0, 3.0]
@@ -99,10 +99,11 @@ def test_omp_candidates_set_the_workers_threads(tmp_path: Path) -> None:
 def test_wall_time_when_nothing_is_reported(tmp_path: Path) -> None:
     script = tmp_path / "plain.py"
     script.write_text("pass\n")
-    r = tune(["--binding", "exclusive,none", "--trials", "1", "--json", "t.json", str(script)], tmp_path)
+    r = tune(["--binding", "exclusive,none", "--trials", "1", "--json", str(script)], tmp_path)
     assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "t.json").read_text())
+    report = json.loads(r.stdout)  # --json: the results on stdout, alone, as topo, plan and doctor print theirs
     assert report["unit"] == "s" and all(c["throughput"] is None and c["median_s"] > 0 for c in report["candidates"])
+    assert report["best"]["options"]["binding"] in ("exclusive", "none")
 
 
 def test_hydra_override_lists_report_throughput_and_peak_memory(tmp_path: Path) -> None:
@@ -112,7 +113,7 @@ def test_hydra_override_lists_report_throughput_and_peak_memory(tmp_path: Path) 
             "1",
             "--trials",
             "1",
-            "--json",
+            "--json-file",
             "t.json",
             TRAIN,
             "trainer.batch_size=4,8",
@@ -133,7 +134,7 @@ def test_hydra_override_lists_report_throughput_and_peak_memory(tmp_path: Path) 
 def test_a_failing_candidate_stops_the_tune(tmp_path: Path) -> None:
     script = tmp_path / "fail.py"
     script.write_text("import sys\nsys.exit(3)\n")
-    r = tune(["--binding", "exclusive,none", "--trials", "1", "--json", "t.json", str(script)], tmp_path)
+    r = tune(["--binding", "exclusive,none", "--trials", "1", "--json-file", "t.json", str(script)], tmp_path)
     assert r.returncode == 1
     assert "candidate 'binding=exclusive' failed" in r.stderr
     assert not (tmp_path / "t.json").exists()
@@ -147,7 +148,7 @@ def test_a_failing_candidate_stops_the_tune(tmp_path: Path) -> None:
         (["--omp", "2,zero", "x.py"], "'zero'"),
         (["--binding", "none", "missing.py"], "missing.py"),
         (["x.py"], "nothing to compare"),
-        (["--binding", "none", "--json", "no/such/dir/t.json", "x.py"], "no/such/dir/t.json"),
+        (["--binding", "none", "--json-file", "no/such/dir/t.json", "x.py"], "--json-file 'no/such/dir/t.json'"),
         (["--binding", "none", "--save", ".", "x.py"], "--save '.'"),
     ],
 )

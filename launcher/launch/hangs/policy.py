@@ -10,7 +10,7 @@ from ... import envvars
 from ...argtypes import seconds
 
 DEFAULT_TIMEOUT_S = 300.0
-"""``--hang-timeout``'s default (docs/hangs.md, "The default"): half of NCCL's own collective timeout (10 min), so
+"""``--hang-timeout``'s default (docs/hangs.md, "Options"): half of NCCL's own collective timeout (10 min), so
 the roll-call comes while every rank still stands where it hangs, before NCCL's watchdog tears the ranks down; far
 longer than a healthy job goes without a collective or an optimizer step; minutes, not a queue's time limit."""
 EXIT_HANG = 75
