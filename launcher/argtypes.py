@@ -32,7 +32,16 @@ MAX_COUNT = 1_000_000
 
 E = TypeVar("E", bound=enum.Enum)
 
-_WHOLE = re.compile(r"\s*[+-]?\d{1,30}\s*")
+_WHOLE = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
+_DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
+"""A number of seconds or a fraction as people type one (``float()`` also reads ``1_000``, ``٣٠`` and ``２``)."""
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is a whole number as people type one, ASCII digits only. ``str.isdigit()`` is also true for
+    characters ``int()`` refuses (superscripts: ``'²'``: a traceback after the check) and for other scripts' digits
+    (``'٢'``, ``'２'``, which ``int()`` reads: a layout ``--mesh`` refuses would pass elsewhere)."""
+    return text.isascii() and text.isdigit()
 
 
 def check_int(text: object, flag: str, *, low: int, high: int) -> int:
@@ -47,7 +56,7 @@ def check_float(text: object, flag: str, *, low: float, high: float, above: bool
     """``text`` as a finite number in [low, high] (``above``: low excluded); ValueError otherwise."""
     s = str(text).strip()
     try:
-        value = float(s)
+        value = float(s) if _DECIMAL.fullmatch(s) else math.nan
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or not (value > low if above else value >= low) or value > high:

@@ -44,6 +44,10 @@ def main(args: argparse.Namespace) -> int:
     from .planning import Planner, announce, detect_job
 
     job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
+    if options.nnodes is not None:  # read where a --mesh layout is planned; refused as one line without one too
+        from ..plan.mesh import parse_nnodes
+
+        parse_nnodes(str(options.nnodes))
     if args.jobs:
         from ..sweep.launch import describe
 

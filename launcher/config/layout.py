@@ -9,9 +9,11 @@ number of nodes) or ``nproc_per_node`` (the ranks of one node), resolved with th
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..argtypes import ascii_digits
 from ..errors import TrainerLayoutError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -85,7 +87,7 @@ def _product(layout: Layout) -> str:
 
 
 def _degree(key: str, raw: Any, *, nnodes: int | None, nproc_per_node: int | None) -> int:
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+    if isinstance(raw, str) and ascii_digits(raw.strip().removeprefix("-")):
         raw = int(raw)
     if isinstance(raw, bool) or not isinstance(raw, (int, str)):
         raise TrainerLayoutError(
@@ -122,13 +124,20 @@ def layout_of(parallel_cfg: Any, *, nnodes: int | None = None, nproc_per_node: i
     if len(rest) > 1:
         raise TrainerLayoutError(
             f"bad layout {','.join(f'{d}={values[d]}' for d in DIMS)}: "
-            f"{' and '.join(f'parallel.{d}' for d in rest)} are both -1; expected at most one degree -1 (the rest)"
+            f"{_and(f'parallel.{d}' for d in rest)} are {'both' if len(rest) == 2 else 'all'} -1; expected at most one "
+            "degree -1 (the rest)"
         )
     if values["cp"] != 1:
         raise TrainerLayoutError(
             f"bad parallel.cp {values['cp']!r}: context parallelism is not built; expected parallel.cp=1"
         )
     return Layout(**values)
+
+
+def _and(items: Iterable[str]) -> str:
+    """``a and b``, ``a, b and c``."""
+    *head, last = items
+    return f"{', '.join(head)} and {last}" if head else last
 
 
 def _get(cfg: Any, key: str) -> Any:

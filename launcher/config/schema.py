@@ -209,6 +209,11 @@ ENUM_KEYS: dict[str, type[enum.Enum]] = {
 }
 
 
+def _count(n: Any) -> bool:
+    """A block count: a whole number >= 0 (OmegaConf lets a nested list through a ``list[int]`` field)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
 def check_values(cfg: Any) -> None:
     """Checks the types cannot express; raises ConfigError naming the key and the expected form."""
     for key, enum_type in ENUM_KEYS.items():
@@ -224,7 +229,7 @@ def check_values(cfg: Any) -> None:
     for key in ("pp_microbatches", "pp_stages_per_rank"):
         if (value := cfg.parallel[key]) is not None and value < 1:
             raise ConfigError(f"bad parallel.{key} {value!r}: expected an integer >= 1, or null")
-    if (split := cfg.parallel.pp_split) is not None and (not len(split) or any(n < 0 for n in split)):
+    if (split := cfg.parallel.pp_split) is not None and (not len(split) or not all(_count(n) for n in split)):
         raise ConfigError(f"bad parallel.pp_split {list(split)!r}: expected a list of block counts >= 0, one per stage")
     bs = cfg.trainer.batch_size
     if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):

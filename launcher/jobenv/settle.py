@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..argtypes import ascii_digits
 from ..errors import UsageError
 from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
@@ -109,7 +110,7 @@ def _who(shape: JobShape) -> str:
 
 def _nnodes_range(text: str) -> tuple[int, int] | None:
     parts = text.split(":")
-    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts):
+    if len(parts) > 2 or not all(ascii_digits(p.strip()) and len(p.strip()) <= 9 for p in parts):
         return None
     return int(parts[0]), int(parts[-1])
 

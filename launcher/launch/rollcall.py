@@ -21,6 +21,7 @@ import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..cpuset import format_list
 from ..worker.progress import COLLECTIVES
@@ -54,6 +55,34 @@ class Frame:
 
 
 @dataclass(frozen=True)
+class Helper:
+    """Where a process or thread a rank started stands: a DataLoader worker, a checkpoint writer, a save thread
+    (JSON-able, inside a :class:`Stand`)."""
+
+    label: str
+    """``DataLoader worker 1``, ``process 'ckpt-writer'``, ``thread 'save'``."""
+    pid: int = 0
+    """A process's pid; 0 for a thread of the rank."""
+    where: str = ""
+    function: str = ""
+    call: str = ""
+    package: str = ""
+    kernel: str = ""
+    """What the kernel says of it when that tells something (stopped, asleep in the kernel: where a process without
+    a Python stack stands)."""
+
+    def line(self) -> str:
+        """``DataLoader worker 1 (pid 4243) is at data.py:24 in __getitem__``."""
+        who = f"{self.label} (pid {self.pid})" if self.pid else self.label
+        parts = [self.kernel] if self.kernel else []
+        if self.where:
+            parts.append(f"at {self.where} in {_what(self.call, self.package, self.function)}")
+        elif self.call:
+            parts.append(f"in {_what(self.call, self.package, self.function)}")
+        return f"{who} is {', '.join(parts)}" if parts else f"{who} gave no stack"
+
+
+@dataclass(frozen=True)
 class Stand:
     """Where one rank stands (JSON-able: it crosses nodes through the rendezvous store)."""
 
@@ -76,22 +105,60 @@ class Stand:
     """The torch.distributed collective the rank's main thread is inside (counted by numarun's worker)."""
     exit_code: int | None = None
     note: str = ""
+    kernel: str = ""
+    """What the kernel says of a running rank that cannot move: stopped (state T or t), in uninterruptible sleep
+    (state D, with the kernel function it sleeps in); '' otherwise."""
+    kernel_stack: tuple[str, ...] = ()
+    """The kernel stack of a rank in state D, innermost first (where ``/proc/<pid>/stack`` is readable)."""
+    helpers: tuple[Helper, ...] = ()
+    """Where its DataLoader workers, other child processes and other threads stand."""
+    sampled: bool = False
+    """Its frames are its last heartbeat's (it could not dump them when asked)."""
 
     @property
     def waiting(self) -> bool:
+        if self.kernel:
+            return False
         return bool(self.inside) or (self.package.startswith("torch.distributed") and self.call in _COLLECTIVE_NAMES)
 
     def place(self) -> str:
         """``at train.py:20 in all_reduce (torch.distributed)``, ``at train.py:9 in load_batch``, ``has exited (code
-        0)``."""
+        0)``, ``stopped (state T: ...), at train.py:9 in load_batch``."""
         if self.state == "exited":
             return "has exited" + (f" (code {self.exit_code})" if self.exit_code is not None else "")
-        if self.state == "silent" or not self.where:
+        if (self.state == "silent" or not self.where) and not self.kernel:
             return "gave no stack" + (f" ({self.note})" if self.note else "")
         call = self.inside or self.call
         pkg = self.package or ("torch.distributed" if self.inside else "")
-        what = f"{call} ({pkg})" if call and pkg else call or self.function
-        return f"at {self.where} in {what}"
+        seen = "last sampled " if self.kernel and self.sampled else ""  # stopped before the sample: older
+        at = f"{seen}at {self.where} in {_what(call, pkg, self.function)}" if self.where else ""
+        return f"{self.kernel}, {at}" if self.kernel and at else self.kernel or at
+
+    def details(self) -> list[str]:
+        """What the roll-call adds under a rank that is not waiting in a collective: its kernel stack, its
+        helpers (at most :data:`MAX_HELPERS`)."""
+        out = []
+        if self.kernel_stack:
+            out.append("kernel stack: " + " < ".join(self.kernel_stack[:MAX_KERNEL_FRAMES]))
+        out += [h.line() for h in self.helpers[:MAX_HELPERS]]
+        if len(self.helpers) > MAX_HELPERS:
+            out.append(f"{len(self.helpers) - MAX_HELPERS} other helpers are in the stacks file")
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Stand:
+        """The inverse of ``dataclasses.asdict`` (the store carries JSON)."""
+        helpers = tuple(Helper(**h) for h in d.get("helpers") or ())
+        return Stand(**{**d, "helpers": helpers, "kernel_stack": tuple(d.get("kernel_stack") or ())})
+
+
+MAX_HELPERS = 8
+"""Helper lines under one rank; the rest are in the stacks file."""
+MAX_KERNEL_FRAMES = 8
+
+
+def _what(call: str, package: str, function: str) -> str:
+    return f"{call} ({package})" if call and package else call or function
 
 
 _COLLECTIVE_NAMES = frozenset({*COLLECTIVES, "wait"})
@@ -164,6 +231,33 @@ def locate(frames: Sequence[Frame], roots: Sequence[str], cwd: str = "") -> tupl
         break
     top = frames[user]
     return f"{display_path(top.file, cwd)}:{top.line}", top.function, call, package
+
+
+_MP_PROCESS = os.path.join("multiprocessing", "process.py")
+
+
+def _bootstrap(f: Frame) -> bool:
+    """A thread's or a multiprocessing child's own start-up frames: never where it stands."""
+    name = os.path.basename(f.file)
+    if name == "threading.py":
+        return f.function in ("_bootstrap", "_bootstrap_inner", "run")
+    return os.path.basename(os.path.dirname(f.file)) == "multiprocessing" and name in ("process.py", "spawn.py")
+
+
+def locate_helper(frames: Sequence[Frame], roots: Sequence[str], cwd: str = "") -> tuple[str, str, str, str]:
+    """(where, function, call, package) of a helper's main thread (a thread or a multiprocessing child), innermost
+    first: as :func:`locate` where it is in the user's code; else ``where`` '' and the outermost library call that
+    is not start-up (``_worker_loop`` of ``torch.utils.data``: an idle DataLoader worker)."""
+    # a forked child's stack goes on below its multiprocessing bootstrap with its parent's frames: cut there
+    cut = next((i for i, f in enumerate(frames) if f.function == "_bootstrap" and f.file.endswith(_MP_PROCESS)), None)
+    frames = frames if cut is None else frames[: cut + 1]
+    if not all(is_library(f.file, roots) for f in frames):
+        return locate(frames, roots, cwd)
+    for f in reversed(frames):
+        if f.function in WRAPPERS or _plumbing(f.file) or f.file.startswith("<") or _bootstrap(f):
+            continue
+        return "", f.function, f.function, package_of(f.file, roots)
+    return "", "", "", ""
 
 
 def display_path(path: str, cwd: str) -> str:
@@ -268,7 +362,13 @@ def lines(stands: Sequence[Stand], *, multi_node: bool = False) -> list[str]:
             text = f"{verb} {text}"
         elif text.startswith("has ") and n > 1:
             text = "have " + text[4:]
+        elif not text.startswith(("has ", "gave ")):  # stopped, asleep in the kernel
+            text = f"{'is' if n == 1 else 'are'} {text}"
         out.append(f"{who} {text}")
+        if not g.waiting:
+            for s in g.stands:
+                whose = "its" if n == 1 else f"rank {s.rank}'s"
+                out += [f"  {whose} {line}" for line in s.details()]
     odd = [r for g in found if g is not main for r in g.ranks]
     if main is None and len(found) > 1:
         out.append(f"=> the ranks stand in {len(found)} places, none where most are")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ascii_digits
 from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
 from ..fsutil import cache_dir, write_atomic
@@ -245,7 +245,7 @@ def check_rdzv_conf(conf: str) -> dict[str, str]:
         if not sep or not key:
             raise UsageError(f"bad --rdzv-conf {conf!r}: {item!r} is not KEY=VALUE; expected {form}")
         if key in RDZV_INT_KEYS:
-            if not value.isdigit() or not 1 <= int(value) <= MAX_SECONDS:  # torch passes it to C as an int
+            if not ascii_digits(value) or not 1 <= int(value) <= MAX_SECONDS:  # torch passes it to C as an int
                 raise UsageError(
                     f"bad --rdzv-conf {conf!r}: {key}={value!r} is not a whole number of seconds from 1 to "
                     f"{MAX_SECONDS}; "
@@ -355,7 +355,7 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     nnodes = str(options.get("nnodes", "1"))
     parts = nnodes.split(":")
     form = f"N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
-    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 30 for p in parts):
+    if len(parts) > 2 or not all(ascii_digits(p.strip()) and len(p.strip()) <= 30 for p in parts):
         raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
     low, high = int(parts[0]), int(parts[-1])
     if not 1 <= low <= high <= MAX_NODES:

@@ -140,11 +140,11 @@ def parse_mesh(text: str, where: str = "--mesh") -> MeshSpec:
                 f"bad {where} {raw!r}: {name} is named twice; expected each dimension at most once ({FORM})"
             )
         body = value[1:] if value.startswith(("-", "+")) else value
-        if not body.isdigit() or not body.isascii() or len(body) > 9:
+        if not body.isdigit() or not body.isascii():  # '٢' and '２' are digits to Python, not here
             raise LayoutError(
                 f"bad {where} {raw!r}: {name}={value!r} is not an integer; expected a positive size or -1 ({FORM})"
             )
-        size = int(value)
+        size = int(value) if len(body) <= 9 else MAX_SIZE + 1
         if size == -1:
             if -1 in sizes:
                 other = names[sizes.index(-1)]
@@ -153,9 +153,8 @@ def parse_mesh(text: str, where: str = "--mesh") -> MeshSpec:
                     f"dimension ({FORM})"
                 )
         elif not 1 <= size <= MAX_SIZE:
-            raise LayoutError(
-                f"bad {where} {raw!r}: {name}={size} is not a positive size; expected 1 to {MAX_SIZE} or -1 ({FORM})"
-            )
+            why = "is not a positive size" if size < 1 else f"is past {MAX_SIZE}"
+            raise LayoutError(f"bad {where} {raw!r}: {name}={value} {why}; expected 1 to {MAX_SIZE} or -1 ({FORM})")
         names.append(name)
         sizes.append(size)
     return MeshSpec(tuple(names), tuple(sizes), where)

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..argtypes import ascii_digits
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
@@ -36,7 +37,7 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     parts = str(text).strip().split(":")
     if (
         len(parts) > 2
-        or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts)
+        or not all(ascii_digits(p.strip()) and len(p.strip()) <= 9 for p in parts)
         or not (1 <= int(parts[0]) <= int(parts[-1]))
     ):
         raise LayoutError(f"bad --nnodes {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4")

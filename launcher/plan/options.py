@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import MAX_LOCAL_RANKS
+from ..argtypes import MAX_LOCAL_RANKS, ascii_digits
 from ..errors import UsageError
 from .model import PlanRequest
 
@@ -33,7 +33,7 @@ def parse_nproc(text: str) -> int | str | None:
     if text in NPROC_KEYWORDS:
         return text
     try:
-        value = int(text) if len(text) <= 30 else 0
+        value = int(text) if ascii_digits(text.strip()) and len(text) <= 30 else 0  # not '٢', nor '1_6' (16)
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from .. import envvars
+from ..argtypes import ascii_digits
 from ..errors import TopologyError
 
 MAX_BYTES = 1 << 30
@@ -40,7 +41,7 @@ def _cap(name: str, default: int) -> int:
     text = os.environ.get(name, "")
     if not text:
         return default
-    if not text.isdigit() or int(text) < 1:
+    if not ascii_digits(text) or int(text) < 1:
         raise TopologyError(f"bad {name} {text!r}: expected a positive whole number")
     return int(text)
 

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .. import jsonable
+from ..argtypes import ascii_digits
 from ..cpuset import parse_list, parse_mask
 from ..errors import CpuListError, TopologyError
 from .fileio import read_bounded
@@ -310,7 +311,7 @@ def _distance_row(r: _Reader, p: Path, ids: list[int], possible: tuple[int, ...]
         r.note(f"{r.show(p)} missing; NUMA distances unknown")
         return ()
     parts = text.split()
-    if all(x.isdigit() for x in parts):
+    if all(ascii_digits(x) for x in parts):
         if len(parts) == len(ids):
             return tuple(int(x) for x in parts)
         if len(parts) == len(possible) and set(ids) <= set(possible):

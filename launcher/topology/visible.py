@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from ..argtypes import ascii_digits
 from ..errors import VisibleDevicesError
 from .model import Gpu, Topology
 from .pci import pci_order
@@ -90,7 +91,7 @@ def _resolve(entry: str, gpus: tuple[Gpu, ...], whole: str) -> Gpu:
             f"{bad} is a MIG instance; MIG instances are not supported for binding, expected GPU indices or GPU UUIDs "
             f"({_FORM})"
         )
-    if entry.lstrip("-").isdigit():
+    if ascii_digits(entry.removeprefix("-")):
         i = int(entry)
         if not 0 <= i < len(gpus):
             valid = f"0-{len(gpus) - 1}" if gpus else "none: this topology has no GPUs"

@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..argtypes import MAX_LOCAL_RANKS
+from ..argtypes import MAX_LOCAL_RANKS, ascii_digits
 from ..errors import UsageError
 from ..plan.model import BindingMode, MemPolicy
 
@@ -70,7 +70,7 @@ def mem_policy_axis(text: str) -> Axis:
 def omp_axis(text: str) -> Axis:
     values = _split("--omp", text)
     for v in values:
-        if v != OMP_FROM_PLAN and not (v.isdigit() and 1 <= int(v) <= MAX_LOCAL_RANKS):
+        if v != OMP_FROM_PLAN and not (ascii_digits(v) and 1 <= int(v) <= MAX_LOCAL_RANKS):
             raise UsageError(
                 f"bad --omp value {v!r} in {text!r}: expected a list of integers from 1 to {MAX_LOCAL_RANKS} or 'plan'"
             )

@@ -14,13 +14,19 @@ Installed by the bootstrap before the user's code is imported (:func:`install`),
   counters can. No torch import here: the counters are wrapped when the user's code imports torch;
 * **a dump handler**: ``faulthandler`` writes every thread's Python stack to ``stacks.<local rank>`` when numarun
   sends :data:`DUMP_SIGNAL`, from a C-level handler: it answers while the main thread is blocked in C code or a
-  thread holds the GIL, and needs no ptrace (containers rarely allow it).
+  thread holds the GIL, and needs no ptrace (containers rarely allow it);
+* **helpers' dump handlers**: every ``multiprocessing`` child a rank starts (a DataLoader worker, a checkpoint
+  writer, a process pool's worker), whatever its start method (fork, spawn, forkserver), runs its target through
+  :func:`run_helper`, which registers the same handler writing to ``helper.<local rank>.<pid>`` (the target is
+  wrapped as the parent starts the process: a spawned child unpickles the wrapper and so imports this module). The
+  roll-call then shows where a rank's workers stand, not only that its main thread waits for them.
 
 The heartbeat format (:data:`FORMAT`) is read by :mod:`numarun.launch.hangs`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import importlib.abc
@@ -49,6 +55,9 @@ DUMP_SIGNAL = signal.SIGRTMIN + 6
 in."""
 HEARTBEAT = "progress.{local_rank}"
 STACKS = "stacks.{local_rank}"
+HELPER = "helper.{local_rank}.{pid}"
+"""A helper process's dump file; its first line is :data:`HELPER_HEAD` and JSON saying what it is."""
+HELPER_HEAD = "# numarun helper "
 MAX_FRAMES = 80
 """Frames of the main thread kept in a heartbeat: the innermost 60 and the outermost 20 (a recursion is cut in the
 middle)."""
@@ -173,6 +182,7 @@ def patch_optimizer(module: ModuleType, counters: Counters = COUNTERS) -> bool:
 
 
 PATCHES: dict[str, Callable[[ModuleType], object]] = {C10D: patch_c10d, OPTIMIZER: patch_optimizer}
+MULTIPROCESSING = "multiprocessing.process"
 
 
 class _After(importlib.abc.Loader):
@@ -220,10 +230,10 @@ class _PostImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install_counters(counters: Counters = COUNTERS) -> None:
-    """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are."""
+def when_imported(patches: Mapping[str, Callable[[ModuleType], object]]) -> None:
+    """Each ``patch(module)``: at once for a module already imported, else as it is."""
     pending = {}
-    for name, patch in PATCHES.items():
+    for name, patch in patches.items():
         module = sys.modules.get(name)
         if module is not None:
             patch(module)
@@ -231,6 +241,86 @@ def install_counters(counters: Counters = COUNTERS) -> None:
             pending[name] = patch
     if pending:
         sys.meta_path.insert(0, _PostImport(pending))
+
+
+def install_counters(counters: Counters = COUNTERS) -> None:
+    """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are."""
+    when_imported(PATCHES)
+
+
+# ----------------------------------------------------------------------------- helper processes
+
+_helper_dump: Any = None  # the helper's dump file, kept open for faulthandler
+
+
+def helper_label(target: Any, args: Sequence[Any], kwargs: Mapping[str, Any], name: str) -> str:
+    """What a multiprocessing child is, for the roll-call: ``DataLoader worker 1``, ``process 'ckpt-writer'``."""
+    if getattr(target, "__name__", "") == "_worker_loop" and str(getattr(target, "__module__", "")).startswith(
+        "torch.utils.data"
+    ):
+        import inspect
+
+        try:
+            worker = inspect.signature(target).bind(*args, **kwargs).arguments.get("worker_id")
+        except (TypeError, ValueError):
+            worker = None
+        return f"DataLoader worker {worker}" if isinstance(worker, int) else "DataLoader worker"
+    return f"process {name!r}"
+
+
+def arm_helper(label: str, environ: Mapping[str, str] = os.environ) -> Path | None:
+    """In a rank's multiprocessing child: the dump handler, writing to :data:`HELPER` after a head line saying what
+    this process is and which thread is its main one. None outside a job numarun started."""
+    global _helper_dump
+    state = environ.get(envvars.STATE_DIR)
+    if not state or not os.path.isdir(state):
+        return None
+    head = {"label": label, "pid": os.getpid(), "main": threading.get_ident()}
+    path = Path(state) / HELPER.format(local_rank=identity(environ)["local_rank"], pid=os.getpid())
+    try:
+        dump = open(path, "w")  # noqa: SIM115  (faulthandler keeps it)
+        dump.write(HELPER_HEAD + json.dumps(head) + "\n")
+        dump.flush()
+        faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError) as e:
+        log.debug("no stack dump handler in %s: %s", label, e)
+        return None
+    _helper_dump = dump
+    return path
+
+
+def run_helper(label: str, target: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """A multiprocessing child's target, run with its own dump handler (:func:`arm_helper`); its file goes with
+    it."""
+    path = arm_helper(label)
+    try:
+        return target(*args, **kwargs)
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                faulthandler.unregister(DUMP_SIGNAL)
+                path.unlink()
+
+
+def patch_multiprocessing(module: ModuleType) -> bool:
+    """``BaseProcess.start`` wraps the process's target in :func:`run_helper` (its label made here, where the
+    target's arguments are known). Idempotent."""
+    cls = getattr(module, "BaseProcess", None)
+    start = getattr(cls, "start", None)
+    if start is None or hasattr(start, "__numarun_wrapped__"):
+        return False
+
+    @functools.wraps(start)
+    def start_with_dump_handler(self: Any) -> Any:
+        target = getattr(self, "_target", None)
+        if target is not None and getattr(target, "func", None) is not run_helper:
+            args, kwargs = tuple(getattr(self, "_args", ())), dict(getattr(self, "_kwargs", {}))
+            self._target = functools.partial(run_helper, helper_label(target, args, kwargs, self.name), target)
+        return start(self)
+
+    start_with_dump_handler.__numarun_wrapped__ = start  # type: ignore[attr-defined]
+    cls.start = start_with_dump_handler  # type: ignore[union-attr]
+    return True
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -306,7 +396,7 @@ class Sampler:
             "steps": self.counters.steps,
             "inside": inside,
             "frames": self._frames,
-            "threads": {str(t.ident): t.name for t in threading.enumerate()},
+            **thread_names(),
             "samples": self.samples,
             "sampler_cpu_s": round(self.cpu_s, 6),
             "interval": self.interval,
@@ -330,6 +420,16 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def thread_names() -> dict[str, dict[str, Any]]:
+    """The heartbeat's ``threads`` (ident -> name, for the dumps' ``Thread 0x...`` headers) and ``tids`` (ident ->
+    the kernel's thread id, for ``/proc/<pid>/task/<tid>``: a thread asleep in the kernel)."""
+    threads = threading.enumerate()
+    return {
+        "threads": {str(t.ident): t.name for t in threads},
+        "tids": {str(t.ident): t.native_id for t in threads if t.native_id is not None},
+    }
 
 
 def write_heartbeat(path: Path, beat: Mapping[str, Any]) -> None:
@@ -385,6 +485,7 @@ def install(environ: Mapping[str, str]) -> Sampler | None:
     except (OSError, ValueError, RuntimeError) as e:
         log.debug("no stack dump handler: %s", e)
         return None
+    when_imported({MULTIPROCESSING: patch_multiprocessing})
     interval = sample_interval(environ)
     path = Path(state) / HEARTBEAT.format(local_rank=local)
     if interval <= 0:  # the dump handler only: one heartbeat says it is in place
@@ -394,7 +495,7 @@ def install(environ: Mapping[str, str]) -> Sampler | None:
                 **who,
                 "t": time.monotonic(),
                 "sampling": False,
-                "threads": {str(t.ident): t.name for t in threading.enumerate()},
+                **thread_names(),
             },
         )
         return None

@@ -16,6 +16,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ P4D = str(FIX / "nvidia-smi" / "aws-p4d.24xlarge.txt")  # 8 GPUs, no UUIDs
 P4 = str(FIX / "nvidia-smi" / "tesla-p4-1gpu-numa-NA.txt")  # 1 GPU, 8 CPUs
 NODE0 = "sys/devices/system/node/node0/cpulist"
 LAYOUT2 = f"--topology {P4D} --nproc-per-node 2 {TRAIN} model=gpt trainer.batch_size=16 parallel=fsdp"
+PLAN2 = f"plan --topology {P4D} --nproc-per-node 2"
 
 
 # {bad}: a folder of broken inputs built by the `bad` fixture; {tree}: a sysfs tree.
@@ -303,6 +306,74 @@ CASES: list[Case] = [
     # --- every option checked before any rank starts
     case("bench-size-before-ranks", "bench allreduce --sizes 1e400", "'1e400'", "binary units"),
     case("bench-rate-before-ranks", "bench allreduce --link-rate fast", "'fast'", "200mbit"),
+    # --- a parallel layout: --mesh, NUMARUN_MESH, launcher.mesh, the trainer's parallel.* (docs/layouts.md)
+    case(
+        "mesh-fullwidth-digit",
+        f"{PLAN2} --mesh tp=\uff12",
+        "--mesh 'tp=\uff12'",
+        "is not an integer",
+        "pp=2,dp_shard=-1",
+    ),
+    case("mesh-arabic-digit", f"{PLAN2} --mesh tp=\u0662", "'tp=\u0662'", "is not an integer"),
+    case("mesh-superscript-digit", f"{PLAN2} --mesh tp=\u00b2", "'tp=\u00b2'", "is not an integer"),
+    case("mesh-upper-case", f"{PLAN2} --mesh TP=2", "unknown dimension 'TP'", "pp, dp_replicate, dp_shard, cp, tp"),
+    case("mesh-empty-part", f"{PLAN2} --mesh tp=2,,pp=1", "'tp=2,,pp=1'", "'' is not name=size"),
+    case("mesh-trailing-comma", f"{PLAN2} --mesh tp=2,", "'tp=2,'", "is not name=size"),
+    case("mesh-empty", [*PLAN2.split(), "--mesh", ""], "--mesh ''", "empty", "name=size"),
+    case("mesh-odd-characters", f"{PLAN2} --mesh tp=2;rm", "tp='2;rm'", "is not an integer"),
+    case("mesh-no-size", f"{PLAN2} --mesh tp", "'tp' is not name=size", "name=size"),
+    case(
+        "mesh-huge",
+        f"{PLAN2} --mesh tp=99999999999999999999",
+        "tp=99999999999999999999 is past 1048576",
+        "1 to 1048576",
+    ),
+    case("mesh-zero", f"{PLAN2} --mesh tp=0", "tp=0 is not a positive size", "or -1"),
+    case("mesh-minus-zero", f"{PLAN2} --mesh tp=-0", "tp=-0 is not a positive size", "or -1"),
+    case("mesh-two-rests", f"{PLAN2} --mesh tp=-1,pp=-1", "-1 for both tp and pp", "at most one"),
+    case("mesh-named-twice", f"{PLAN2} --mesh tp=1,tp=2", "tp is named twice", "at most once"),
+    case("mesh-product", f"{PLAN2} --mesh tp=4", "multiply to 4", "product is 2"),
+    case("mesh-env", f"{PLAN2}", "NUMARUN_MESH 'tp=\u0662'", "is not an integer", NUMARUN_MESH="tp=\u0662"),
+    case("mesh-env-upper", f"--dry-run {PLAN2[5:]} {EXIT} 0 0", "NUMARUN_MESH 'TP=2'", "unknown", NUMARUN_MESH="TP=2"),
+    case(
+        "mesh-run", f"--dry-run {PLAN2[5:]} --mesh tp=2,pp=-1,dp_shard=-1 {EXIT} 0 0", "-1 for both pp", "at most one"
+    ),
+    case("mesh-config", [TRAIN, "launcher.mesh=99"], "launcher.mesh '99'", "'99' is not name=size"),
+    case("plan-nnodes-word", f"{PLAN2} --nnodes x", "--nnodes 'x'", "MIN:MAX"),
+    case("run-nnodes-superscript", f"--nnodes 1:\u00b2 {EXIT} 0 0", "--nnodes '1:\u00b2'", "MIN:MAX"),
+    case("pet-nnodes-superscript", f"--nproc-per-node 1 {EXIT} 0 0", "'\u00b2'", "MIN:MAX", PET_NNODES="\u00b2"),
+    case("nproc-arabic-digit", f"--nproc-per-node \u0662 {EXIT} 0 0", "'\u0662'", "positive integer"),
+    case("nproc-underscore", f"--nproc-per-node 1_6 {EXIT} 0 0", "'1_6'", "positive integer"),
+    case("master-port-fullwidth", f"--master-port \uff12\uff19\uff15\uff10\uff10 {EXIT} 0 0", "'\uff12", "1 to 65535"),
+    case("rdzv-conf-superscript", f"--rdzv-conf join_timeout=\u00b2 {EXIT} 0 0", "join_timeout='\u00b2'", "from 1 to"),
+    case("cvd-superscript", f"plan --topology {P4D}", "'\u00b2'", "GPU indices", CUDA_VISIBLE_DEVICES="\u00b2"),
+    case("cvd-arabic-digit", f"plan --topology {P4D}", "'\u0662'", "GPU indices", CUDA_VISIBLE_DEVICES="\u0662"),
+    case("tune-omp-superscript", f"tune --omp \u00b2,1 --binding none,node {EXIT}", "'\u00b2'", "integers from 1"),
+    case("layout-degree-superscript", [*LAYOUT2.split(), "parallel.tp='\u00b2'"], "parallel.tp '\u00b2'", ">= 1"),
+    case("layout-degree-arabic", [*LAYOUT2.split(), "parallel.tp='\u0662'"], "parallel.tp '\u0662'", ">= 1"),
+    case("layout-degree-two-minus", [*LAYOUT2.split(), "parallel.tp='--2'"], "parallel.tp '--2'", "-1 (the rest)"),
+    case("layout-degree-zero", f"{LAYOUT2} parallel.tp=0", "parallel.tp 0", "integer >= 1"),
+    case("layout-three-rests", f"{LAYOUT2} parallel.pp=-1 parallel.tp=-1", "are all -1", "at most one degree -1"),
+    case("layout-split-nested", f"{LAYOUT2} parallel.pp=2 parallel.pp_split=[[1],[1]]", "[[1], [1]]", "block counts"),
+    case("layout-microbatches-zero", f"{LAYOUT2} parallel.pp=2 parallel.pp_microbatches=0", "microbatches 0", ">= 1"),
+    case("layout-schedule-empty", [*LAYOUT2.split(), "parallel.pp=2", "parallel.pp_schedule=''"], "''", "GPipe, 1F1B"),
+    # --- the hang watchdog's options and numarun stacks (docs/hangs.md)
+    case("hang-timeout-nan", f"--hang-timeout nan {EXIT} 0 0", "--hang-timeout 'nan'", "finite number of seconds"),
+    case("hang-timeout-inf", f"--hang-timeout inf {EXIT} 0 0", "--hang-timeout 'inf'", "finite number of seconds"),
+    case("hang-timeout-overflow", f"--hang-timeout 1e400 {EXIT} 0 0", "'1e400'", "<= 2592000"),
+    case("hang-timeout-arabic", f"--hang-timeout \u0663\u0660 {EXIT} 0 0", "'\u0663\u0660'", "finite number"),
+    case("hang-timeout-underscore", f"--hang-timeout 1_000 {EXIT} 0 0", "'1_000'", "finite number"),
+    case("hang-timeout-env-inf", f"{EXIT} 0 0", "NUMARUN_HANG_TIMEOUT '-inf'", "finite", NUMARUN_HANG_TIMEOUT="-inf"),
+    case(
+        "hang-timeout-config-overflow", [TRAIN, "launcher.hang_timeout=1e400"], "launcher.hang_timeout 'inf'", "finite"
+    ),
+    case("on-hang-upper-case", f"--on-hang STOP {EXIT} 0 0", "--on-hang 'STOP'", "report, stop"),
+    case("on-hang-empty", ["--on-hang", "", EXIT, "0", "0"], "--on-hang ''", "report, stop"),
+    case("stacks-pid-negative", "stacks --pid -5", "--pid '-5'", "from 1 to 4194304"),
+    case("stacks-pid-word", "stacks --pid abc", "--pid 'abc'", "whole number"),
+    case("stacks-pid-arabic", "stacks --pid \u0663", "--pid '\u0663'", "whole number"),
+    case("stacks-pid-init", "stacks --pid 1", "--pid 1", "no numarun job", "numarun stacks --list"),
+    case("stacks-pid-none", "stacks --pid 4194304", "--pid 4194304", "no numarun job"),  # past any pid_max: never a pid
     # --- nesting bounded in every JSON reader
     case("topology-deep-json", "plan --topology {bad}/deep.json", "deep.json", "nested deeper than 64 levels"),
     case(
@@ -432,6 +503,38 @@ def test_bad_input_end_to_end(name: str, bad: Path, tree: Path, tmp_path: Path) 
             timeout=120,
         )
     check_refusal(r.returncode, r.stderr, c, tmp_path)
+
+
+def test_stacks_with_no_job_to_read_is_one_line_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``numarun stacks`` where no job of the user runs: its documented code, 1 (docs/hangs.md)."""
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "work").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where numarun looks for its jobs
+    c = replace(case("stacks-no-job", "stacks", "no numarun job of yours runs on this node", "--pid PID"), code=1)
+    code, err = run_in_process(c.argv, tmp_path / "work", capsys, monkeypatch)
+    check_refusal(code, err, c, tmp_path / "work")
+
+
+@pytest.mark.slow
+def test_stacks_pid_of_a_process_that_adopted_another_job_s_rank_is_no_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``numarun stacks --pid P`` goes through P's children only to find ranks of P's own job: pid 1 (or any
+    subreaper) adopts orphaned ranks of other jobs, and ``--pid 1`` must not show one of those."""
+    state = tmp_path / "numarun-other"
+    state.mkdir()
+    (state / "job.json").write_text(json.dumps({"pid": 4194304, "started": 0.0, "argv": ["numarun", "x.py"]}))
+    (tmp_path / "work").mkdir()
+    child = subprocess.Popen(["sleep", "120"], env={**os.environ, "NUMARUN_STATE_DIR": str(state)})
+    try:  # this process stands for the adopter: the child is its, the job another numarun's
+        c = case("stacks-pid-adopter", f"stacks --pid {os.getpid()}", f"--pid {os.getpid()}", "no numarun job")
+        code, err = run_in_process(c.argv, tmp_path / "work", capsys, monkeypatch)
+    finally:
+        child.kill()
+        child.wait()
+    check_refusal(code, err, c, tmp_path / "work")
 
 
 def test_table_is_large_and_distinct() -> None:

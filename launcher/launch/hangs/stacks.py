@@ -89,7 +89,11 @@ def job_of(pid: int) -> Job:
     for p in candidates:
         state = _environ_of(p).get(envvars.STATE_DIR)
         if state and (record := Path(state) / JOB_FILE).is_file():
-            return _read_job(record)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                job = _read_job(record)
+                # a child counts only as a rank of pid's own job: pid 1's children include any orphaned rank
+                if p == pid or job.pid == pid:
+                    return job
     raise UsageError(
         f"bad --pid {pid}: no numarun job of this user has that pid, nor a rank of one; expected the pid of "
         "a running numarun or of one of its ranks (numarun stacks --list)"

@@ -19,7 +19,7 @@ from typing import Any
 
 from ...fsutil import write_atomic
 from .exchange import ANSWER_WAIT_S, Exchange
-from .node import Dumps, NodeCall, call_node, freeze, render
+from .node import Dumps, NodeCall, call_node, freeze, render, resume
 from .policy import EXIT_HANG, HangPolicy, OnHang
 from .stacks import FIFO
 from .verdict import Summary, Verdict, exit_code, judge, read_beats, summarize
@@ -96,16 +96,19 @@ class HangWatch:
 
     def at_stop(self, signum: int) -> None:
         """The supervisor begins stopping the ranks (a death signal): each rank dumps its stacks now, before
-        torchrun's SIGTERM reaches it; the thread writes where they stood and says where, once."""
+        torchrun's SIGTERM reaches it; the thread writes where they stood and says where, once. A rank stopped by
+        SIGSTOP (a debugger, job control) is continued: the SIGTERM then ends it."""
         with self._stop_lock:  # the loop and the main thread may both call, whichever sees the signal first
-            if self._stop_taken or signum == signal.SIGINT:  # Ctrl-C reaches the ranks themselves, from the terminal
+            if self._stop_taken:
                 return
             self._stop_taken = True
         beats = read_beats(self.state)
-        if not beats:  # no rank started yet: nothing stood anywhere
+        dumps = Dumps(self.state, beats) if beats and signum != signal.SIGINT else None
+        resume(beats)  # a stopped rank would hold the coming SIGTERM pending until torchrun's SIGKILL, 30 s on
+        if dumps is None:  # no rank started yet, or Ctrl-C: it reaches the ranks themselves, from the terminal
             self.stop_written.set()
             return
-        self._stop_asked = (signal.Signals(signum).name, Dumps(self.state, beats))
+        self._stop_asked = (signal.Signals(signum).name, dumps)
         self._poke()
 
     def settle(self, timeout_s: float = 10.0) -> None:
