@@ -208,6 +208,8 @@ LONGEST_FIRST = (
     "test_train_dist.py",
     "test_train_pipeline.py",
     "test_reliability_checkpoint.py",
+    "test_reliability_layouts.py",
+    "test_reliability_soak.py",
     "test_reliability_faults.py",
     "test_hydra_apps.py",
     "test_launch_patterns.py",

@@ -445,12 +445,36 @@ def load(path: Path, parts: Any, optimizers: Any) -> int:
     flat = meta.get("optim_state") == "flat"  # nested: saved by an earlier numarun, whose ranks held one part
     parts, optimizers = _listed(parts), _listed(optimizers)
     pairs, state = _states(parts, optimizers, flat=flat)
+    running = [_implementation(optim_sd) for _, optim_sd in pairs]
     dcp.load(state, checkpoint_id=str(path))
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
-    for (model_sd, optim_sd), part, opt in zip(pairs, parts, optimizers, strict=True):
+    for (model_sd, optim_sd), own, part, opt in zip(pairs, running, parts, optimizers, strict=True):
         # DCP loads tensors in place and puts the other values (lr, momentum...) into the merged dict: read it
         set_model_state_dict(part, {k: state["model"][k] for k in model_sd})
-        set_optimizer_state_dict(
-            part, opt, {k: state["optim"][k] for k in optim_sd} if flat else state["optim"], options=options
-        )
+        loaded = {k: state["optim"][k] for k in optim_sd} if flat else state["optim"]
+        set_optimizer_state_dict(part, opt, _with_implementation(loaded, own), options=options)
     return int(meta["step"])
+
+
+IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
+"""Param-group keys that say how this layout's optimizer runs its step, not what it has learnt: a resume keeps the
+running optimizer's own (a fused AdamW's checkpoint resumed under tensor parallelism, whose DTensors need the
+per-tensor path, failed its first step with 'mixed torch.Tensor and DTensor'; the other way it ran the slow loop)."""
+
+
+def _implementation(optim_sd: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`IMPLEMENTATION` values of an optimizer state dict, flat (``param_groups.<name>.<key>``) or
+    nested (``param_groups``: a list of groups)."""
+    if isinstance(optim_sd.get("param_groups"), list):
+        return {"param_groups": [{k: g[k] for k in IMPLEMENTATION if k in g} for g in optim_sd["param_groups"]]}
+    return {
+        k: v for k, v in optim_sd.items() if k.startswith("param_groups.") and k.rpartition(".")[2] in IMPLEMENTATION
+    }
+
+
+def _with_implementation(loaded: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``loaded`` (a checkpoint's optimizer state) with the running optimizer's :data:`IMPLEMENTATION` keys."""
+    if "param_groups" not in own:
+        return {**loaded, **own}
+    groups = [{**g, **mine} for g, mine in zip(loaded["param_groups"], own["param_groups"], strict=True)]
+    return {**loaded, "param_groups": groups}
