@@ -1,4 +1,4 @@
-"""Checkpoints across layouts: one layout's checkpoint resumed by another.
+"""Checkpoints across layouts: one layout's checkpoint resumed by another, and one that no layout can resume.
 
 A checkpoint of FSDP over 2 ranks (AdamW) or of two pipeline stages on 2 ranks (SGD with momentum), saved after
 step 4, resumed by 4 ranks as two pipeline stages with tensor parallelism or as HSDP (replicas of shards),
@@ -10,6 +10,10 @@ tolerance).
 Why the tolerances hold for AdamW too: measured, the AdamW job's layouts (FSDP, pp=2, tp=2, HSDP and pp=2 x tp=2)
 agree with its one-rank run within 9.5e-7 of the loss and 1e-8 (relative) of the gradient norm over 8 steps, and
 the same resumed across layouts within 4.8e-7 and 7.3e-9: float32 sums in other orders, as for SGD.
+
+A checkpoint that cannot be resumed (a model of another shape, another optimizer's state, a checkpoint whose
+meta.json does not record its model) is one line, exit 2, before any rank starts, with the checkpoint dir byte for
+byte as it was; every rank checks again what it loads (runs started by plain torchrun).
 
 Restarts under ``--max-restarts`` on these layouts: the soak (tests/test_reliability_soak.py).
 """
@@ -23,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from refusals import TRAIN, case, check_refusal, run_in_process
 from trainer_runs import STEPS, Reference, assert_matches, metrics, summary, train, write_tokens
 
 SOURCES = {
@@ -100,6 +105,56 @@ def test_a_checkpoint_resumes_on_another_layout_as_the_whole_run(
     assert json.loads((ck / f"step_{STEPS:08d}" / "meta.json").read_text())["layout"] == spec
 
 
+@pytest.mark.slow
+def test_a_checkpoint_no_layout_can_resume_is_one_line_and_left_as_it_was(
+    whole: Callable[[str], tuple[Reference, Path]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AdamW's FSDP checkpoint, resumed by stages x TP on 4 ranks with a deeper model, with SGD, and (its meta.json
+    without the model's record, as an earlier numarun wrote it) with a wider vocabulary."""
+    ref, saved = whole("adamw")
+    ck = tmp_path.parent / f"{tmp_path.name}-ck"
+    shutil.copytree(saved, ck)
+    unrecorded = tmp_path.parent / f"{tmp_path.name}-unrecorded"
+    shutil.copytree(ck, unrecorded)
+    meta_path = unrecorded / f"step_{STEPS:08d}" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["model"]
+    meta_path.write_text(json.dumps(meta))
+    before = {d: _tree(d) for d in (ck, unrecorded)}
+    launch = ["--nproc-per-node", "4", "--binding", "none", TRAIN, *ref.job()]
+    layout = TARGETS["pp2-tp2"][0]
+    step = f"step_{STEPS:08d}"  # the newest
+
+    def resume(d: Path, *more: str) -> list[str]:
+        return [*launch, *layout, *more, f"trainer.checkpoint_dir={d}", "trainer.resume=true"]
+
+    cases = [
+        case("deeper", resume(ck, "model.n_layers=6"), step, "model.n_layers=4 in the checkpoint but 6 now"),
+        case(
+            "sgd",
+            resume(ck, "optim=sgd"),
+            step,
+            "the optimizer state is exp_avg, exp_avg_sq, step per parameter in the checkpoint but optim.kind=sgd "
+            "needs momentum_buffer",
+            "expected a checkpoint of this model and optimizer",
+        ),
+        case(
+            "unrecorded-wider",
+            resume(unrecorded, "model.vocab_size=256"),
+            step,
+            "tok.weight is [128, 64] in the checkpoint but [256, 64] now; head.weight is [128, 64]",
+            "expected a checkpoint of this model and optimizer",
+        ),
+    ]
+    for c in cases:
+        code, err = run_in_process(c.argv, tmp_path, capsys, monkeypatch)
+        check_refusal(code, err, c, tmp_path)  # exit 2, one line, no run dir
+        assert {d: _tree(d) for d in (ck, unrecorded)} == before, c.id
+
+
 # ------------------------------------------------------------------ in one process
 
 
@@ -148,3 +203,23 @@ def test_a_resume_keeps_the_running_optimizers_implementation(
         assert torch.equal(p, q)
         assert torch.equal(opt.state[p]["exp_avg_sq"], mine.state[q]["exp_avg_sq"])
         assert float(opt.state[p]["step"]) == float(mine.state[q]["step"]) == 1.0
+
+
+def test_every_rank_checks_what_it_loads(one_rank: None, tmp_path: Path) -> None:
+    """Under plain torchrun nothing checked the checkpoint before the ranks: each refuses before DCP reads a
+    tensor, naming what differs, and leaves the checkpoint as it was."""
+    import torch
+
+    from numarun.errors import CheckpointError
+    from numarun.train import checkpoint
+
+    _, _, path = _adamw_checkpoint(tmp_path / "ck", fused=True)
+    before = _tree(tmp_path / "ck")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(CheckpointError, match="exp_avg, exp_avg_sq, step per parameter in the checkpoint but "):
+        checkpoint.load(path, model, sgd)
+    wider = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    with pytest.raises(CheckpointError, match=r"0.weight is \[4, 4\] in the checkpoint but \[8, 4\] now"):
+        checkpoint.load(path, wider, torch.optim.AdamW(wider.parameters()))
+    assert _tree(tmp_path / "ck") == before
