@@ -178,9 +178,9 @@ SHARED = {
     "test_slurm_cluster.py": "slurm-cluster",
     "test_slurm_patterns.py": "slurm-cluster",
     "test_doctor_multinode.py": "netns",
-    "test_net.py": "netns",
+    "test_launch_net.py": "netns",
     "test_bench_scripts.py": "netns",
-    "test_dist_multinode.py": "netns",
+    "test_comm_multinode.py": "netns",
 }
 LONGEST_FIRST = (
     "slurm-cluster",
@@ -188,7 +188,9 @@ LONGEST_FIRST = (
     "test_train_layouts.py",
     "test_train_dist.py",
     "test_train_pipeline.py",
-    "test_reliability_checkpoint.py",
+    "test_train_checkpoint_faults.py",
+    "test_reliability_layouts.py",
+    "test_reliability_soak.py",
     "test_reliability_faults.py",
     "test_hydra_apps.py",
     "test_launch_patterns.py",

@@ -46,3 +46,14 @@ def test_the_fast_tier_passes_on_a_fresh_machines_empty_cache(tmp_path) -> None:
     )
     assert r.returncode == 0, r.stdout[-3000:]
     assert list((tmp_path / "numarun").glob("torchrun-options.*.json"))
+
+
+def test_the_scheduling_names_are_test_files() -> None:
+    """conftest's units and longest-first order name test files by their base names: a renamed file must not
+    silently fall out of its unit (two tests of one machine-wide resource would then run at once)."""
+    import conftest
+
+    names = {p.name for p in (REPO / "tests").rglob("test_*.py")}
+    units = set(conftest.SHARED.values())
+    assert set(conftest.SHARED) <= names, set(conftest.SHARED) - names
+    assert {u for u in conftest.LONGEST_FIRST if u not in units} <= names

@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,81 @@ def check_model(meta: dict[str, Any], model_cfg: Any, path: Path) -> None:
             f"bad trainer.resume for {str(path)!r}: the model differs ({diff}); expected the checkpoint's model "
             "config, or a new trainer.checkpoint_dir"
         )
+
+
+def tensors(state: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """DCP key -> global shape of every tensor in a state dict as :func:`save` and :func:`load` hand it to DCP
+    (``{"model": ..., "optim": ...}``, the optimizer's flattened; a nested one's is left out)."""
+    import torch
+
+    flat = {f"model.{k}": v for k, v in state["model"].items()}
+    if not isinstance(state["optim"].get("state"), dict):  # nested: saved by an earlier numarun
+        flat.update({f"optim.{k}": v for k, v in state["optim"].items()})
+    return {k: tuple(v.shape) for k, v in flat.items() if isinstance(v, torch.Tensor)}
+
+
+def check_holds(path: Path, wanted: Mapping[str, tuple[int, ...]], *, whole: bool, optimizer: str) -> None:
+    """Refuse a checkpoint that does not hold every tensor of ``wanted`` (DCP key -> global shape, :func:`tensors`)
+    in that shape, naming what differs, before any tensor is read (DCP's ``.metadata`` lists them).
+
+    ``whole``: ``wanted`` is the whole model (the launcher's check), so a model tensor the checkpoint holds and
+    ``wanted`` lacks (a checkpoint of a deeper model) differs too; a rank wants only its stages' part.
+    ``optimizer``: the running optimizer's name (its class's, lowercased: ``optim.kind``), for the message.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = {
+        k: tuple(v.size) if hasattr(v, "size") else None
+        for k, v in FileSystemReader(str(path)).read_metadata().state_dict_metadata.items()
+    }
+
+    def differs(key: str, shape: tuple[int, ...]) -> str:
+        got = saved.get(key, "missing")
+        if got == shape:
+            return ""
+        name = key.removeprefix("model.")
+        return (
+            f"{name} is not in the checkpoint"
+            if got == "missing"
+            else f"{name} is {_dims(got)} in the checkpoint but {_dims(shape)} now"
+        )
+
+    found = [why for key, shape in wanted.items() if key.startswith("model.") and (why := differs(key, shape))]
+    if whole:
+        found += [
+            f"{k[6:]} is in the checkpoint but not in this model"
+            for k in saved
+            if k.startswith("model.") and k not in wanted
+        ]
+    bad = {key[6:] for key, shape in wanted.items() if key.startswith("model.") and differs(key, shape)}
+    missing_state: set[str] = set()
+    for key, shape in wanted.items():
+        name, _, part = key.removeprefix("optim.state.").rpartition(".")
+        if not key.startswith("optim.state.") or name in bad:
+            continue  # a parameter that differs is named once, by the model's line
+        if key not in saved:
+            missing_state.add(part)
+        elif why := differs(key, shape):
+            found.append(why)
+    if missing_state:
+        kept = sorted(
+            {k.rpartition(".")[2] for k, v in saved.items() if k.startswith("optim.state.") and v is not None}
+        )
+        found.insert(
+            0,
+            f"the optimizer state is {', '.join(kept) or 'empty'} per parameter in the checkpoint but "
+            f"optim.kind={optimizer.lower()} needs {', '.join(sorted(missing_state))}",
+        )
+    if found:
+        what = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        raise CheckpointError(
+            f"bad trainer.resume for {str(path)!r}: it does not hold what this run loads ({what}); expected a "
+            "checkpoint of this model and optimizer, or a new trainer.checkpoint_dir"
+        )
+
+
+def _dims(shape: Any) -> str:
+    return "[" + ", ".join(str(n) for n in shape) + "]"
 
 
 def damage(path: Path) -> str:
@@ -445,12 +520,53 @@ def load(path: Path, parts: Any, optimizers: Any) -> int:
     flat = meta.get("optim_state") == "flat"  # nested: saved by an earlier numarun, whose ranks held one part
     parts, optimizers = _listed(parts), _listed(optimizers)
     pairs, state = _states(parts, optimizers, flat=flat)
+    _agree_holds(path, state, optimizer=type(optimizers[0]).__name__)
+    running = [_implementation(optim_sd) for _, optim_sd in pairs]
     dcp.load(state, checkpoint_id=str(path))
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
-    for (model_sd, optim_sd), part, opt in zip(pairs, parts, optimizers, strict=True):
+    for (model_sd, optim_sd), own, part, opt in zip(pairs, running, parts, optimizers, strict=True):
         # DCP loads tensors in place and puts the other values (lr, momentum...) into the merged dict: read it
         set_model_state_dict(part, {k: state["model"][k] for k in model_sd})
-        set_optimizer_state_dict(
-            part, opt, {k: state["optim"][k] for k in optim_sd} if flat else state["optim"], options=options
-        )
+        loaded = {k: state["optim"][k] for k in optim_sd} if flat else state["optim"]
+        set_optimizer_state_dict(part, opt, _with_implementation(loaded, own), options=options)
     return int(meta["step"])
+
+
+def _agree_holds(path: Path, state: Mapping[str, Any], *, optimizer: str) -> None:
+    """Collective: :func:`check_holds` for what each rank loads (its stages' part), every rank refusing when one
+    does (a rank alone would leave the others waiting in DCP's load)."""
+    try:
+        check_holds(path, tensors(state), whole=False, optimizer=optimizer)
+        why = ""
+    except CheckpointError as e:
+        why = str(e)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, why)
+        why = next((w for w in every if w), "")
+    if why:
+        raise CheckpointError(why)
+
+
+IMPLEMENTATION = ("foreach", "fused", "capturable", "differentiable")
+"""Param-group keys that say how this layout's optimizer runs its step, not what it has learnt: a resume keeps the
+running optimizer's own (a fused AdamW's checkpoint resumed under tensor parallelism, whose DTensors need the
+per-tensor path, failed its first step with 'mixed torch.Tensor and DTensor'; the other way it ran the slow loop)."""
+
+
+def _implementation(optim_sd: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`IMPLEMENTATION` values of an optimizer state dict, flat (``param_groups.<name>.<key>``) or
+    nested (``param_groups``: a list of groups)."""
+    if isinstance(optim_sd.get("param_groups"), list):
+        return {"param_groups": [{k: g[k] for k in IMPLEMENTATION if k in g} for g in optim_sd["param_groups"]]}
+    return {
+        k: v for k, v in optim_sd.items() if k.startswith("param_groups.") and k.rpartition(".")[2] in IMPLEMENTATION
+    }
+
+
+def _with_implementation(loaded: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``loaded`` (a checkpoint's optimizer state) with the running optimizer's :data:`IMPLEMENTATION` keys."""
+    if "param_groups" not in own:
+        return {**loaded, **own}
+    groups = [{**g, **mine} for g, mine in zip(loaded["param_groups"], own["param_groups"], strict=True)]
+    return {**loaded, "param_groups": groups}

@@ -104,10 +104,39 @@ def check_job(cfg: Any, *, run_dir: Path) -> None:
         if found is not None:
             meta = json.loads((found[1] / "meta.json").read_text())
             checkpoint.check_model(meta, cfg.model, found[1])
+            wanted, optimizer = planned_tensors(cfg)
+            checkpoint.check_holds(found[1], wanted, whole=True, optimizer=optimizer)
     if cfg.data.kind == DataKind.TOKENS:
         check_token_file(
             cfg.data.path, dtype=cfg.data.dtype, seq_len=cfg.model.seq_len, vocab_size=cfg.model.vocab_size
         )
+
+
+def planned_tensors(cfg: Any) -> tuple[dict[str, tuple[int, ...]], str]:
+    """What a run of ``cfg`` loads on resume, whatever its layout, as DCP keys -> global shapes: the whole model's
+    parameters and buffers (built on the meta device: no memory), and its optimizer's state for every parameter
+    (which keys, read from a one-parameter optimizer of the same config stepped once; each a parameter's shape or
+    a scalar); and the optimizer's name."""
+    import torch
+
+    from .loop import build_optimizer
+    from .models import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    wanted = {f"model.{k}": tuple(v.shape) for k, v in model.state_dict().items()}
+    probe = torch.nn.Parameter(torch.zeros(2))
+    opt = build_optimizer(torch.nn.ParameterList([probe]), cfg.optim)
+    probe.grad = torch.ones_like(probe)
+    opt.step()
+    state = {k: v for k, v in opt.state[probe].items() if isinstance(v, torch.Tensor)}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            for key, value in state.items():
+                wanted[f"optim.state.{name}.{key}"] = (
+                    tuple(p.shape) if value.shape == probe.shape else tuple(value.shape)
+                )
+    return wanted, type(opt).__name__
 
 
 def check_layout(

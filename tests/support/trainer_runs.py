@@ -32,15 +32,16 @@ LOSS_ATOL = 1e-5
 NORM_RTOL = 1e-5
 
 
-def job(tokens: Path) -> list[str]:
-    """The overrides every run shares (its layout comes after them)."""
+def job(tokens: Path, optim: str = "sgd") -> list[str]:
+    """The overrides every run shares (its layout comes after them); ``optim``: the optimizer (SGD with momentum,
+    or AdamW), no clipping either way."""
     return [
         "model=gpt",
         "model.n_layers=4",
         "model.vocab_size=128",
         "data=tokens",
         f"data.path={tokens}",
-        "optim=sgd",
+        f"optim={optim}",
         "optim.grad_clip=0",
         "trainer.batch_size=16",
         f"trainer.steps={STEPS}",
@@ -58,9 +59,10 @@ class Reference:
     tokens: Path
     rows: dict[int, dict]
     """step -> its metrics.jsonl row."""
+    optim: str = "sgd"
 
     def job(self) -> list[str]:
-        return job(self.tokens)
+        return job(self.tokens, self.optim)
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
