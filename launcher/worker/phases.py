@@ -232,7 +232,7 @@ class Recorder:
         extra: dict[str, float] = {}
         if backward > 0:
             extra["backward_s"] = round(backward, 6)
-        ddp = self._ddp_comm() if len(self.ddp) else None
+        ddp = self._ddp_comm() if len(self.ddp) else self.ddp_comm  # the module may be gone by the exit
         if ddp is not None and backward > 0:
             extra["ddp_comm_s"] = round(min(backward, ddp), 6)
         if self.loader_workers >= 0:

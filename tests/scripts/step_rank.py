@@ -3,10 +3,10 @@ made slow.
 
     step_rank.py OUT MODE SLOW STEPS WRAP
 
-MODE: ``input`` (rank SLOW's dataset sleeps 40 ms a batch, loading in the main thread), ``compute`` (rank SLOW's
-forward does 40 ms more CPU work), ``none`` (every rank alike). WRAP: ``ddp`` (DistributedDataParallel) or ``fsdp``
+MODE: ``input`` (rank SLOW's dataset sleeps 30 ms a batch, loading in the main thread), ``compute`` (rank SLOW's
+forward does 30 ms more CPU work), ``none`` (every rank alike). WRAP: ``ddp`` (DistributedDataParallel) or ``fsdp``
 (FSDP2's fully_shard), each with the loss all-reduced after the step as a trainer logs it. Every rank's forward does
-15 ms of CPU work (CPU time: a core shared with another process slows it). Each rank writes OUT/pid<RANK> and
+10 ms of CPU work (CPU time: a core shared with another process slows it). Each rank writes OUT/pid<RANK> and
 OUT/started.<RANK> once its first step is done.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 out, mode, slow, steps, wrap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-WORK_S, SLOW_S = 0.015, 0.040
+WORK_S, SLOW_S = 0.010, 0.030
 
 
 def spin(seconds: float) -> None:

@@ -38,6 +38,11 @@ KEPT = 2 * WINDOW
 """Records kept in memory per rank (the files hold them all)."""
 PICTURE_STEPS = 2000
 """The picture and the trace show each rank's latest steps, at most this many."""
+EXIT_POLL_S = 0.05
+"""How often the thread looks whether its node's ranks have all ended: then its last view goes to the judge at once,
+while the agents still wait for each other (torchrun's exit barrier) and the store is still up."""
+FINAL_WAIT_S = 1.0
+"""How long the judge waits at the end for the other nodes' last views (it shows a late one as of its last report)."""
 
 
 def keep_dir(base: os.PathLike[str] | str | None) -> Path:
@@ -117,6 +122,8 @@ class NodeView:
     host: str
     bound: bool
     ranks: tuple[RankView, ...]
+    final: bool = False
+    """Every rank of the node had ended when it was made."""
 
 
 class Exchange:
@@ -209,15 +216,27 @@ class StepWatch:
             self._thread.join(timeout=10)
         try:
             self.tick(final=True)
+            deadline = time.monotonic() + FINAL_WAIT_S
+            while self.node == 0 and self._exchange is not None and time.monotonic() < deadline:
+                if len(self.views) >= self.nodes and all(v.final for v in self.views.values()):
+                    break
+                time.sleep(0.1)
+                self.tick(final=True)
             self._finish()
         except Exception as e:  # the report never takes the job's end down
             log.debug("step report: %s", e, exc_info=True)
 
     # -- the thread
     def _run(self) -> None:
-        while not self._stop.wait(self.policy.interval_s):
+        due = time.monotonic() + self.policy.interval_s
+        sent_final = False
+        while not self._stop.wait(EXIT_POLL_S):
             try:
-                self.tick()
+                ended = bool(self.ranks) and not any(alive(r.pid) for r in self.ranks.values())
+                if time.monotonic() >= due or (ended and not sent_final):
+                    self.tick(final=ended)
+                    due = time.monotonic() + self.policy.interval_s
+                    sent_final = ended
             except Exception as e:
                 log.debug("step report: %s", e, exc_info=True)
 
@@ -327,7 +346,8 @@ class StepWatch:
             workers = int(records[-1].extra.get("loader_workers", -1)) if records else -1
             out.append(RankView(row, tuple(tuple(point(x).row()) for x in win), ev, workers))
         bound = plan is not None and plan.binding is not BindingMode.NONE
-        return NodeView(self.node, socket.gethostname(), bound, tuple(out))
+        final = bool(live) and not any(live.values())
+        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final)
 
     def _judge(self) -> LiveTable:
         ranks = [rv for v in self.views.values() for rv in v.ranks]
