@@ -101,17 +101,20 @@ class Recorder:
         flush_s: float,
         path: Path | None = None,
         main: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.out, self.path = out, path
         self.rank = rank
         self.counters = counters
         self.flush_s = flush_s
         self.main = threading.main_thread().ident if main is None else main
+        self.clock = clock
+        """Every time the recorder takes: ``time.monotonic`` (which the ranks of a host share)."""
         self.input_s = self.optim_s = self.backward_s = 0.0
         self.depth = 0  # inside input or backward on the main thread: what is nested counts once
         self.steps = 0
         self.gpu: Gpu | None = None
-        self.start = self._mark(time.monotonic())
+        self.start = self._mark(clock())
         self.last: Mark | None = None  # the end of the latest optimizer step of the open step
         self.stepped: set[int] = set()  # optimizers stepped in the open step
         self.active: int | None = None  # the outermost optimizer stepping now
@@ -125,7 +128,7 @@ class Recorder:
         self._peak_read = -1e9
         self._torch: ModuleType | None = None
         self.written = 0
-        self._flushed = time.monotonic()
+        self._flushed = clock()
         self.recent: collections.deque[tuple[float, ...]] = collections.deque(maxlen=RECENT)
         self.lock = threading.Lock()  # the file, between the main thread and an exit from another
 
@@ -147,7 +150,7 @@ class Recorder:
         ``backward_s``; nested calls of either count once."""
         rec = self
         get_ident = threading.get_ident
-        clock = time.perf_counter
+        clock = self.clock
         counters = self.counters
 
         @functools.wraps(fn)
@@ -175,7 +178,7 @@ class Recorder:
         """``Work.wait`` adding its time on the main thread to ``comm`` (outside a collective, which counts its own)."""
         rec = self
         get_ident = threading.get_ident
-        clock = time.perf_counter
+        clock = self.clock
         counters = self.counters
 
         @functools.wraps(fn)
@@ -208,16 +211,17 @@ class Recorder:
             self.close()  # a second step of the same optimizer: the step before ended with the last one
         self.active = key
         self.stepped.add(key)
-        self._opt_t0, self._opt_c0 = time.perf_counter(), self.counters.comm_s
+        self._opt_t0, self._opt_c0 = self.clock(), self.counters.comm_s
 
     def after_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         """torch's global optimizer post-step hook: the open step may end here."""
         if threading.get_ident() != self.main or self.active != id(opt):
             return
         self.active = None
+        now = self.clock()
         if not self.depth:  # an optimizer stepped from a backward hook is part of backward
-            self.optim_s += time.perf_counter() - self._opt_t0 - (self.counters.comm_s - self._opt_c0)
-        self.last = self._mark(time.monotonic())
+            self.optim_s += now - self._opt_t0 - (self.counters.comm_s - self._opt_c0)
+        self.last = self._mark(now)
 
     # -- records
     def close(self) -> None:
@@ -307,7 +311,7 @@ class Recorder:
     def flush(self) -> None:
         with self.lock:
             self.out.flush()
-        self._flushed = time.monotonic()
+        self._flushed = self.clock()
 
     def finish(self) -> None:
         """At exit: the open step if an optimizer ended it, the records waiting for their events, the file."""
@@ -324,7 +328,7 @@ class Recorder:
     def _ddp_comm(self) -> float | None:
         """The latest DDP sample's communication after the gradients were ready, seconds (summed over the DDP
         modules), read at most once a :data:`READ_EVERY_S` after the first steps."""
-        now = time.monotonic()
+        now = self.clock()
         if self.steps > DDP_EARLY_STEPS and now - self._ddp_read < READ_EVERY_S:
             return self.ddp_comm
         self._ddp_read = now

@@ -105,13 +105,14 @@ class Counters:
         """Told ``(name, entering)`` around each outermost collective of the main thread, when set (the step
         report's GPU events)."""
         self.installed = False
+        self.clock: Callable[[], float] = time.perf_counter
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` counting its calls; under torch.compile the original is called (dynamo remaps the wrapped name)."""
         counters = self
         inside = self.inside
         get_ident = threading.get_ident
-        clock = time.perf_counter
+        clock = self.clock
         main = threading.main_thread().ident
         compiling = [_is_compiling]  # torch's own check once torch is whole: a call, not a module lookup, each time
 
