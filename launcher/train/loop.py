@@ -28,8 +28,10 @@ from ..config.schema import ModelKind, OptimKind, Precision, Schedule
 from ..errors import ConfigError
 from ..fsutil import write_atomic
 from ..launch.signals import Requests
+from ..worker import phases
 from . import checkpoint
 from .data import StepBatchSampler, build_dataset, build_loader
+from .flops import flops_per_sample, mfu, peak_flops, phase_text
 from .models import build_model, loss_fn
 from .parallel import Parallelized, clip_grad_norm, parallelize
 from .preflight import check_layout
@@ -152,6 +154,10 @@ class Trainer:
             torch.autocast(ctx.device.type, dtype=torch.bfloat16) if t.precision == Precision.BF16 else nullcontext()
         )
         self.tokens_per_sample = cfg.model.seq_len if cfg.model.kind == ModelKind.GPT else 0
+        self.flops_per_sample = flops_per_sample(cfg.model)
+        self.peak_flops = (
+            peak_flops(torch.cuda.get_device_name(ctx.device), t.precision) if ctx.device.type == "cuda" else None
+        )
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -475,10 +481,25 @@ class Trainer:
         }
         if self.tokens_per_sample:
             row["tokens_per_s"] = batch_size * self.tokens_per_sample / dt
+        shares = phases.shares(self.cfg.trainer.log_interval)  # this rank's steps since the last line
+        if shares:
+            row["phases"] = {p: round(v, 4) for p, v in shares.items()}
+        used = mfu(
+            flops_per_step=self.flops_per_sample * batch_size if self.flops_per_sample else None,
+            step_s=dt,
+            ranks=self.ctx.world_size,
+            peak=self.peak_flops,
+        )
+        if used is not None:
+            row["mfu"] = round(used, 4)
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
         rate = f"{row['tokens_per_s']:.0f} tok/s" if self.tokens_per_sample else f"{row['samples_per_s']:.0f} samples/s"
         text = f"loss {loss:.4f}  {rate}  peak {max(peaks):.0f} MiB"
+        if shares:
+            text += f"  {phase_text(shares)}"
+        if used is not None:
+            text += f"  MFU {used * 100:.1f} %"
         if progress is not None:
             progress.update(self._task, completed=step, info=text)
         else:
