@@ -38,9 +38,9 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
-import json
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -130,7 +130,6 @@ class Recorder:
         self.written = 0
         self._flushed = clock()
         self.recent: collections.deque[tuple[float, ...]] = collections.deque(maxlen=RECENT)
-        self.lock = threading.Lock()  # the file, between the main thread and an exit from another
 
     def _mark(self, t: float) -> Mark:
         gpu = self.gpu
@@ -235,12 +234,12 @@ class Recorder:
         comm = end.comm - start.comm
         extra: dict[str, float] = {}
         if backward > 0:
-            extra["backward_s"] = round(backward, 6)
+            extra["backward_s"] = backward
         ddp = self._ddp_comm() if len(self.ddp) else self.ddp_comm  # the module may be gone by the exit
         if ddp is not None and backward > 0:
-            extra["ddp_comm_s"] = round(min(backward, ddp), 6)
+            extra["ddp_comm_s"] = min(backward, ddp)
         if self.loader_workers >= 0:
-            extra["loader_workers"] = float(self.loader_workers)
+            extra["loader_workers"] = self.loader_workers
         fields = {
             "rank": self.rank,
             "step": self.steps,
@@ -257,8 +256,8 @@ class Recorder:
             self.write_ready()
         else:
             self.write(fields, extra)
-        self._gpu_check()
         if end.t - self._flushed >= self.flush_s:
+            self._gpu_check()  # as seldom as the flush: CUDA starts once
             self.flush()
 
     def write_ready(self, *, wait_s: float = 0.0) -> None:
@@ -277,28 +276,30 @@ class Recorder:
             gpu.pending.popleft()
             if gpu.done(end):
                 gpu_s, waits = gpu.span(start, end)
-                extra = {**extra, "gpu_comm_s": round(waits, 6)}
+                extra = {**extra, "gpu_comm_s": waits}
                 fields = {**fields, "gpu_s": gpu_s, "comm_s": max(fields["comm_s"], waits)}
             self.write(fields, extra)
 
     def write(self, fields: dict[str, Any], extra: Mapping[str, float]) -> None:
+        """One record as a JSON line (:meth:`StepRecord.line`'s form, formatted here: a step's cost is counted in
+        microseconds)."""
         wall = fields["end"] - fields["start"]
         comm = fields["comm_s"] + extra.get("ddp_comm_s", 0.0)
         compute = max(0.0, wall - fields["input_s"] - comm - fields["optim_s"])
-        record = {
-            "v": FORMAT,
-            **{k: round(v, 6) if isinstance(v, float) else v for k, v in fields.items()},
-            "comm_s": round(comm, 6),
-            "compute_s": round(compute, 6),
-            "extra": dict(extra),
-        }
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        peak, gpu_s = fields["peak_bytes"], fields.get("gpu_s")
+        more = ",".join(f'"{k}":{v:.6g}' for k, v in extra.items())
+        line = (
+            f'{{"v":{FORMAT},"rank":{fields["rank"]},"step":{fields["step"]},"start":{fields["start"]:.6f},'
+            f'"end":{fields["end"]:.6f},"input_s":{fields["input_s"]:.6f},"comm_s":{comm:.6f},'
+            f'"optim_s":{fields["optim_s"]:.6f},"compute_s":{compute:.6f},'
+            f'"peak_bytes":{"null" if peak is None else int(peak)},'
+            f'"gpu_s":{"null" if gpu_s is None else f"{gpu_s:.6f}"},"extra":{{{more}}}}}\n'
+        )
         self.recent.append((wall, fields["input_s"], compute, comm, fields["optim_s"]))
-        with self.lock:
-            self.out.write(line)
-            self.written += len(line)
-            if self.written > ROTATE_BYTES:
-                self._rotate()
+        self.out.write(line)
+        self.written += len(line)
+        if self.written > ROTATE_BYTES:
+            self._rotate()
 
     def _rotate(self) -> None:
         if self.path is None:
@@ -309,8 +310,7 @@ class Recorder:
         self.written = 0
 
     def flush(self) -> None:
-        with self.lock:
-            self.out.flush()
+        self.out.flush()
         self._flushed = self.clock()
 
     def finish(self) -> None:
@@ -365,11 +365,12 @@ class Recorder:
         return self.peak
 
     def _gpu_check(self) -> None:
-        """Start the GPU path once torch.cuda is initialised (checked at each step until then)."""
+        """Start the GPU path once torch.cuda is initialised (looked at with each flush until then)."""
         if self.gpu is not None:
             return
-        torch = self._torch or __import__("sys").modules.get("torch")
-        self._torch = torch
+        torch = self._torch = self._torch or sys.modules.get("torch")
+        if torch is None:
+            return
         cuda = getattr(torch, "cuda", None)
         try:
             if cuda is None or not cuda.is_initialized():
