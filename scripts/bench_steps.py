@@ -8,8 +8,10 @@
    the same step bare; the difference is what the recorder adds to every step, in microseconds.
 2. **A training step side by side**: two ranks under numarun, each step a DataLoader batch, a DDP forward and
    backward of a 2-layer 512-wide MLP (its gradient all-reduce inside backward), an SGD step and the loss all-reduced
-   (gloo), with ``--step-report on`` and ``off``, alternated ``--runs`` times; each rank times its own steps (median
-   after the first fifth). Prints both medians and their ratio.
+   (gloo), with ``--step-report on`` and ``off``, alternated ``--runs`` times; each rank times its own steps, wall
+   and CPU (median after the first fifth). Prints both medians and the median of the runs' on/off ratios, pair by
+   pair: on a shared host the load drifts between runs, the pairs cancel it; the CPU time a step takes is what the
+   recorder adds to, and moves less with the load than the wall time.
 3. **The agent's look** at the ranks (every ``NUMARUN_STEP_INTERVAL``, default 5 s): one sample of the kernel's
    figures for two ranks (this process and its parent stand in for them), as a share of one core.
 """
@@ -17,7 +19,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import statistics
@@ -43,21 +44,23 @@ model = DDP(torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torc
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 data = torch.utils.data.TensorDataset(torch.randn(4096, 512))
 loader = torch.utils.data.DataLoader(data, batch_size=32)
-steps, times = int(sys.argv[2]), []
+steps, times, cpu = int(sys.argv[2]), [], []
 while len(times) < steps:
     for (x,) in loader:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         loss = model(x).square().mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
         dist.all_reduce(loss.detach())
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         if len(times) == steps:
             break
 rank = dist.get_rank()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-    json.dump({"step_s": statistics.median(times[len(times) // 5:])}, f)
+    skip = len(times) // 5
+    json.dump({"step_s": statistics.median(times[skip:]), "cpu_s": statistics.median(cpu[skip:])}, f)
 del model, opt
 dist.destroy_process_group()
 """
@@ -127,6 +130,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMARUN_", "PET_"))}
     bare, hooked = _hooks_us()
     step: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory(prefix="numarun-bench-") as tmp:
         script = Path(tmp) / "step.py"
         script.write_text(_STEP_RANK)
@@ -145,18 +149,28 @@ def main() -> int:
                 if r.returncode != 0:
                     sys.stderr.write(r.stderr[-3000:])
                     return 1
-                step[name] += [json.loads(f.read_text())["step_s"] for f in out.glob("rank*.json")]
+                ranks = [json.loads(f.read_text()) for f in sorted(out.glob("rank*.json"))]
+                step[name].append(statistics.mean(x["step_s"] for x in ranks))
+                cpu[name].append(statistics.mean(x["cpu_s"] for x in ranks))
     sample = _sample_ms()
     med = {n: statistics.median(v) for n, v in step.items()}
+    pairs = [on / off for on, off in zip(step["on"], step["off"], strict=True)]
+    cpu_pairs = [on / off for on, off in zip(cpu["on"], cpu["off"], strict=True)]
     print(f"the recorder's hooks and record: +{hooked - bare:.1f} us a step ({bare:.2f} us bare, {hooked:.2f} hooked)")
     print(
-        f"2 ranks, DDP step (batch 32 of a 512x512 2-layer MLP, gloo), {args.steps} steps, {args.runs} alternated runs:"
+        f"2 ranks, DDP step (batch 32 of a 512x512 2-layer MLP, gloo), {args.steps} steps, {args.runs} alternated runs "
+        "(each run: the ranks' median step after the first fifth):"
     )
     for n in ("off", "on"):
         print(
-            f"  step report {n:3s}: step median {med[n] * 1e3:.3f} ms (min {min(step[n]) * 1e3:.3f}, max "
-            f"{max(step[n]) * 1e3:.3f})  ratio to off {med[n] / med['off']:.3f}"
+            f"  step report {n:3s}: wall {med[n] * 1e3:.3f} ms a step (runs {min(step[n]) * 1e3:.3f} to "
+            f"{max(step[n]) * 1e3:.3f}), CPU {statistics.median(cpu[n]) * 1e3:.3f} ms a step"
         )
+    print(
+        f"  on / off, the median of the {args.runs} run pairs: wall {statistics.median(pairs):.3f} (pairs "
+        f"{min(pairs):.3f} to {max(pairs):.3f}), CPU {statistics.median(cpu_pairs):.3f} (pairs {min(cpu_pairs):.3f} "
+        f"to {max(cpu_pairs):.3f})"
+    )
     print(
         f"  the hooks' {hooked - bare:.1f} us are {(hooked - bare) * 1e-6 / med['off']:.3%} of this step; "
         f"the agent's look at 2 ranks: {sample:.2f} ms, {sample / 1e3 / 5:.3%} of a core every 5 s"
@@ -164,7 +178,7 @@ def main() -> int:
     print(f"  load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"hooks_us": [bare, hooked], "step_s": step, "sample_ms": sample}, indent=1) + "\n"
+            json.dumps({"hooks_us": [bare, hooked], "step_s": step, "cpu_s": cpu, "sample_ms": sample}, indent=1) + "\n"
         )
     return 0
 
