@@ -1,4 +1,4 @@
-"""numarun's end-to-end check on a GPU host (run by scripts/gpu-check.sh), one go, about 5 minutes.
+"""numarun's end-to-end check on a GPU host (run by scripts/gpu-check.sh), one go, about 7 minutes.
 
     python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)

@@ -70,8 +70,14 @@ def explain(
     workers as its records say (-1 or absent: unknown); ``bound``: whether numarun gave the rank cores of its own."""
     rank = j.culprit if j.culprit is not None else j.slowest
     ev = evidence.get(rank) if rank is not None else None
+    if rank is not None and ev is None and j.phase == "input":  # its records tell its loader: enough for a cause
+        return _input(j, Evidence(rank, 0.0, ""), rank, (workers or {}).get(rank, -1))
     if rank is None or ev is None:
-        return Cause(False, "cause not found: no kernel figures of the rank were sampled while it ran")
+        return Cause(
+            False,
+            "cause not found: the kernel's figures of the rank were not sampled while it ran (a job shorter than "
+            "two report intervals, NUMARUN_STEP_INTERVAL)",
+        )
     others = [e for r, e in evidence.items() if r != rank]
     lost, step = j.lost_s, j.step_s
 
