@@ -133,10 +133,10 @@ def _raise_priority(pid: int, nice: int) -> None:
 def test_a_rank_whose_core_another_process_spins_on_is_named_with_its_pid_and_command(tmp_path: Path) -> None:
     """``--binding exclusive``: each rank its own core; a spinner pinned to rank 1's core. The kernel moves other
     runnable work away from the spinner's core onto rank 0's: on a host busy with other sessions, rank 0 would be as
-    slow as rank 1. So where the test may (root) the job's session runs at nice -10 and the spinner's at -15: the
+    slow as rank 1. So where the test may (root) the job's session runs at nice -10 and the spinner's at -12: the
     spinner takes most of rank 1's core, the other sessions little of rank 0's."""
     cpus = _cpus_of_rank(tmp_path, 1)
-    p = _start(tmp_path, "--nproc-per-node", "2", "--binding", "exclusive", job=("none", "0", "30", "ddp"))
+    p = _start(tmp_path, "--nproc-per-node", "2", "--binding", "exclusive", job=("none", "0", "20", "ddp"))
     _raise_priority(p.pid, -10)  # its ranks, started later, are of its session
     spinner = None
     try:
@@ -145,7 +145,7 @@ def test_a_rank_whose_core_another_process_spins_on_is_named_with_its_pid_and_co
         spinner = subprocess.Popen(
             ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-c", SPIN], start_new_session=True
         )
-        _raise_priority(spinner.pid, -15)
+        _raise_priority(spinner.pid, -12)
         code = _finish(p)
     finally:
         if p.poll() is None:

@@ -38,7 +38,7 @@ KEPT = 2 * WINDOW
 """Records kept in memory per rank (the files hold them all)."""
 PICTURE_STEPS = 2000
 """The picture and the trace show each rank's latest steps, at most this many."""
-EXIT_POLL_S = 0.05
+EXIT_POLL_S = 0.1
 """How often the thread looks whether its node's ranks have all ended: then its last view goes to the judge at once,
 while the agents still wait for each other (torchrun's exit barrier) and the store is still up."""
 FINAL_WAIT_S = 1.0
