@@ -201,7 +201,8 @@ def test_a_balanced_job_under_load_names_no_rank_and_its_live_table_holds_every_
 
 def test_two_agents_name_the_slow_rank_once_on_the_judging_node(tmp_path: Path) -> None:
     """Two agents on this host (c10d on loopback), two ranks each; rank 3, on the node of group rank 1, loads
-    slowly. The judging node prints the report, naming rank 3 and its node; the other says where its files are."""
+    slowly. While it runs, each agent's live table holds every rank of the job; at the end the judging node prints
+    the report, naming rank 3 and its node, and the other says where its files are."""
     port = free_port()
     args = (
         "--nnodes",
@@ -215,8 +216,22 @@ def test_two_agents_name_the_slow_rank_once_on_the_judging_node(tmp_path: Path) 
         "--rdzv-id",
         "steps",
     )
-    nodes = [_start(tmp_path, *args, job=("input", "3", "40", "ddp"), log=f"log{i}") for i in range(2)]
-    codes = [_finish(p) for p in nodes]
+    nodes = [_start(tmp_path, *args, job=("input", "3", "60", "ddp"), log=f"log{i}") for i in range(2)]
+
+    def every_rank_on_both_nodes() -> bool:
+        """Each agent's live table (what numarun top shows there) holds all four ranks of the job."""
+        tables = []
+        for f in (tmp_path / "tmp").glob("numarun-*/steps.live.json"):
+            try:
+                tables.append(LiveTable.parse(f.read_text()))
+            except (OSError, ValueError):
+                return False
+        return len(tables) == 2 and all([r.place.rank for r in t.rows if r.step_s] == [0, 1, 2, 3] for t in tables)
+
+    try:
+        wait_until("every rank in both agents' live tables", every_rank_on_both_nodes, TIMEOUT, proc=nodes[0])
+    finally:
+        codes = [_finish(p) for p in nodes]
     logs = [(tmp_path / f"log{i}").read_text() for i in range(2)]
     assert codes == [0, 0], logs
     judged = [text for text in logs if "step report: " in text]
