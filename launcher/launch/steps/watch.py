@@ -200,7 +200,6 @@ class StepWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.printed: list[str] = []
 
     # -- the supervisor's side
     def start(self) -> StepWatch:
@@ -384,7 +383,7 @@ class StepWatch:
         (self.keep / "steps.trace.json").write_text(json.dumps(chrome_trace(shown, places)))
         files = f"{self.keep}/ (steps.jsonl, steps.svg, steps.trace.json)"
         if self.node != 0 or self.judgement is None or self.table is None:
-            self._print([f"step report of this node's ranks: {files}"])
+            self.say([f"step report of this node's ranks: {files}"])
             return
         all_places = {row.place.rank: row.place for row in self.table.rows}
         pace = _pace(records) if self.nodes == 1 else self.table.steps_per_s
@@ -398,11 +397,7 @@ class StepWatch:
         )
         text.append(f"the steps of every rank{' of this node' if self.nodes > 1 else ''}: {files}")
         (self.keep / "summary.txt").write_text("".join(f"{line}\n" for line in text))
-        self._print(text)
-
-    def _print(self, lines: Sequence[str]) -> None:
-        self.printed = list(lines)
-        self.say(lines)
+        self.say(text)
 
     def _all_records(self, local: int) -> list[StepRecord]:
         out: list[StepRecord] = []
