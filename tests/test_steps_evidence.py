@@ -85,3 +85,16 @@ def test_frequency_and_throttle_counters_from_sysfs(sysfs_tree) -> None:  # type
 def test_cpus_of() -> None:
     assert evidence.cpus_of("0-2,5", [9]) == {0, 1, 2, 5}
     assert evidence.cpus_of("", [0, 1]) == {0, 1} and evidence.cpus_of("bad", [3]) == {3}
+
+
+def test_a_nic_other_than_the_plans_is_noted(tmp_path: Path) -> None:
+    planned = {"NCCL_IB_HCA": "=mlx5_0", "UCX_NET_DEVICES": "mlx5_0:1", "OMP_NUM_THREADS": "8"}
+    assert evidence.nic_note(planned, {"NCCL_IB_HCA": "=mlx5_0", "UCX_NET_DEVICES": "mlx5_0:1"}) == ""
+    assert evidence.nic_note(planned, {"NCCL_IB_HCA": "=mlx5_3", "UCX_NET_DEVICES": "mlx5_0:1"}) == (
+        "NCCL_IB_HCA==mlx5_3, the plan's =mlx5_0"
+    )
+    assert evidence.nic_note({"OMP_NUM_THREADS": "8"}, {}) == ""  # no NIC chosen for it: nothing to compare
+    (tmp_path / "proc" / "7").mkdir(parents=True)
+    (tmp_path / "proc" / "7" / "environ").write_bytes(b"A=1\0NCCL_IB_HCA==mlx5_3\0EMPTY=\0")
+    assert evidence.read_environ(tmp_path, 7) == {"A": "1", "NCCL_IB_HCA": "=mlx5_3", "EMPTY": ""}
+    assert evidence.read_environ(tmp_path, 8) == {}

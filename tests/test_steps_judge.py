@@ -170,9 +170,11 @@ def test_input_causes_from_the_loader_workers() -> None:
 
 def test_cause_not_found_says_the_figures() -> None:
     j = _compute_straggler()
-    cause = explain(j, {0: _ev(0), 1: _ev(1)})  # nothing sets rank 1 apart
+    cause = explain(j, {0: _ev(0), 1: _ev(1, nic="NCCL_IB_HCA==mlx5_3, the plan's =mlx5_0")})  # nothing stands out
     assert not cause.found and cause.why.startswith("cause not found: compute 50 ms a step above the other ranks'")
-    assert "steal 0 %" in cause.why
+    assert "steal 0 %" in cause.why and cause.why.endswith(
+        "its NIC is not the one next to its GPU: NCCL_IB_HCA==mlx5_3, the plan's =mlx5_0"
+    )
     assert verdict_lines(j, cause, {})[1] == f"   why: {cause.why}"
     assert explain(j, {0: _ev(0)}).why.startswith("cause not found: the kernel's figures of the rank were not sampled")
 

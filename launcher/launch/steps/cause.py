@@ -182,4 +182,6 @@ def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
         parts.append(f"pages off its node {pct(ev.remote)}")
     if ev.mhz is not None:
         parts.append(f"cores at {ev.mhz:.0f} MHz")
+    if ev.nic:
+        parts.append(f"its NIC is not the one next to its GPU: {ev.nic}")
     return "; ".join(parts)

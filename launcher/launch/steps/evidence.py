@@ -13,7 +13,8 @@ Read on every report tick, for every local rank, while the ranks still run (at t
   (``cpufreq/scaling_cur_freq`` against ``cpuinfo_max_freq``) and throttle counters
   (``thermal_throttle/{core,package}_throttle_count``) where sysfs has them;
 * its pages per NUMA node (``/proc/<pid>/numa_maps``, as the binding watcher reads them), for the ranks the report
-  suspects only: the kernel walks every resident page to answer.
+  suspects only: the kernel walks every resident page to answer;
+* once, its NIC variables (``/proc/<pid>/environ``) against the plan's, which chose the NIC next to its GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from ...cpuset import format_list, parse_list
 from ...errors import CpuListError
+from ...plan.nic import NIC_VARIABLES
 from ...worker.watch import parse_numa_maps, remote_share
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -149,6 +151,27 @@ def read_command(root: Path, pid: int, fallback: str = "") -> str:
     return (raw[:77] + "...") if len(raw) > 80 else (raw or fallback)
 
 
+def read_environ(root: Path, pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with (``/proc/<pid>/environ``; {} when unreadable)."""
+    try:
+        raw = (root / "proc" / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def nic_note(planned: Mapping[str, str], environ: Mapping[str, str]) -> str:
+    """Where the rank's NIC variables differ from the plan's for it (a user's value kept over the NIC the plan
+    chose next to its GPU): ``NCCL_IB_HCA=mlx5_3, the plan's =mlx5_0``; '' when they agree or the plan set none."""
+    differ = [
+        f"{k}={environ.get(k, '(unset)')}, the plan's {v}"
+        for k, v in sorted(planned.items())
+        if k in NIC_VARIABLES and environ.get(k) != v
+    ]
+    return "; ".join(differ)
+
+
 def read_pages(root: Path, pid: int) -> dict[int, int]:
     """Resident bytes per NUMA node of ``pid`` (numa_maps; {} when unreadable)."""
     return parse_numa_maps(_read(root / "proc" / str(pid) / "numa_maps") or "")
@@ -167,6 +190,8 @@ class RankProc:
     """Its cores (the plan's; all the node's CPUs when unbound)."""
     numa: int = -1
     """Its NUMA node (-1: unknown, no remote-memory figure)."""
+    nic: str = ""
+    """Where its NIC variables differ from the plan's (:func:`nic_note`)."""
 
 
 @dataclass(frozen=True)
@@ -209,6 +234,8 @@ class Evidence:
     throttled: int = 0
     remote: float | None = None
     """The share of its resident pages on NUMA nodes other than its own (read for suspects only)."""
+    nic: str = ""
+    """Where its NIC variables differ from the plan's, which chose the NIC next to its GPU; '' when they agree."""
 
 
 @dataclass
@@ -359,6 +386,7 @@ class Sampler:
             max_mhz=b.max_mhz,
             throttled=(b.throttle or 0) - (a.throttle or 0),
             remote=self.remote.get(rank.rank),
+            nic=rank.nic,
         )
 
 

@@ -25,7 +25,7 @@ from ...worker.steps import LIVE, RECORDS, LiveTable, RankPlace, RankRow, StepRe
 from ..hangs.exchange import store_client
 from ..hangs.verdict import alive, read_beats
 from .cause import Cause, explain
-from .evidence import Evidence, RankProc, Sampler, cpus_of
+from .evidence import Evidence, RankProc, Sampler, cpus_of, nic_note, read_environ
 from .judge import WINDOW, Judgement, Point, judge
 from .policy import StepPolicy
 from .report import place_of, point, recent, row_of, steps_per_s, summary_lines, verdict_lines
@@ -260,6 +260,7 @@ class StepWatch:
             binding = next((r for r in plan.ranks if r.local_rank == local), None) if plan else None
             cpus = cpus_of(place.cpus, binding.cpus if binding else all_cpus)
             numa = binding.mems[0] if binding and len(binding.mems) == 1 else place.numa
+            nic = nic_note(binding.env, read_environ(self.sampler.root, pid)) if binding else ""
             self.ranks[local] = _Rank(
                 local,
                 rank,
@@ -267,7 +268,7 @@ class StepWatch:
                 node_rank,
                 group,
                 place,
-                RankProc(rank, pid, cpus, numa),
+                RankProc(rank, pid, cpus, numa, nic),
                 Tail(self.state / RECORDS.format(local_rank=local)),  # a restarted rank truncated it: from the top
                 deque(maxlen=KEPT),
             )
