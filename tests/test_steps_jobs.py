@@ -35,14 +35,19 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     return clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp"), NUMARUN_STEP_INTERVAL="0.5", **extra)
 
 
-def _start(tmp: Path, *args: str, job: tuple[str, ...], log: str = "log") -> subprocess.Popen:  # type: ignore[type-arg]
+def _start(tmp: Path, *args: str, job: tuple[str, ...], log: str = "log", **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
     """``numarun ARGS step_rank.py OUT MODE SLOW STEPS WRAP`` (``job``) in a session of its own, output in
     ``tmp/log``."""
     out = tmp / "out"
     out.mkdir(exist_ok=True)
     argv = [*numarun_cmd(), "--log-level", "WARNING", *args, str(SCRIPT), str(out), *job]
     return subprocess.Popen(
-        argv, cwd=SCRIPTS, env=_env(tmp), stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        cwd=SCRIPTS,
+        env=_env(tmp, **env),
+        stdout=open(tmp / log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -130,22 +135,40 @@ def _raise_priority(pid: int, nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid`` so far (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def test_a_rank_whose_core_another_process_spins_on_is_named_with_its_pid_and_command(tmp_path: Path) -> None:
     """``--binding exclusive``: each rank its own core; a spinner pinned to rank 1's core. The kernel moves other
     runnable work away from the spinner's core onto rank 0's: on a host busy with other sessions, rank 0 would be as
     slow as rank 1. So where the test may (root) the job's session runs at nice -10 and the spinner's at -12: the
     spinner takes most of rank 1's core, the other sessions little of rank 0's."""
     cpus = _cpus_of_rank(tmp_path, 1)
-    p = _start(tmp_path, "--nproc-per-node", "2", "--binding", "exclusive", job=("none", "0", "20", "ddp"))
+    gate = tmp_path / "go"
+    p = _start(
+        tmp_path,
+        "--nproc-per-node",
+        "2",
+        "--binding",
+        "exclusive",
+        job=("none", "0", "20", "ddp"),
+        STEP_GATE=str(gate),
+    )
     _raise_priority(p.pid, -10)  # its ranks, started later, are of its session
     spinner = None
     try:
-        # from rank 1's first step on: its start (importing torch on its one core) would crawl beside the spinner
+        # from rank 1's first step on: its start (importing torch on its one core) would crawl beside the spinner;
+        # the ranks wait at the gate until the spinner spins
         wait_until("rank 1's first step", lambda: (tmp_path / "out" / "started.1").exists(), TIMEOUT, proc=p)
         spinner = subprocess.Popen(
             ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-c", SPIN], start_new_session=True
         )
         _raise_priority(spinner.pid, -12)
+        wait_until("the spinner spins", lambda: _cpu_ticks(spinner.pid) > 5, TIMEOUT)
+        gate.touch()
         code = _finish(p)
     finally:
         if p.poll() is None:

@@ -78,6 +78,8 @@ for step, x in enumerate(loader, 1):
     dist.all_reduce(loss.detach())  # the mean loss, as a trainer logs it
     if step == 1:
         mark(f"started.{rank}")
+        while os.environ.get("STEP_GATE") and not os.path.exists(os.environ["STEP_GATE"]):
+            time.sleep(0.01)  # the test sets something up before the steps it judges
     if step == steps:
         break
 dist.barrier()
