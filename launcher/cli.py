@@ -43,7 +43,7 @@ HELP_PAGES: dict[str, str] = {
     "doctor": "doctor.md",
     "tune": "tune.md",
     "stacks": "hangs.md",
-    "top": "steps-views.md",
+    "top": "steps.md",
     "slurm-node": "slurm.md",
 }
 

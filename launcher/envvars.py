@@ -18,6 +18,9 @@ TOPOLOGY = "NUMARUN_TOPOLOGY"  # a topology source instead of the live machine
 REPORT = "NUMARUN_REPORT"  # the file numarun.report(samples=N) appends a JSON line to (set by numarun tune)
 
 HANG_SAMPLE = "NUMARUN_HANG_SAMPLE"  # seconds between a rank's progress samples, set by numarun for its ranks (0: none)
+STEPS = "NUMARUN_STEPS"  # 1: a rank records where each of its steps' time goes (set by numarun: --step-report)
+# seconds between the step report's looks at the ranks (the agent reads it from its own environment; default 5)
+STEP_INTERVAL = "NUMARUN_STEP_INTERVAL"
 WATCH_INTERVAL = "NUMARUN_WATCH_INTERVAL"  # seconds between the binding watcher's checks (0: off; unset: 30)
 TAR_MAX_BYTES = "NUMARUN_TAR_MAX_BYTES"  # cap on a topology tarball's extracted bytes (default 1 GiB)
 TAR_MAX_MEMBERS = "NUMARUN_TAR_MAX_MEMBERS"  # cap on its members (default 200,000)

@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import numarun
 from numarun.comm.allreduce import apply_comm, ddp_bucket_mb
 from numarun.comm.pipeline import Steps
-from numarun.train.loop import adamw_path
 from numarun.train.models import Gpt
+from numarun.train.optim import adamw_path
 
 
 def _record_stream(events: list[tuple[str, float, int]]) -> None:

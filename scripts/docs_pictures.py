@@ -4,7 +4,8 @@
     .venv/bin/python scripts/docs_pictures.py --check    # exit 1 naming each picture that is not current
 
 Each machine gives two pictures: ``<name>-topo.svg`` (``numarun topo --svg``) and ``<name>-plan.svg``
-(``numarun plan --svg`` with the machine's plan options). A machine is one line of :data:`MACHINES`;
+(``numarun plan --svg`` with the machine's plan options); each recorded job of :data:`STEP_JOBS` the step report's
+picture of its steps. A machine is one line of :data:`MACHINES`;
 tests/docs/test_docs_pictures.py runs ``--check``'s comparison, so a change in what numarun draws shows up
 as a picture to regenerate.
 """
@@ -85,11 +86,32 @@ def draw(machine: Machine, into: Path) -> dict[str, str]:
     return pictures
 
 
+STEP_JOBS = (
+    # the step report's picture of a real job: rank 1's core shared with a spinner (tests/e2e/test_steps_jobs.py's)
+    ("steps-shared-core", "tests/fixtures/steps/shared-core-job"),
+)
+"""(picture name, a folder holding a job's ``steps.jsonl`` and its ranks' ``places.json``)."""
+
+
+def draw_steps(folder: str) -> str:
+    """The step report's picture (:func:`numarun.launch.steps.picture.picture`) of a recorded job."""
+    import json
+
+    from numarun.jsonable import from_jsonable
+    from numarun.launch.steps.picture import picture
+    from numarun.worker.steps import RankPlace, read_records
+
+    records = list(read_records((REPO / folder / "steps.jsonl").read_text().splitlines()))
+    places = [from_jsonable(RankPlace, p) for p in json.loads((REPO / folder / "places.json").read_text())]
+    return picture(records, {p.rank: p for p in places})
+
+
 def draw_all() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         pictures: dict[str, str] = {}
         for machine in MACHINES:
             pictures.update(draw(machine, Path(tmp)))
+        pictures.update((f"{name}.svg", draw_steps(folder)) for name, folder in STEP_JOBS)
         return pictures
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# numarun's end-to-end check on a GPU host, run once (about 5 minutes on one H200):
+# numarun's end-to-end check on a GPU host, run once (about 7 minutes on one H200):
 #   here:          bash scripts/fetch-gpu-wheels.sh        (wheels into .whl/, not committed)
 #   on the host:   bash scripts/gpu-check.sh [gpu_check.py options]
 #   rehearsal:     bash scripts/gpu-check.sh --self-test   (any machine: same set-up, no CUDA)

@@ -1,4 +1,4 @@
-"""numarun's end-to-end check on a GPU host (run by scripts/gpu-check.sh), one go, about 5 minutes.
+"""numarun's end-to-end check on a GPU host (run by scripts/gpu-check.sh), one go, about 7 minutes.
 
     python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
@@ -28,6 +28,10 @@ Checks (each a list of named pass/fail results; run in the order topo, binding, 
    sleeps most of each step under a short timeout is never reported.
 7. ``layout``: the trainer's degree path on CUDA: one rank with ``parallel=fsdp`` (dp_shard) against
    ``parallel=ddp`` on the same batch, SGD without clipping: per-step losses agree.
+8. ``steps``: the step report on a GPU: two ranks on the one GPU (gloo: NCCL refuses two ranks on one device), a
+   DDP MLP, rank 1 doing more GPU work in its forward. Every record past the first carries the step's GPU time
+   from CUDA events (read later, never synchronising) and the CUDA allocator's peak; the verdict names rank 1 with
+   compute; the same job with ``--step-report off`` and ``on`` side by side, their median steps' ratio.
 
 Writes ``gpu-check.json`` and ``gpu-check.md`` to ``--out`` (default ``$OUT``) and exits 1 when
 any check fails. ``--self-test`` runs check 1 on the recorded H200 VM capture
@@ -497,6 +501,43 @@ def probe_hang(mode: str, steps: int) -> None:
     dist.destroy_process_group()
 
 
+def probe_steps(slow: int, steps: int) -> None:
+    """Run as a rank of a two-rank job on one GPU: a DDP MLP on cuda:0 (gloo), rank ``slow`` doing eight more
+    4096x4096 matrix products in its forward; writes its median step time to ``$STEPS_OUT/rank<R>.json``."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0"  # numarun planned the ranks CPU-only: both take the one GPU
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    dev = torch.device("cuda", 0)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).to(dev), device_ids=[0]
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x, big = torch.randn(256, 2048, device=dev), torch.randn(4096, 4096, device=dev)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        if rank == slow:
+            for _ in range(8):
+                big = torch.tanh(big @ big)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(loss.detach())  # a CUDA tensor through gloo: the host waits for it
+        times.append(time.perf_counter() - t)
+    out = Path(os.environ["STEPS_OUT"])
+    (out / f"rank{rank}.json").write_text(json.dumps({"step_s": statistics.median(times[len(times) // 5 :])}))
+    del model, opt
+    dist.destroy_process_group()
+
+
 # -- the checks, live -----------------------------------------------------------------------------
 
 
@@ -722,6 +763,70 @@ def step_hang(result: dict[str, Any], work: Path) -> list[Check]:
     ]
 
 
+def step_steps(result: dict[str, Any], work: Path, *, steps: int = 60) -> list[Check]:
+    me = str(Path(__file__).resolve())
+    runs: dict[str, dict[str, Any]] = {}
+    last_on: tuple[subprocess.CompletedProcess[str], Path] | None = None
+    for setting in ("off", "on", "off", "on"):  # alternated: the ratio of medians is the report's cost on a GPU
+        logs = work / f"steps-{setting}-{len(runs)}"
+        logs.mkdir()
+        env = {**_env(), "CUDA_VISIBLE_DEVICES": "", "NUMARUN_STEP_INTERVAL": "1", "STEPS_OUT": str(logs)}
+        cmd = [*NUMARUN, "run", "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs)]
+        cmd += ["--step-report", setting, me, "--probe-steps", "1", "--steps-n", str(steps)]
+        print(f"+ two ranks on one GPU, rank 1 slower, --step-report {setting}", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=work, env=env)
+        medians = [json.loads(f.read_text())["step_s"] for f in sorted(logs.glob("rank*.json"))]
+        runs[f"{setting}{len(runs)}"] = {"exit": proc.returncode, "stderr": proc.stderr[-4000:], "step_s": medians}
+        if setting == "on":
+            last_on = (proc, logs)
+    assert last_on is not None
+    proc, logs = last_on
+    result["steps"] = runs
+    kept = next(logs.glob("numarun_steps.*/steps.jsonl"), None)
+    from numarun.worker.steps import read_records
+
+    return check_steps(
+        list(read_records(kept.read_text().splitlines())) if kept else [],
+        proc.stderr,
+        on=[x for k, v in runs.items() if k.startswith("on") for x in v["step_s"]],
+        off=[x for k, v in runs.items() if k.startswith("off") for x in v["step_s"]],
+        exits=[v["exit"] for v in runs.values()],
+    )
+
+
+def check_steps(
+    records: Sequence[Any], stderr: str, *, on: Sequence[float], off: Sequence[float], exits: Sequence[int]
+) -> list[Check]:
+    """The step report's GPU checks on what the ``on`` runs wrote (their records, numarun's stderr) and every run's
+    median steps."""
+    later = [r for r in records if r.step > 1]
+    verdict = next((ln for ln in stderr.splitlines() if "=> " in ln), "")
+    ratio = statistics.median(on) / statistics.median(off) if on and off else float("nan")
+    peak = min((r.peak_bytes or 0 for r in later), default=0)
+    return [
+        Check("steps", "ran", bool(exits) and all(x == 0 for x in exits), f"exits {list(exits)}"),
+        Check(
+            "steps",
+            "gpu_events",
+            bool(later) and all(r.gpu_s is not None and r.gpu_s > 0 for r in later),
+            f"{sum(r.gpu_s is not None for r in later)} of {len(later)} records with the step's GPU time",
+        ),
+        Check(
+            "steps",
+            "peak_memory",
+            peak >= 4 * 2048 * 2048 * 4,  # the model's parameters, in the CUDA allocator
+            f"smallest peak {peak / 2**20:.0f} MiB",
+        ),
+        Check("steps", "slow_rank_named", "=> rank 1 holds the job back: compute" in verdict, verdict.strip()),
+        Check(
+            "steps",
+            "cost",
+            ratio <= 1.02,
+            f"median step with the report on / off: {ratio:.4f} (goal <= 1.01; passes to 1.02, two runs each)",
+        ),
+    ]
+
+
 LAYOUT_OVERRIDES = (
     "model=gpt",
     "model.n_layers=2",
@@ -863,6 +968,7 @@ def run_all(args: argparse.Namespace) -> int:
             "mesh": lambda: step_mesh(result, work),
             "hang": lambda: step_hang(result, work),
             "layout": lambda: step_layout(result, work),
+            "steps": lambda: step_steps(result, work),
             "train": lambda: step_train(
                 result,
                 work,
@@ -943,6 +1049,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--probe", metavar="FILE", help="(as a job's rank) write this process's binding to FILE")
     p.add_argument("--probe-hang", choices=("stuck", "healthy"), help="(as a job's rank) the NCCL hang worker")
     p.add_argument("--hang-steps", type=int, default=25, help="steps of the healthy hang worker")
+    p.add_argument("--probe-steps", type=int, metavar="SLOW", help="(as a job's rank) the step report's GPU worker")
+    p.add_argument("--steps-n", type=int, default=60, help="steps of the step report's GPU worker")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for gpu-check.json/.md (default $OUT)")
     p.add_argument("--rounds", type=int, default=3, help="training rounds per launcher (default 3)")
     p.add_argument("--steps", type=int, default=60, help="training steps per run (default 60)")
@@ -960,7 +1068,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout"),
+        choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout", "steps"),
     )
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
@@ -970,6 +1078,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.probe_hang:
         probe_hang(args.probe_hang, args.hang_steps)
+        return 0
+    if args.probe_steps is not None:
+        probe_steps(args.probe_steps, args.steps_n)
         return 0
     if args.self_test:
         return self_test(args)

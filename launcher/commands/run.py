@@ -30,6 +30,7 @@ from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
+from ..launch.steps import steps_from
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
@@ -422,5 +423,7 @@ class _Runner:
             plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
         env = {**self.env(options, plan, plan_path), **job_env}
         log.info("running: %s", command_line(env, spec.argv()))
-        self.supervisor.run(spec, env, hang=policy_from(options), run_dir=run_dir)
+        self.supervisor.run(
+            spec, env, hang=policy_from(options), steps=steps_from(options, os.environ), run_dir=run_dir
+        )
         return 0

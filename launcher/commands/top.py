@@ -4,7 +4,7 @@ The job is found as ``numarun stacks`` finds it (the latest started of yours on 
 pid or any rank's); the table is the step report's live view (``steps.live.json``), which the job's numarun
 rewrites in its private directory. Exit codes: 0 shown (the live view ends with the job or Ctrl-C, 130); 1 no
 job runs here; 2 a bad flag or a ``--pid`` that is no numarun job's; 3 the job has no step report yet
-(docs/steps-views.md).
+(docs/steps.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class NoStepReport(NumarunError):
     """The job runs but has no step report (yet, or it is off): exit 3, try again later; one that cannot be read
     (another numarun's format): exit 1."""
 
-    page = "steps-views.md"
+    page = "steps.md"
 
     def __init__(self, message: str, exit_code: int = EXIT_NO_REPORT) -> None:
         super().__init__(message)

@@ -29,7 +29,7 @@ from ..errors import UsageError
 from ..jobenv.settle import Setting, Source
 from ..plan.model import BindingMode, MemPolicy, NicPolicy, PlanRequest
 from ..plan.options import parse_nproc
-from . import hangs
+from . import hangs, steps
 
 NOT_LAUNCH = (
     "help",
@@ -221,6 +221,16 @@ DECLARED: tuple[Option, ...] = (
         config=str,
         metavar="ACTION",
         help=f"after the roll-call: report (keep running) or stop (end the job, exit code {hangs.EXIT_HANG})",
+    ),
+    Option(
+        "step_report",
+        ("--step-report",),
+        default=steps.StepReport.ON,
+        parse=argtypes.choice(steps.StepReport, "--step-report"),
+        config=str,
+        metavar="ON|OFF",
+        help="record where each rank's step time goes and, at the end, say which rank holds the job back and why "
+        "(docs/steps.md); numarun top shows it live",
     ),
 )
 """numarun's launch options, and the torchrun options numarun gives more (no flags: torchrun's own), in the order

@@ -42,6 +42,8 @@ from .abort import AbortWatch
 from .hangs import HangPolicy, HangWatch, keep_dir, write_job_record
 from .signals import Phase, reap, say_ready
 from .spec import LaunchSpec
+from .steps import StepPolicy, StepWatch
+from .steps import keep_dir as steps_dir
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class Supervisor:
         self._stopped: tuple[float, int] | None = None  # when a death signal was taken, which (the grace for C++)
         self._closed = False
         self._hangs: HangWatch | None = None
+        self._steps: StepWatch | None = None
         self._hang_stop: tuple[int, str] | None = None  # the watchdog asks the loop to end the job
         self._hang_hold = threading.Event()  # set: the loop is about to end the job; the main thread waits for it
         self._stderr_fd: int | None = None  # numarun's stderr while its fd 2 is quieted for a hang stop
@@ -275,11 +278,13 @@ class Supervisor:
         env: Mapping[str, str],
         *,
         hang: HangPolicy | None = None,
+        steps: StepPolicy | None = None,
         run_dir: os.PathLike[str] | str | None = None,
     ) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
         :class:`RunFailed` (docs/reference/exit-codes.md; docs/run.md, "Signals"). ``hang``: the watchdog's policy
-        (docs/hangs.md), whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``."""
+        (docs/hangs.md), whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``; ``steps``: the
+        step report's (docs/steps.md), whose files are kept there too."""
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -302,10 +307,12 @@ class Supervisor:
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
         hang = hang or HangPolicy()
+        steps = steps or StepPolicy()
         updates = {
             **dict(spec.env),
             **env,
             **hang.worker_env(),
+            **steps.worker_env(),
             envvars.LAUNCHER_PID: str(os.getpid()),
             envvars.STATE_DIR: str(directory),
         }
@@ -318,6 +325,18 @@ class Supervisor:
             request_stop=self._request_stop,
             hold=self._hold,
         ).start()
+        plan = env.get(envvars.PLAN)
+        self._steps = (
+            StepWatch(
+                steps,
+                directory,
+                keep=steps_dir(run_dir or spec.log_dir),
+                store=spec.store_address(),
+                plan=Path(plan) if plan else None,
+            ).start()
+            if steps.on
+            else None
+        )
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -370,6 +389,9 @@ class Supervisor:
             if hangs is not None:
                 hangs.settle()  # a roll-call begun at a stop is written before the directory goes
                 hangs.close()
+            report, self._steps = self._steps, None
+            if report is not None:
+                report.close()  # the summary and the files, from the ranks' records, before the directory goes
             with self.loop.lock:
                 if self.loop.phase is not Phase.STOPPING:
                     self.loop.phase = Phase.BETWEEN

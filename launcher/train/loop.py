@@ -24,13 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..config.schema import ModelKind, OptimKind, Precision, Schedule
+from ..config.schema import ModelKind, Precision, Schedule
 from ..errors import ConfigError
 from ..fsutil import write_atomic
 from ..launch.signals import Requests
+from ..worker import phases
 from . import checkpoint
 from .data import StepBatchSampler, build_dataset, build_loader
+from .flops import flops_per_sample, mfu, peak_flops, phase_text
 from .models import build_model, loss_fn
+from .optim import build_optimizer
 from .parallel import Parallelized, clip_grad_norm, parallelize
 from .preflight import check_layout
 
@@ -91,36 +94,6 @@ def lr_at(step: int, optim_cfg: Any, total_steps: int) -> float:
     return optim_cfg.lr
 
 
-def adamw_path(*, tp: int, device_type: str) -> dict[str, Any]:
-    """AdamW's implementation flags: the fast path unless tensor parallelism needs the slow one.
-
-    TP mixes DTensor and plain parameters in one group (or, under FSDP2, DTensors of two meshes),
-    which the multi-tensor (foreach) and fused kernels do not take: per-tensor there. Elsewhere
-    fused, on GPU and on CPU: torch's CPU default runs a loop over the tensors, 4-8x slower (the
-    3.3 M-parameter GPT under DDP: 16 ms against 4 ms a step on one core; FSDP2 shards: 22 ms
-    against 3 ms), time between two steps that no communication can hide.
-    """
-    if tp > 1:
-        return {"foreach": False}
-    if device_type in ("cuda", "cpu"):
-        return {"fused": True}
-    return {}
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Any, *, tp: int = 1) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.kind == OptimKind.SGD:
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    device_type = params[0].device.type if params else "cpu"
-    path = adamw_path(tp=tp, device_type=device_type)
-    try:
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, **path)
-    except RuntimeError:  # a torch or dtype without the fused kernel: its default then
-        if not path.get("fused"):
-            raise
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
 class Trainer:
     def __init__(self, cfg: Any, run_dir: Path, ctx: Any, stops: Requests | None = None) -> None:
         """``stops``: the signals that ask the run to stop after its step (:data:`STOP_SIGNALS`), read after each
@@ -152,6 +125,10 @@ class Trainer:
             torch.autocast(ctx.device.type, dtype=torch.bfloat16) if t.precision == Precision.BF16 else nullcontext()
         )
         self.tokens_per_sample = cfg.model.seq_len if cfg.model.kind == ModelKind.GPT else 0
+        self.flops_per_sample = flops_per_sample(cfg.model)
+        self.peak_flops = (
+            peak_flops(torch.cuda.get_device_name(ctx.device), t.precision) if ctx.device.type == "cuda" else None
+        )
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -475,10 +452,25 @@ class Trainer:
         }
         if self.tokens_per_sample:
             row["tokens_per_s"] = batch_size * self.tokens_per_sample / dt
+        shares = phases.shares(self.cfg.trainer.log_interval)  # this rank's steps since the last line
+        if shares:
+            row["phases"] = {p: round(v, 4) for p, v in shares.items()}
+        used = mfu(
+            flops_per_step=self.flops_per_sample * batch_size if self.flops_per_sample else None,
+            step_s=dt,
+            ranks=self.ctx.world_size,
+            peak=self.peak_flops,
+        )
+        if used is not None:
+            row["mfu"] = round(used, 4)
         metrics.write(json.dumps(row) + "\n")
         metrics.flush()
         rate = f"{row['tokens_per_s']:.0f} tok/s" if self.tokens_per_sample else f"{row['samples_per_s']:.0f} samples/s"
         text = f"loss {loss:.4f}  {rate}  peak {max(peaks):.0f} MiB"
+        if shares:
+            text += f"  {phase_text(shares)}"
+        if used is not None:
+            text += f"  MFU {used * 100:.1f} %"
         if progress is not None:
             progress.update(self._task, completed=step, info=text)
         else:

@@ -119,8 +119,8 @@ def planned_tensors(cfg: Any) -> tuple[dict[str, tuple[int, ...]], str]:
     a scalar); and the optimizer's name."""
     import torch
 
-    from .loop import build_optimizer
     from .models import build_model
+    from .optim import build_optimizer
 
     with torch.device("meta"):
         model = build_model(cfg.model)

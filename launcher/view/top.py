@@ -1,5 +1,5 @@
 """The live step table of a running job, what ``numarun top`` draws (rich; pure: a table in, a renderable or text
-out; docs/steps-views.md)."""
+out; docs/steps.md)."""
 
 from __future__ import annotations
 

@@ -280,6 +280,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             from . import progress
 
             progress.install(os.environ)  # the hang watchdog's counters and sampler, before torch is imported
+            from . import phases
+
+            phases.install(os.environ)  # the step report's recorder, beside them
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)
         sys.exit(e.exit_code)

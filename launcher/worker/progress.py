@@ -108,12 +108,21 @@ class Counters:
         self.collectives = 0
         self.steps = 0
         self.inside: dict[int, str] = {}  # thread ident -> the outermost collective it is in
+        self.comm_s = 0.0
+        """Seconds the main thread spent inside collectives (the outermost call), for the step report."""
+        self.timed: Callable[[str, bool], None] | None = None
+        """Told ``(name, entering)`` around each outermost collective of the main thread, when set (the step
+        report's GPU events)."""
+        self.installed = False
+        self.clock: Callable[[], float] = time.perf_counter
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` counting its calls; under torch.compile the original is called (dynamo remaps the wrapped name)."""
         counters = self
         inside = self.inside
         get_ident = threading.get_ident
+        clock = self.clock
+        main = threading.main_thread().ident
         compiling = [_is_compiling]  # torch's own check once torch is whole: a call, not a module lookup, each time
 
         @functools.wraps(fn)
@@ -126,16 +135,24 @@ class Counters:
                 return fn(*args, **kwargs)
             me = get_ident()
             outer = me not in inside
+            timed = outer and me == main
             if outer:
                 inside[me] = name
             counters.events += 1
             counters.collectives += 1
+            if timed and counters.timed is not None:
+                counters.timed(name, True)
+            t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 counters.events += 1
                 if outer:
                     inside.pop(me, None)
+                if timed:
+                    counters.comm_s += clock() - t0
+                    if counters.timed is not None:
+                        counters.timed(name, False)
 
         collective.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return collective
@@ -181,15 +198,17 @@ def patch_optimizer(module: ModuleType, counters: Counters = COUNTERS) -> bool:
     return True
 
 
-PATCHES: dict[str, Callable[[ModuleType], object]] = {C10D: patch_c10d, OPTIMIZER: patch_optimizer}
+PATCHES: dict[str, Callable[..., object]] = {C10D: patch_c10d, OPTIMIZER: patch_optimizer}
+"""Module -> its patch, called as ``patch(module, counters=...)``."""
 MULTIPROCESSING = "multiprocessing.process"
 
 
 class _After(importlib.abc.Loader):
-    """A module's own loader, then ``then(module)`` once the module has run (before whoever imported it goes on)."""
+    """A module's own loader, then each of ``then`` on the module once it has run (before whoever imported it goes
+    on)."""
 
-    def __init__(self, loader: Any, then: Callable[[ModuleType], object]) -> None:
-        self._loader, self._then = loader, then
+    def __init__(self, loader: Any, then: Sequence[Callable[[ModuleType], object]]) -> None:
+        self._loader, self._then = loader, tuple(then)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._loader, "create_module", None)
@@ -200,20 +219,25 @@ class _After(importlib.abc.Loader):
         module.__loader__ = self._loader  # linecache, inspect and pickle see the real loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
-        try:
-            self._then(module)
-        except Exception as e:  # never break the user's import for a count
-            log.debug("progress counters not installed in %s: %s", module.__name__, e)
+        for then in self._then:
+            _patch(then, module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: hands the modules of :data:`PATCHES` to :class:`_After`, then leaves the path."""
+def _patch(then: Callable[[ModuleType], object], module: ModuleType) -> None:
+    try:
+        then(module)
+    except Exception as e:  # never break the user's import for a count
+        log.debug("progress counters not installed in %s: %s", module.__name__, e)
 
-    def __init__(self, patches: Mapping[str, Callable[[ModuleType], object]]) -> None:
-        self.pending = dict(patches)
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: hands the modules it waits for to :class:`_After`; leaves the path when none is left."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[Callable[[ModuleType], object]]] = {}
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -230,22 +254,29 @@ class _PostImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def when_imported(patches: Mapping[str, Callable[[ModuleType], object]]) -> None:
-    """Each ``patch(module)``: at once for a module already imported, else as it is."""
-    pending = {}
-    for name, patch in patches.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            patch(module)
-        else:
-            pending[name] = patch
-    if pending:
-        sys.meta_path.insert(0, _PostImport(pending))
+_post_import = _PostImport()
+
+
+def after_import(name: str, then: Callable[[ModuleType], object]) -> None:
+    """``then(module)`` once the module ``name`` has loaded: now if it has, else as soon as someone imports it
+    (one finder for every module waited for, so that two features may wait for the same one)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        _patch(then, module)
+        return
+    _post_import.pending.setdefault(name, []).append(then)
+    if _post_import not in sys.meta_path:
+        sys.meta_path.insert(0, _post_import)
 
 
 def install_counters(counters: Counters = COUNTERS) -> None:
-    """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are."""
-    when_imported(PATCHES)
+    """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are.
+    Once per counters (the hang watchdog and the step report both ask)."""
+    if counters.installed:
+        return
+    counters.installed = True
+    for name, patch in PATCHES.items():
+        after_import(name, functools.partial(patch, counters=counters))
 
 
 # ----------------------------------------------------------------------------- helper processes
@@ -485,7 +516,7 @@ def install(environ: Mapping[str, str]) -> Sampler | None:
     except (OSError, ValueError, RuntimeError) as e:
         log.debug("no stack dump handler: %s", e)
         return None
-    when_imported({MULTIPROCESSING: patch_multiprocessing})
+    after_import(MULTIPROCESSING, patch_multiprocessing)
     interval = sample_interval(environ)
     path = Path(state) / HEARTBEAT.format(local_rank=local)
     if interval <= 0:  # the dump handler only: one heartbeat says it is in place

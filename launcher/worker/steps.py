@@ -144,6 +144,9 @@ class LiveTable:
     nodes: int = 1
     """How many nodes' ranks ``rows`` holds, of the job's."""
     job_nodes: int = 1
+    slowest: int | None = None
+    """The rank whose own time (its step less its waiting in collectives) is longest over the window, named by the
+    verdict or not; None before the ranks can be compared."""
 
     def text(self) -> str:
         return json.dumps({"v": FORMAT, **to_jsonable(self)}, separators=(",", ":"))

@@ -1,4 +1,4 @@
-"""``numarun top`` (docs/steps-views.md): the live table of a running job's ranks.
+"""``numarun top`` (docs/steps.md): the live table of a running job's ranks.
 
 The table's drawing is checked on known live views (fast). End to end, one real job (two ranks that sleep): the test
 stands in for numarun's agent and writes the live view into the job's private directory (where ``job.json`` is),

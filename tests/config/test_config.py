@@ -463,7 +463,7 @@ def test_config_write_is_atomic_and_refuses_a_planted_link(tmp_path: Path) -> No
 
 
 def test_adamw_takes_the_fast_path_except_under_tp() -> None:
-    from numarun.train.loop import adamw_path
+    from numarun.train.optim import adamw_path
 
     assert adamw_path(tp=2, device_type="cuda") == {"foreach": False} == adamw_path(tp=4, device_type="cpu")
     assert adamw_path(tp=1, device_type="cuda") == {"fused": True} == adamw_path(tp=1, device_type="cpu")
@@ -473,7 +473,7 @@ def test_adamw_takes_the_fast_path_except_under_tp() -> None:
 def test_the_fused_cpu_adamw_trains_like_torchs_default() -> None:
     import torch
 
-    from numarun.train.loop import adamw_path
+    from numarun.train.optim import adamw_path
 
     def train(options: dict[str, bool]) -> torch.Tensor:
         torch.manual_seed(0)

@@ -27,7 +27,7 @@ def test_pictures_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
     pictures = _pictures_module()
     monkeypatch.chdir(REPO)  # the pictures name their topology as given, relative to the repository
     drawn = pictures.draw_all()
-    assert len(drawn) == 2 * len(pictures.MACHINES)
+    assert len(drawn) == 2 * len(pictures.MACHINES) + len(pictures.STEP_JOBS)
     assert not pictures.stale(drawn), (
         f"pictures not current: {pictures.stale(drawn)}; run .venv/bin/python scripts/docs_pictures.py"
     )
@@ -39,6 +39,12 @@ def test_each_picture_is_on_a_concepts_page() -> None:
     for machine in pictures.MACHINES:
         for kind in ("topo", "plan"):
             assert f"](img/{machine.name}-{kind}.svg)" in concepts, (machine.name, kind)
+
+
+def test_each_step_report_picture_is_on_the_step_report_page() -> None:
+    pictures = _pictures_module()
+    page = (REPO / "docs" / "steps.md").read_text(encoding="utf-8")
+    assert all(f"](img/{name}.svg)" in page for name, _ in pictures.STEP_JOBS)
 
 
 def test_a_plan_picture_colours_its_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from numarun.jobenv import detect
 from numarun.jobenv.settle import JobConflict, Source
 from numarun.launch.hangs import OnHang
 from numarun.launch.options import DECLARED, Options, config_keys, from_args
+from numarun.launch.steps import StepReport
 from numarun.launch.torchrun import installed_torch_version
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 
@@ -127,6 +128,17 @@ FIELDS: dict[str, Case] = {
         "stop",
         OnHang.STOP,
         OnHang.REPORT,
+        "numarun",
+    ),
+    "step_report": Case(
+        ["--step-report", "on"],
+        StepReport.ON,
+        "NUMARUN_STEP_REPORT",
+        "off",
+        StepReport.OFF,
+        "off",
+        StepReport.OFF,
+        StepReport.ON,
         "numarun",
     ),
 }

@@ -293,6 +293,8 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
             "hang",
             "--skip",
             "layout",
+            "--skip",
+            "steps",
         ],
         capture_output=True,
         text=True,
@@ -335,3 +337,27 @@ def test_mesh_checks_pass_and_catch_each_mismatch() -> None:
     }
     assert _failed(gc.check_mesh(plan, {**report, "mesh_env": {}}, fabric)) == {"rank_env"}
     assert _failed(gc.check_mesh(plan, report, [])) == {"nvml_fabric_info"}
+
+
+def test_step_report_checks_pass_and_catch_each_failure() -> None:
+    from numarun.worker.steps import StepRecord
+
+    def rec(step: int, gpu_s: float | None = 0.05, peak: int = 300 << 20) -> StepRecord:
+        return StepRecord(1, step, step * 0.1, step * 0.1 + 0.1, peak_bytes=peak, gpu_s=gpu_s)
+
+    good = [rec(1, None), *(rec(i) for i in range(2, 10))]
+    verdict = "numarun: => rank 1 holds the job back: compute, 40 ms a step above the other ranks; ..."
+    checks = gc.check_steps(good, verdict, on=[0.100, 0.101], off=[0.100, 0.100], exits=[0, 0, 0, 0])
+    assert all(c.ok for c in checks), checks
+    failed = {
+        c.name
+        for c in gc.check_steps(
+            [*good, rec(10, None), rec(11, peak=1 << 20)],
+            "numarun: => no rank holds the job back (...)",
+            on=[0.2],
+            off=[0.1],
+            exits=[0, 1],
+        )
+        if not c.ok
+    }
+    assert failed == {"ran", "gpu_events", "peak_memory", "slow_rank_named", "cost"}

@@ -113,6 +113,11 @@ def test_ddp_trains_and_overrides_reach_the_job(ddp8: Path) -> None:
     assert len(s["peak_mem_mb_per_rank"]) == 2 and min(s["peak_mem_mb_per_rank"]) > 0
     assert s["samples_per_s_mean"] > 0
     assert (Path(s["checkpoint"]) / "meta.json").is_file()
+    # the log line's phases (this rank's recent steps, from the step report's recorder); no MFU on a CPU
+    assert all(set(r["phases"]) == {"input", "compute", "comm", "optim"} for r in rows[1:]) and "mfu" not in rows[-1]
+    assert sum(rows[-1]["phases"].values()) == pytest.approx(1.0, abs=0.01)
+    kept = list(ddp8.glob("numarun_steps.*/steps.jsonl"))  # the step report keeps its files in the run dir
+    assert len(kept) == 1 and len(kept[0].read_text().splitlines()) == 16
 
 
 def test_fsdp_matches_ddp_step_by_step(ddp8: Path, fsdp8: Path) -> None:

@@ -14,6 +14,15 @@ ANSWER_WAIT_S = 90.0
 """How long the judge waits for the other nodes' stands (a sample, the dumps, py-spy's native unwinding)."""
 
 
+def store_client(host: str, port: int, timeout_s: float = 10.0) -> Any:
+    """A client of the job's rendezvous store (torch's TCPStore; the agent's torch is imported by now)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, None, False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
 class Exchange:
     """One restart's keys of a job's store; one client, one thread."""
 
@@ -25,13 +34,7 @@ class Exchange:
 
     def store(self) -> Any:
         if self._store is None:
-            from datetime import timedelta
-
-            from torch.distributed import TCPStore
-
-            self._store = TCPStore(
-                self.host, self.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
-            )
+            self._store = store_client(self.host, self.port)
         return self._store
 
     def _get(self, key: str) -> bytes | None:

@@ -1,4 +1,4 @@
-"""The step report as a picture: ranks × steps on a time axis, each step split by phase (pure; docs/steps-views.md).
+"""The step report as a picture: ranks × steps on a time axis, each step split by phase (pure; docs/steps.md).
 
 One row per rank, in rank order, grouped by node. Each step is a segment as wide as its wall time, placed at its
 start; inside it the step's phases (:data:`~numarun.worker.steps.PHASES`) lie back to back in that order, coloured

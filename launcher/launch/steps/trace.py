@@ -1,5 +1,5 @@
 """The step report as a trace in the Chrome trace event format, for ui.perfetto.dev and chrome://tracing (pure;
-docs/steps-views.md).
+docs/steps.md).
 
 One process per node (``pid`` = node rank, named by its host), one thread per rank (``tid`` = rank, named by its
 place's label). Each step is a complete event (``ph: "X"``) named ``step N``, its args holding the step's phase

@@ -1,0 +1,187 @@
+"""Why the rank that holds the job back is slow, from what numarun placed and what the kernel says (pure).
+
+The causes are tried in order; one is named only when its evidence covers at least :data:`COVERS` of the time the
+rank loses per step (:attr:`~numarun.launch.steps.judge.Judgement.lost_s`), else the answer is *cause not found*
+with the figures:
+
+1. **a shared core**: its main thread waited on a run queue (schedstat) more than the others' by most of the lost
+   time, and a process outside the job ran on its cores (named by pid and command); without such a process, *CPU
+   wait* (its own threads, or its loader workers, crowd its cores);
+2. **steal**: the VM's host took its cores' time (``/proc/stat``);
+3. **input** (the phase it loses the time in): no DataLoader workers (it loads in its main thread), or workers
+   busy to the full (they cannot keep up); idle workers point elsewhere (storage, the network): not found;
+4. **compute** or **optim** that its main thread spent running (not waiting): slower cores (cpufreq, throttle
+   counters), remote memory (numa_maps: its pages on other NUMA nodes than its own), else more work than the others.
+
+Each cause carries the fix where there is a clear one: more loader workers, ``--binding``, free the cores.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .evidence import Evidence
+from .judge import Judgement
+
+COVERS = 0.5
+BUSY_WORKER = 0.8
+"""A loader worker busy at least this share of a core cannot keep up."""
+SLOW_CORES = 0.9
+"""Cores at less than this share of the others' frequency are slower cores."""
+REMOTE = 0.25
+"""The share of a rank's pages on other NUMA nodes that counts as remote memory (the binding watcher warns at it)."""
+
+
+@dataclass(frozen=True)
+class Cause:
+    found: bool
+    why: str
+    fix: str = ""
+
+
+def ms(seconds: float) -> str:
+    """``48 ms``, ``0.4 ms``, ``2.1 s``."""
+    if abs(seconds) >= 10:
+        return f"{seconds:.0f} s"
+    if abs(seconds) >= 1:
+        return f"{seconds:.1f} s"
+    value = seconds * 1e3
+    return f"{value:.0f} ms" if abs(value) >= 10 else f"{value:.1f} ms"
+
+
+def pct(share: float) -> str:
+    return f"{share * 100:.0f} %"
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def explain(
+    j: Judgement,
+    evidence: Mapping[int, Evidence],
+    *,
+    workers: Mapping[int, int] | None = None,
+    bound: bool = True,
+) -> Cause:
+    """The cause of ``j.culprit``'s lost time (see the module docstring). ``workers``: each rank's DataLoader
+    workers as its records say (-1 or absent: unknown); ``bound``: whether numarun gave the rank cores of its own."""
+    rank = j.culprit if j.culprit is not None else j.slowest
+    ev = evidence.get(rank) if rank is not None else None
+    if rank is not None and ev is None and j.phase == "input":  # its records tell its loader: enough for a cause
+        return _input(j, Evidence(rank, 0.0, ""), rank, (workers or {}).get(rank, -1))
+    if rank is None or ev is None:
+        return Cause(
+            False,
+            "cause not found: the kernel's figures of the rank were not sampled while it ran (a job shorter than "
+            "two report intervals, NUMARUN_STEP_INTERVAL)",
+        )
+    others = [e for r, e in evidence.items() if r != rank]
+    lost, step = j.lost_s, j.step_s
+
+    def usual(attr: str) -> float:
+        return _median([getattr(o, attr) for o in others])
+
+    # A thread on a shared core waits in proportion to the time it runs: the rank's wait per second it ran, above
+    # the others', is its core's contention; its running above theirs is more work (and the wait that comes with it).
+    run = ev.main_run * step
+    ratio = _median([o.main_wait / o.main_run for o in others if o.main_run > 0])
+    contended = ev.main_wait * step - run * ratio
+    more_work = (ev.main_run - usual("main_run")) * step * (1 + ratio)
+    waited = ev.main_wait * step
+    cores = ev.cpus or "?"
+    if contended >= COVERS * lost:
+        if ev.others:
+            named = "; ".join(f"pid {b.pid} ({b.command}) ran {pct(b.share)} of a core on them" for b in ev.others)
+            pids = " ".join(str(b.pid) for b in ev.others)
+            return Cause(
+                True,
+                f"a shared core: {named}; the rank's main thread waited {ms(waited)} a step for a CPU (its cpus "
+                f"{cores})",
+                f"free its cores: stop or move pid {pids} off cpus {cores} (taskset -p)",
+            )
+        crowd = f"{ev.threads} threads" + (f" and {ev.children} loader workers" if ev.children else "")
+        fix = "--binding (cores of its own for each rank)" if not bound else "fewer threads (OMP_NUM_THREADS)"
+        return Cause(
+            True, f"CPU wait: its main thread waited {ms(waited)} a step for a CPU ({crowd} on cpus {cores})", fix
+        )
+    own = j.own.get(rank, step)
+    steal = usual("steal")
+    if (ev.steal - steal) * own >= COVERS * lost:
+        return Cause(
+            True, f"steal: the VM's host took {pct(ev.steal)} of its cores' time (the other ranks' {pct(steal)})"
+        )
+    if j.phase == "input":
+        return _input(j, ev, rank, (workers or {}).get(rank, -1))
+    if more_work >= COVERS * lost:
+        mhz = _median([o.mhz for o in others if o.mhz is not None])
+        if ev.mhz is not None and mhz and ev.mhz < SLOW_CORES * mhz:
+            throttled = f", throttled {ev.throttled} times" if ev.throttled > 0 else ""
+            return Cause(
+                True, f"slower cores: its cores ran at {ev.mhz:.0f} MHz, the other ranks' at {mhz:.0f} MHz{throttled}"
+            )
+        remote_others = _median([o.remote or 0.0 for o in others])
+        if ev.remote is not None and ev.remote >= REMOTE and ev.remote - remote_others >= REMOTE / 2:
+            node = f" (node {ev.numa})" if ev.numa >= 0 else ""
+            return Cause(
+                True,
+                f"remote memory: {pct(ev.remote)} of its pages are on NUMA nodes other than its own{node}, the other "
+                f"ranks' {pct(remote_others)}",
+                "--mem-policy bind (each rank's memory on its own node)",
+            )
+        theirs = usual("main_run") * step
+        return Cause(
+            True,
+            f"more work: its main thread ran {ms(run)} a step on a CPU, the other ranks' {ms(theirs)}: it computes "
+            "more than they do (a larger batch or sequence, code only it runs)",
+        )
+    return Cause(False, "cause not found: " + figures(j, ev, others))
+
+
+def _input(j: Judgement, ev: Evidence, rank: int, workers: int) -> Cause:
+    spent = j.phases.get(rank, {}).get("input", 0.0)
+    rest = spent - j.excess.get("input", 0.0)
+    where = f"{ms(spent)} a step in the DataLoader iterator, the other ranks' {ms(rest)}"
+    if workers == 0:
+        return Cause(
+            True,
+            f"it loads its batches in its main thread (DataLoader num_workers=0): {where}",
+            "more loader workers (DataLoader num_workers)",
+        )
+    n = workers if workers > 0 else ev.children
+    if n <= 0:
+        return Cause(False, f"cause not found: {where}; no loader workers were seen")
+    each = ev.children_cpu / n
+    on = ev.children_cpus or ev.cpus
+    if each >= BUSY_WORKER:
+        return Cause(
+            True,
+            f"its {n} loader workers cannot keep up: {pct(each)} of a core each, on cpus {on}; {where}",
+            "more loader workers (DataLoader num_workers), with cores for them",
+        )
+    return Cause(
+        False,
+        f"cause not found: {where}; its {n} loader workers use {pct(each)} of a core each (a slow source: storage, "
+        "the network?)",
+    )
+
+
+def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
+    """The rank's figures against the others', for *cause not found*."""
+    step = j.step_s
+    phase = j.phase or "compute"
+    parts = [f"{phase} {ms(j.excess.get(phase, 0.0))} a step above the other ranks'"]
+    parts.append(
+        f"its main thread ran {ms(ev.main_run * step)} and waited {ms(ev.main_wait * step)} for a CPU (the others "
+        f"{ms(_median([o.main_run for o in others]) * step)} and {ms(_median([o.main_wait for o in others]) * step)})"
+    )
+    parts.append(f"steal {pct(ev.steal)}")
+    if ev.remote is not None:
+        parts.append(f"pages off its node {pct(ev.remote)}")
+    if ev.mhz is not None:
+        parts.append(f"cores at {ev.mhz:.0f} MHz")
+    if ev.nic:
+        parts.append(f"its NIC is not the one next to its GPU: {ev.nic}")
+    return "; ".join(parts)

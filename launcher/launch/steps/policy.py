@@ -1,0 +1,54 @@
+"""The step report's settings: ``--step-report`` and the report interval (``NUMARUN_STEP_INTERVAL``)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ... import envvars
+from ...argtypes import seconds
+from ...errors import UsageError
+
+DEFAULT_INTERVAL_S = 5.0
+"""Seconds between two looks at the ranks (their records, the kernel's figures) and between two exchanges through
+the store: the live table is at most this old, and the kernel's figures are sampled this often."""
+
+
+class StepReport(str, enum.Enum):
+    """Whether numarun records where each step's time goes and says which rank holds the job back."""
+
+    ON = "on"
+    """Each rank records its steps' phases; the agent compares the ranks, keeps ``numarun top``'s table and prints
+    the summary at the end (docs/steps.md)."""
+    OFF = "off"
+    """No recorder in the ranks, no report."""
+
+
+_interval = seconds(envvars.STEP_INTERVAL)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    on: bool = True
+    interval_s: float = DEFAULT_INTERVAL_S
+
+    def worker_env(self) -> dict[str, str]:
+        return {envvars.STEPS: "1" if self.on else "0", envvars.STEP_INTERVAL: f"{self.interval_s:g}"}
+
+
+def interval_from(environ: Mapping[str, str]) -> float:
+    """``NUMARUN_STEP_INTERVAL`` (seconds above 0), else the default; a bad value is a one-line error."""
+    text = environ.get(envvars.STEP_INTERVAL, "").strip()
+    if not text:
+        return DEFAULT_INTERVAL_S
+    try:
+        return _interval(text)
+    except Exception as e:  # argparse's ArgumentTypeError: its text says what was expected
+        raise UsageError(str(e)) from None
+
+
+def steps_from(options: Any, environ: Mapping[str, str]) -> StepPolicy:
+    """The policy of resolved launch options (:class:`numarun.launch.options.Options`) and numarun's environment."""
+    return StepPolicy(StepReport(options.step_report) is StepReport.ON, interval_from(environ))

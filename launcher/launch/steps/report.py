@@ -1,0 +1,143 @@
+"""The step report's words and tables (pure): each rank's place and row, the verdict in the roll-call's style and
+the summary printed at the end of a job."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from ...cpuset import format_list
+from ...plan.model import BindingMode, LaunchPlan
+from ...worker.steps import PHASES, RankPlace, RankRow, StepRecord
+from .cause import Cause, ms, pct
+from .judge import WINDOW, Judgement, Point
+
+
+def place_of(plan: LaunchPlan | None, local_rank: int, *, rank: int, node_rank: int, host: str) -> RankPlace:
+    """Where the plan put a rank (its cores only when numarun bound it)."""
+    b = None
+    if plan is not None:
+        b = next((r for r in plan.ranks if r.local_rank == local_rank), None)
+    if b is None:
+        return RankPlace(rank, local_rank, node_rank, host, "")
+    bound = plan is not None and plan.binding is not BindingMode.NONE
+    return RankPlace(
+        rank,
+        local_rank,
+        node_rank,
+        host,
+        format_list(b.cpus) if bound else "",
+        b.numa_node if bound else -1,
+        b.nic,
+        str(b.gpu.index) if b.gpu is not None else None,
+    )
+
+
+def point(r: StepRecord) -> Point:
+    return Point(r.step, r.wall_s, r.input_s, r.compute_s, r.comm_s, r.optim_s)
+
+
+def recent(records: Sequence[StepRecord], size: int = WINDOW) -> list[StepRecord]:
+    """The latest ``size`` records, step 1 (the rank's start) left out."""
+    return [r for r in records if r.step > 1][-size:]
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+def row_of(place: RankPlace, pid: int, records: Sequence[StepRecord], *, state: str = "running") -> RankRow:
+    """A rank's row of the live table from its records."""
+    win = recent(records)
+    last = records[-1] if records else None
+    return RankRow(
+        place=place,
+        pid=pid,
+        steps=last.step if last else 0,
+        step_s=_median([r.wall_s for r in win]) if win else None,
+        phases={p: round(_median([r.phase_s(p) for r in win]), 6) for p in PHASES} if win else {},
+        peak_bytes=last.peak_bytes if last else None,
+        state=state,
+    )
+
+
+def steps_per_s(rows: Sequence[RankRow]) -> float | None:
+    """The job's pace: that of its slowest rank over the recent window."""
+    slowest = max((r.step_s for r in rows if r.step_s), default=None)
+    return 1 / slowest if slowest else None
+
+
+def who(rank: int, places: Mapping[int, RankPlace], multi_node: bool) -> str:
+    p = places.get(rank)
+    return f"rank {rank} (node {p.node_rank}, {p.host})" if multi_node and p is not None else f"rank {rank}"
+
+
+def verdict_lines(
+    j: Judgement, cause: Cause | None, places: Mapping[int, RankPlace], *, multi_node: bool = False
+) -> list[str]:
+    """``=> rank 3 holds the job back: ...`` and its ``why``/``fix`` lines, or ``=> no rank holds the job back``."""
+    if j.culprit is None:
+        if j.slowest is None or j.steps < 1:
+            return [f"=> no rank holds the job back ({j.reason})" if j.reason else "=> no rank holds the job back"]
+        if "fewer than" in j.reason:
+            return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
+        return [
+            f"=> no rank holds the job back (the slowest, {who(j.slowest, places, multi_node)}, costs "
+            f"{pct(j.share)} of a step)"
+        ]
+    phase = j.phase or "compute"
+    out = [
+        f"=> {who(j.culprit, places, multi_node)} holds the job back: {phase}, {ms(j.excess.get(phase, 0.0))} a step "
+        f"above the other ranks; the job's step would be {pct(j.share)} shorter at their pace"
+    ]
+    if cause is not None:
+        out.append(f"   why: {cause.why}")
+        if cause.fix:
+            out.append(f"   fix: {cause.fix}")
+    return out
+
+
+def summary_lines(
+    j: Judgement,
+    cause: Cause | None,
+    rows: Sequence[RankRow],
+    *,
+    places: Mapping[int, RankPlace],
+    pace: float | None,
+    nodes: int = 1,
+) -> list[str]:
+    """The end-of-job summary (without the ``numarun:`` prefix): the job's pace, each phase's share of a step for the
+    median rank and the slowest, peak memory, the verdict."""
+    ranks = len(rows)
+    where = f" on {nodes} nodes" if nodes > 1 else ""
+    steps = min((r.steps for r in rows), default=0)
+    rate = f", {pace:.3g} steps/s" if pace else ""
+    out = [f"step report: {steps} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{rate}, a step {ms(j.step_s)}"]
+    shares = {r: _shares(ph) for r, ph in j.phases.items()}
+    slow = j.culprit if j.culprit is not None else j.slowest
+    peaks = {r.place.rank: r.peak_bytes for r in rows if r.peak_bytes}
+    if slow is None or ranks < 2 or slow not in shares:  # one rank: its own shares
+        out.append(f"  {'share of a step':<18}{f'rank {next(iter(shares), 0)}':>12}")
+        for p in PHASES:
+            out.append(f"  {p:<18}{pct(_median([s[p] for s in shares.values()])):>12}")
+        if peaks:
+            out.append(f"  {'peak memory':<18}{_mib(_median(list(peaks.values()))):>12}")
+        return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
+    others = [r for r in shares if r != slow]
+    out.append(f"  {'share of a step':<18}{f'rank {slow} (slowest)':>20}{'the others (median)':>22}")
+    for p in PHASES:
+        out.append(f"  {p:<18}{pct(shares[slow][p]):>20}{pct(_median([shares[r][p] for r in others])):>22}")
+    if peaks:
+        theirs = [v for r, v in peaks.items() if r != slow]
+        mine = _mib(peaks[slow]) if slow in peaks else "-"
+        out.append(f"  {'peak memory':<18}{mine:>20}{_mib(_median(theirs)) if theirs else '-':>22}")
+    return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
+
+
+def _shares(phases: Mapping[str, float]) -> dict[str, float]:
+    total = sum(phases.values())
+    return {p: (phases.get(p, 0.0) / total if total > 0 else 0.0) for p in PHASES}
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB" if n < 2**30 * 10 else f"{n / 2**30:.1f} GiB"

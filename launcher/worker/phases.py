@@ -1,0 +1,508 @@
+"""The step report's recorder in a rank: where each of its steps' time goes (docs/steps.md).
+
+Installed by the bootstrap (:func:`install`) beside the hang watchdog's counters, before the user's code is imported,
+when numarun asks for it (``NUMARUN_STEPS=1``), so that any script is measured without a change: the user's own
+DDP or FSDP2 loop, Lightning, accelerate, numarun's trainer.
+
+**A step** ends when an optimizer step returns (torch's global post-step hook, which the hang watchdog counts too).
+Several optimizers stepped one after the other make one step: a step is closed when an optimizer steps a second
+time (its record is written then, one step late) or when the rank exits. Within a step, on the main thread, at the
+outermost call:
+
+* ``input``: inside a DataLoader iterator's ``__next__`` (``_BaseDataLoaderIter``, wrapped as its module loads);
+* ``comm``: inside torch.distributed's collectives (timed by the hang watchdog's wrappers,
+  :class:`~numarun.worker.progress.Counters`) and in ``Work.wait()`` (an asynchronous collective's wait: FSDP2's
+  all-gathers and reduce-scatters). DDP's gradient all-reduce never passes through Python: its C++ reducer runs it
+  inside ``loss.backward()``, and the waiting for a late rank lands there. DDP samples its own figures
+  (``_get_ddp_logging_data()``: the first iterations, then every 100th): ``backward_comm_time`` less
+  ``backward_compute_comm_overlap_time`` is the communication left once the rank's own gradients were ready, that
+  is, the wait for the others plus the last bucket's transfer. Each step counts the latest sample as ``comm``, at
+  most the time of its backward calls (``torch.autograd.backward``, timed too); the rest of backward is compute.
+  Without the sample the late rank is still told from the others (it waits least), only later;
+* ``optim``: inside the optimizer's step (global pre- and post-step hooks);
+* ``compute``: the rest of the step.
+
+Time inside a collective called from one of the others counts as ``comm`` only. On a GPU (once torch.cuda is
+initialised) CUDA events are recorded at each step's end and around each collective and wait of the main thread, and
+read later with ``query()``, never synchronising: ``gpu_s`` is the stream's time from one step's end to the next, and
+the waits' GPU time counts as ``comm`` where it is larger than the host's (an NCCL collective returns to the host at
+once; the stream waits). A record then waits until its events are done. Peak memory: the CUDA allocator's, else the
+process's resident high-water mark, read at most once a second.
+
+Each record is a JSON line (:class:`~numarun.worker.steps.StepRecord`) in ``steps.<local rank>.jsonl`` of numarun's
+private directory, buffered and flushed at least twice per report interval. Cost: scripts/bench_steps.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any
+
+from .. import envvars
+from . import progress
+from .steps import FORMAT, PHASES, RECORDS
+
+log = logging.getLogger("numarun.worker.bootstrap.phases")
+
+DEFAULT_INTERVAL_S = 5.0
+"""The agent's report interval when ``NUMARUN_STEP_INTERVAL`` is unset."""
+DDP_EARLY_STEPS = 12
+"""Read DDP's figures after each of the first steps (DDP samples its first 10 iterations), then at most once a
+:data:`READ_EVERY_S`."""
+READ_EVERY_S = 1.0
+"""Figures that cost more than a clock read (DDP's logging data, peak memory) are read at most this often."""
+ROTATE_BYTES = 64 << 20
+"""A rank's records file is moved to ``<name>.1`` (the one before is dropped) when it grows past this."""
+GPU_PENDING = 64
+"""Records waiting for their CUDA events; beyond this the oldest is written without its GPU figures."""
+RECENT = 512
+"""Records kept in memory for :func:`shares` (the trainer's log line)."""
+LOADER = "torch.utils.data.dataloader"
+AUTOGRAD = "torch.autograd"
+DDP = "torch.nn.parallel.distributed"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The recorder's running totals at a moment (the end of an optimizer step, or when counting began)."""
+
+    t: float
+    input: float
+    comm: float
+    optim: float
+    backward: float
+    gpu: Any = None
+    """The CUDA event recorded then; None without a GPU."""
+    waits: int = 0
+    """How many GPU wait pairs had been recorded by then."""
+
+
+class Recorder:
+    """One rank's step records (see the module docstring); its hooks are called on the main thread only."""
+
+    def __init__(
+        self,
+        out: IO[str],
+        *,
+        rank: int,
+        counters: progress.Counters,
+        flush_s: float,
+        path: Path | None = None,
+        main: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out, self.path = out, path
+        self.rank = rank
+        self.counters = counters
+        self.flush_s = flush_s
+        self.main = threading.main_thread().ident if main is None else main
+        self.clock = clock
+        """Every time the recorder takes: ``time.monotonic`` (which the ranks of a host share)."""
+        self.input_s = self.optim_s = self.backward_s = 0.0
+        self.depth = 0  # inside input or backward on the main thread: what is nested counts once
+        self.steps = 0
+        self.gpu: Gpu | None = None
+        self.start = self._mark(clock())
+        self.last: Mark | None = None  # the end of the latest optimizer step of the open step
+        self.stepped: set[int] = set()  # optimizers stepped in the open step
+        self.active: int | None = None  # the outermost optimizer stepping now
+        self._opt_t0 = self._opt_c0 = 0.0
+        self.loader_workers = -1
+        self.ddp: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.ddp_comm: float | None = None
+        self._ddp_read = -1e9
+        self._ddp_iteration = -1
+        self.peak: int | None = None
+        self._peak_read = -1e9
+        self._torch: ModuleType | None = None
+        self.written = 0
+        self._flushed = clock()
+        self.recent: collections.deque[tuple[float, ...]] = collections.deque(maxlen=RECENT)
+
+    def _mark(self, t: float) -> Mark:
+        gpu = self.gpu
+        return Mark(
+            t,
+            self.input_s,
+            self.counters.comm_s,
+            self.optim_s,
+            self.backward_s,
+            gpu.event() if gpu is not None else None,
+            gpu.dropped + len(gpu.waits) if gpu is not None else 0,
+        )
+
+    # -- hooks
+    def timed(self, fn: Callable[..., Any], into: str) -> Callable[..., Any]:
+        """``fn`` adding its time on the main thread, less the collectives inside it, to ``input_s`` or
+        ``backward_s``; nested calls of either count once."""
+        rec = self
+        get_ident = threading.get_ident
+        clock = self.clock
+        counters = self.counters
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if rec.depth or get_ident() != rec.main:
+                return fn(*args, **kwargs)
+            rec.depth = 1
+            c0, t0 = counters.comm_s, clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = clock() - t0 - (counters.comm_s - c0)
+                if into == "input":
+                    rec.input_s += spent
+                    if args:
+                        rec.loader_workers = getattr(args[0], "_num_workers", -1)
+                else:
+                    rec.backward_s += spent
+                rec.depth = 0
+
+        call.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
+        return call
+
+    def waited(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``Work.wait`` adding its time on the main thread to ``comm`` (outside a collective, which counts its own)."""
+        rec = self
+        get_ident = threading.get_ident
+        clock = self.clock
+        counters = self.counters
+
+        @functools.wraps(fn)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            me = get_ident()
+            if me != rec.main or me in counters.inside or progress._is_compiling():
+                return fn(work, *args, **kwargs)
+            gpu = rec.gpu
+            if gpu is not None:
+                gpu.around(True)
+            t0 = clock()
+            try:
+                return fn(work, *args, **kwargs)
+            finally:
+                counters.comm_s += clock() - t0
+                if gpu is not None:
+                    gpu.around(False)
+
+        wait.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
+        return wait
+
+    def before_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """torch's global optimizer pre-step hook."""
+        if threading.get_ident() != self.main:
+            return
+        key = id(opt)
+        if self.active is not None and self.active != key:
+            return  # an optimizer stepped inside another's step: the outer one counts
+        if key in self.stepped:
+            self.close()  # a second step of the same optimizer: the step before ended with the last one
+        self.active = key
+        self.stepped.add(key)
+        self._opt_t0, self._opt_c0 = self.clock(), self.counters.comm_s
+
+    def after_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """torch's global optimizer post-step hook: the open step may end here."""
+        if threading.get_ident() != self.main or self.active != id(opt):
+            return
+        self.active = None
+        now = self.clock()
+        if not self.depth:  # an optimizer stepped from a backward hook is part of backward
+            self.optim_s += now - self._opt_t0 - (self.counters.comm_s - self._opt_c0)
+        self.last = self._mark(now)
+
+    # -- records
+    def close(self) -> None:
+        """End the open step at its last optimizer step and write its record (or queue it for its GPU events)."""
+        end, start = self.last, self.start
+        if end is None:
+            return
+        self.steps += 1
+        self.start, self.last, self.stepped = end, None, set()
+        backward = end.backward - start.backward
+        comm = end.comm - start.comm
+        extra: dict[str, float] = {}
+        if backward > 0:
+            extra["backward_s"] = backward
+        ddp = self._ddp_comm() if len(self.ddp) else self.ddp_comm  # the module may be gone by the exit
+        if ddp is not None and backward > 0:
+            extra["ddp_comm_s"] = min(backward, ddp)
+        if self.loader_workers >= 0:
+            extra["loader_workers"] = self.loader_workers
+        fields = {
+            "rank": self.rank,
+            "step": self.steps,
+            "start": start.t,
+            "end": end.t,
+            "input_s": end.input - start.input,
+            "comm_s": comm,
+            "optim_s": end.optim - start.optim,
+            "peak_bytes": self._peak(end.t),
+        }
+        gpu = self.gpu
+        if gpu is not None and end.gpu is not None and start.gpu is not None:
+            gpu.pending.append((fields, extra, start, end))
+            self.write_ready()
+        else:
+            self.write(fields, extra)
+        if end.t - self._flushed >= self.flush_s:
+            self._gpu_check()  # as seldom as the flush: CUDA starts once
+            self.flush()
+
+    def write_ready(self, *, wait_s: float = 0.0) -> None:
+        """Write the queued records whose CUDA events are done (all of them within ``wait_s``, at exit)."""
+        gpu = self.gpu
+        if gpu is None:
+            return
+        deadline = time.monotonic() + wait_s
+        while gpu.pending:
+            fields, extra, start, end = gpu.pending[0]
+            if not gpu.done(end) and len(gpu.pending) <= GPU_PENDING:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.001)
+                continue
+            gpu.pending.popleft()
+            if gpu.done(end):
+                gpu_s, waits = gpu.span(start, end)
+                extra = {**extra, "gpu_comm_s": waits}
+                fields = {**fields, "gpu_s": gpu_s, "comm_s": max(fields["comm_s"], waits)}
+            self.write(fields, extra)
+
+    def write(self, fields: dict[str, Any], extra: Mapping[str, float]) -> None:
+        """One record as a JSON line (:meth:`StepRecord.line`'s form, formatted here: a step's cost is counted in
+        microseconds)."""
+        wall = fields["end"] - fields["start"]
+        comm = fields["comm_s"] + extra.get("ddp_comm_s", 0.0)
+        compute = max(0.0, wall - fields["input_s"] - comm - fields["optim_s"])
+        peak, gpu_s = fields["peak_bytes"], fields.get("gpu_s")
+        more = ",".join(f'"{k}":{v:.6g}' for k, v in extra.items())
+        line = (
+            f'{{"v":{FORMAT},"rank":{fields["rank"]},"step":{fields["step"]},"start":{fields["start"]:.6f},'
+            f'"end":{fields["end"]:.6f},"input_s":{fields["input_s"]:.6f},"comm_s":{comm:.6f},'
+            f'"optim_s":{fields["optim_s"]:.6f},"compute_s":{compute:.6f},'
+            f'"peak_bytes":{"null" if peak is None else int(peak)},'
+            f'"gpu_s":{"null" if gpu_s is None else f"{gpu_s:.6f}"},"extra":{{{more}}}}}\n'
+        )
+        self.recent.append((wall, fields["input_s"], compute, comm, fields["optim_s"]))
+        self.out.write(line)
+        self.written += len(line)
+        if self.written > ROTATE_BYTES:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        if self.path is None:
+            return
+        self.out.close()
+        os.replace(self.path, f"{self.path}.1")
+        self.out = open(self.path, "w", buffering=1 << 16)  # noqa: SIM115  (open for the rank's life)
+        self.written = 0
+
+    def flush(self) -> None:
+        self.out.flush()
+        self._flushed = self.clock()
+
+    def finish(self) -> None:
+        """At exit: the open step if an optimizer ended it, the records waiting for their events, the file."""
+        if self.last is not None:
+            self.close()
+        self.write_ready(wait_s=1.0)
+        gpu = self.gpu
+        while gpu is not None and gpu.pending:  # events that never completed: the records without them
+            fields, extra, _, _ = gpu.pending.popleft()
+            self.write(fields, extra)
+        self.flush()
+
+    # -- figures read now and then
+    def _ddp_comm(self) -> float | None:
+        """The latest DDP sample's communication after the gradients were ready, seconds (summed over the DDP
+        modules), read at most once a :data:`READ_EVERY_S` after the first steps."""
+        now = self.clock()
+        if self.steps > DDP_EARLY_STEPS and now - self._ddp_read < READ_EVERY_S:
+            return self.ddp_comm
+        self._ddp_read = now
+        total, found, iteration = 0, False, -1
+        for module in list(self.ddp):
+            try:
+                data = module._get_ddp_logging_data()
+            except Exception:
+                continue
+            comm = data.get("backward_comm_time")
+            if isinstance(comm, int) and comm > 0:
+                overlap = data.get("backward_compute_comm_overlap_time")
+                total += max(0, comm - (overlap if isinstance(overlap, int) else 0))
+                found = True
+                iteration = max(iteration, int(data.get("iteration", -1) or -1))
+        if found and iteration != self._ddp_iteration:
+            self._ddp_iteration = iteration
+            self.ddp_comm = total / 1e9
+        return self.ddp_comm
+
+    def _peak(self, now: float) -> int | None:
+        if now - self._peak_read < READ_EVERY_S:
+            return self.peak
+        self._peak_read = now
+        try:
+            if self.gpu is not None:
+                self.peak = int(self.gpu.torch.cuda.max_memory_allocated())
+            else:
+                import resource
+
+                self.peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+        except Exception:
+            self.peak = None
+        return self.peak
+
+    def _gpu_check(self) -> None:
+        """Start the GPU path once torch.cuda is initialised (looked at with each flush until then)."""
+        if self.gpu is not None:
+            return
+        torch = self._torch = self._torch or sys.modules.get("torch")
+        if torch is None:
+            return
+        cuda = getattr(torch, "cuda", None)
+        try:
+            if cuda is None or not cuda.is_initialized():
+                return
+        except Exception:
+            return
+        self.gpu = Gpu(torch)
+        self.counters.timed = lambda name, entering: self.gpu.around(entering) if self.gpu is not None else None
+        self.start = self._mark(self.start.t)  # the next step's span starts with an event
+
+    # -- installing
+    def patch_loader(self, module: ModuleType) -> None:
+        base = module._BaseDataLoaderIter
+        if not hasattr(base.__next__, "__numarun_wrapped__"):
+            base.__next__ = self.timed(base.__next__, "input")
+
+    def patch_autograd(self, module: ModuleType) -> None:
+        backward = getattr(module, "backward", None)
+        if backward is not None and not hasattr(backward, "__numarun_wrapped__"):
+            setattr(module, "backward", self.timed(backward, "backward"))  # noqa: B010  (mypy knows no such name)
+
+    def patch_optimizer(self, module: ModuleType) -> None:
+        module.register_optimizer_step_pre_hook(self.before_step)
+        module.register_optimizer_step_post_hook(self.after_step)
+
+    def patch_ddp(self, module: ModuleType) -> None:
+        cls = module.DistributedDataParallel
+        init = cls.__init__
+        if hasattr(init, "__numarun_wrapped__"):
+            return
+        known = self.ddp
+
+        @functools.wraps(init)
+        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
+            init(ddp, *args, **kwargs)
+            known.add(ddp)
+
+        __init__.__numarun_wrapped__ = init  # type: ignore[attr-defined]
+        cls.__init__ = __init__
+
+    def patch_work(self, module: ModuleType) -> None:
+        work = getattr(module, "Work", None)
+        if work is not None and not hasattr(work.wait, "__numarun_wrapped__"):
+            work.wait = self.waited(work.wait)
+
+
+class Gpu:
+    """CUDA events of the main thread's current stream: one at each step's end, a pair around each wait."""
+
+    def __init__(self, torch: ModuleType) -> None:
+        self.torch = torch
+        self.waits: list[tuple[Any, Any]] = []
+        self.dropped = 0
+        """Wait pairs already taken from the front of :attr:`waits` (a mark counts every pair since the start)."""
+        self._open: Any = None
+        self.pending: collections.deque[tuple[dict[str, Any], dict[str, float], Mark, Mark]] = collections.deque()
+
+    def event(self) -> Any:
+        e = self.torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def around(self, entering: bool) -> None:
+        if entering:
+            self._open = self.event()
+        elif self._open is not None:
+            self.waits.append((self._open, self.event()))
+            self._open = None
+
+    @staticmethod
+    def done(mark: Mark) -> bool:
+        return mark.gpu is None or bool(mark.gpu.query())
+
+    def span(self, start: Mark, end: Mark) -> tuple[float, float]:
+        """(the stream's seconds from ``start`` to ``end``, its seconds in the waits between them); the waits before
+        ``end`` are dropped."""
+        gpu_s = start.gpu.elapsed_time(end.gpu) / 1e3
+        pairs = self.waits[start.waits - self.dropped : end.waits - self.dropped]
+        waits = sum(a.elapsed_time(b) for a, b in pairs if b.query()) / 1e3
+        del self.waits[: end.waits - self.dropped]
+        self.dropped = end.waits
+        return gpu_s, waits
+
+
+_current: Recorder | None = None
+
+
+def install(environ: Mapping[str, str]) -> Recorder | None:
+    """In a rank numarun started with the step report on (``NUMARUN_STEPS=1``, ``NUMARUN_STATE_DIR`` set): the
+    recorder, its hooks waiting for torch's modules, its file truncated (a restarted rank starts it again)."""
+    global _current
+    state = environ.get(envvars.STATE_DIR)
+    if environ.get(envvars.STEPS) != "1" or not state or not os.path.isdir(state):
+        return None
+    local = environ.get("LOCAL_RANK", "0")
+    rank = environ.get("RANK", local)
+    try:
+        interval = float(environ.get(envvars.STEP_INTERVAL, "") or DEFAULT_INTERVAL_S)
+    except ValueError:
+        interval = DEFAULT_INTERVAL_S
+    path = Path(state) / RECORDS.format(local_rank=int(local) if local.isdigit() else 0)
+    try:
+        out = open(path, "w", buffering=1 << 16)  # noqa: SIM115  (open for the rank's life)
+    except OSError as e:
+        log.debug("no step records: %s", e)
+        return None
+    rec = Recorder(
+        out,
+        rank=int(rank) if rank.isdigit() else 0,
+        counters=progress.COUNTERS,
+        flush_s=min(1.0, max(interval, 0.1) / 2),
+        path=path,
+    )
+    progress.install_counters()
+    progress.after_import(progress.C10D, rec.patch_work)
+    progress.after_import(progress.OPTIMIZER, rec.patch_optimizer)
+    progress.after_import(AUTOGRAD, rec.patch_autograd)
+    progress.after_import(LOADER, rec.patch_loader)
+    progress.after_import(DDP, rec.patch_ddp)
+    atexit.register(rec.finish)
+    _current = rec
+    return rec
+
+
+def shares(last: int) -> dict[str, float]:
+    """Each phase's share of this rank's last ``last`` steps (``{}`` when none was recorded): what the trainer's
+    log line shows."""
+    rec = _current
+    if rec is None or not rec.recent:
+        return {}
+    rows = list(rec.recent)[-last:]
+    wall = sum(r[0] for r in rows)
+    if wall <= 0:
+        return {}
+    return {phase: sum(r[i + 1] for r in rows) / wall for i, phase in enumerate(PHASES)}

@@ -1,0 +1,87 @@
+"""Test worker for the step report: gloo ranks training a tiny model, each step a fixed amount of CPU work, one rank
+made slow.
+
+    step_rank.py OUT MODE SLOW STEPS WRAP
+
+MODE: ``input`` (rank SLOW's dataset sleeps 30 ms a batch, loading in the main thread), ``compute`` (rank SLOW's
+forward does 30 ms more CPU work), ``none`` (every rank alike). WRAP: ``ddp`` (DistributedDataParallel) or ``fsdp``
+(FSDP2's fully_shard), each with the loss all-reduced after the step as a trainer logs it. Every rank's forward does
+10 ms of CPU work (CPU time: a core shared with another process slows it). Each rank writes OUT/pid<RANK> and
+OUT/started.<RANK> once its first step is done.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+out, mode, slow, steps, wrap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+WORK_S, SLOW_S = 0.010, 0.030
+
+
+def spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if mode == "input" and dist.get_rank() == slow and i % 4 == 0:
+            time.sleep(SLOW_S)
+        return torch.randn(16)
+
+
+class Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spin(WORK_S + (SLOW_S if mode == "compute" and dist.get_rank() == slow else 0.0))
+        return self.b(torch.relu(self.a(x)))
+
+
+def mark(name: str) -> None:
+    with open(os.path.join(out, name + ".tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = Model()
+if wrap == "ddp":
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(model)
+else:
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model.a)
+    fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+mark(f"pid{rank}")
+loader = torch.utils.data.DataLoader(Data(), batch_size=4)
+for step, x in enumerate(loader, 1):
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    dist.all_reduce(loss.detach())  # the mean loss, as a trainer logs it
+    if step == 1:
+        mark(f"started.{rank}")
+        while os.environ.get("STEP_GATE") and not os.path.exists(os.environ["STEP_GATE"]):
+            time.sleep(0.01)  # the test sets something up before the steps it judges
+    if step == steps:
+        break
+dist.barrier()
+del model, opt
+dist.destroy_process_group()

@@ -1,0 +1,276 @@
+"""A rank's step recorder (numarun.worker.phases) driven through its own hooks, in this process: steps end at the
+optimizer step, several optimizers make one step, the phases add up, DDP's sampled communication and
+Work.wait count as comm; the agent's tail reads what it writes (docs/steps.md, "What is measured")."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from numarun.launch.steps.watch import Tail
+from numarun.worker import phases, progress
+from numarun.worker.steps import PHASES, StepRecord, read_records
+
+
+class Clock:
+    """The recorder's clock, moved by the test: each piece of work below takes exactly the time it says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, seconds: float) -> Any:
+        def spend(*args: Any) -> None:
+            self.now += seconds
+
+        return spend
+
+
+def _recorder(out: Any = None, **kw: Any) -> phases.Recorder:
+    counters = progress.Counters()
+    clock = Clock()
+    counters.clock = clock
+    return phases.Recorder(
+        out or io.StringIO(), rank=3, counters=counters, flush_s=0.0, main=threading.get_ident(), clock=clock, **kw
+    )
+
+
+def _records(rec: phases.Recorder) -> list[StepRecord]:
+    rec.flush()
+    return list(read_records(rec.out.getvalue().splitlines()))
+
+
+class Opt:
+    """Stands for an optimizer: the hooks see only its identity."""
+
+
+def _step(rec: phases.Recorder, *opts: Opt, inner: Opt | None = None, seconds: float = 0.0) -> None:
+    for opt in opts:
+        rec.before_step(opt, (), {})
+        if inner is not None:  # an optimizer stepped inside another's step (a wrapper's)
+            rec.before_step(inner, (), {})
+            rec.after_step(inner, (), {})
+        rec.clock.work(seconds)()  # type: ignore[attr-defined]
+        rec.after_step(opt, (), {})
+
+
+def test_each_phase_is_timed_and_a_step_is_closed_by_the_next_optimizer_step() -> None:
+    rec = _recorder()
+    clock = rec.clock
+    load = rec.timed(clock.work(0.02), "input")  # type: ignore[attr-defined]
+    backward = rec.timed(clock.work(0.01), "backward")  # type: ignore[attr-defined]
+    all_reduce = rec.counters.wrap("all_reduce", clock.work(0.015))  # type: ignore[attr-defined]
+    opt = Opt()
+    for _ in range(3):
+        load()
+        backward()
+        all_reduce()
+        clock.work(0.01)()  # type: ignore[attr-defined]  # compute
+        _step(rec, opt, seconds=0.005)
+    assert [r.step for r in _records(rec)] == [1, 2]  # the third is open until the next step or the exit
+    rec.finish()
+    records = _records(rec)
+    assert [r.step for r in records] == [1, 2, 3] and {r.rank for r in records} == {3}
+    for r in records:
+        assert r.wall_s == pytest.approx(0.06) and r.gpu_s is None and r.peak_bytes and r.peak_bytes > 0
+        assert [r.phase_s(p) for p in PHASES] == pytest.approx([0.02, 0.02, 0.015, 0.005])  # backward is compute
+        assert r.extra["backward_s"] == pytest.approx(0.01)
+    assert records[1].start == records[0].end and records[2].start == records[1].end
+
+
+def test_several_optimizers_make_one_step_and_an_inner_one_counts_once() -> None:
+    rec = _recorder()
+    a, b, inner = Opt(), Opt(), Opt()
+    for _ in range(3):
+        rec.clock.work(0.005)()  # type: ignore[attr-defined]
+        _step(rec, a, b, inner=inner, seconds=0.002)
+    rec.finish()
+    records = _records(rec)
+    assert [r.step for r in records] == [1, 2, 3]
+    assert all(r.optim_s == pytest.approx(0.004) and r.wall_s == pytest.approx(0.009) for r in records)
+
+
+def test_collectives_inside_the_input_or_an_optimizer_step_count_as_comm_only() -> None:
+    rec = _recorder()
+    all_reduce = rec.counters.wrap("all_reduce", rec.clock.work(0.02))  # type: ignore[attr-defined]
+    load = rec.timed(lambda: all_reduce(), "input")
+    opt = Opt()
+    load()
+    rec.before_step(opt, (), {})
+    all_reduce()
+    rec.after_step(opt, (), {})
+    rec.finish()
+    (r,) = _records(rec)
+    assert r.comm_s == pytest.approx(0.04) and r.input_s == 0 and r.optim_s == 0
+
+
+def test_work_wait_counts_as_comm_outside_a_collective_and_once_inside_one() -> None:
+    rec = _recorder()
+    wait = rec.waited(rec.clock.work(0.01))  # type: ignore[attr-defined]
+    collective = rec.counters.wrap("all_reduce", lambda: wait(None))
+    wait(None)  # an async collective's wait: comm
+    assert rec.counters.comm_s == pytest.approx(0.01)
+    collective()  # the wait inside a (wrapped) collective: the collective's time counts, once
+    assert rec.counters.comm_s == pytest.approx(0.02)
+    other = threading.Thread(target=wait, args=(None,))
+    before = rec.counters.comm_s
+    other.start()
+    other.join()
+    assert rec.counters.comm_s == before  # another thread's wait is not the step's
+
+
+class FakeDdp:
+    """DDP's logging data as torch 2.13 returns it: ns of the latest sampled iteration."""
+
+    def __init__(self, comm_ns: int, overlap_ns: int, iteration: int) -> None:
+        self.data = {
+            "backward_comm_time": comm_ns,
+            "backward_compute_comm_overlap_time": overlap_ns,
+            "iteration": iteration,
+        }
+
+    def _get_ddp_logging_data(self) -> dict[str, int]:
+        return dict(self.data)
+
+
+def test_ddp_communication_in_backward_counts_as_comm_at_most_the_backward_time() -> None:
+    rec = _recorder()
+    ddp = FakeDdp(comm_ns=30_000_000, overlap_ns=5_000_000, iteration=1)  # 25 ms after the gradients were ready
+    rec.ddp.add(ddp)
+    backward = rec.timed(rec.clock.work(0.04), "backward")  # type: ignore[attr-defined]
+    short = rec.timed(rec.clock.work(0.001), "backward")  # type: ignore[attr-defined]
+    opt = Opt()
+    backward()
+    _step(rec, opt)
+    short()
+    _step(rec, opt)
+    rec.finish()
+    first, second = _records(rec)
+    assert first.extra["ddp_comm_s"] == pytest.approx(0.025) and first.comm_s == pytest.approx(0.025)
+    assert second.extra["ddp_comm_s"] == pytest.approx(0.001)  # at most the backward call's time
+    assert first.compute_s == pytest.approx(0.04 - 0.025) and second.compute_s == pytest.approx(0)
+
+
+def test_the_loader_workers_are_taken_from_the_iterator() -> None:
+    rec = _recorder()
+
+    class It:
+        _num_workers = 4
+
+    rec.timed(lambda it: None, "input")(It())
+    _step(rec, Opt())
+    rec.finish()
+    assert _records(rec)[0].extra["loader_workers"] == 4
+
+
+class Event:
+    """A CUDA event as the recorder uses it, for its bookkeeping (no GPU here; scripts/gpu_check.py runs real
+    ones): recorded at a time, done when ``done`` says."""
+
+    clock = 0.0
+    done = True
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = Event.clock
+
+    def query(self) -> bool:
+        return Event.done
+
+    def elapsed_time(self, end: Event) -> float:
+        return (end.t - self.t) * 1e3
+
+
+class Cuda:
+    Event = Event
+
+    @staticmethod
+    def max_memory_allocated() -> int:
+        return 123 << 20
+
+
+class Torch:
+    cuda = Cuda
+
+
+def test_gpu_events_give_the_steps_gpu_time_and_the_waits_count_as_comm_once_done() -> None:
+    rec = _recorder()
+    rec.gpu = phases.Gpu(Torch)  # type: ignore[arg-type]
+    rec.counters.timed = lambda name, entering: rec.gpu.around(entering) if rec.gpu else None
+    rec.start = rec._mark(rec.clock())
+    opt = Opt()
+    for _ in range(2):
+        Event.clock += 0.010
+        rec.counters.timed("all_reduce", True)
+        Event.clock += 0.030  # the stream waits 30 ms for the others
+        rec.counters.timed("all_reduce", False)
+        Event.clock += 0.010
+        _step(rec, opt)
+    Event.done = False
+    _step(rec, opt)  # closes step 2: its events are not done yet, its record waits
+    assert [r.step for r in _records(rec)] == [1]
+    Event.done = True
+    rec.finish()
+    records = _records(rec)
+    assert [r.step for r in records] == [1, 2, 3]
+    assert records[1].gpu_s == pytest.approx(0.05) and records[1].extra["gpu_comm_s"] == pytest.approx(0.03)
+    assert records[1].comm_s == pytest.approx(0.03) and records[1].peak_bytes == 123 << 20
+
+
+def test_the_records_rotate_and_the_tail_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "steps.0.jsonl"
+    monkeypatch.setattr(phases, "ROTATE_BYTES", 600)
+    rec = _recorder(open(path, "w"), path=path)
+    tail = Tail(path)
+    opt = Opt()
+    seen: list[int] = []
+    for _ in range(12):
+        _step(rec, opt)
+        rec.flush()
+        got, anew = tail.read()
+        seen += [r.step for r in got]
+    rec.finish()
+    got, _ = tail.read()
+    seen += [r.step for r in got]
+    assert (tmp_path / "steps.0.jsonl.1").exists()
+    assert seen[-1] == 12 and sorted(set(seen)) == seen  # each read once, in order, across the rotations
+    path.write_text(StepRecord(0, 1, 1.0, 2.0).line())  # a restarted rank truncates it and starts again
+    assert [r.step for r in tail.read()[0]] == [1]
+    path.write_text("")
+    assert tail.read() == ([], True)
+
+
+def test_a_half_written_line_waits_for_its_end(tmp_path: Path) -> None:
+    path = tmp_path / "steps.0.jsonl"
+    line = StepRecord(0, 1, 1.0, 2.0, 0.1, 0.2, 0.3, 0.4).line()
+    path.write_text(line + line[:20])
+    tail = Tail(path)
+    assert [r.step for r in tail.read()[0]] == [1]
+    with open(path, "a") as f:
+        f.write(line[20:])
+    assert [r.step for r in tail.read()[0]] == [1]
+
+
+def test_shares_of_the_recent_steps() -> None:
+    rec = _recorder()
+    load = rec.timed(rec.clock.work(0.02), "input")  # type: ignore[attr-defined]
+    opt = Opt()
+    for _ in range(3):
+        load()
+        rec.clock.work(0.01)()  # type: ignore[attr-defined]
+        _step(rec, opt)
+    phases._current = rec
+    try:
+        shares = phases.shares(10)
+    finally:
+        phases._current = None
+    assert shares == pytest.approx({"input": 2 / 3, "compute": 1 / 3, "comm": 0.0, "optim": 0.0})
+    assert phases.shares(10) == {}
