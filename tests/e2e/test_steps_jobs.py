@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from helpers import SCRIPTS, TIMEOUT, clean_env, free_port, numarun_cmd, run_numarun, wait_until
@@ -101,9 +102,11 @@ def test_a_rank_slow_in_its_input_is_named_with_input_ddp(tmp_path: Path) -> Non
         sorted(r.comm_s for r in waiting)[len(waiting) // 2]
         > sorted(r.comm_s for r in records if r.rank == 1 and r.step > 1)[len(waiting) // 2]
     )
-    assert (kept / "steps.svg").read_text().startswith("<svg") and "traceEvents" in json.loads(
-        (kept / "steps.trace.json").read_text()
-    )
+    svg = ElementTree.fromstring((kept / "steps.svg").read_text())
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and {"0", "1"} <= {
+        g.get("data-rank") for g in svg.iter("{http://www.w3.org/2000/svg}g")
+    }
+    assert "traceEvents" in json.loads((kept / "steps.trace.json").read_text())
     assert "Traceback" not in log
 
 
