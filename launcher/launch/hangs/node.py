@@ -19,8 +19,8 @@ from typing import Any
 
 from ...jsonable import loads
 from ...worker.progress import DUMP_SIGNAL, STACKS
-from .. import rollcall
-from ..rollcall import Frame, Stand
+from . import rollcall
+from .rollcall import Frame, Stand
 from .verdict import alive, catches, exit_code
 
 DUMP_WAIT_S = 3.0
