@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES
 
-from numarun.worker.watch import (
+from numarun.worker.binding_watch import (
     ThreadState,
     Watcher,
     affinity_drift,

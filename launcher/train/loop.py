@@ -397,9 +397,9 @@ class Trainer:
 
     def _exchange(self) -> _Shared:
         """All ranks' stop signal, peak memory and binding-watcher figures, in one all-gather."""
-        from ..worker import watch
+        from ..worker import binding_watch
 
-        figures = watch.figures()
+        figures = binding_watch.figures()
         share = figures.get("remote_memory_share")
         stop = self.stops.first() if self.stops is not None else 0
         mine = torch.tensor(

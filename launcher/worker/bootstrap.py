@@ -270,9 +270,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         applied = bind_from_env()
         if applied is not None:
-            from . import watch
+            from . import binding_watch
 
-            watch.start_from_env(
+            binding_watch.start_from_env(
                 applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ
             )
         hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
