@@ -256,7 +256,7 @@ def _from(source: str, dest: str, given: dict[str, Any]) -> Options:
 @pytest.mark.parametrize("dest", SHAPE)
 @pytest.mark.parametrize("source", ["cli", "env", "config"])
 def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str, source: str) -> None:
-    from numarun.commands.planning import settle
+    from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
     agree, contradict = SHAPE[dest]
@@ -270,7 +270,7 @@ def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str,
 
 
 def test_what_no_source_gave_comes_from_the_job() -> None:
-    from numarun.commands.planning import settle
+    from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
     settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)

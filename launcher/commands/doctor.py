@@ -110,7 +110,7 @@ def _detected(args: argparse.Namespace) -> Options:
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
     from ..jobenv import Mode
     from ..jobenv.settle import JobConflict
-    from .planning import announce, detect_job, refuse, settle
+    from ..launch.planning import announce, detect_job, refuse, settle
 
     job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
     if job is not None:

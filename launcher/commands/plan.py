@@ -40,8 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..launch.planning import Planner, announce, detect_job
     from ..topology.discover import load_topology
-    from .planning import Planner, announce, detect_job
 
     job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
     if args.jobs:

@@ -28,12 +28,12 @@ from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, 
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
+from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
 from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
-from .planning import Planned, Planner, announce, detect_job, refuse, settle
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
             )
     addr, port = rank_master(job, stated)
     if addr is None:
-        from ..slurm.controller import head_addr
+        from ..launch.slurmctld import head_addr
 
         addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
     clock = hydra_app and not os.environ.get(envvars.HYDRA_NOW)

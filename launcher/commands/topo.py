@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
         snapshot = source if source and str(source).endswith(".json") else None
-        from .planning import container_at
+        from ..launch.planning import container_at
 
         found = container_at(source) if snapshot is None else None
         sys.stdout.write(

@@ -177,8 +177,8 @@ def _baseline(environ: Mapping[str, str]) -> Options:
 
 def _save_plan(options: Options, winner: cand.Candidate) -> str:
     from ..launch.options import given
+    from ..launch.planning import Planner
     from ..plan.model import BindingMode, MemPolicy
-    from .planning import Planner
 
     base = _baseline(os.environ)
     plan = (

@@ -23,8 +23,8 @@ from ..errors import UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
 from ..jobenv.container import Container, detect_container
 from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
-from ..launch.options import Options
 from ..plan.model import LaunchPlan
+from .options import Options
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def detect_job(options: Options, *, no_detect: bool = False) -> tuple[JobShape |
 
 
 def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool, own: bool = False) -> Any:
-    from ..slurm.controller import gather
+    from .slurmctld import gather
 
     head = job.nodes[0] if job.nodes and job.nnodes > 1 and not own and "master_addr" not in stated else None
     return gather(environ, need_switches=need_switches, head=head)
@@ -54,7 +54,7 @@ def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_sw
 
 def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = None) -> tuple[Options, NodeRendezvous]:
     """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
-    from ..slurm.controller import head_address
+    from .slurmctld import head_address
 
     env = os.environ if environ is None else environ
     stated = options.stated()
@@ -100,11 +100,11 @@ def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
 
     addr, port = rank_master(job, options.stated()) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
-        from ..slurm.controller import head_addr
+        from .slurmctld import head_addr
 
         addr = head_addr(os.environ, job.nodes[0])
     if addr is not None:
-        from ..launch import abort
+        from . import abort
 
         if abort.tell(addr, port, f"{who} refused to start: {error}"):
             print(
