@@ -12,7 +12,7 @@ import pytest
 
 from numarun.errors import UsageError
 from numarun.plan.model import PlanRequest
-from numarun.plan.options import parse_nproc, resolve_nproc
+from numarun.plan.request import parse_nproc, resolve_nproc
 
 
 def test_nproc_words_are_torchruns() -> None:

@@ -18,8 +18,8 @@ from numarun.jobenv.settle import Setting, Source, settle_node
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
+from numarun.layout import DIM_NAMES, LayoutError, layout_env, mesh_groups, node_cut, parse_mesh
 from numarun.plan.binding import make_plan
-from numarun.plan.layout import DIM_NAMES, LayoutError, layout_env, mesh_groups, node_cut, parse_mesh
 from numarun.plan.mesh import resolve_on_nodes
 from numarun.plan.model import BindingMode, LaunchPlan, PlanRequest
 from numarun.topology.discover import load_topology, merge_nvml

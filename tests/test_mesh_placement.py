@@ -19,8 +19,8 @@ import random
 import pytest
 from topo_helpers import FIXTURES, build_topology
 
+from numarun.layout import PRIORITY
 from numarun.plan.binding import make_plan
-from numarun.plan.layout import PRIORITY
 from numarun.plan.model import BindingMode, PlanRequest
 from numarun.plan.placement import EXACT_GPUS, STEP_BUDGET, SubMesh, place
 from numarun.topology.discover import load_topology, merge_nvml

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from ..plan.layout import Layout
+    from ..layout import Layout
     from ..plan.model import RankBinding
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def declared_layout(environ: Mapping[str, str], *, world_size: int, node_sizes: 
     """The layout ``NUMARUN_MESH`` declares (the bootstrap sets it with each size known), checked against the job:
     the same rank count on every node, sizes that multiply to the world and fit the nodes; None without one."""
     from .. import envvars
-    from ..plan.layout import node_cut, parse_mesh
+    from ..layout import node_cut, parse_mesh
 
     text = environ.get(envvars.MESH, "").strip()
     if not text:

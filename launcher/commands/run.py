@@ -291,7 +291,7 @@ def trainer_mesh(options: Options, spec: str | None) -> str | None:
     stated = options.setting("mesh")
     if stated.source is Source.DEFAULT or stated.value is None:
         return spec
-    from ..plan.layout import parse_mesh
+    from ..layout import parse_mesh
 
     def shape(text: str, where: str) -> list[tuple[str, int]]:
         declared = parse_mesh(text, where=where)

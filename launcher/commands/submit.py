@@ -170,7 +170,7 @@ def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: in
     """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``),
     checked before anything is submitted (the nodes check it again); the launch option that hands ``--mesh`` on
     (the others reach the nodes by themselves)."""
-    from ..plan.layout import node_cut, parse_mesh
+    from ..layout import node_cut, parse_mesh
 
     given = [o.split("=", 1)[1] for o in launch_opts if o.startswith("--mesh=")]
     s = launch.setting("mesh")

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
 from ..launch.options import Options
-from ..plan.options import request_from_args
+from ..plan.request import request_from_args
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .. import argtypes, envvars
 from ..errors import UsageError
 from ..jobenv.settle import Setting, Source
 from ..plan.model import BindingMode, MemPolicy, NicPolicy, PlanRequest
-from ..plan.options import parse_nproc
+from ..plan.request import parse_nproc
 from . import hangs
 
 NOT_LAUNCH = (
@@ -173,7 +173,7 @@ DECLARED: tuple[Option, ...] = (
         help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank; "
         "'per-rank' = each rank's closest NIC only",
     ),
-    # read by numarun.plan.layout.parse_mesh where the plan is made, so that a bad value names its source
+    # read by numarun.layout.parse_mesh where the plan is made, so that a bad value names its source
     Option(
         "mesh",
         ("--mesh",),

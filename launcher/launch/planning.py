@@ -197,7 +197,7 @@ class Planner:
 
     def plan(self, options: Options, *, plan_file: str | None = None) -> Planned:
         from ..plan.binding import make_plan
-        from ..plan.options import request_for
+        from ..plan.request import request_for
         from ..plan.scheduled import confine
         from ..topology.discover import load_topology
 
@@ -237,7 +237,7 @@ class Planner:
         """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
         under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
         from ..plan.binding import make_plan
-        from ..plan.options import request_for
+        from ..plan.request import request_for
         from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
         from ..topology.devices import cgroup_cpus
         from ..topology.discover import device_root, load_topology

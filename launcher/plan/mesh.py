@@ -12,11 +12,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..layout import PRIORITY, Layout, LayoutError, MeshSpec, NodeCut, mesh_groups, node_cut, parse_mesh
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
 from ..topology.visible import openable
-from .layout import PRIORITY, Layout, LayoutError, MeshSpec, NodeCut, mesh_groups, node_cut, parse_mesh
 from .model import MeshDim, MeshPlan, PlanRequest
 from .placement import Placement, SubMesh, link_classes, place
 

@@ -71,7 +71,7 @@ class PlanRequest:
     user_env: dict[str, str] = field(default_factory=dict)  # never overridden
     nic_policy: NicPolicy = NicPolicy.NODE
     allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
-    mesh: str | None = None  # the parallel layout as declared (plan/layout.py), None: none
+    mesh: str | None = None  # the parallel layout as declared (numarun.layout), None: none
     mesh_where: str = "--mesh"  # the option, variable or config key it came from, for messages
     nnodes: str = "1"  # torchrun's --nnodes (N or MIN:MAX): the layout spans that many nodes
     keep_gpus: bool = False  # the scheduler fixed each rank's GPU: the layout is recorded, not placed

@@ -245,7 +245,7 @@ def _result(folder: Path, job: Job, code: int) -> Any:
 
 def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
-    from ..plan.options import request_from_args
+    from ..plan.request import request_from_args
 
     request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(

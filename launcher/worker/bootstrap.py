@@ -166,7 +166,7 @@ def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
     """Name the plan's layout in the environment, each size known (``-1`` resolved with ``WORLD_SIZE``)."""
     if plan.mesh is None:
         return
-    from ..plan.layout import MeshSpec, layout_env
+    from ..layout import MeshSpec, layout_env
 
     world = environ.get("WORLD_SIZE", "")
     spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{envvars.PLAN} layout")

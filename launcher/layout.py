@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import envvars
-from ..errors import UsageError
+from . import envvars
+from .errors import UsageError
 
 DIM_NAMES: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The dimensions a layout may name (torchtitan's world mesh, outermost first)."""
