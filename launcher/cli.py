@@ -5,7 +5,7 @@ Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 Only the named subcommand's module is imported; ``numarun --help`` lists the others
 from the first line of their module docstrings, read without importing them. Help
 screens and ``--version`` never import torch (``numarun run --help`` shows torchrun's
-options from :func:`numarun.launch.torchrun.torchrun_record`).
+options from :func:`numarun.options.torchrun.torchrun_record`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The reference pages hold markers such as ``<!-- generated: commands -->``; at build time
 (``mkdocs build``, ``mkdocs serve``) :func:`on_page_markdown` replaces each with text made here
 from the code itself: every command's parser (``numarun.cli.build_parser``), the launch options'
-field table (``numarun.launch.options``), the ``NUMARUN_*`` contract (``numarun.envvars``), the job
+field table (``numarun.options.launch``), the ``NUMARUN_*`` contract (``numarun.envvars``), the job
 config's schema (``numarun.config.schema``) and the error tree (``numarun.errors``). Nothing of it
 is written by hand or kept in git, so a new flag, variable or config key shows up with no edit.
 
@@ -258,9 +258,9 @@ def _type_name(annotation: object) -> str:
 
 
 def launcher_rows() -> list[str]:
-    """The ``launcher`` group: a key per launch option that declares one (``numarun.launch.options.DECLARED``),
+    """The ``launcher`` group: a key per launch option that declares one (``numarun.options.launch.DECLARED``),
     every one null (not set); what it does is its option's help."""
-    from numarun.launch.options import config_keys, option
+    from numarun.options.launch import config_keys, option
 
     rows = []
     for key, kind in config_keys():

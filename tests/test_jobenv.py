@@ -10,7 +10,7 @@ from numarun.errors import NumarunError, SlurmError, UsageError
 from numarun.jobenv import Mode, Scheduler, detect, detection_enabled, scheduler_in
 from numarun.jobenv.settle import JobConflict, check_rank, rank_env, rank_master, settle_node
 from numarun.jobenv.slurm import parse_node_addrs, parse_tasks_per_node, rendezvous_port
-from numarun.launch.options import DECLARED, from_environ, given
+from numarun.options.launch import DECLARED, from_environ, given
 
 PER_RANK = {o.dest for o in DECLARED if o.per_rank}
 

@@ -14,11 +14,12 @@ from topo_helpers import FIXTURES, build_topology
 from numarun import envvars
 from numarun.comm.context import DistInitError, declared_layout
 from numarun.jobenv.model import JobShape, Mode, Scheduler
-from numarun.jobenv.settle import Setting, Source, settle_node
+from numarun.jobenv.settle import settle_node
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
 from numarun.layout import DIM_NAMES, LayoutError, layout_env, mesh_groups, node_cut, parse_mesh
+from numarun.options.launch import Setting, Source
 from numarun.plan.binding import make_plan
 from numarun.plan.mesh import resolve_on_nodes
 from numarun.plan.model import BindingMode, LaunchPlan, PlanRequest

@@ -241,7 +241,7 @@ def test_user_local_addr_wins_and_gloo_follows_the_address() -> None:
 
 def _doctor_options(*argv: str):  # type: ignore[no-untyped-def]
     from numarun.cli import build_parser
-    from numarun.launch.options import from_args
+    from numarun.options.launch import from_args
 
     return from_args(build_parser(only="doctor").parse_args(["doctor", *argv]), {})
 

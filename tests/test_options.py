@@ -20,11 +20,11 @@ from test_jobenv import slurm_env
 from numarun.cli import build_parser
 from numarun.errors import UsageError
 from numarun.jobenv import detect
-from numarun.jobenv.settle import JobConflict, Source
+from numarun.jobenv.settle import JobConflict
 from numarun.launch.hangs import OnHang
-from numarun.launch.options import DECLARED, Options, config_keys, from_args
-from numarun.launch.torchrun import installed_torch_version
+from numarun.options.launch import DECLARED, Options, Source, config_keys, from_args
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
+from numarun.torch_private import installed_torch_version
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = "tests/scripts/exit_rank.py"
@@ -453,7 +453,7 @@ def test_every_command_takes_the_shared_options_from_the_one_declaration() -> No
     """No command declares a launch option's flag of its own: run, plan, doctor, tune, bench, submit and topo
     hold each flag with the declaration's dest and spellings (tune: a list of the values to try)."""
     from numarun.cli import build_parser
-    from numarun.launch.options import option
+    from numarun.options.launch import option
 
     def actions(command: str, *sub: str) -> dict[str, Any]:
         parser = build_parser(only=command)

@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numarun.launch.torchrun import command_line, torchrun_parser
+from numarun.launch.torchrun import command_line
+from numarun.options.torchrun import torchrun_parser
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT = str(REPO / "tests" / "scripts" / "exit_rank.py")

@@ -15,9 +15,9 @@ from golden import check_golden
 
 from numarun.cli import build_parser
 from numarun.errors import UsageError
-from numarun.launch.options import NOT_LAUNCH, Options, from_args
 from numarun.launch.spec import LaunchSpec, launch_spec
 from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, worker_env
+from numarun.options.launch import NOT_LAUNCH, Options, from_args
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,9 +17,8 @@ import sys
 from typing import Any
 
 from ..errors import UsageError, expected
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import Options, add_options, from_args, shown
+from ..options.launch import Options, Source, add_options, from_args, shown
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from .. import argtypes
 from ..doctor.diagnose import Settings, diagnose
 from ..doctor.render import render
 from ..errors import UsageError
-from ..launch.options import PLANNING, Options, add_options, from_args, shown
+from ..options.launch import PLANNING, Options, add_options, from_args, shown
 
 RENDEZVOUS = (
     "nnodes",

@@ -8,7 +8,7 @@ import sys
 
 from .. import argtypes
 from ..fsutil import write_output
-from ..launch.options import PLANNING, add_options, from_args, shown
+from ..options.launch import PLANNING, add_options, from_args, shown
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]``: torchrun with each rank bound.
 
 torchrun's options in its spellings, numarun's launch options, ``--dry-run`` and ``--plan-file``,
-resolved once with their sources (:mod:`numarun.launch.options`). numarun's trainer
+resolved once with their sources (:mod:`numarun.options.launch`). numarun's trainer
 is composed by Hydra once per job, here (:func:`numarun.config.compose.run_hydra`), its ``launcher``
 group one of those sources; a user's ``@hydra.main`` app or any other script runs as torchrun runs it
 (a Hydra app's clock fixed once for every rank: :mod:`numarun.worker.hydra_pin`). Exit codes: README.
@@ -24,14 +24,15 @@ from typing import Any
 from .. import argtypes, envvars
 from ..errors import BindingError, TrainerLayoutError, UsageError
 from ..jobenv import Mode
-from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, rank_master
+from ..jobenv.settle import JobConflict, check_rank, rank_env, rank_master
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
-from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
 from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.supervisor import Supervisor
-from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
+from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
+from ..options.launch import DECLARED, Options, Setting, Source, add_options, from_args, launch_dests, shown
+from ..options.torchrun import torchrun_parser
 from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
 

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
-from ..jobenv.settle import Source
-from ..launch.options import Options, Spelled, add_options, from_args, shown
+from ..options.launch import Options, Source, Spelled, add_options, from_args, shown
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 

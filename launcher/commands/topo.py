@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import argtypes
 from ..errors import TopologyError, UsageError
 from ..fsutil import write_output
-from ..launch.options import add_options, from_args, shown
+from ..options.launch import add_options, from_args, shown
 from ..topology.model import Topology
 
 log = logging.getLogger(__name__)

@@ -27,9 +27,8 @@ from pathlib import Path
 from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import Options, add_options, from_args, from_environ, option, shown
+from ..options.launch import Options, Source, add_options, from_args, from_environ, option, shown
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
@@ -176,8 +175,8 @@ def _baseline(environ: Mapping[str, str]) -> Options:
 
 
 def _save_plan(options: Options, winner: cand.Candidate) -> str:
-    from ..launch.options import given
     from ..launch.planning import Planner
+    from ..options.launch import given
     from ..plan.model import BindingMode, MemPolicy
 
     base = _baseline(os.environ)

@@ -77,8 +77,8 @@ class Schedule(str, enum.Enum):
 def _launcher_config() -> type:
     """The launch options a job config sets, below the command line and the environment; null: not set.
 
-    A key per launch option that declares one (:func:`numarun.launch.options.config_keys`)."""
-    from ..launch.options import config_keys
+    A key per launch option that declares one (:func:`numarun.options.launch.config_keys`)."""
+    from ..options.launch import config_keys
 
     made = make_dataclass("LauncherConfig", [(k, Optional[t], field(default=None)) for k, t in config_keys()])
     made.__module__, made.__doc__ = __name__, _launcher_config.__doc__
@@ -275,7 +275,7 @@ def check_values(cfg: Any) -> None:
 
 def _check_launcher(launcher: Any) -> None:
     """Each value of the ``launcher`` group read as its option reads it (null: not set)."""
-    from ..launch.options import DECLARED
+    from ..options.launch import DECLARED
 
     for o in DECLARED:
         if o.config is not None and launcher[o.dest] is not None:

@@ -16,7 +16,7 @@ from .. import argtypes
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
-from ..launch.options import Options
+from ..options.launch import Options
 from ..plan.request import request_from_args
 
 

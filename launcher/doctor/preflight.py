@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from ..launch.options import Options
+from ..options.launch import Options
 
 log = logging.getLogger(__name__)
 

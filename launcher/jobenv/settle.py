@@ -8,12 +8,12 @@ only torchrun's agent does, and builds the environment torchrun gives its worker
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..options.launch import Setting
 from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
 
@@ -32,29 +32,6 @@ class JobConflict(UsageError):
     def __init__(self, message: str, *, node_varying: bool = False) -> None:
         super().__init__(message)
         self.node_varying = node_varying
-
-
-class Source(enum.IntEnum):
-    """Where an option's value came from; a higher source wins (:mod:`numarun.launch.options`)."""
-
-    DEFAULT = 0
-    JOB = 1
-    CONFIG = 2
-    ENVIRONMENT = 3
-    COMMAND_LINE = 4
-
-    def __str__(self) -> str:
-        return self.name.lower().replace("_", " ").replace("config", "job config")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One option's value, its source, and where in that source: ``--nnodes``, ``PET_NNODES``,
-    ``launcher.nnodes``, the job (``Slurm step 12.0``) or the default's owner (``torch 2.13.0``)."""
-
-    value: Any
-    source: Source
-    where: str
 
 
 Stated = Mapping[str, Setting]

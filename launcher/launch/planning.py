@@ -23,8 +23,8 @@ from ..errors import UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
 from ..jobenv.container import Container, detect_container
 from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
+from ..options.launch import Options
 from ..plan.model import LaunchPlan
-from .options import Options
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def announce(args: argparse.Namespace, text: str) -> None:
 
 def detect_job(options: Options, *, no_detect: bool = False) -> tuple[JobShape | None, Options]:
     """The job found in the environment, or None, and the options with the job's own variables
-    (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.launch.options.Options.with_job_env`) where there is one."""
+    (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.options.launch.Options.with_job_env`) where there is one."""
     if not detection_enabled(os.environ, no_detect=no_detect):
         return None, options
     job = detect(os.environ, nproc_given="nproc_per_node" in options.stated())

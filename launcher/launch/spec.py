@@ -1,6 +1,6 @@
 """The launch as one frozen value: what torchrun is asked to do, built once per job.
 
-The run command resolves the launch options (:mod:`numarun.launch.options`), numarun's planning
+The run command resolves the launch options (:mod:`numarun.options.launch`), numarun's planning
 decides the rank count, and :func:`launch_spec` turns both into a :class:`LaunchSpec` after checking every option (the
 checks that probe the machine, a free port and a writable log dir, run here, once). torchrun's
 argv is rendered from the spec (:meth:`LaunchSpec.argv`), and everything numarun needs to know
@@ -21,8 +21,9 @@ from ..argtypes import host_port, parse_endpoint
 from ..envvars import NODE_KEY, RDZV_MARGIN
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
+from ..options.torchrun import torchrun_parser
 from .signals import DEATH
-from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options, torchrun_parser
+from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options
 
 DEATH_SIGNALS = tuple(s.name for s in DEATH)
 """torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
@@ -193,7 +194,7 @@ def launch_spec(
 ) -> LaunchSpec:
     """Check every torchrun option in ``options`` once, and build the spec with the address rule applied
     (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). ``options``: dest -> value of
-    the options some source stated (:meth:`numarun.launch.options.Options.values`); torchrun's defaults
+    the options some source stated (:meth:`numarun.options.launch.Options.values`); torchrun's defaults
     stand for the rest."""
     check_torchrun_options(options, nproc_per_node=nproc_per_node)
     passthrough = []

@@ -1,18 +1,16 @@
 """The request the planning options make (:func:`request_for`), and torchrun's words for ``--nproc-per-node``.
 
 The options themselves (``--topology``, ``--nproc-per-node``, ``--binding``, ``--mem-policy``, ``--nic-policy``)
-are declared once, with the other launch options, in :mod:`numarun.launch.options`.
+are declared once, with the other launch options, in :mod:`numarun.options.launch`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import MAX_LOCAL_RANKS
 from ..errors import UsageError
 from .model import PlanRequest
 
@@ -22,26 +20,6 @@ from .nic import NIC_VARIABLES
 
 # Variables the plan may set; a value the user already set is kept and reported.
 USER_ENV_VARIABLES: tuple[str, ...] = ("OMP_NUM_THREADS", "CUDA_DEVICE_ORDER", *NIC_VARIABLES)
-
-
-NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
-"""torchrun's words for ``--nproc-per-node`` (torch.distributed.run.determine_local_world_size)."""
-
-
-def parse_nproc(text: str) -> int | str | None:
-    """``"4"`` -> 4; torchrun's ``auto``/``cpu``/``gpu``/``xpu`` kept as words (see :func:`resolve_nproc`)."""
-    if text in NPROC_KEYWORDS:
-        return text
-    try:
-        value = int(text) if len(text) <= 30 else 0
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
-        raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
-            f"or one of {', '.join(NPROC_KEYWORDS)}"
-        )
-    return value
 
 
 def cpu_count() -> int:
@@ -74,7 +52,7 @@ def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int =
 
 
 def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
-    """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment
+    """The request of ``options`` (the launch options, :class:`numarun.options.launch.Options`) in environment
     ``environ``."""
     mesh, nnodes = options.settings.get("mesh"), options.settings.get("nnodes")
     return PlanRequest(

@@ -1,7 +1,7 @@
 """The sweep's side of numarun's Hydra launcher: jobs composed and written, run as a queue on the node's
 slots (or as a Slurm job array), their ``JobReturn`` read back.
 
-A job's launch options are a run's (:mod:`numarun.launch.options`), in the same precedence: the command line
+A job's launch options are a run's (:mod:`numarun.options.launch`), in the same precedence: the command line
 (the launcher's ``options``, then those given to ``numarun SCRIPT -m``, ``NUMARUN_SWEEP_OPTIONS``), the
 environment, the job config (the trainer's ``launcher`` group, then the launcher's ``nproc_per_node``), the
 defaults. While jobs run, the process's signal loop has the queue stop them or pass signals on.
@@ -32,9 +32,8 @@ from typing import Any
 from .. import envvars
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests
+from ..options.launch import PLANNING, Options, Source, add_options, from_args, launch_dests
 from ..plan.pack import Slot, pack, slot_topology
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,7 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     from omegaconf import OmegaConf
 
     from ..config.files import plain
-    from ..launch.options import config_keys
+    from ..options.launch import config_keys
     from ..topology.visible import visible_gpus
 
     own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group

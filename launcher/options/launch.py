@@ -3,7 +3,7 @@
 An option's one declaration holds its flags, its variable, its key in a job config's ``launcher`` group
 (the schema's ``LauncherConfig`` is made from these), its default, how its text is read and its help.
 torchrun's options are torch's own (its parser, read once per torch version:
-:func:`~numarun.launch.torchrun.torchrun_record`): a declaration that names no flags adopts one of them and adds
+:func:`~numarun.options.torchrun.torchrun_record`): a declaration that names no flags adopts one of them and adds
 what numarun gives it (a job-config key, a scheduler's variable, a meaning in per-rank mode, a stricter check).
 
 Every command takes its flags from here (:func:`add_options`); the parser keeps only what was typed, and
@@ -26,10 +26,8 @@ from typing import Any
 
 from .. import argtypes, envvars
 from ..errors import UsageError
-from ..jobenv.settle import Setting, Source
-from ..plan.model import BindingMode, MemPolicy, NicPolicy, PlanRequest
-from ..plan.request import parse_nproc
-from . import hangs
+from . import choices as hangs
+from .choices import BindingMode, MemPolicy, NicPolicy, parse_nproc
 
 NOT_LAUNCH = (
     "help",
@@ -41,6 +39,29 @@ NOT_LAUNCH = (
     "training_script_args",
 )
 """torchrun's options that choose the program, not the launch."""
+
+
+class Source(enum.IntEnum):
+    """Where an option's value came from; a higher source wins ."""
+
+    DEFAULT = 0
+    JOB = 1
+    CONFIG = 2
+    ENVIRONMENT = 3
+    COMMAND_LINE = 4
+
+    def __str__(self) -> str:
+        return self.name.lower().replace("_", " ").replace("config", "job config")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option's value, its source, and where in that source: ``--nnodes``, ``PET_NNODES``,
+    ``launcher.nnodes``, the job (``Slurm step 12.0``) or the default's owner (``torch 2.13.0``)."""
+
+    value: Any
+    source: Source
+    where: str
 
 
 @dataclass(frozen=True)
@@ -142,7 +163,7 @@ DECLARED: tuple[Option, ...] = (
     Option(
         "binding",
         ("--binding", "--numa-binding", "--numa_binding"),
-        default=PlanRequest.binding,
+        default=BindingMode.EXCLUSIVE,
         parse=argtypes.choice(BindingMode, "--binding"),
         config=str,
         per_rank=True,
@@ -153,7 +174,7 @@ DECLARED: tuple[Option, ...] = (
     Option(
         "mem_policy",
         ("--mem-policy",),
-        default=PlanRequest.mem_policy,
+        default=MemPolicy.BIND,
         parse=argtypes.choice(MemPolicy, "--mem-policy"),
         config=str,
         per_rank=True,
@@ -164,7 +185,7 @@ DECLARED: tuple[Option, ...] = (
     Option(
         "nic_policy",
         ("--nic-policy",),
-        default=PlanRequest.nic_policy,
+        default=NicPolicy.NODE,
         parse=argtypes.choice(NicPolicy, "--nic-policy"),
         config=str,
         per_rank=True,
