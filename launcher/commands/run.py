@@ -14,7 +14,6 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-import math
 import os
 import shlex
 import sys
@@ -31,6 +30,7 @@ from ..launch.planning import Planned, Planner, announce, detect_job, refuse, se
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
+from ..layout import Layout
 from ..options.launch import DECLARED, Options, Setting, Source, add_options, from_args, launch_dests, shown
 from ..options.torchrun import torchrun_parser
 from ..plan.model import LaunchPlan
@@ -219,10 +219,10 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
     script_args = list(target.args)
     job_target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments after it
 
-    def planned(job: Any) -> tuple[_Prepared, str | None]:
+    def planned(job: Any) -> tuple[_Prepared, Layout | None]:
         """The job's launch, prepared with the trainer's layout as its mesh (the ranks are placed for it), the
         layout checked against the world it makes (before any rank starts)."""
-        found: list[str | None] = [None]
+        found: list[Layout | None] = [None]
 
         def mesh_of(opts: Options, plan: Planned) -> str | None:
             found[0] = check_launch_layout(job.config, nnodes=opts.nnodes, nproc_per_node=plan.plan.nproc_per_node)
@@ -283,26 +283,19 @@ def _with_mesh(options: Options, mesh: str) -> Options:
     )
 
 
-def trainer_mesh(options: Options, spec: str | None) -> str | None:
+def trainer_mesh(options: Options, layout: Layout | None) -> str | None:
     """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
     stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
     row-major mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
-    if spec is None:
+    if layout is None:
         return None
     stated = options.setting("mesh")
     if stated.source is Source.DEFAULT or stated.value is None:
-        return spec
-    from ..layout import parse_mesh
-
-    def shape(text: str, where: str) -> list[tuple[str, int]]:
-        declared = parse_mesh(text, where=where)
-        world = math.prod(int(part.partition("=")[2]) for part in spec.split(","))
-        layout = declared.resolve(world)
-        return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
-
-    if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
+        return layout.text
+    declared = Layout.parse(str(stated.value), stated.where)
+    if declared.resolved(layout.world_size).squeezed() != layout.squeezed():
         raise TrainerLayoutError(
-            f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
+            f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {layout} "
             "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
         )
     return None

@@ -169,16 +169,16 @@ def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: in
     """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``),
     checked before anything is submitted (the nodes check it again); the launch option that hands ``--mesh`` on
     (the others reach the nodes by themselves)."""
-    from ..layout import node_cut, parse_mesh
+    from ..layout import Layout, node_cut
 
     given = [o.split("=", 1)[1] for o in launch_opts if o.startswith("--mesh=")]
     s = launch.setting("mesh")
     text, where = (given[-1], "--launch-opt=--mesh") if given and s.source < Source.COMMAND_LINE else (s.value, s.where)
     if text is None:
         return []
-    spec = parse_mesh(text, where=where)
+    spec = Layout.parse(text, where=where)
     if nproc is not None:
-        node_cut(spec.resolve(nodes * nproc), nproc, where=where)
+        node_cut(spec.resolved(nodes * nproc), nproc)
     return [f"--mesh={text}"] if where == "--mesh" else []
 
 

@@ -9,9 +9,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import envvars
 from ..errors import PlanError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
+from ..layout import Layout
 from ..options.choices import BindingMode, MemPolicy, NicPolicy
 from ..options.launch import option
 
@@ -37,8 +39,7 @@ class PlanRequest:
     user_env: dict[str, str] = field(default_factory=dict)  # never overridden
     nic_policy: NicPolicy = option("nic_policy").default
     allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
-    mesh: str | None = None  # the parallel layout as declared (numarun.layout), None: none
-    mesh_where: str = "--mesh"  # the option, variable or config key it came from, for messages
+    mesh: Layout | None = None  # the parallel layout as declared (its source in its messages), None: none
     nnodes: str = "1"  # torchrun's --nnodes (N or MIN:MAX): the layout spans that many nodes
     keep_gpus: bool = False  # the scheduler fixed each rank's GPU: the layout is recorded, not placed
 
@@ -108,6 +109,11 @@ class MeshPlan:
     search: str  # how the placement was found: "exhaustive, N steps", "stopped after N steps", "-" (nothing to place)
     cuda_visible_devices: str = ""  # the GPU order every rank of the node sees ("": the user's, unchanged)
     nvlink_domain: str = ""  # the node's multi-node NVLink domain (NVML fabric cluster UUID/clique id); "" none
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the plan carries to the ranks (``-1`` only where the world size comes with the rendezvous)."""
+        return Layout(self.names, self.shape, where=f"{envvars.PLAN} layout")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from ..layout import Layout
 from .model import PlanRequest
 
 if TYPE_CHECKING:
@@ -56,8 +57,7 @@ def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
     ``environ``."""
     mesh, nnodes = options.settings.get("mesh"), options.settings.get("nnodes")
     return PlanRequest(
-        mesh=None if mesh is None or mesh.value is None else str(mesh.value),
-        mesh_where=mesh.where if mesh else "--mesh",
+        mesh=None if mesh is None or mesh.value is None else Layout.parse(str(mesh.value), mesh.where),
         nnodes=str(nnodes.value) if nnodes is not None and nnodes.value is not None else "1",
         nproc_per_node=options.nproc_per_node,
         binding=options.binding,

@@ -310,8 +310,8 @@ class Trainer:
                 if self.rank == 0:
                     saved = meta.get("layout")
                     moved = (
-                        f"; saved with layout {saved}, resharded onto {self.layout.spec()}"
-                        if (saved and saved != self.layout.spec())
+                        f"; saved with layout {saved}, resharded onto {self.layout.text}"
+                        if (saved and saved != self.layout.text)
                         else ""
                     )
                     print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
@@ -367,7 +367,7 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "num_nodes": self.ctx.num_nodes,
                 "parallel": self.cfg.parallel.kind,
-                "layout": self.layout.spec(),
+                "layout": self.layout.text,
                 "pipeline": self.par.pipeline.plan.describe() if self.par.pipeline is not None else None,
                 "model": self.cfg.model.kind,
                 "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
@@ -390,7 +390,7 @@ class Trainer:
         meta = {
             "world_size": self.ctx.world_size,
             "parallel": self.cfg.parallel.kind,
-            "layout": self.layout.spec(),
+            "layout": self.layout.text,
             "model": checkpoint.model_config(self.cfg.model),
         }
         checkpoint.save(self.ckpt_dir, step, self.par.parts, self.optimizers, meta=meta, rank=self.rank)

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..config.layout import DIMS, Layout
 from ..config.schema import CommMode
+from ..layout import DIMS, Layout
 from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Parallelized:
     parts: tuple[nn.Module, ...]
     """What this rank trains: the whole model (maybe DDP- or FSDP-wrapped), or its pipeline stages' modules."""
     mesh: Any
-    """The DeviceMesh over :data:`~numarun.config.layout.DIMS`."""
+    """The DeviceMesh over :data:`~numarun.layout.DIMS`."""
     dp_rank: int
     dp_size: int
     pipeline: Pipeline | None = None
@@ -149,10 +149,10 @@ def build_mesh(layout: Layout, ctx: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     declared = getattr(ctx, "mesh_layout", None)
-    if declared is not None and tuple(declared.names) == DIMS and tuple(declared.shape) == layout.degrees():
-        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.spec())
+    if declared is not None and (declared.names, declared.shape) == (layout.names, layout.shape):
+        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.text)
         return ctx.mesh
-    return init_device_mesh(ctx.device.type, layout.degrees(), mesh_dim_names=DIMS)
+    return init_device_mesh(ctx.device.type, layout.shape, mesh_dim_names=layout.names)
 
 
 def parallelize(
@@ -192,7 +192,7 @@ def parallelize(
     log.info(
         "rank %d: layout %s at %s%s",
         rank,
-        layout.spec(),
+        layout.text,
         ",".join(f"{d}={coords[d]}" for d in DIMS),
         f"; stages {list(indices)} of {pipeline_plan.describe()}" if pipeline_plan is not None else "",
     )

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, TrainerLayoutError
+from ..layout import Layout
 
 if TYPE_CHECKING:
     from ..config.files import PreparedJob
-    from ..config.layout import Layout
     from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
@@ -120,11 +120,10 @@ def check_layout(
     """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
     stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
-    from ..config.layout import layout_of
     from ..config.schema import CommMode, ModelKind
     from .stages import plan_pipeline, schedule_name
 
-    layout = layout_of(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
+    layout = Layout.of_degrees(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
     m = cfg.model
     if layout.tp > 1:
         if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
@@ -140,7 +139,7 @@ def check_layout(
     only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
         raise TrainerLayoutError(
-            f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
+            f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.text}: expected flat "
             "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)"
         )
     t = cfg.trainer
@@ -150,7 +149,7 @@ def check_layout(
         if bs % per:
             raise TrainerLayoutError(
                 f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
-                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})"
+                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.text})"
             )
         local_batch = bs // per
     schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
@@ -174,11 +173,10 @@ def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]
     return lo, lo * nproc_per_node
 
 
-def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> str | None:
-    """:func:`check_layout` for a job the launcher is about to start; returns the layout spec (None when the
+def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> Layout | None:
+    """:func:`check_layout` for a job the launcher is about to start; returns the layout, resolved (None when the
     world is elastic and only the ranks can check it)."""
     n, world = job_shape(nnodes, nproc_per_node)
     if world is None:
         return None
-    layout, _ = check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)
-    return layout.spec()
+    return check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)[0]
