@@ -189,12 +189,14 @@ def environment_markdown() -> str:
     out = [
         "## Launch options\n",
         "Each launch option's variable, below the command line and above the job config "
-        "([where options come from](../run.md#where-each-option-comes-from)); switches take `1`/`0`.\n",
+        "([where options come from](../run.md#where-each-option-comes-from)). A switch's `NUMARUN_*` variable "
+        "takes `1`/`0`, `true`/`false`, `yes`/`no` or `on`/`off` (any case); a `PET_*` one an integer, as torchrun "
+        "reads it.\n",
         "| variable | option | default |",
         "|---|---|---|",
     ]
     parser = dict(command_parsers())["run"]
-    for f in parser.get_default("launch_options") or ():
+    for f in (f for f in parser.get_default("launch_options") or () if f.variable):
         default = (
             ""
             if f.default in (None, False)
@@ -258,7 +260,7 @@ def _type_name(annotation: object) -> str:
 
 
 def launcher_rows() -> list[str]:
-    """The ``launcher`` group: a key per launch option that declares one (``numarun.options.launch.DECLARED``),
+    """The ``launcher`` group: a key per launch option that declares one (``numarun.options.launch.LaunchOptions``),
     every one null (not set); what it does is its option's help."""
     from numarun.options.launch import config_keys, option
 

@@ -31,7 +31,7 @@ from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.supervisor import Supervisor
 from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
 from ..layout import Layout
-from ..options.launch import DECLARED, Options, Setting, Source, add_options, from_args, launch_dests, shown
+from ..options.launch import DECLARED, LaunchOptions, Setting, Source, add_options, from_args, launch_dests
 from ..options.torchrun import torchrun_parser
 from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",
         description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
     )
-    add_options(parser, launch_dests())
+    add_options(parser, (*launch_dests(), "detect", "plan_file", "watch_interval"))
     add_run_options(parser)
     from .doctor import add_doctor_options
 
@@ -61,19 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--preflight", action="store_true", help="run 'numarun doctor' on every node first and stop on errors"
     )
     add_doctor_options(parser)
-    parser.add_argument(
-        "--watch-interval",
-        type=argtypes.seconds("--watch-interval", above=False),
-        default=None,
-        metavar="SECONDS",
-        help="seconds between the binding watcher's checks in every rank (default 30)",
-    )
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
-    parser.add_argument(
-        "--no-detect",
-        action="store_true",
-        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
-    )
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
@@ -88,11 +76,11 @@ def main(args: argparse.Namespace) -> int:
     if supervisor is None:
         supervisor = Supervisor()
         supervisor.hold_signals()
-    job, options = detect_job(options, no_detect=args.no_detect)
+    job, options = detect_job(options)
     run = _Runner(args, supervisor, Planner(job))
     try:
         if job is not None:
-            announce(args, job.describe())
+            announce(options, job.describe())
             if job.mode is Mode.PER_RANK:
                 return _run_rank(run, options, target)
         if args.preflight and not args.dry_run:
@@ -122,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         return refuse(job, e, options)
 
 
-def _run_rank(run: _Runner, options: Options, target: Target) -> int:
+def _run_rank(run: _Runner, options: LaunchOptions, target: Target) -> int:
     """Per-rank mode: bind this process as its rank of the node's plan, then run the script here."""
     args, job = run.args, run.job
     assert job is not None
@@ -206,12 +194,12 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
         )
     from ..launch.rank import become_rank
 
-    shown(args, options)
+    options.shown()
     run.supervisor.release()  # the rank handles its own signals, as under plain python
     become_rank(target, env)
 
 
-def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run: _Runner) -> int:
+def _run_trainer(args: argparse.Namespace, options: LaunchOptions, target: Target, run: _Runner) -> int:
     """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
     from ..config import compose
     from ..train.preflight import check_launch_layout, check_prepared
@@ -224,7 +212,7 @@ def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run
         layout checked against the world it makes (before any rank starts)."""
         found: list[Layout | None] = [None]
 
-        def mesh_of(opts: Options, plan: Planned) -> str | None:
+        def mesh_of(opts: LaunchOptions, plan: Planned) -> Layout | None:
             found[0] = check_launch_layout(job.config, nnodes=opts.nnodes, nproc_per_node=plan.plan.nproc_per_node)
             return trainer_mesh(opts, found[0])
 
@@ -276,26 +264,23 @@ TRAINER_MESH = "parallel.* (the trainer's layout)"
 """Where the mesh of a trainer job comes from, as messages name it."""
 
 
-def _with_mesh(options: Options, mesh: str) -> Options:
+def _with_mesh(options: LaunchOptions, mesh: Layout) -> LaunchOptions:
     """``options`` with the trainer's layout as the job config's mesh (below a stated one, which it equals)."""
-    return dataclasses.replace(
-        options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)}
-    )
+    return options.with_setting("mesh", Setting(mesh, Source.CONFIG, TRAINER_MESH))
 
 
-def trainer_mesh(options: Options, layout: Layout | None) -> str | None:
+def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None:
     """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
     stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
     row-major mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
     if layout is None:
         return None
     stated = options.setting("mesh")
-    if stated.source is Source.DEFAULT or stated.value is None:
-        return layout.text
-    declared = Layout.parse(str(stated.value), stated.where)
-    if declared.resolved(layout.world_size).squeezed() != layout.squeezed():
+    if options.mesh is None or not options.given("mesh"):
+        return layout
+    if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
         raise TrainerLayoutError(
-            f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {layout} "
+            f"bad {stated.where} {options.mesh.text!r}: numarun's trainer lays its ranks out as {layout} "
             "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
         )
     return None
@@ -307,7 +292,7 @@ def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
         raise BindingError(mem_refused_line(plan, strict=True))
 
 
-def dry_run(plan: LaunchPlan, options: Options, note: str, command: str) -> int:
+def dry_run(plan: LaunchPlan, options: LaunchOptions, note: str, command: str) -> int:
     """The one dry-run output: the plan, each launch option with its source, what would run."""
     from ..view.plan import render_plan
 
@@ -317,7 +302,7 @@ def dry_run(plan: LaunchPlan, options: Options, note: str, command: str) -> int:
     return 0
 
 
-_Prepared = tuple[Options, Planned, LaunchSpec]
+_Prepared = tuple[LaunchOptions, Planned, LaunchSpec]
 """(options settled against the job, plan, launch spec) of one job, built once."""
 
 
@@ -331,21 +316,24 @@ class _Runner:
         self.planner = planner
         self.job = planner.job
 
-    def env(self, options: Options, plan: LaunchPlan, plan_path: str) -> dict[str, str]:
+    def env(self, options: LaunchOptions, plan: LaunchPlan, plan_path: str) -> dict[str, str]:
         """What numarun adds to the workers' environment: the plan, the watcher, numarun's log level."""
         env = worker_env(plan, os.environ, plan_path=plan_path, strict=options.strict_binding)
         if self.args.no_watch:
             env[envvars.WATCH_INTERVAL] = "0"
-        elif self.args.watch_interval is not None:  # >= 0: its option type refuses the rest
-            env[envvars.WATCH_INTERVAL] = f"{self.args.watch_interval:g}"
+        elif options.watch_interval is not None:  # >= 0: its option type refuses the rest
+            env[envvars.WATCH_INTERVAL] = f"{options.watch_interval:g}"
         # The binding line of each rank is logged at INFO on purpose (see the README); an explicit
         # --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
-        if self.args.log_level and envvars.LOG_LEVEL not in os.environ:
-            env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
+        if options.log_level and envvars.LOG_LEVEL not in os.environ:
+            env[envvars.LOG_LEVEL] = options.log_level
         return env
 
     def prepare(
-        self, options: Options, target: Target, mesh_of: Callable[[Options, Planned], str | None] | None = None
+        self,
+        options: LaunchOptions,
+        target: Target,
+        mesh_of: Callable[[LaunchOptions, Planned], Layout | None] | None = None,
     ) -> _Prepared:
         """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
         plan and may return a mesh to plan with instead (the trainer's layout)."""
@@ -356,21 +344,21 @@ class _Runner:
             if not rendezvous.own_rendezvous and self.job.nnodes > 1:
                 order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
                 announce(
-                    self.args,
+                    options,
                     f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
                     f"{options.master_addr}:{options.master_port} (static{order})",
                 )
-        planned = self.planner.plan(options, plan_file=self.args.plan_file)
+        planned = self.planner.plan(options)
         trainer = mesh_of(options, planned) if mesh_of is not None else None
         if trainer is not None:
             options = _with_mesh(options, trainer)
             if rendezvous is not None and rendezvous.own_rendezvous:
                 # under the user's c10d a layout keys the nodes by Slurm's order: settle asks for it once it sees one
                 options, rendezvous = settle(_with_mesh(given, trainer), self.job)  # type: ignore[arg-type]
-            planned = self.planner.plan(options, plan_file=self.args.plan_file)
+            planned = self.planner.plan(options)
         refuse_unbound(planned.plan, options.strict_binding)
         if not self.args.dry_run:  # a dry run prints the same block on stdout
-            shown(self.args, options)
+            options.shown()
         spec = launch_spec(
             options.values(),
             nproc_per_node=planned.plan.nproc_per_node,
@@ -388,7 +376,7 @@ class _Runner:
             )
             spec = dataclasses.replace(spec, node_key=key)
             announce(
-                self.args,
+                options,
                 f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the "
                 "order of the nodes' keys",
             )
@@ -396,7 +384,7 @@ class _Runner:
 
     def __call__(
         self,
-        options: Options,
+        options: LaunchOptions,
         target: Target,
         job_env: dict[str, str],
         run_dir: os.PathLike[str] | None = None,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
-from ..options.launch import Options, Source, Spelled, add_options, from_args, shown
+from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
@@ -165,7 +165,7 @@ def _config_settings(
     return kind, settings, dict(first.launcher)
 
 
-def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: int | None) -> list[str]:
+def check_mesh(launch: LaunchOptions, launch_opts: list[str], *, nodes: int, nproc: int | None) -> list[str]:
     """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``),
     checked before anything is submitted (the nodes check it again); the launch option that hands ``--mesh`` on
     (the others reach the nodes by themselves)."""
@@ -271,7 +271,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     user_args = list(args.args)
     kind, from_config, launcher = _config_settings(args.script if module else str(script), user_args, is_module=module)
-    launch = shown(args, from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1"))
+    launch = from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1").shown()
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
@@ -337,7 +337,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     )
 
 
-def _count(options: Options, dest: str, high: int, what: str) -> int | None:
+def _count(options: LaunchOptions, dest: str, high: int, what: str) -> int | None:
     """A launch option that sbatch takes as a whole number (None: not given)."""
     s = options.setting(dest)
     if s.value is None:

@@ -16,8 +16,8 @@ from .. import argtypes
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
-from ..options.launch import Options
-from ..plan.request import request_from_args
+from ..options.launch import LaunchOptions
+from ..plan.request import request_from_options
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def parse_nnodes(text: str) -> int:
     return values[0]
 
 
-def rendezvous(options: Options, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
+def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
     """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint (``endpoint`` False:
     a static rendezvous's, not read); the host resolves. Without a port, torchrun's static rendezvous's."""
     stated = options.stated()
@@ -81,7 +81,9 @@ def check_fraction(value: float) -> float:
     return value
 
 
-def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endpoint: bool = True) -> dict[str, Any]:
+def diagnose(
+    options: LaunchOptions, settings: Settings, *, port_offset: int = 0, endpoint: bool = True
+) -> dict[str, Any]:
     """Run the doctor with the launch options and its own settings; returns the JSON-able result (``ok`` says
     whether no error). ``port_offset``, ``endpoint``: :func:`rendezvous`."""
     from ..doctor.model import has_error
@@ -89,7 +91,7 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
     from ..doctor.node import Inputs, run_node
     from ..doctor.schedule import LinkSchedule
 
-    nnodes = parse_nnodes(options.nnodes)
+    nnodes = parse_nnodes(options.nnodes or "1")
     fraction = check_fraction(settings.min_link_fraction)
     node_rank = int(options.node_rank or 0)
     if nnodes > 1:
@@ -98,7 +100,7 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
             raise UsageError(f"bad --node-rank {node_rank!r}: expected 0..{nnodes - 1}")
     inputs = Inputs(
         topology=options.topology,
-        request=request_from_args(options, os.environ),
+        request=request_from_options(options, os.environ),
         nvml_record=settings.nvml_record,
         measure=(nnodes > 1 and not settings.no_measure) or settings.measure,
         compare=nnodes > 1,

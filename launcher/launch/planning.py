@@ -9,7 +9,6 @@ end the whole job, not only the task that saw it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -20,26 +19,25 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
-from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
+from ..jobenv import JobShape, Mode, Scheduler, detect
 from ..jobenv.container import Container, detect_container
 from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
-from ..options.launch import Options
+from ..options.launch import LaunchOptions
 from ..plan.model import LaunchPlan
 
 log = logging.getLogger(__name__)
 
 
-def announce(args: argparse.Namespace, text: str) -> None:
+def announce(options: LaunchOptions, text: str) -> None:
     """One line on stderr, shown unless the user asked for WARNING or quieter (like the binding line)."""
-    level = getattr(args, "log_level", None)
-    if level is None or getattr(logging, str(level).upper(), logging.INFO) <= logging.INFO:
+    if options.log_level is None or logging.getLevelName(options.log_level) <= logging.INFO:
         print(f"numarun: {text}", file=sys.stderr, flush=True)
 
 
-def detect_job(options: Options, *, no_detect: bool = False) -> tuple[JobShape | None, Options]:
-    """The job found in the environment, or None, and the options with the job's own variables
-    (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.options.launch.Options.with_job_env`) where there is one."""
-    if not detection_enabled(os.environ, no_detect=no_detect):
+def detect_job(options: LaunchOptions) -> tuple[JobShape | None, LaunchOptions]:
+    """The job found in the environment (none with ``--no-detect``), and the options with the job's own
+    variables (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`LaunchOptions.with_job_env`) where there is one."""
+    if not options.detect:
         return None, options
     job = detect(os.environ, nproc_given="nproc_per_node" in options.stated())
     return job, options.with_job_env(os.environ) if job is not None else options
@@ -52,7 +50,9 @@ def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_sw
     return gather(environ, need_switches=need_switches, head=head)
 
 
-def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = None) -> tuple[Options, NodeRendezvous]:
+def settle(
+    options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None
+) -> tuple[LaunchOptions, NodeRendezvous]:
     """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
     from .slurmctld import head_address
 
@@ -71,7 +71,7 @@ def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = 
     return options.with_job(rdv.options(addr), job.describe().split(":")[0]), rdv
 
 
-def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
+def refuse(job: JobShape, error: JobConflict, options: LaunchOptions) -> int:
     """Print the conflict, make sure the rest of the job stops too, and return exit code 2.
 
     A conflict every task sees (``--nnodes 3`` on two nodes) stops every task by itself. One that
@@ -195,16 +195,17 @@ class Planner:
         self._env = os.environ if environ is None else environ
         self._read: dict[str | None, tuple[Any, Here]] = {}
 
-    def plan(self, options: Options, *, plan_file: str | None = None) -> Planned:
+    def plan(self, options: LaunchOptions) -> Planned:
+        """The plan of ``options``: this task's in per-rank mode, else ``--plan-file``'s, else this node's."""
         from ..plan.binding import make_plan
         from ..plan.request import request_for
         from ..plan.scheduled import confine
         from ..topology.discover import load_topology
 
-        if plan_file:
-            return self._from_file(options, plan_file)
         if self.job is not None and self.job.mode is Mode.PER_RANK:
             return self._rank(options, self.job)
+        if options.plan_file:
+            return self._from_file(options, options.plan_file)
         if options.topology not in self._read:
             topology = load_topology(options.topology)
             self._read[options.topology] = topology, here(topology, options.topology, self.job, self._env)
@@ -212,7 +213,7 @@ class Planner:
         request = request_for(options, self._env, topology, allowed_gpu_minors=node.gpu_minors)
         return Planned(confine(make_plan(topology, request), node.container, node.mem_refused))
 
-    def _from_file(self, options: Options, path: str) -> Planned:
+    def _from_file(self, options: LaunchOptions, path: str) -> Planned:
         from ..plan.scheduled import confine
         from ..worker.affinity import mempolicy_refusal
 
@@ -233,7 +234,7 @@ class Planner:
             )
         return Planned(plan, os.path.abspath(path))
 
-    def _rank(self, options: Options, job: JobShape) -> Planned:
+    def _rank(self, options: LaunchOptions, job: JobShape) -> Planned:
         """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
         under ``--gpus-per-task``), narrowed to the CPUs the task may use (README: per-rank mode)."""
         from ..plan.binding import make_plan

@@ -44,9 +44,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
     )
-    group.add_argument(
-        "--plan-file", metavar="PATH", help="use this saved plan ('numarun plan --json' output) instead of planning"
-    )
 
 
 @dataclass(frozen=True)

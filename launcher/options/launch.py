@@ -1,16 +1,20 @@
-"""The launch options: each declared once (:data:`DECLARED`), built once per command with its value and source.
+"""The options of a launch, typed and built once per command: :class:`LaunchOptions`, each value with its source.
 
-An option's one declaration holds its flags, its variable, its key in a job config's ``launcher`` group
-(the schema's ``LauncherConfig`` is made from these), its default, how its text is read and its help.
-torchrun's options are torch's own (its parser, read once per torch version:
-:func:`~numarun.options.torchrun.torchrun_record`): a declaration that names no flags adopts one of them and adds
-what numarun gives it (a job-config key, a scheduler's variable, a meaning in per-rank mode, a stricter check).
+An option is declared once, as a field of :class:`LaunchOptions`: its name is the option's dest, its annotation the
+value's type, and :func:`declare` holds the rest (flags, variable, key in a job config's ``launcher`` group, default,
+how its text is read, help). torchrun's options are torch's own (its parser, read once per torch version:
+:func:`~numarun.options.torchrun.torchrun_record`): a field that names no flags adopts torchrun's option of that
+name and adds what numarun gives it (a type, a job-config key, a scheduler's variable, a meaning in per-rank mode);
+torchrun's others pass through as torch's parser types them (:attr:`LaunchOptions.settings`).
 
 Every command takes its flags from here (:func:`add_options`); the parser keeps only what was typed, and
-:func:`from_args` adds the environment and the defaults; :meth:`Options.with_config` a job config's ``launcher``
-group and :meth:`Options.with_job` what the job numarun runs in fixes. The precedence (:func:`resolve`) is the
-README's table ("Where each option comes from"). A new option is one entry of :data:`DECLARED` (``--on-hang``'s
-below), read as ``options.on_hang``.
+:func:`from_args` adds the environment and the defaults; :meth:`LaunchOptions.with_config` a job config's
+``launcher`` group and :meth:`LaunchOptions.with_job` what the job numarun runs in fixes. The precedence
+(:func:`resolve`) is the README's table ("Where each option comes from").
+
+The variables: ``NUMARUN_<NAME>`` for numarun's options, ``PET_<NAME>`` for torchrun's, as torchrun reads them. A
+switch reads one rule per family (:func:`read_switch`): ``NUMARUN_*`` takes ``1``/``0``, ``true``/``false``,
+``yes``/``no``, ``on``/``off`` (any case); ``PET_*`` an integer, as torchrun's ``check_env`` does.
 """
 
 from __future__ import annotations
@@ -19,15 +23,25 @@ import argparse
 import dataclasses
 import enum
 import functools
+import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import argtypes, envvars
 from ..errors import UsageError
-from . import choices as hangs
-from .choices import BindingMode, MemPolicy, NicPolicy, parse_nproc
+from ..layout import DIMS, Layout
+from .choices import (
+    DEFAULT_TIMEOUT_S,
+    EXIT_HANG,
+    BindingMode,
+    MemPolicy,
+    NicPolicy,
+    OnHang,
+    parse_hang_timeout,
+    parse_nproc,
+)
 
 NOT_LAUNCH = (
     "help",
@@ -42,7 +56,7 @@ NOT_LAUNCH = (
 
 
 class Source(enum.IntEnum):
-    """Where an option's value came from; a higher source wins ."""
+    """Where an option's value came from; a higher source wins."""
 
     DEFAULT = 0
     JOB = 1
@@ -64,9 +78,28 @@ class Setting:
     where: str
 
 
+SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+"""What a ``NUMARUN_*`` switch reads, any case."""
+
+
+def read_switch(raw: object, where: str, *, torchrun: bool = False) -> bool:
+    """A switch's value: ``NUMARUN_*`` (and a job config) by :data:`SWITCH_WORDS`; torchrun's ``PET_*`` as an
+    integer (torchrun's ``check_env``: ``bool(int(...))``); one line naming ``where`` for anything else."""
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip()
+    if torchrun:
+        if not text.lstrip("-").isdigit():
+            raise UsageError(f"bad {where} {text!r}: expected 1 or 0")
+        return bool(int(text))
+    if text.lower() not in SWITCH_WORDS:
+        raise UsageError(f"bad {where} {text!r}: expected 1 or 0 (or true/false, yes/no, on/off)")
+    return SWITCH_WORDS[text.lower()]
+
+
 @dataclass(frozen=True)
 class Option:
-    """One launch option, declared once."""
+    """One option's declaration (:func:`declare`); torchrun's own are made from its parser."""
 
     dest: str
     flags: tuple[str, ...] = ()
@@ -74,11 +107,13 @@ class Option:
     default: Any = None
     parse: Callable[[str], Any] | None = None
     """Text (a flag's, a variable's, a config value's) to value; raises with ``expected ...`` in its message."""
+    parse_at: Callable[[str, str], Any] | None = None
+    """(text, where it came from) to value, for a reader whose messages name the source themselves (the layout's)."""
     help: str = ""
     metavar: str | None = None
     switch: bool = False
-    env: str = ""
-    """The variable that sets it; '' for ``NUMARUN_<DEST>`` (torchrun's: ``PET_<DEST>``, as torchrun reads them)."""
+    env: str | None = ""
+    """The variable that sets it; '' for ``NUMARUN_<DEST>`` (torchrun's: ``PET_<DEST>``); None for none."""
     config: type | None = None
     """The type of its key ``launcher.<dest>`` in a job config; None: no key."""
     job_env: str = ""
@@ -87,6 +122,9 @@ class Option:
     """Meaningful when the scheduler starts every rank itself (per-rank mode, no torchrun agent)."""
     planning: bool = False
     """An input of the plan: ``numarun plan``, the doctor and ``tune`` take it too."""
+    launch: bool = True
+    """An option of the launch (listed with its source, handed on to a child ``numarun run``); False: a setting of
+    the command itself (``--no-detect``, ``--plan-file``, ``--log-level``)."""
     default_text: str = ""
     """What the help says a None default means."""
     owner: str = "numarun"
@@ -98,16 +136,18 @@ class Option:
 
     @property
     def variable(self) -> str:
+        """Its variable ('' for none)."""
+        if self.env is None:
+            return ""
         return self.env or ("PET_" if self.owner != "numarun" else "NUMARUN_") + self.dest.upper()
 
     def read(self, raw: object, where: str) -> Any:
         """``raw`` (a variable's text, a config value) as the option's type; one line naming ``where`` if it is not
         one."""
         if self.switch:
-            text = str(raw).strip()
-            if not isinstance(raw, bool) and not text.lstrip("-").isdigit():  # torchrun's check_env: bool(int(...))
-                raise UsageError(f"bad {where} {text!r}: expected 1 or 0")
-            return raw if isinstance(raw, bool) else bool(int(text))
+            return read_switch(raw, where, torchrun=self.owner != "numarun")
+        if self.parse_at is not None:
+            return self.parse_at(str(raw), where)
         if self.parse is None:
             return str(raw)
         try:
@@ -126,18 +166,54 @@ class Option:
             raise argparse.ArgumentTypeError(str(e)) from None
 
     def help_text(self) -> str:
+        if self.switch and self.default:  # its flag turns it off
+            return f"{self.help} (also ${self.variable}=0)"
         shown = self.default_text or ("off" if self.switch and not self.default else _text(self.default))
-        return f"{self.help} (default: ${self.variable}, else {shown})"
+        return f"{self.help} (default: ${self.variable}, else {shown})" if self.variable else self.help
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        """Its flags on ``parser``, with no default: what was not typed is left out of the parsed namespace."""
+        text = self.help_text() if self.owner == "numarun" else self.help
+        if self.switch:
+            action = "store_false" if self.default else "store_true"
+            parser.add_argument(*self.flags, dest=self.dest, action=action, default=argparse.SUPPRESS, help=text)
+            return
+        parser.add_argument(
+            *self.flags,
+            dest=self.dest,
+            type=self.argtype,
+            default=argparse.SUPPRESS,
+            metavar=self.metavar,
+            action=Spelled,
+            help=text,
+        )
+
+
+def declare(*flags: str, default: Any = None, **more: Any) -> Any:
+    """A field of :class:`LaunchOptions` and its option's declaration (:class:`Option`'s attributes; no flags:
+    torchrun's option of the field's name). The field's name is the dest, its annotation the value's type."""
+    return field(default=default, metadata={"option": Option("", flags, default, **more)})
 
 
 def _choices(kind: type[enum.Enum]) -> str:
     return ", ".join(m.value for m in kind)
 
 
-DECLARED: tuple[Option, ...] = (
-    Option(
-        "topology",
-        ("--topology",),
+def _log_level(text: str) -> str:
+    if not isinstance(logging.getLevelName(text.upper()), int):
+        raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
+    return text.upper()
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Every option of a command, typed (``options.binding`` is a :class:`BindingMode`), each with its source
+    (:meth:`setting`). The fields are the declarations, in the order ``--show-sources`` lists them; build it with
+    :func:`from_args` (or :func:`from_environ`, :func:`given`) and change it with the ``with_*`` methods, which keep
+    each value beside its source."""
+
+    topology: str | None = declare(
+        "--topology",
         env=envvars.TOPOLOGY,
         metavar="PATH",
         per_rank=True,
@@ -145,10 +221,10 @@ DECLARED: tuple[Option, ...] = (
         default_text="this machine",
         help="topology source: a machine root holding sys/ and proc/, a 'numarun topo --json' snapshot, "
         "hwloc XML, or saved 'nvidia-smi topo -m' text",
-    ),
-    Option(
-        "nproc_per_node",
-        ("--nproc-per-node", "--nproc_per_node"),
+    )
+    nproc_per_node: int | str | None = declare(
+        "--nproc-per-node",
+        "--nproc_per_node",
         env="PET_NPROC_PER_NODE",
         parse=parse_nproc,
         config=int,
@@ -157,12 +233,13 @@ DECLARED: tuple[Option, ...] = (
         metavar="N",
         default_text="one per visible GPU, or 1 without GPUs",
         help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu",
-    ),
-    Option("nnodes", config=int, per_rank=True),
-    Option("node_rank", config=int, per_rank=True),
-    Option(
-        "binding",
-        ("--binding", "--numa-binding", "--numa_binding"),
+    )
+    nnodes: str | None = declare(config=int, per_rank=True)
+    node_rank: int | None = declare(config=int, per_rank=True)
+    binding: BindingMode = declare(
+        "--binding",
+        "--numa-binding",
+        "--numa_binding",
         default=BindingMode.EXCLUSIVE,
         parse=argtypes.choice(BindingMode, "--binding"),
         config=str,
@@ -170,10 +247,9 @@ DECLARED: tuple[Option, ...] = (
         planning=True,
         metavar="MODE",
         help=f"CPU binding: {_choices(BindingMode)}",
-    ),
-    Option(
-        "mem_policy",
-        ("--mem-policy",),
+    )
+    mem_policy: MemPolicy = declare(
+        "--mem-policy",
         default=MemPolicy.BIND,
         parse=argtypes.choice(MemPolicy, "--mem-policy"),
         config=str,
@@ -181,10 +257,9 @@ DECLARED: tuple[Option, ...] = (
         planning=True,
         metavar="POLICY",
         help=f"memory policy per rank: {_choices(MemPolicy)}",
-    ),
-    Option(
-        "nic_policy",
-        ("--nic-policy",),
+    )
+    nic_policy: NicPolicy = declare(
+        "--nic-policy",
         default=NicPolicy.NODE,
         parse=argtypes.choice(NicPolicy, "--nic-policy"),
         config=str,
@@ -193,60 +268,209 @@ DECLARED: tuple[Option, ...] = (
         metavar="POLICY",
         help="NCCL_IB_HCA/NCCL_SOCKET_IFNAME: 'node' = one list of the node's compute NICs for every rank; "
         "'per-rank' = each rank's closest NIC only",
-    ),
-    # read by numarun.layout.parse_mesh where the plan is made, so that a bad value names its source
-    Option(
-        "mesh",
-        ("--mesh",),
+    )
+    mesh: Layout | None = declare(
+        "--mesh",
+        parse_at=Layout.parse,
         config=str,
         per_rank=True,
         planning=True,
         metavar="SPEC",
         default_text="none",
-        help="parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names pp, dp_replicate, dp_shard, cp, "
-        "tp; -1: the rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
+        help=f"parallel layout, outermost first, e.g. pp=2,dp_shard=-1,tp=4 (names {', '.join(DIMS)}; -1: the "
+        "rest): each local rank drives the GPU that puts tp's groups on the fastest links, then cp's, "
         "dp_shard's and dp_replicate's (docs/layouts.md)",
-    ),
-    Option("master_addr", config=str, per_rank=True, job_env="MASTER_ADDR"),
-    Option("master_port", parse=argtypes.port("--master-port"), config=int, per_rank=True, job_env="MASTER_PORT"),
-    Option("rdzv_backend"),
-    Option("rdzv_endpoint", config=str),
-    Option("rdzv_id", config=str),
-    Option("standalone", per_rank=True),
-    Option(
-        "strict_binding",
-        ("--strict-binding",),
+    )
+    master_addr: str | None = declare(config=str, per_rank=True, job_env="MASTER_ADDR")
+    master_port: int | None = declare(
+        parse=argtypes.port("--master-port"), config=int, per_rank=True, job_env="MASTER_PORT"
+    )
+    rdzv_backend: str | None = declare()
+    rdzv_endpoint: str | None = declare(config=str)
+    rdzv_id: str | None = declare(config=str)
+    standalone: bool = declare(default=False, per_rank=True)
+    strict_binding: bool = declare(
+        "--strict-binding",
         default=False,
         switch=True,
         config=bool,
         per_rank=True,
-        help=(
-            f"a rank whose binding cannot be applied fails instead of running unbound (sets {envvars.STRICT_BINDING}=1)"
-        ),
-    ),
-    Option(
-        "hang_timeout",
-        ("--hang-timeout",),
-        default=hangs.DEFAULT_TIMEOUT_S,
-        parse=hangs.parse_hang_timeout,
+        help=f"a rank whose binding cannot be applied fails instead of running unbound (sets "
+        f"{envvars.STRICT_BINDING}=1)",
+    )
+    hang_timeout: float = declare(
+        "--hang-timeout",
+        default=DEFAULT_TIMEOUT_S,
+        parse=parse_hang_timeout,
         config=float,
         metavar="SECONDS",
         help="print the roll-call of every rank when no rank entered or left a torch.distributed collective or "
         "took an optimizer step for this long while a rank's stack stood still (0: off)",
-    ),
-    Option(
-        "on_hang",
-        ("--on-hang",),
-        default=hangs.OnHang.REPORT,
-        parse=argtypes.choice(hangs.OnHang, "--on-hang"),
+    )
+    on_hang: OnHang = declare(
+        "--on-hang",
+        default=OnHang.REPORT,
+        parse=argtypes.choice(OnHang, "--on-hang"),
         config=str,
         metavar="ACTION",
-        help=f"after the roll-call: report (keep running) or stop (end the job, exit code {hangs.EXIT_HANG})",
-    ),
-)
-"""numarun's launch options, and the torchrun options numarun gives more (no flags: torchrun's own), in the order
-``--show-sources`` lists them."""
+        help=f"after the roll-call: report (keep running) or stop (end the job, exit code {EXIT_HANG})",
+    )
+    # ---- the commands' own settings (not the launch's: not listed with the options, nor handed on)
+    detect: bool = declare(
+        "--no-detect",
+        default=True,
+        switch=True,
+        env=envvars.DETECT,
+        launch=False,
+        help="do not read the job's shape from a Slurm step or mpirun's environment",
+    )
+    plan_file: str | None = declare(
+        "--plan-file",
+        env=None,
+        launch=False,
+        metavar="PATH",
+        help="use this saved plan ('numarun plan --json' output) instead of planning",
+    )
+    watch_interval: float | None = declare(
+        "--watch-interval",
+        env=None,
+        parse=argtypes.seconds("--watch-interval", above=False),
+        launch=False,
+        metavar="SECONDS",
+        help="seconds between the binding watcher's checks in every rank (default 30)",
+    )
+    log_level: str | None = declare(
+        "--log-level",
+        env=None,
+        parse=_log_level,
+        launch=False,
+        per_rank=True,
+        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
+        "bootstrap, whose default INFO shows the one binding line per rank",
+    )
+    show_sources: bool = declare(
+        "--show-sources",
+        switch=True,
+        env=None,
+        launch=False,
+        help="also print each launch option with its value and source (on stderr)",
+    )
 
+    taken: tuple[Option, ...] = ()
+    """The options this command takes (the others keep their defaults)."""
+    settings: Mapping[str, Setting] = field(default_factory=dict)
+    """Each taken option's value with its source, by dest: the fields' and torchrun's others (``max_restarts``...)."""
+
+    @classmethod
+    def of(cls, taken: Iterable[Option], settings: Mapping[str, Setting]) -> LaunchOptions:
+        """The options ``settings`` give, each field's value from its setting."""
+        return cls(**{d: s.value for d, s in settings.items() if d in _FIELDS}, taken=tuple(taken), settings=settings)
+
+    def setting(self, dest: str) -> Setting:
+        """The value of ``dest`` with its source."""
+        if dest in self.settings or dest not in _FIELDS:
+            return self.settings[dest]
+        return Setting(getattr(self, dest), Source.DEFAULT, option(dest).owner)
+
+    def given(self, dest: str) -> bool:
+        """Whether a source other than the default gave ``dest``."""
+        return self.setting(dest).source > Source.DEFAULT
+
+    def stated(self) -> dict[str, Setting]:
+        """The launch options a source other than the default gave."""
+        return {
+            d: s
+            for d, s in self.settings.items()
+            if s.source > Source.DEFAULT and s.value is not None and (d not in _FIELDS or option(d).launch)
+        }
+
+    def values(self) -> dict[str, Any]:
+        """dest -> value of :meth:`stated` (torchrun applies its own defaults to the rest)."""
+        return {d: s.value for d, s in self.stated().items()}
+
+    def _with(self, settings: Iterable[tuple[str, Setting]], *, newer_wins: bool) -> LaunchOptions:
+        """With ``settings`` in their place in the precedence; from the same source, the newer or the older wins."""
+        merged = dict(self.settings)
+        for dest, s in settings:
+            merged[dest] = (
+                (resolve(s, merged[dest]) if newer_wins else resolve(merged[dest], s)) if dest in merged else s
+            )
+        return LaunchOptions.of(self.taken, merged)
+
+    def flags(self, *sources: Source, leave_out: Iterable[str] = ()) -> list[str]:
+        """``--flag=value`` (a switch: ``--flag``) of each option a source of ``sources`` stated, for a ``numarun run``
+        this command starts (what the environment gave reaches it by itself)."""
+        out = []
+        for dest, s in self.stated().items():
+            if s.source in sources and dest not in leave_out:
+                o = option(dest)
+                out += ([o.flag] if s.value else []) if o.switch else [f"{o.flag}={_text(s.value)}"]
+        return out
+
+    def with_config(self, launcher: Mapping[str, Any], prefix: str = "launcher") -> LaunchOptions:
+        """With a job config's ``launcher`` group (None: not set there) in its place in the precedence;
+        ``prefix``: where the values are (``hydra.launcher`` for a sweep launcher's own)."""
+        given = [
+            (f.dest, Setting(f.read(value, f"{prefix}.{f.dest}"), Source.CONFIG, f"{prefix}.{f.dest}"))
+            for f in self.taken
+            if f.config is not None and (value := launcher.get(f.dest)) is not None
+        ]
+        return self._with(given, newer_wins=True)
+
+    def with_job_env(self, environ: Mapping[str, str]) -> LaunchOptions:
+        """Inside a job numarun found: the scheduler's variables its options read (``MASTER_ADDR``, ``MASTER_PORT``),
+        below numarun's and torchrun's own (``PET_MASTER_ADDR``)."""
+        given = [
+            (f.dest, Setting(f.read(text, f.job_env), Source.ENVIRONMENT, f.job_env))
+            for f in self.taken
+            if f.job_env and (text := environ.get(f.job_env, "").strip())
+        ]
+        return self._with(given, newer_wins=False)
+
+    def with_job(self, values: Mapping[str, Any], job: str) -> LaunchOptions:
+        """With what the job fixes: a stated value that agrees keeps its source (one that contradicts the job
+        was refused before, by :mod:`numarun.jobenv.settle`; here it can only change form, ``1:4`` to ``2``)."""
+        settings = dict(self.settings)
+        for dest, value in values.items():
+            if dest in settings and (settings[dest].source is Source.DEFAULT or settings[dest].value != value):
+                settings[dest] = Setting(value, Source.JOB, job)
+        return LaunchOptions.of(self.taken, settings)
+
+    def with_setting(self, dest: str, setting: Setting) -> LaunchOptions:
+        """With ``setting`` for ``dest``, whatever gave it before (numarun's trainer hands its layout as the mesh)."""
+        return LaunchOptions.of(self.taken, {**self.settings, dest: setting})
+
+    def with_defaults(self, owner: str, **values: Any) -> LaunchOptions:
+        """A command's own defaults in place of the declared ones (``numarun bench`` runs 2 ranks)."""
+        return self._with(((d, Setting(v, Source.DEFAULT, owner)) for d, v in values.items()), newer_wins=True)
+
+    def describe(self) -> str:
+        """``# options`` and a line per declared launch option and per stated one, e.g.
+        ``#   binding          node             job config (launcher.binding)``."""
+        order, stated = [o.dest for o in DECLARED], self.stated()
+        rows = sorted(
+            ((d, s) for d, s in self.settings.items() if (d in stated or d in order) and d not in _COMMANDS),
+            key=lambda r: order.index(r[0]) if r[0] in order else len(order),
+        )
+        return "# options (value, source):\n" + "".join(
+            f"#   {d:<16} {_text(s.value):<16} {s.source} ({s.where})\n" for d, s in rows
+        )
+
+    def shown(self, title: str = "") -> LaunchOptions:
+        """``--show-sources``: the options block on stderr (``title`` first); returns the options."""
+        if self.show_sources:
+            sys.stderr.write(title + self.describe())
+        return self
+
+
+DECLARED: tuple[Option, ...] = tuple(
+    dataclasses.replace(f.metadata["option"], dest=f.name)
+    for f in dataclasses.fields(LaunchOptions)
+    if "option" in f.metadata
+)
+"""Every option numarun declares, in the order of :class:`LaunchOptions`' fields."""
+_FIELDS = frozenset(o.dest for o in DECLARED)
+_COMMANDS = frozenset(o.dest for o in DECLARED if not o.launch)
 PLANNING = tuple(o.dest for o in DECLARED if o.planning)
 
 
@@ -271,7 +495,14 @@ def _table() -> dict[str, Option]:
         kind = {"int": int, "float": float}.get(r["type"] or "")
         default = kind(r["default"]) if kind and isinstance(r["default"], str) else r["default"]  # as argparse does
         torch = Option(
-            r["dest"], tuple(r["flags"]), default, kind, r["help"] or "", r["metavar"], r["nargs"] == 0, owner=owner()
+            r["dest"],
+            tuple(r["flags"]),
+            default,
+            kind,
+            help=r["help"] or "",
+            metavar=r["metavar"],
+            switch=r["nargs"] == 0,
+            owner=owner(),
         )
         own = declared.get(r["dest"])
         if own is not None and not own.flags:  # adopted: torchrun's flags and default, numarun's additions
@@ -297,7 +528,7 @@ def option(dest: str) -> Option:
 
 def launch_dests() -> tuple[str, ...]:
     """Every launch option ``numarun run`` takes: numarun's, then torchrun's."""
-    return tuple(dict.fromkeys([*(o.dest for o in DECLARED), *_table()]))
+    return tuple(dict.fromkeys([*(o.dest for o in DECLARED if o.launch), *_table()]))
 
 
 class Spelled(argparse.Action):
@@ -317,150 +548,25 @@ class Spelled(argparse.Action):
 
 
 def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group: Any = None) -> None:
-    """Give ``parser`` (its argument ``group``) the flags of the launch options ``dests``, and ``--show-sources``.
+    """Give ``parser`` (its argument ``group``) the flags of the options ``dests``, and ``--show-sources``.
     Flags torchrun's parser added already (``numarun run`` takes it as a parent) are taken over; the parser
     leaves out what was not typed, and hands the declarations on (``launch_options``) to :func:`from_args`."""
-    where = group or parser
     present = {a.dest: a for a in parser._actions}  # noqa: SLF001  (argparse lists its actions nowhere else)
-    options = tuple(option(d) for d in dests)
+    options = tuple(option(d) for d in (*dests, *(() if "show_sources" in present else ("show_sources",))))
     for o in options:
         action = present.get(o.dest)
         if action is not None and o.owner != "numarun":
             action.default = argparse.SUPPRESS
             action.type = o.argtype if o.parse is not None else action.type
-        elif o.switch:
-            where.add_argument(
-                *o.flags,
-                dest=o.dest,
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help=o.help_text() if o.owner == "numarun" else o.help,
-            )
         else:
-            where.add_argument(
-                *o.flags,
-                dest=o.dest,
-                type=o.argtype,
-                default=argparse.SUPPRESS,
-                metavar=o.metavar,
-                action=Spelled,
-                help=o.help_text() if o.owner == "numarun" else o.help,
-            )
-    if "show_sources" not in present:
-        parser.add_argument(
-            "--show-sources",
-            action="store_true",
-            help="also print each launch option with its value and source (on stderr)",
-        )
+            o.add_to(parser if o.dest == "show_sources" else group or parser)
     parser.set_defaults(launch_options=(*(parser.get_default("launch_options") or ()), *options))
 
 
 def resolve(*candidates: Setting | None) -> Setting:
-    """The one precedence rule: the setting of the highest source (:class:`~numarun.jobenv.settle.Source`); the
-    first given of two from the same one."""
+    """The one precedence rule: the setting of the highest source (:class:`Source`); the first given of two from
+    the same one."""
     return max((c for c in candidates if c is not None), key=lambda s: s.source)
-
-
-@dataclass(frozen=True)
-class Options:
-    """Every launch option of a command, as a :class:`~numarun.jobenv.settle.Setting`; ``options.binding``
-    is the value, :meth:`setting` the value with its source."""
-
-    fields: tuple[Option, ...]
-    settings: Mapping[str, Setting]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("fields", "settings"):
-            raise AttributeError(name)
-        try:
-            return self.settings[name].value
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def setting(self, dest: str) -> Setting:
-        return self.settings[dest]
-
-    def stated(self) -> dict[str, Setting]:
-        """The settings a source other than the default gave."""
-        return {d: s for d, s in self.settings.items() if s.source > Source.DEFAULT and s.value is not None}
-
-    def values(self) -> dict[str, Any]:
-        """dest -> value of :meth:`stated` (torchrun applies its own defaults to the rest)."""
-        return {d: s.value for d, s in self.stated().items()}
-
-    def _with(self, settings: Iterable[tuple[str, Setting]], *, newer_wins: bool) -> Options:
-        """With ``settings`` in their place in the precedence; from the same source, the newer or the older wins."""
-        merged = dict(self.settings)
-        for dest, s in settings:
-            merged[dest] = (
-                (resolve(s, merged[dest]) if newer_wins else resolve(merged[dest], s)) if dest in merged else s
-            )
-        return dataclasses.replace(self, settings=merged)
-
-    def flags(self, *sources: Source, leave_out: Iterable[str] = ()) -> list[str]:
-        """``--flag=value`` (a switch: ``--flag``) of each option a source of ``sources`` stated, for a ``numarun run``
-        this command starts (what the environment gave reaches it by itself)."""
-        out = []
-        for dest, s in self.stated().items():
-            if s.source in sources and dest not in leave_out:
-                o = option(dest)
-                out += ([o.flag] if s.value else []) if o.switch else [f"{o.flag}={_text(s.value)}"]
-        return out
-
-    def with_config(self, launcher: Mapping[str, Any], prefix: str = "launcher") -> Options:
-        """With a job config's ``launcher`` group (None: not set there) in its place in the precedence;
-        ``prefix``: where the values are (``hydra.launcher`` for a sweep launcher's own)."""
-        given = [
-            (f.dest, Setting(f.read(value, f"{prefix}.{f.dest}"), Source.CONFIG, f"{prefix}.{f.dest}"))
-            for f in self.fields
-            if f.config is not None and (value := launcher.get(f.dest)) is not None
-        ]
-        return self._with(given, newer_wins=True)
-
-    def with_job_env(self, environ: Mapping[str, str]) -> Options:
-        """Inside a job numarun found: the scheduler's variables its options read (``MASTER_ADDR``, ``MASTER_PORT``),
-        below numarun's and torchrun's own (``PET_MASTER_ADDR``)."""
-        given = [
-            (f.dest, Setting(f.read(text, f.job_env), Source.ENVIRONMENT, f.job_env))
-            for f in self.fields
-            if f.job_env and (text := environ.get(f.job_env, "").strip())
-        ]
-        return self._with(given, newer_wins=False)
-
-    def with_job(self, values: Mapping[str, Any], job: str) -> Options:
-        """With what the job fixes: a stated value that agrees keeps its source (one that contradicts the job
-        was refused before, by :mod:`numarun.jobenv.settle`; here it can only change form, ``1:4`` to ``2``)."""
-        settings = dict(self.settings)
-        for dest, value in values.items():
-            if dest in settings and (settings[dest].source is Source.DEFAULT or settings[dest].value != value):
-                settings[dest] = Setting(value, Source.JOB, job)
-        return dataclasses.replace(self, settings=settings)
-
-    def with_defaults(self, owner: str, **values: Any) -> Options:
-        """A command's own defaults in place of the declared ones (``numarun bench`` runs 2 ranks)."""
-        return dataclasses.replace(
-            self,
-            settings={
-                **self.settings,
-                **{
-                    d: Setting(v, Source.DEFAULT, owner)
-                    for d, v in values.items()
-                    if self.settings[d].source is Source.DEFAULT
-                },
-            },
-        )
-
-    def describe(self) -> str:
-        """``# options`` and a line per declared option and per stated one, e.g.
-        ``#   binding          node             job config (launcher.binding)``."""
-        order = [o.dest for o in DECLARED]
-        rows = sorted(
-            ((d, s) for d, s in self.settings.items() if d in order or s.source > Source.DEFAULT),
-            key=lambda r: order.index(r[0]) if r[0] in order else len(order),
-        )
-        return "# options (value, source):\n" + "".join(
-            f"#   {d:<16} {_text(s.value):<16} {s.source} ({s.where})\n" for d, s in rows
-        )
 
 
 def _text(value: Any) -> str:
@@ -473,37 +579,32 @@ def _text(value: Any) -> str:
     )
 
 
-def _from(fields: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[str, str]) -> Options:
+def _from(taken: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[str, str]) -> LaunchOptions:
     settings = {}
     spelled = typed.get("spelled", {})
-    for f in fields:
-        text = environ.get(f.variable, "").strip()
+    for f in taken:
+        text = environ.get(f.variable, "").strip() if f.variable else ""
         settings[f.dest] = resolve(
             Setting(typed[f.dest], Source.COMMAND_LINE, spelled.get(f.dest, f.flag)) if f.dest in typed else None,
             Setting(f.read(text, f.variable), Source.ENVIRONMENT, f.variable) if text else None,
             Setting(f.default, Source.DEFAULT, f.owner),
         )
-    return Options(tuple(fields), settings)
+    return LaunchOptions.of(taken, settings)
 
 
-def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Options:
+def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchOptions:
     """The options of a command whose parser :func:`add_options` set up: the command line, the environment, the
     defaults."""
-    return _from(vars(args)["launch_options"], vars(args), environ)
+    return _from(vars(args).get("launch_options", ()), vars(args), environ)
 
 
-def from_environ(dests: Iterable[str], environ: Mapping[str, str]) -> Options:
+def from_environ(dests: Iterable[str], environ: Mapping[str, str]) -> LaunchOptions:
     """Options where nothing was typed (a sweep's packed jobs): the environment, the defaults."""
     return _from([option(d) for d in dests], {}, environ)
 
 
-def given(**values: Any) -> Options:
+def given(**values: Any) -> LaunchOptions:
     """Options a command decides itself (``numarun tune``'s winner), as if typed on its command line."""
-    return Options((), {d: Setting(v, Source.COMMAND_LINE, "--" + d.replace("_", "-")) for d, v in values.items()})
-
-
-def shown(args: argparse.Namespace, options: Options, *, title: str = "") -> Options:
-    """``--show-sources``: the options block on stderr (``title`` first); returns ``options``."""
-    if getattr(args, "show_sources", False):
-        sys.stderr.write(title + options.describe())
-    return options
+    return LaunchOptions.of(
+        (), {d: Setting(v, Source.COMMAND_LINE, "--" + d.replace("_", "-")) for d, v in values.items()}
+    )

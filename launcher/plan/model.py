@@ -31,7 +31,8 @@ class PlanRequest:
     """What the user asked for. Its defaults are numarun's, stated here once (the launch options' declarations,
     :class:`numarun.options.launch.LaunchOptions`, and a plan's fields name these)."""
 
-    nproc_per_node: int | None = None  # None: one rank per visible GPU (or 1 without GPUs)
+    nproc_per_node: int | str | None = None  # None: one rank per visible GPU (or 1 without GPUs); torchrun's words
+    # (auto, gpu, cpu, xpu) until numarun.plan.request.resolve_nproc counts them
     binding: BindingMode = option("binding").default
     mem_policy: MemPolicy = option("mem_policy").default
     cuda_visible_devices: str | None = None  # None = unset: all GPUs

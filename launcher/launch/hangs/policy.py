@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ... import envvars
 from ...options.choices import DEFAULT_TIMEOUT_S, EXIT_HANG, OnHang, parse_hang_timeout
+from ...options.launch import LaunchOptions
 
 __all__ = ["DEFAULT_TIMEOUT_S", "EXIT_HANG", "HangPolicy", "OnHang", "parse_hang_timeout", "policy_from"]
 
@@ -36,8 +36,6 @@ class HangPolicy:
         return {envvars.HANG_SAMPLE: f"{self.sample_s:g}"}
 
 
-def policy_from(options: Any) -> HangPolicy:
-    """The policy of resolved launch options (:class:`numarun.options.launch.Options`)."""
-    timeout = options.setting("hang_timeout")
-    action = options.on_hang
-    return HangPolicy(float(timeout.value), OnHang(action), timeout.where)
+def policy_from(options: LaunchOptions) -> HangPolicy:
+    """The policy of resolved launch options."""
+    return HangPolicy(options.hang_timeout, options.on_hang, options.setting("hang_timeout").where)
