@@ -231,13 +231,13 @@ def _main(args_list: list[str]) -> int:
     args = parser.parse_args(args_list)
     if command is not None:
         args.argv = args_list[args_list.index(command) + 1 :]  # what the subcommand was given, as typed
-    if supervisor is not None:
-        args.supervisor = supervisor
     args.launch_options = (*getattr(args, "launch_options", ()), option("log_level"))
     logging.basicConfig(level=getattr(args, "log_level", "WARNING"), format="numarun: %(levelname)s: %(message)s")
     if args.command is None:
         parser.print_help()
         return 2
+    if supervisor is not None:  # numarun run's, holding the signals since before the parser
+        return int(args.func(args, supervisor) or 0)
     return int(args.func(args) or 0)
 
 

@@ -176,9 +176,10 @@ def _spec(*argv: str):
     from numarun.cli import build_parser
     from numarun.launch.spec import launch_spec
     from numarun.launch.torchrun import target_from_args
+    from numarun.options.launch import from_args
 
     ns = build_parser(only="run").parse_args(["run", *argv, str(REPO / "tests" / "scripts" / "exit_rank.py")])
-    return launch_spec(vars(ns), nproc_per_node=1, target=target_from_args(ns))
+    return launch_spec(from_args(ns, {}), nproc_per_node=1, target=target_from_args(ns))
 
 
 def _usable_own() -> str:

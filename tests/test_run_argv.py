@@ -103,7 +103,7 @@ def options(args: list[str], environ: dict[str, str] | None = None) -> LaunchOpt
 
 def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
     opts = options(args)
-    return launch_spec(opts.values(), nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
+    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
 
 
 def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:

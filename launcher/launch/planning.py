@@ -51,9 +51,10 @@ def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_sw
 
 
 def settle(
-    options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None
+    options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None, *, layout: bool = False
 ) -> tuple[LaunchOptions, NodeRendezvous]:
-    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
+    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order). ``layout``: a
+    layout comes later though no mesh is stated (numarun's trainer hands its own)."""
     from .slurmctld import head_address
 
     env = os.environ if environ is None else environ
@@ -61,7 +62,9 @@ def settle(
     own = own_rendezvous(stated)
     rdv = settle_node(job, stated)  # conflicts first, before asking Slurm anything
     facts = None
-    keyed = own and "mesh" in stated  # a layout under the user's c10d: each node reports its place in Slurm's order
+    keyed = own and (
+        "mesh" in stated or layout
+    )  # a layout under the user's c10d: each node reports its place in Slurm's order
     if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and (not own or keyed):
         facts = _facts(job, stated, env, need_switches="node_rank" not in stated or keyed, own=own)
         rdv = settle_node(job, stated, leaf_switch=facts.leaf_switch)

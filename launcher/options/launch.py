@@ -108,7 +108,8 @@ class Option:
     parse: Callable[[str], Any] | None = None
     """Text (a flag's, a variable's, a config value's) to value; raises with ``expected ...`` in its message."""
     parse_at: Callable[[str, str], Any] | None = None
-    """(text, where it came from) to value, for a reader whose messages name the source themselves (the layout's)."""
+    """(text, where it came from) to value, for a reader whose errors name the source and their page themselves (the
+    layout's): a flag's text too is read by :func:`from_args`, not by argparse."""
     help: str = ""
     metavar: str | None = None
     switch: bool = False
@@ -181,7 +182,7 @@ class Option:
         parser.add_argument(
             *self.flags,
             dest=self.dest,
-            type=self.argtype,
+            type=self.argtype if self.parse_at is None else str,
             default=argparse.SUPPRESS,
             metavar=self.metavar,
             action=Spelled,
@@ -584,8 +585,10 @@ def _from(taken: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[st
     spelled = typed.get("spelled", {})
     for f in taken:
         text = environ.get(f.variable, "").strip() if f.variable else ""
+        flag = spelled.get(f.dest, f.flag)
+        value = f.read(typed[f.dest], flag) if f.dest in typed and f.parse_at is not None else typed.get(f.dest)
         settings[f.dest] = resolve(
-            Setting(typed[f.dest], Source.COMMAND_LINE, spelled.get(f.dest, f.flag)) if f.dest in typed else None,
+            Setting(value, Source.COMMAND_LINE, flag) if f.dest in typed else None,
             Setting(f.read(text, f.variable), Source.ENVIRONMENT, f.variable) if text else None,
             Setting(f.default, Source.DEFAULT, f.owner),
         )
