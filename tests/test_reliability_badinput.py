@@ -238,7 +238,7 @@ CASES: list[Case] = [
         "doctor-nnodes-huge",
         f"doctor --topology {P4D} --nnodes 99999999999999999999",
         "99999999999999999999",
-        "up to 131072",
+        "<= 131072",
     ),
     case("doctor-port-huge", f"doctor --topology {P4D} --nnodes 2 --master-port 99999", "'99999'", "1 to 65535"),
     case(

@@ -39,22 +39,10 @@ class Settings:
 
 
 def parse_nnodes(text: str) -> int:
-    parts = str(text).split(":")
-    try:
-        values = [int(x) for x in parts]
-    except ValueError:
-        values = []
-    if (
-        not values
-        or len(values) > 2
-        or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES
-        or (len(values) == 2 and values[0] != values[1])
-    ):
-        raise UsageError(
-            f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
-            "(or N:N; the doctor needs a fixed count)"
-        )
-    return values[0]
+    low, high = argtypes.node_range(text)
+    if low != high:
+        raise UsageError(f"bad --nnodes {text!r}: expected a fixed count N (or N:N; the doctor needs one)")
+    return low
 
 
 def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:

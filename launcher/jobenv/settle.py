@@ -8,10 +8,12 @@ only torchrun's agent does, and builds the environment torchrun gives its worker
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..argtypes import node_range
 from ..errors import UsageError
 from ..options.launch import Setting
 from .model import JobShape, Mode, Scheduler
@@ -84,20 +86,14 @@ def _who(shape: JobShape) -> str:
     return f"Slurm step {shape.job}" if shape.scheduler is Scheduler.SLURM else shape.describe().split(":")[0]
 
 
-def _nnodes_range(text: str) -> tuple[int, int] | None:
-    parts = text.split(":")
-    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts):
-        return None
-    return int(parts[0]), int(parts[-1])
-
-
 def _check_nnodes(shape: JobShape, stated: Stated) -> None:
     nnodes = _stated(stated, "nnodes")
     if nnodes is None:
         return
-    span = _nnodes_range(str(nnodes))
-    if span is not None and span[0] <= shape.nnodes <= span[1]:
-        return
+    with contextlib.suppress(UsageError):
+        low, high = node_range(nnodes)
+        if low <= shape.nnodes <= high:
+            return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
     flag = _flag(stated, "nnodes")
     raise JobConflict(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, node_range
 from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
 from ..plan.model import DERIVED_ENV, LaunchPlan
@@ -269,13 +269,7 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     (one parser, :func:`numarun.argtypes.parse_endpoint`) and resolved where the spec is built.
     """
     nnodes = str(options.get("nnodes", "1"))
-    parts = nnodes.split(":")
-    form = f"N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
-    if len(parts) > 2 or not all(p.strip().isdigit() and len(p.strip()) <= 30 for p in parts):
-        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
-    low, high = int(parts[0]), int(parts[-1])
-    if not 1 <= low <= high <= MAX_NODES:
-        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
+    high = node_range(nnodes)[1]
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..argtypes import node_range
 from ..layout import PRIORITY, Layout, LayoutError, NodeCut, mesh_groups, node_cut
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
@@ -31,25 +32,13 @@ class MeshChoice:
     warnings: tuple[str, ...] = ()
 
 
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """torchrun's ``N`` / ``MIN:MAX`` -> (MIN, MAX); LayoutError for anything else."""
-    parts = str(text).strip().split(":")
-    if (
-        len(parts) > 2
-        or not all(p.strip().isdigit() and len(p.strip()) <= 9 for p in parts)
-        or not (1 <= int(parts[0]) <= int(parts[-1]))
-    ):
-        raise LayoutError(f"bad --nnodes {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4")
-    return int(parts[0]), int(parts[-1])
-
-
 def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: str) -> tuple[Layout, NodeCut, int]:
     """(the layout, where the node boundary cuts it, the node count or 0 when it is elastic).
 
     An elastic ``--nnodes MIN:MAX`` has no world size before the nodes meet: the layout must then size its
     outermost dimension larger than 1 with -1 (the rest grows with the nodes), and its inner dimensions must
     fit one node."""
-    low, high = parse_nnodes(nnodes)
+    low, high = node_range(nnodes)
     if low == high:
         world = low * nproc
         what = f"{low} node{'s' if low != 1 else ''} x {nproc} rank{'s' if nproc != 1 else ''}" if low > 1 else ""

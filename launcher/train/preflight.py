@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, TrainerLayoutError
+from ..argtypes import node_range
+from ..errors import ConfigError, TrainerLayoutError, UsageError
 from ..layout import Layout
 
 if TYPE_CHECKING:
@@ -162,11 +163,9 @@ def check_layout(
 def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
     """(nnodes, world size) of a launch whose ``--nnodes`` is ``N`` or ``N:N``; (None, None) when elastic (the
     ranks check the layout then, once they know the world)."""
-    text = str(nnodes if nnodes is not None else 1)
-    low, _, high = text.partition(":")
     try:
-        lo, hi = int(low), int(high or low)
-    except ValueError:
+        lo, hi = node_range(nnodes if nnodes is not None else 1)
+    except UsageError:
         return None, None
     if lo != hi:
         return None, None
