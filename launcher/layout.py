@@ -97,29 +97,9 @@ class Layout:
         return self.shape[self.names.index(name)] if name in self.names else 1
 
     @property
-    def pp(self) -> int:
-        return self.size("pp")
-
-    @property
-    def dp_replicate(self) -> int:
-        return self.size("dp_replicate")
-
-    @property
-    def dp_shard(self) -> int:
-        return self.size("dp_shard")
-
-    @property
-    def cp(self) -> int:
-        return self.size("cp")
-
-    @property
-    def tp(self) -> int:
-        return self.size("tp")
-
-    @property
     def dp(self) -> int:
         """Data-parallel ranks: replicas x shards (each reads its own part of the global batch)."""
-        return self.dp_replicate * self.dp_shard
+        return self.size("dp_replicate") * self.size("dp_shard")
 
     def squeezed(self) -> tuple[tuple[str, int], ...]:
         """(name, size) of the dimensions larger than 1: two layouts with the same are the same row-major mesh."""
@@ -144,7 +124,7 @@ class Layout:
     def dp_rank(self, rank: int) -> int:
         """Which part of the global batch ``rank`` reads: its place on the (dp_replicate, dp_shard) plane."""
         c = self.coords(rank)
-        return c.get("dp_replicate", 0) * self.dp_shard + c.get("dp_shard", 0)
+        return c.get("dp_replicate", 0) * self.size("dp_shard") + c.get("dp_shard", 0)
 
     def env(self) -> dict[str, str]:
         """The variables that name the (resolved) layout in every rank (docs/layouts.md): ``NUMARUN_MESH``,

@@ -395,7 +395,7 @@ def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None
     """The mesh to plan a trainer job with: its ``layout`` (every dimension, resolved), unless a mesh is stated
     already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same row-major
     mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
-    if layout is None or options.mesh is None or not options.given("mesh"):
+    if layout is None or options.mesh is None or not options.is_given("mesh"):
         return layout
     if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
         raise TrainerLayoutError(

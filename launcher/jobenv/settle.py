@@ -165,7 +165,7 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
     else:  # MPI: the rank of a one-process-per-node job is its node
         order, node_rank = (), shape.node_index
     head = order[0] if order else ""
-    addr, port = _master(shape, stated, nodes=order)
+    addr, port = rank_master(shape, stated, nodes=order)
     return NodeRendezvous(
         nnodes=shape.nnodes,
         node_rank=node_rank,
@@ -201,7 +201,10 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
         )
 
 
-def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | None, int]:
+def rank_master(shape: JobShape, stated: Stated, *, nodes: object = None) -> tuple[str | None, int]:
+    """(MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT) of the job; ``nodes``: the
+    node order (per-rank mode: the scheduler's)."""
+    nodes = shape.nodes if nodes is None else nodes
     addr = _stated(stated, "master_addr") or None
     if addr is None and not nodes:  # MPI: no node names to look rank 0's up by
         if shape.nnodes != 1:
@@ -215,11 +218,6 @@ def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | No
         addr = "127.0.0.1"
     derived = rendezvous_port(shape.job_id, shape.step_id or 0) if shape.job_id is not None else TORCHRUN_DEFAULT_PORT
     return addr, _stated(stated, "master_port") or derived
-
-
-def rank_master(shape: JobShape, stated: Stated) -> tuple[str | None, int]:
-    """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
-    return _master(shape, stated, nodes=shape.nodes)
 
 
 def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:

@@ -16,14 +16,15 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
 
 from ..errors import UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect
 from ..jobenv.container import Container, detect_container
-from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
+from ..jobenv.settle import JobConflict, NodeRendezvous, own_rendezvous, settle_node
 from ..options.launch import LaunchOptions
 from ..plan.model import LaunchPlan
+from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +44,12 @@ def detect_job(options: LaunchOptions) -> tuple[JobShape | None, LaunchOptions]:
     return job, options.with_job_env(os.environ) if job is not None else options
 
 
-def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool, own: bool = False) -> Any:
-    from .slurmctld import gather
-
-    head = job.nodes[0] if job.nodes and job.nnodes > 1 and not own and "master_addr" not in stated else None
-    return gather(environ, need_switches=need_switches, head=head)
-
-
 def settle(
     options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None, *, layout: bool = False
 ) -> tuple[LaunchOptions, NodeRendezvous]:
     """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order). ``layout``: a
     layout comes later though no mesh is stated (numarun's trainer hands its own)."""
-    from .slurmctld import head_address
+    from .slurmctld import gather, head_address
 
     env = os.environ if environ is None else environ
     stated = options.stated()
@@ -66,7 +60,8 @@ def settle(
         "mesh" in stated or layout
     )  # a layout under the user's c10d: each node reports its place in Slurm's order
     if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and (not own or keyed):
-        facts = _facts(job, stated, env, need_switches="node_rank" not in stated or keyed, own=own)
+        head = job.nodes[0] if job.nodes and not own and "master_addr" not in stated else None  # its address
+        facts = gather(env, need_switches="node_rank" not in stated or keyed, head=head)
         rdv = settle_node(job, stated, leaf_switch=facts.leaf_switch)
     addr = rdv.master_addr
     if addr is None:
@@ -137,13 +132,13 @@ def container_at(source: str | None, environ: Mapping[str, str] | None = None) -
     return detect_container((os.environ if environ is None else environ) if _live(root) else {}, root)
 
 
-def _live(root: Any) -> bool:
+def _live(root: Path) -> bool:
     """Whether the device root is this machine's own ``/`` (not a recorded tree)."""
     return bool(root.resolve() == root.__class__("/").resolve())
 
 
 def here(
-    topology: Any, source: str | None, job: JobShape | None = None, environ: Mapping[str, str] | None = None
+    topology: Topology, source: str | None, job: JobShape | None = None, environ: Mapping[str, str] | None = None
 ) -> Here:
     """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
     one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
@@ -168,7 +163,7 @@ def here(
 
 
 def _openable_minors(
-    topology: Any, root: Any, container: Container | None
+    topology: Topology, root: Path | None, container: Container | None
 ) -> tuple[dict[int, bool | None], frozenset[int] | None]:
     """(minor -> may it be opened, the minors this process may open when some are refused, else None),
     by opening the topology's GPU device files under ``root``."""
@@ -196,7 +191,7 @@ class Planner:
     def __init__(self, job: JobShape | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.job = job
         self._env = os.environ if environ is None else environ
-        self._read: dict[str | None, tuple[Any, Here]] = {}
+        self._read: dict[str | None, tuple[Topology, Here]] = {}
 
     def plan(self, options: LaunchOptions) -> Planned:
         """The plan of ``options``: this task's in per-rank mode, else ``--plan-file``'s, else this node's."""

@@ -194,7 +194,7 @@ def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, 
     """Check every torchrun option once, and build the spec with the address rule applied
     (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). numarun's options are read as they
     are typed; torchrun's others as a source stated them (torchrun's defaults stand for the rest)."""
-    stated = options.values()
+    stated = {d: s.value for d, s in options.stated().items()}
     check_torchrun_options(stated, nproc_per_node=nproc_per_node)
     passthrough = []
     for action in torchrun_parser()._actions:  # noqa: SLF001  (torchrun exposes no other listing)

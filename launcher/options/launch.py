@@ -174,20 +174,13 @@ class Option:
 
     def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         """Its flags on ``parser``, with no default: what was not typed is left out of the parsed namespace."""
-        text = self.help_text() if self.owner == "numarun" else self.help
-        if self.switch:
-            action = "store_false" if self.default else "store_true"
-            parser.add_argument(*self.flags, dest=self.dest, action=action, default=argparse.SUPPRESS, help=text)
-            return
-        parser.add_argument(
-            *self.flags,
-            dest=self.dest,
-            type=self.argtype if self.parse_at is None else str,
-            default=argparse.SUPPRESS,
-            metavar=self.metavar,
-            action=Spelled,
-            help=text,
+        how: dict[str, Any] = (
+            {"action": "store_false" if self.default else "store_true"}
+            if self.switch
+            else {"type": self.argtype if self.parse_at is None else str, "metavar": self.metavar, "action": Spelled}
         )
+        text = self.help_text() if self.owner == "numarun" else self.help
+        parser.add_argument(*self.flags, dest=self.dest, default=argparse.SUPPRESS, help=text, **how)
 
 
 def declare(*flags: str, default: Any = None, **more: Any) -> Any:
@@ -373,7 +366,7 @@ class LaunchOptions:
             return self.settings[dest]
         return Setting(getattr(self, dest), Source.DEFAULT, option(dest).owner)
 
-    def given(self, dest: str) -> bool:
+    def is_given(self, dest: str) -> bool:
         """Whether a source other than the default gave ``dest``."""
         return self.setting(dest).source > Source.DEFAULT
 
@@ -384,10 +377,6 @@ class LaunchOptions:
             for d, s in self.settings.items()
             if s.source > Source.DEFAULT and s.value is not None and (d not in _FIELDS or option(d).launch)
         }
-
-    def values(self) -> dict[str, Any]:
-        """dest -> value of :meth:`stated` (torchrun applies its own defaults to the rest)."""
-        return {d: s.value for d, s in self.stated().items()}
 
     def _with(self, settings: Iterable[tuple[str, Setting]], *, newer_wins: bool) -> LaunchOptions:
         """With ``settings`` in their place in the precedence; from the same source, the newer or the older wins."""
@@ -484,8 +473,7 @@ def config_keys() -> tuple[tuple[str, type], ...]:
 def _table() -> dict[str, Option]:
     """Every launch option by dest: torchrun's (as its parser declares them), each adopted one with numarun's
     additions, then numarun's own."""
-    from .torchrun import torch_owner as owner
-    from .torchrun import torchrun_record
+    from .torchrun import installed_torch_version, torchrun_record
 
     declared = {o.dest: o for o in DECLARED}
     claimed = {f for o in DECLARED for f in o.flags}  # torchrun's --numa-binding is numarun's --binding
@@ -503,7 +491,7 @@ def _table() -> dict[str, Option]:
             help=r["help"] or "",
             metavar=r["metavar"],
             switch=r["nargs"] == 0,
-            owner=owner(),
+            owner=f"torch {installed_torch_version()}",  # whose defaults they are
         )
         own = declared.get(r["dest"])
         if own is not None and not own.flags:  # adopted: torchrun's flags and default, numarun's additions

@@ -70,11 +70,6 @@ def torchrun_record() -> tuple[dict[str, Any], ...]:
     return tuple(json.loads(r.stdout))
 
 
-def torch_owner() -> str:
-    """Whose defaults torchrun's options have: ``torch <version>``."""
-    return f"torch {installed_torch_version()}"
-
-
 def torchrun_parser() -> argparse.ArgumentParser:
     """A parser with torchrun's options, rebuilt from :func:`torchrun_record` (torch itself parses
     torchrun's argv again when it runs)."""

@@ -145,7 +145,7 @@ class Trainer:
             for part in self.par.parts:
                 part.compile()
         # one optimizer per part (a pipeline rank may hold several stages), as torchtitan keeps them
-        self.optimizers = [build_optimizer(part, cfg.optim, tp=layout.tp) for part in self.par.parts]
+        self.optimizers = [build_optimizer(part, cfg.optim, tp=layout.size("tp")) for part in self.par.parts]
         self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints"
         self.autocast = (

@@ -99,7 +99,12 @@ class Parallelized:
     @property
     def loss_ranks(self) -> int:
         """How many ranks compute the loss (the last stage's tp x dp ranks), each of dp's shares tp times."""
-        return self.layout.dp_replicate * self.layout.dp_shard * self.layout.cp * self.layout.tp
+        return (
+            self.layout.size("dp_replicate")
+            * self.layout.size("dp_shard")
+            * self.layout.size("cp")
+            * self.layout.size("tp")
+        )
 
     def forward_backward(
         self,
@@ -173,11 +178,11 @@ def parallelize(
         indices = ()
         parts = [model]
     del model  # the blocks of other stages go with it
-    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    only_replicas = layout.size("pp") == layout.size("tp") == layout.size("dp_shard") == layout.size("cp") == 1
     wrapped: list[nn.Module] = []
     for part in parts:
         part = part.to(device)
-        if layout.tp > 1:
+        if layout.size("tp") > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 
             parallelize_module(part, mesh["tp"], tp_plan(part))
@@ -297,7 +302,7 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
     from torch.distributed.tensor import DTensor
 
     params = [p for p in par.parameters() if p.grad is not None]
-    stage_ranks = dist.get_world_size() // par.layout.pp if dist.is_initialized() else 1
+    stage_ranks = dist.get_world_size() // par.layout.size("pp") if dist.is_initialized() else 1
     device = params[0].grad.device if params and params[0].grad is not None else torch.device("cpu")
     local = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:

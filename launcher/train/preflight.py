@@ -126,18 +126,18 @@ def check_layout(
 
     layout = Layout.of_degrees(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
     m = cfg.model
-    if layout.tp > 1:
-        if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
+    if layout.size("tp") > 1:
+        if m.kind == ModelKind.GPT and m.n_heads % layout.size("tp"):
             raise TrainerLayoutError(
-                f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
-                f"{layout.tp} ranks; expected a tp that divides model.n_heads"
+                f"bad parallel.tp {layout.size('tp')}: model.n_heads={m.n_heads} heads cannot be split over "
+                f"{layout.size('tp')} ranks; expected a tp that divides model.n_heads"
             )
-        if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.tp:
+        if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.size("tp"):
             raise TrainerLayoutError(
-                f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
-                f"features cannot be split over {layout.tp} ranks; expected a tp that divides it"
+                f"bad parallel.tp {layout.size('tp')}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
+                f"features cannot be split over {layout.size('tp')} ranks; expected a tp that divides it"
             )
-    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    only_replicas = layout.size("pp") == layout.size("tp") == layout.size("dp_shard") == layout.size("cp") == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
         raise TrainerLayoutError(
             f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.text}: expected flat "
@@ -154,10 +154,12 @@ def check_layout(
             )
         local_batch = bs // per
     schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
-    if layout.pp == 1:
+    if layout.size("pp") == 1:
         return layout, None
     n_layers, key = (m.n_layers, "model.n_layers") if m.kind == ModelKind.GPT else (m.num_layers, "model.num_layers")
-    return layout, plan_pipeline(cfg.parallel, pp=layout.pp, n_layers=n_layers, local_batch=local_batch, layers_key=key)
+    return layout, plan_pipeline(
+        cfg.parallel, pp=layout.size("pp"), n_layers=n_layers, local_batch=local_batch, layers_key=key
+    )
 
 
 def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
