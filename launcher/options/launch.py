@@ -446,10 +446,10 @@ class LaunchOptions:
             f"#   {d:<16} {_text(s.value):<16} {s.source} ({s.where})\n" for d, s in rows
         )
 
-    def shown(self, title: str = "") -> LaunchOptions:
-        """``--show-sources``: the options block on stderr (``title`` first); returns the options."""
+    def shown(self) -> LaunchOptions:
+        """``--show-sources``: the options block on stderr; returns the options."""
         if self.show_sources:
-            sys.stderr.write(title + self.describe())
+            sys.stderr.write(self.describe())
         return self
 
 
@@ -532,8 +532,7 @@ class Spelled(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         setattr(namespace, self.dest, values)
-        spelled = {**getattr(namespace, "spelled", {}), self.dest: option_string or self.option_strings[0]}
-        namespace.spelled = spelled
+        namespace.spelled = {**getattr(namespace, "spelled", {}), self.dest: option_string or self.option_strings[0]}
 
 
 def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group: Any = None) -> None:
