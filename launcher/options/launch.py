@@ -517,7 +517,9 @@ def option(dest: str) -> Option:
 
 def launch_dests() -> tuple[str, ...]:
     """Every launch option ``numarun run`` takes: numarun's, then torchrun's."""
-    return tuple(dict.fromkeys([*(o.dest for o in DECLARED if o.launch), *_table()]))
+    return tuple(
+        dict.fromkeys([*(o.dest for o in DECLARED if o.launch), *(d for d, o in _table().items() if o.launch)])
+    )
 
 
 class Spelled(argparse.Action):
