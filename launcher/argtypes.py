@@ -52,6 +52,20 @@ def check_int(text: object, flag: str, *, low: int, high: int) -> int:
     return int(s)
 
 
+def node_range(text: object, flag: str = "--nnodes") -> tuple[int, int]:
+    """torchrun's ``--nnodes``: ``N`` or ``MIN:MAX`` -> (MIN, MAX); UsageError (one line) otherwise."""
+    parts = str(text).split(":")
+    if (
+        len(parts) <= 2
+        and all(_WHOLE.fullmatch(p) for p in parts)
+        and 1 <= int(parts[0]) <= int(parts[-1]) <= MAX_NODES
+    ):
+        return int(parts[0]), int(parts[-1])
+    raise UsageError(
+        f"bad {flag} {str(text)!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
+    )
+
+
 def check_float(text: object, flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> float:
     """``text`` as a finite number in [low, high] (``above``: low excluded); ValueError otherwise."""
     s = str(text).strip()

@@ -5,7 +5,7 @@ Each subcommand lives in ``launcher/commands/<name>.py`` and provides
 Only the named subcommand's module is imported; ``numarun --help`` lists the others
 from the first line of their module docstrings, read without importing them. Help
 screens and ``--version`` never import torch (``numarun run --help`` shows torchrun's
-options from :func:`numarun.launch.torchrun.torchrun_record`).
+options from :func:`numarun.options.torchrun.torchrun_record`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .errors import NumarunError, OutputError, page_url
+from .options.launch import option
 
 # subcommand -> module under numarun.commands
 COMMANDS: dict[str, str] = {
@@ -108,12 +109,7 @@ def build_parser(only: str | None = None) -> OneLineParser:
         "to its GPU, CPU cores, memory and NIC.",
     )
     parser.add_argument("--version", action="version", version=f"numarun {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default=None,
-        help="logging level of numarun itself (default WARNING); when given, also of each worker's "
-        "bootstrap, whose default INFO shows the one binding line per rank",
-    )
+    option("log_level").add_to(parser)  # before the command: every command's options take it (see _main)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, mod in _available_commands().items():
         if name != only:
@@ -236,15 +232,13 @@ def _main(args_list: list[str]) -> int:
     args = parser.parse_args(args_list)
     if command is not None:
         args.argv = args_list[args_list.index(command) + 1 :]  # what the subcommand was given, as typed
-    if supervisor is not None:
-        args.supervisor = supervisor
-    level = getattr(logging, str(args.log_level or "WARNING").upper(), None)
-    if not isinstance(level, int):
-        parser.error(f"bad --log-level {args.log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
-    logging.basicConfig(level=level, format="numarun: %(levelname)s: %(message)s")
+    args.launch_options = (*getattr(args, "launch_options", ()), option("log_level"))
+    logging.basicConfig(level=getattr(args, "log_level", "WARNING"), format="numarun: %(levelname)s: %(message)s")
     if args.command is None:
         parser.print_help()
         return 2
+    if supervisor is not None:  # numarun run's, holding the signals since before the parser
+        return int(args.func(args, supervisor) or 0)
     return int(args.func(args) or 0)
 
 

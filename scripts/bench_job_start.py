@@ -4,7 +4,7 @@
 A job of ``numarun submit`` asks slurmctld twice for the whole job (the batch script) and hands the
 answers to every node (``NUMARUN_SLURM_INFO``). Each node then: reads the step from its
 environment (``numarun.jobenv.detect``), parses the handed-over ``scontrol -o show node`` and
-``scontrol show topology`` text (``numarun.slurm.controller.handed_over``), orders the nodes by
+``scontrol show topology`` text (``numarun.launch.slurmctld.handed_over``), orders the nodes by
 leaf switch and settles its rendezvous (``numarun.jobenv.settle.settle_node``). This script builds
 those inputs for N nodes under N/32 leaf switches and times the whole per-node path (median of
 --runs), for the node with the last SLURM_NODEID.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from numarun.jobenv import detect
 from numarun.jobenv.settle import settle_node
-from numarun.slurm.controller import handed_over
+from numarun.launch.slurmctld import handed_over
 
 
 def inputs(n: int, directory: Path) -> dict[str, str]:

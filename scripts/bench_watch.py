@@ -39,7 +39,7 @@ def main() -> int:
         torch.ones(1) + 1
     except ImportError:
         pass
-    from numarun.worker import watch
+    from numarun.worker import binding_watch as watch
 
     hold = np.ones((args.mib << 20) // 8)  # touched: every page resident
     cpus = os.sched_getaffinity(0)

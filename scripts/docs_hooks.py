@@ -3,7 +3,7 @@
 The reference pages hold markers such as ``<!-- generated: commands -->``; at build time
 (``mkdocs build``, ``mkdocs serve``) :func:`on_page_markdown` replaces each with text made here
 from the code itself: every command's parser (``numarun.cli.build_parser``), the launch options'
-field table (``numarun.launch.options``), the ``NUMARUN_*`` contract (``numarun.envvars``), the job
+field table (``numarun.options.launch``), the ``NUMARUN_*`` contract (``numarun.envvars``), the job
 config's schema (``numarun.config.schema``) and the error tree (``numarun.errors``). Nothing of it
 is written by hand or kept in git, so a new flag, variable or config key shows up with no edit.
 
@@ -189,12 +189,14 @@ def environment_markdown() -> str:
     out = [
         "## Launch options\n",
         "Each launch option's variable, below the command line and above the job config "
-        "([where options come from](../run.md#where-each-option-comes-from)); switches take `1`/`0`.\n",
+        "([where options come from](../run.md#where-each-option-comes-from)). A switch's `NUMARUN_*` variable "
+        "takes `1`/`0`, `true`/`false`, `yes`/`no` or `on`/`off` (any case); a `PET_*` one an integer, as torchrun "
+        "reads it.\n",
         "| variable | option | default |",
         "|---|---|---|",
     ]
     parser = dict(command_parsers())["run"]
-    for f in parser.get_default("launch_options") or ():
+    for f in (f for f in parser.get_default("launch_options") or () if f.variable):
         default = (
             ""
             if f.default in (None, False)
@@ -258,9 +260,9 @@ def _type_name(annotation: object) -> str:
 
 
 def launcher_rows() -> list[str]:
-    """The ``launcher`` group: a key per launch option that declares one (``numarun.launch.options.DECLARED``),
+    """The ``launcher`` group: a key per launch option that declares one (``numarun.options.launch.LaunchOptions``),
     every one null (not set); what it does is its option's help."""
-    from numarun.launch.options import config_keys, option
+    from numarun.options.launch import config_keys, option
 
     rows = []
     for key, kind in config_keys():

@@ -71,9 +71,9 @@ def _spawn_guard(item: pytest.Item):
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """torchrun's options are read once per torch version by a child interpreter and cached
-    (numarun.launch.torchrun.torchrun_record), as a user's first 'numarun run' does: read here, before any
+    (numarun.options.torchrun.torchrun_record), as a user's first 'numarun run' does: read here, before any
     test, so that the fast tier's tests that build the run parser find them on a fresh machine too."""
-    from numarun.launch.torchrun import torchrun_record
+    from numarun.options.torchrun import torchrun_record
 
     torchrun_record()
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from ..plan.layout import Layout
+    from ..layout import Layout
     from ..plan.model import RankBinding
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class DistContext:
     mesh: Any  # DeviceMesh: the layout's names with one (--mesh), else ("inter", "intra"); None when nodes differ
     # used by one thread at a time, as collectives on these groups are: the caller's, or the bucket stream's
     tensor_forms: TensorForms = field(default_factory=TensorForms, repr=False)
-    mesh_layout: Layout | None = None  # the declared layout (NUMARUN_MESH), each size known; None without one
+    mesh_layout: Layout | None = None  # the plan's layout, each size known; None without one
 
     @property
     def hierarchical_ok(self) -> bool:
@@ -74,16 +74,20 @@ def _env_int(name: str, default: int | None = None) -> int:
         raise DistInitError(expected(raw, "an integer", what=name)) from None
 
 
-def _current_binding() -> RankBinding | None:
-    from ..worker import current_binding
+def _current_plan() -> tuple[RankBinding | None, Layout | None]:
+    """This rank's binding and the job's layout, from numarun's plan; (None, None) without one."""
+    from ..worker import load_plan, rank_binding
 
     try:
-        return current_binding()
+        plan = load_plan()
+        if plan is None:
+            return None, None
+        return rank_binding(plan, os.environ), plan.mesh.layout if plan.mesh is not None else None
     except NumarunError:
         raise
     except Exception as e:  # a broken plan file must not stop a job that only wants groups
         log.warning("could not read this rank's binding: %s", e)
-        return None
+        return None, None
 
 
 def restart_store(environ: Mapping[str, str], *, world_size: int, timeout: timedelta | None) -> Any:
@@ -113,10 +117,10 @@ def current_context() -> DistContext | None:
 def init(backend: str | None = None, *, timeout: timedelta | None = None, build_mesh: bool = True) -> DistContext:
     """Initialise torch.distributed from torchrun's environment and build the hierarchical groups; idempotent.
 
-    ``backend`` None: NCCL when this rank has a GPU (in its binding, with a plan), else gloo. With a declared
-    layout (``--mesh``; ``NUMARUN_MESH`` in the ranks), ``mesh`` is its DeviceMesh: the declared names, the contiguous
-    row-major mesh ``init_device_mesh(device_type, shape, mesh_dim_names=names)`` builds (numarun placed it by
-    choosing each rank's GPU); else the ("inter", "intra") mesh of nodes and local ranks.
+    ``backend`` None: NCCL when this rank has a GPU (in its binding, with a plan), else gloo. With a layout
+    (``--mesh``, the trainer's; the plan carries it to the ranks), ``mesh`` is its DeviceMesh: the declared names,
+    the contiguous row-major mesh ``init_device_mesh(device_type, shape, mesh_dim_names=names)`` builds (numarun
+    placed it by choosing each rank's GPU); else the ("inter", "intra") mesh of nodes and local ranks.
     """
     global _CONTEXT
     if _CONTEXT is not None:
@@ -130,7 +134,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
     local_rank = _env_int("LOCAL_RANK", 0)
-    binding = _current_binding()
+    binding, declared = _current_plan()
 
     cuda_index: int | None = None
     if torch.cuda.is_available():
@@ -187,7 +191,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
                 f"bad LOCAL_WORLD_SIZE {row[2]} on rank {r}: its node has {len(layout.intra_of(r))} ranks"
             )
     me = layout.places[rank]
-    mesh_layout = declared_layout(os.environ, world_size=world_size, node_sizes=layout.node_sizes)
+    mesh_layout = job_layout(declared, world_size=world_size, node_sizes=layout.node_sizes)
     groups = create_groups(layout, rank)
     if mesh_layout is not None:
         mesh = _make_layout_mesh(mesh_layout, device) if build_mesh else None
@@ -226,23 +230,20 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
     return _CONTEXT
 
 
-def declared_layout(environ: Mapping[str, str], *, world_size: int, node_sizes: tuple[int, ...]) -> Layout | None:
-    """The layout ``NUMARUN_MESH`` declares (the bootstrap sets it with each size known), checked against the job:
-    the same rank count on every node, sizes that multiply to the world and fit the nodes; None without one."""
-    from .. import envvars
-    from ..plan.layout import node_cut, parse_mesh
+def job_layout(declared: Layout | None, *, world_size: int, node_sizes: tuple[int, ...]) -> Layout | None:
+    """The plan's layout checked against the job: the same rank count on every node, sizes that multiply to the
+    world and fit the nodes, each size known; None without one."""
+    from ..layout import node_cut
 
-    text = environ.get(envvars.MESH, "").strip()
-    if not text:
+    if declared is None:
         return None
-    spec = parse_mesh(text, where=envvars.MESH)
     if len(set(node_sizes)) != 1:
         raise DistInitError(
-            f"bad {envvars.MESH} {spec.text!r}: nodes run {','.join(map(str, node_sizes))} ranks; expected the same "
-            "number of ranks on every node for a layout (the same --nproc-per-node everywhere)"
+            f"bad {declared.where} {declared.text!r}: nodes run {','.join(map(str, node_sizes))} ranks; expected the "
+            "same number of ranks on every node for a layout (the same --nproc-per-node everywhere)"
         )
-    resolved = spec.resolve(world_size)
-    node_cut(resolved, node_sizes[0], where=envvars.MESH)
+    resolved = declared.resolved(world_size)
+    node_cut(resolved, node_sizes[0])
     return resolved
 
 

@@ -17,9 +17,8 @@ import sys
 from typing import Any
 
 from ..errors import UsageError, expected
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import Options, add_options, from_args, shown
+from ..options.launch import LaunchOptions, Source, add_options, from_args
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +65,12 @@ def _inside_job() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def job_options(args: argparse.Namespace) -> Options:
+def job_options(args: argparse.Namespace) -> LaunchOptions:
     """The job's launch options: typed, from the environment, :data:`BENCH_RANKS` ranks, else run's defaults."""
     return from_args(args, os.environ).with_defaults("numarun bench", nproc_per_node=BENCH_RANKS)
 
 
-def launch_argv(args: argparse.Namespace, options: Options, bench_argv: list[str]) -> list[str]:
+def launch_argv(args: argparse.Namespace, options: LaunchOptions, bench_argv: list[str]) -> list[str]:
     """The command that runs the benchmark as a job on this node (a value: printed with --log-level INFO): the
     options typed here on its command line (the job reads the environment's itself), and the rank count."""
     from ..launch.torchrun import check_torchrun_options
@@ -111,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
     check = getattr(module, "check_options", None)
     if check is not None:
         check(args)  # every option refused here, before any rank starts
-    cmd = launch_argv(args, shown(args, job_options(args)), bench_argv(args))
+    cmd = launch_argv(args, job_options(args).shown(), bench_argv(args))
     log.info("launching: %s", " ".join(cmd))
     env = dict(os.environ)
     if args.launcher == "torchrun":

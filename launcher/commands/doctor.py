@@ -18,7 +18,7 @@ from .. import argtypes
 from ..doctor.diagnose import Settings, diagnose
 from ..doctor.render import render
 from ..errors import UsageError
-from ..launch.options import PLANNING, Options, add_options, from_args, shown
+from ..options.launch import PLANNING, LaunchOptions, add_options, from_args
 
 RENDEZVOUS = (
     "nnodes",
@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "them and measures the nodes' links in pairs (at most 6 rounds at any node count). Exit 1 when any finding is "
         "an error.",
     )
-    add_options(p, PLANNING)
+    add_options(p, (*PLANNING, "detect"))
     add_doctor_options(p)
     p.add_argument("--json", action="store_true", help="print {'findings': [...], ...} as JSON")
     p.add_argument(
@@ -56,11 +56,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--no-measure", action="store_true", help="with --nnodes: measure only the links")
     add_options(p, RENDEZVOUS, group=p.add_argument_group("multi-node (torchrun's options)"))
-    p.add_argument(
-        "--no-detect",
-        action="store_true",
-        help="do not read the nodes from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
-    )
     p.set_defaults(func=main)
     return p
 
@@ -105,16 +100,16 @@ def parse_link_schedule(text: str) -> str:
         ) from None
 
 
-def _detected(args: argparse.Namespace) -> Options:
+def _detected(args: argparse.Namespace) -> LaunchOptions:
     """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
     from ..jobenv import Mode
     from ..jobenv.settle import JobConflict
-    from .planning import announce, detect_job, refuse, settle
+    from ..launch.planning import announce, detect_job, refuse, settle
 
-    job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
+    job, options = detect_job(from_args(args, os.environ))
     if job is not None:
-        announce(args, job.describe())
+        announce(options, job.describe())
         if job.mode is Mode.PER_RANK:
             raise UsageError(
                 f"bad launch of 'numarun doctor': {job.describe()}; the doctor checks a node once: expected one task "
@@ -131,7 +126,7 @@ def _detected(args: argparse.Namespace) -> Options:
 
 
 def main(args: argparse.Namespace) -> int:
-    result = diagnose(shown(args, _detected(args)), Settings.of(args))
+    result = diagnose(_detected(args).shown(), Settings.of(args))
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     elif result.get("node_rank", 0) == 0:  # one node, or node 0 of several: the report

@@ -8,7 +8,7 @@ import sys
 
 from .. import argtypes
 from ..fsutil import write_output
-from ..launch.options import PLANNING, add_options, from_args, shown
+from ..options.launch import PLANNING, add_options, from_args
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -18,14 +18,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="Plan each local rank's GPU, CPU cores, memory nodes, NIC and environment "
         "for this node (or a recorded topology) and print it; runs nothing.",
     )
-    add_options(parser, (*PLANNING, "nnodes"))  # --nnodes: the nodes a --mesh layout spans, this one among them
+    add_options(
+        parser, (*PLANNING, "nnodes", "detect")
+    )  # --nnodes: the nodes a --mesh layout spans, this one among them
     parser.add_argument(
         "--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)"
-    )
-    parser.add_argument(
-        "--no-detect",
-        action="store_true",
-        help="plan as if no Slurm step or mpirun had started this process (also NUMARUN_DETECT=0)",
     )
     parser.add_argument("--svg", metavar="FILE", help="also write the topology picture with each rank's cores coloured")
     parser.add_argument(
@@ -40,14 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..launch.planning import Planner, announce, detect_job
     from ..topology.discover import load_topology
-    from .planning import Planner, announce, detect_job
 
-    job, options = detect_job(from_args(args, os.environ), no_detect=args.no_detect)
+    job, options = detect_job(from_args(args, os.environ))
     if options.nnodes is not None:  # read where a --mesh layout is planned; refused as one line without one too
-        from ..plan.mesh import parse_nnodes
-
-        parse_nnodes(str(options.nnodes))
+        argtypes.node_range(str(options.nnodes))
     if args.jobs:
         from ..sweep.launch import describe
 
@@ -56,8 +51,8 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(describe(load_topology(options.topology), ranks, jobs, color=sys.stdout.isatty()))
         return 0
     if job is not None:
-        announce(args, job.describe())  # stderr, so that --json output stays the plan alone
-    shown(args, options)
+        announce(options, job.describe())  # stderr, so that --json output stays the plan alone
+    options.shown()
     plan = (
         Planner(job).plan(options).plan
     )  # per-rank mode: the node's plan as every task makes it, with this task's row

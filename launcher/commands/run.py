@@ -1,41 +1,56 @@
 """``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]``: torchrun with each rank bound.
 
-torchrun's options in its spellings, numarun's launch options, ``--dry-run`` and ``--plan-file``,
-resolved once with their sources (:mod:`numarun.launch.options`). numarun's trainer
-is composed by Hydra once per job, here (:func:`numarun.config.compose.run_hydra`), its ``launcher``
-group one of those sources; a user's ``@hydra.main`` app or any other script runs as torchrun runs it
-(a Hydra app's clock fixed once for every rank: :mod:`numarun.worker.hydra_pin`). Exit codes:
-docs/reference/exit-codes.md.
+One road, in order (:func:`main`, :class:`Road`):
+
+1. **options**: torchrun's, numarun's, ``--dry-run``... resolved once, typed, each with its source
+   (:class:`numarun.options.launch.LaunchOptions`);
+2. **job**: the job numarun runs in, if a scheduler started it (:func:`numarun.launch.planning.detect_job`);
+3. **settle**: the options against that job, its rendezvous (:meth:`Road.settle`);
+4. **plan**: each local rank's binding (:meth:`Road.plan`);
+5. **spec**: torchrun's launch, every option checked (:meth:`Road.spec`);
+6. **supervise**: the supervisor runs it, or the dry run prints it (:meth:`Road.supervise`). What every launch
+   starts beside the workers (the hang watchdog, the step report, each with its option) is handed to the
+   supervisor there.
+
+Two variants take the same steps. Per-rank mode (:func:`run_rank`): the scheduler started this process as one
+rank; steps 3 and 4 are the rank's, and the process becomes the rank instead of 5 and 6. numarun's trainer
+(:class:`Trainer`): Hydra composes each job once (:func:`numarun.config.compose.run_hydra`), its ``launcher``
+group a source of the options, its layout (``parallel.*``) the job's mesh between steps 4 and 5. A user's
+``@hydra.main`` app or any other script runs as torchrun runs it (a Hydra app's clock fixed once for every rank:
+:mod:`numarun.worker.hydra_pin`). Exit codes: docs/reference/exit-codes.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as _dt
 import json
 import logging
-import math
 import os
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import argtypes, envvars
+from ..config.detect import AppKind, detect_app
 from ..errors import BindingError, TrainerLayoutError, UsageError
-from ..jobenv import Mode
-from ..jobenv.settle import JobConflict, Setting, Source, check_rank, rank_env, rank_master
+from ..jobenv import JobShape, Mode
+from ..jobenv.settle import JobConflict, NodeRendezvous, check_rank, rank_env, rank_master
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
-from ..launch.options import DECLARED, Options, add_options, from_args, launch_dests, shown
+from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.steps import steps_from
 from ..launch.supervisor import Supervisor
-from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, torchrun_parser, worker_env
+from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
+from ..layout import Layout
+from ..options.launch import DECLARED, LaunchOptions, Setting, Source, add_options, from_args, launch_dests
+from ..options.torchrun import torchrun_parser
 from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
-from .planning import Planned, Planner, announce, detect_job, refuse, settle
+from ..train.preflight import check_launch_layout, check_prepared
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run a training script like torchrun, each local rank bound (default when the first argument is a script)",
         description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
     )
-    add_options(parser, launch_dests())
+    add_options(parser, (*launch_dests(), "detect", "plan_file", "watch_interval"))
     add_run_options(parser)
     from .doctor import add_doctor_options
 
@@ -62,19 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--preflight", action="store_true", help="run 'numarun doctor' on every node first and stop on errors"
     )
     add_doctor_options(parser)
-    parser.add_argument(
-        "--watch-interval",
-        type=argtypes.seconds("--watch-interval", above=False),
-        default=None,
-        metavar="SECONDS",
-        help="seconds between the binding watcher's checks in every rank (default 30)",
-    )
     parser.add_argument("--no-watch", action="store_true", help="do not watch the binding while the job runs")
-    parser.add_argument(
-        "--no-detect",
-        action="store_true",
-        help="do not read the job's shape from a Slurm step or mpirun's environment (also NUMARUN_DETECT=0)",
-    )
     for action in parser._actions:  # torchrun options numarun refuses are not offered
         if action.dest in REFUSED_OPTIONS:
             action.help = argparse.SUPPRESS
@@ -82,84 +85,195 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     return parser
 
 
-def main(args: argparse.Namespace) -> int:
-    options = from_args(args, os.environ)
-    target: Target = target_from_args(args)
-    supervisor = getattr(args, "supervisor", None)
+def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
+    """The road. ``supervisor``: the one the CLI made before parsing, which holds the signals since."""
     if supervisor is None:
         supervisor = Supervisor()
         supervisor.hold_signals()
-    job, options = detect_job(options, no_detect=args.no_detect)
-    run = _Runner(args, supervisor, Planner(job))
+    options = from_args(args, os.environ)  # 1. options
+    target = target_from_args(args)
+    job, options = detect_job(options)  # 2. job
+    road = Road(supervisor, Planner(job), dry_run=args.dry_run, no_watch=args.no_watch)
+    kind = detect_app(target.name, is_module=target.kind == "module") if target.kind != "exec" else AppKind.PLAIN
     try:
         if job is not None:
-            announce(args, job.describe())
-            if job.mode is Mode.PER_RANK:
-                return _run_rank(run, options, target)
+            announce(options, job.describe())
+        if job is not None and job.mode is Mode.PER_RANK:  # the variant of a process that is one rank
+            return run_rank(road, options, target, kind, preflight=args.preflight)
         if args.preflight and not args.dry_run:
             from ..doctor.preflight import preflight
 
             if preflight(settle(options, job)[0] if job is not None else options, args):
                 return 1
-        if target.kind != "exec":
-            from ..config.detect import AppKind, detect_app
+        if kind is AppKind.TRAINER:  # the variant whose jobs Hydra composes
+            return Trainer(road, options, target).run(args)
+        if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
+            from ..sweep.launch import run_app
 
-            kind = detect_app(target.name, is_module=target.kind == "module")
-            if kind is AppKind.TRAINER:
-                return _run_trainer(args, options, target, run)
-            if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
-                from ..sweep.launch import run_app
-
-                supervisor.release()
-                return run_app(args, target.kind, target.name, target.args)
-            if kind is AppKind.HYDRA_MAIN:
-                # Hydra's ${now:} fixed once here: every rank's Hydra picks the same run dir
-                when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
-                return run(options, target, {envvars.HYDRA_NOW: when})
-        return run(options, target, {})
+            supervisor.release()
+            return run_app(args, target.kind, target.name, target.args)
+        # a Hydra app's ${now:} fixed once here: every rank's Hydra picks the same run dir
+        when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
+        job_env = {envvars.HYDRA_NOW: when} if kind is AppKind.HYDRA_MAIN else {}
+        return road.supervise(road.prepare(options, target), job_env)  # 3.-6.
     except JobConflict as e:
         if job is None:
             raise
         return refuse(job, e, options)
 
 
-def _run_rank(run: _Runner, options: Options, target: Target) -> int:
-    """Per-rank mode: bind this process as its rank of the node's plan, then run the script here."""
-    args, job = run.args, run.job
+@dataclass(frozen=True)
+class Prepared:
+    """One job's launch, built once: its options settled against the job, its plan, torchrun's spec."""
+
+    options: LaunchOptions
+    planned: Planned
+    spec: LaunchSpec
+    layout: Layout | None = None
+    """numarun's trainer: the job's layout, resolved (None: elastic, the ranks resolve it)."""
+
+
+@dataclass
+class Road:
+    """The steps of one numarun's launches after the options and the job, in order: :meth:`settle`,
+    :meth:`plan`, :meth:`spec` (:meth:`prepare` takes the three), :meth:`supervise`."""
+
+    supervisor: Supervisor
+    planner: Planner
+    dry_run: bool = False
+    no_watch: bool = False
+
+    @property
+    def job(self) -> JobShape | None:
+        return self.planner.job
+
+    def prepare(self, options: LaunchOptions, target: Target, *, trainer: Any = None) -> Prepared:
+        """Steps 3 to 5 for one job. ``trainer``: numarun's trainer's composed config, whose layout becomes the job's
+        mesh once the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
+        options, rendezvous = self.settle(options, layout=trainer is not None)
+        planned = self.plan(options)
+        layout = None
+        if trainer is not None:  # the trainer's layout, checked against the world the plan makes
+            layout = check_launch_layout(trainer, nnodes=options.nnodes, nproc_per_node=planned.plan.nproc_per_node)
+            mesh = trainer_mesh(options, layout)
+            if mesh is not None:
+                options = options.with_setting("mesh", Setting(mesh, Source.CONFIG, TRAINER_MESH))
+                planned = self.plan(options)
+        return Prepared(options, planned, self.spec(options, planned, target, rendezvous), layout)
+
+    def settle(self, options: LaunchOptions, *, layout: bool = False) -> tuple[LaunchOptions, NodeRendezvous | None]:
+        """3. In a job a scheduler started, the options with the rendezvous it implies (per-node mode)."""
+        if self.job is None:
+            return options, None
+        options, rendezvous = settle(options, self.job, layout=layout)
+        if not rendezvous.own_rendezvous and self.job.nnodes > 1:
+            order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
+            announce(
+                options,
+                f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
+                f"{options.master_addr}:{options.master_port} (static{order})",
+            )
+        return options, rendezvous
+
+    def plan(self, options: LaunchOptions) -> Planned:
+        """4. Each local rank's binding (``--plan-file``'s, or this node's; this task's in per-rank mode)."""
+        planned = self.planner.plan(options)
+        refuse_unbound(planned.plan, options.strict_binding)
+        return planned
+
+    def spec(
+        self, options: LaunchOptions, planned: Planned, target: Target, rendezvous: NodeRendezvous | None
+    ) -> LaunchSpec:
+        """5. torchrun's launch, every option checked; under a dynamic rendezvous with a layout, the key that
+        orders the nodes."""
+        if not self.dry_run:  # a dry run prints the same block on stdout
+            options.shown()
+        plan = planned.plan
+        nics = [r.nic for r in plan.ranks if r.nic]
+        spec = launch_spec(options, nproc_per_node=plan.nproc_per_node, target=target, nics=nics)
+        if plan.mesh is None or not spec.multi_node or spec.backend == "static":
+            return spec
+        nodes = rendezvous.order if rendezvous is not None else ()
+        name = self.job.node_name if self.job is not None else ""
+        key = rendezvous_key(
+            nvlink_domain=plan.mesh.nvlink_domain,
+            position=nodes.index(name) if name in nodes else None,
+            environ=os.environ,
+        )
+        announce(
+            options,
+            f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the order of the "
+            "nodes' keys",
+        )
+        return replace(spec, node_key=key)
+
+    def supervise(self, ready: Prepared, job_env: Mapping[str, str], run_dir: os.PathLike[str] | None = None) -> int:
+        """6. The supervisor runs the launch: the plan where the workers read it, their environment, and what
+        watches the job beside them, each with its option (the hang watchdog: ``--hang-timeout``, ``--on-hang``).
+        A dry run prints it all instead."""
+        options, planned, spec = ready.options, ready.planned, ready.spec
+        for w in planned.plan.warnings:
+            log.warning("%s", w)
+        if self.dry_run:
+            env = {**dict(spec.env), **self.worker_env(options, planned.plan, planned.path or "plan.json"), **job_env}
+            note = "" if planned.path else "\n# plan.json: the output of 'numarun plan --json' with the same options"
+            return dry_run(planned.plan, options, note, command_line(env, spec.argv()))
+        self.supervisor.start()
+        plan_path = planned.path or str(
+            self.supervisor.write_plan(planned.plan.to_json(), run_dir, node=spec.node_label())
+        )
+        env = {**self.worker_env(options, planned.plan, plan_path), **job_env}
+        log.info("running: %s", command_line(env, spec.argv()))
+        self.supervisor.run(
+            spec, env, hang=policy_from(options), steps=steps_from(options, os.environ), run_dir=run_dir
+        )
+        return 0
+
+    def worker_env(self, options: LaunchOptions, plan: LaunchPlan, plan_path: str) -> dict[str, str]:
+        """What numarun adds to the workers' environment: the plan, the binding watcher, numarun's log level."""
+        env = worker_env(plan, os.environ, plan_path=plan_path, strict=options.strict_binding)
+        if self.no_watch:
+            env[envvars.WATCH_INTERVAL] = "0"
+        elif options.watch_interval is not None:  # >= 0: its option type refuses the rest
+            env[envvars.WATCH_INTERVAL] = f"{options.watch_interval:g}"
+        # The binding line of each rank is logged at INFO on purpose (docs/binding.md, "Applied in the worker");
+        # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+        if options.log_level and envvars.LOG_LEVEL not in os.environ:
+            env[envvars.LOG_LEVEL] = options.log_level
+        return env
+
+
+def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, *, preflight: bool) -> int:
+    """Per-rank mode: the scheduler started this process as one rank. 3: the options against the job and the
+    rendezvous the ranks agree on; 4: the node's plan as every task makes it, this rank's row; then the process
+    binds itself as that row and runs the script (no torchrun agent, nothing to supervise)."""
+    job = road.job
     assert job is not None
-    stated = options.stated()
-    per_rank = {o.dest for o in DECLARED if o.per_rank}
+    stated, per_rank = options.stated(), {o.dest for o in DECLARED if o.per_rank}
     check_rank(job, stated, per_rank=per_rank)
-    if args.preflight:
+    if preflight:
         raise JobConflict(
             f"bad option '--preflight': {job.describe()}; the pre-flight runs once per node: expected it left out, or "
             "one task per node (srun --ntasks-per-node=1)"
         )
-    hydra_app = False
-    if target.kind != "exec":
-        from ..config.detect import AppKind, detect_app
-
-        kind = detect_app(target.name, is_module=target.kind == "module")
-        hydra_app = kind is AppKind.HYDRA_MAIN
-        if kind is AppKind.TRAINER:
-            raise UsageError(
-                f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config "
-                "and "
-                "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which "
-                "starts "
-                "the node's ranks"
-            )
+    if kind is AppKind.TRAINER:
+        raise UsageError(
+            f"bad launch of numarun's trainer {target.name!r}: {job.describe()}; the trainer composes its config and "
+            "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
+            "the node's ranks"
+        )
     addr, port = rank_master(job, stated)
     if addr is None:
-        from ..slurm.controller import head_addr
+        from ..launch.slurmctld import head_addr
 
         addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
-    clock = hydra_app and not os.environ.get(envvars.HYDRA_NOW)
-    if not args.dry_run:  # the node and Hydra's clock, where no variable says: one for every rank
+    clock = kind is AppKind.HYDRA_MAIN and not os.environ.get(envvars.HYDRA_NOW)
+    now = ""
+    if not road.dry_run:  # the node and Hydra's clock, where no variable says: one for every rank
         from ..launch.rank import agree
 
         job, now = agree(job, addr, port, clock=clock)
-        run.job = run.planner.job = job
+        road.planner.job = job
         check_rank(job, stated, per_rank=per_rank)
     addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
     node = (
@@ -169,12 +283,14 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
         {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
         job.describe().split(":")[0],
     )
-    planned = run.planner.plan(options)
+    planned = road.plan(options)
     plan = planned.plan
-    refuse_unbound(plan, options.strict_binding)
     for note in (*(plan.warnings if job.local_rank == 0 else ()), *planned.notes):  # the node's: said once
         log.warning("%s", note)
-    env = {**rank_env(job, master_addr=addr, master_port=port, environ=os.environ), **run.env(options, plan, "")}
+    env = {
+        **rank_env(job, master_addr=addr, master_port=port, environ=os.environ),
+        **road.worker_env(options, plan, ""),
+    }
     env.update(
         addressing(
             multi_node=job.nnodes > 1,
@@ -186,18 +302,15 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
     )
     env.pop(envvars.PLAN, None)
     env[envvars.PLAN_JSON] = plan.to_json()
-    if clock and not args.dry_run:
+    if now:
         env[envvars.HYDRA_NOW] = now
-    if args.dry_run:
+    if road.dry_run:
         listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
         unknown = (
             ""
             if job.node_index >= 0
-            else (
-                "\n# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks when "
-                "they "
-                "start, as the launcher does not say which node a rank is on"
-            )
+            else "\n# GROUP_RANK and GROUP_WORLD_SIZE (this node's index and the node count): agreed by the ranks when "
+            "they start, as the launcher does not say which node a rank is on"
         )
         return dry_run(
             plan,
@@ -207,104 +320,91 @@ def _run_rank(run: _Runner, options: Options, target: Target) -> int:
         )
     from ..launch.rank import become_rank
 
-    shown(args, options)
-    run.supervisor.release()  # the rank handles its own signals, as under plain python
+    options.shown()
+    road.supervisor.release()  # the rank handles its own signals, as under plain python
     become_rank(target, env)
 
 
-def _run_trainer(args: argparse.Namespace, options: Options, target: Target, run: _Runner) -> int:
-    """numarun's trainer: Hydra composes each job once; each job is planned once and run."""
-    from ..config import compose
-    from ..train.preflight import check_launch_layout, check_prepared
+class Trainer:
+    """numarun's trainer: Hydra composes each job once (``-m``: a sweep, each job through numarun's Hydra
+    launcher); each job is prepared before Hydra makes any run dir (:meth:`check`), then run (:meth:`on_job`)."""
 
-    script_args = list(target.args)
-    job_target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments after it
+    def __init__(self, road: Road, options: LaunchOptions, target: Target) -> None:
+        self.road = road
+        self.options = options
+        self.target = Target(target.kind, target.name, ())  # the workers read the saved config: no arguments
+        self.script_args = list(target.args)
+        self.prepared: dict[tuple[str, str], Prepared] = {}
 
-    def planned(job: Any) -> tuple[_Prepared, str | None]:
-        """The job's launch, prepared with the trainer's layout as its mesh (the ranks are placed for it), the
-        layout checked against the world it makes (before any rank starts)."""
-        found: list[str | None] = [None]
+    def prepare(self, job: Any) -> Prepared:
+        """The job's launch: its ``launcher`` group a source of its options, its layout its mesh."""
+        return self.road.prepare(self.options.with_config(job.launcher), self.target, trainer=job.config)
 
-        def mesh_of(opts: Options, plan: Planned) -> str | None:
-            found[0] = check_launch_layout(job.config, nnodes=opts.nnodes, nproc_per_node=plan.plan.nproc_per_node)
-            return trainer_mesh(opts, found[0])
+    def check(self, job: Any) -> None:
+        """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
+        check_prepared(job)
+        self.prepared[(str(job.run_dir), job.config_text)] = self.prepare(job)
 
-        return run.prepare(options.with_config(job.launcher), job_target, mesh_of=mesh_of), found[0]
+    def on_job(self, job: Any) -> int:
+        ready = self.prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
+        print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
+        return self.road.supervise(ready, dict(job.env), run_dir=job.run_dir)
 
-    if args.dry_run and not compose.is_info_command(script_args):
-        jobs = compose.compose_dry(script_args, check_prepared)
+    def run(self, args: argparse.Namespace) -> int:
+        from ..config import compose
+
+        multirun = any(a in compose.MULTIRUN_FLAGS for a in self.script_args)
+        if self.road.dry_run and not compose.is_info_command(self.script_args):
+            return self.dry_run(multirun)
+        if multirun:  # each job through numarun's Hydra launcher
+            from ..sweep.launch import forwarded
+
+            os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, self.target.name))
+            if not any(a.startswith("hydra/launcher=") for a in self.script_args):
+                self.script_args.append("hydra/launcher=numarun")
+        compose.run_hydra(self.script_args, self.on_job, self.check)
+        return 0
+
+    def dry_run(self, multirun: bool) -> int:
+        """Each job composed, prepared and printed; a sweep's slots on the node after them."""
+        from ..config import compose
+
+        jobs = compose.compose_dry(self.script_args, check_prepared)
         for run_dir, job in jobs:
-            ready, layout = planned(job)
+            ready = self.prepare(job)
             sys.stdout.write(
                 f"# a real run would create {run_dir}/ holding .hydra/{{config,hydra,overrides}}.yaml, "
                 "config.yaml (below, what every rank reads) and numarun_plan.json\n"
             )
-            if layout:
-                sys.stdout.write(f"# layout of the ranks (parallel.*): {layout}\n")
+            if ready.layout:
+                sys.stdout.write(f"# layout of the ranks (parallel.*): {ready.layout}\n")
             sys.stdout.write("# config.yaml:\n" + "".join(f"#   {ln}\n" for ln in job.config_text.splitlines()))
-            run(ready[0], job_target, dict(job.env), prepared=ready)
-        if any(a in compose.MULTIRUN_FLAGS for a in script_args):
+            self.road.supervise(ready, dict(job.env))
+        if multirun:
             from ..sweep.launch import describe
             from ..topology.discover import load_topology
 
-            sizes = [options.with_config(j.launcher).nproc_per_node for _, j in jobs]
+            sizes = [self.options.with_config(j.launcher).nproc_per_node for _, j in jobs]
             ranks = max([n for n in sizes if isinstance(n, int)], default=1)
             labels = [f"#{i} {' '.join(j.overrides)}" for i, (_, j) in enumerate(jobs)]
-            sys.stdout.write(describe(load_topology(options.topology), ranks, labels))
+            sys.stdout.write(describe(load_topology(self.options.topology), ranks, labels))
         return 0
-    prepared: dict[tuple[str, str], _Prepared] = {}
-
-    def check(job: Any) -> None:
-        """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
-        check_prepared(job)
-        prepared[(str(job.run_dir), job.config_text)] = planned(job)[0]
-
-    def on_job(job: Any) -> int:
-        ready = prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
-        print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
-        return run(ready[0], job_target, dict(job.env), run_dir=job.run_dir, prepared=ready)
-
-    if any(a in compose.MULTIRUN_FLAGS for a in script_args):  # each job through numarun's Hydra launcher
-        from ..sweep.launch import forwarded
-
-        os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, target.name))
-        script_args += [] if any(a.startswith("hydra/launcher=") for a in script_args) else ["hydra/launcher=numarun"]
-    compose.run_hydra(script_args, on_job, check)
-    return 0
 
 
 TRAINER_MESH = "parallel.* (the trainer's layout)"
 """Where the mesh of a trainer job comes from, as messages name it."""
 
 
-def _with_mesh(options: Options, mesh: str) -> Options:
-    """``options`` with the trainer's layout as the job config's mesh (below a stated one, which it equals)."""
-    return dataclasses.replace(
-        options, settings={**options.settings, "mesh": Setting(mesh, Source.CONFIG, TRAINER_MESH)}
-    )
-
-
-def trainer_mesh(options: Options, spec: str | None) -> str | None:
-    """The mesh to plan a trainer job with: its layout ``spec`` (every dimension, resolved), unless a mesh is
-    stated already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same
-    row-major mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
-    if spec is None:
-        return None
-    stated = options.setting("mesh")
-    if stated.source is Source.DEFAULT or stated.value is None:
-        return spec
-    from ..plan.layout import parse_mesh
-
-    def shape(text: str, where: str) -> list[tuple[str, int]]:
-        declared = parse_mesh(text, where=where)
-        world = math.prod(int(part.partition("=")[2]) for part in spec.split(","))
-        layout = declared.resolve(world)
-        return [(n, size) for n, size in zip(layout.names, layout.shape) if size != 1]
-
-    if shape(str(stated.value), stated.where) != shape(spec, TRAINER_MESH):
+def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None:
+    """The mesh to plan a trainer job with: its ``layout`` (every dimension, resolved), unless a mesh is stated
+    already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same row-major
+    mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
+    if layout is None or options.mesh is None or not options.is_given("mesh"):
+        return layout
+    if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
         raise TrainerLayoutError(
-            f"bad {stated.where} {stated.value!r}: numarun's trainer lays its ranks out as {spec} "
-            "(parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
+            f"bad {options.setting('mesh').where} {options.mesh.text!r}: numarun's trainer lays its ranks out as "
+            f"{layout} (parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
         )
     return None
 
@@ -315,7 +415,7 @@ def refuse_unbound(plan: LaunchPlan, strict: bool) -> None:
         raise BindingError(mem_refused_line(plan, strict=True))
 
 
-def dry_run(plan: LaunchPlan, options: Options, note: str, command: str) -> int:
+def dry_run(plan: LaunchPlan, options: LaunchOptions, note: str, command: str) -> int:
     """The one dry-run output: the plan, each launch option with its source, what would run."""
     from ..view.plan import render_plan
 
@@ -323,107 +423,3 @@ def dry_run(plan: LaunchPlan, options: Options, note: str, command: str) -> int:
     sys.stdout.write(options.describe())
     sys.stdout.write(f"{note}\n{command}\n" if note else f"{command}\n")
     return 0
-
-
-_Prepared = tuple[Options, Planned, LaunchSpec]
-"""(options settled against the job, plan, launch spec) of one job, built once."""
-
-
-class _Runner:
-    """Runs the jobs of one numarun: each job's options settled, planned and its launch spec built once,
-    then run under the supervisor."""
-
-    def __init__(self, args: argparse.Namespace, supervisor: Supervisor, planner: Planner) -> None:
-        self.args = args
-        self.supervisor = supervisor
-        self.planner = planner
-        self.job = planner.job
-
-    def env(self, options: Options, plan: LaunchPlan, plan_path: str) -> dict[str, str]:
-        """What numarun adds to the workers' environment: the plan, the watcher, numarun's log level."""
-        env = worker_env(plan, os.environ, plan_path=plan_path, strict=options.strict_binding)
-        if self.args.no_watch:
-            env[envvars.WATCH_INTERVAL] = "0"
-        elif self.args.watch_interval is not None:  # >= 0: its option type refuses the rest
-            env[envvars.WATCH_INTERVAL] = f"{self.args.watch_interval:g}"
-        # The binding line of each rank is logged at INFO on purpose (docs/binding.md, "Applied in the worker");
-        # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
-        if self.args.log_level and envvars.LOG_LEVEL not in os.environ:
-            env[envvars.LOG_LEVEL] = str(self.args.log_level).upper()
-        return env
-
-    def prepare(
-        self, options: Options, target: Target, mesh_of: Callable[[Options, Planned], str | None] | None = None
-    ) -> _Prepared:
-        """The job's options settled, its plan and launch spec. ``mesh_of`` (numarun's trainer) sees the first
-        plan and may return a mesh to plan with instead (the trainer's layout)."""
-        rendezvous = None
-        given = options
-        if self.job is not None:
-            options, rendezvous = settle(options, self.job)
-            if not rendezvous.own_rendezvous and self.job.nnodes > 1:
-                order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
-                announce(
-                    self.args,
-                    f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
-                    f"{options.master_addr}:{options.master_port} (static{order})",
-                )
-        planned = self.planner.plan(options, plan_file=self.args.plan_file)
-        trainer = mesh_of(options, planned) if mesh_of is not None else None
-        if trainer is not None:
-            options = _with_mesh(options, trainer)
-            if rendezvous is not None and rendezvous.own_rendezvous:
-                # under the user's c10d a layout keys the nodes by Slurm's order: settle asks for it once it sees one
-                options, rendezvous = settle(_with_mesh(given, trainer), self.job)  # type: ignore[arg-type]
-            planned = self.planner.plan(options, plan_file=self.args.plan_file)
-        refuse_unbound(planned.plan, options.strict_binding)
-        if not self.args.dry_run:  # a dry run prints the same block on stdout
-            shown(self.args, options)
-        spec = launch_spec(
-            options.values(),
-            nproc_per_node=planned.plan.nproc_per_node,
-            target=target,
-            nics=[r.nic for r in planned.plan.ranks if r.nic],
-        )
-        mesh = planned.plan.mesh
-        if mesh is not None and spec.multi_node and spec.backend != "static":
-            nodes: tuple[str, ...] = rendezvous.order if rendezvous is not None else ()
-            name = self.job.node_name if self.job is not None else ""
-            key = rendezvous_key(
-                nvlink_domain=mesh.nvlink_domain,
-                position=nodes.index(name) if name in nodes else None,
-                environ=os.environ,
-            )
-            spec = dataclasses.replace(spec, node_key=key)
-            announce(
-                self.args,
-                f"node order key {'/'.join(key)}: the {spec.backend} rendezvous gives node ranks in the "
-                "order of the nodes' keys",
-            )
-        return options, planned, spec
-
-    def __call__(
-        self,
-        options: Options,
-        target: Target,
-        job_env: dict[str, str],
-        run_dir: os.PathLike[str] | None = None,
-        prepared: _Prepared | None = None,
-    ) -> int:
-        options, planned, spec = prepared or self.prepare(options, target)
-        plan, plan_path = planned.plan, planned.path
-        for w in plan.warnings:
-            log.warning("%s", w)
-        if self.args.dry_run:
-            env = {**dict(spec.env), **self.env(options, plan, plan_path or "plan.json"), **job_env}
-            note = "" if plan_path else "\n# plan.json: the output of 'numarun plan --json' with the same options"
-            return dry_run(plan, options, note, command_line(env, spec.argv()))
-        self.supervisor.start()
-        if not plan_path:
-            plan_path = str(self.supervisor.write_plan(plan.to_json(), run_dir, node=spec.node_label()))
-        env = {**self.env(options, plan, plan_path), **job_env}
-        log.info("running: %s", command_line(env, spec.argv()))
-        self.supervisor.run(
-            spec, env, hang=policy_from(options), steps=steps_from(options, os.environ), run_dir=run_dir
-        )
-        return 0

@@ -10,13 +10,13 @@ import logging
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
-from ..jobenv.settle import Source
-from ..launch.options import Options, Spelled, add_options, from_args, shown
+from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
@@ -166,21 +166,17 @@ def _config_settings(
     return kind, settings, dict(first.launcher)
 
 
-def check_mesh(launch: Options, launch_opts: list[str], *, nodes: int, nproc: int | None) -> list[str]:
-    """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``),
-    checked before anything is submitted (the nodes check it again); the launch option that hands ``--mesh`` on
-    (the others reach the nodes by themselves)."""
-    from ..plan.layout import node_cut, parse_mesh
+def check_mesh(launch: LaunchOptions, given: LaunchOptions, *, nodes: int, nproc: int | None) -> list[str]:
+    """The layout every node takes (``--mesh``, a ``--launch-opt=--mesh``: ``given``, ``NUMARUN_MESH``,
+    ``launcher.mesh``), checked against the job before anything is submitted (the nodes check it again); the launch
+    option that hands ``--mesh`` on (the others reach the nodes by themselves)."""
+    from ..layout import node_cut
 
-    given = [o.split("=", 1)[1] for o in launch_opts if o.startswith("--mesh=")]
-    s = launch.setting("mesh")
-    text, where = (given[-1], "--launch-opt=--mesh") if given and s.source < Source.COMMAND_LINE else (s.value, s.where)
-    if text is None:
-        return []
-    spec = parse_mesh(text, where=where)
-    if nproc is not None:
-        node_cut(spec.resolve(nodes * nproc), nproc, where=where)
-    return [f"--mesh={text}"] if where == "--mesh" else []
+    mine = launch.setting("mesh").source is Source.COMMAND_LINE
+    mesh = launch.mesh if mine or given.mesh is None else replace(given.mesh, where="--launch-opt=--mesh")
+    if mesh is not None and nproc is not None:
+        node_cut(mesh.resolved(nodes * nproc), nproc)
+    return [f"--mesh={mesh}"] if mine and mesh is not None else []
 
 
 # 'numarun run' options the job sets on each node itself, from Slurm's allocation
@@ -209,8 +205,8 @@ class _LaunchOptParser(argparse.ArgumentParser):
         raise SlurmError(f"bad --launch-opt: {message}; expected 'numarun run' options (see 'numarun run --help')")
 
 
-def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) -> tuple[str, ...]:
-    """Parse the ``--launch-opt`` values with ``numarun run``'s own parser and checks, as on a node."""
+def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) -> LaunchOptions:
+    """The ``--launch-opt`` values read with ``numarun run``'s own parser and checks, as on a node."""
     for opt in opts:
         name = opt.split("=", 1)[0]
         if name in _SET_BY_JOB:
@@ -225,7 +221,7 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
         if name in ("--nproc-per-node", "--nproc_per_node"):
             raise SlurmError(expected(opt, "--nproc-per-node as a 'numarun submit' option", "--launch-opt"))
     if not opts:
-        return ()
+        return LaunchOptions()
     from ..launch.torchrun import check_torchrun_options
     from . import run as run_command
 
@@ -234,7 +230,7 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
     if ns.training_script != script or ns.training_script_args:
         raise SlurmError(expected(" ".join(opts), "options only (the script is SCRIPT)", "--launch-opt"))
     check_torchrun_options(vars(ns))
-    return tuple(opts)
+    return from_args(ns, {})
 
 
 def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
@@ -248,8 +244,6 @@ def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
     """A whole-node job asks for every GPU: how many the partition's nodes have (sinfo)."""
     if not options.whole_nodes or options.gpus_per_node is not None:
         return options
-    from dataclasses import replace
-
     from ..slurm import submit as slurm
 
     return replace(options, node_gpus=slurm.partition_gpus(options.partition))
@@ -272,7 +266,7 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     user_args = list(args.args)
     kind, from_config, launcher = _config_settings(args.script if module else str(script), user_args, is_module=module)
-    launch = shown(args, from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1"))
+    launch = from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1").shown()
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
@@ -318,13 +312,9 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         from ..launch.child import numarun_command
 
         numarun = tuple(numarun_command())
-    launch_opts = check_launch_opts(
-        list(args.launch_opts)
-        + (["--preflight"] if args.preflight else [])
-        + check_mesh(launch, list(args.launch_opts), nodes=options.nodes, nproc=options.nproc_per_node),
-        args.script if module else str(script),
-        is_module=module,
-    )
+    launch_opts = [*args.launch_opts, *(["--preflight"] if args.preflight else [])]
+    given = check_launch_opts(launch_opts, args.script if module else str(script), is_module=module)
+    launch_opts += check_mesh(launch, given, nodes=options.nodes, nproc=options.nproc_per_node)
     return SlurmJob(
         script=args.script if module else str(script.resolve()),
         module=module,
@@ -333,12 +323,12 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         arg_sets=arg_sets,
         env=check_env(args.env),
         numarun=numarun,
-        launch_opts=launch_opts,
+        launch_opts=tuple(launch_opts),
         hydra_run_dir=hydra_run_dir,
     )
 
 
-def _count(options: Options, dest: str, high: int, what: str) -> int | None:
+def _count(options: LaunchOptions, dest: str, high: int, what: str) -> int | None:
     """A launch option that sbatch takes as a whole number (None: not given)."""
     s = options.setting(dest)
     if s.value is None:

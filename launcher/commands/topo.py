@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import argtypes
 from ..errors import TopologyError, UsageError
 from ..fsutil import write_output
-from ..launch.options import add_options, from_args, shown
+from ..options.launch import add_options, from_args
 from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..topology.discover import load_topology
 
-    source = shown(args, from_args(args, os.environ)).topology
+    source = from_args(args, os.environ).shown().topology
     out_svg = args.svg
     if out_svg is not None:
         # refuse before doing any work, so nothing is half-done
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
         width = args.width or max(100, shutil.get_terminal_size((120, 24)).columns)
         snapshot = source if source and str(source).endswith(".json") else None
-        from .planning import container_at
+        from ..launch.planning import container_at
 
         found = container_at(source) if snapshot is None else None
         sys.stdout.write(

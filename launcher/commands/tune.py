@@ -27,9 +27,8 @@ from pathlib import Path
 from .. import argtypes, envvars
 from ..errors import NumarunError, UsageError
 from ..fsutil import write_output
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import Options, add_options, from_args, from_environ, option, shown
+from ..options.launch import LaunchOptions, Source, add_options, from_args, from_environ, option
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
@@ -129,7 +128,7 @@ def _axes(args: argparse.Namespace) -> tuple[list[cand.Axis], list[str], str]:
 
 
 def _command(
-    args: argparse.Namespace, options: Options, c: cand.Candidate, rest: list[str], run_dir: Path | None
+    args: argparse.Namespace, options: LaunchOptions, c: cand.Candidate, rest: list[str], run_dir: Path | None
 ) -> list[str]:
     # given here or in the environment (which the runs do not see: PET_* is left out), the same for every run
     cmd = numarun_command("run", "--standalone", *options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT))
@@ -170,15 +169,15 @@ def _measure(run_dir: Path | None, report_file: Path) -> Measured | None:
     return None
 
 
-def _baseline(environ: Mapping[str, str]) -> Options:
+def _baseline(environ: Mapping[str, str]) -> LaunchOptions:
     """What each run takes for the plan axes it is not given: the environment's, else numarun's defaults."""
     return from_environ(("binding", "mem_policy", "nic_policy"), environ)
 
 
-def _save_plan(options: Options, winner: cand.Candidate) -> str:
-    from ..launch.options import given
+def _save_plan(options: LaunchOptions, winner: cand.Candidate) -> str:
+    from ..launch.planning import Planner
+    from ..options.launch import given
     from ..plan.model import BindingMode, MemPolicy
-    from .planning import Planner
 
     base = _baseline(os.environ)
     plan = (
@@ -218,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.module and not Path(args.script).is_file():
         raise UsageError(f"bad script {args.script!r}: no such file; expected a path to a Python script (or -m MODULE)")
     _check_outputs(args)
-    options = shown(args, from_args(args, os.environ))
+    options = from_args(args, os.environ).shown()
     axes, rest, kind = _axes(args)
     cands = cand.candidates(axes)
     base = _baseline(os.environ)

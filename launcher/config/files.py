@@ -61,7 +61,7 @@ def prepare_job(cfg: Any, run_dir: Path, overrides: list[str]) -> PreparedJob:
 
     text = resolved_yaml(cfg)
     checked = load_job_config_text(text, origin="composed config")  # value checks the types cannot express
-    from ..launch.options import config_keys
+    from ..options.launch import config_keys
 
     launcher = {k: plain(checked.launcher[k]) for k, _ in config_keys()}
     config_file = run_dir / "config.yaml"

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, TrainerLayoutError, UsageError
+from ..layout import Layout
 
 
 class ModelKind(str, enum.Enum):
@@ -77,8 +78,8 @@ class Schedule(str, enum.Enum):
 def _launcher_config() -> type:
     """The launch options a job config sets, below the command line and the environment; null: not set.
 
-    A key per launch option that declares one (:func:`numarun.launch.options.config_keys`)."""
-    from ..launch.options import config_keys
+    A key per launch option that declares one (:func:`numarun.options.launch.config_keys`)."""
+    from ..options.launch import config_keys
 
     made = make_dataclass("LauncherConfig", [(k, Optional[t], field(default=None)) for k, t in config_keys()])
     made.__module__, made.__doc__ = __name__, _launcher_config.__doc__
@@ -223,9 +224,11 @@ def check_values(cfg: Any) -> None:
         if value not in allowed:
             raise ConfigError(f"bad {key} {value!r}: expected one of {', '.join(allowed)}")
     parse_compression(cfg.comm.compression)
-    from .layout import layout_of
-
-    layout_of(cfg.parallel, nnodes=1, nproc_per_node=1)  # values only: the job's shape is checked with the plan
+    Layout.of_degrees(cfg.parallel, nnodes=1, nproc_per_node=1)  # values only: the job's shape is checked with the plan
+    if cfg.parallel.cp != 1:
+        raise TrainerLayoutError(
+            f"bad parallel.cp {cfg.parallel.cp!r}: context parallelism is not built; expected parallel.cp=1"
+        )
     for key in ("pp_microbatches", "pp_stages_per_rank"):
         if (value := cfg.parallel[key]) is not None and value < 1:
             raise ConfigError(f"bad parallel.{key} {value!r}: expected an integer >= 1, or null")
@@ -280,7 +283,7 @@ def check_values(cfg: Any) -> None:
 
 def _check_launcher(launcher: Any) -> None:
     """Each value of the ``launcher`` group read as its option reads it (null: not set)."""
-    from ..launch.options import DECLARED
+    from ..options.launch import DECLARED
 
     for o in DECLARED:
         if o.config is not None and launcher[o.dest] is not None:

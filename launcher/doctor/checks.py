@@ -192,7 +192,7 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         for w in plan.warnings:
             out.append(Finding(Severity.WARN, "plan", "plan", w))
     except NumarunError as e:
-        nproc = request.nproc_per_node or max(len(topo.gpus), 1)
+        nproc = request.nproc_per_node if isinstance(request.nproc_per_node, int) else max(len(topo.gpus), 1)
         out.append(
             Finding(Severity.ERROR, "plan", format_list(usable) or "-", f"the binding cannot be planned here: {e}")
         )

@@ -16,8 +16,8 @@ from .. import argtypes
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
-from ..launch.options import Options
-from ..plan.options import request_from_args
+from ..options.launch import LaunchOptions
+from ..plan.request import request_from_options
 
 
 @dataclass(frozen=True)
@@ -39,25 +39,13 @@ class Settings:
 
 
 def parse_nnodes(text: str) -> int:
-    parts = str(text).split(":")
-    try:
-        values = [int(x) for x in parts]
-    except ValueError:
-        values = []
-    if (
-        not values
-        or len(values) > 2
-        or not 1 <= min(values) <= max(values) <= argtypes.MAX_NODES
-        or (len(values) == 2 and values[0] != values[1])
-    ):
-        raise UsageError(
-            f"bad --nnodes {text!r}: expected a positive integer N up to {argtypes.MAX_NODES} "
-            "(or N:N; the doctor needs a fixed count)"
-        )
-    return values[0]
+    low, high = argtypes.node_range(text)
+    if low != high:
+        raise UsageError(f"bad --nnodes {text!r}: expected a fixed count N (or N:N; the doctor needs one)")
+    return low
 
 
-def rendezvous(options: Options, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
+def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
     """(host, port) of node 0's store from --master-addr/--master-port or --rdzv-endpoint (``endpoint`` False:
     a static rendezvous's, not read); the host resolves. Without a port, torchrun's static rendezvous's."""
     stated = options.stated()
@@ -87,7 +75,9 @@ def check_fraction(value: float) -> float:
     return value
 
 
-def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endpoint: bool = True) -> dict[str, Any]:
+def diagnose(
+    options: LaunchOptions, settings: Settings, *, port_offset: int = 0, endpoint: bool = True
+) -> dict[str, Any]:
     """Run the doctor with the launch options and its own settings; returns the JSON-able result (``ok`` says
     whether no error). ``port_offset``, ``endpoint``: :func:`rendezvous`."""
     from ..doctor.model import has_error
@@ -95,7 +85,7 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
     from ..doctor.node import Inputs, run_node
     from ..doctor.schedule import LinkSchedule
 
-    nnodes = parse_nnodes(options.nnodes)
+    nnodes = parse_nnodes(options.nnodes or "1")
     fraction = check_fraction(settings.min_link_fraction)
     node_rank = int(options.node_rank or 0)
     if nnodes > 1:
@@ -104,7 +94,7 @@ def diagnose(options: Options, settings: Settings, *, port_offset: int = 0, endp
             raise UsageError(f"bad --node-rank {node_rank!r}: expected 0..{nnodes - 1}")
     inputs = Inputs(
         topology=options.topology,
-        request=request_from_args(options, os.environ),
+        request=request_from_options(options, os.environ),
         nvml_record=settings.nvml_record,
         measure=(nnodes > 1 and not settings.no_measure) or settings.measure,
         compare=nnodes > 1,

@@ -105,6 +105,7 @@ def measure(topo: Topology) -> dict[str, Any]:
 
 
 def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topology]:
+    from ..plan.request import counted
     from ..topology.discover import load_topology
     from .probe import probe, versions
 
@@ -113,12 +114,13 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
     record = load_nvml_record(inputs.nvml_record) if inputs.nvml_record else None
     root = tree_root(topo, inputs.topology)
     pr = probe(root, live=live, nvml_record=record) if root is not None else Probe(nvml=record)
-    findings = list(check_node(topo, pr, inputs.request))
+    request = counted(inputs.request, topo)  # torchrun's words (auto, gpu, cpu) on the machine checked
+    findings = list(check_node(topo, pr, request))
     if root is not None:
         from .container import check_confinement, read_confinement
 
         confinement = read_confinement(root, os.environ, live=live, topo=topo)
-        findings = list(sort_findings(findings + check_confinement(topo, confinement, inputs.request)))
+        findings = list(sort_findings(findings + check_confinement(topo, confinement, request)))
     if root is None:
         findings.append(
             Finding(

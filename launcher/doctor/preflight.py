@@ -10,14 +10,14 @@ import logging
 import os
 import sys
 
-from ..launch.options import Options
+from ..options.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 
 PORT_OFFSET = 1
 
 
-def preflight(options: Options, args: argparse.Namespace) -> int:
+def preflight(options: LaunchOptions, args: argparse.Namespace) -> int:
     """0 when the doctor found no error (the job may start), else 1 after printing why. ``options``: the job's
     launch options; ``args``: its command's flags, the doctor's among them."""
     from .diagnose import Settings, diagnose

@@ -7,23 +7,17 @@ variables into a :class:`JobShape` (which node, how many tasks, which rank), and
 whose ranks numarun starts (per-node mode); one task per rank binds itself and runs the script
 (per-rank mode). Options that contradict the scheduler are one line and exit 2, never a hang.
 
-``NUMARUN_DETECT=0`` (or ``numarun run --no-detect``) turns detection off.
+``NUMARUN_DETECT=0`` (or ``--no-detect``) turns detection off: the option ``detect`` (:mod:`numarun.options.launch`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .. import envvars
 from . import mpi, slurm
 from .model import JobShape, Mode, Scheduler
 
-__all__ = ["JobShape", "Mode", "Scheduler", "detect", "detection_enabled", "scheduler_in"]
-
-
-def detection_enabled(environ: Mapping[str, str], *, no_detect: bool = False) -> bool:
-    """Off with ``--no-detect`` or ``NUMARUN_DETECT=0`` (also ``false``, ``no``, ``off``)."""
-    return not no_detect and environ.get(envvars.DETECT, "1").strip().lower() not in ("0", "false", "no", "off")
+__all__ = ["JobShape", "Mode", "Scheduler", "detect", "scheduler_in"]
 
 
 def scheduler_in(environ: Mapping[str, str]) -> Scheduler | None:

@@ -8,13 +8,14 @@ only torchrun's agent does, and builds the environment torchrun gives its worker
 
 from __future__ import annotations
 
-import enum
+import contextlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..argtypes import ascii_digits
+from ..argtypes import node_range
 from ..errors import UsageError
+from ..options.launch import Setting
 from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
 
@@ -33,29 +34,6 @@ class JobConflict(UsageError):
     def __init__(self, message: str, *, node_varying: bool = False) -> None:
         super().__init__(message)
         self.node_varying = node_varying
-
-
-class Source(enum.IntEnum):
-    """Where an option's value came from; a higher source wins (:mod:`numarun.launch.options`)."""
-
-    DEFAULT = 0
-    JOB = 1
-    CONFIG = 2
-    ENVIRONMENT = 3
-    COMMAND_LINE = 4
-
-    def __str__(self) -> str:
-        return self.name.lower().replace("_", " ").replace("config", "job config")
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One option's value, its source, and where in that source: ``--nnodes``, ``PET_NNODES``,
-    ``launcher.nnodes``, the job (``Slurm step 12.0``) or the default's owner (``torch 2.13.0``)."""
-
-    value: Any
-    source: Source
-    where: str
 
 
 Stated = Mapping[str, Setting]
@@ -108,20 +86,14 @@ def _who(shape: JobShape) -> str:
     return f"Slurm step {shape.job}" if shape.scheduler is Scheduler.SLURM else shape.describe().split(":")[0]
 
 
-def _nnodes_range(text: str) -> tuple[int, int] | None:
-    parts = text.split(":")
-    if len(parts) > 2 or not all(ascii_digits(p.strip()) and len(p.strip()) <= 9 for p in parts):
-        return None
-    return int(parts[0]), int(parts[-1])
-
-
 def _check_nnodes(shape: JobShape, stated: Stated) -> None:
     nnodes = _stated(stated, "nnodes")
     if nnodes is None:
         return
-    span = _nnodes_range(str(nnodes))
-    if span is not None and span[0] <= shape.nnodes <= span[1]:
-        return
+    with contextlib.suppress(UsageError):
+        low, high = node_range(nnodes)
+        if low <= shape.nnodes <= high:
+            return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
     flag = _flag(stated, "nnodes")
     raise JobConflict(
@@ -193,7 +165,7 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
     else:  # MPI: the rank of a one-process-per-node job is its node
         order, node_rank = (), shape.node_index
     head = order[0] if order else ""
-    addr, port = _master(shape, stated, nodes=order)
+    addr, port = rank_master(shape, stated, nodes=order)
     return NodeRendezvous(
         nnodes=shape.nnodes,
         node_rank=node_rank,
@@ -229,7 +201,10 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
         )
 
 
-def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | None, int]:
+def rank_master(shape: JobShape, stated: Stated, *, nodes: object = None) -> tuple[str | None, int]:
+    """(MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT) of the job; ``nodes``: the
+    node order (per-rank mode: the scheduler's)."""
+    nodes = shape.nodes if nodes is None else nodes
     addr = _stated(stated, "master_addr") or None
     if addr is None and not nodes:  # MPI: no node names to look rank 0's up by
         if shape.nnodes != 1:
@@ -243,11 +218,6 @@ def _master(shape: JobShape, stated: Stated, *, nodes: object) -> tuple[str | No
         addr = "127.0.0.1"
     derived = rendezvous_port(shape.job_id, shape.step_id or 0) if shape.job_id is not None else TORCHRUN_DEFAULT_PORT
     return addr, _stated(stated, "master_port") or derived
-
-
-def rank_master(shape: JobShape, stated: Stated) -> tuple[str | None, int]:
-    """Per-rank mode: (MASTER_ADDR or None when it is the head's address to look up, MASTER_PORT)."""
-    return _master(shape, stated, nodes=shape.nodes)
 
 
 def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The launch as one frozen value: what torchrun is asked to do, built once per job.
 
-The run command resolves the launch options (:mod:`numarun.launch.options`), numarun's planning
+The run command resolves the launch options (:mod:`numarun.options.launch`), numarun's planning
 decides the rank count, and :func:`launch_spec` turns both into a :class:`LaunchSpec` after checking every option (the
 checks that probe the machine, a free port and a writable log dir, run here, once). torchrun's
 argv is rendered from the spec (:meth:`LaunchSpec.argv`), and everything numarun needs to know
@@ -21,8 +21,10 @@ from ..argtypes import host_port, parse_endpoint
 from ..envvars import NODE_KEY, RDZV_MARGIN
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
+from ..options.launch import LaunchOptions
+from ..options.torchrun import torchrun_parser
 from .signals import DEATH
-from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options, torchrun_parser
+from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options
 
 DEATH_SIGNALS = tuple(s.name for s in DEATH)
 """torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
@@ -188,18 +190,16 @@ def _option_text(value: Any) -> str:
     return str(value)
 
 
-def launch_spec(
-    options: Mapping[str, Any], *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()
-) -> LaunchSpec:
-    """Check every torchrun option in ``options`` once, and build the spec with the address rule applied
-    (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). ``options``: dest -> value of
-    the options some source stated (:meth:`numarun.launch.options.Options.values`); torchrun's defaults
-    stand for the rest."""
-    check_torchrun_options(options, nproc_per_node=nproc_per_node)
+def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()) -> LaunchSpec:
+    """Check every torchrun option once, and build the spec with the address rule applied
+    (:func:`numarun.launch.net.addressing`; ``nics``: the plan's, preferred). numarun's options are read as they
+    are typed; torchrun's others as a source stated them (torchrun's defaults stand for the rest)."""
+    stated = {d: s.value for d, s in options.stated().items()}
+    check_torchrun_options(stated, nproc_per_node=nproc_per_node)
     passthrough = []
     for action in torchrun_parser()._actions:  # noqa: SLF001  (torchrun exposes no other listing)
         dest = action.dest
-        value = options.get(dest)
+        value = stated.get(dest)
         if not action.option_strings or dest in _FIELDS or value is None:
             continue
         spelling = next(s for s in action.option_strings if s.startswith("--"))
@@ -210,30 +210,30 @@ def launch_spec(
             passthrough.append((spelling, _option_text(value)))
 
     def host(dest: str) -> str | None:
-        value = options.get(dest)
-        return None if not value else parse_endpoint(value, "--" + dest.replace("_", "-"), port=False)[0]
+        value = stated.get(dest)
+        return None if not value else parse_endpoint(str(value), "--" + dest.replace("_", "-"), port=False)[0]
 
-    conf = check_rdzv_conf(str(options.get("rdzv_conf") or ""))
-    signals = str(options.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
-    port = options.get("master_port")
-    endpoint = str(options.get("rdzv_endpoint") or "")
+    conf = check_rdzv_conf(str(stated.get("rdzv_conf") or ""))
+    signals = str(stated.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
     spec = LaunchSpec(
         target=target,
         nproc_per_node=nproc_per_node,
-        nnodes=str(options.get("nnodes") or "1:1"),
-        node_rank=int(options.get("node_rank") or 0),
-        rdzv_backend=str(options.get("rdzv_backend") or "static"),
-        rdzv_endpoint=host_port(*parse_endpoint(endpoint, "--rdzv-endpoint")) if endpoint else "",
-        rdzv_id=str(options.get("rdzv_id") or "none"),
+        nnodes=options.nnodes or "1:1",
+        node_rank=options.node_rank or 0,
+        rdzv_backend=options.rdzv_backend or "static",
+        rdzv_endpoint=host_port(*parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint"))
+        if options.rdzv_endpoint
+        else "",
+        rdzv_id=options.rdzv_id or "none",
         rdzv_conf=tuple(conf.items()),
-        master_addr=host("master_addr"),
-        master_port=int(port) if port is not None else None,
+        master_addr=host("master_addr"),  # torchrun's default (127.0.0.1) is its own to apply
+        master_port=options.master_port,
         local_addr=host("local_addr"),
-        standalone=bool(options.get("standalone")),
-        max_restarts=int(options.get("max_restarts") or 0),
+        standalone=options.standalone,
+        max_restarts=int(stated.get("max_restarts") or 0),
         death_signals=tuple(n.strip() for n in signals.split(",") if n.strip()),
-        shutdown_timeout=int(options["shutdown_timeout"]) if options.get("shutdown_timeout") is not None else None,
-        log_dir=str(options["log_dir"]) if options.get("log_dir") else None,
+        shutdown_timeout=int(stated["shutdown_timeout"]) if stated.get("shutdown_timeout") is not None else None,
+        log_dir=str(stated["log_dir"]) if stated.get("log_dir") else None,
         passthrough=tuple(passthrough),
         rdzv_margin_s=rdzv_margin(os.environ),
     )

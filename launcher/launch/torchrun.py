@@ -1,7 +1,7 @@
 """torchrun's options as numarun takes them: the parser, the program to run, every check.
 
 ``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` parses torchrun's options as
-torchrun's own parser declares them (read once per torch version: :func:`torchrun_record`, so
+torchrun's own parser declares them (read once per torch version: :func:`numarun.options.torchrun.torchrun_record`, so
 every spelling torchrun accepts is accepted, and help screens need no torch) and adds numarun's.
 :func:`check_torchrun_options`
 refuses, in one line, every value torchrun would only reject later with a traceback, or
@@ -14,15 +14,11 @@ torchrun runs, with this package's worker bootstrap as its entrypoint::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import json
 import logging
 import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -30,12 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ascii_digits
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ascii_digits, node_range
 from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
-from ..fsutil import cache_dir, write_atomic
 from ..plan.model import DERIVED_ENV, LaunchPlan
-from ..torch_private import import_torchrun, installed_torch_version
+from ..torch_private import import_torchrun
 
 log = logging.getLogger(__name__)
 
@@ -43,90 +38,11 @@ ENTRY_FILE = str(Path(__file__).resolve().parent.parent / "worker" / "entry.py")
 """The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
 
 
-RECORD_FORMAT = 1
-"""Bumped when :data:`_RECORD` writes something else: the file name holds it, so an old cache is not read."""
-
-# Run by a child interpreter (the launcher never imports torch for a parser): torchrun's options as JSON.
-_RECORD = """
-import json, sys
-from torch.distributed.run import get_args_parser
-out = []
-for a in get_args_parser()._actions:
-    if a.dest == "help":
-        continue
-    d = a.default if isinstance(a.default, (str, int, float, bool, list, type(None))) else None
-    t = getattr(a.type, "__name__", None)
-    out.append({"flags": a.option_strings, "dest": a.dest, "nargs": a.nargs, "default": d, "help": a.help,
-                "metavar": a.metavar, "choices": list(a.choices) if a.choices else None, "required": a.required,
-                "type": t if t in ("int", "float") else None})
-json.dump(out, sys.stdout)
-"""
-
-
-@functools.lru_cache(maxsize=1)
-def torchrun_record() -> tuple[dict[str, Any], ...]:
-    """torchrun's options (flags, dest, default, help...) of the installed torch, read once per torch version
-    by a child interpreter and kept in the user's cache (:func:`numarun.fsutil.cache_dir`); a cache that
-    cannot be written is skipped."""
-    version = installed_torch_version()
-    try:
-        path = cache_dir() / f"torchrun-options.{RECORD_FORMAT}.{version}.json" if version else None
-    except RuntimeError:  # no home directory to hold a cache
-        path = None
-    if path is not None:
-        with contextlib.suppress(OSError, ValueError):
-            return tuple(json.loads(path.read_text(encoding="utf-8")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}  # torch's defaults, not the user's
-    r = subprocess.run(
-        [sys.executable, "-c", _RECORD], env=env, capture_output=True, text=True, timeout=600, check=False
-    )
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or [f"exit code {r.returncode}"])[-1]
-        raise UsageError(f"cannot read torchrun's options from torch {version}: {why}; expected a working torch >= 2.4")
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, r.stdout)
-        except OSError as e:
-            log.debug("torchrun's options not cached in %s: %s", path, e)
-    return tuple(json.loads(r.stdout))
-
-
-def torch_owner() -> str:
-    """Whose defaults torchrun's options have: ``torch <version>``."""
-    return f"torch {installed_torch_version()}"
-
-
-def torchrun_parser() -> argparse.ArgumentParser:
-    """A parser with torchrun's options, rebuilt from :func:`torchrun_record` (torch itself parses
-    torchrun's argv again when it runs)."""
-    parser = argparse.ArgumentParser(description="Torch Distributed Elastic Training Launcher")
-    for o in torchrun_record():
-        kw: dict[str, Any] = {"help": o["help"], "default": o["default"]}
-        if o["nargs"] == 0:
-            kw["action"] = "store_true"
-        else:
-            kw.update(
-                nargs=o["nargs"],
-                metavar=o["metavar"],
-                choices=o["choices"],
-                type={"int": int, "float": float}.get(o["type"] or ""),
-            )
-        if o["flags"]:
-            parser.add_argument(*o["flags"], dest=o["dest"], required=o["required"], **kw)
-        else:
-            parser.add_argument(o["dest"], **kw)
-    return parser
-
-
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """numarun's own ``run`` options, next to torchrun's and the planning ones."""
     group = parser.add_argument_group("numarun")
     group.add_argument(
         "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
-    )
-    group.add_argument(
-        "--plan-file", metavar="PATH", help="use this saved plan ('numarun plan --json' output) instead of planning"
     )
 
 
@@ -353,13 +269,7 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     (one parser, :func:`numarun.argtypes.parse_endpoint`) and resolved where the spec is built.
     """
     nnodes = str(options.get("nnodes", "1"))
-    parts = nnodes.split(":")
-    form = f"N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
-    if len(parts) > 2 or not all(ascii_digits(p.strip()) and len(p.strip()) <= 30 for p in parts):
-        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
-    low, high = int(parts[0]), int(parts[-1])
-    if not 1 <= low <= high <= MAX_NODES:
-        raise UsageError(f"bad --nnodes {nnodes!r}: expected {form}")
+    high = node_range(nnodes)[1]
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")

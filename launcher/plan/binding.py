@@ -56,6 +56,8 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
     device_order = request.cuda_device_order or user_env.get("CUDA_DEVICE_ORDER") or "PCI_BUS_ID"
     gpus = visible_gpus(topology, request.cuda_visible_devices, device_order, request.allowed_gpu_minors)
     nproc = request.nproc_per_node
+    if isinstance(nproc, str):  # the request's maker counts them on the topology (numarun.plan.request.counted)
+        raise PlanError(f"bad --nproc-per-node {nproc!r}: expected it counted before planning")
     if nproc is not None and nproc < 1:
         raise PlanError(f"bad --nproc-per-node {nproc!r}: expected a positive integer")
     if nproc is None:

@@ -12,12 +12,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..argtypes import ascii_digits
+from ..argtypes import node_range
+from ..layout import PRIORITY, Layout, LayoutError, NodeCut, mesh_groups, node_cut
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
 from ..topology.visible import openable
-from .layout import PRIORITY, Layout, LayoutError, MeshSpec, NodeCut, mesh_groups, node_cut, parse_mesh
 from .model import MeshDim, MeshPlan, PlanRequest
 from .placement import Placement, SubMesh, link_classes, place
 
@@ -32,32 +32,20 @@ class MeshChoice:
     warnings: tuple[str, ...] = ()
 
 
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """torchrun's ``N`` / ``MIN:MAX`` -> (MIN, MAX); LayoutError for anything else."""
-    parts = str(text).strip().split(":")
-    if (
-        len(parts) > 2
-        or not all(ascii_digits(p.strip()) and len(p.strip()) <= 9 for p in parts)
-        or not (1 <= int(parts[0]) <= int(parts[-1]))
-    ):
-        raise LayoutError(f"bad --nnodes {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX, e.g. 2 or 1:4")
-    return int(parts[0]), int(parts[-1])
-
-
-def resolve_on_nodes(spec: MeshSpec, *, nproc: int, nnodes: str) -> tuple[Layout, NodeCut, int]:
+def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: str) -> tuple[Layout, NodeCut, int]:
     """(the layout, where the node boundary cuts it, the node count or 0 when it is elastic).
 
     An elastic ``--nnodes MIN:MAX`` has no world size before the nodes meet: the layout must then size its
     outermost dimension larger than 1 with -1 (the rest grows with the nodes), and its inner dimensions must
     fit one node."""
-    low, high = parse_nnodes(nnodes)
+    low, high = node_range(nnodes)
     if low == high:
         world = low * nproc
         what = f"{low} node{'s' if low != 1 else ''} x {nproc} rank{'s' if nproc != 1 else ''}" if low > 1 else ""
         layout = _resolve(spec, world, what)
-        return layout, node_cut(layout, nproc, where=spec.where), low
+        return layout, node_cut(layout, nproc), low
     rest = spec.rest
-    big = [n for n, s in zip(spec.names, spec.sizes) if s not in (1, -1)]
+    big = [n for n, s in zip(spec.names, spec.shape) if s not in (1, -1)]
     outer = spec.names[: spec.names.index(rest)] if rest is not None else ()
     if rest is None or any(n in big for n in outer):
         raise LayoutError(
@@ -69,13 +57,13 @@ def resolve_on_nodes(spec: MeshSpec, *, nproc: int, nnodes: str) -> tuple[Layout
             f"bad {spec.where} {spec.text!r}: the sizes inside -1 multiply to {spec.known}, which does not "
             f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node"
         )
-    layout = spec.resolve(high * nproc)
-    return layout, node_cut(layout, nproc, where=spec.where), 0
+    layout = spec.resolved(high * nproc)
+    return layout, node_cut(layout, nproc), 0
 
 
-def _resolve(spec: MeshSpec, world: int, what: str) -> Layout:
+def _resolve(spec: Layout, world: int, what: str) -> Layout:
     try:
-        return spec.resolve(world)
+        return spec.resolved(world)
     except LayoutError as e:
         if not what:
             raise
@@ -128,7 +116,7 @@ def plan_mesh(
     """Place ``request.mesh`` on this node's ``nproc`` ranks; ``gpus``: the visible GPUs in CUDA's order,
     ``positions``: their positions in ``topology.gpus``."""
     assert request.mesh is not None
-    spec = parse_mesh(request.mesh, request.mesh_where)
+    spec = request.mesh
     layout, cut, nnodes = resolve_on_nodes(spec, nproc=nproc, nnodes=request.nnodes)
     in_node = ((cut.split,) if cut.split else ()) + cut.inner
     sub_shape = tuple(cut.split_inner if n == cut.split else layout.size(n) for n in in_node)
@@ -159,7 +147,7 @@ def plan_mesh(
     order = placed.order if gpus else ()
     dims = []
     for i, name in enumerate(layout.names):
-        size = -1 if nnodes == 0 and spec.sizes[i] == -1 else layout.shape[i]
+        size = -1 if nnodes == 0 and spec.shape[i] == -1 else layout.shape[i]
         if name in in_node:
             groups = mesh_groups(sub_shape, in_node.index(name))
             if name == cut.split:
@@ -189,7 +177,7 @@ def plan_mesh(
     shown_shape = tuple(d.size for d in dims)
     record = MeshPlan(
         spec=",".join(f"{d.name}={d.size}" for d in dims),
-        declared=str(request.mesh),
+        declared=spec.text,
         names=layout.names,
         shape=shown_shape,
         nnodes=nnodes,

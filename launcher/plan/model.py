@@ -5,52 +5,20 @@ The NIC choices are fields; each rank's ``env`` holds the variables made from th
 
 from __future__ import annotations
 
-import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import envvars
 from ..errors import PlanError
 from ..jsonable import SchemaError, from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
+from ..layout import Layout
+from ..options.choices import BindingMode, MemPolicy, NicPolicy
+from ..options.launch import option
 
 PLAN_SCHEMA_VERSION = 2
 READABLE_PLAN_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
-
-
-class BindingMode(str, enum.Enum):
-    """How CPUs are given to ranks. Names and meanings follow ``torchrun --numa-binding``."""
-
-    NODE = "node"
-    """All allowed CPUs of the GPU's NUMA node (shared by the ranks on that node)."""
-    SOCKET = "socket"
-    """All allowed CPUs of the package (socket) holding the GPU's NUMA node."""
-    EXCLUSIVE = "exclusive"
-    """The node's physical cores split evenly among the ranks whose GPUs sit on it; SMT siblings kept together."""
-    CORE_COMPLEX = "core-complex"
-    """One last-level-cache domain (AMD CCX / L3 slice) per rank, on the GPU's NUMA node."""
-    NONE = "none"
-    """No CPU binding: all allowed CPUs, as plain torchrun."""
-
-
-class MemPolicy(str, enum.Enum):
-    """Memory policy applied with ``set_mempolicy(2)`` in each worker."""
-
-    BIND = "bind"
-    """MPOL_BIND to the rank's NUMA node(s): allocations fail over to nothing else."""
-    PREFERRED = "preferred"
-    """MPOL_PREFERRED: allocate on the rank's node, fall back to others when full."""
-    NONE = "none"
-    """Leave the kernel default (first touch)."""
-
-
-class NicPolicy(str, enum.Enum):
-    """How the NCCL NIC variables are set for the ranks of a node."""
-
-    NODE = "node"
-    """One ``NCCL_IB_HCA`` / ``NCCL_SOCKET_IFNAME`` per node naming its compute NICs (NCCL's own advice)."""
-    PER_RANK = "per-rank"
-    """Each rank's NCCL variable names only its closest NIC (for rails that never meet)."""
 
 
 DERIVED_ENV: tuple[str, ...] = ("CUDA_VISIBLE_DEVICES",)
@@ -61,18 +29,18 @@ set them, never kept."""
 @dataclass(frozen=True)
 class PlanRequest:
     """What the user asked for. Its defaults are numarun's, stated here once (the launch options' declarations,
-    :data:`numarun.launch.options.DECLARED`, and a plan's fields name these)."""
+    :class:`numarun.options.launch.LaunchOptions`, and a plan's fields name these)."""
 
-    nproc_per_node: int | None = None  # None: one rank per visible GPU (or 1 without GPUs)
-    binding: BindingMode = BindingMode.EXCLUSIVE
-    mem_policy: MemPolicy = MemPolicy.BIND
+    nproc_per_node: int | str | None = None  # None: one rank per visible GPU (or 1 without GPUs); torchrun's words
+    # (auto, gpu, cpu, xpu) until numarun.plan.request.resolve_nproc counts them
+    binding: BindingMode = option("binding").default
+    mem_policy: MemPolicy = option("mem_policy").default
     cuda_visible_devices: str | None = None  # None = unset: all GPUs
     cuda_device_order: str | None = None
     user_env: dict[str, str] = field(default_factory=dict)  # never overridden
-    nic_policy: NicPolicy = NicPolicy.NODE
+    nic_policy: NicPolicy = option("nic_policy").default
     allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
-    mesh: str | None = None  # the parallel layout as declared (plan/layout.py), None: none
-    mesh_where: str = "--mesh"  # the option, variable or config key it came from, for messages
+    mesh: Layout | None = None  # the parallel layout as declared (its source in its messages), None: none
     nnodes: str = "1"  # torchrun's --nnodes (N or MIN:MAX): the layout spans that many nodes
     keep_gpus: bool = False  # the scheduler fixed each rank's GPU: the layout is recorded, not placed
 
@@ -109,7 +77,7 @@ class RankBinding:
     nic: str | None  # the rank's own NIC
     env: dict[str, str]  # set in the worker; the user's values excluded
     numa_node: int = -1  # CPU-side node placed on (-1: spread / unknown)
-    mem_policy: MemPolicy = MemPolicy.BIND
+    mem_policy: MemPolicy = option("mem_policy").default
     physical_cores: int = 0
     fallback: str = ""  # why the rank is not where the ideal plan wanted it
     nic_port: int = 0  # UCX_NET_DEVICES=<nic>:<port>; 0: Ethernet, or per-rank (NCCL takes every port)
@@ -142,6 +110,11 @@ class MeshPlan:
     search: str  # how the placement was found: "exhaustive, N steps", "stopped after N steps", "-" (nothing to place)
     cuda_visible_devices: str = ""  # the GPU order every rank of the node sees ("": the user's, unchanged)
     nvlink_domain: str = ""  # the node's multi-node NVLink domain (NVML fabric cluster UUID/clique id); "" none
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the plan carries to the ranks (``-1`` only where the world size comes with the rendezvous)."""
+        return Layout(self.names, self.shape, where=f"{envvars.PLAN} layout")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Which GPU each local rank drives, so that a layout's contiguous mesh is the fast one (pure; docs/layouts.md).
 
 The objective: the groups of ``tp`` get the fastest links first, then ``cp``'s, then ``dp_shard``'s, then
-``dp_replicate``'s (:data:`numarun.plan.layout.PRIORITY`); a group is as good as its slowest pair
+``dp_replicate``'s (:data:`numarun.layout.PRIORITY`); a group is as good as its slowest pair
 (:class:`numarun.topology.links.Link`); the groups of one dimension compare worst first (their classes sorted
 from the slowest); a placement that scores no better than today's keeps today's order (local rank ``i`` on
 visible GPU ``i``), and among equally good others the first in local-rank order wins.
@@ -20,8 +20,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..layout import mesh_groups
 from ..topology.links import Link
-from .layout import mesh_groups
 
 EXACT_GPUS = 8
 """Up to this many visible GPUs the search is exhaustive."""

@@ -27,7 +27,7 @@ from ..errors import SlurmError
 from ..jobenv import Mode, Scheduler, detect
 from ..launch.child import numarun_command
 from ..launch.signals import Relay
-from .controller import SCONTROL_TIMEOUT_S
+from ..launch.slurmctld import SCONTROL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def run_one(folder: Path, idx: int) -> int:
 
 def run_group(folder: Path, group: int) -> int:
     from .. import envvars
-    from ..launch.options import from_environ
+    from ..options.launch import from_environ
     from ..topology.discover import load_topology
     from ..worker import current_binding
     from .launch import run_local

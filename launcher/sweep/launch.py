@@ -1,7 +1,7 @@
 """The sweep's side of numarun's Hydra launcher: jobs composed and written, run as a queue on the node's
 slots (or as a Slurm job array), their ``JobReturn`` read back.
 
-A job's launch options are a run's (:mod:`numarun.launch.options`), in the same precedence: the command line
+A job's launch options are a run's (:mod:`numarun.options.launch`), in the same precedence: the command line
 (the launcher's ``options``, then those given to ``numarun SCRIPT -m``, ``NUMARUN_SWEEP_OPTIONS``), the
 environment, the job config (the trainer's ``launcher`` group, then the launcher's ``nproc_per_node``), the
 defaults. While jobs run, the process's signal loop has the queue stop them or pass signals on.
@@ -32,9 +32,8 @@ from typing import Any
 from .. import envvars, tables
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
-from ..jobenv.settle import Source
 from ..launch.child import numarun_command
-from ..launch.options import PLANNING, Options, add_options, from_args, launch_dests
+from ..options.launch import PLANNING, LaunchOptions, Source, add_options, from_args, launch_dests
 from ..plan.pack import Slot, confined_cpus, pack, slot_topology
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ class Job:
     """(where, ((key, value), ...)) of each job-config source, the later winning: the trainer's ``launcher`` group,
     the launcher's own ``nproc_per_node``."""
 
-    def launch_options(self, environ: Mapping[str, str]) -> tuple[Options, argparse.Namespace, list[str]]:
+    def launch_options(self, environ: Mapping[str, str]) -> tuple[LaunchOptions, argparse.Namespace, list[str]]:
         """(the job's launch options, the other parsed ``numarun run`` options, those this parser does not know)."""
         args, rest = _parse(self.options)
         options = from_args(args, environ)
@@ -88,8 +87,7 @@ def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         raise UsageError(f"bad launcher options {' '.join(options)!r}: {message}; expected 'numarun run' options")
 
     parser = argparse.ArgumentParser(add_help=False, prog="numarun")
-    add_options(parser, launch_dests())
-    parser.add_argument("--log-level")
+    add_options(parser, (*launch_dests(), "log_level"))
     parser.error = refuse  # type: ignore[method-assign,assignment]
     return parser.parse_known_args(list(options))
 
@@ -111,7 +109,7 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     from omegaconf import OmegaConf
 
     from ..config.files import plain
-    from ..launch.options import config_keys
+    from ..options.launch import config_keys
     from ..topology.visible import visible_gpus
 
     own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group
@@ -191,7 +189,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         given = Job(0, (), 1, tuple(_common(settings))).launch_options(os.environ)
         topology = None if slurm else load_topology(given[0].topology)
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
-        if given[1].show_sources:
+        if given[0].show_sources:
             for job in jobs:
                 sys.stderr.write(
                     f"# job #{job.idx} ({' '.join(job.overrides)})\n" + job.launch_options(os.environ)[0].describe()
@@ -243,11 +241,11 @@ def _result(folder: Path, job: Job, code: int) -> Any:
     return ret
 
 
-def _plan(job: Job, options: Options, slot: Slot, topology: Any) -> Any:
+def _plan(job: Job, options: LaunchOptions, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
-    from ..plan.options import request_from_args
+    from ..plan.request import request_from_options
 
-    request = request_from_args(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
+    request = request_from_options(options, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus))})
     return make_plan(
         slot_topology(topology, slot, request.binding),
         replace(request, nproc_per_node=job.ranks, cuda_device_order="PCI_BUS_ID"),
@@ -259,7 +257,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     alone under binding none)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
-    options, ns, rest = job.launch_options(os.environ)
+    options, _, rest = job.launch_options(os.environ)
     plan = _plan(job, options, slot, topology)
     env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
     env.update(
@@ -269,7 +267,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
             envvars.DETECT: "0",
             envvars.HYDRA_NOW: now,
             envvars.LAUNCHER_PID: str(os.getpid()),
-            **({envvars.LOG_LEVEL: ns.log_level.upper()} if ns.log_level else {}),
+            **({envvars.LOG_LEVEL: options.log_level} if options.log_level else {}),
         }
     )
     args = [str(folder), f"index={job.idx}"]

@@ -24,7 +24,7 @@ ACCEPTED = (
 
 def load_topology(source: str | None = None) -> Topology:
     """Load the topology named by ``source`` (None: the live machine). The launch options say which source
-    (``--topology``, ``NUMARUN_TOPOLOGY``: :mod:`numarun.launch.options`)."""
+    (``--topology``, ``NUMARUN_TOPOLOGY``: :mod:`numarun.options.launch`)."""
     if source is None:
         return read_live()
     path = Path(source).expanduser()

@@ -118,7 +118,7 @@ class Trainer:
             for part in self.par.parts:
                 part.compile()
         # one optimizer per part (a pipeline rank may hold several stages), as torchtitan keeps them
-        self.optimizers = [build_optimizer(part, cfg.optim, tp=layout.tp) for part in self.par.parts]
+        self.optimizers = [build_optimizer(part, cfg.optim, tp=layout.size("tp")) for part in self.par.parts]
         self.dataset = build_dataset(cfg.data, cfg.model, seed=t.seed)
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else run_dir / "checkpoints"
         self.autocast = (
@@ -287,8 +287,8 @@ class Trainer:
                 if self.rank == 0:
                     saved = meta.get("layout")
                     moved = (
-                        f"; saved with layout {saved}, resharded onto {self.layout.spec()}"
-                        if (saved and saved != self.layout.spec())
+                        f"; saved with layout {saved}, resharded onto {self.layout.text}"
+                        if (saved and saved != self.layout.text)
                         else ""
                     )
                     print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
@@ -344,7 +344,7 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "num_nodes": self.ctx.num_nodes,
                 "parallel": self.cfg.parallel.kind,
-                "layout": self.layout.spec(),
+                "layout": self.layout.text,
                 "pipeline": self.par.pipeline.plan.describe() if self.par.pipeline is not None else None,
                 "model": self.cfg.model.kind,
                 "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
@@ -367,16 +367,16 @@ class Trainer:
         meta = {
             "world_size": self.ctx.world_size,
             "parallel": self.cfg.parallel.kind,
-            "layout": self.layout.spec(),
+            "layout": self.layout.text,
             "model": checkpoint.model_config(self.cfg.model),
         }
         checkpoint.save(self.ckpt_dir, step, self.par.parts, self.optimizers, meta=meta, rank=self.rank)
 
     def _exchange(self) -> _Shared:
         """All ranks' stop signal, peak memory and binding-watcher figures, in one all-gather."""
-        from ..worker import watch
+        from ..worker import binding_watch
 
-        figures = watch.figures()
+        figures = binding_watch.figures()
         share = figures.get("remote_memory_share")
         stop = self.stops.first() if self.stops is not None else 0
         mine = torch.tensor(

@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..config.layout import DIMS, Layout
 from ..config.schema import CommMode
+from ..layout import DIMS, Layout
 from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Parallelized:
     parts: tuple[nn.Module, ...]
     """What this rank trains: the whole model (maybe DDP- or FSDP-wrapped), or its pipeline stages' modules."""
     mesh: Any
-    """The DeviceMesh over :data:`~numarun.config.layout.DIMS`."""
+    """The DeviceMesh over :data:`~numarun.layout.DIMS`."""
     dp_rank: int
     dp_size: int
     pipeline: Pipeline | None = None
@@ -99,7 +99,12 @@ class Parallelized:
     @property
     def loss_ranks(self) -> int:
         """How many ranks compute the loss (the last stage's tp x dp ranks), each of dp's shares tp times."""
-        return self.layout.dp_replicate * self.layout.dp_shard * self.layout.cp * self.layout.tp
+        return (
+            self.layout.size("dp_replicate")
+            * self.layout.size("dp_shard")
+            * self.layout.size("cp")
+            * self.layout.size("tp")
+        )
 
     def forward_backward(
         self,
@@ -149,10 +154,10 @@ def build_mesh(layout: Layout, ctx: Any) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     declared = getattr(ctx, "mesh_layout", None)
-    if declared is not None and tuple(declared.names) == DIMS and tuple(declared.shape) == layout.degrees():
-        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.spec())
+    if declared is not None and (declared.names, declared.shape) == (layout.names, layout.shape):
+        log.debug("the trainer's layout %s is the job's mesh: numarun.init()'s DeviceMesh serves", layout.text)
         return ctx.mesh
-    return init_device_mesh(ctx.device.type, layout.degrees(), mesh_dim_names=DIMS)
+    return init_device_mesh(ctx.device.type, layout.shape, mesh_dim_names=layout.names)
 
 
 def parallelize(
@@ -173,11 +178,11 @@ def parallelize(
         indices = ()
         parts = [model]
     del model  # the blocks of other stages go with it
-    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    only_replicas = layout.size("pp") == layout.size("tp") == layout.size("dp_shard") == layout.size("cp") == 1
     wrapped: list[nn.Module] = []
     for part in parts:
         part = part.to(device)
-        if layout.tp > 1:
+        if layout.size("tp") > 1:
             from torch.distributed.tensor.parallel import parallelize_module
 
             parallelize_module(part, mesh["tp"], tp_plan(part))
@@ -192,7 +197,7 @@ def parallelize(
     log.info(
         "rank %d: layout %s at %s%s",
         rank,
-        layout.spec(),
+        layout.text,
         ",".join(f"{d}={coords[d]}" for d in DIMS),
         f"; stages {list(indices)} of {pipeline_plan.describe()}" if pipeline_plan is not None else "",
     )
@@ -297,7 +302,7 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
     from torch.distributed.tensor import DTensor
 
     params = [p for p in par.parameters() if p.grad is not None]
-    stage_ranks = dist.get_world_size() // par.layout.pp if dist.is_initialized() else 1
+    stage_ranks = dist.get_world_size() // par.layout.size("pp") if dist.is_initialized() else 1
     device = params[0].grad.device if params and params[0].grad is not None else torch.device("cpu")
     local = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:

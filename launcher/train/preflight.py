@@ -18,11 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, TrainerLayoutError
+from ..argtypes import node_range
+from ..errors import ConfigError, TrainerLayoutError, UsageError
+from ..layout import Layout
 
 if TYPE_CHECKING:
     from ..config.files import PreparedJob
-    from ..config.layout import Layout
     from .stages import PipelinePlan
 
 log = logging.getLogger(__name__)
@@ -149,27 +150,26 @@ def check_layout(
     """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
     stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
-    from ..config.layout import layout_of
     from ..config.schema import CommMode, ModelKind
     from .stages import plan_pipeline, schedule_name
 
-    layout = layout_of(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
+    layout = Layout.of_degrees(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
     m = cfg.model
-    if layout.tp > 1:
-        if m.kind == ModelKind.GPT and m.n_heads % layout.tp:
+    if layout.size("tp") > 1:
+        if m.kind == ModelKind.GPT and m.n_heads % layout.size("tp"):
             raise TrainerLayoutError(
-                f"bad parallel.tp {layout.tp}: model.n_heads={m.n_heads} heads cannot be split over "
-                f"{layout.tp} ranks; expected a tp that divides model.n_heads"
+                f"bad parallel.tp {layout.size('tp')}: model.n_heads={m.n_heads} heads cannot be split over "
+                f"{layout.size('tp')} ranks; expected a tp that divides model.n_heads"
             )
-        if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.tp:
+        if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.size("tp"):
             raise TrainerLayoutError(
-                f"bad parallel.tp {layout.tp}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
-                f"features cannot be split over {layout.tp} ranks; expected a tp that divides it"
+                f"bad parallel.tp {layout.size('tp')}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
+                f"features cannot be split over {layout.size('tp')} ranks; expected a tp that divides it"
             )
-    only_replicas = layout.pp == layout.tp == layout.dp_shard == layout.cp == 1
+    only_replicas = layout.size("pp") == layout.size("tp") == layout.size("dp_shard") == layout.size("cp") == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
         raise TrainerLayoutError(
-            f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.spec()}: expected flat "
+            f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.text}: expected flat "
             "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)"
         )
     t = cfg.trainer
@@ -179,35 +179,34 @@ def check_layout(
         if bs % per:
             raise TrainerLayoutError(
                 f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
-                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.spec()})"
+                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.text})"
             )
         local_batch = bs // per
     schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
-    if layout.pp == 1:
+    if layout.size("pp") == 1:
         return layout, None
     n_layers, key = (m.n_layers, "model.n_layers") if m.kind == ModelKind.GPT else (m.num_layers, "model.num_layers")
-    return layout, plan_pipeline(cfg.parallel, pp=layout.pp, n_layers=n_layers, local_batch=local_batch, layers_key=key)
+    return layout, plan_pipeline(
+        cfg.parallel, pp=layout.size("pp"), n_layers=n_layers, local_batch=local_batch, layers_key=key
+    )
 
 
 def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
     """(nnodes, world size) of a launch whose ``--nnodes`` is ``N`` or ``N:N``; (None, None) when elastic (the
     ranks check the layout then, once they know the world)."""
-    text = str(nnodes if nnodes is not None else 1)
-    low, _, high = text.partition(":")
     try:
-        lo, hi = int(low), int(high or low)
-    except ValueError:
+        lo, hi = node_range(nnodes if nnodes is not None else 1)
+    except UsageError:
         return None, None
     if lo != hi:
         return None, None
     return lo, lo * nproc_per_node
 
 
-def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> str | None:
-    """:func:`check_layout` for a job the launcher is about to start; returns the layout spec (None when the
+def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> Layout | None:
+    """:func:`check_layout` for a job the launcher is about to start; returns the layout, resolved (None when the
     world is elastic and only the ranks can check it)."""
     n, world = job_shape(nnodes, nproc_per_node)
     if world is None:
         return None
-    layout, _ = check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)
-    return layout.spec()
+    return check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)[0]

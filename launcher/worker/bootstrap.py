@@ -166,15 +166,12 @@ def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
     """Name the plan's layout in the environment, each size known (``-1`` resolved with ``WORLD_SIZE``)."""
     if plan.mesh is None:
         return
-    from ..plan.layout import MeshSpec, layout_env
-
-    world = environ.get("WORLD_SIZE", "")
-    spec = MeshSpec(plan.mesh.names, plan.mesh.shape, where=f"{envvars.PLAN} layout")
-    if spec.rest is not None and not world.isdigit():
+    world, layout = environ.get("WORLD_SIZE", ""), plan.mesh.layout
+    if layout.rest is not None and not world.isdigit():
         raise BindingError(
-            f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {spec.rest} of {spec.text}"
+            f"bad WORLD_SIZE {world!r}: expected the job's rank count to size {layout.rest} of {layout.text}"
         )
-    environ.update(layout_env(spec.resolve(int(world)) if spec.rest is not None else spec.resolve(spec.known)))
+    environ.update((layout.resolved(int(world)) if layout.rest is not None else layout).env())
 
 
 def run_target(kind: str, target: str, args: Sequence[str]) -> None:
@@ -270,9 +267,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         kind, target, args = parse_argv(sys.argv[1:] if argv is None else argv)
         applied = bind_from_env()
         if applied is not None:
-            from . import watch
+            from . import binding_watch
 
-            watch.start_from_env(
+            binding_watch.start_from_env(
                 applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ
             )
         hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank

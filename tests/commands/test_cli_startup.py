@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from numarun import cli
-from numarun.launch import torchrun as torchrun_mod
+from numarun.options import torchrun as torchrun_mod
 
 IMPORT_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|(\s*)(\S+)$")
 

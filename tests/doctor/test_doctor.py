@@ -266,3 +266,11 @@ def test_table_by_default(capsys, h200):
     rc = cli_main(["doctor", "--topology", str(h200)])
     out = capsys.readouterr().out
     assert rc == 1 and "pcie-link" in out and "0000:00:06.0" in out and "NOT OK" in out
+
+
+@pytest.mark.parametrize("word", ["auto", "gpu", "cpu"])
+def test_torchruns_words_for_the_rank_count_are_counted_on_the_checked_machine(capsys, h200, word):
+    """``--nproc-per-node auto`` (gpu, cpu) means what it means for 'numarun run': counted on the topology the
+    doctor checks, never a traceback."""
+    rc, result = doctor(capsys, "--topology", str(h200), "--nproc-per-node", word)
+    assert rc == 0 and result["ok"] and not [f for f in result["findings"] if "cannot be planned" in f["message"]]

@@ -132,9 +132,9 @@ CASES: list[Case] = [
     case("override-group-int", f"--nproc-per-node 1 {TRAIN} +trainer=2", "+trainer=2", "expected"),
     case("run-dir-in-proc", f"--nproc-per-node 1 {TRAIN} hydra.run.dir=/proc/x", "/proc/x", "writable directory"),
     # --- trainer layouts the world, the model or the schedule cannot take: refused with the plan, before any rank
-    case("layout-product", f"{LAYOUT2} parallel.pp=2 parallel.dp_shard=2", "multiply to 4", "the world size 2"),
-    case("layout-rest-not-dividing", f"{LAYOUT2} parallel.pp=3", "2 ranks", "multiple of 3"),
-    case("layout-two-rests", f"{LAYOUT2} parallel.dp_replicate=-1", "both -1", "at most one degree -1"),
+    case("layout-product", f"{LAYOUT2} parallel.pp=2 parallel.dp_shard=2", "multiply to 4", "the job has 2 ranks"),
+    case("layout-rest-not-dividing", f"{LAYOUT2} parallel.pp=3", "2 ranks", "product 3"),
+    case("layout-two-rests", f"{LAYOUT2} parallel.dp_replicate=-1", "-1 for both", "at most one dimension"),
     case("layout-degree-word", f"{LAYOUT2} parallel.tp=half", "parallel.tp 'half'", "nproc_per_node"),
     case("layout-cp", f"{LAYOUT2} parallel.cp=2", "parallel.cp 2", "parallel.cp=1"),
     case(
@@ -240,7 +240,7 @@ CASES: list[Case] = [
         "doctor-nnodes-huge",
         f"doctor --topology {P4D} --nnodes 99999999999999999999",
         "99999999999999999999",
-        "up to 131072",
+        "<= 131072",
     ),
     case("doctor-port-huge", f"doctor --topology {P4D} --nnodes 2 --master-port 99999", "'99999'", "1 to 65535"),
     case(

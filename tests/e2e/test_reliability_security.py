@@ -22,7 +22,8 @@ from helpers import REPO, SCRIPTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numarun.launch.torchrun import command_line, torchrun_parser
+from numarun.launch.torchrun import command_line
+from numarun.options.torchrun import torchrun_parser
 
 EXIT = str(SCRIPTS / "exit_rank.py")
 TRAIN = str(REPO / "scripts" / "train.py")

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from numarun.errors import UsageError
+from numarun.options.choices import parse_nproc
 from numarun.plan.model import PlanRequest
-from numarun.plan.options import parse_nproc, resolve_nproc
+from numarun.plan.request import resolve_nproc
 
 
 def test_nproc_words_are_torchruns() -> None:

@@ -8,10 +8,10 @@ import pytest
 from schedulers import slurm_env
 
 from numarun.errors import NumarunError, SlurmError, UsageError
-from numarun.jobenv import Mode, Scheduler, detect, detection_enabled, scheduler_in
+from numarun.jobenv import Mode, Scheduler, detect, scheduler_in
 from numarun.jobenv.settle import JobConflict, check_rank, rank_env, rank_master, settle_node
 from numarun.jobenv.slurm import parse_node_addrs, parse_tasks_per_node, rendezvous_port
-from numarun.launch.options import DECLARED, from_environ, given
+from numarun.options.launch import DECLARED, from_environ, given
 
 PER_RANK = {o.dest for o in DECLARED if o.per_rank}
 
@@ -54,8 +54,14 @@ def test_no_step_is_no_job():
 
 
 def test_detection_can_be_turned_off():
-    assert detection_enabled({}) and not detection_enabled({"NUMARUN_DETECT": "0"})
-    assert not detection_enabled({"NUMARUN_DETECT": "off"}) and not detection_enabled({}, no_detect=True)
+    def detect_option(environ: dict[str, str]) -> bool:
+        return from_environ(("detect",), environ).detect
+
+    assert (
+        detect_option({})
+        and not detect_option({"NUMARUN_DETECT": "0"})
+        and not detect_option({"NUMARUN_DETECT": "off"})
+    )
 
 
 @pytest.mark.parametrize(

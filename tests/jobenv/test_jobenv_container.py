@@ -15,7 +15,6 @@ import pytest
 from trees import FIXTURES, extract_tree
 
 from numarun.cli import main as cli_main
-from numarun.commands.planning import container_at, here
 from numarun.commands.run import refuse_unbound
 from numarun.doctor.checks import check_cpus
 from numarun.doctor.container import (
@@ -28,6 +27,7 @@ from numarun.doctor.container import (
 )
 from numarun.errors import BindingError
 from numarun.jobenv.container import Container, Fix, Runtime, detect_container, fix
+from numarun.launch.planning import container_at, here
 from numarun.plan.binding import make_plan
 from numarun.plan.model import LaunchPlan, MemPolicy, PlanRequest
 from numarun.plan.scheduled import confine

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch import hangs, rollcall
-from numarun.launch.hangs import HangPolicy, OnHang, Summary, judge, summarize
-from numarun.launch.rollcall import Frame, Stand
+from numarun.launch import hangs
+from numarun.launch.hangs import HangPolicy, OnHang, Summary, judge, rollcall, summarize
+from numarun.launch.hangs.rollcall import Frame, Stand
 from numarun.worker import progress
 
 

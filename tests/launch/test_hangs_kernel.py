@@ -21,9 +21,8 @@ import pytest
 from helpers import FIXTURES
 
 from numarun import envvars
-from numarun.launch import rollcall
-from numarun.launch.hangs import NodeCall, kernel, node
-from numarun.launch.rollcall import Frame, Helper, Stand
+from numarun.launch.hangs import NodeCall, kernel, node, rollcall
+from numarun.launch.hangs.rollcall import Frame, Helper, Stand
 from numarun.worker import progress
 
 FIX = FIXTURES / "proc-hangs"

@@ -177,9 +177,10 @@ def _spec(*argv: str):
     from numarun.cli import build_parser
     from numarun.launch.spec import launch_spec
     from numarun.launch.torchrun import target_from_args
+    from numarun.options.launch import from_args
 
     ns = build_parser(only="run").parse_args(["run", *argv, str(SCRIPTS / "exit_rank.py")])
-    return launch_spec(vars(ns), nproc_per_node=1, target=target_from_args(ns))
+    return launch_spec(from_args(ns, {}), nproc_per_node=1, target=target_from_args(ns))
 
 
 def _usable_own() -> str:
@@ -242,7 +243,7 @@ def test_user_local_addr_wins_and_gloo_follows_the_address() -> None:
 
 def _doctor_options(*argv: str):  # type: ignore[no-untyped-def]
     from numarun.cli import build_parser
-    from numarun.launch.options import from_args
+    from numarun.options.launch import from_args
 
     return from_args(build_parser(only="doctor").parse_args(["doctor", *argv]), {})
 

@@ -21,12 +21,13 @@ from schedulers import slurm_env
 from numarun.cli import build_parser
 from numarun.errors import UsageError
 from numarun.jobenv import detect
-from numarun.jobenv.settle import JobConflict, Source
+from numarun.jobenv.settle import JobConflict
 from numarun.launch.hangs import OnHang
-from numarun.launch.options import DECLARED, Options, config_keys, from_args
-from numarun.launch.steps import StepReport
-from numarun.launch.torchrun import installed_torch_version
+from numarun.layout import Layout
+from numarun.options.choices import StepReport
+from numarun.options.launch import DECLARED, LaunchOptions, Source, config_keys, from_args
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
+from numarun.torch_private import installed_torch_version
 
 SCRIPT = "tests/support/scripts/exit_rank.py"
 TORCH = f"torch {installed_torch_version()}"
@@ -105,14 +106,14 @@ FIELDS: dict[str, Case] = {
     "strict_binding": Case(
         ["--strict-binding"], True, "NUMARUN_STRICT_BINDING", "0", False, True, True, False, "numarun"
     ),
-    "mesh": Case(
+    "mesh": Case(  # the text is read once, where the options are: the value is the layout
         ["--mesh", "tp=2"],
-        "tp=2",
+        Layout.parse("tp=2"),
         "NUMARUN_MESH",
         "dp_shard=-1,tp=2",
-        "dp_shard=-1,tp=2",
+        Layout.parse("dp_shard=-1,tp=2"),
         "pp=2,tp=-1",
-        "pp=2,tp=-1",
+        Layout.parse("pp=2,tp=-1"),
         None,
         "numarun",
     ),
@@ -147,7 +148,7 @@ SOURCES = (Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, Source.DEFAUL
 
 def options(
     cli: list[str] = (), environ: dict[str, str] | None = None, config: dict[str, Any] | None = None
-) -> Options:
+) -> LaunchOptions:
     opts = from_args(build_parser(only="run").parse_args(["run", *cli, SCRIPT]), environ or {})
     return opts.with_config(config) if config is not None else opts
 
@@ -189,7 +190,7 @@ def _sample(field: Any) -> tuple[str, Any]:
 
 
 def test_every_other_torchrun_option_reads_the_command_line_then_pet() -> None:
-    others = [f for f in options().fields if f.dest not in FIELDS and f.dest != "topology"]
+    others = [f for f in options().taken if f.launch and f.dest not in FIELDS and f.dest != "topology"]
     assert {f.dest for f in others} >= {"rdzv_backend", "standalone", "max_restarts", "monitor_interval", "log_dir"}
     for f in others:
         assert f.variable == "PET_" + f.dest.upper() and f.owner == TORCH
@@ -206,7 +207,7 @@ def test_torchruns_defaults_are_torchs_own() -> None:
     from torch.distributed.run import get_args_parser
 
     real = {a.dest: a.default for a in get_args_parser()._actions}
-    for f in options().fields:
+    for f in options().taken:
         if f.owner == TORCH:
             assert f.default == real[f.dest], f.dest
     assert options().master_port is None  # torch's, not the 29500 its rendezvous picks
@@ -256,7 +257,7 @@ SHAPE = {  # field: (agreeing value by source, contradicting value by source, it
 }
 
 
-def _from(source: str, dest: str, given: dict[str, Any]) -> Options:
+def _from(source: str, dest: str, given: dict[str, Any]) -> LaunchOptions:
     base = ["--nproc-per-node", "2"]
     if source == "cli":
         return options([*base, *given["cli"]])
@@ -268,7 +269,7 @@ def _from(source: str, dest: str, given: dict[str, Any]) -> Options:
 @pytest.mark.parametrize("dest", SHAPE)
 @pytest.mark.parametrize("source", ["cli", "env", "config"])
 def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str, source: str) -> None:
-    from numarun.commands.planning import settle
+    from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
     agree, contradict = SHAPE[dest]
@@ -282,7 +283,7 @@ def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str,
 
 
 def test_what_no_source_gave_comes_from_the_job() -> None:
-    from numarun.commands.planning import settle
+    from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
     settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)
@@ -465,7 +466,7 @@ def test_every_command_takes_the_shared_options_from_the_one_declaration() -> No
     """No command declares a launch option's flag of its own: run, plan, doctor, tune, bench, submit and topo
     hold each flag with the declaration's dest and spellings (tune: a list of the values to try)."""
     from numarun.cli import build_parser
-    from numarun.launch.options import option
+    from numarun.options.launch import option
 
     def actions(command: str, *sub: str) -> dict[str, Any]:
         parser = build_parser(only=command)

@@ -16,9 +16,9 @@ from helpers import REPO
 
 from numarun.cli import build_parser
 from numarun.errors import UsageError
-from numarun.launch.options import NOT_LAUNCH, Options, from_args
 from numarun.launch.spec import LaunchSpec, launch_spec
 from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, worker_env
+from numarun.options.launch import NOT_LAUNCH, LaunchOptions, from_args
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 GOLDEN = REPO / "tests" / "golden" / "run_torchrun_argv.txt"
@@ -97,13 +97,13 @@ def parse(args: list[str]):
     return build_parser(only="run").parse_args(["run", *args])
 
 
-def options(args: list[str], environ: dict[str, str] | None = None) -> Options:
+def options(args: list[str], environ: dict[str, str] | None = None) -> LaunchOptions:
     return from_args(parse(args), environ or {})
 
 
 def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
     opts = options(args)
-    return launch_spec(opts.values(), nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
+    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
 
 
 def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
@@ -131,11 +131,11 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
     skipped = {"nproc_per_node", "numa_binding", "local_addr", *NOT_LAUNCH}
     for action in get_args_parser()._actions:
         if action.dest not in skipped:
-            want = getattr(opts, action.dest)  # the text, for an option torch's own type parses (a comma list)
+            want = opts.setting(action.dest).value  # the text, for an option torch's own type parses (a comma list)
             want = action.type(want) if isinstance(want, str) and callable(action.type) else want
             assert getattr(back, action.dest) == want, action.dest
     # the address rule: loopback for one node (and for nodes meeting at a loopback endpoint); not needed by static
-    assert back.local_addr == (opts.local_addr or (None if args == CASES[2] else "127.0.0.1"))
+    assert back.local_addr == (opts.setting("local_addr").value or (None if args == CASES[2] else "127.0.0.1"))
 
 
 def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:

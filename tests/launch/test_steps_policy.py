@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from numarun.errors import UsageError
-from numarun.launch import options as launch_options
 from numarun.launch.steps import DEFAULT_INTERVAL_S, StepPolicy, StepReport, interval_from, steps_from
+from numarun.options import launch as launch_options
 from numarun.worker import phases
 
 

@@ -13,14 +13,15 @@ from layouts import crossed
 from topo_helpers import FIXTURES
 
 from numarun import envvars
-from numarun.comm.context import DistInitError, declared_layout
+from numarun.comm.context import DistInitError, job_layout
 from numarun.jobenv.model import JobShape, Mode, Scheduler
-from numarun.jobenv.settle import Setting, Source, settle_node
+from numarun.jobenv.settle import settle_node
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
+from numarun.layout import DIMS, Layout, LayoutError, mesh_groups, node_cut
+from numarun.options.launch import Setting, Source
 from numarun.plan.binding import make_plan
-from numarun.plan.layout import DIM_NAMES, LayoutError, layout_env, mesh_groups, node_cut, parse_mesh
 from numarun.plan.mesh import resolve_on_nodes
 from numarun.plan.model import BindingMode, LaunchPlan, PlanRequest
 from numarun.topology.discover import load_topology
@@ -47,19 +48,19 @@ PCIE8 = str(FIXTURES / "nvidia-smi" / "pcie-8gpu-pix-phb-sys-2x14c.txt")
 )
 def test_bad_specs_are_one_line_naming_the_value_and_the_form(text: str, says: str) -> None:
     with pytest.raises(LayoutError) as e:
-        parse_mesh(text, where="NUMARUN_MESH")
+        Layout.parse(text, where="NUMARUN_MESH")
     msg = str(e.value)
     assert msg.startswith(f"bad NUMARUN_MESH {text!r}: ") and says in msg and "\n" not in msg
     assert "e.g. pp=2,dp_shard=-1,tp=4" in msg
 
 
 def test_any_subset_in_any_order_with_size_one_dims() -> None:
-    for names in (("tp",), ("cp", "pp"), ("tp", "dp_shard", "pp"), DIM_NAMES, DIM_NAMES[::-1]):
-        spec = parse_mesh(",".join(f"{n}={1 if i % 2 else -1 if i == 0 else 2}" for i, n in enumerate(names)))
+    for names in (("tp",), ("cp", "pp"), ("tp", "dp_shard", "pp"), DIMS, DIMS[::-1]):
+        spec = Layout.parse(",".join(f"{n}={1 if i % 2 else -1 if i == 0 else 2}" for i, n in enumerate(names)))
         assert spec.names == names
-        layout = spec.resolve(8 * spec.known)
+        layout = spec.resolved(8 * spec.known)
         assert layout.names == names and layout.world_size == 8 * spec.known
-    assert parse_mesh(" pp = 2 , tp = 4 ").text == "pp=2,tp=4"
+    assert Layout.parse(" pp = 2 , tp = 4 ").text == "pp=2,tp=4"
 
 
 def test_the_product_and_the_rest_name_the_world_size() -> None:
@@ -68,38 +69,38 @@ def test_the_product_and_the_rest_name_the_world_size() -> None:
         match=r"its sizes multiply to 6, but the job has 8 ranks \(2 nodes x 4 ranks\); "
         r"expected sizes whose product is 8",
     ):
-        resolve_on_nodes(parse_mesh("tp=2,dp_shard=3"), nproc=4, nnodes="2")
+        resolve_on_nodes(Layout.parse("tp=2,dp_shard=3"), nproc=4, nnodes="2")
     with pytest.raises(
         LayoutError, match=r"-1 for dp_shard is the job's 8 ranks divided by the other sizes' product 3"
     ):
-        parse_mesh("dp_shard=-1,tp=3").resolve(8)
-    assert parse_mesh("pp=2,dp_shard=-1,tp=4").resolve(32).shape == (2, 4, 4)
+        Layout.parse("dp_shard=-1,tp=3").resolved(8)
+    assert Layout.parse("pp=2,dp_shard=-1,tp=4").resolved(32).shape == (2, 4, 4)
 
 
 def test_the_node_boundary() -> None:
-    layout = parse_mesh("pp=2,dp_shard=4,tp=4").resolve(32)
+    layout = Layout.parse("pp=2,dp_shard=4,tp=4").resolved(32)
     cut = node_cut(layout, 8)
     assert (cut.inner, cut.split, cut.split_inner, cut.outer) == (("tp",), "dp_shard", 2, ("pp",))
     cut = node_cut(layout, 16)
     assert (cut.inner, cut.split, cut.outer) == (("dp_shard", "tp"), None, ("pp",))
-    assert node_cut(parse_mesh("dp_shard=2,pp=1,tp=8").resolve(16), 8).outer == ("dp_shard",)
+    assert node_cut(Layout.parse("dp_shard=2,pp=1,tp=8").resolved(16), 8).outer == ("dp_shard",)
     with pytest.raises(LayoutError, match=r"does not fit nodes of 4 ranks"):
-        node_cut(parse_mesh("dp_shard=-1,tp=3").resolve(12), 4)
+        node_cut(Layout.parse("dp_shard=-1,tp=3").resolved(12), 4)
     with pytest.raises(LayoutError, match=r"does not fit nodes of 8 ranks"):
-        node_cut(parse_mesh("dp_shard=3,tp=4").resolve(12), 8)  # dp_shard's groups of 3 cut 2 + 1
-    assert node_cut(parse_mesh("dp_shard=-1,tp=4").resolve(8), 2).split == "tp"  # tp across two nodes, evenly
+        node_cut(Layout.parse("dp_shard=3,tp=4").resolved(12), 8)  # dp_shard's groups of 3 cut 2 + 1
+    assert node_cut(Layout.parse("dp_shard=-1,tp=4").resolved(8), 2).split == "tp"  # tp across two nodes, evenly
 
 
 def test_elastic_node_counts_need_the_rest_outermost() -> None:
-    layout, cut, nnodes = resolve_on_nodes(parse_mesh("dp_shard=-1,tp=4"), nproc=8, nnodes="1:4")
+    layout, cut, nnodes = resolve_on_nodes(Layout.parse("dp_shard=-1,tp=4"), nproc=8, nnodes="1:4")
     assert nnodes == 0 and cut.inner == ("tp",) and cut.split == "dp_shard"
     for bad in ("dp_shard=2,tp=4", "pp=2,dp_shard=-1,tp=4"):
         with pytest.raises(LayoutError, match=r"with --nnodes 1:4: the world size is known only once the nodes meet"):
-            resolve_on_nodes(parse_mesh(bad), nproc=8, nnodes="1:4")
+            resolve_on_nodes(Layout.parse(bad), nproc=8, nnodes="1:4")
     with pytest.raises(LayoutError, match=r"sizes inside -1 multiply to 3, which does not divide the 8 ranks per node"):
-        resolve_on_nodes(parse_mesh("pp=1,dp_shard=-1,tp=3"), nproc=8, nnodes="1:4")
+        resolve_on_nodes(Layout.parse("pp=1,dp_shard=-1,tp=3"), nproc=8, nnodes="1:4")
     t = load_topology(PCIE8)
-    plan = make_plan(t, PlanRequest(mesh="dp_shard=-1,tp=2", nnodes="1:4"))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:4"))
     assert plan.mesh.spec == "dp_shard=-1,tp=2" and plan.mesh.nnodes == 0
     assert {d.name: d.reach for d in plan.mesh.dims} == {"dp_shard": "split", "tp": "node"}
 
@@ -107,14 +108,14 @@ def test_elastic_node_counts_need_the_rest_outermost() -> None:
 def test_groups_are_the_row_major_mesh() -> None:
     assert mesh_groups((2, 2, 2), 0) == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert mesh_groups((2, 4), 1) == ((0, 1, 2, 3), (4, 5, 6, 7))
-    layout = parse_mesh("dp_shard=2,tp=2").resolve(4)
+    layout = Layout.parse("dp_shard=2,tp=2").resolved(4)
     assert layout.groups("tp") == ((0, 1), (2, 3)) and layout.groups("dp_shard") == ((0, 2), (1, 3))
 
 
 # ---------------------------------------------------------------- the plan and the rank's environment
 def test_each_rank_drives_its_gpu_as_cuda_local_rank() -> None:
     t = crossed()
-    plan = make_plan(t, PlanRequest(mesh="dp_shard=2,tp=2"))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=2,tp=2")))
     assert [r.gpu.index for r in plan.ranks] == [0, 2, 1, 3] and plan.mesh.default_gpus == (0, 1, 2, 3)
     assert [r.gpu.cuda_index for r in plan.ranks] == [0, 1, 2, 3]
     uuids = [g.uuid for g in t.gpus]
@@ -125,7 +126,7 @@ def test_each_rank_drives_its_gpu_as_cuda_local_rank() -> None:
     tp = next(d for d in plan.mesh.dims if d.name == "tp")
     assert tp.groups == ((0, 1), (2, 3)) and tp.links == ("NV4", "NV4") and tp.default_links == ("NODE", "NODE")
     # the user's own entries, reordered: indices stay indices
-    plan = make_plan(t, PlanRequest(mesh="dp_shard=2,tp=2", cuda_visible_devices="3,2,1,0"))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=2,tp=2"), cuda_visible_devices="3,2,1,0"))
     assert plan.mesh.cuda_visible_devices == "3,1,2,0" and [r.gpu.index for r in plan.ranks] == [3, 1, 2, 0]
     # without a layout, nothing changes
     plain = make_plan(t, PlanRequest())
@@ -134,7 +135,7 @@ def test_each_rank_drives_its_gpu_as_cuda_local_rank() -> None:
 
 
 def test_the_reordered_visible_devices_are_applied_though_the_user_set_them() -> None:
-    plan = make_plan(crossed(), PlanRequest(mesh="dp_shard=2,tp=2", cuda_visible_devices="0,1,2,3"))
+    plan = make_plan(crossed(), PlanRequest(mesh=Layout.parse("dp_shard=2,tp=2"), cuda_visible_devices="0,1,2,3"))
     user = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "3"}
     env = worker_env(plan, user, plan_path="p.json", strict=False)
     assert env[envvars.USER_ENV] == "OMP_NUM_THREADS"  # CUDA_VISIBLE_DEVICES is derived from the user's, not kept
@@ -150,7 +151,7 @@ def test_the_reordered_visible_devices_are_applied_though_the_user_set_them() ->
 
 def test_the_ranks_environment_names_the_layout() -> None:
     t = load_topology(PCIE8)
-    plan = make_plan(t, PlanRequest(mesh="pp=2,dp_shard=-1,tp=2", nnodes="6", nproc_per_node=2))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("pp=2,dp_shard=-1,tp=2"), nnodes="6", nproc_per_node=2))
     env = {"WORLD_SIZE": "12"}
     apply_mesh(plan, env)
     assert env == {
@@ -164,29 +165,31 @@ def test_the_ranks_environment_names_the_layout() -> None:
         envvars.MESH_CP: "1",
         envvars.MESH_TP: "2",
     }
-    elastic = make_plan(t, PlanRequest(mesh="dp_shard=-1,tp=2", nnodes="1:3", nproc_per_node=4))
+    elastic = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:3", nproc_per_node=4))
     env = {"WORLD_SIZE": "12"}  # the rest is known in the rank, from the world the rendezvous made
     apply_mesh(elastic, env)
     assert (env[envvars.MESH], env[envvars.MESH_DP_SHARD]) == ("dp_shard=6,tp=2", "6")
-    assert layout_env(parse_mesh("tp=8").resolve(8))[envvars.MESH_SHAPE] == "8"
+    assert Layout.parse("tp=8").resolved(8).env()[envvars.MESH_SHAPE] == "8"
 
 
 def test_init_checks_the_layout_against_the_job() -> None:
-    env = {envvars.MESH: "dp_shard=-1,tp=2"}
-    assert declared_layout(env, world_size=8, node_sizes=(4, 4)).shape == (4, 2)
-    assert declared_layout({}, world_size=8, node_sizes=(4, 4)) is None
+    t = load_topology(PCIE8)
+    declared = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:2", nproc_per_node=4))
+    assert declared.mesh is not None and declared.mesh.layout.shape == (-1, 2)  # the plan carries the layout
+    assert job_layout(declared.mesh.layout, world_size=8, node_sizes=(4, 4)).shape == (4, 2)
+    assert job_layout(None, world_size=8, node_sizes=(4, 4)) is None
     with pytest.raises(
         DistInitError,
-        match=r"bad NUMARUN_MESH 'dp_shard=-1,tp=2': nodes run 4,2 ranks; expected the "
+        match=r"bad NUMARUN_PLAN layout 'dp_shard=-1,tp=2': nodes run 4,2 ranks; expected the "
         r"same number of ranks on every node",
     ):
-        declared_layout(env, world_size=6, node_sizes=(4, 2))
+        job_layout(declared.mesh.layout, world_size=6, node_sizes=(4, 2))
     with pytest.raises(LayoutError, match="does not fit nodes of 2 ranks"):
-        declared_layout({envvars.MESH: "dp_shard=-1,tp=3"}, world_size=6, node_sizes=(2, 2, 2))
+        job_layout(Layout.parse("dp_shard=-1,tp=3"), world_size=6, node_sizes=(2, 2, 2))
 
 
 def test_a_layout_that_cannot_be_placed_well_runs_with_one_line() -> None:
-    plan = make_plan(load_topology(PCIE8), PlanRequest(mesh="dp_shard=2,tp=4"))
+    plan = make_plan(load_topology(PCIE8), PlanRequest(mesh=Layout.parse("dp_shard=2,tp=4")))
     lines = [w for w in plan.warnings if "slowest tp link" in w]
     assert lines == [
         "--mesh dp_shard=2,tp=4: the slowest tp link is PHB (no placement keeps tp's groups of 4 on this "
@@ -195,7 +198,7 @@ def test_a_layout_that_cannot_be_placed_well_runs_with_one_line() -> None:
 
 
 def test_a_task_that_holds_its_own_gpu_keeps_it() -> None:
-    plan = make_plan(crossed(), PlanRequest(mesh="dp_shard=2,tp=2", keep_gpus=True))
+    plan = make_plan(crossed(), PlanRequest(mesh=Layout.parse("dp_shard=2,tp=2"), keep_gpus=True))
     assert [r.gpu.index for r in plan.ranks] == [0, 1, 2, 3] and plan.mesh.cuda_visible_devices == ""
     assert any("gives each task its own GPU" in w for w in plan.warnings)
 
@@ -298,7 +301,7 @@ def test_the_keyed_rendezvous_still_matches_torchs_shape() -> None:
 
 
 def test_the_plan_json_keeps_gpu_index() -> None:
-    plan = make_plan(load_topology(PCIE8), PlanRequest(mesh="tp=2,dp_shard=4"))
+    plan = make_plan(load_topology(PCIE8), PlanRequest(mesh=Layout.parse("tp=2,dp_shard=4")))
     data = json.loads(plan.to_json())
     assert [r["gpu"]["index"] for r in data["ranks"]] == [0, 2, 4, 6, 1, 3, 5, 7]
     assert data["mesh"]["spec"] == "tp=2,dp_shard=4" and data["mesh"]["search"].startswith("exhaustive")

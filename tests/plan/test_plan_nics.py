@@ -189,7 +189,7 @@ def test_config_key_nic_policy_feeds_the_flag_and_is_checked() -> None:
     from numarun.config import compose as C
     from numarun.config.schema import check_values
     from numarun.errors import ConfigError
-    from numarun.launch.options import config_keys, from_args
+    from numarun.options.launch import config_keys, from_args
 
     cfg = C.compose(["launcher.nic_policy=per-rank"])
     assert "nic_policy" in dict(config_keys()) and cfg.launcher.nic_policy == "per-rank"

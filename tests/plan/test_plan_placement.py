@@ -19,6 +19,7 @@ import pytest
 from layouts import classes_of, groups_of, objective, optimum, with_links
 from topo_helpers import FIXTURES, build_topology
 
+from numarun.layout import Layout
 from numarun.plan.binding import make_plan
 from numarun.plan.model import BindingMode, PlanRequest
 from numarun.plan.placement import EXACT_GPUS, STEP_BUDGET, SubMesh, place
@@ -36,7 +37,10 @@ def chosen(topology: Topology, spec: str, nproc: int, cuda_visible_devices: str 
     plan = make_plan(
         topology,
         PlanRequest(
-            nproc_per_node=nproc, mesh=spec, cuda_visible_devices=cuda_visible_devices, binding=BindingMode.NODE
+            nproc_per_node=nproc,
+            mesh=Layout.parse(spec),
+            cuda_visible_devices=cuda_visible_devices,
+            binding=BindingMode.NODE,
         ),
     )
     gpus = visible_gpus(topology, cuda_visible_devices, "PCI_BUS_ID")
@@ -95,7 +99,9 @@ def test_the_choice_is_the_optimum_on_every_recorded_topology(source: str) -> No
     if n > EXACT_GPUS:
         pytest.skip(f"{n} GPUs: placed past the exhaustive search (the 16-GPU tests)")
     if n < 2:  # nothing to choose: the layout is recorded, today's GPU (or none) kept
-        plan = make_plan(topology, PlanRequest(nproc_per_node=1, mesh="pp=1,dp_shard=-1", binding=BindingMode.NODE))
+        plan = make_plan(
+            topology, PlanRequest(nproc_per_node=1, mesh=Layout.parse("pp=1,dp_shard=-1"), binding=BindingMode.NODE)
+        )
         assert plan.mesh.spec == "pp=1,dp_shard=1" and plan.mesh.cuda_visible_devices == ""
         assert [r.gpu.index if r.gpu else None for r in plan.ranks] == ([g.index for g in topology.gpus] or [None])
         return
@@ -233,7 +239,9 @@ def test_sixteen_gpus_reach_the_bound_and_say_how() -> None:
     """Past the exhaustive search: each group at its best conceivable link (tp on NVLink, dp_shard in a switch), which
     no placement beats, found from the topology order within the budget; the plan says how."""
     t = sixteen_gpu_box()
-    plan = make_plan(t, PlanRequest(nproc_per_node=16, mesh="dp_replicate=2,dp_shard=4,tp=2", binding=BindingMode.NODE))
+    plan = make_plan(
+        t, PlanRequest(nproc_per_node=16, mesh=Layout.parse("dp_replicate=2,dp_shard=4,tp=2"), binding=BindingMode.NODE)
+    )
     cls, _ = classes_of(t)
     got = [r.gpu.index for r in plan.ranks]
     names, shape = ("dp_replicate", "dp_shard", "tp"), (2, 2 * 2, 2)
@@ -245,7 +253,12 @@ def test_sixteen_gpus_reach_the_bound_and_say_how() -> None:
     shuffled = ",".join(map(str, random.Random(3).sample(range(16), 16)))
     plan2 = make_plan(
         t,
-        PlanRequest(nproc_per_node=16, mesh="dp_shard=8,tp=2", binding=BindingMode.NODE, cuda_visible_devices=shuffled),
+        PlanRequest(
+            nproc_per_node=16,
+            mesh=Layout.parse("dp_shard=8,tp=2"),
+            binding=BindingMode.NODE,
+            cuda_visible_devices=shuffled,
+        ),
     )
     order = [int(e) for e in shuffled.split(",")]
     got2 = [order.index(r.gpu.index) for r in plan2.ranks]
@@ -262,7 +275,7 @@ def test_the_search_beyond_eight_stops_at_its_budget() -> None:
 
 def test_the_dgx2_record_of_sixteen_gpus_plans() -> None:
     t = load_topology(str(FIXTURES / "hwloc" / "nvidiaDGX2.xml"))
-    plan = make_plan(t, PlanRequest(nproc_per_node=16, mesh="dp_shard=-1,tp=8", binding=BindingMode.NODE))
+    plan = make_plan(t, PlanRequest(nproc_per_node=16, mesh=Layout.parse("dp_shard=-1,tp=8"), binding=BindingMode.NODE))
     assert sorted(r.gpu.index for r in plan.ranks) == sorted(g.index for g in t.gpus)
     assert plan.mesh.spec == "dp_shard=2,tp=8"
 
@@ -293,5 +306,5 @@ def test_nvml_fabric_info_names_the_node_s_nvlink_domain() -> None:
     assert fabric_of({"cluster_uuid": "0" * 32, "clique_id": 0, "state": 3, "status": 0}) == ("", -1)  # one node's
     assert fabric_of({"cluster_uuid": "ab" * 16, "clique_id": 4, "state": 2, "status": 0}) == ("", -1)  # in progress
     assert fabric_of("ERR NVMLError_NotSupported: Not Supported") == ("", -1)
-    plan = make_plan(t, PlanRequest(mesh="tp=4"))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("tp=4")))
     assert plan.mesh.nvlink_domain == nvlink_domain(t)

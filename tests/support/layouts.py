@@ -11,7 +11,7 @@ import math
 
 from topo_helpers import FIXTURES, build_topology
 
-from numarun.plan.layout import PRIORITY
+from numarun.layout import PRIORITY
 from numarun.topology.discover import merge_nvml
 from numarun.topology.links import gpu_links
 from numarun.topology.model import Gpu, Topology

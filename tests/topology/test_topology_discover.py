@@ -56,7 +56,7 @@ def test_nvidia_smi_text() -> None:
 def test_env_var_names_the_source_through_the_options(h200_tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """NUMARUN_TOPOLOGY is the --topology option's variable, read where the options are (once); the reader
     itself reads only what it is given."""
-    from numarun.launch.options import from_environ
+    from numarun.options.launch import from_environ
 
     source = from_environ(("topology",), {ENV_VAR: str(h200_tree)}).setting("topology")
     assert (source.value, source.where) == (str(h200_tree), ENV_VAR)

@@ -10,9 +10,9 @@ import torch
 from helpers import FIXTURES
 
 from numarun.config.compose import compose
-from numarun.config.layout import Layout, layout_of
 from numarun.config.schema import load_job_config_text
 from numarun.errors import ConfigError
+from numarun.layout import DIMS, Layout, LayoutError
 from numarun.train.models import build_model
 from numarun.train.parallel import stage_module
 from numarun.train.preflight import check_layout, job_shape
@@ -32,33 +32,33 @@ from numarun.train.stages import accepted_schedules, even_split, plan_pipeline, 
 )
 def test_presets_are_sets_of_degrees_the_keys_override(overrides: list[str], spec: str) -> None:
     cfg = compose(overrides)
-    assert layout_of(cfg.parallel, nnodes=3, nproc_per_node=4).spec() == spec
+    assert Layout.of_degrees(cfg.parallel, nnodes=3, nproc_per_node=4).text == spec
 
 
 def test_a_preset_naming_the_job_shape_needs_it() -> None:
-    with pytest.raises(ConfigError, match="parallel.dp_replicate 'nnodes': the job's nnodes is not known"):
-        layout_of(compose(["parallel=hsdp"]).parallel)
+    with pytest.raises(LayoutError, match="parallel.dp_replicate 'nnodes': the job's nnodes is not known"):
+        Layout.of_degrees(compose(["parallel=hsdp"]).parallel)
 
 
 def test_the_rest_is_filled_and_the_product_checked() -> None:
-    layout = layout_of({"pp": 2, "tp": 2})
-    assert layout.spec() == "pp=2,dp_replicate=1,dp_shard=-1,cp=1,tp=2"
-    assert layout.resolved(8) == Layout(pp=2, dp_replicate=1, dp_shard=2, cp=1, tp=2)
-    with pytest.raises(ConfigError, match="6 ranks cannot be split into pp=2 x tp=2 x parallel.dp_shard"):
+    layout = Layout.of_degrees({"pp": 2, "tp": 2})
+    assert layout.text == "pp=2,dp_replicate=1,dp_shard=-1,cp=1,tp=2"
+    assert layout.resolved(8) == Layout(DIMS, (2, 1, 2, 1, 2))
+    with pytest.raises(LayoutError, match="-1 for dp_shard is the job's 6 ranks divided by the other sizes' product 4"):
         layout.resolved(6)
-    with pytest.raises(ConfigError, match="multiply to 4, not the world size 8"):
-        layout_of({"pp": 2, "dp_shard": 2}).resolved(8)
+    with pytest.raises(LayoutError, match="its sizes multiply to 4, but the job has 8 ranks"):
+        Layout.of_degrees({"pp": 2, "dp_shard": 2}).resolved(8)
 
 
 def test_coordinates_are_row_major_with_tp_fastest() -> None:
     # as init_device_mesh lays out arange(world).view(pp, dp_replicate, dp_shard, cp, tp)
-    layout = Layout(pp=2, dp_replicate=1, dp_shard=2, cp=1, tp=2)
+    layout = Layout(DIMS, (2, 1, 2, 1, 2))
     assert [layout.coords(r)["tp"] for r in range(8)] == [0, 1] * 4
     assert [layout.coords(r)["dp_shard"] for r in range(8)] == [0, 0, 1, 1] * 2
     assert [layout.coords(r)["pp"] for r in range(8)] == [0] * 4 + [1] * 4
     # the ranks of a tp group and of the pipeline's stages read the same samples
     assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1] * 2
-    hsdp = Layout(pp=1, dp_replicate=2, dp_shard=2, cp=1, tp=1)
+    hsdp = Layout(DIMS, (1, 2, 2, 1, 1))
     assert [hsdp.dp_rank(r) for r in range(4)] == [0, 1, 2, 3]
 
 
@@ -127,7 +127,7 @@ def test_check_layout_resolves_and_plans() -> None:
         "model:\n  kind: gpt\n  n_layers: 4\nparallel:\n  pp: 2\n  tp: 2\ntrainer:\n  batch_size: 16\n  grad_accum: 2\n"
     )
     layout, plan = check_layout(cfg, world_size=8, nnodes=1, nproc_per_node=8)
-    assert layout.spec() == "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=2"
+    assert layout.text == "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=2"
     assert plan is not None and plan.schedule == "1F1B" and plan.microbatches == 2
     cfg.trainer.batch_size = 10
     with pytest.raises(ConfigError, match=r"trainer.batch_size 10: expected a multiple of .* = 2 x 2"):

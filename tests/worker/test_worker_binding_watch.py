@@ -12,7 +12,7 @@ import pytest
 from helpers import REPO, SCRIPTS
 from trees import FIXTURES
 
-from numarun.worker.watch import (
+from numarun.worker.binding_watch import (
     ThreadState,
     Watcher,
     affinity_drift,

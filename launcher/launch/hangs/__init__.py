@@ -9,7 +9,7 @@ last changed, and that stack. A thread of the agent (``numarun-hangs``, one per 
   at one line keeps its counters moving; a long step of pure computation keeps its stack moving;
 * **calls the roll**: every node sends its ranks :data:`~numarun.worker.progress.DUMP_SIGNAL` (every thread's Python
   stack, written in-process by faulthandler; py-spy adds native frames where it is installed and ptrace is
-  allowed), turns each rank's main thread into a :class:`~numarun.launch.rollcall.Stand`, writes every thread of its
+  allowed), turns each rank's main thread into a :class:`.rollcall.Stand`, writes every thread of its
   ranks to a file it keeps, and in a multi-node job hands its stands to the judge through the rendezvous store;
   the judge prints one roll-call for the whole job and keeps it (:data:`KEEP_DIR` in the run dir, the log dir or
   ``$TMPDIR``);

@@ -19,9 +19,8 @@ from typing import Any
 
 from ...jsonable import loads
 from ...worker.progress import DUMP_SIGNAL, HELPER, HELPER_HEAD, STACKS
-from .. import rollcall
-from ..rollcall import Frame, Helper, Stand
-from . import kernel
+from . import kernel, rollcall
+from .rollcall import Frame, Helper, Stand
 from .verdict import alive, catches, exit_code
 
 DUMP_WAIT_S = 3.0

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import Any
 
 from ... import envvars
-from ...argtypes import seconds
+from ...options.choices import DEFAULT_TIMEOUT_S, EXIT_HANG, OnHang, parse_hang_timeout
+from ...options.launch import LaunchOptions
 
-DEFAULT_TIMEOUT_S = 300.0
-"""``--hang-timeout``'s default (docs/hangs.md, "Options"): half of NCCL's own collective timeout (10 min), so
-the roll-call comes while every rank still stands where it hangs, before NCCL's watchdog tears the ranks down; far
-longer than a healthy job goes without a collective or an optimizer step; minutes, not a queue's time limit."""
-EXIT_HANG = 75
-"""The exit code of a job ended by ``--on-hang stop``: sysexits.h's EX_TEMPFAIL (a temporary failure, worth a
-retry), apart from a failed rank's code, 2 (a usage mistake) and 128+N (a signal)."""
-
-
-class OnHang(str, enum.Enum):
-    """What numarun does once it has printed the roll-call of a hung job."""
-
-    REPORT = "report"
-    """Nothing more: the job keeps running (a debugger can still attach; a long step may still finish)."""
-    STOP = "stop"
-    """End the job on every node, nothing left running, with exit code :data:`EXIT_HANG`."""
-
-
-parse_hang_timeout = seconds("--hang-timeout", above=False)
-"""``--hang-timeout``'s reader (its declaration, with ``--on-hang``'s: :data:`numarun.launch.options.DECLARED`)."""
+__all__ = ["DEFAULT_TIMEOUT_S", "EXIT_HANG", "HangPolicy", "OnHang", "parse_hang_timeout", "policy_from"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +36,6 @@ class HangPolicy:
         return {envvars.HANG_SAMPLE: f"{self.sample_s:g}"}
 
 
-def policy_from(options: Any) -> HangPolicy:
-    """The policy of resolved launch options (:class:`numarun.launch.options.Options`)."""
-    timeout = options.setting("hang_timeout")
-    action = options.on_hang
-    return HangPolicy(float(timeout.value), OnHang(action), timeout.where)
+def policy_from(options: LaunchOptions) -> HangPolicy:
+    """The policy of resolved launch options."""
+    return HangPolicy(options.hang_timeout, options.on_hang, options.setting("hang_timeout").where)

@@ -31,7 +31,7 @@ from pathlib import Path
 from ...cpuset import format_list, parse_list
 from ...errors import CpuListError
 from ...plan.nic import NIC_VARIABLES
-from ...worker.watch import parse_numa_maps, remote_share
+from ...worker.binding_watch import parse_numa_maps, remote_share
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 HISTORY = 240

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ... import envvars
 from ...argtypes import seconds
 from ...errors import UsageError
+from ...options.choices import StepReport
+from ...options.launch import LaunchOptions
 
 DEFAULT_INTERVAL_S = 5.0
 """Seconds between two looks at the ranks (their records, the kernel's figures) and between two exchanges through
 the store: the live table is at most this old, and the kernel's figures are sampled this often."""
-
-
-class StepReport(str, enum.Enum):
-    """Whether numarun records where each step's time goes and says which rank holds the job back."""
-
-    ON = "on"
-    """Each rank records its steps' phases; the agent compares the ranks, keeps ``numarun top``'s table and prints
-    the summary at the end (docs/steps.md)."""
-    OFF = "off"
-    """No recorder in the ranks, no report."""
 
 
 _interval = seconds(envvars.STEP_INTERVAL)
@@ -49,6 +39,6 @@ def interval_from(environ: Mapping[str, str]) -> float:
         raise UsageError(str(e)) from None
 
 
-def steps_from(options: Any, environ: Mapping[str, str]) -> StepPolicy:
-    """The policy of resolved launch options (:class:`numarun.launch.options.Options`) and numarun's environment."""
-    return StepPolicy(StepReport(options.step_report) is StepReport.ON, interval_from(environ))
+def steps_from(options: LaunchOptions, environ: Mapping[str, str]) -> StepPolicy:
+    """The policy of resolved launch options and numarun's environment."""
+    return StepPolicy(options.step_report is StepReport.ON, interval_from(environ))

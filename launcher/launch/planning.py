@@ -9,7 +9,6 @@ end the whole job, not only the task that saw it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -17,53 +16,52 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
 
 from ..errors import UsageError
-from ..jobenv import JobShape, Mode, Scheduler, detect, detection_enabled
+from ..jobenv import JobShape, Mode, Scheduler, detect
 from ..jobenv.container import Container, detect_container
-from ..jobenv.settle import JobConflict, NodeRendezvous, Stated, own_rendezvous, settle_node
-from ..launch.options import Options
+from ..jobenv.settle import JobConflict, NodeRendezvous, own_rendezvous, settle_node
+from ..options.launch import LaunchOptions
 from ..plan.model import LaunchPlan
+from ..topology.model import Topology
 
 log = logging.getLogger(__name__)
 
 
-def announce(args: argparse.Namespace, text: str) -> None:
+def announce(options: LaunchOptions, text: str) -> None:
     """One line on stderr, shown unless the user asked for WARNING or quieter (like the binding line)."""
-    level = getattr(args, "log_level", None)
-    if level is None or getattr(logging, str(level).upper(), logging.INFO) <= logging.INFO:
+    if options.log_level is None or logging.getLevelName(options.log_level) <= logging.INFO:
         print(f"numarun: {text}", file=sys.stderr, flush=True)
 
 
-def detect_job(options: Options, *, no_detect: bool = False) -> tuple[JobShape | None, Options]:
-    """The job found in the environment, or None, and the options with the job's own variables
-    (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`~numarun.launch.options.Options.with_job_env`) where there is one."""
-    if not detection_enabled(os.environ, no_detect=no_detect):
+def detect_job(options: LaunchOptions) -> tuple[JobShape | None, LaunchOptions]:
+    """The job found in the environment (none with ``--no-detect``), and the options with the job's own
+    variables (``MASTER_ADDR``, ``MASTER_PORT``: :meth:`LaunchOptions.with_job_env`) where there is one."""
+    if not options.detect:
         return None, options
     job = detect(os.environ, nproc_given="nproc_per_node" in options.stated())
     return job, options.with_job_env(os.environ) if job is not None else options
 
 
-def _facts(job: JobShape, stated: Stated, environ: Mapping[str, str], *, need_switches: bool, own: bool = False) -> Any:
-    from ..slurm.controller import gather
-
-    head = job.nodes[0] if job.nodes and job.nnodes > 1 and not own and "master_addr" not in stated else None
-    return gather(environ, need_switches=need_switches, head=head)
-
-
-def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = None) -> tuple[Options, NodeRendezvous]:
-    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order)."""
-    from ..slurm.controller import head_address
+def settle(
+    options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None, *, layout: bool = False
+) -> tuple[LaunchOptions, NodeRendezvous]:
+    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order). ``layout``: a
+    layout comes later though no mesh is stated (numarun's trainer hands its own)."""
+    from .slurmctld import gather, head_address
 
     env = os.environ if environ is None else environ
     stated = options.stated()
     own = own_rendezvous(stated)
     rdv = settle_node(job, stated)  # conflicts first, before asking Slurm anything
     facts = None
-    keyed = own and "mesh" in stated  # a layout under the user's c10d: each node reports its place in Slurm's order
+    keyed = own and (
+        "mesh" in stated or layout
+    )  # a layout under the user's c10d: each node reports its place in Slurm's order
     if job.scheduler is Scheduler.SLURM and job.nnodes > 1 and (not own or keyed):
-        facts = _facts(job, stated, env, need_switches="node_rank" not in stated or keyed, own=own)
+        head = job.nodes[0] if job.nodes and not own and "master_addr" not in stated else None  # its address
+        facts = gather(env, need_switches="node_rank" not in stated or keyed, head=head)
         rdv = settle_node(job, stated, leaf_switch=facts.leaf_switch)
     addr = rdv.master_addr
     if addr is None:
@@ -71,7 +69,7 @@ def settle(options: Options, job: JobShape, environ: Mapping[str, str] | None = 
     return options.with_job(rdv.options(addr), job.describe().split(":")[0]), rdv
 
 
-def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
+def refuse(job: JobShape, error: JobConflict, options: LaunchOptions) -> int:
     """Print the conflict, make sure the rest of the job stops too, and return exit code 2.
 
     A conflict every task sees (``--nnodes 3`` on two nodes) stops every task by itself. One that
@@ -100,11 +98,11 @@ def refuse(job: JobShape, error: JobConflict, options: Options) -> int:
 
     addr, port = rank_master(job, options.stated()) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
-        from ..slurm.controller import head_addr
+        from .slurmctld import head_addr
 
         addr = head_addr(os.environ, job.nodes[0])
     if addr is not None:
-        from ..launch import abort
+        from . import abort
 
         if abort.tell(addr, port, f"{who} refused to start: {error}"):
             print(
@@ -134,13 +132,13 @@ def container_at(source: str | None, environ: Mapping[str, str] | None = None) -
     return detect_container((os.environ if environ is None else environ) if _live(root) else {}, root)
 
 
-def _live(root: Any) -> bool:
+def _live(root: Path) -> bool:
     """Whether the device root is this machine's own ``/`` (not a recorded tree)."""
     return bool(root.resolve() == root.__class__("/").resolve())
 
 
 def here(
-    topology: Any, source: str | None, job: JobShape | None = None, environ: Mapping[str, str] | None = None
+    topology: Topology, source: str | None, job: JobShape | None = None, environ: Mapping[str, str] | None = None
 ) -> Here:
     """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
     one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
@@ -165,7 +163,7 @@ def here(
 
 
 def _openable_minors(
-    topology: Any, root: Any, container: Container | None
+    topology: Topology, root: Path | None, container: Container | None
 ) -> tuple[dict[int, bool | None], frozenset[int] | None]:
     """(minor -> may it be opened, the minors this process may open when some are refused, else None),
     by opening the topology's GPU device files under ``root``."""
@@ -193,18 +191,19 @@ class Planner:
     def __init__(self, job: JobShape | None = None, environ: Mapping[str, str] | None = None) -> None:
         self.job = job
         self._env = os.environ if environ is None else environ
-        self._read: dict[str | None, tuple[Any, Here]] = {}
+        self._read: dict[str | None, tuple[Topology, Here]] = {}
 
-    def plan(self, options: Options, *, plan_file: str | None = None) -> Planned:
+    def plan(self, options: LaunchOptions) -> Planned:
+        """The plan of ``options``: this task's in per-rank mode, else ``--plan-file``'s, else this node's."""
         from ..plan.binding import make_plan
-        from ..plan.options import request_for
+        from ..plan.request import request_for
         from ..plan.scheduled import confine
         from ..topology.discover import load_topology
 
-        if plan_file:
-            return self._from_file(options, plan_file)
         if self.job is not None and self.job.mode is Mode.PER_RANK:
             return self._rank(options, self.job)
+        if options.plan_file:
+            return self._from_file(options, options.plan_file)
         if options.topology not in self._read:
             topology = load_topology(options.topology)
             self._read[options.topology] = topology, here(topology, options.topology, self.job, self._env)
@@ -212,7 +211,7 @@ class Planner:
         request = request_for(options, self._env, topology, allowed_gpu_minors=node.gpu_minors)
         return Planned(confine(make_plan(topology, request), node.container, node.mem_refused))
 
-    def _from_file(self, options: Options, path: str) -> Planned:
+    def _from_file(self, options: LaunchOptions, path: str) -> Planned:
         from ..plan.scheduled import confine
         from ..worker.affinity import mempolicy_refusal
 
@@ -233,12 +232,12 @@ class Planner:
             )
         return Planned(plan, os.path.abspath(path))
 
-    def _rank(self, options: Options, job: JobShape) -> Planned:
+    def _rank(self, options: LaunchOptions, job: JobShape) -> Planned:
         """The node on the step's cpuset and the job's GPUs (by minor); this task's row (that of its own GPU
         under ``--gpus-per-task``), narrowed to the CPUs the task may use (per-rank mode: docs/slurm.md,
         "Inside your own sbatch script, or under mpirun")."""
         from ..plan.binding import make_plan
-        from ..plan.options import request_for
+        from ..plan.request import request_for
         from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
         from ..topology.devices import cgroup_cpus
         from ..topology.discover import device_root, load_topology

@@ -1,19 +1,18 @@
 """The request the planning options make (:func:`request_for`), and torchrun's words for ``--nproc-per-node``.
 
 The options themselves (``--topology``, ``--nproc-per-node``, ``--binding``, ``--mem-policy``, ``--nic-policy``)
-are declared once, with the other launch options, in :mod:`numarun.launch.options`.
+are declared once, with the other launch options, in :class:`numarun.options.launch.LaunchOptions`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..argtypes import MAX_LOCAL_RANKS, ascii_digits
 from ..errors import UsageError
+from ..options.launch import LaunchOptions
 from .model import PlanRequest
 
 if TYPE_CHECKING:
@@ -22,26 +21,6 @@ from .nic import NIC_VARIABLES
 
 # Variables the plan may set; a value the user already set is kept and reported.
 USER_ENV_VARIABLES: tuple[str, ...] = ("OMP_NUM_THREADS", "CUDA_DEVICE_ORDER", *NIC_VARIABLES)
-
-
-NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
-"""torchrun's words for ``--nproc-per-node`` (torch.distributed.run.determine_local_world_size)."""
-
-
-def parse_nproc(text: str) -> int | str | None:
-    """``"4"`` -> 4; torchrun's ``auto``/``cpu``/``gpu``/``xpu`` kept as words (see :func:`resolve_nproc`)."""
-    if text in NPROC_KEYWORDS:
-        return text
-    try:
-        value = int(text) if ascii_digits(text.strip()) and len(text) <= 30 else 0  # not '٢', nor '1_6' (16)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
-        raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
-            f"or one of {', '.join(NPROC_KEYWORDS)}"
-        )
-    return value
 
 
 def cpu_count() -> int:
@@ -73,14 +52,11 @@ def resolve_nproc(request: PlanRequest, num_gpus: int, *, cpus: int, xpus: int =
     return replace(request, nproc_per_node=cpus, cuda_visible_devices="")  # cpu
 
 
-def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
-    """The request of ``options`` (the launch options, :class:`numarun.launch.options.Options`) in environment
-    ``environ``."""
-    mesh, nnodes = options.settings.get("mesh"), options.settings.get("nnodes")
+def request_from_options(options: LaunchOptions, environ: Mapping[str, str]) -> PlanRequest:
+    """The request of the planning options in environment ``environ``."""
     return PlanRequest(
-        mesh=None if mesh is None or mesh.value is None else str(mesh.value),
-        mesh_where=mesh.where if mesh else "--mesh",
-        nnodes=str(nnodes.value) if nnodes is not None and nnodes.value is not None else "1",
+        mesh=options.mesh,
+        nnodes=options.nnodes or "1",
         nproc_per_node=options.nproc_per_node,
         binding=options.binding,
         mem_policy=options.mem_policy,
@@ -92,14 +68,22 @@ def request_from_args(options: Any, environ: Mapping[str, str]) -> PlanRequest:
 
 
 def request_for(
-    args: Any, environ: Mapping[str, str], topology: Topology, *, allowed_gpu_minors: tuple[int, ...] | None = None
+    options: LaunchOptions,
+    environ: Mapping[str, str],
+    topology: Topology,
+    *,
+    allowed_gpu_minors: tuple[int, ...] | None = None,
 ) -> PlanRequest:
-    """:func:`request_from_args` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.
+    """:func:`request_from_options` with torchrun's ``--nproc-per-node`` words resolved on ``topology``.
 
     ``allowed_gpu_minors``: the GPUs a scheduler's device cgroup lets the ranks open (by minor number)."""
+    return counted(replace(request_from_options(options, environ), allowed_gpu_minors=allowed_gpu_minors), topology)
+
+
+def counted(request: PlanRequest, topology: Topology) -> PlanRequest:
+    """``request`` with torchrun's word for ``--nproc-per-node`` counted on ``topology`` (:func:`resolve_nproc`)."""
     from ..topology.visible import visible_gpus
 
-    request = replace(request_from_args(args, environ), allowed_gpu_minors=allowed_gpu_minors)
     word = request.nproc_per_node
     if not isinstance(word, str):
         return request

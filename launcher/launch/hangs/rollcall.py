@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..cpuset import format_list
-from ..worker.progress import COLLECTIVES
+from ...cpuset import format_list
+from ...worker.progress import COLLECTIVES
 
 WRAPPERS = frozenset(
     {
@@ -43,7 +43,7 @@ WRAPPERS = frozenset(
     }
 )
 """Function names of decorators' wrappers: the call a rank is in is the function they wrap."""
-NUMARUN_DIR = str(Path(__file__).resolve().parent.parent)
+NUMARUN_DIR = str(Path(__file__).resolve().parents[2])
 _OWN_PLUMBING = (os.path.join(NUMARUN_DIR, "worker"), os.path.join(NUMARUN_DIR, "launch"))
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..envvars import SLURM_INFO
 from ..errors import SlurmError
 from ..jobenv.slurm import parse_leaf_switches, parse_node_addrs
-from ..launch.net import resolve
+from .net import resolve
 
 log = logging.getLogger(__name__)
 
