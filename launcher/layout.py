@@ -190,7 +190,7 @@ class Layout:
 def _check(
     where: str,
     raw: str,
-    names: list[str],
+    names: Sequence[str],
     name: str,
     size: int | None = None,
     sizes: Sequence[int] = (),
