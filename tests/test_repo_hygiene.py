@@ -241,3 +241,16 @@ def test_a_run_says_at_its_end_how_many_tests_need_root(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout[-2000:]
     assert f"2 tests skipped for want of root (this run's uid is {os.geteuid()})" in r.stdout, r.stdout[-2000:]
     assert "in test_some.py: run the suite as root to run them" in r.stdout
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """setuptools packs only the packages pyproject.toml names: a new subpackage left out installs a numarun whose
+    import fails (the installed-wheel test shows it too, slowly)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(("numarun", *p.parent.relative_to(REPO / "launcher").parts))
+        for p in (REPO / "launcher").rglob("__init__.py")
+    }
+    assert found <= listed, sorted(found - listed)

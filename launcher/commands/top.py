@@ -90,20 +90,22 @@ def _width() -> int:
 
 
 def _watch(job: Job, live: LiveTable, interval: float) -> None:
-    """Redraw until the job ends: in place on a terminal, one table after another when piped."""
+    """Redraw until the job ends: in place on a terminal, one table after another when piped or on a terminal that
+    cannot redraw (``TERM=dumb``: rich's Live would show nothing until the end)."""
     from rich.console import Console
     from rich.live import Live
 
     from ..view.top import render_top, top_view
 
-    if not sys.stdout.isatty():
+    console = Console()
+    if not sys.stdout.isatty() or console.is_dumb_terminal:
         while True:
             sys.stdout.write(render_top(live, title=describe(job), width=_width()) + "\n")
             sys.stdout.flush()
             if not _sleep_while_alive(job, interval):
                 return
             live = _read(job) or live
-    with Live(top_view(live, title=describe(job)), console=Console(), auto_refresh=False) as screen:
+    with Live(top_view(live, title=describe(job)), console=console, auto_refresh=False) as screen:
         while _sleep_while_alive(job, interval):
             live = _read(job) or live
             screen.update(top_view(live, title=describe(job)), refresh=True)

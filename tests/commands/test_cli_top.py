@@ -176,7 +176,7 @@ def test_numarun_top_on_a_real_job(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    watcher = screen = None
+    watcher = screen = dumb = None
     try:
         wait_until("both ranks", lambda: len(list((tmp_path / "out").glob("started.*"))) == 2, TIMEOUT, proc=job)
         (record,) = (tmp_path / "tmp").glob(f"numarun-*/{JOB_FILE}")  # where the agent keeps its live view
@@ -212,17 +212,21 @@ def test_numarun_top_on_a_real_job(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        screen = _Terminal([*numarun_cmd(), "top", "--interval", "0.2"], _env(tmp_path))
+        screen = _Terminal([*numarun_cmd(), "top", "--interval", "0.2"], {**_env(tmp_path), "TERM": "xterm"})
+        dumb = _Terminal([*numarun_cmd(), "top", "--interval", "0.2"], {**_env(tmp_path), "TERM": "dumb"})
         wait_until("two tables", lambda: (tmp_path / "top.out").read_text().count(VERDICT) >= 2, TIMEOUT, proc=watcher)
         wait_until("two redraws", lambda: screen.text().count(VERDICT) >= 2, TIMEOUT, proc=screen.proc)
+        # a terminal that cannot redraw in place gets one table after another, as a pipe does
+        wait_until("two tables on TERM=dumb", lambda: dumb.text().count(VERDICT) >= 2, TIMEOUT, proc=dumb.proc)
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=TIMEOUT)
         assert watcher.wait(timeout=TIMEOUT) == 0 and screen.proc.wait(timeout=TIMEOUT) == 0
+        assert dumb.proc.wait(timeout=TIMEOUT) == 0
         assert watcher.stderr is not None and watcher.stderr.read().strip() == f"numarun: job {job.pid} ended"
         assert "\x1b" not in (tmp_path / "top.out").read_text()
         assert "\x1b[" in screen.text() and f"numarun: job {job.pid} ended" in screen.text()
     finally:
-        for p in (watcher, screen.proc if screen else None):
+        for p in (watcher, screen.proc if screen else None, dumb.proc if dumb else None):
             if p is not None and p.poll() is None:
                 p.kill()
         if job.poll() is None:
