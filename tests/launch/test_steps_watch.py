@@ -73,3 +73,51 @@ def test_a_balanced_job_and_a_job_without_steps(tmp_path: Path) -> None:
     quiet: list[str] = []
     StepWatch(StepPolicy(True, 0.5), empty, keep=tmp_path / "none", store=None, plan=None, say=quiet.extend).close()
     assert quiet == [] and not (tmp_path / "none").exists()  # no rank ever ran: nothing to say
+
+
+def test_a_store_gone_is_tried_once_and_a_node_without_steps_never_asks_it(tmp_path: Path) -> None:
+    """At the end of a multi-node job the node hosting the rendezvous store may leave first: the other nodes' last
+    reports must not wait on it again and again (each try is a connect timeout), and a job that took no optimizer
+    step has nothing to exchange at all. Counted on a real socket that takes connections and closes them."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    tries: list[int] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            tries.append(1)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    address = server.getsockname()
+    try:
+        for steps, expect_tries in ((0, False), (30, True)):
+            state = tmp_path / f"state{steps}"
+            state.mkdir()
+            _job(state, steps=steps, slow_input=0.0)
+            for rank in (0, 1):  # node 1 of two: the judge and the store are elsewhere
+                beat = json.loads((state / HEARTBEAT.format(local_rank=rank)).read_text())
+                beat.update(node_rank=1, nodes=2, rank=rank + 2)
+                (state / HEARTBEAT.format(local_rank=rank)).write_text(json.dumps(beat))
+            watch = StepWatch(StepPolicy(True, 0.5), state, keep=tmp_path / "keep", store=address, plan=None, say=print)
+            del tries[:]
+            watch.tick()
+            assert bool(tries) is expect_tries, (steps, len(tries))
+            first = len(tries)
+            watch.tick()
+            watch.close()
+            assert len(tries) == first, (steps, first, len(tries))  # never again after the first failure
+            assert [r.place.rank for r in LiveTable.parse((state / LIVE).read_text()).rows] == [2, 3]
+    finally:
+        done.set()
+        server.close()

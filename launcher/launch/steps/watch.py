@@ -41,6 +41,9 @@ PICTURE_STEPS = 2000
 EXIT_POLL_S = 0.1
 """How often the thread looks whether its node's ranks have all ended: then its last view goes to the judge at once,
 while the agents still wait for each other (torchrun's exit barrier) and the store is still up."""
+STORE_TIMEOUT_S = 3.0
+"""A store operation's limit: the report's store is the job's, on the rendezvous host, which answers in
+milliseconds while the job runs; one that does not answer in this long has gone (its node left at the end)."""
 FINAL_WAIT_S = 1.0
 """How long the judge waits at the end for the other nodes' last views (it shows a late one as of its last report)."""
 
@@ -134,18 +137,33 @@ class Exchange:
         self.host, self.port = host, port
         self.prefix = f"numarun/steps/{group}/"
         self._store: Any = None
+        self.broken = False
+        """A store operation failed: the store is gone (its node left at the end) or unreachable; never asked again,
+        since each try costs a connect timeout. The last views stand."""
 
     def store(self) -> Any:
+        if self.broken:
+            raise ConnectionError("the store failed before")
         if self._store is None:
-            self._store = store_client(self.host, self.port)
+            try:
+                self._store = store_client(self.host, self.port, timeout_s=STORE_TIMEOUT_S)
+            except Exception:
+                self.broken = True
+                raise
         return self._store
 
+    def _call(self, op: str, *args: Any) -> Any:
+        try:
+            return getattr(self.store(), op)(*args)
+        except Exception:
+            self.broken = True
+            raise
+
     def _get(self, key: str) -> bytes | None:
-        s = self.store()
-        return s.get(self.prefix + key) if s.check([self.prefix + key]) else None
+        return self._call("get", self.prefix + key) if self._call("check", [self.prefix + key]) else None
 
     def publish(self, view: NodeView) -> None:
-        self.store().set(self.prefix + f"node/{view.node}", json.dumps(to_jsonable(view), separators=(",", ":")))
+        self._call("set", self.prefix + f"node/{view.node}", json.dumps(to_jsonable(view), separators=(",", ":")))
 
     def views(self, nodes: int) -> dict[int, NodeView]:
         out = {}
@@ -157,7 +175,7 @@ class Exchange:
         return out
 
     def publish_table(self, table: LiveTable) -> None:
-        self.store().set(self.prefix + "table", table.text())
+        self._call("set", self.prefix + "table", table.text())
 
     def table(self) -> LiveTable | None:
         raw = self._get("table")
@@ -216,7 +234,7 @@ class StepWatch:
         try:
             self.tick(final=True)
             deadline = time.monotonic() + FINAL_WAIT_S
-            while self.node == 0 and self._exchange is not None and time.monotonic() < deadline:
+            while self.node == 0 and self._exchange_for() is not None and time.monotonic() < deadline:
                 if len(self.views) >= self.nodes and all(v.final for v in self.views.values()):
                     break
                 time.sleep(0.1)
@@ -327,12 +345,14 @@ class StepWatch:
             write_atomic(self.state / LIVE, table.text())
 
     def _exchange_for(self) -> Exchange | None:
-        if self.store_address is None or self.nodes <= 1:
+        """The store's keys of this restart; None on one node, before this node's ranks took a step (nothing to
+        share yet: a job without optimizer steps never asks the store), or once the store has failed."""
+        if self.store_address is None or self.nodes <= 1 or not any(r.records for r in self.ranks.values()):
             return None
         group = next(iter(self.ranks.values())).group if self.ranks else 0
         if self._exchange is None or self._exchange.prefix != f"numarun/steps/{group}/":
             self._exchange = Exchange(*self.store_address, group)
-        return self._exchange
+        return None if self._exchange.broken else self._exchange
 
     def _view(self, live: Mapping[int, bool]) -> NodeView:
         plan = self.plan()
