@@ -182,8 +182,8 @@ def check_layout(
                 f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.text})"
             )
         local_batch = bs // per
-    schedule_name(cfg.parallel.pp_schedule)  # a misspelt schedule is named even where pp=1 leaves it unused
     if layout.size("pp") == 1:
+        schedule_name(cfg.parallel.pp_schedule, installed=False)  # a misspelt schedule is named where pp=1 too
         return layout, None
     n_layers, key = (m.n_layers, "model.n_layers") if m.kind == ModelKind.GPT else (m.num_layers, "model.num_layers")
     return layout, plan_pipeline(

@@ -44,9 +44,11 @@ def accepted_schedules() -> tuple[str, ...]:
     return tuple(found)
 
 
-def schedule_name(raw: str) -> str:
-    """torch's spelling of ``raw`` (any case); one line listing the accepted names otherwise."""
-    names = accepted_schedules()
+def schedule_name(raw: str, *, installed: bool = True) -> str:
+    """torch's spelling of ``raw`` (any case); one line listing the accepted names otherwise. ``installed=False``
+    checks the spelling against :data:`SCHEDULES` alone, without importing torch's pipelining (which imports its
+    compiler: a second of a launcher's start) for a job that runs no pipeline."""
+    names = accepted_schedules() if installed else SCHEDULES
     match = {n.lower(): n for n in names}.get(str(raw).lower())
     if match is None:
         raise TrainerLayoutError(f"bad parallel.pp_schedule {raw!r}: expected one of {', '.join(names)}")

@@ -4,6 +4,8 @@ split and its rules, a stage's module (runs of every layout: test_train_layouts.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from numarun.layout import DIMS, Layout, LayoutError
 from numarun.train.models import build_model
 from numarun.train.parallel import stage_module
 from numarun.train.preflight import check_layout, job_shape
-from numarun.train.stages import accepted_schedules, even_split, plan_pipeline, schedule_name
+from numarun.train.stages import SCHEDULES, accepted_schedules, even_split, plan_pipeline, schedule_name
 
 
 @pytest.mark.parametrize(
@@ -101,6 +103,28 @@ def test_schedule_names_are_torchs_in_any_case() -> None:
         ConfigError, match=r"bad parallel.pp_schedule 'PipelineScheduleMulti': expected one of GPipe, 1F1B"
     ):
         schedule_name("PipelineScheduleMulti")  # a base class, not a schedule
+
+
+@pytest.mark.slow
+def test_a_job_without_stages_is_checked_without_torchs_pipelining() -> None:
+    """The launcher checks every trainer job before any rank starts: without pipeline stages it must not import
+    torch's pipelining, which imports torch's compiler (a second of every trainer launch); a misspelt schedule is
+    still named."""
+    code = """if True:
+        import sys
+        from numarun.config.compose import compose
+        from numarun.errors import ConfigError
+        from numarun.train.preflight import check_layout
+        check_layout(compose(["parallel=fsdp"]), world_size=2, nnodes=1, nproc_per_node=2)
+        try:
+            check_layout(compose(["parallel.pp_schedule=GPipes"]), world_size=2, nnodes=1, nproc_per_node=2)
+        except ConfigError as e:
+            print(e)
+        print(sorted(m for m in sys.modules if m.startswith(("torch.distributed.pipelining", "torch._dynamo"))))
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["bad parallel.pp_schedule 'GPipes': expected one of " + ", ".join(SCHEDULES), "[]"]
 
 
 @pytest.mark.parametrize(
