@@ -226,3 +226,14 @@ def refuse_json_script(json: bool, script: str, *, module: bool = False) -> None
     """``--json results.json train.py`` (the old spelling) parses as the script ``results.json``: refused."""
     if json and not module and script.endswith(".json"):
         raise UsageError(json_moved(script))
+
+
+def add_job_pid(parser: argparse.ArgumentParser) -> None:
+    """``--pid PID``: the running numarun job a command looks at (``numarun stacks``, ``numarun top``)."""
+    parser.add_argument(
+        "--pid",
+        type=int_in("--pid", low=1, high=2**22),
+        default=None,
+        metavar="PID",
+        help="the job: its numarun's pid or one of its ranks' (default: the latest started of yours here)",
+    )

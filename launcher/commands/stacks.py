@@ -23,13 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "(the innermost frame of your code and the library call it is in), the odd ones named, and the "
         "file holding every thread's stack of every rank. Harmless to the job.",
     )
-    p.add_argument(
-        "--pid",
-        type=argtypes.int_in("--pid", low=1, high=2**22),
-        default=None,
-        metavar="PID",
-        help="the job: its numarun's pid or one of its ranks' (default: the latest started of yours here)",
-    )
+    argtypes.add_job_pid(p)
     p.add_argument("--list", action="store_true", help="list your numarun jobs running on this node and exit")
     p.add_argument("--full", action="store_true", help="print every thread's stack of every rank too")
     p.add_argument(

@@ -44,13 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "comm, optim), its peak memory, with the job's steps/s and the verdict under the table. Redrawn every "
         "--interval seconds until the job ends or Ctrl-C. Harmless to the job.",
     )
-    p.add_argument(
-        "--pid",
-        type=argtypes.int_in("--pid", low=1, high=2**22),
-        default=None,
-        metavar="PID",
-        help="the job: its numarun's pid or one of its ranks' (default: the latest started of yours here)",
-    )
+    argtypes.add_job_pid(p)
     p.add_argument(
         "--interval",
         type=argtypes.seconds("--interval", low=0.1, above=False),

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import collections
-import io
 
 from rich import box
-from rich.console import Console
+from rich.console import RenderableType
 from rich.table import Table
 
 from ..cpuset import format_list
 from ..plan.model import LaunchPlan, MeshDim, MeshPlan, RankBinding
+from ..tables import render
 
 
 def _nic_cell(r: RankBinding) -> str:
@@ -135,22 +135,7 @@ def mesh_lines(mesh: MeshPlan) -> list[str]:
 
 def render_plan(plan: LaunchPlan, *, width: int = 140, color: bool = False) -> str:
     """The table and the warnings as text; without colour it is stable (golden files)."""
-    buf = io.StringIO()
-    console = Console(
-        file=buf,
-        width=width,
-        color_system="auto" if color else None,
-        force_terminal=color,
-        highlight=False,
-        soft_wrap=False,
-    )
-    console.print(plan_table(plan))
-    for line in nic_lines(plan):
-        console.print(line, markup=False)
+    items: list[RenderableType] = [plan_table(plan), *nic_lines(plan)]
     if plan.mesh is not None:
-        console.print(mesh_table(plan, plan.mesh))
-        for line in mesh_lines(plan.mesh):
-            console.print(line, markup=False)
-    for w in plan.warnings:
-        console.print(f"warning: {w}", markup=False)
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+        items += [mesh_table(plan, plan.mesh), *mesh_lines(plan.mesh)]
+    return render(*items, *(f"warning: {w}" for w in plan.warnings), width=width, color=color)

@@ -3,15 +3,15 @@ out; docs/steps.md)."""
 
 from __future__ import annotations
 
-import io
 import time
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from ..launch.steps.picture import peak_text
+from ..tables import render
 from ..worker.steps import PHASES, LiveTable, RankRow
 
 
@@ -68,14 +68,4 @@ def render_top(
     live: LiveTable, *, title: str = "", width: int = 160, color: bool = False, now: float | None = None
 ) -> str:
     """The view as text; without colour, plain (no control codes)."""
-    buf = io.StringIO()
-    console = Console(
-        file=buf,
-        width=width,
-        color_system="auto" if color else None,
-        force_terminal=color,
-        highlight=False,
-        soft_wrap=False,
-    )
-    console.print(top_view(live, title=title, now=now))
-    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+    return render(top_view(live, title=title, now=now), width=width, color=color)

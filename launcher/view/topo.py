@@ -6,15 +6,15 @@ so ``numarun topo`` and ``numarun plan`` name the same NIC.
 
 from __future__ import annotations
 
-import io
 import logging
 
-from rich.console import Console
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from ..cpuset import format_list
 from ..plan.nic import gpu_nics, usable_nics
+from ..tables import render
 from ..topology.model import Topology, physical_cores
 
 log = logging.getLogger(__name__)
@@ -90,18 +90,7 @@ def render_text(
 ) -> str:
     """The whole ``numarun topo`` view (fixed ``width``: stable output). ``snapshot``: the JSON file read
     (its recorded source is where it was captured); ``container``: the runtime the machine is seen from."""
-    buf = io.StringIO()
-    console = Console(
-        file=buf,
-        width=width,
-        force_terminal=color,
-        color_system="standard" if color else None,
-        no_color=not color,
-        highlight=False,
-        soft_wrap=False,
-        emoji=False,
-        markup=False,
-    )
+    items: list[RenderableType] = []
     t = topology
 
     header = Text()
@@ -110,9 +99,9 @@ def render_text(
     header.append(f"   source: {source}   GPU source: {t.gpu_source or 'none'}")
     if container:
         header.append(f"   container: {container}")
-    console.print(header)
+    items.append(header)
     if not t.gpus:
-        console.print(no_gpu_reason(t))
+        items.append(no_gpu_reason(t))
 
     numa = _table("NUMA nodes", "node", "CPUs", "allowed CPUs", "memory", "kind", "distances", right=("node", "memory"))
     allowed_by_id = {c.id for c in t.cpus if c.online and c.allowed}
@@ -130,18 +119,18 @@ def render_text(
         )
     if not t.numa_nodes:
         numa.add_row("-", "-", "-", "-", "-", "-")
-    console.print(numa)
+    items.append(numa)
 
     s = cpu_summary(t)
-    console.print(
+    items.append(
         f"packages: {s['packages']}   cores: {s['cores']}   PUs: {s['pus']}   SMT: {'yes' if s['smt'] else 'no'}   "
         f"offline CPUs: {s['offline']}   disallowed CPUs: {s['disallowed']}"
     )
     if s["disallowed"]:
-        console.print(f"usable: {s['usable_cores']} cores, {s['usable_pus']} PUs in {s['usable_packages']} packages")
+        items.append(f"usable: {s['usable_cores']} cores, {s['usable_pus']} PUs in {s['usable_packages']} packages")
     offline = [c.id for c in t.cpus if not c.online]
     if offline:
-        console.print(f"offline: {format_list(offline)}")
+        items.append(f"offline: {format_list(offline)}")
 
     if t.gpus:
         gt = _table(
@@ -168,7 +157,7 @@ def render_text(
                 gib(g.memory_bytes),
                 nic_cell,
             )
-        console.print(gt)
+        items.append(gt)
         # GPU x GPU and GPU x NIC apart, so that neither is squeezed on a box with many NICs
         matrices = (
             [("GPU links", [f"GPU{g.index}" for g in t.gpus], lambda i, j: t.gpu_links[i][j])] if t.gpu_links else []
@@ -181,10 +170,10 @@ def render_text(
                 lt.add_column(name, justify="center", no_wrap=True)
             for i, g in enumerate(t.gpus):
                 lt.add_row(f"GPU{g.index}", *((cell(i, j) or "?") for j in range(len(names))))
-            console.print(lt)
+            items.append(lt)
         if matrices:
-            console.print("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
-            console.print("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
+            items.append("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
+            items.append("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
 
     if t.nics:
         nt = _table("NICs", "NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports", right=("NUMA", "speed"))
@@ -198,12 +187,12 @@ def render_text(
                 _speed(nic.speed_mbps),
                 " ".join(f"{p.number}:{p.state or '?'}" for p in nic.ports) or "-",
             )
-        console.print(nt)
+        items.append(nt)
     else:
-        console.print("no NICs found")
+        items.append("no NICs found")
 
     if t.notes:
-        console.print("notes:")
+        items.append("notes:")
         for note in t.notes:
-            console.print(f"  - {note}")
-    return buf.getvalue()
+            items.append(f"  - {note}")
+    return render(*items, width=width, color=color)

@@ -18,10 +18,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
-from helpers import SLEEPER, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
+from helpers import REPO, SLEEPER, TIMEOUT, clean_env, error_lines, numarun_cmd, wait_until
 
 from numarun import cli
 from numarun.fsutil import write_atomic
@@ -96,6 +97,20 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], words: str, capsys: 
     assert stopped.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and words in err and "Traceback" not in err, err
+
+
+def test_top_and_stacks_take_the_one_declaration_of_pid() -> None:
+    """``--pid`` means the same job in both commands: one declaration (numarun.argtypes.add_job_pid)."""
+
+    def pid(command: str) -> Any:
+        parser = cli.build_parser(only=command)
+        p = next(a for a in parser._actions if a.dest == "command").choices[command]
+        return next(a for a in p._actions if "--pid" in a.option_strings)
+
+    pids = [pid("top"), pid("stacks")]
+    assert pids[0].help == pids[1].help and pids[0].metavar == pids[1].metavar == "PID"
+    source = "\n".join(p.read_text() for p in (REPO / "launcher").rglob("*.py"))
+    assert source.count('add_argument(\n        "--pid"') == 1
 
 
 def test_the_latest_job_is_chosen_and_said_so_when_several_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
