@@ -1,7 +1,9 @@
 """Test worker for the step report: gloo ranks training a tiny model, each step a fixed amount of CPU work, one rank
 made slow.
 
-    step_rank.py OUT MODE SLOW STEPS WRAP
+    step_rank.py OUT MODE SLOW STEPS WRAP    STEPS steps, or with STEPS 0 until OUT/stop exists (every rank stops
+                                             at the same step: rank 0's look at the file travels in the loss's
+                                             all-reduce)
 
 MODE: ``input`` (rank SLOW's dataset sleeps 30 ms a batch, loading in the main thread), ``compute`` (rank SLOW's
 forward does 30 ms more CPU work), ``none`` (every rank alike). WRAP: ``ddp`` (DistributedDataParallel) or ``fsdp``
@@ -75,12 +77,13 @@ for step, x in enumerate(loader, 1):
     loss.backward()
     opt.step()
     opt.zero_grad()
-    dist.all_reduce(loss.detach())  # the mean loss, as a trainer logs it
+    logged = torch.stack([loss.detach(), torch.tensor(float(rank == 0 and os.path.exists(f"{out}/stop")))])
+    dist.all_reduce(logged)  # the mean loss, as a trainer logs it, and whether rank 0 was told to stop
     if step == 1:
         mark(f"started.{rank}")
         while os.environ.get("STEP_GATE") and not os.path.exists(os.environ["STEP_GATE"]):
             time.sleep(0.01)  # the test sets something up before the steps it judges
-    if step == steps:
+    if step == steps or logged[1] > 0:
         break
 dist.barrier()
 del model, opt
