@@ -148,8 +148,14 @@ def test_sigterm_during_rendezvous(tmp_path: Path, procs: list) -> None:
         ],
         tmp_path,
     )
-    wait_until("the rendezvous store", lambda: listening(port), TIMEOUT, 0.05, proc=p)
-    assert list((tmp_path / "tmp").glob("numarun-*"))
+    # numarun's private directory and the store come up side by side: wait for both, in whichever order
+    wait_until(
+        "the rendezvous store and numarun's private directory",
+        lambda: listening(port) and list((tmp_path / "tmp").glob("numarun-*")),
+        TIMEOUT,
+        0.05,
+        proc=p,
+    )
     p.send_signal(signal.SIGTERM)
     code = p.wait(timeout=TIMEOUT)
     log = (tmp_path / "log").read_text()
