@@ -8,14 +8,13 @@ NODE_ROWS = 32  # above it, the table lists only the nodes with an error or a wa
 
 
 def render(result: dict[str, Any]) -> str:
-    import io
-
-    from rich.console import Console
+    from rich.console import RenderableType
     from rich.table import Table
 
+    from .. import tables
     from ..cpuset import format_list
 
-    console = Console(record=True, width=160, file=io.StringIO(), color_system=None)
+    items: list[RenderableType] = []
     style = {"error": "bold red", "warn": "yellow", "info": "dim"}
     nodes = result.get("nodes")
     if nodes:
@@ -47,7 +46,7 @@ def render(result: dict[str, Any]) -> str:
             )
         if len(shown) < len(nodes):
             t.caption = f"{len(nodes) - len(shown)} more nodes without an error or a warning (--json lists every node)"
-        console.print(t)
+        items.append(t)
     # a finding several nodes share is one row naming them all
     rows: dict[tuple[str, str, str, str], list[int]] = {}
     for f in result.get("findings", []):
@@ -62,9 +61,8 @@ def render(result: dict[str, Any]) -> str:
         t.add_column(col, overflow="fold")
     for cells, ranks in rows.items():
         t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)), style=style.get(cells[0]))
-    console.print(t)
+    items.append(t)
     verdict = "OK: no errors" if result.get("ok") else "NOT OK: errors found"
     if result.get("exclude"):
         verdict += f"; leave out: --exclude={result['exclude']}"
-    console.print(verdict)
-    return console.export_text()
+    return tables.render(*items, verdict, width=160)
