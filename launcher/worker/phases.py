@@ -13,12 +13,12 @@ outermost call:
 * ``comm``: inside torch.distributed's collectives (timed by the hang watchdog's wrappers,
   :class:`~numarun.worker.progress.Counters`) and in ``Work.wait()`` (an asynchronous collective's wait: FSDP2's
   all-gathers and reduce-scatters). DDP's gradient all-reduce never passes through Python: its C++ reducer runs it
-  inside ``loss.backward()``, and the waiting for a late rank lands there. DDP samples its own figures
-  (``_get_ddp_logging_data()``: the first iterations, then every 100th): ``backward_comm_time`` less
-  ``backward_compute_comm_overlap_time`` is the communication left once the rank's own gradients were ready, that
-  is, the wait for the others plus the last bucket's transfer. Each step counts the latest sample as ``comm``, at
-  most the time of its backward calls (``torch.autograd.backward``, timed too); the rest of backward is compute.
-  Without the sample the late rank is still told from the others (it waits least), only later;
+  inside ``loss.backward()``, and the waiting for a late rank lands there. It is measured every step, exactly
+  (:class:`DdpWait`): a gradient hook on a few of the module's parameters queues a callback of the autograd engine,
+  which runs once every gradient of the rank is computed, before DDP's own end-of-backward callback (its gradient
+  sync); that callback queues a second one, which runs after it. Their difference is the wait for the other ranks
+  plus the last bucket's transfer: ``comm``. DDP's own figures (``_get_ddp_logging_data()``, sampled on a few
+  iterations) decide nothing;
 * ``optim``: inside the optimizer's step (global pre- and post-step hooks);
 * ``compute``: the rest of the step.
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -52,17 +53,19 @@ from typing import IO, Any
 
 from .. import envvars
 from . import progress
-from .steps import FORMAT, PHASES, RECORDS
+from .steps import END, FORMAT, PHASES, RECORDS
 
 log = logging.getLogger("numarun.worker.bootstrap.phases")
 
 DEFAULT_INTERVAL_S = 5.0
 """The agent's report interval when ``NUMARUN_STEP_INTERVAL`` is unset."""
-DDP_EARLY_STEPS = 12
-"""Read DDP's figures after each of the first steps (DDP samples its first 10 iterations), then at most once a
-:data:`READ_EVERY_S`."""
 READ_EVERY_S = 1.0
-"""Figures that cost more than a clock read (DDP's logging data, peak memory) are read at most this often."""
+"""Figures that cost more than a clock read (peak memory) are read at most this often."""
+DDP_HOOKED = 8
+"""Parameters of a DDP module that get the gradient hook: the first, the last and some between (one that receives a
+gradient is enough; several, in case some are unused in a step)."""
+END_WAIT_S = 1.0
+"""At its exit a rank waits at most this long for the agent's last look at it (:func:`ask_last_look`)."""
 ROTATE_BYTES = 64 << 20
 """A rank's records file is moved to ``<name>.1`` (the one before is dropped) when it grows past this."""
 GPU_PENDING = 64
@@ -70,7 +73,6 @@ GPU_PENDING = 64
 RECENT = 512
 """Records kept in memory for :func:`shares` (the trainer's log line)."""
 LOADER = "torch.utils.data.dataloader"
-AUTOGRAD = "torch.autograd"
 DDP = "torch.nn.parallel.distributed"
 
 
@@ -82,7 +84,8 @@ class Mark:
     input: float
     comm: float
     optim: float
-    backward: float
+    ddp: float = 0.0
+    """The waits inside DDP's backward so far (:class:`DdpWait`)."""
     gpu: Any = None
     """The CUDA event recorded then; None without a GPU."""
     waits: int = 0
@@ -100,30 +103,32 @@ class Recorder:
         counters: progress.Counters,
         flush_s: float,
         path: Path | None = None,
+        end: Path | None = None,
         main: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.out, self.path = out, path
+        self.end = end
+        """Where the rank says, at its exit, that its last record is out (:data:`END`); None: no agent looks."""
         self.rank = rank
         self.counters = counters
         self.flush_s = flush_s
         self.main = threading.main_thread().ident if main is None else main
         self.clock = clock
         """Every time the recorder takes: ``time.monotonic`` (which the ranks of a host share)."""
-        self.input_s = self.optim_s = self.backward_s = 0.0
-        self.depth = 0  # inside input or backward on the main thread: what is nested counts once
+        self.input_s = self.optim_s = 0.0
+        self.depth = 0  # inside input on the main thread: what is nested counts once
         self.steps = 0
         self.gpu: Gpu | None = None
+        self.ddp = DdpWait(self)
         self.start = self._mark(clock())
         self.last: Mark | None = None  # the end of the latest optimizer step of the open step
         self.stepped: set[int] = set()  # optimizers stepped in the open step
         self.active: int | None = None  # the outermost optimizer stepping now
-        self._opt_t0 = self._opt_c0 = 0.0
+        self._opt_t0 = self._opt_o0 = 0.0
+        self.closure_s = 0.0
+        """Time inside optimizer steps' closures, less the other phases in them: compute, not the optimizer's."""
         self.loader_workers = -1
-        self.ddp: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.ddp_comm: float | None = None
-        self._ddp_read = -1e9
-        self._ddp_iteration = -1
         self.peak: int | None = None
         self._peak_read = -1e9
         self._torch: ModuleType | None = None
@@ -138,15 +143,15 @@ class Recorder:
             self.input_s,
             self.counters.comm_s,
             self.optim_s,
-            self.backward_s,
+            self.ddp.wait_s,
             gpu.event() if gpu is not None else None,
             gpu.dropped + len(gpu.waits) if gpu is not None else 0,
         )
 
     # -- hooks
-    def timed(self, fn: Callable[..., Any], into: str) -> Callable[..., Any]:
-        """``fn`` adding its time on the main thread, less the collectives inside it, to ``input_s`` or
-        ``backward_s``; nested calls of either count once."""
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` adding its time on the main thread, less the collectives inside it, to ``input_s``; nested calls
+        count once."""
         rec = self
         get_ident = threading.get_ident
         clock = self.clock
@@ -161,13 +166,9 @@ class Recorder:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent = clock() - t0 - (counters.comm_s - c0)
-                if into == "input":
-                    rec.input_s += spent
-                    if args:
-                        rec.loader_workers = getattr(args[0], "_num_workers", -1)
-                else:
-                    rec.backward_s += spent
+                rec.input_s += clock() - t0 - (counters.comm_s - c0)
+                if args:
+                    rec.loader_workers = getattr(args[0], "_num_workers", -1)
                 rec.depth = 0
 
         call.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
@@ -199,18 +200,24 @@ class Recorder:
         wait.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return wait
 
-    def before_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        """torch's global optimizer pre-step hook."""
+    def before_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """torch's global optimizer pre-step hook. A closure passed to the step (Lightning's: forward and backward
+        run inside the optimizer's step) is timed as the rest of the step is, not as the optimizer's."""
         if threading.get_ident() != self.main:
-            return
+            return None
         key = id(opt)
         if self.active is not None and self.active != key:
-            return  # an optimizer stepped inside another's step: the outer one counts
+            return None  # an optimizer stepped inside another's step: the outer one counts
         if key in self.stepped:
             self.close()  # a second step of the same optimizer: the step before ended with the last one
         self.active = key
         self.stepped.add(key)
-        self._opt_t0, self._opt_c0 = self.clock(), self.counters.comm_s
+        self._opt_t0, self._opt_o0 = self.clock(), self._elsewhere()
+        if kwargs and callable(kwargs.get("closure")):
+            return args, {**kwargs, "closure": self._closure(kwargs["closure"])}
+        if args and callable(args[0]):
+            return (self._closure(args[0]), *args[1:]), kwargs
+        return None
 
     def after_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         """torch's global optimizer post-step hook: the open step may end here."""
@@ -218,9 +225,24 @@ class Recorder:
             return
         self.active = None
         now = self.clock()
-        if not self.depth:  # an optimizer stepped from a backward hook is part of backward
-            self.optim_s += now - self._opt_t0 - (self.counters.comm_s - self._opt_c0)
+        if not self.depth:  # an optimizer stepped while loading a batch is part of the loading
+            self.optim_s += now - self._opt_t0 - (self._elsewhere() - self._opt_o0)
         self.last = self._mark(now)
+
+    def _elsewhere(self) -> float:
+        """The time counted so far in the other phases (and in closures): what an optimizer step holds that is not
+        its own."""
+        return self.input_s + self.counters.comm_s + self.ddp.wait_s + self.closure_s
+
+    def _closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        def timed() -> Any:
+            t0, o0 = self.clock(), self._elsewhere()
+            try:
+                return closure()
+            finally:
+                self.closure_s += self.clock() - t0 - (self._elsewhere() - o0)
+
+        return timed
 
     # -- records
     def close(self) -> None:
@@ -230,14 +252,11 @@ class Recorder:
             return
         self.steps += 1
         self.start, self.last, self.stepped = end, None, set()
-        backward = end.backward - start.backward
         comm = end.comm - start.comm
         extra: dict[str, float] = {}
-        if backward > 0:
-            extra["backward_s"] = backward
-        ddp = self._ddp_comm() if len(self.ddp) else self.ddp_comm  # the module may be gone by the exit
-        if ddp is not None and backward > 0:
-            extra["ddp_comm_s"] = min(backward, ddp)
+        ddp = end.ddp - start.ddp
+        if ddp > 0:
+            extra["ddp_wait_s"] = ddp
         if self.loader_workers >= 0:
             extra["loader_workers"] = self.loader_workers
         fields = {
@@ -284,7 +303,7 @@ class Recorder:
         """One record as a JSON line (:meth:`StepRecord.line`'s form, formatted here: a step's cost is counted in
         microseconds)."""
         wall = fields["end"] - fields["start"]
-        comm = fields["comm_s"] + extra.get("ddp_comm_s", 0.0)
+        comm = fields["comm_s"] + extra.get("ddp_wait_s", 0.0)
         compute = max(0.0, wall - fields["input_s"] - comm - fields["optim_s"])
         peak, gpu_s = fields["peak_bytes"], fields.get("gpu_s")
         more = ",".join(f'"{k}":{v:.6g}' for k, v in extra.items())
@@ -323,32 +342,10 @@ class Recorder:
             fields, extra, _, _ = gpu.pending.popleft()
             self.write(fields, extra)
         self.flush()
+        if self.end is not None and self.steps:
+            ask_last_look(self.end)
 
     # -- figures read now and then
-    def _ddp_comm(self) -> float | None:
-        """The latest DDP sample's communication after the gradients were ready, seconds (summed over the DDP
-        modules), read at most once a :data:`READ_EVERY_S` after the first steps."""
-        now = self.clock()
-        if self.steps > DDP_EARLY_STEPS and now - self._ddp_read < READ_EVERY_S:
-            return self.ddp_comm
-        self._ddp_read = now
-        total, found, iteration = 0, False, -1
-        for module in list(self.ddp):
-            try:
-                data = module._get_ddp_logging_data()
-            except Exception:
-                continue
-            comm = data.get("backward_comm_time")
-            if isinstance(comm, int) and comm > 0:
-                overlap = data.get("backward_compute_comm_overlap_time")
-                total += max(0, comm - (overlap if isinstance(overlap, int) else 0))
-                found = True
-                iteration = max(iteration, int(data.get("iteration", -1) or -1))
-        if found and iteration != self._ddp_iteration:
-            self._ddp_iteration = iteration
-            self.ddp_comm = total / 1e9
-        return self.ddp_comm
-
     def _peak(self, now: float) -> int | None:
         if now - self._peak_read < READ_EVERY_S:
             return self.peak
@@ -385,12 +382,7 @@ class Recorder:
     def patch_loader(self, module: ModuleType) -> None:
         base = module._BaseDataLoaderIter
         if not hasattr(base.__next__, "__numarun_wrapped__"):
-            base.__next__ = self.timed(base.__next__, "input")
-
-    def patch_autograd(self, module: ModuleType) -> None:
-        backward = getattr(module, "backward", None)
-        if backward is not None and not hasattr(backward, "__numarun_wrapped__"):
-            setattr(module, "backward", self.timed(backward, "backward"))  # noqa: B010  (mypy knows no such name)
+            base.__next__ = self.timed(base.__next__)
 
     def patch_optimizer(self, module: ModuleType) -> None:
         module.register_optimizer_step_pre_hook(self.before_step)
@@ -401,12 +393,12 @@ class Recorder:
         init = cls.__init__
         if hasattr(init, "__numarun_wrapped__"):
             return
-        known = self.ddp
+        attach = self.ddp.attach
 
         @functools.wraps(init)
         def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
             init(ddp, *args, **kwargs)
-            known.add(ddp)
+            attach(ddp)
 
         __init__.__numarun_wrapped__ = init  # type: ignore[attr-defined]
         cls.__init__ = __init__
@@ -415,6 +407,96 @@ class Recorder:
         work = getattr(module, "Work", None)
         if work is not None and not hasattr(work.wait, "__numarun_wrapped__"):
             work.wait = self.waited(work.wait)
+
+
+def ask_last_look(end: Path, wait_s: float = END_WAIT_S) -> bool:
+    """At a rank's exit: say that its last record is out (``end``) and wait, at most ``wait_s``, for the agent to take
+    its last look at the rank (the kernel's figures of a process are gone once it is) and remove the file. True when
+    the agent did."""
+    try:
+        end.write_text(str(os.getpid()))
+    except OSError:
+        return False
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not end.exists():
+            return True
+        time.sleep(0.01)
+    with contextlib.suppress(OSError):
+        end.unlink()
+    return False
+
+
+class DdpWait:
+    """The wait inside DDP's backward, every step (docs/steps.md, "What is measured").
+
+    DDP's gradient sync runs in its C++ reducer: its last gradient hook queues a callback of the autograd engine
+    (``finalize_backward``: wait for every bucket's all-reduce), which runs once the whole graph is done. Callbacks
+    run first in, first out. A gradient hook of ours (``register_post_accumulate_grad_hook``, which runs before the
+    reducer's hook on the same parameter) queues :meth:`_ready` before DDP's; it runs when every gradient of the rank
+    is computed and queues :meth:`_synced`, which runs after DDP's. The time between the two is the wait for the
+    other ranks plus the last bucket's transfer: on the host clock where it blocks (gloo), and from CUDA events on the
+    current stream on a GPU (NCCL returns to the host at once; the stream waits), read with the step's other events.
+    Nothing is measured in a backward that does not sync (``no_sync()``, gradient accumulation), nor is a comm hook
+    registered: DDP allows one, and the user's own would then raise."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.wait_s = 0.0
+        self.syncs = 0
+        """Backward passes whose wait was measured."""
+        self._queued = False
+        self._ready_t = 0.0
+
+    def attach(self, ddp: Any) -> None:
+        """Hook a few of ``ddp``'s parameters (:data:`DDP_HOOKED`, spread over the module)."""
+        try:
+            params = [p for p in ddp.module.parameters() if p.requires_grad]
+        except Exception:
+            return
+        if not params:
+            return
+        picked = {round(i * (len(params) - 1) / max(1, DDP_HOOKED - 1)) for i in range(DDP_HOOKED)}
+        ref = weakref.ref(ddp)
+
+        def hook(_: Any) -> None:
+            module = ref()
+            if self._queued or module is None or not getattr(module, "require_backward_grad_sync", True):
+                return
+            self._queued = True
+            _queue(self._ready)
+
+        for i in sorted(picked):
+            with contextlib.suppress(Exception):
+                params[i].register_post_accumulate_grad_hook(hook)
+
+    def _ready(self) -> None:
+        self._queued = False
+        gpu = self.rec.gpu
+        if gpu is not None:
+            gpu.around(True)
+        self._ready_t = self.rec.clock()
+        _queue(self._synced)
+
+    def _synced(self) -> None:
+        self.wait_s += self.rec.clock() - self._ready_t
+        self.syncs += 1
+        gpu = self.rec.gpu
+        if gpu is not None:
+            gpu.around(False)
+
+
+_engine: Any = None
+
+
+def _queue(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the autograd graph being run is done (after the callbacks queued before it)."""
+    global _engine
+    if _engine is None:
+        from torch.autograd import Variable
+
+        _engine = Variable._execution_engine
+    _engine.queue_callback(callback)
 
 
 class Gpu:
@@ -471,7 +553,8 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
         interval = float(environ.get(envvars.STEP_INTERVAL, "") or DEFAULT_INTERVAL_S)
     except ValueError:
         interval = DEFAULT_INTERVAL_S
-    path = Path(state) / RECORDS.format(local_rank=int(local) if local.isdigit() else 0)
+    local_rank = int(local) if local.isdigit() else 0
+    path = Path(state) / RECORDS.format(local_rank=local_rank)
     try:
         out = open(path, "w", buffering=1 << 16)  # noqa: SIM115  (open for the rank's life)
     except OSError as e:
@@ -483,11 +566,11 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
         counters=progress.COUNTERS,
         flush_s=min(1.0, max(interval, 0.1) / 2),
         path=path,
+        end=Path(state) / END.format(local_rank=local_rank),
     )
     progress.install_counters()
     progress.after_import(progress.C10D, rec.patch_work)
     progress.after_import(progress.OPTIMIZER, rec.patch_optimizer)
-    progress.after_import(AUTOGRAD, rec.patch_autograd)
     progress.after_import(LOADER, rec.patch_loader)
     progress.after_import(DDP, rec.patch_ddp)
     atexit.register(rec.finish)

@@ -26,6 +26,9 @@ PHASES = ("input", "compute", "comm", "optim")
 """A step's phases, in the order the picture and the tables show them."""
 RECORDS = "steps.{local_rank}.jsonl"
 """A rank's records, in numarun's private directory (``NUMARUN_STATE_DIR``)."""
+END = "steps.{local_rank}.end"
+"""The file a rank writes at its exit once its last record is out; the agent removes it after its last look at the
+rank (the kernel's figures of a process are gone once it has exited)."""
 LIVE = "steps.live.json"
 """The agent's latest view of the whole job, in its private directory; rewritten at every report."""
 

@@ -13,7 +13,8 @@ from numarun.worker.steps import LIVE, RECORDS, LiveTable, StepRecord, read_reco
 
 
 def _job(state: Path, *, steps: int, slow_input: float) -> None:
-    """Two ranks of one node; rank 1 waits ``slow_input`` longer for each batch, rank 0 waits that long in comm."""
+    """Two ranks of one node; rank 1 waits ``slow_input`` longer for each batch, rank 0 waits that long in comm (and
+    each rank's comm varies by a few microseconds from step to step, as a measured wait does)."""
     for rank in (0, 1):
         beat = {"v": 1, "pid": os.getpid(), "rank": rank, "local_rank": rank, "node_rank": 0, "nodes": 1, "group": 0}
         (state / HEARTBEAT.format(local_rank=rank)).write_text(json.dumps(beat))
@@ -28,9 +29,9 @@ def _job(state: Path, *, steps: int, slow_input: float) -> None:
                     start,
                     start + 0.1,
                     input_s=0.001 + late,
-                    comm_s=0.01 + slow_input - late,
+                    comm_s=0.01 + slow_input - late + step * 1e-6,
                     optim_s=0.001,
-                    compute_s=0.088 - slow_input,
+                    compute_s=0.088 - slow_input - step * 1e-6,
                     peak_bytes=300 << 20,
                     extra={"loader_workers": 0.0},
                 ).line()

@@ -75,8 +75,8 @@ def explain(
     if rank is None or ev is None:
         return Cause(
             False,
-            "cause not found: the kernel's figures of the rank were not sampled while it ran (a job shorter than "
-            "two report intervals, NUMARUN_STEP_INTERVAL)",
+            "cause not found: the kernel's figures of the rank were not read twice while it ran (they are read at its "
+            "first steps and at its exit; a rank killed, or ended by os._exit, misses the last)",
         )
     others = [e for r, e in evidence.items() if r != rank]
     lost, step = j.lost_s, j.step_s
@@ -142,7 +142,7 @@ def explain(
 
 def _input(j: Judgement, ev: Evidence, rank: int, workers: int) -> Cause:
     spent = j.phases.get(rank, {}).get("input", 0.0)
-    rest = spent - j.excess.get("input", 0.0)
+    rest = _median([ph["input"] for r, ph in j.phases.items() if r != rank])
     where = f"{ms(spent)} a step in the DataLoader iterator, the other ranks' {ms(rest)}"
     if workers == 0:
         return Cause(
@@ -171,8 +171,10 @@ def _input(j: Judgement, ev: Evidence, rank: int, workers: int) -> Cause:
 def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
     """The rank's figures against the others', for *cause not found*."""
     step = j.step_s
-    phase = j.phase or "compute"
-    parts = [f"{phase} {ms(j.excess.get(phase, 0.0))} a step above the other ranks'"]
+    if j.phase is not None:
+        parts = [f"{j.phase} {ms(j.excess.get(j.phase, 0.0))} a step above the other ranks'"]
+    else:
+        parts = [f"its own time {ms(j.lost_s)} a step above the other ranks'"]
     parts.append(
         f"its main thread ran {ms(ev.main_run * step)} and waited {ms(ev.main_wait * step)} for a CPU (the others "
         f"{ms(_median([o.main_run for o in others]) * step)} and {ms(_median([o.main_wait for o in others]) * step)})"

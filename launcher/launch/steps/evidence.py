@@ -350,12 +350,15 @@ class Sampler:
         self._threads[r.pid] = now
 
     def evidence(self, rank: RankProc, start: float, end: float) -> Evidence | None:
-        """The rank's figures over the samples within [start, end] (monotonic seconds), else its latest two."""
+        """The rank's figures between the samples that bracket [start, end] (monotonic seconds) most closely: the
+        last sample at or before ``start`` (else the first) and the first at or after ``end`` (else the latest)."""
         hist = list(self.history.get(rank.rank, ()))
         if len(hist) < 2:
             return None
-        inside = [s for s in hist if start <= s.t <= end]
-        a, b = (inside[0], inside[-1]) if len(inside) >= 2 else (hist[-2], hist[-1])
+        a = next((s for s in reversed(hist) if s.t <= start), hist[0])
+        b = next((s for s in hist if s.t >= end), hist[-1])
+        if b.t <= a.t:
+            a, b = hist[-2], hist[-1]
         span = b.t - a.t
         if span <= 0:
             return None

@@ -10,7 +10,7 @@ from ...cpuset import format_list
 from ...plan.model import BindingMode, LaunchPlan
 from ...worker.steps import PHASES, RankPlace, RankRow, StepRecord
 from .cause import Cause, ms, pct
-from .judge import WINDOW, Judgement, Point
+from .judge import OWN_PHASES, WINDOW, Judgement, Point, Unjudged
 
 
 def place_of(plan: LaunchPlan | None, local_rank: int, *, rank: int, node_rank: int, host: str) -> RankPlace:
@@ -34,7 +34,12 @@ def place_of(plan: LaunchPlan | None, local_rank: int, *, rank: int, node_rank: 
 
 
 def point(r: StepRecord) -> Point:
-    return Point(r.step, r.wall_s, r.input_s, r.compute_s, r.comm_s, r.optim_s)
+    """A record as the judge takes it: on a GPU, its own time from the stream's view (the step's GPU time less the
+    stream's waits), so that a host spinning in a synchronise while its stream waits is not taken for work."""
+    gpu_own = None
+    if r.gpu_s is not None:
+        gpu_own = max(0.0, r.gpu_s - float(r.extra.get("gpu_comm_s", 0.0)))
+    return Point(r.step, r.wall_s, r.input_s, r.compute_s, r.comm_s, r.optim_s, gpu_own)
 
 
 def recent(records: Sequence[StepRecord], size: int = WINDOW) -> list[StepRecord]:
@@ -75,20 +80,30 @@ def who(rank: int, places: Mapping[int, RankPlace], multi_node: bool) -> str:
 def verdict_lines(
     j: Judgement, cause: Cause | None, places: Mapping[int, RankPlace], *, multi_node: bool = False
 ) -> list[str]:
-    """``=> rank 3 holds the job back: ...`` and its ``why``/``fix`` lines, or ``=> no rank holds the job back``."""
+    """``=> rank 3 holds the job back: ...`` and its ``why``/``fix`` lines, or why no rank is named."""
     if j.culprit is None:
-        if j.slowest is None or j.steps < 1:
-            return [f"=> no rank holds the job back ({j.reason})" if j.reason else "=> no rank holds the job back"]
-        if "fewer than" in j.reason:
+        if j.slowest is None or j.unjudged in (Unjudged.NO_STEPS, Unjudged.ONE_RANK):
+            return [f"=> no rank holds the job back ({j.reason})"]
+        if j.unjudged is Unjudged.TOO_FEW:
             return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
+        if j.unjudged is Unjudged.UNSTEADY:
+            return [
+                f"=> no rank holds the job back (the slowest, {who(j.slowest, places, multi_node)}, was behind the "
+                f"others in {pct(j.behind)} of the steps, as good as {j.independent:.0f} independent ones: chance "
+                "would do as much)"
+            ]
         return [
             f"=> no rank holds the job back (the slowest, {who(j.slowest, places, multi_node)}, costs "
             f"{pct(j.share)} of a step)"
         ]
-    phase = j.phase or "compute"
+    if j.phase is not None:
+        what = f"{j.phase}, {ms(j.lost_s)} a step above the other ranks"
+    else:
+        spread = ", ".join(f"{p} {ms(j.excess[p])}" for p in OWN_PHASES if j.excess.get(p, 0.0) >= j.lost_s / 10)
+        what = f"its own time, {ms(j.lost_s)} a step above the other ranks ({spread})"
     out = [
-        f"=> {who(j.culprit, places, multi_node)} holds the job back: {phase}, {ms(j.excess.get(phase, 0.0))} a step "
-        f"above the other ranks; the job's step would be {pct(j.share)} shorter at their pace"
+        f"=> {who(j.culprit, places, multi_node)} holds the job back: {what}; the job's step, {ms(j.step_s)}, would be "
+        f"{pct(j.share)} shorter at their pace"
     ]
     if cause is not None:
         out.append(f"   why: {cause.why}")

@@ -21,7 +21,7 @@ from typing import Any
 from ...fsutil import write_atomic
 from ...jsonable import SchemaError, from_jsonable, loads, to_jsonable
 from ...plan.model import BindingMode, LaunchPlan
-from ...worker.steps import LIVE, RECORDS, LiveTable, RankPlace, RankRow, StepRecord, read_records
+from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, RankRow, StepRecord, read_records
 from ..hangs.exchange import store_client
 from ..hangs.verdict import alive, read_beats
 from .cause import Cause, explain
@@ -112,7 +112,7 @@ class RankView:
     """One rank as its node tells the judge (JSON through the store)."""
 
     row: RankRow
-    window: tuple[tuple[float, ...], ...]
+    window: tuple[tuple[float | None, ...], ...]
     """Its latest steps as :meth:`Point.row` lists."""
     evidence: Evidence | None = None
     workers: int = -1
@@ -246,16 +246,24 @@ class StepWatch:
     # -- the thread
     def _run(self) -> None:
         due = time.monotonic() + self.policy.interval_s
-        sent_final = False
+        sent_final = first = False
         while not self._stop.wait(EXIT_POLL_S):
             try:
                 ended = bool(self.ranks) and not any(alive(r.pid) for r in self.ranks.values())
-                if time.monotonic() >= due or (ended and not sent_final):
+                last_looks = sorted(self.state.glob(END.format(local_rank="*")))
+                started = not first and any(_has_records(self.state, lr) for lr in self._locals())
+                if time.monotonic() >= due or (ended and not sent_final) or last_looks or started:
                     self.tick(final=ended)
                     due = time.monotonic() + self.policy.interval_s
-                    sent_final = ended
+                    sent_final, first = ended, first or started
+                    for path in last_looks:  # the ranks waiting at their exit go on
+                        with contextlib.suppress(OSError):
+                            path.unlink()
             except Exception as e:
                 log.debug("step report: %s", e, exc_info=True)
+
+    def _locals(self) -> list[int]:
+        return sorted(self.ranks) or sorted(read_beats(self.state))
 
     def plan(self) -> LaunchPlan | None:
         if self._plan is None and self.plan_path is not None:
@@ -427,6 +435,13 @@ class StepWatch:
             with contextlib.suppress(OSError):
                 out += read_records(path.read_text().splitlines())
         return out
+
+
+def _has_records(state: Path, local_rank: int) -> bool:
+    try:
+        return (state / RECORDS.format(local_rank=local_rank)).stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _pace(records: Mapping[int, Sequence[StepRecord]]) -> float | None:
