@@ -17,7 +17,7 @@ import time
 from .. import argtypes
 from ..errors import NumarunError
 from ..launch.hangs import Job, choose_job, describe
-from ..launch.hangs.verdict import alive
+from ..topology.procfs import alive
 from ..worker.steps import LIVE, LiveTable
 
 EXIT_NO_REPORT = 3

@@ -1,5 +1,6 @@
 """``python -I -S cleaner.py PRIVATE_DIR NUMARUN_PID WATCH_S`` (by path: nothing of the user's or the
-package loads): once numarun is gone, however, end its job and remove its private directory.
+package loads but numarun's /proc reader, by its path): once numarun is gone, however, end its job and remove its
+private directory.
 
 It waits for EOF on stdin, a pipe only numarun writes to; in subreaper mode it notes numarun's process
 tree every WATCH_S meanwhile (once numarun is gone, its orphans are re-parented out of reach).
@@ -8,40 +9,35 @@ tree every WATCH_S meanwhile (once numarun is gone, its orphans are re-parented 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import select
 import shutil
 import signal
 import sys
-from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
 
 
-def stat(pid: int) -> tuple[int, bytes] | None:
-    """(ppid, start time) of a process, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            s = f.read()
-    except OSError:
-        return None
-    rest = s[s.rindex(b")") + 2 :].split()
-    return int(rest[1]), rest[19]
+def _procfs() -> ModuleType:
+    """numarun's one /proc reader (numarun/topology/procfs.py), loaded by its path: standard library only."""
+    spec = importlib.util.spec_from_file_location(
+        "numarun_cleaner_procfs", Path(__file__).resolve().parent.parent / "topology" / "procfs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
-def tree(roots: Iterable[int]) -> set[int]:
-    """Every descendant of the pids ``roots`` (not the roots)."""
-    kids: dict[int, list[int]] = {}
-    for e in os.listdir("/proc"):
-        st = stat(int(e)) if e.isdigit() else None
-        if st:
-            kids.setdefault(st[0], []).append(int(e))
-    out: set[int] = set()
-    todo = list(roots)
-    while todo:
-        for c in kids.get(todo.pop(), ()):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
+procfs = _procfs()
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (with the pid, its identity); None when it is gone."""
+    st = procfs.read_stat(pid)
+    return st.start if st else None
 
 
 def _cage(d: str) -> tuple[str, str]:
@@ -52,14 +48,15 @@ def _cage(d: str) -> tuple[str, str]:
 
 
 def main(d: str, launcher: int, watch_s: float) -> None:
-    seen: dict[int, bytes] = {}
+    seen: dict[int, int] = {}
     fd = sys.stdin.fileno()
     while True:
         ready, _, _ = select.select([fd], [], [], watch_s)
         if ready and not os.read(fd, 4096):
             break
         if _cage(d)[0] == "subreaper":
-            seen.update((p, st[1]) for p in tree([launcher]) if (st := stat(p)))
+            stats = procfs.read_all()
+            seen.update((p, stats[p].start) for p in procfs.tree_of(stats, [launcher]))
     kind, where = _cage(d)
     if kind == "cgroup":
         with contextlib.suppress(OSError), open(os.path.join(where, "cgroup.kill"), "w") as f:
@@ -68,8 +65,8 @@ def main(d: str, launcher: int, watch_s: float) -> None:
     for n in [n for n in (os.listdir(d) if os.path.isdir(d) else []) if n.startswith("pid.")]:
         with contextlib.suppress(OSError, ValueError), open(os.path.join(d, n)) as f:
             os.killpg(int(f.read().split()[0]), signal.SIGKILL)
-    alive = [p for p, start in seen.items() if (stat(p) or (0, None))[1] == start]
-    for p in alive + sorted(tree(alive)):
+    alive = [p for p, start in seen.items() if start_time(p) == start]
+    for p in alive + sorted(procfs.tree_of(procfs.read_all(), alive)):
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
     for _ in range(50 if kind == "cgroup" else 0):

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..envvars import INIT
-from ..topology.procfs import cgroup2_mount, own_cgroup2_path
-from .cleaner import tree
+from ..topology.procfs import cgroup2_mount, own_cgroup2_path, read_all, tree_of
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,10 @@ class Cage:
         if self.kind == "cgroup":
             return _end_cgroup(Path(self.path), keep=os.getpid())
         # under a numarun init, the job's orphans are that init's children
-        doomed = tree([1 if self.kind == "init" else os.getpid()]) - tree(spare) - spare - {os.getpid()}
+        stats = read_all()
+        doomed = (
+            tree_of(stats, [1 if self.kind == "init" else os.getpid()]) - tree_of(stats, spare) - spare - {os.getpid()}
+        )
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -1,12 +1,27 @@
-"""The ``/proc`` formats numarun reads in more than one place (``/proc/<pid>/status``, ``mounts``,
-``cgroup``), and the one walk of this process's cgroups, v1 and v2, that the sysfs reader, the
-step's cpuset, the launcher's cage and its out-of-memory report share. Pure: files are read
-through a callable."""
+"""``/proc``, read in one place: the formats numarun reads in more than one place (``/proc/<pid>/status``,
+``mounts``, ``cgroup``), the one walk of this process's cgroups, v1 and v2, that the sysfs reader, the step's
+cpuset, the launcher's cage and its out-of-memory report share, and the processes as the kernel shows them
+(proc(5)), which the agent's roll-call, its step report and numarun's cleaner read.
+
+The process readers take ``root`` (``root/proc/<pid>/...``: a recorded tree in tests, ``/`` live), so each is
+tested on recorded trees; psutil, which reads the live ``/proc`` only, cannot be. It does what needs no recording:
+numarun's own children (the supervisor). Here: ``stat`` by field number (the CPU a task last ran on, its start
+time), ``schedstat``, ``status`` fields, ``numa_maps``, ``wchan``, the kernel stack, ``environ``, the
+``children`` lists, and the tree walks built on them.
+
+Standard library only: the cleaner loads this file by its path, with nothing of the package or the user's.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import posixpath
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/")
 
 
 def status_field(text: str, name: str) -> str | None:
@@ -80,3 +95,195 @@ def cgroup_read(
             if text and text.strip():
                 return posixpath.join(d, name), text.strip()
     return None
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def proc(root: Path, pid: int, tid: int | None = None) -> Path:
+    """``root/proc/<pid>`` (``.../task/<tid>`` for a thread)."""
+    base = root / "proc" / str(pid)
+    return base if tid is None else base / "task" / str(tid)
+
+
+def read_text(path: Path) -> str | None:
+    """A /proc file's text; None when it is gone or unreadable (another user's process, hidepid)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """A process (or thread) as ``/proc/<pid>/stat`` has it."""
+
+    pid: int
+    comm: str
+    """The executable's name, 15 characters at most (it may hold spaces and parentheses)."""
+    state: str
+    """proc(5)'s letter: R, S, D, T, t, Z, ..."""
+    ppid: int
+    ticks: int = 0
+    """utime + stime, clock ticks."""
+    cpu: int = -1
+    """The CPU it last ran on (field 39); -1 where the line is cut short."""
+    start: int = 0
+    """Its start time after boot, clock ticks (field 22): with the pid, a process's identity."""
+
+
+def parse_stat(text: str) -> ProcStat | None:
+    """One ``/proc/<pid>/stat`` line; None when it is not one (the name, in parentheses, may hold anything)."""
+    head, sep, rest = text.rpartition(")")
+    pid, _, comm = head.partition(" (")
+    fields = rest.split()
+    if not sep or not pid.strip().isdigit() or len(fields) < 2:
+        return None
+    try:
+        # fields[0] is field 3 (state): ppid is field 4, utime 14, stime 15, starttime 22, processor 39
+        ppid = int(fields[1])
+        ticks = int(fields[11]) + int(fields[12]) if len(fields) > 12 else 0
+        start = int(fields[19]) if len(fields) > 19 else 0
+        cpu = int(fields[36]) if len(fields) > 36 else -1
+    except ValueError:
+        return None
+    return ProcStat(int(pid), comm, fields[0], ppid, ticks, cpu, start)
+
+
+def read_stat(pid: int, root: Path = ROOT, *, tid: int | None = None) -> ProcStat | None:
+    """``pid`` (its thread ``tid``) as its stat line says; None when it is gone."""
+    text = read_text(proc(root, pid, tid) / "stat")
+    return parse_stat(text) if text else None
+
+
+def read_all(root: Path = ROOT) -> dict[int, ProcStat]:
+    """Every process of ``root/proc`` that can be read."""
+    out: dict[int, ProcStat] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root / "proc"):
+            if entry.name.isdigit():
+                stat = read_stat(int(entry.name), root)
+                if stat is not None:
+                    out[stat.pid] = stat
+    return out
+
+
+def state(pid: int, root: Path = ROOT) -> str:
+    """The kernel's state letter of ``pid`` ('' when gone; ``Z`` a zombie)."""
+    stat = read_stat(pid, root)
+    return stat.state if stat else ""
+
+
+def alive(pid: int, root: Path = ROOT) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    return state(pid, root) not in ("", "Z", "X")
+
+
+def tree_of(stats: Mapping[int, ProcStat], roots: Iterable[int]) -> set[int]:
+    """Every descendant of ``roots`` (not the roots) in a reading of every process (:func:`read_all`)."""
+    kids: dict[int, list[int]] = {}
+    for p in stats.values():
+        kids.setdefault(p.ppid, []).append(p.pid)
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for kid in kids.get(todo.pop(), ()):
+            if kid not in out:
+                out.add(kid)
+                todo.append(kid)
+    return out
+
+
+def children(pid: int, root: Path = ROOT) -> list[int]:
+    """The children of ``pid``: ``task/<tid>/children`` of each of its threads (Linux 3.5+, CONFIG_PROC_CHILDREN),
+    else every process's parent read from ``stat``."""
+    found: list[int] = []
+    listed = False
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(proc(root, pid) / "task"):
+            text = read_text(proc(root, pid) / "task" / entry / "children")
+            if text is not None:
+                listed = True
+                found += [int(p) for p in text.split() if p.isdigit()]
+    if listed:
+        return sorted(set(found))
+    return sorted(p.pid for p in read_all(root).values() if p.ppid == pid)
+
+
+def descendants(pid: int, root: Path = ROOT, *, limit: int) -> list[int]:
+    """Every descendant of ``pid``, parents before their children (breadth first), at most ``limit``."""
+    out: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo and len(out) < limit:
+        for child in children(todo.pop(0), root):
+            if child not in seen and len(out) < limit:
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
+    return out
+
+
+def thread_ids(pid: int, root: Path = ROOT) -> list[int]:
+    """The ids of ``pid``'s threads ([] when gone)."""
+    try:
+        return sorted(int(t) for t in os.listdir(proc(root, pid) / "task") if t.isdigit())
+    except OSError:
+        return []
+
+
+def read_schedstat(pid: int, root: Path = ROOT) -> dict[int, tuple[int, int]]:
+    """Thread id -> (ns on a CPU, ns waiting on a run queue) of every thread of ``pid``
+    (``task/<tid>/schedstat``; Documentation/scheduler/sched-stats.rst); {} where the kernel has no schedstat."""
+    out: dict[int, tuple[int, int]] = {}
+    for tid in thread_ids(pid, root):
+        parts = (read_text(proc(root, pid, tid) / "schedstat") or "").split()
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            out[tid] = (int(parts[0]), int(parts[1]))
+    return out
+
+
+def read_status(pid: int, key: str, root: Path = ROOT) -> str:
+    """Field ``key`` of ``/proc/<pid>/status`` ('' when absent or unreadable)."""
+    return status_field(read_text(proc(root, pid) / "status") or "", key) or ""
+
+
+def caught_signals(pid: int, root: Path = ROOT) -> int:
+    """The signals ``pid`` has a handler for, as a mask (``SigCgt``; 0 when unreadable)."""
+    try:
+        return int(read_status(pid, "SigCgt", root) or "0", 16)
+    except ValueError:
+        return 0
+
+
+def read_cmdline(pid: int, root: Path = ROOT, *, fallback: str = "", width: int = 80) -> str:
+    """The command line of ``pid`` (arguments joined by spaces, cut to ``width`` characters), else ``fallback``."""
+    raw = (read_text(proc(root, pid) / "cmdline") or "").replace("\0", " ").strip()
+    return (raw[: width - 3] + "...") if len(raw) > width else (raw or fallback)
+
+
+def read_environ(pid: int, root: Path = ROOT) -> dict[str, str]:
+    """The environment ``pid`` started with (``environ``; {} when unreadable: another user's process)."""
+    try:
+        raw = (proc(root, pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def read_wchan(pid: int, root: Path = ROOT, *, tid: int | None = None) -> str:
+    """The kernel function ``pid`` (its thread) sleeps in ('' when running or unreadable)."""
+    text = (read_text(proc(root, pid, tid) / "wchan") or "").strip()
+    return "" if text in ("0", "") else text
+
+
+def read_stack(pid: int, root: Path = ROOT, *, tid: int | None = None) -> str:
+    """``pid``'s kernel stack (``stack``: root only; '' when unreadable)."""
+    return read_text(proc(root, pid, tid) / "stack") or ""
+
+
+def read_numa_maps(pid: int, root: Path = ROOT) -> str:
+    """``pid``'s ``numa_maps`` ('' when unreadable). The kernel walks every resident page to answer: read it for the
+    processes that matter only."""
+    return read_text(proc(root, pid) / "numa_maps") or ""

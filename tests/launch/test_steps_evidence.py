@@ -11,37 +11,12 @@ import pytest
 from helpers import FIXTURES
 
 from numarun.launch.steps import evidence
-from numarun.launch.steps.evidence import CLK_TCK, RankProc, Sampler, parse_stat
+from numarun.launch.steps.evidence import CLK_TCK, RankProc, Sampler
+from numarun.topology import procfs
 
 SHARED = FIXTURES / "steps" / "shared-core"
 ABOUT = json.loads((SHARED / "about.json").read_text())
 PIDS: dict[str, int] = ABOUT["pids"]
-
-
-def test_a_stat_line_is_read_whatever_the_command_holds() -> None:
-    line = (
-        "4242 (a (b) c) R 7 4242 4242 0 -1 4194304 1 0 0 0 150 25 0 0 20 0 1 0 5 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 3 0 0"
-    )
-    stat = parse_stat(line + " 0 0 0 0 0 0 0 0 0 0 0\n")
-    assert stat is not None and (stat.pid, stat.command, stat.state, stat.ppid) == (4242, "a (b) c", "R", 7)
-    assert (stat.ticks, stat.cpu) == (175, 3)
-    assert parse_stat("not a stat line") is None and parse_stat("1 (x) R 0") is None
-
-
-def test_the_readers_on_a_recorded_proc_tree() -> None:
-    root = SHARED / "t0"
-    procs = evidence.read_procs(root)
-    assert set(procs) == set(PIDS.values())
-    assert procs[PIDS["worker"]].ppid == PIDS["rank"] and procs[PIDS["spinner"]].cpu == 1
-    threads = evidence.read_schedstat(root, PIDS["rank"])
-    assert list(threads) == [PIDS["rank"]] and all(v > 0 for v in threads[PIDS["rank"]])
-    ticks = evidence.read_cpu_ticks(root)
-    assert set(ticks) == {0, 1} and all(total > steal >= 0 for total, steal in ticks.values())
-    assert evidence.read_command(root, PIDS["spinner"]) == "python3 -c while True: pass"
-    assert evidence.read_status_field(root, PIDS["spinner"], "Cpus_allowed_list") == "1"
-    assert sum(evidence.read_pages(root, PIDS["rank"]).values()) > 0
-    assert evidence.read_mhz(root, 0) == (None, None) and evidence.read_throttle(root, 0) is None  # a VM
-    assert evidence.read_schedstat(root, 1) == {} and evidence.read_command(root, 1, "gone") == "gone"
 
 
 def test_the_sampler_names_the_process_on_the_ranks_core_and_measures_its_wait(tmp_path: Path) -> None:
@@ -54,11 +29,11 @@ def test_the_sampler_names_the_process_on_the_ranks_core_and_measures_its_wait(t
     assert ev is not None and ev.span_s == ABOUT["seconds"] and ev.cpus == "1" and ev.threads == 1
 
     def delta(pid: int) -> float:
-        a, b = (evidence.read_procs(SHARED / t)[pid].ticks for t in ("t0", "t1"))
+        a, b = (procfs.read_all(SHARED / t)[pid].ticks for t in ("t0", "t1"))
         return (b - a) / CLK_TCK / ABOUT["seconds"]
 
-    run0, wait0 = evidence.read_schedstat(SHARED / "t0", rank.pid)[rank.pid]
-    run1, wait1 = evidence.read_schedstat(SHARED / "t1", rank.pid)[rank.pid]
+    run0, wait0 = procfs.read_schedstat(rank.pid, SHARED / "t0")[rank.pid]
+    run1, wait1 = procfs.read_schedstat(rank.pid, SHARED / "t1")[rank.pid]
     assert ev.main_run == pytest.approx((run1 - run0) / 1e9 / ABOUT["seconds"])
     assert ev.main_wait == pytest.approx((wait1 - wait0) / 1e9 / ABOUT["seconds"])
     assert ev.main_wait > 0.2  # three busy processes on one core: the rank waits for it
@@ -94,7 +69,3 @@ def test_a_nic_other_than_the_plans_is_noted(tmp_path: Path) -> None:
         "NCCL_IB_HCA==mlx5_3, the plan's =mlx5_0"
     )
     assert evidence.nic_note({"OMP_NUM_THREADS": "8"}, {}) == ""  # no NIC chosen for it: nothing to compare
-    (tmp_path / "proc" / "7").mkdir(parents=True)
-    (tmp_path / "proc" / "7" / "environ").write_bytes(b"A=1\0NCCL_IB_HCA==mlx5_3\0EMPTY=\0")
-    assert evidence.read_environ(tmp_path, 7) == {"A": "1", "NCCL_IB_HCA": "=mlx5_3", "EMPTY": ""}
-    assert evidence.read_environ(tmp_path, 8) == {}

@@ -3,19 +3,20 @@
 A rank's Python stack cannot say that the rank is stopped (SIGSTOP: a debugger, job control), or asleep in the
 kernel where no signal reaches it (state D: a hung network file system, a driver call), or which processes it
 started (DataLoader workers, a checkpoint writer); ``/proc/<pid>/stat``, ``wchan``, ``stack`` and ``task/*/children``
-can (proc(5)). Every reader takes ``root`` (a recorded tree in tests: ``root/proc/<pid>/...``).
+can (proc(5)). Read through numarun's one /proc reader (:mod:`numarun.topology.procfs`), which takes ``root`` (a
+recorded tree in tests: ``root/proc/<pid>/...``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path("/")
+from ...topology import procfs
+
+ROOT = procfs.ROOT
 
 STATES = {
     "R": "running",
@@ -74,26 +75,6 @@ class Task:
         return text
 
 
-def proc(root: Path, pid: int) -> Path:
-    return root / "proc" / str(pid)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def parse_stat(text: str) -> tuple[str, str, int] | None:
-    """(comm, state, ppid) of a ``/proc/<pid>/stat`` line; the name may hold spaces and parentheses."""
-    head, sep, rest = text.rpartition(")")
-    fields = rest.split()
-    if not sep or "(" not in head or len(fields) < 2 or not fields[1].lstrip("-").isdigit():
-        return None
-    return head.partition("(")[2], fields[0], int(fields[1])
-
-
 def parse_stack(text: str) -> tuple[str, ...]:
     """``[<0>] rpc_wait_bit_killable+0x1e/0xa0 [sunrpc]`` lines -> function names, innermost first."""
     return tuple(m.group(1) for line in text.splitlines() if (m := _STACK_LINE.match(line.strip())))
@@ -101,66 +82,23 @@ def parse_stack(text: str) -> tuple[str, ...]:
 
 def read_task(pid: int, root: Path = ROOT, *, tid: int | None = None) -> Task | None:
     """The kernel's view of ``pid`` (of its thread ``tid``); None when it is gone."""
-    base = proc(root, pid) if tid is None else proc(root, pid) / "task" / str(tid)
-    stat = _read(base / "stat")
-    parsed = parse_stat(stat) if stat else None
-    if parsed is None:
+    stat = procfs.read_stat(pid, root, tid=tid)
+    if stat is None:
         return None
-    name, state, ppid = parsed
-    wchan = (_read(base / "wchan") or "").strip()
-    stack = parse_stack(_read(base / "stack") or "") if state == "D" else ()
-    return Task(tid or pid, name, state, ppid, "" if wchan in ("0", "") else wchan, stack)
+    stack = parse_stack(procfs.read_stack(pid, root, tid=tid)) if stat.state == "D" else ()
+    return Task(tid or pid, stat.comm, stat.state, stat.ppid, procfs.read_wchan(pid, root, tid=tid), stack)
 
 
 def halted_threads(pid: int, root: Path = ROOT) -> list[Task]:
     """The threads of ``pid`` other than its main one that sleep in the kernel (state D): a save thread on a
     hung file system while the main thread waits for it."""
-    out = []
-    with contextlib.suppress(OSError):
-        for entry in sorted(os.listdir(proc(root, pid) / "task")):
-            if entry.isdigit() and int(entry) != pid:
-                task = read_task(pid, root, tid=int(entry))
-                if task is not None and task.state == "D":
-                    out.append(task)
-    return out
-
-
-def children(pid: int, root: Path = ROOT) -> list[int]:
-    """The children of ``pid``: ``task/<tid>/children`` of each of its threads (Linux 3.5+,
-    CONFIG_PROC_CHILDREN), else every process's parent read from ``stat``."""
-    found: list[int] = []
-    tasks = proc(root, pid) / "task"
-    listed = False
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(tasks):
-            text = _read(tasks / entry / "children")
-            if text is not None:
-                listed = True
-                found += [int(p) for p in text.split() if p.isdigit()]
-    if listed:
-        return sorted(set(found))
-    out = []
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(root / "proc"):
-            if entry.isdigit() and (stat := _read(root / "proc" / entry / "stat")):
-                parsed = parse_stat(stat)
-                if parsed is not None and parsed[2] == pid:
-                    out.append(int(entry))
-    return sorted(out)
+    found = (read_task(pid, root, tid=tid) for tid in procfs.thread_ids(pid, root) if tid != pid)
+    return [t for t in found if t is not None and t.state == "D"]
 
 
 def descendants(pid: int, root: Path = ROOT, *, limit: int = MAX_DESCENDANTS) -> list[int]:
     """Every descendant of ``pid``, parents before their children (breadth first), at most ``limit``."""
-    out: list[int] = []
-    seen = {pid}
-    todo = [pid]
-    while todo and len(out) < limit:
-        for child in children(todo.pop(0), root):
-            if child not in seen and len(out) < limit:
-                seen.add(child)
-                out.append(child)
-                todo.append(child)
-    return out
+    return procfs.descendants(pid, root, limit=limit)
 
 
 def tasks(pids: Iterable[int], root: Path = ROOT) -> list[Task]:

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ...jsonable import loads
+from ...topology.procfs import alive
 from ...worker.progress import DUMP_SIGNAL, HELPER, HELPER_HEAD, STACKS
 from . import kernel, rollcall
 from .rollcall import Frame, Helper, Stand
-from .verdict import alive, catches, exit_code
+from .verdict import catches, exit_code
 
 DUMP_WAIT_S = 3.0
 """How long the ranks' faulthandler dumps may take to land (they are written from a signal handler: microseconds)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from ... import envvars
 from ...errors import NumarunError, UsageError
 from ...jsonable import loads
-from .verdict import alive
+from ...topology.procfs import alive, read_environ
 
 FIFO = "stacks.fifo"
 """In numarun's private directory: ``numarun stacks`` writes ``<id> <full>`` lines to it; the answer is
@@ -68,14 +68,6 @@ def running_jobs() -> list[Job]:
     return sorted(jobs, key=lambda j: -j.started)
 
 
-def _environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode("utf-8", "replace").split("\0") if "=" in kv)
-
-
 def job_of(pid: int) -> Job:
     """The job of ``pid``: a numarun's own, or that of a rank it started (found through the rank's environment)."""
     for job in running_jobs():
@@ -87,7 +79,7 @@ def job_of(pid: int) -> Job:
     with contextlib.suppress(psutil.Error):
         candidates += [c.pid for c in psutil.Process(pid).children()]
     for p in candidates:
-        state = _environ_of(p).get(envvars.STATE_DIR)
+        state = read_environ(p).get(envvars.STATE_DIR)
         if state and (record := Path(state) / JOB_FILE).is_file():
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 job = _read_job(record)

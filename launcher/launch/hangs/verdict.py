@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...jsonable import loads
+from ...topology import procfs
 from ...worker.progress import HEARTBEAT
 
 
@@ -26,27 +26,9 @@ def read_beats(state: Path) -> dict[int, dict[str, Any]]:
     return {k: b for k, b in beats.items() if b.get("group", 0) == latest}
 
 
-def process_state(pid: int) -> str:
-    """The kernel's state letter of ``pid`` ('' when gone; ``Z`` a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-def alive(pid: int) -> bool:
-    return process_state(pid) not in ("", "Z", "X")
-
-
 def catches(pid: int, signum: int) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (SigCgt): a dump signal never kills a rank that lacks one."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    return False
+    return bool(procfs.caught_signals(pid) >> (signum - 1) & 1)
 
 
 def exit_code(state: Path, local_rank: int, group: int) -> int | None:
@@ -77,7 +59,7 @@ class Summary:
 
 
 def summarize(
-    beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable[[int], bool] = alive
+    beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable[[int], bool] = procfs.alive
 ) -> Summary | None:
     """This node's summary from its heartbeats (None before the first)."""
     if not beats:

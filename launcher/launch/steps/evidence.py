@@ -19,7 +19,6 @@ Read on every report tick, for every local rank, while the ranks still run (at t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 from ...cpuset import format_list, parse_list
 from ...errors import CpuListError
 from ...plan.nic import NIC_VARIABLES
+from ...topology import procfs
 from ...worker.binding_watch import parse_numa_maps, remote_share
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -45,72 +45,10 @@ BUSY_SHARE = 0.05
 # ----------------------------------------------------------------------------- readers
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """A process as ``/proc/<pid>/stat`` has it."""
-
-    pid: int
-    command: str
-    state: str
-    ppid: int
-    ticks: int
-    """utime + stime, clock ticks."""
-    cpu: int
-    """The CPU it last ran on."""
-
-
-def parse_stat(text: str) -> ProcStat | None:
-    """One ``/proc/<pid>/stat`` line; None when it is not one (the command, in parentheses, may hold anything)."""
-    head, _, rest = text.rpartition(")")
-    pid, _, command = head.partition(" (")
-    fields = rest.split()
-    if not pid.strip().isdigit() or len(fields) < 37:
-        return None
-    try:
-        # fields[0] is field 3 (state): utime is field 14, stime 15, ppid 4, processor 39
-        return ProcStat(
-            int(pid), command, fields[0], int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[36])
-        )
-    except ValueError:
-        return None
-
-
-def read_procs(root: Path) -> dict[int, ProcStat]:
-    """Every process of ``root/proc``."""
-    out: dict[int, ProcStat] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root / "proc"):
-            if entry.name.isdigit():
-                text = _read(Path(entry.path) / "stat")
-                stat = parse_stat(text) if text else None
-                if stat is not None:
-                    out[stat.pid] = stat
-    return out
-
-
-def read_schedstat(root: Path, pid: int) -> dict[int, tuple[int, int]]:
-    """Thread id -> (ns on a CPU, ns waiting on a run queue) of every thread of ``pid``."""
-    out: dict[int, tuple[int, int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root / "proc" / str(pid) / "task"):
-            text = _read(Path(entry.path) / "schedstat")
-            parts = text.split() if text else []
-            if entry.name.isdigit() and len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                out[int(entry.name)] = (int(parts[0]), int(parts[1]))
-    return out
-
-
 def read_cpu_ticks(root: Path) -> dict[int, tuple[int, int]]:
     """CPU -> (all its time, its steal time), clock ticks, from ``/proc/stat``."""
     out: dict[int, tuple[int, int]] = {}
-    for line in (_read(root / "proc" / "stat") or "").splitlines():
+    for line in (procfs.read_text(root / "proc" / "stat") or "").splitlines():
         name, *values = line.split()
         if name.startswith("cpu") and name[3:].isdigit() and len(values) >= 8:
             nums = [int(v) for v in values[:8] if v.isdigit()]
@@ -124,7 +62,7 @@ def read_mhz(root: Path, cpu: int) -> tuple[float | None, float | None]:
     base = root / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "cpufreq"
 
     def khz(name: str) -> float | None:
-        text = (_read(base / name) or "").strip()
+        text = (procfs.read_text(base / name) or "").strip()
         return int(text) / 1000 if text.isdigit() else None
 
     return khz("scaling_cur_freq"), khz("cpuinfo_max_freq")
@@ -133,32 +71,9 @@ def read_mhz(root: Path, cpu: int) -> tuple[float | None, float | None]:
 def read_throttle(root: Path, cpu: int) -> int | None:
     """Thermal throttle events of ``cpu``'s core and package so far; None where sysfs does not count them."""
     base = root / "sys" / "devices" / "system" / "cpu" / f"cpu{cpu}" / "thermal_throttle"
-    counts = [(_read(base / f"{k}_throttle_count") or "").strip() for k in ("core", "package")]
+    counts = [(procfs.read_text(base / f"{k}_throttle_count") or "").strip() for k in ("core", "package")]
     known = [int(c) for c in counts if c.isdigit()]
     return sum(known) if known else None
-
-
-def read_status_field(root: Path, pid: int, key: str) -> str:
-    for line in (_read(root / "proc" / str(pid) / "status") or "").splitlines():
-        if line.startswith(key + ":"):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
-def read_command(root: Path, pid: int, fallback: str = "") -> str:
-    """The command line of ``pid`` (arguments joined by spaces, at most 80 characters), else ``fallback``."""
-    raw = (_read(root / "proc" / str(pid) / "cmdline") or "").replace("\0", " ").strip()
-    return (raw[:77] + "...") if len(raw) > 80 else (raw or fallback)
-
-
-def read_environ(root: Path, pid: int) -> dict[str, str]:
-    """The environment ``pid`` started with (``/proc/<pid>/environ``; {} when unreadable)."""
-    try:
-        raw = (root / "proc" / str(pid) / "environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
-    return {k: v for k, _, v in pairs}
 
 
 def nic_note(planned: Mapping[str, str], environ: Mapping[str, str]) -> str:
@@ -174,7 +89,7 @@ def nic_note(planned: Mapping[str, str], environ: Mapping[str, str]) -> str:
 
 def read_pages(root: Path, pid: int) -> dict[int, int]:
     """Resident bytes per NUMA node of ``pid`` (numa_maps; {} when unreadable)."""
-    return parse_numa_maps(_read(root / "proc" / str(pid) / "numa_maps") or "")
+    return parse_numa_maps(procfs.read_numa_maps(pid, root))
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -270,16 +185,17 @@ class Sampler:
         """Pids of the job that are no rank (numarun itself): never "another process"."""
         self.history: dict[int, deque[_Totals]] = {}
         self.remote: dict[int, float] = {}
-        self._procs: dict[int, ProcStat] = {}
+        self._procs: dict[int, procfs.ProcStat] = {}
         self._ticks: dict[int, tuple[int, int]] = {}
         self._threads: dict[int, dict[int, tuple[int, int]]] = {}
         self._names: dict[int, tuple[str, str]] = {}
 
     def sample(self, ranks: Sequence[RankProc], t: float, *, suspects: Iterable[int] = ()) -> None:
         """One look at every rank of ``ranks`` at time ``t`` (monotonic seconds); numa_maps of ``suspects`` only."""
-        procs = read_procs(self.root)
+        procs = procfs.read_all(self.root)
         ticks = read_cpu_ticks(self.root)
-        job = self._job(procs, [r.pid for r in ranks])
+        job = {*(r.pid for r in ranks), *self.exclude}
+        job |= procfs.tree_of(procs, job)  # the ranks, everything they started, and numarun's own processes
         before = self._procs
         moved = {
             pid: p.ticks - before[pid].ticks
@@ -302,11 +218,11 @@ class Sampler:
                         now.others[pid] = now.others.get(pid, 0) + d
                         if pid not in self._names:  # named now, while it runs
                             self._names[pid] = (
-                                read_command(self.root, pid, procs[pid].command),
-                                read_status_field(self.root, pid, "Cpus_allowed_list"),
+                                procfs.read_cmdline(pid, self.root, fallback=procs[pid].comm),
+                                procfs.read_status(pid, "Cpus_allowed_list", self.root),
                             )
             now.children = len(kids)
-            now.children_cpus = read_status_field(self.root, kids[0].pid, "Cpus_allowed_list") if kids else ""
+            now.children_cpus = procfs.read_status(kids[0].pid, "Cpus_allowed_list", self.root) if kids else ""
             counted = [x for c in sorted(r.cpus) if (x := read_throttle(self.root, c)) is not None]
             now.throttle = sum(counted) if counted else None
             mhz = [read_mhz(self.root, c) for c in sorted(r.cpus)[:MHZ_CPUS]]
@@ -321,22 +237,8 @@ class Sampler:
                     self.remote[r.rank] = remote_share(pages, [r.numa])
         self._ticks, self._procs = ticks, procs
 
-    def _job(self, procs: Mapping[int, ProcStat], ranks: Sequence[int]) -> set[int]:
-        """The ranks, everything they started, and numarun's own processes."""
-        job = set(ranks) | self.exclude
-        children: dict[int, list[int]] = {}
-        for p in procs.values():
-            children.setdefault(p.ppid, []).append(p.pid)
-        todo = list(job)
-        while todo:
-            for kid in children.get(todo.pop(), []):
-                if kid not in job:
-                    job.add(kid)
-                    todo.append(kid)
-        return job
-
     def _threads_of(self, r: RankProc, totals: _Totals) -> None:
-        now = read_schedstat(self.root, r.pid)
+        now = procfs.read_schedstat(r.pid, self.root)
         before = self._threads.get(r.pid, {})
         for tid, (run, wait) in now.items():
             run0, wait0 = before.get(tid, (0, 0)) if before else (run, wait)

@@ -21,11 +21,13 @@ from typing import Any
 from ...fsutil import write_atomic
 from ...jsonable import SchemaError, from_jsonable, loads, to_jsonable
 from ...plan.model import BindingMode, LaunchPlan
+from ...topology import procfs
+from ...topology.procfs import alive
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, RankRow, StepRecord, read_records
 from ..hangs.exchange import store_client
-from ..hangs.verdict import alive, read_beats
+from ..hangs.verdict import read_beats
 from .cause import Cause, explain
-from .evidence import Evidence, RankProc, Sampler, cpus_of, nic_note, read_environ
+from .evidence import Evidence, RankProc, Sampler, cpus_of, nic_note
 from .judge import WINDOW, Judgement, Point, judge
 from .policy import StepPolicy
 from .report import place_of, point, recent, row_of, steps_per_s, summary_lines, verdict_lines
@@ -286,7 +288,7 @@ class StepWatch:
             binding = next((r for r in plan.ranks if r.local_rank == local), None) if plan else None
             cpus = cpus_of(place.cpus, binding.cpus if binding else all_cpus)
             numa = binding.mems[0] if binding and len(binding.mems) == 1 else place.numa
-            nic = nic_note(binding.env, read_environ(self.sampler.root, pid)) if binding else ""
+            nic = nic_note(binding.env, procfs.read_environ(pid, self.sampler.root)) if binding else ""
             self.ranks[local] = _Rank(
                 local,
                 rank,
