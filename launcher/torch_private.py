@@ -11,6 +11,8 @@ numarun drives torchrun from inside its own process and reaches into it in these
 * **torchelastic's messages**: the error file a rank writes (:func:`record_error`, the layout of
   ``ErrorHandler.record_exception``) and what numarun reads back from a failed run (:func:`failure_cause`,
   :func:`runtime_cause`);
+* **torchrun's exit barrier joined** (:func:`before_exit_barrier`): the agent's ``_exit_barrier`` (private) calls
+  numarun's node agent first, so that its last exchange through the store happens while every node is still there;
 * **torch's ``SignalException``** raised by numarun's own death-signal handler, exactly as torchrun's
   (private) ``_terminate_process_handler`` raises it, which torchrun installs numarun's handler in place
   of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
@@ -172,6 +174,37 @@ def order_nodes(key: tuple[str, ...] | None) -> bool:
             return keyed(plain.addr, plain.pid, plain.local_id, mine)
 
     handler._node_desc_generator = _Keyed()
+    return True
+
+
+_BEFORE_BARRIER: list[Any] = []
+
+
+def before_exit_barrier(callback: Any) -> bool:
+    """Have torchrun's agent call ``callback()`` when its worker group succeeded, before it waits for the other
+    nodes' agents (``SimpleElasticAgent._exit_barrier``; None: nothing any more); False (torch left as it is) outside
+    :data:`CHECKED`. A failing callback is logged, never raised: the barrier runs anyway."""
+    if not checked():
+        return False
+    from torch.distributed.elastic.agent.server import api
+
+    agent = api.SimpleElasticAgent
+    if getattr(agent, "_exit_barrier", None) is None:
+        return False
+    _BEFORE_BARRIER[:] = [callback] if callback is not None else []
+    if not getattr(agent._exit_barrier, "__numarun_wrapped__", None):
+        plain = agent._exit_barrier
+
+        def _exit_barrier(self: Any) -> Any:
+            for call in list(_BEFORE_BARRIER):
+                try:
+                    call()
+                except Exception as e:
+                    log.debug("before torchrun's exit barrier: %s", e, exc_info=True)
+            return plain(self)
+
+        _exit_barrier.__numarun_wrapped__ = plain  # type: ignore[attr-defined]
+        agent._exit_barrier = _exit_barrier  # type: ignore[method-assign]
     return True
 
 

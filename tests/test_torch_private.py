@@ -118,6 +118,11 @@ def test_the_private_parts_used_have_the_shape_they_were_checked_with() -> None:
         callable(api._terminate_process_handler)
         and "_terminate_process_handler" in api.PContext.start.__code__.co_names
     )
+    # before_exit_barrier: the agent calls _exit_barrier(self) once its worker group succeeded
+    from torch.distributed.elastic.agent.server import api as agent_api
+
+    assert list(inspect.signature(agent_api.SimpleElasticAgent._exit_barrier).parameters) == ["self"]
+    assert "_exit_barrier" in agent_api.SimpleElasticAgent._invoke_run.__code__.co_names
     assert startup.checked((2, 4)) and startup.checked((2, 15)) and not startup.checked((2, 16))
     assert not startup.checked((2, 3))
 
@@ -128,6 +133,39 @@ def test_outside_the_checked_versions_torch_is_left_as_it_is(monkeypatch: pytest
     original = dynamic_rendezvous.get_method_name
     monkeypatch.setattr(startup, "torch_version", lambda: (9, 0))
     assert startup.install() is False and dynamic_rendezvous.get_method_name is original
+
+
+def test_the_exit_barrier_calls_numarun_first_and_waits_whatever_it_raised() -> None:
+    """torchrun's agent, its worker group done, calls numarun's callbacks and then its own barrier (torch's, on a
+    store of one agent); a callback that fails is logged, never raised; None removes them."""
+    import types
+
+    from torch.distributed import HashStore
+    from torch.distributed.elastic.agent.server import api as agent_api
+
+    order: list[str] = []
+    store = HashStore()
+    agent = types.SimpleNamespace(
+        _store=store,
+        _worker_group=types.SimpleNamespace(group_world_size=1, state="SUCCEEDED"),
+        _exit_barrier_timeout=10,
+        _in_exit_barrier=False,
+    )
+
+    def fails() -> None:
+        raise RuntimeError("boom")
+
+    try:
+        assert startup.before_exit_barrier(fails)
+        startup._BEFORE_BARRIER.append(lambda: order.append(f"numarun, barrier keys {store.num_keys()}"))
+        wrapped = agent_api.SimpleElasticAgent._exit_barrier
+        wrapped(agent)  # type: ignore[arg-type]
+        assert order == ["numarun, barrier keys 0"] and store.num_keys() > 0  # numarun first, then torch's barrier
+        assert startup.before_exit_barrier(lambda: order.append("again"))
+        assert agent_api.SimpleElasticAgent._exit_barrier is wrapped  # wrapped once, whatever the calls
+    finally:
+        startup.before_exit_barrier(None)
+    assert startup._BEFORE_BARRIER == []
 
 
 def test_a_ranks_error_file_is_read_back_by_torchelastic_as_numarun_names_it(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from ..config.detect import AppKind, detect_app
 from ..errors import BindingError, TrainerLayoutError, UsageError
 from ..jobenv import JobShape, Mode
 from ..jobenv.settle import JobConflict, NodeRendezvous, check_rank, rank_env, rank_master
+from ..launch.agent import AgentPolicy
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
@@ -225,7 +226,10 @@ class Road:
         env = {**self.worker_env(options, planned.plan, plan_path), **job_env}
         log.info("running: %s", command_line(env, spec.argv()))
         self.supervisor.run(
-            spec, env, hang=policy_from(options), steps=steps_from(options, os.environ), run_dir=run_dir
+            spec,
+            env,
+            agent=AgentPolicy(policy_from(options), steps_from(options, os.environ)),
+            run_dir=run_dir,
         )
         return 0
 

@@ -39,11 +39,10 @@ from ..errors import NumarunError
 from ..fsutil import write_atomic
 from . import net, oom, reaper, signals
 from .abort import AbortWatch
-from .hangs import HangPolicy, HangWatch, keep_dir, write_job_record
+from .agent import AgentPolicy, NodeAgent
+from .hangs import write_job_record
 from .signals import Phase, reap, say_ready
 from .spec import LaunchSpec
-from .steps import StepPolicy, StepWatch
-from .steps import keep_dir as steps_dir
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +103,7 @@ class Supervisor:
         self._loop: signals.Loop | None = None
         self._stopped: tuple[float, int] | None = None  # when a death signal was taken, which (the grace for C++)
         self._closed = False
-        self._hangs: HangWatch | None = None
-        self._steps: StepWatch | None = None
+        self._agent: NodeAgent | None = None
         self._hang_stop: tuple[int, str] | None = None  # the watchdog asks the loop to end the job
         self._hang_hold = threading.Event()  # set: the loop is about to end the job; the main thread waits for it
         self._stderr_fd: int | None = None  # numarun's stderr while its fd 2 is quieted for a hang stop
@@ -152,8 +150,8 @@ class Supervisor:
         numarun's own stop), before any rank is sent anything: where each rank stood is written (the ranks dump
         their stacks now, racing torchrun's SIGTERM to them; their last samples stand in for those that lose; the
         file follows). Called by the loop and by the main thread, whichever comes first."""
-        if self._hangs is not None:
-            self._hangs.at_stop(signum)
+        if self._agent is not None:
+            self._agent.at_stop(signum)
 
     def _hold(self) -> None:
         """A stop is coming from the loop: the main thread, should torchrun return or fail meanwhile (a rank
@@ -277,14 +275,13 @@ class Supervisor:
         spec: LaunchSpec,
         env: Mapping[str, str],
         *,
-        hang: HangPolicy | None = None,
-        steps: StepPolicy | None = None,
+        agent: AgentPolicy | None = None,
         run_dir: os.PathLike[str] | str | None = None,
     ) -> None:
         """``torch.distributed.run.main`` on the spec's argv with ``env`` added; failures become
-        :class:`RunFailed` (docs/reference/exit-codes.md; docs/run.md, "Signals"). ``hang``: the watchdog's policy
-        (docs/hangs.md), whose roll-calls are kept in ``run_dir``, else the log dir, else ``$TMPDIR``; ``steps``: the
-        step report's (docs/steps.md), whose files are kept there too."""
+        :class:`RunFailed` (docs/reference/exit-codes.md; docs/run.md, "Signals"). ``agent``: the node agent's policy,
+        the hang watchdog's (docs/hangs.md) and the step report's (docs/steps.md), whose files are kept in
+        ``run_dir``, else the log dir, else ``$TMPDIR``."""
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -306,37 +303,27 @@ class Supervisor:
             held = self.loop.take_held()
         for signum in held:  # noted for the workers before any of them can register
             ledger.forward(directory, signum, alive=set())
-        hang = hang or HangPolicy()
-        steps = steps or StepPolicy()
+        agent = agent or AgentPolicy()
         updates = {
             **dict(spec.env),
             **env,
-            **hang.worker_env(),
-            **steps.worker_env(),
+            **agent.worker_env(),
             envvars.LAUNCHER_PID: str(os.getpid()),
             envvars.STATE_DIR: str(directory),
         }
         self._hang_stop = None
-        self._hangs = HangWatch(
-            hang,
+        plan = env.get(envvars.PLAN)
+        self._agent = NodeAgent(
+            agent,
             directory,
-            keep=keep_dir(run_dir or spec.log_dir),
+            keep=run_dir or spec.log_dir,
             store=spec.store_address(),
+            plan=Path(plan) if plan else None,
             request_stop=self._request_stop,
             hold=self._hold,
         ).start()
-        plan = env.get(envvars.PLAN)
-        self._steps = (
-            StepWatch(
-                steps,
-                directory,
-                keep=steps_dir(run_dir or spec.log_dir),
-                store=spec.store_address(),
-                plan=Path(plan) if plan else None,
-            ).start()
-            if steps.on
-            else None
-        )
+        torch_private.before_exit_barrier(self._agent.before_exit_barrier)
+        succeeded = False
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
@@ -344,6 +331,7 @@ class Supervisor:
                 net.await_endpoint(*spec.endpoint(), seconds - spec.rdzv_margin_s, source.partition(" +")[0])
             with scoped_environ(updates):
                 torchrun_main(spec.argv(log_dir=str(directory / "logs")))
+            succeeded = True
         except ChildFailedError as e:
             parts = []
             for rank in sorted(e.failures):
@@ -385,13 +373,11 @@ class Supervisor:
                 torch_private.order_nodes(None)  # the next job of a sweep starts as torch's own
             if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
                 time.sleep(STOP_HOLD_S)
-            hangs, self._hangs = self._hangs, None
-            if hangs is not None:
-                hangs.settle()  # a roll-call begun at a stop is written before the directory goes
-                hangs.close()
-            report, self._steps = self._steps, None
-            if report is not None:
-                report.close()  # the summary and the files, from the ranks' records, before the directory goes
+            torch_private.before_exit_barrier(None)
+            node_agent, self._agent = self._agent, None
+            if node_agent is not None:
+                node_agent.settle()  # a roll-call begun at a stop is written before the directory goes
+                node_agent.close(succeeded=succeeded)  # the step report's summary and files, before the directory goes
             with self.loop.lock:
                 if self.loop.phase is not Phase.STOPPING:
                     self.loop.phase = Phase.BETWEEN

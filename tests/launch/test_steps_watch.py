@@ -1,56 +1,40 @@
-"""The step report's agent thread on a private directory written as the ranks write it (their heartbeats and step
-records; this process stands in for both ranks): the live table, the summary at the end, the files kept."""
+"""The step report's use of the node agent on a private directory written as the ranks write it (their heartbeats
+and step records; this process stands in for both ranks): the live table, the summary at the end, the files kept,
+the views of several nodes and the store gone."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+from step_records import gone_pid, write_job
+
+from numarun.launch.exchange import Exchange
 from numarun.launch.steps import StepPolicy, StepWatch
-from numarun.worker.progress import HEARTBEAT
-from numarun.worker.steps import LIVE, RECORDS, LiveTable, StepRecord, read_records
+from numarun.launch.steps.exchange import ViewKeys
+from numarun.worker.steps import LIVE, LiveTable, read_records
 
 
-def _job(state: Path, *, steps: int, slow_input: float) -> None:
-    """Two ranks of one node; rank 1 waits ``slow_input`` longer for each batch, rank 0 waits that long in comm (and
-    each rank's comm varies by a few microseconds from step to step, as a measured wait does)."""
-    for rank in (0, 1):
-        beat = {"v": 1, "pid": os.getpid(), "rank": rank, "local_rank": rank, "node_rank": 0, "nodes": 1, "group": 0}
-        (state / HEARTBEAT.format(local_rank=rank)).write_text(json.dumps(beat))
-        lines = []
-        for step in range(1, steps + 1):
-            start = 100.0 + step * 0.1
-            late = slow_input if rank == 1 else 0.0
-            lines.append(
-                StepRecord(
-                    rank,
-                    step,
-                    start,
-                    start + 0.1,
-                    input_s=0.001 + late,
-                    comm_s=0.01 + slow_input - late + step * 1e-6,
-                    optim_s=0.001,
-                    compute_s=0.088 - slow_input - step * 1e-6,
-                    peak_bytes=300 << 20,
-                    extra={"loader_workers": 0.0},
-                ).line()
-            )
-        (state / RECORDS.format(local_rank=rank)).write_text("".join(lines))
+def _watch(state: Path, keep: Path, say: Any, exchange: Exchange | None = None) -> StepWatch:
+    def keys(restart: int) -> ViewKeys | None:
+        return ViewKeys(exchange.keys("steps", restart)) if exchange is not None else None
+
+    return StepWatch(StepPolicy(True, 0.5), state, keep=keep, keys=keys, plan=None, say=say)
 
 
 def test_the_live_table_then_the_summary_and_the_files(tmp_path: Path) -> None:
     state, keep = tmp_path / "state", tmp_path / "keep"
-    state.mkdir()
-    _job(state, steps=30, slow_input=0.04)
+    write_job(state, steps=30, slow_input=0.04)
     said: list[str] = []
-    watch = StepWatch(StepPolicy(True, 0.5), state, keep=keep, store=None, plan=None, say=said.extend)
+    watch = _watch(state, keep, said.extend)
     watch.tick()
     table = LiveTable.parse((state / LIVE).read_text())
     assert [r.place.rank for r in table.rows] == [0, 1] and all(r.steps == 30 for r in table.rows)
     assert table.rows[1].phases["input"] > 0.04 and table.slowest == 1 and table.job_nodes == 1
     assert table.verdict is not None and table.verdict.startswith("=> rank 1 holds the job back: input")
-    watch.close()
+    watch.finish()
     assert said[0] == "step report: 30 steps of 2 ranks, 10 steps/s, a step 100 ms"
     verdict = next(line for line in said if line.startswith("=> "))
     assert verdict.startswith("=> rank 1 holds the job back: input, 40 ms a step above the other ranks"), said
@@ -62,17 +46,16 @@ def test_the_live_table_then_the_summary_and_the_files(tmp_path: Path) -> None:
 
 def test_a_balanced_job_and_a_job_without_steps(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    state.mkdir()
-    _job(state, steps=30, slow_input=0.0)
+    write_job(state, steps=30, slow_input=0.0)
     said: list[str] = []
-    StepWatch(StepPolicy(True, 0.5), state, keep=tmp_path / "keep", store=None, plan=None, say=said.extend).close()
+    _watch(state, tmp_path / "keep", said.extend).finish()
     assert [line for line in said if line.startswith("=> ")] == [
         "=> no rank holds the job back (the slowest, rank 0, costs 0 % of a step)"
     ]
     empty = tmp_path / "empty"
     empty.mkdir()
     quiet: list[str] = []
-    StepWatch(StepPolicy(True, 0.5), empty, keep=tmp_path / "none", store=None, plan=None, say=quiet.extend).close()
+    _watch(empty, tmp_path / "none", quiet.extend).finish()
     assert quiet == [] and not (tmp_path / "none").exists()  # no rank ever ran: nothing to say
 
 
@@ -104,21 +87,63 @@ def test_a_store_gone_is_tried_once_and_a_node_without_steps_never_asks_it(tmp_p
     try:
         for steps, expect_tries in ((0, False), (30, True)):
             state = tmp_path / f"state{steps}"
-            state.mkdir()
-            _job(state, steps=steps, slow_input=0.0)
-            for rank in (0, 1):  # node 1 of two: the judge and the store are elsewhere
-                beat = json.loads((state / HEARTBEAT.format(local_rank=rank)).read_text())
-                beat.update(node_rank=1, nodes=2, rank=rank + 2)
-                (state / HEARTBEAT.format(local_rank=rank)).write_text(json.dumps(beat))
-            watch = StepWatch(StepPolicy(True, 0.5), state, keep=tmp_path / "keep", store=address, plan=None, say=print)
+            write_job(
+                state, steps=steps, slow_input=0.0, node=1, nodes=2
+            )  # node 1: the judge and the store are elsewhere
+            watch = _watch(state, tmp_path / "keep", print, Exchange(*address))
             del tries[:]
             watch.tick()
             assert bool(tries) is expect_tries, (steps, len(tries))
             first = len(tries)
             watch.tick()
-            watch.close()
+            watch.finish()
             assert len(tries) == first, (steps, first, len(tries))  # never again after the first failure
             assert [r.place.rank for r in LiveTable.parse((state / LIVE).read_text()).rows] == [2, 3]
     finally:
         done.set()
         server.close()
+
+
+def test_the_judge_decides_on_every_nodes_last_view_or_names_the_node_it_lacks(tmp_path: Path) -> None:
+    """Two nodes' step reports meet in a real store (torch's TCPStore, in this process); rank 3, on node 1, loads
+    slowly. While node 1 runs on, the judge's wait for its last view ends in the verdict naming node 1 and where it
+    last reported, no rank; once node 1 has handed its last view over, the judge names rank 3 on the whole job."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    address = ("127.0.0.1", server.port)
+    gone = gone_pid()
+    said: dict[int, list[str]] = {0: [], 1: []}
+    watches = {}
+    for node, pid in ((0, gone), (1, 0)):  # node 1's ranks still run
+        write_job(tmp_path / f"node{node}", steps=40, slow_input=0.04, node=node, nodes=2, slow=3, pid=pid)
+        watches[node] = _watch(
+            tmp_path / f"node{node}", tmp_path / f"keep{node}", said[node].extend, Exchange(*address)
+        )
+    watches[1].tick()
+    watches[0].hand_over(wait_s=0.3)
+    assert watches[0].missing == ["node 1 last reported at step 40"]
+    watches[0].finish()
+    verdict = next(line for line in said[0] if line.startswith("=> "))
+    assert verdict == (
+        "=> no verdict on the job: node 1 last reported at step 40 (its last view did not come; nothing is judged "
+        "on less)"
+    )
+    assert said[0][0].startswith("step report: 40 steps of 4 ranks on 2 nodes")
+
+    for node in (0, 1):  # the same job once node 1's ranks have ended too
+        write_job(tmp_path / f"again{node}", steps=40, slow_input=0.04, node=node, nodes=2, slow=3, pid=gone)
+    exchange = Exchange(*address)
+    exchange.call("delete_key", "numarun/steps/0/node/1")
+    again = {n: _watch(tmp_path / f"again{n}", tmp_path / f"kept{n}", said[n].extend, exchange) for n in (0, 1)}
+    again[1].hand_over()
+    again[0].hand_over(wait_s=5)
+    assert again[0].missing == [] and again[1].missing == []
+    exchange.close()
+    said[0].clear()
+    again[0].finish()
+    assert next(line for line in said[0] if line.startswith("=> ")).startswith(
+        "=> rank 3 (node 1, " + os.uname().nodename
+    )

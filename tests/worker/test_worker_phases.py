@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from numarun.launch.steps.watch import Tail
+from numarun.launch.steps.tail import Tail
 from numarun.worker import phases, progress
 from numarun.worker.steps import PHASES, StepRecord, read_records
 
@@ -225,7 +225,9 @@ def test_the_wait_inside_ddps_backward_is_measured_every_step(world_of_one: Any,
     assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
     assert rec.ddp.syncs == 6  # one measured backward a step, whatever the accumulation
     for r in records[1:]:
-        assert 0.040 <= r.extra["ddp_wait_s"] < r.wall_s and r.comm_s == pytest.approx(r.extra["ddp_wait_s"], abs=1e-5)
+        # the 40 ms less what backward had left to compute after the bucket was handed over
+        assert 0.020 <= r.extra["ddp_wait_s"] < r.wall_s
+        assert r.comm_s == pytest.approx(r.extra["ddp_wait_s"], abs=1e-5)
         assert r.compute_s == pytest.approx(r.wall_s - r.comm_s - r.optim_s, abs=1e-5)
 
 

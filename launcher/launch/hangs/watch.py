@@ -1,16 +1,11 @@
-"""The watchdog thread of one job (``numarun-hangs``): samples, judges, calls the roll, acts, answers ``numarun
-stacks``."""
+"""The hang watchdog, one use of the node agent (:mod:`numarun.launch.agent`, whose thread calls :meth:`HangWatch.tick`
+every sample): judges, calls the roll, acts, answers ``numarun stacks``."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import select
 import signal
-import socket
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,31 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from ...fsutil import write_atomic
-from .exchange import ANSWER_WAIT_S, Exchange
+from .exchange import ANSWER_WAIT_S, RollCallKeys
 from .node import Dumps, NodeCall, call_node, freeze, render, resume
 from .policy import EXIT_HANG, HangPolicy, OnHang
-from .stacks import FIFO
 from .verdict import Summary, Verdict, exit_code, judge, read_beats, summarize
 
 log = logging.getLogger(__name__)
 
-KEEP_DIR = "numarun_hangs.{host}.{pid}"
-"""Not ``numarun-*``: that is the private directory's pattern, removed at exit; this one is kept."""
 STOP_ACK_WAIT_S = 15.0
 STOP_DUMP_WAIT_S = 1.0
 
-
-def keep_dir(base: os.PathLike[str] | str | None) -> Path:
-    """Where this numarun keeps its roll-calls: ``<base>/numarun_hangs.<host>.<pid>`` (base: the run dir, the log
-    dir, else ``$TMPDIR``)."""
-    root = Path(base).absolute() if base else Path(tempfile.gettempdir())
-    return root / KEEP_DIR.format(host=socket.gethostname(), pid=os.getpid())
+Beats = Mapping[int, Mapping[str, Any]]
 
 
 class HangWatch:
-    """One job's watchdog thread (see the module docstring). ``hold()`` says a stop is coming (the supervisor's main
-    thread must not end the run its own way meanwhile), ``request_stop(code, message)`` asks the supervisor's loop
-    to end the job; ``store``: (host, port) of the rendezvous store of a multi-node job."""
+    """One job's hang watchdog on this node (see the module docstring). ``hold()`` says a stop is coming (the
+    supervisor's main thread must not end the run its own way meanwhile), ``request_stop(code, message)`` asks the
+    supervisor's loop to end the job; ``keys(restart)``: the roll-call's keys in the job's store (None on one node, or
+    once the store is gone); ``say`` prints lines on numarun's stderr."""
 
     def __init__(
         self,
@@ -50,49 +38,32 @@ class HangWatch:
         state: Path,
         *,
         keep: Path,
-        store: tuple[str, int] | None,
+        keys: Callable[[int], RollCallKeys | None],
         request_stop: Callable[[int, str], None],
         hold: Callable[[], None],
+        say: Callable[[Iterable[str]], None],
     ) -> None:
         self.policy = policy
         self.state = state
         self.keep = keep
-        self.store_address = store
+        self._keys = keys
         self.request_stop = request_stop
         self.hold = hold
-        self._exchange: Exchange | None = None
+        self.say = say
         self._armed = True
         self._count = 0
-        self._closed = threading.Event()
+        self.done = False
+        """The watchdog stopped the job (or another node's did): it has nothing more to do."""
         self._stop_asked: tuple[str, Dumps] | None = None
         self.stop_written = threading.Event()
         self._stop_taken = False
         self._stop_lock = threading.Lock()
-        self._fifo_path = state / FIFO
-        self._fifo = -1
-        self._thread: threading.Thread | None = None
         self.reports: list[list[str]] = []
 
-    # -- the supervisor's side
-    def start(self) -> HangWatch:
-        with contextlib.suppress(FileExistsError):
-            os.mkfifo(self._fifo_path, 0o600)
-        self._fifo = os.open(self._fifo_path, os.O_RDWR | os.O_NONBLOCK)  # O_RDWR: never EOF between clients
-        self._thread = threading.Thread(target=self._run, name="numarun-hangs", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._closed.set()
-        self._poke()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._fifo >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._fifo)
-            self._fifo = -1
-        with contextlib.suppress(OSError):
-            self._fifo_path.unlink()
+    @property
+    def pending(self) -> bool:
+        """A roll-call at a stop waits to be written (the agent's thread writes it at once)."""
+        return self._stop_asked is not None
 
     def at_stop(self, signum: int) -> None:
         """The supervisor begins stopping the ranks (a death signal): each rank dumps its stacks now, before
@@ -109,40 +80,17 @@ class HangWatch:
             self.stop_written.set()
             return
         self._stop_asked = (signal.Signals(signum).name, dumps)
-        self._poke()
 
     def settle(self, timeout_s: float = 10.0) -> None:
         """Wait for the roll-call at a stop, if one was begun."""
         if self._stop_taken:
             self.stop_written.wait(timeout_s)
 
-    def _poke(self) -> None:
-        if self._fifo >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._fifo, b"poke\n")
-
-    # -- the thread
-    def _run(self) -> None:
-        pending = b""
-        while not self._closed.is_set():
-            requests: list[str] = []
-            with contextlib.suppress(OSError, ValueError):
-                if select.select([self._fifo], [], [], self.policy.tick_s)[0]:
-                    pending += os.read(self._fifo, 65536)
-                    *lines, pending = pending.split(b"\n")
-                    requests = [ln.decode("utf-8", "replace").strip() for ln in lines if ln.strip()]
-            if self._closed.is_set():
-                return
-            try:
-                self._tick([r for r in requests if r != "poke"])
-            except Exception as e:  # the watchdog never takes the job down
-                log.debug("hang watchdog: %s", e, exc_info=True)
-
-    def _say(self, lines: Iterable[str]) -> None:
-        sys.stderr.write("".join(f"numarun: {line}\n" for line in lines))
-        sys.stderr.flush()
-
-    def _tick(self, requests: list[str]) -> None:
+    def tick(self, beats: Beats, requests: list[str]) -> None:
+        """One sample: the roll-call at a stop if one was asked, another node's stop, the other nodes' roll-calls and
+        ``numarun stacks``'s requests answered, the verdict."""
+        if self.done:
+            return
         if self._stop_asked is not None:
             name, dumps = self._stop_asked
             self._stop_asked = None
@@ -151,23 +99,22 @@ class HangWatch:
             finally:
                 self.stop_written.set()
             return
-        beats = read_beats(self.state)
         summary = summarize(beats, time.monotonic())
         if summary is None:
             for r in requests:
                 self._answer_request(r, None)
             return
-        ex = self._exchange_for(summary, beats)
+        ex = self._keys(int(next(iter(beats.values()), {}).get("group", 0))) if summary.nodes > 1 else None
         if ex is not None:
             ex.publish(summary)
             stop = ex.stopping()
-            if stop is not None and int(stop["by"]) != summary.node:
+            if stop is not None and int(str(stop["by"])) != summary.node:
                 self.hold()
                 freeze(beats)
                 ex.ack()
                 self._await_acks(ex, summary.nodes)  # the store (on any node) stays up until every node knows
                 self.request_stop(EXIT_HANG, str(stop["message"]))
-                self._closed.set()
+                self.done = True
                 return
             self._answer_asks(ex, beats, summary.node)
         for r in requests:
@@ -181,35 +128,27 @@ class HangWatch:
                 self._armed = False
                 self._report(verdict, beats, summary, ex)
 
-    def _exchange_for(self, summary: Summary, beats: Mapping[int, Mapping[str, Any]]) -> Exchange | None:
-        if self.store_address is None or summary.nodes <= 1:
-            return None
-        group = next(iter(beats.values()), {}).get("group", 0)
-        if self._exchange is None or self._exchange.prefix != f"numarun/hang/{group}/":
-            self._exchange = Exchange(*self.store_address, int(group))
-        return self._exchange
-
-    def _answer_asks(self, ex: Exchange, beats: Mapping[int, Mapping[str, Any]], node: int) -> None:
+    def _answer_asks(self, ex: RollCallKeys, beats: Mapping[int, Mapping[str, Any]], node: int) -> None:
         for k, why, by in ex.asks():
             if by == node:
                 continue  # this node's own: answered as it asked
             ex.answer(k, call_node(self.state, beats, self.keep / f"stacks.{k}.txt", py_spy=why != "stop"))
 
-    def _call(
-        self, why: str, beats: Mapping[int, Mapping[str, Any]], summary: Summary, ex: Exchange | None
-    ) -> list[NodeCall]:
+    def _call(self, why: str, beats: Beats, summary: Summary, ex: RollCallKeys | None) -> list[NodeCall]:
         """Every node's answer to one roll-call (this node's own first); nodes that do not answer are named."""
         if ex is None:
             self._count += 1
             return [call_node(self.state, beats, self.keep / f"stacks.{self._count}.txt")]
         k = ex.ask(why, summary.node)
+        if k is None:  # the store has gone: this node's own stands
+            return self._call(why, beats, summary, None)
         own = call_node(self.state, beats, self.keep / f"stacks.{k}.txt")
         ex.answer(k, own)
         deadline = time.monotonic() + ANSWER_WAIT_S
         got: dict[int, NodeCall] = {}
         while time.monotonic() < deadline:
             got = ex.answers(k, summary.nodes)
-            if len(got) >= summary.nodes:
+            if len(got) >= summary.nodes or ex.keys.gone:
                 break
             self._answer_asks(ex, beats, summary.node)  # another node may be calling the roll meanwhile
             time.sleep(0.2)
@@ -219,9 +158,7 @@ class HangWatch:
             calls.append(NodeCall(n, "", (), "(no answer)", f"node {n} did not answer within {ANSWER_WAIT_S:g} s"))
         return calls
 
-    def _report(
-        self, verdict: Verdict, beats: Mapping[int, Mapping[str, Any]], summary: Summary, ex: Exchange | None
-    ) -> None:
+    def _report(self, verdict: Verdict, beats: Beats, summary: Summary, ex: RollCallKeys | None) -> None:
         calls = self._call("hang", beats, summary, ex)
         p = self.policy
         first = (
@@ -236,7 +173,7 @@ class HangWatch:
         text.append(f"this roll-call: {kept}")
         if p.action is OnHang.STOP:
             self.reports.append(text)
-            self._say(text)
+            self.say(text)
             self.hold()
             freeze(beats)
             message = (
@@ -251,27 +188,25 @@ class HangWatch:
                 )
                 self._await_acks(ex, summary.nodes)
             self.request_stop(EXIT_HANG, message)
-            self._closed.set()
+            self.done = True
             return
         text.append(
             "the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
             f"--on-hang stop would end it (exit code {EXIT_HANG})"
         )
         self.reports.append(text)
-        self._say(text)
+        self.say(text)
 
     @staticmethod
-    def _await_acks(ex: Exchange, nodes: int) -> None:
+    def _await_acks(ex: RollCallKeys, nodes: int) -> None:
         deadline = time.monotonic() + STOP_ACK_WAIT_S
         while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):  # a node that already ended took the store with it: go on
-                if ex.acks() >= nodes - 1:
-                    return
-                time.sleep(0.2)
-                continue
-            return
+            acks = ex.acks()
+            if acks is None or acks >= nodes - 1:  # None: a node that already ended took the store with it
+                return
+            time.sleep(0.2)
 
-    def _answer_request(self, request: str, view: tuple[Any, Summary, Exchange | None] | None) -> None:
+    def _answer_request(self, request: str, view: tuple[Any, Summary, RollCallKeys | None] | None) -> None:
         """A ``numarun stacks`` request ``<id> <full>``: the roll-call in ``stacks.<id>.txt``."""
         rid, _, full = request.partition(" ")
         if not rid.isalnum():
@@ -299,4 +234,4 @@ class HangWatch:
         text = render([call], header=[f"where each rank of this node stood when numarun got {name}:"])
         kept = self.keep / "rollcall.stop.txt"
         kept.write_text("".join(f"{line}\n" for line in text))
-        self._say([f"where each rank stood at {name}: {kept}"])
+        self.say([f"where each rank stood at {name}: {kept}"])

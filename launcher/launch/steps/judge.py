@@ -62,6 +62,7 @@ class Unjudged(enum.Enum):
     TOO_FEW = "too few steps"
     SMALL = "the slowest costs less than a tenth of a step"
     UNSTEADY = "the slowest was not behind steadily enough"
+    NODES_MISSING = "a node's last view did not come"
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,8 @@ class Judgement:
     """The slowest rank's seconds per step above the others', per phase (the mean over the steps)."""
     unjudged: Unjudged | None = None
     """Why no rank is named; None when one is."""
+    missing: tuple[str, ...] = ()
+    """The nodes whose last view the judge did not get (``node 1 last reported at step 40``): it names no rank."""
 
     @property
     def share(self) -> float:
@@ -144,6 +147,8 @@ class Judgement:
             return f"{self.steps} steps of every rank, fewer than {MIN_STEPS}"
         if u is Unjudged.SMALL:
             return f"the slowest costs {self.share:.0%} of a step"
+        if u is Unjudged.NODES_MISSING:
+            return "; ".join(self.missing)
         if u is Unjudged.UNSTEADY:
             return (
                 f"the slowest was behind in {self.behind:.0%} of the steps, as good as {self.independent:.0f} "
@@ -287,6 +292,11 @@ def _effective(signs: Sequence[bool]) -> float:
 def _tail(k: int, n: int) -> float:
     """P(at least ``k`` of ``n`` fair coins come up heads)."""
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
+
+
+def without_nodes(j: Judgement, missing: Sequence[str]) -> Judgement:
+    """``j`` made on a job some of whose nodes' last views did not come (``missing``): no rank is named."""
+    return _with(j, culprit=None, phase=None, unjudged=Unjudged.NODES_MISSING, missing=tuple(missing))
 
 
 def _with(j: Judgement, **changes: Any) -> Judgement:

@@ -82,6 +82,8 @@ def verdict_lines(
 ) -> list[str]:
     """``=> rank 3 holds the job back: ...`` and its ``why``/``fix`` lines, or why no rank is named."""
     if j.culprit is None:
+        if j.unjudged is Unjudged.NODES_MISSING:
+            return [f"=> no verdict on the job: {j.reason} (its last view did not come; nothing is judged on less)"]
         if j.slowest is None or j.unjudged in (Unjudged.NO_STEPS, Unjudged.ONE_RANK):
             return [f"=> no rank holds the job back ({j.reason})"]
         if j.unjudged is Unjudged.TOO_FEW:
