@@ -405,8 +405,8 @@ class StepWatch:
         (self.keep / "steps.jsonl").write_text("".join(lines))
         places = {r.rank: r.place for r in self.ranks.values()}
         shown = [rec for rank in sorted(records) for rec in records[rank][-PICTURE_STEPS:]]
-        from .picture import picture
-        from .trace import chrome_trace
+        from ...view.steps_picture import picture
+        from ...view.steps_trace import chrome_trace
 
         (self.keep / "steps.svg").write_text(picture(shown, places))
         (self.keep / "steps.trace.json").write_text(json.dumps(chrome_trace(shown, places)))

@@ -1,4 +1,4 @@
-"""The step report's picture (numarun.launch.steps.picture): known records in, an SVG out, read back with ElementTree.
+"""The step report's picture (numarun.view.steps_picture): known records in, an SVG out, read back with ElementTree.
 
 A slow rank's row is the longest; each step is split by phase in proportion to its phase seconds; labels are the
 places' and escaped; each node has its own axis; thousands of steps are merged into a bounded number of buckets,
@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from numarun.launch.steps.picture import BUCKETS, MAX_STEPS, PLOT_W, peak_text, picture
+from numarun.view.steps_picture import BUCKETS, MAX_STEPS, PLOT_W, peak_text, picture
 from numarun.worker.steps import PHASES, RankPlace, StepRecord
 
 NS = {"s": "http://www.w3.org/2000/svg"}

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
-from ...worker.steps import PHASES, RankPlace, StepRecord
+from ..worker.steps import PHASES, RankPlace, StepRecord
 
 MAX_STEPS = 300
 """Beyond this many steps in one row, the node's steps are merged into :data:`BUCKETS` time buckets."""
