@@ -10,6 +10,7 @@ attributes are escaped here, never by the caller; coordinates and sizes are writ
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 from xml.sax.saxutils import escape
 
@@ -113,9 +114,9 @@ class Canvas:
         self._parts.append("</g>")
 
     def document(self, width: float, height: float, *, title: str, style: str = "") -> str:
-        """A standalone SVG document (UTF-8 text, no external references) of what was drawn, on a white page;
-        ``title`` names it, ``style`` follows :data:`BASE_STYLE` in its style sheet."""
-        w, h = num(width), num(height)
+        """A standalone SVG document (UTF-8 text, no external references) of what was drawn, on a white page of
+        whole pixels; ``title`` names it, ``style`` follows :data:`BASE_STYLE` in its style sheet."""
+        w, h = math.ceil(width), math.ceil(height)
         return "\n".join(
             [
                 '<?xml version="1.0" encoding="UTF-8"?>',
