@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..worker.steps import PHASES, RankPlace, StepRecord
+from .steps_text import peak_text
 from .svg_doc import Canvas, clip, num
 
 MAX_STEPS = 300
@@ -58,17 +59,6 @@ _STYLE = (
     "rect.step { fill: #000; fill-opacity: 0; stroke: #fff; stroke-width: 0.4; }\n"
     + "".join(f"path.phase-{p} {{ fill: {c}; }}\n" for p, c in PHASE_COLOURS.items())
 )
-
-
-def peak_text(peak_bytes: int | None) -> str:
-    """``1.2 GiB``, ``640 MiB``; ``-`` when unknown."""
-    if peak_bytes is None or peak_bytes < 0:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if peak_bytes >= size:
-            value = peak_bytes / size
-            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{peak_bytes} B"
 
 
 def _finite(x: float) -> float:

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..tables import render
 from ..worker.steps import PHASES, LiveTable, RankRow
-from .steps_picture import peak_text
+from .steps_text import peak_text
 
 
 def _seconds(value: float | None) -> str:

@@ -1,5 +1,6 @@
-"""The step report's words and tables (pure): each rank's place and row, the verdict in the roll-call's style and
-the summary printed at the end of a job."""
+"""The step report's words (pure): each rank's place and row, the verdict in the roll-call's style and the summary
+printed at the end of a job, whose figures and table :mod:`numarun.view.steps_text` draws. The verdict and the choice
+of the summary's columns stay beside the judge whose findings they state: the view sits below launch."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Mapping, Sequence
 
 from ...cpuset import format_list
 from ...plan.model import BindingMode, LaunchPlan
+from ...view.steps_text import ShareColumn, ms, pct, summary_text
 from ...worker.steps import PHASES, RankPlace, RankRow, StepRecord
-from .cause import Cause, ms, pct
+from .cause import Cause
 from .judge import OWN_PHASES, WINDOW, Judgement, Point, Unjudged
 
 
@@ -123,36 +125,27 @@ def summary_lines(
 ) -> list[str]:
     """The end-of-job summary (without the ``numarun:`` prefix): the job's pace, each phase's share of a step for the
     median rank and the slowest, peak memory, the verdict."""
-    ranks = len(rows)
-    where = f" on {nodes} nodes" if nodes > 1 else ""
-    steps = min((r.steps for r in rows), default=0)
-    rate = f", {pace:.3g} steps/s" if pace else ""
-    out = [f"step report: {steps} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{rate}, a step {ms(j.step_s)}"]
     shares = {r: _shares(ph) for r, ph in j.phases.items()}
     slow = j.culprit if j.culprit is not None else j.slowest
     peaks = {r.place.rank: r.peak_bytes for r in rows if r.peak_bytes}
-    if slow is None or ranks < 2 or slow not in shares:  # one rank: its own shares
-        out.append(f"  {'share of a step':<18}{f'rank {next(iter(shares), 0)}':>12}")
-        for p in PHASES:
-            out.append(f"  {p:<18}{pct(_median([s[p] for s in shares.values()])):>12}")
-        if peaks:
-            out.append(f"  {'peak memory':<18}{_mib(_median(list(peaks.values()))):>12}")
-        return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
-    others = [r for r in shares if r != slow]
-    out.append(f"  {'share of a step':<18}{f'rank {slow} (slowest)':>20}{'the others (median)':>22}")
-    for p in PHASES:
-        out.append(f"  {p:<18}{pct(shares[slow][p]):>20}{pct(_median([shares[r][p] for r in others])):>22}")
-    if peaks:
-        theirs = [v for r, v in peaks.items() if r != slow]
-        mine = _mib(peaks[slow]) if slow in peaks else "-"
-        out.append(f"  {'peak memory':<18}{mine:>20}{_mib(_median(theirs)) if theirs else '-':>22}")
-    return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
+    if slow is None or len(rows) < 2 or slow not in shares:  # one rank: its own shares
+        columns = [_median_column(f"rank {next(iter(shares), 0)}", list(shares.values()), list(peaks.values()))]
+    else:
+        others = [shares[r] for r in shares if r != slow]
+        columns = [
+            ShareColumn(f"rank {slow} (slowest)", shares[slow], peaks.get(slow)),
+            _median_column("the others (median)", others, [v for r, v in peaks.items() if r != slow]),
+        ]
+    steps = min((r.steps for r in rows), default=0)
+    text = summary_text(steps=steps, ranks=len(rows), nodes=nodes, pace=pace, step_s=j.step_s, columns=columns)
+    return text + verdict_lines(j, cause, places, multi_node=nodes > 1)
+
+
+def _median_column(name: str, shares: Sequence[Mapping[str, float]], peaks: Sequence[int]) -> ShareColumn:
+    """The median of several ranks' shares and peaks."""
+    return ShareColumn(name, {p: _median([s[p] for s in shares]) for p in PHASES}, _median(peaks) if peaks else None)
 
 
 def _shares(phases: Mapping[str, float]) -> dict[str, float]:
     total = sum(phases.values())
     return {p: (phases.get(p, 0.0) / total if total > 0 else 0.0) for p in PHASES}
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.0f} MiB" if n < 2**30 * 10 else f"{n / 2**30:.1f} GiB"
