@@ -27,8 +27,9 @@ from ..hangs.verdict import alive, read_beats
 from .cause import Cause, explain
 from .evidence import Evidence, RankProc, Sampler, cpus_of, nic_note, read_environ
 from .judge import WINDOW, Judgement, Point, judge
+from .live import place_of, point, recent, row_of, steps_per_s
 from .policy import StepPolicy
-from .report import place_of, point, recent, row_of, steps_per_s, summary_lines, verdict_lines
+from .report import summary_lines, verdict_lines
 
 log = logging.getLogger(__name__)
 
