@@ -94,11 +94,11 @@ STEP_JOBS = (
 
 
 def draw_steps(folder: str) -> str:
-    """The step report's picture (:func:`numarun.launch.steps.picture.picture`) of a recorded job."""
+    """The step report's picture (:func:`numarun.view.steps_picture.picture`) of a recorded job."""
     import json
 
     from numarun.jsonable import from_jsonable
-    from numarun.launch.steps.picture import picture
+    from numarun.view.steps_picture import picture
     from numarun.worker.steps import RankPlace, read_records
 
     records = list(read_records((REPO / folder / "steps.jsonl").read_text().splitlines()))

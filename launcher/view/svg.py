@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from xml.sax.saxutils import escape, quoteattr
 
 from ..cpuset import format_list
 from ..plan.model import LaunchPlan, RankBinding
 from ..topology.model import Cpu, Gpu, Nic, NumaNode, Topology, physical_cores
+from .svg_doc import Canvas, clip, num
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,7 @@ RANK_COLOURS: tuple[str, ...] = (
     "#393b79",
 )
 
-_STYLE = """
-text { font-family: monospace; font-size: 11px; fill: #000; }
-.machine > rect.frame { fill: #ffffff; stroke: #000; }
+_STYLE = """.machine > rect.frame { fill: #ffffff; stroke: #000; }
 .package > rect.frame { fill: #dfe8d6; stroke: #444; }
 .numa > rect.frame { fill: #efe8b8; stroke: #444; }
 .numa.memory-only > rect.frame { fill: #f5f0d8; stroke: #444; stroke-dasharray: 4 2; }
@@ -79,7 +77,9 @@ text.link-cell { font-size: 10px; }
 rect.gpu-node { fill: #c9f2c9; stroke: #2a7a2a; }
 path.link { fill: none; stroke: #76b900; stroke-width: 2; stroke-opacity: 0.8; }
 text.link-label { fill: #3d6000; font-weight: bold; }
-text.title { font-weight: bold; }
+rect.link-label-bg { fill: #fafff0; }
+rect.links-frame { fill: #fafff0; stroke: #76b900; }
+.legend-rank > rect { stroke: #000; }
 """
 
 
@@ -93,21 +93,13 @@ def _dark(colour: str) -> bool:
     return 0.299 * r + 0.587 * g + 0.114 * b < 100
 
 
-def _a(value: object) -> str:
-    return quoteattr(str(value))
-
-
-def _t(value: object) -> str:
-    return escape(str(value))
-
-
 @dataclass
 class _Box:
     """A laid-out piece: its size, and how to emit its SVG at an absolute position."""
 
     w: float
     h: float
-    draw: Callable[[float, float, list[str]], None]
+    draw: Callable[[float, float, Canvas], None]
 
 
 @dataclass
@@ -166,17 +158,14 @@ def _container(
     dev_y = TITLE_H + PAD + ch + (GAP * 2 if children and devices else 0)
     h = dev_y + dh + PAD
 
-    def draw(x: float, y: float, out: list[str]) -> None:
-        out.append(f"<g class={_a(css)}>")
-        out.append(f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="3"/>')
-        if tooltip:
-            out.append(f"<title>{_t(tooltip)}</title>")
-        out.append(f'<text class="title" x="{x + PAD:.0f}" y="{y + 13:.0f}">{_t(title)}</text>')
-        for c, (ox, oy) in zip(children, coffs):
-            c.draw(x + PAD + ox, y + TITLE_H + PAD + oy, out)
-        for d, (ox, oy) in zip(devices, doffs):
-            d.draw(x + PAD + ox, y + dev_y + oy, out)
-        out.append("</g>")
+    def draw(x: float, y: float, out: Canvas) -> None:
+        with out.group(cls=css, tip=tooltip):
+            out.rect(x, y, w, h, cls="frame", rx=3)
+            out.text(x + PAD, y + 13, title, cls="title")
+            for c, (ox, oy) in zip(children, coffs):
+                c.draw(x + PAD + ox, y + TITLE_H + PAD + oy, out)
+            for d, (ox, oy) in zip(devices, doffs):
+                d.draw(x + PAD + ox, y + dev_y + oy, out)
 
     return _Box(w, h, draw)
 
@@ -184,7 +173,7 @@ def _container(
 def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
     ranks = ctx.cpu_ranks.get(cpu.id, [])
 
-    def draw(x: float, y: float, out: list[str]) -> None:
+    def draw(x: float, y: float, out: Canvas) -> None:
         cls = "pu"
         state = "online" if cpu.online else "offline"
         if not cpu.online:
@@ -192,26 +181,24 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
         elif not cpu.allowed:
             cls += " disallowed"
             state = "not allowed"
-        fill = f' style="fill:{rank_colour(ranks[0])}"' if len(ranks) == 1 else ""
-        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
-        out.append(
-            f'<rect class={_a(cls)} data-cpu="{cpu.id}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
-            f'width="{PU_W}" height="{PU_H}"{fill}>'
-            f"<title>{_t(f'CPU {cpu.id} ({state})' + (f', rank {format_list(ranks)}' if ranks else ''))}</title></rect>"
+        out.rect(
+            x,
+            y,
+            PU_W,
+            PU_H,
+            cls=cls,
+            data={"cpu": cpu.id, "ranks": _ranks(ranks)},
+            tip=f"CPU {cpu.id} ({state})" + (f", rank {format_list(ranks)}" if ranks else ""),
+            style=f"fill:{rank_colour(ranks[0])}" if len(ranks) == 1 else None,
         )
         if len(ranks) > 1:  # shared CPU: one stripe per rank
             sw = PU_W / len(ranks)
             for i, r in enumerate(ranks):
-                out.append(
-                    f'<rect class="pu-share" data-rank="{r}" x="{x + i * sw:.1f}" y="{y:.0f}" '
-                    f'width="{sw:.1f}" height="{PU_H}" style="fill:{rank_colour(r)}"/>'
-                )
+                out.rect(x + i * sw, y, sw, PU_H, cls="pu-share", data={"rank": r}, style=f"fill:{rank_colour(r)}")
         greyed = " greyed" if not (cpu.online and cpu.allowed) else ""
         if len(ranks) == 1 and _dark(rank_colour(ranks[0])):
             greyed += " on-dark"
-        out.append(
-            f'<text class="pu-id{greyed}" x="{x + PU_W / 2:.0f}" y="{y + 13:.0f}" text-anchor="middle">{cpu.id}</text>'
-        )
+        out.text(x + PU_W / 2, y + 13, cpu.id, cls=f"pu-id{greyed}", anchor="middle")
 
     return _Box(PU_W, PU_H, draw)
 
@@ -221,36 +208,29 @@ def _core_box(ctx: _Ctx, cpus: Sequence[Cpu]) -> _Box:
     w = len(pus) * PU_W + (len(pus) - 1) * 2 + 6
     h = PU_H + 6 + (RANK_H if ctx.planned else 0)
     ranks = sorted({r for c in cpus for r in ctx.cpu_ranks.get(c.id, [])})
-    label = _fit("r" + format_list(ranks), w) if ranks else ""
+    label = clip("r" + format_list(ranks), max(1, int((w - 4) / 6.2))) if ranks else ""
 
-    def draw(x: float, y: float, out: list[str]) -> None:
-        ids = ",".join(str(c.id) for c in cpus)
-        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
-        out.append(f'<g class="core" data-cpus="{ids}"{rank_attr}>')
-        out.append(f'<rect class="frame" x="{x:.0f}" y="{y:.0f}" width="{w}" height="{h}" rx="2"/>')
-        for i, p in enumerate(pus):
-            p.draw(x + 3 + i * (PU_W + 2), y + 3, out)
-        if label:
-            out.append(
-                f'<text class="core-rank" x="{x + w / 2:.0f}" y="{y + PU_H + 3 + 10:.0f}" '
-                f'text-anchor="middle">{_t(label)}</text>'
-            )
-        out.append("</g>")
+    def draw(x: float, y: float, out: Canvas) -> None:
+        with out.group(cls="core", data={"cpus": ",".join(str(c.id) for c in cpus), "ranks": _ranks(ranks)}):
+            out.rect(x, y, w, h, cls="frame", rx=2)
+            for i, p in enumerate(pus):
+                p.draw(x + 3 + i * (PU_W + 2), y + 3, out)
+            if label:
+                out.text(x + w / 2, y + PU_H + 3 + 10, label, cls="core-rank", anchor="middle")
 
     return _Box(w, h, draw)
 
 
-def _fit(text: str, width: float, char_w: float = 6.2) -> str:
-    """``text`` cut to what fits in ``width`` pixels, with ``+`` marking a cut."""
-    room = max(1, int((width - 4) / char_w))
-    return text if len(text) <= room else text[: max(1, room - 1)] + "+"
+def _ranks(ranks: Sequence[int]) -> str | None:
+    """A box's ``data-ranks``: the ranks on it, none when no rank is."""
+    return ",".join(map(str, ranks)) or None
 
 
 def _plain(children: Sequence[_Box], cols: int) -> _Box:
     """Children in a grid, without a frame."""
     w, h, offs = _grid(children, cols)
 
-    def draw(x: float, y: float, out: list[str]) -> None:
+    def draw(x: float, y: float, out: Canvas) -> None:
         for c, (ox, oy) in zip(children, offs):
             c.draw(x + ox, y + oy, out)
 
@@ -298,19 +278,20 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
     if ranks:
         line2 = f"rank {format_list(ranks)} {g.pci_bus_id}"
 
-    def draw(x: float, y: float, out: list[str]) -> None:
-        style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
-        rank_attr = f" data-ranks={_a(','.join(map(str, ranks)))}" if ranks else ""
-        out.append(
-            f'<rect class="gpu" data-gpu="{g.index}"{rank_attr} x="{x:.0f}" y="{y:.0f}" '
-            f'width="{DEV_W}" height="{DEV_H}" '
-            f'rx="3"{style}><title>{_t(f"GPU{g.index} {name} {g.pci_bus_id}")}</title></rect>'
+    def draw(x: float, y: float, out: Canvas) -> None:
+        out.rect(
+            x,
+            y,
+            DEV_W,
+            DEV_H,
+            cls="gpu",
+            data={"gpu": g.index, "ranks": _ranks(ranks)},
+            tip=f"GPU{g.index} {name} {g.pci_bus_id}",
+            rx=3,
+            style=_rank_stroke(ranks),
         )
-        out.append(
-            f'<text class="title" x="{x + 4:.0f}" '
-            f'y="{y + 15:.0f}">{_t(f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS])}</text>'
-        )
-        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
+        out.text(x + 4, y + 15, f"GPU{g.index} {_short_model(name)}"[:DEV_CHARS], cls="title")
+        out.text(x + 4, y + 31, line2[:DEV_CHARS])
 
     return _Box(DEV_W, DEV_H, draw)
 
@@ -318,24 +299,18 @@ def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
 def _nic_box(ctx: _Ctx, n: Nic) -> _Box:
     cls = "nic" + ("" if n.port_up else " down") + (" nccl" if n.name in ctx.nccl_nics else "")
 
-    def draw(x: float, y: float, out: list[str]) -> None:
+    def draw(x: float, y: float, out: Canvas) -> None:
         ports = ", ".join(f"port {p.number} {p.state or '?'}" for p in n.ports)
-        out.append(
-            f'<rect class={_a(cls)} data-nic={_a(n.name)} x="{x:.0f}" y="{y:.0f}" width="{DEV_W}" '
-            f'height="{DEV_H}" '
-            f'rx="3"><title>{_t(f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip())}</title></rect>'
-        )
+        tip = f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip()
+        out.rect(x, y, DEV_W, DEV_H, cls=cls, data={"nic": n.name}, tip=tip, rx=3)
         speed = f" {n.speed_mbps // 1000}G" if n.speed_mbps >= 1000 else ""
         line2 = (",".join(n.netdevs) or n.pci_bus_id) + speed
         if not n.port_up:
             line2 = "port down " + line2
-        out.append(
-            f'<text class="title" x="{x + 4:.0f}" '
-            f'y="{y + 15:.0f}">{_t((n.name + " " + n.kind.value)[:DEV_CHARS])}</text>'
-        )
-        out.append(f'<text x="{x + 4:.0f}" y="{y + 31:.0f}">{_t(line2[:DEV_CHARS])}</text>')
+        out.text(x + 4, y + 15, (n.name + " " + n.kind.value)[:DEV_CHARS], cls="title")
+        out.text(x + 4, y + 31, line2[:DEV_CHARS])
         if n.name in ctx.nccl_nics:
-            out.append(f'<text class="nccl-tag" x="{x + DEV_W - 4:.0f}" y="{y + 12:.0f}" text-anchor="end">NCCL</text>')
+            out.text(x + DEV_W - 4, y + 12, "NCCL", cls="nccl-tag", anchor="end")
 
     return _Box(DEV_W, DEV_H, draw)
 
@@ -433,7 +408,7 @@ def _nv_pairs(t: Topology) -> list[tuple[int, int, str]]:
     return pairs
 
 
-def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+def _links(ctx: _Ctx, x0: float, y0: float, out: Canvas) -> tuple[float, float]:
     """The NVLink panel (an arc per pair, one bus, or a matrix); returns its size, (0, 0) without NVLinks."""
     t = ctx.topology
     pairs = _nv_pairs(t)
@@ -449,96 +424,85 @@ def _links(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, floa
     base = y0 + TITLE_H + arc_room
     w = PAD * 2 + (n - 1) * LINK_STEP + NODE_W
     h = TITLE_H + arc_room + NODE_H + PAD
-    centre = _panel(out, "links", "GPU links (NVLink)", x0, y0, w, h)
-    labels: list[str] = []
-    for i, j, code in pairs:
-        ax, bx = centre(i), centre(j)
-        apex = 12 + 22 * (j - i)
-        # a quadratic curve peaks at half its control point's offset
-        out.append(
-            f'<path class="link" data-a="{t.gpus[i].index}" data-b="{t.gpus[j].index}" '
-            f'd="M{ax:.0f},{base:.0f} Q{(ax + bx) / 2:.0f},{base - 2 * apex:.0f} {bx:.0f},{base:.0f}"/>'
-        )
-        mx, my = (ax + bx) / 2, base - apex
-        lw = len(code) * 7 + 4
-        labels.append(
-            f'<rect class="link-label-bg" x="{mx - lw / 2:.0f}" y="{my - 8:.0f}" width="{lw}" '
-            'height="13" style="fill:#fafff0"/>'
-        )
-        labels.append(f'<text class="link-label" x="{mx:.0f}" y="{my + 3:.0f}" text-anchor="middle">{_t(code)}</text>')
-    out.extend(labels)  # labels above all arcs
-    _gpu_nodes(ctx, centre, base, out)
-    out.append("</g>")
+    with out.group(cls="links"):
+        centre = _panel(out, "GPU links (NVLink)", x0, y0, w, h)
+        for i, j, _ in pairs:
+            ax, bx = centre(i), centre(j)
+            apex = 12 + 22 * (j - i)
+            # a quadratic curve peaks at half its control point's offset
+            d = f"M{num(ax)},{num(base)} Q{num((ax + bx) / 2)},{num(base - 2 * apex)} {num(bx)},{num(base)}"
+            out.path(d, cls="link", data={"a": t.gpus[i].index, "b": t.gpus[j].index})
+        for i, j, code in pairs:  # labels above all arcs
+            mx, my = (centre(i) + centre(j)) / 2, base - 12 - 22 * (j - i)
+            lw = len(code) * 7 + 4
+            out.rect(mx - lw / 2, my - 8, lw, 13, cls="link-label-bg")
+            out.text(mx, my + 3, code, cls="link-label", anchor="middle")
+        _gpu_nodes(ctx, centre, base, out)
     return w, h
 
 
-def _panel(out: list[str], css: str, title: str, x0: float, y0: float, w: float, h: float) -> Callable[[int], float]:
-    """Open a link panel's group and frame; returns the x of the centre of GPU ``pos``."""
-    out.append(f"<g class={_a(css)}>")
-    out.append(
-        f'<rect class="links-frame" x="{x0:.0f}" y="{y0:.0f}" width="{w:.0f}" height="{h:.0f}" '
-        'style="fill:#fafff0;stroke:#76b900" rx="3"/>'
-    )
-    out.append(f'<text class="title" x="{x0 + PAD:.0f}" y="{y0 + 13:.0f}">{_t(title)}</text>')
+def _panel(out: Canvas, title: str, x0: float, y0: float, w: float, h: float) -> Callable[[int], float]:
+    """A link panel's frame and title; returns the x of the centre of GPU ``pos``."""
+    out.rect(x0, y0, w, h, cls="links-frame", rx=3)
+    out.text(x0 + PAD, y0 + 13, title, cls="title")
     return lambda pos: x0 + PAD + pos * LINK_STEP + NODE_W / 2
 
 
-def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: list[str]) -> None:
+def _gpu_nodes(ctx: _Ctx, centre: Callable[[int], float], base: float, out: Canvas) -> None:
     for pos, g in enumerate(ctx.topology.gpus):
-        ranks = ctx.gpu_ranks.get(pos, [])
-        style = f' style="stroke:{rank_colour(ranks[0])};stroke-width:3"' if ranks else ""
-        out.append(
-            f'<rect class="gpu-node" data-gpu="{g.index}" x="{centre(pos) - NODE_W / 2:.0f}" y="{base:.0f}" '
-            f'width="{NODE_W}" height="{NODE_H}" rx="3"{style}/>'
+        style = _rank_stroke(ctx.gpu_ranks.get(pos, []))
+        out.rect(
+            centre(pos) - NODE_W / 2, base, NODE_W, NODE_H, cls="gpu-node", data={"gpu": g.index}, rx=3, style=style
         )
-        out.append(f'<text x="{centre(pos):.0f}" y="{base + 15:.0f}" text-anchor="middle">GPU{g.index}</text>')
+        out.text(centre(pos), base + 15, f"GPU{g.index}", anchor="middle")
 
 
-def _links_all(ctx: _Ctx, code: str, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+def _rank_stroke(ranks: Sequence[int]) -> str | None:
+    """A GPU's box outlined in the colour of its (first) rank."""
+    return f"stroke:{rank_colour(ranks[0])};stroke-width:3" if ranks else None
+
+
+def _links_all(ctx: _Ctx, code: str, x0: float, y0: float, out: Canvas) -> tuple[float, float]:
     """Every pair joined by the same link (NVSwitch): one bus over all GPUs, one label."""
     n = len(ctx.topology.gpus)
     w = max(PAD * 2 + (n - 1) * LINK_STEP + NODE_W, 260)
     bus_y = y0 + TITLE_H + 12
     base = bus_y + 16
     h = base - y0 + NODE_H + PAD
-    centre = _panel(out, "links", f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else ""), x0, y0, w, h)
-    d = f"M{centre(0):.0f},{bus_y:.0f} H{centre(n - 1):.0f}" + "".join(
-        f" M{centre(i):.0f},{bus_y:.0f} V{base:.0f}" for i in range(n)
-    )
-    out.append(f'<path class="link-all" data-code={_a(code)} data-gpus="{n}" d="{d}"/>')
-    out.append(f'<text class="link-label" x="{x0 + w - PAD:.0f}" y="{y0 + 13:.0f}" text-anchor="end">{_t(code)}</text>')
-    _gpu_nodes(ctx, centre, base, out)
-    out.append("</g>")
+    with out.group(cls="links"):
+        centre = _panel(out, f"GPU links: all pairs {code}" + (" (NVSwitch)" if n > 4 else ""), x0, y0, w, h)
+        d = f"M{num(centre(0))},{num(bus_y)} H{num(centre(n - 1))}" + "".join(
+            f" M{num(centre(i))},{num(bus_y)} V{num(base)}" for i in range(n)
+        )
+        out.path(d, cls="link-all", data={"code": code, "gpus": n})
+        out.text(x0 + w - PAD, y0 + 13, code, cls="link-label", anchor="end")
+        _gpu_nodes(ctx, centre, base, out)
     return w, h
 
 
-def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: list[str]) -> tuple[float, float]:
+def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: Canvas) -> tuple[float, float]:
     """Too many differing NVLink pairs for arcs: a GPU x GPU matrix of their codes."""
     t = ctx.topology
     n = len(t.gpus)
     cell_w, cell_h, head = 40, 16, 48
     w = PAD * 2 + head + n * cell_w
     h = TITLE_H + PAD + (n + 1) * cell_h + PAD
-    _panel(out, "links link-matrix", "GPU links (NVLink)", x0, y0, w, h)
     top = y0 + TITLE_H + PAD
-    for j, g in enumerate(t.gpus):
-        out.append(
-            f'<text class="link-cell" x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" y="{top + 12:.0f}" '
-            f'text-anchor="middle">GPU{g.index}</text>'
-        )
-    for i, g in enumerate(t.gpus):
-        y = top + (i + 1) * cell_h
-        out.append(f'<text class="link-cell" x="{x0 + PAD:.0f}" y="{y + 12:.0f}">GPU{g.index}</text>')
-        for j in range(n):
-            code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
-            shown = code if code.startswith("NV") else ("X" if i == j else "")
-            if shown:
-                cls = "link-label" if code.startswith("NV") else "link-cell"
-                out.append(
-                    f'<text class={_a(cls)} x="{x0 + PAD + head + j * cell_w + cell_w / 2:.0f}" '
-                    f'y="{y + 12:.0f}" text-anchor="middle">{_t(shown)}</text>'
-                )
-    out.append("</g>")
+    with out.group(cls="links link-matrix"):
+        _panel(out, "GPU links (NVLink)", x0, y0, w, h)
+        for j, g in enumerate(t.gpus):
+            out.text(
+                x0 + PAD + head + j * cell_w + cell_w / 2, top + 12, f"GPU{g.index}", cls="link-cell", anchor="middle"
+            )
+        for i, g in enumerate(t.gpus):
+            y = top + (i + 1) * cell_h
+            out.text(x0 + PAD, y + 12, f"GPU{g.index}", cls="link-cell")
+            for j in range(n):
+                code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
+                shown = code if code.startswith("NV") else ("X" if i == j else "")
+                if shown:
+                    cls = "link-label" if code.startswith("NV") else "link-cell"
+                    out.text(x0 + PAD + head + j * cell_w + cell_w / 2, y + 12, shown, cls=cls, anchor="middle")
     return w, h
 
 
@@ -550,31 +514,22 @@ def _legend_text(r: RankBinding) -> str:
     return text + (f"  ({r.fallback})" if r.fallback else "")
 
 
-def _legend(ctx: _Ctx, plan: LaunchPlan, x: float, y: float, out: list[str]) -> float:
+def _legend(plan: LaunchPlan, x: float, y: float, out: Canvas) -> float:
     """Rank -> GPU, CPUs, NIC rows; returns the height used."""
-    out.append('<g class="legend">')
-    out.append(
-        f'<text class="title" x="{x:.0f}" '
-        f'y="{y + 13:.0f}">{_t(f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}")}</text>'
-    )
-    row_y = y + TITLE_H + 4
-    if plan.nccl_nics is not None:
-        line = f"every rank: {plan.nccl_nics.variable}={plan.nccl_nics.value}"
-        out.append(f'<text class="legend-nccl" x="{x:.0f}" y="{row_y + 11:.0f}">{_t(line)}</text>')
-        row_y += 18
-    for r in plan.ranks:
-        out.append(f'<g class="legend-rank" data-rank="{r.local_rank}">')
-        out.append(
-            f'<rect x="{x:.0f}" y="{row_y:.0f}" width="14" height="14" style="fill:{rank_colour(r.local_rank)};'
-            'stroke:#000"/>'
-        )
-        out.append(f'<text x="{x + 20:.0f}" y="{row_y + 11:.0f}">{_t(_legend_text(r))}</text>')
-        out.append("</g>")
-        row_y += 18
-    for name, line in _mesh_lines(plan):
-        out.append(f'<text class="legend-mesh" data-dim={_a(name)} x="{x:.0f}" y="{row_y + 11:.0f}">{_t(line)}</text>')
-        row_y += 18
-    out.append("</g>")
+    with out.group(cls="legend"):
+        out.text(x, y + 13, f"Plan: {plan.binding.value} binding, memory {plan.mem_policy.value}", cls="title")
+        row_y = y + TITLE_H + 4
+        if plan.nccl_nics is not None:
+            out.text(x, row_y + 11, f"every rank: {plan.nccl_nics.variable}={plan.nccl_nics.value}", cls="legend-nccl")
+            row_y += 18
+        for r in plan.ranks:
+            with out.group(cls="legend-rank", data={"rank": r.local_rank}):
+                out.rect(x, row_y, 14, 14, style=f"fill:{rank_colour(r.local_rank)}")
+                out.text(x + 20, row_y + 11, _legend_text(r))
+            row_y += 18
+        for name, line in _mesh_lines(plan):
+            out.text(x, row_y + 11, line, cls="legend-mesh", data={"dim": name})
+            row_y += 18
     return row_y - y
 
 
@@ -621,24 +576,15 @@ def render_svg(topology: Topology, plan: LaunchPlan | None = None) -> str:
                 ctx.gpu_ranks.setdefault(pos, []).append(r.local_rank)
     root = _layout(ctx)
     margin = 10
-    body: list[str] = []
-    root.draw(margin, margin, body)
-    links: list[str] = []
-    lw, lh = _links(ctx, margin, root.h + 2 * margin, links)
+    out = Canvas()
+    root.draw(margin, margin, out)
+    lw, lh = _links(ctx, margin, root.h + 2 * margin, out)
     height = root.h + 2 * margin + (lh + margin if lh else 0)
     width = max(root.w, lw) + 2 * margin
-    legend: list[str] = []
     if plan is not None:
-        used = _legend(ctx, plan, margin, height, legend)
-        height += used + margin
+        height += _legend(plan, margin, height, out) + margin
         longest = max([len(_legend_text(r)) for r in plan.ranks] + [len(t) for _, t in _mesh_lines(plan)], default=0)
         width = max(width, min(longest, 250) * 7.0 + 40)
-    head = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}">\n'
-        f"<title>{_t('numarun topology: ' + (topology.hostname or topology.source or '?'))}</title>\n"
-        f"<style>{_STYLE}</style>\n"
-        f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" style="fill:#fff"/>\n'
+    return out.document(
+        width, height, title="numarun topology: " + (topology.hostname or topology.source or "?"), style=_STYLE
     )
-    return head + "\n".join(body + links + legend) + "\n</svg>\n"

@@ -10,9 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..launch.steps.picture import peak_text
 from ..tables import render
 from ..worker.steps import PHASES, LiveTable, RankRow
+from .steps_text import peak_text
 
 
 def _seconds(value: float | None) -> str:

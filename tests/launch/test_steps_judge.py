@@ -10,10 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from numarun.launch.steps.cause import explain, ms
+from numarun.launch.steps.cause import explain
 from numarun.launch.steps.evidence import Busy, Evidence
 from numarun.launch.steps.judge import NAME_SHARE, WINDOW, Judgement, Point, judge, window
 from numarun.launch.steps.report import summary_lines, verdict_lines
+from numarun.view.steps_text import ms
 from numarun.worker.steps import RankPlace, RankRow
 
 
@@ -304,10 +305,6 @@ def test_cause_not_found_says_the_figures() -> None:
     )
 
 
-def test_ms() -> None:
-    assert [ms(x) for x in (0.00042, 0.0123, 0.5, 1.25, 12.0)] == ["0.4 ms", "12 ms", "500 ms", "1.2 s", "12 s"]
-
-
 # ----------------------------------------------------------------------------- the summary
 
 
@@ -321,9 +318,10 @@ def test_the_summary_gives_each_phase_for_the_slowest_rank_and_the_others_and_th
     lines = summary_lines(j, None, rows, places=places, pace=9.8)
     assert lines[0] == "step report: 40 steps of 2 ranks, 9.8 steps/s, a step 103 ms"
     assert lines[1].split() == ["share", "of", "a", "step", "rank", "1", "(slowest)", "the", "others", "(median)"]
-    compute = lines[3].split()
+    assert set(lines[2].strip()) == {"─"}  # the header's rule
+    compute = lines[4].split()
     assert compute[0] == "compute" and int(compute[1]) > 90 and int(compute[3]) < 50
-    assert lines[6].split() == ["peak", "memory", "301", "MiB", "300", "MiB"]
-    assert lines[7].startswith("=> rank 1 holds the job back: compute")
+    assert lines[7].split() == ["peak", "memory", "301", "MiB", "300", "MiB"]
+    assert lines[8].startswith("=> rank 1 holds the job back: compute")
     multi = verdict_lines(j, None, {1: RankPlace(1, 1, 1, "nodeB", "")}, multi_node=True)
     assert multi[0].startswith("=> rank 1 (node 1, nodeB) holds the job back")

@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ...view.steps_text import ms, pct
 from .evidence import Evidence
 from .judge import Judgement
 
@@ -39,20 +40,6 @@ class Cause:
     found: bool
     why: str
     fix: str = ""
-
-
-def ms(seconds: float) -> str:
-    """``48 ms``, ``0.4 ms``, ``2.1 s``."""
-    if abs(seconds) >= 10:
-        return f"{seconds:.0f} s"
-    if abs(seconds) >= 1:
-        return f"{seconds:.1f} s"
-    value = seconds * 1e3
-    return f"{value:.0f} ms" if abs(value) >= 10 else f"{value:.1f} ms"
-
-
-def pct(share: float) -> str:
-    return f"{share * 100:.0f} %"
 
 
 def _median(values: Sequence[float]) -> float:

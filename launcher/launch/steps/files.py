@@ -25,8 +25,8 @@ def keep_files(
 ) -> list[str]:
     """Write this node's ranks' records, the picture and the trace to ``keep`` (and the summary, on the judging node:
     ``verdict`` given); the lines numarun says."""
-    from .picture import picture
-    from .trace import chrome_trace
+    from ...view.steps_picture import picture
+    from ...view.steps_trace import chrome_trace
 
     keep.mkdir(parents=True, exist_ok=True)
     (keep / "steps.jsonl").write_text("".join(rec.line() for rank in sorted(records) for rec in records[rank]))

@@ -1,75 +1,16 @@
-"""The step report's words and tables (pure): each rank's place and row, the verdict in the roll-call's style and
-the summary printed at the end of a job."""
+"""The step report's words (pure): the verdict in the roll-call's style and the summary printed at the end of a job,
+whose figures and table :mod:`numarun.view.steps_text` draws. The verdict and the choice of the summary's columns
+stay beside the judge whose findings they state: the view sits below launch."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
 
-from ...cpuset import format_list
-from ...plan.model import BindingMode, LaunchPlan
-from ...worker.steps import PHASES, RankPlace, RankRow, StepRecord
-from .cause import Cause, ms, pct
-from .judge import OWN_PHASES, WINDOW, Judgement, Point, Unjudged
-
-
-def place_of(plan: LaunchPlan | None, local_rank: int, *, rank: int, node_rank: int, host: str) -> RankPlace:
-    """Where the plan put a rank (its cores only when numarun bound it)."""
-    b = None
-    if plan is not None:
-        b = next((r for r in plan.ranks if r.local_rank == local_rank), None)
-    if b is None:
-        return RankPlace(rank, local_rank, node_rank, host, "")
-    bound = plan is not None and plan.binding is not BindingMode.NONE
-    return RankPlace(
-        rank,
-        local_rank,
-        node_rank,
-        host,
-        format_list(b.cpus) if bound else "",
-        b.numa_node if bound else -1,
-        b.nic,
-        str(b.gpu.index) if b.gpu is not None else None,
-    )
-
-
-def point(r: StepRecord) -> Point:
-    """A record as the judge takes it: on a GPU, its own time from the stream's view (the step's GPU time less the
-    stream's waits), so that a host spinning in a synchronise while its stream waits is not taken for work."""
-    gpu_own = None
-    if r.gpu_s is not None:
-        gpu_own = max(0.0, r.gpu_s - float(r.extra.get("gpu_comm_s", 0.0)))
-    return Point(r.step, r.wall_s, r.input_s, r.compute_s, r.comm_s, r.optim_s, gpu_own)
-
-
-def recent(records: Sequence[StepRecord], size: int = WINDOW) -> list[StepRecord]:
-    """The latest ``size`` records, step 1 (the rank's start) left out."""
-    return [r for r in records if r.step > 1][-size:]
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
-def row_of(place: RankPlace, pid: int, records: Sequence[StepRecord], *, state: str = "running") -> RankRow:
-    """A rank's row of the live table from its records."""
-    win = recent(records)
-    last = records[-1] if records else None
-    return RankRow(
-        place=place,
-        pid=pid,
-        steps=last.step if last else 0,
-        step_s=_median([r.wall_s for r in win]) if win else None,
-        phases={p: round(_median([r.phase_s(p) for r in win]), 6) for p in PHASES} if win else {},
-        peak_bytes=last.peak_bytes if last else None,
-        state=state,
-    )
-
-
-def steps_per_s(rows: Sequence[RankRow]) -> float | None:
-    """The job's pace: that of its slowest rank over the recent window."""
-    slowest = max((r.step_s for r in rows if r.step_s), default=None)
-    return 1 / slowest if slowest else None
+from ...view.steps_text import ShareColumn, ms, pct, summary_text
+from ...worker.steps import PHASES, RankPlace, RankRow
+from .cause import Cause
+from .judge import OWN_PHASES, Judgement, Unjudged
 
 
 def who(rank: int, places: Mapping[int, RankPlace], multi_node: bool) -> str:
@@ -125,36 +66,28 @@ def summary_lines(
 ) -> list[str]:
     """The end-of-job summary (without the ``numarun:`` prefix): the job's pace, each phase's share of a step for the
     median rank and the slowest, peak memory, the verdict."""
-    ranks = len(rows)
-    where = f" on {nodes} nodes" if nodes > 1 else ""
-    steps = min((r.steps for r in rows), default=0)
-    rate = f", {pace:.3g} steps/s" if pace else ""
-    out = [f"step report: {steps} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{rate}, a step {ms(j.step_s)}"]
     shares = {r: _shares(ph) for r, ph in j.phases.items()}
     slow = j.culprit if j.culprit is not None else j.slowest
     peaks = {r.place.rank: r.peak_bytes for r in rows if r.peak_bytes}
-    if slow is None or ranks < 2 or slow not in shares:  # one rank: its own shares
-        out.append(f"  {'share of a step':<18}{f'rank {next(iter(shares), 0)}':>12}")
-        for p in PHASES:
-            out.append(f"  {p:<18}{pct(_median([s[p] for s in shares.values()])):>12}")
-        if peaks:
-            out.append(f"  {'peak memory':<18}{_mib(_median(list(peaks.values()))):>12}")
-        return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
-    others = [r for r in shares if r != slow]
-    out.append(f"  {'share of a step':<18}{f'rank {slow} (slowest)':>20}{'the others (median)':>22}")
-    for p in PHASES:
-        out.append(f"  {p:<18}{pct(shares[slow][p]):>20}{pct(_median([shares[r][p] for r in others])):>22}")
-    if peaks:
-        theirs = [v for r, v in peaks.items() if r != slow]
-        mine = _mib(peaks[slow]) if slow in peaks else "-"
-        out.append(f"  {'peak memory':<18}{mine:>20}{_mib(_median(theirs)) if theirs else '-':>22}")
-    return out + verdict_lines(j, cause, places, multi_node=nodes > 1)
+    if slow is None or len(rows) < 2 or slow not in shares:  # one rank: its own shares
+        columns = [_median_column(f"rank {next(iter(shares), 0)}", list(shares.values()), list(peaks.values()))]
+    else:
+        others = [shares[r] for r in shares if r != slow]
+        columns = [
+            ShareColumn(f"rank {slow} (slowest)", shares[slow], peaks.get(slow)),
+            _median_column("the others (median)", others, [v for r, v in peaks.items() if r != slow]),
+        ]
+    steps = min((r.steps for r in rows), default=0)
+    text = summary_text(steps=steps, ranks=len(rows), nodes=nodes, pace=pace, step_s=j.step_s, columns=columns)
+    return text + verdict_lines(j, cause, places, multi_node=nodes > 1)
+
+
+def _median_column(name: str, shares: Sequence[Mapping[str, float]], peaks: Sequence[int]) -> ShareColumn:
+    """The median of several ranks' shares and peaks (no rank: no share, no peak)."""
+    medians = {p: statistics.median(s[p] for s in shares) for p in PHASES} if shares else {}
+    return ShareColumn(name, medians, statistics.median(peaks) if peaks else None)
 
 
 def _shares(phases: Mapping[str, float]) -> dict[str, float]:
     total = sum(phases.values())
     return {p: (phases.get(p, 0.0) / total if total > 0 else 0.0) for p in PHASES}
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.0f} MiB" if n < 2**30 * 10 else f"{n / 2**30:.1f} GiB"

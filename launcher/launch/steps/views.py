@@ -17,7 +17,8 @@ from ...worker.steps import LiveTable, RankRow
 from .cause import Cause, explain
 from .evidence import Evidence
 from .judge import Judgement, Point, judge, without_nodes
-from .report import steps_per_s, verdict_lines
+from .live import steps_per_s
+from .report import verdict_lines
 
 
 @dataclass(frozen=True)

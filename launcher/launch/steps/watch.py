@@ -24,8 +24,8 @@ from .evidence import RankProc, Sampler, cpus_of, nic_note
 from .exchange import ViewKeys
 from .files import keep_files
 from .judge import WINDOW
+from .live import place_of, point, recent, row_of
 from .policy import StepPolicy
-from .report import place_of, point, recent, row_of
 from .tail import Tail, all_records, has_records
 from .views import NodeView, RankView, Verdict, judge_views, merge_table, missing_nodes
 

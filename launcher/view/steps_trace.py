@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...worker.steps import PHASES, RankPlace, StepRecord
+from ..worker.steps import PHASES, RankPlace, StepRecord
 
 ORDER_NOTE = "phase totals of the step laid back to back in this order; the record keeps no order"
 

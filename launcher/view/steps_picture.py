@@ -26,9 +26,10 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from xml.sax.saxutils import escape
 
-from ...worker.steps import PHASES, RankPlace, StepRecord
+from ..worker.steps import PHASES, RankPlace, StepRecord
+from .steps_text import peak_text
+from .svg_doc import Canvas, clip, num
 
 MAX_STEPS = 300
 """Beyond this many steps in one row, the node's steps are merged into :data:`BUCKETS` time buckets."""
@@ -49,8 +50,8 @@ PHASE_COLOURS: Mapping[str, str] = {
 }
 
 _STYLE = (
-    "text { font-family: monospace; font-size: 11px; fill: #000; white-space: pre; }\n"
-    "text.title { font-weight: bold; font-size: 13px; }\n"
+    "text { white-space: pre; }\n"
+    "text.title { font-size: 13px; }\n"
     "text.rank-stats { fill: #555; font-size: 10px; }\n"
     "text.axis { fill: #555; font-size: 10px; }\n"
     "line.grid { stroke: #ddd; }\n"
@@ -58,17 +59,6 @@ _STYLE = (
     "rect.step { fill: #000; fill-opacity: 0; stroke: #fff; stroke-width: 0.4; }\n"
     + "".join(f"path.phase-{p} {{ fill: {c}; }}\n" for p, c in PHASE_COLOURS.items())
 )
-
-
-def peak_text(peak_bytes: int | None) -> str:
-    """``1.2 GiB``, ``640 MiB``; ``-`` when unknown."""
-    if peak_bytes is None or peak_bytes < 0:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if peak_bytes >= size:
-            value = peak_bytes / size
-            return f"{value:.1f} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{peak_bytes} B"
 
 
 def _finite(x: float) -> float:
@@ -192,72 +182,60 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return next(m * base for m in (1, 2, 5, 10) if m * base >= raw)
 
 
-def _t(value: object) -> str:
-    return escape(str(value))
-
-
 def _fit(text: str) -> str:
-    return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "+"
+    return clip(text, MAX_LABEL_CHARS)
 
 
-def _row(row: _Row, x0: float, y: float, scale: float, out: list[str]) -> None:
+def _row(row: _Row, x0: float, y: float, scale: float, out: Canvas) -> None:
     """One rank's row: its label (place; stats), its background, one path per phase, one hit rect per segment."""
-    out.append(f'<g class="rank-row" data-rank="{row.rank}" data-end="{row.end:.6g}">')
-    label = f"{_t(_fit(row.label))}<title>{_t(row.label)}</title>"
-    out.append(f'<text class="rank-label" xml:space="preserve" x="{PAD}" y="{y + 12:.0f}">{label}</text>')
-    out.append(f'<text class="rank-stats" x="{PAD}" y="{y + 24:.0f}">{_t(_fit(row.stats))}</text>')
-    bar_y = y + (ROW_H - BAR_H) / 2
-    out.append(f'<rect class="row-bg" x="{x0:.1f}" y="{bar_y:.1f}" width="{PLOT_W}" height="{BAR_H}"/>')
-    paths: dict[str, list[str]] = {p: [] for p in PHASES}
-    for s in row.segments:
-        left, wall = x0 + s.start * scale, max(s.end - s.start, 0.0)
-        total = sum(s.phases)
-        # phase totals above the wall (rounding, a clock step) are scaled down to fit, below it the rest stays empty;
-        # a bucket's are the sums of its steps, any gaps between them spread over its phases
-        fit = wall / total if total > wall or (s.count > 1 and total > 0) else 1.0
-        for p, secs in zip(PHASES, s.phases):
-            w = secs * fit * scale
-            if w >= 0.05:
-                paths[p].append(f"M{left:.1f} {bar_y:.1f}h{w:.2f}v{BAR_H}h{-w:.2f}z")
-            left += w
-    for p in PHASES:
-        if paths[p]:
-            out.append(f'<path class="phase-{p}" d="{"".join(paths[p])}"/>')
-    for s in row.segments:
-        w = max((s.end - s.start) * scale, 0.5)
-        steps = str(s.first) if s.count == 1 else f"{s.first}-{s.last}"
-        out.append(
-            f'<rect class="step" data-steps="{steps}" x="{x0 + s.start * scale:.1f}" y="{bar_y:.1f}" '
-            f'width="{w:.2f}" height="{BAR_H}"><title>{_t(s.tooltip(row.rank))}</title></rect>'
-        )
-    out.append("</g>")
+    with out.group(cls="rank-row", data={"rank": row.rank, "end": f"{row.end:.6g}"}):
+        out.text(PAD, y + 12, _fit(row.label), cls="rank-label", tip=row.label, preserve=True)
+        out.text(PAD, y + 24, _fit(row.stats), cls="rank-stats")
+        bar_y = y + (ROW_H - BAR_H) / 2
+        out.rect(x0, bar_y, PLOT_W, BAR_H, cls="row-bg")
+        paths: dict[str, list[str]] = {p: [] for p in PHASES}
+        for s in row.segments:
+            left, wall = x0 + s.start * scale, max(s.end - s.start, 0.0)
+            total = sum(s.phases)
+            # phase totals above the wall (rounding, a clock step) are scaled down to fit, below it the rest stays
+            # empty; a bucket's are the sums of its steps, any gaps between them spread over its phases
+            fit = wall / total if total > wall or (s.count > 1 and total > 0) else 1.0
+            for p, secs in zip(PHASES, s.phases):
+                w = secs * fit * scale
+                if w >= 0.05:
+                    paths[p].append(f"M{num(left)} {num(bar_y)}h{num(w)}v{BAR_H}h{num(-w)}z")
+                left += w
+        for p in PHASES:
+            if paths[p]:
+                out.path("".join(paths[p]), cls=f"phase-{p}")
+        for s in row.segments:
+            steps = str(s.first) if s.count == 1 else f"{s.first}-{s.last}"
+            width = max((s.end - s.start) * scale, 0.5)
+            out.rect(
+                x0 + s.start * scale, bar_y, width, BAR_H, cls="step", data={"steps": steps}, tip=s.tooltip(row.rank)
+            )
 
 
-def _axis(node: _Node, x0: float, y: float, height: float, scale: float, out: list[str]) -> None:
+def _axis(node: _Node, x0: float, y: float, height: float, scale: float, out: Canvas) -> None:
     where = f"node {node.node_rank}" + (f" ({node.host})" if node.host else "")
     merged = f"; steps merged into {BUCKETS} time buckets (see tooltips)" if node.bucketed else ""
-    out.append(f'<text class="title" x="{PAD}" y="{y + 14:.0f}">{_t(where + merged)}</text>')
+    out.text(PAD, y + 14, where + merged, cls="title")
     step = _nice_step(node.span)
     ticks = int(node.span / step + 1e-9) + 1
     for i in range(ticks):
         x = x0 + i * step * scale
-        out.append(f'<line class="grid" x1="{x:.1f}" y1="{y + AXIS_H - 4:.0f}" x2="{x:.1f}" y2="{y + height:.0f}"/>')
-        out.append(
-            f'<text class="axis" x="{x:.1f}" y="{y + AXIS_H - 7:.0f}" text-anchor="middle">{i * step:.6g} s</text>'
-        )
+        out.line(x, y + AXIS_H - 4, x, y + height, cls="grid")
+        out.text(x, y + AXIS_H - 7, f"{i * step:.6g} s", cls="axis", anchor="middle")
 
 
-def _legend(x: float, y: float, out: list[str]) -> None:
-    out.append('<g class="legend">')
-    for p in PHASES:
-        out.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="12" height="12" style="fill:{PHASE_COLOURS[p]}"/>')
-        out.append(f'<text x="{x + 16:.0f}" y="{y + 10:.0f}">{_t(p)}</text>')
-        x += 16 + len(p) * CHAR_W + 18
-    out.append(
-        f'<text class="axis" x="{x:.0f}" y="{y + 10:.0f}">(a step\'s phase totals, laid back to back; '
-        "the record keeps no order)</text>"
-    )
-    out.append("</g>")
+def _legend(x: float, y: float, out: Canvas) -> None:
+    with out.group(cls="legend"):
+        for p in PHASES:
+            out.rect(x, y, 12, 12, style=f"fill:{PHASE_COLOURS[p]}")
+            out.text(x + 16, y + 10, p)
+            x += 16 + len(p) * CHAR_W + 18
+        note = "(a step's phase totals, laid back to back; the record keeps no order)"
+        out.text(x, y + 10, note, cls="axis")
 
 
 def picture(records: Sequence[StepRecord], places: Mapping[int, RankPlace], *, title: str = "") -> str:
@@ -279,28 +257,16 @@ def picture(records: Sequence[StepRecord], places: Mapping[int, RankPlace], *, t
     summary = (
         f"{ranks} rank{'s' if ranks != 1 else ''}, {len(records)} steps recorded" if nodes else "no steps recorded"
     )
-    body = [
-        f'<text class="title" x="{PAD}" y="{PAD + 13}">{_t(head)}</text>',
-        f'<text x="{PAD}" y="{PAD + 30}">{_t(summary)}</text>',
-    ]
-    _legend(PAD, PAD + 40, body)
+    out = Canvas()
+    out.text(PAD, PAD + 13, head, cls="title")
+    out.text(PAD, PAD + 30, summary)
+    _legend(PAD, PAD + 40, out)
     y = PAD + 62.0
     for n in nodes:
         section = AXIS_H + len(n.rows) * ROW_H
-        body.append(f'<g class="node" data-node="{n.node_rank}">')
-        _axis(n, x0, y, section, scale, body)
-        for i, row in enumerate(n.rows):
-            _row(row, x0, y + AXIS_H + i * ROW_H, scale, body)
-        body.append("</g>")
+        with out.group(cls="node", data={"node": n.node_rank}):
+            _axis(n, x0, y, section, scale, out)
+            for i, row in enumerate(n.rows):
+                _row(row, x0, y + AXIS_H + i * ROW_H, scale, out)
         y += section + PAD
-    height = y + PAD
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}">\n'
-        f"<title>{_t(head)}</title>\n"
-        f"<style>{_STYLE}</style>\n"
-        f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" style="fill:#fff"/>\n'
-        + "\n".join(body)
-        + "\n</svg>\n"
-    )
+    return out.document(width, y + PAD, title=head, style=_STYLE)

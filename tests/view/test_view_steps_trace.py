@@ -1,4 +1,4 @@
-"""The step report as a Chrome trace (numarun.launch.steps.trace), checked against the trace event format's rules.
+"""The step report as a Chrome trace (numarun.view.steps_trace), checked against the trace event format's rules.
 
 The rules (the Trace Event Format document, the format Perfetto's and chrome://tracing's JSON importers read): the
 JSON object form holds ``traceEvents`` (a list) and optionally ``displayTimeUnit`` (``ms`` or ``ns``); every event
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from numarun.launch.steps.trace import chrome_trace
+from numarun.view.steps_trace import chrome_trace
 from numarun.worker.steps import PHASES, RankPlace, StepRecord
 
 PHASE_S = {"input": 0.002, "compute": 0.03, "comm": 0.015, "optim": 0.003}

@@ -1,4 +1,4 @@
-"""The step report's picture (numarun.launch.steps.picture): known records in, an SVG out, read back with ElementTree.
+"""The step report's picture (numarun.view.steps_picture): known records in, an SVG out, read back with ElementTree.
 
 A slow rank's row is the longest; each step is split by phase in proportion to its phase seconds; labels are the
 places' and escaped; each node has its own axis; thousands of steps are merged into a bounded number of buckets,
@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from numarun.launch.steps.picture import BUCKETS, MAX_STEPS, PLOT_W, peak_text, picture
+from numarun.view.steps_picture import BUCKETS, MAX_STEPS, PLOT_W, picture
 from numarun.worker.steps import PHASES, RankPlace, StepRecord
 
 NS = {"s": "http://www.w3.org/2000/svg"}
@@ -160,13 +160,3 @@ def test_a_few_steps_are_not_merged_and_no_steps_is_a_picture_too() -> None:
     empty = picture([], {})
     ET.fromstring(empty)
     assert "no steps recorded" in empty and not _rows(empty)
-
-
-def test_peak_text() -> None:
-    assert [peak_text(v) for v in (None, 512, 3 * 2**20, int(1.25 * 2**30), 200 * 2**30)] == [
-        "-",
-        "512 B",
-        "3.0 MiB",
-        "1.2 GiB",
-        "200 GiB",
-    ]
