@@ -13,6 +13,8 @@ numarun drives torchrun from inside its own process and reaches into it in these
   :func:`runtime_cause`);
 * **torchrun's exit barrier joined** (:func:`before_exit_barrier`): the agent's ``_exit_barrier`` (private) calls
   numarun's node agent first, so that its last exchange through the store happens while every node is still there;
+  and the dynamic rendezvous's ``shutdown`` waits, briefly, until every node has shut it down: the node that hosts
+  c10d's store would otherwise leave while another's shutdown still writes to it (torch then prints C++ frames);
 * **torch's ``SignalException``** raised by numarun's own death-signal handler, exactly as torchrun's
   (private) ``_terminate_process_handler`` raises it, which torchrun installs numarun's handler in place
   of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
@@ -178,12 +180,18 @@ def order_nodes(key: tuple[str, ...] | None) -> bool:
 
 
 _BEFORE_BARRIER: list[Any] = []
+_LEAVING: dict[str, Any] = {}
+"""Set at the exit barrier of a job that succeeded: the agents' store and how many nodes leave it."""
+LEAVE_WAIT_S = 5.0
+"""How long a node's rendezvous shutdown waits for the other nodes' (they come within milliseconds of each other)."""
+LEFT_KEY = "numarun/left"
 
 
 def before_exit_barrier(callback: Any) -> bool:
     """Have torchrun's agent call ``callback()`` when its worker group succeeded, before it waits for the other
-    nodes' agents (``SimpleElasticAgent._exit_barrier``; None: nothing any more); False (torch left as it is) outside
-    :data:`CHECKED`. A failing callback is logged, never raised: the barrier runs anyway."""
+    nodes' agents (``SimpleElasticAgent._exit_barrier``; None: nothing any more), and its rendezvous shutdown wait for
+    every node's (:func:`_leave_together`); False (torch left as it is) outside :data:`CHECKED`. A failing callback is
+    logged, never raised: the barrier runs anyway."""
     if not checked():
         return False
     from torch.distributed.elastic.agent.server import api
@@ -192,6 +200,7 @@ def before_exit_barrier(callback: Any) -> bool:
     if getattr(agent, "_exit_barrier", None) is None:
         return False
     _BEFORE_BARRIER[:] = [callback] if callback is not None else []
+    _LEAVING.clear()
     if not getattr(agent._exit_barrier, "__numarun_wrapped__", None):
         plain = agent._exit_barrier
 
@@ -201,11 +210,58 @@ def before_exit_barrier(callback: Any) -> bool:
                     call()
                 except Exception as e:
                     log.debug("before torchrun's exit barrier: %s", e, exc_info=True)
+            _LEAVING.update(store=self._store, nodes=int(self._worker_group.group_world_size), host=_hosts(self._store))
             return plain(self)
 
         _exit_barrier.__numarun_wrapped__ = plain  # type: ignore[attr-defined]
         agent._exit_barrier = _exit_barrier  # type: ignore[method-assign]
+        _leave_together()
     return True
+
+
+def _hosts(store: Any) -> bool:
+    """Whether this process serves ``store`` (a TCPStore, under any PrefixStore): it listens on the store's port."""
+    import psutil
+
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    port = getattr(store, "port", None)
+    try:
+        listening = psutil.Process().net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in listening)
+
+
+def _leave_together() -> None:
+    """The dynamic rendezvous's ``shutdown`` (c10d's, after the exit barrier) on the node that hosts the store waits
+    until every node has shut it down, at most :data:`LEAVE_WAIT_S`: that node ends its process right after, and a
+    node whose shutdown came a moment later would find the store gone. The other nodes only say they are done (one
+    ``add``): nothing of theirs touches the store after it."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    plain = dr.DynamicRendezvousHandler.shutdown
+
+    def shutdown(self: Any) -> bool:
+        done = plain(self)
+        leaving = dict(_LEAVING)
+        _LEAVING.clear()
+        if leaving and done:
+            try:
+                store, nodes = leaving["store"], leaving["nodes"]
+                left = int(store.add(LEFT_KEY, 1))
+                deadline = time.monotonic() + LEAVE_WAIT_S
+                while leaving["host"] and left < nodes and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    left = int(store.add(LEFT_KEY, 0))
+                if leaving["host"]:
+                    time.sleep(0.05)  # the last node's answer on its way out of this process
+            except Exception as e:  # a node that died took the store with it: nothing to wait for
+                log.debug("leaving the rendezvous: %s", e)
+        return bool(done)
+
+    shutdown.__numarun_wrapped__ = plain  # type: ignore[attr-defined]
+    dr.DynamicRendezvousHandler.shutdown = shutdown  # type: ignore[method-assign]
 
 
 def route_signals(handler: Any) -> bool:
