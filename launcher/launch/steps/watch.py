@@ -25,6 +25,7 @@ from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, RankRow, S
 from ..hangs.exchange import store_client
 from ..hangs.verdict import alive, read_beats
 from .cause import Cause, explain
+from .device import rank_device
 from .evidence import Evidence, RankProc, Sampler, cpus_of, nic_note, read_environ
 from .judge import WINDOW, Judgement, Point, judge
 from .policy import StepPolicy
@@ -294,7 +295,7 @@ class StepWatch:
                 node_rank,
                 group,
                 place,
-                RankProc(rank, pid, cpus, numa, nic),
+                RankProc(rank, pid, cpus, numa, nic, rank_device(binding)),
                 Tail(self.state / RECORDS.format(local_rank=local)),  # a restarted rank truncated it: from the top
                 deque(maxlen=KEPT),
             )
