@@ -3,7 +3,8 @@
     python3 scripts/gpu_check.py [--out DIR] [--rounds 3] [--steps 60]   # on a GPU host
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
 
-Checks (each a list of named pass/fail results; run in the order topo, binding, doctor, h2d, train):
+Checks (each a list of named pass/fail results; run in the order topo, binding, doctor, health, h2d, mesh, hang,
+layout, steps, train):
 
 1. ``topo``: ``numarun topo --json`` on the live machine found the GPUs through NVML, and each
    GPU's bus id, memory, NUMA and CPU affinity agree with ``nvidia-smi --query-gpu`` and
@@ -15,6 +16,10 @@ Checks (each a list of named pass/fail results; run in the order topo, binding, 
    ``doctor``: ``numarun doctor --json`` on the live node (NVML health, PCIe links, the
    peer-memory module), when this build has the command (``numarun doctor --help``); each
    error finding is a failed check.
+   ``health``: every GPU's health figures through numarun's NVML reader (numarun.topology.nvml_health: clocks and
+   their event reasons, temperature, power, PCIe link, ECC, retired pages, remapped rows, NVLinks), printed, each
+   GPU answering its clocks, temperature, power and PCIe link; then the step report's device sampler reads the
+   GPUs twice a second apart, as the agent does while a job runs, and gives each GPU's figures over that span.
 3. ``train``: the reference trainer (scripts/train.py, same GPU config and steps) under
    ``numarun`` and under plain ``torchrun``, alternated round by round; tokens/s is the median
    of the steps after warm-up, the ratio numarun/torchrun is the median over rounds.
@@ -373,6 +378,57 @@ def check_doctor(doc: Mapping[str, Any], exit_code: int) -> list[Check]:
     return out
 
 
+def health_lines(record: Mapping[str, Any]) -> list[str]:
+    """One line per GPU of an NVML health record, as numarun parses it."""
+    from numarun.topology.nvml_health import health_from_record
+
+    def known(value: Any, unit: str = "") -> str:
+        return "?" if value is None else f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+    out = []
+    for g in health_from_record(record):
+        reasons = ", ".join(g.slowdowns) or "none"
+        if g.reasons is None:
+            reasons = "?"
+        links = sum(1 for s in g.nvlinks if s)
+        link = f"{g.pcie.text()} of {g.pcie.text(best=True)}" if g.pcie.known else "?"
+        out.append(
+            f"GPU {g.index} {g.pci_bus_id}: SM {known(g.sm_mhz)} of {known(g.max_sm_mhz)} MHz, slowdowns {reasons}"
+            f" (reasons {known(g.reasons)}); {known(g.temperature_c, ' °C')}"
+            f" (slowdown at {known(g.slowdown_c, ' °C')});"
+            f" {known(g.power_w, ' W')} of {known(g.power_limit_w, ' W')} (default {known(g.power_default_w, ' W')});"
+            f" PCIe {link}, {known(g.pcie_tx_kbs)}/{known(g.pcie_rx_kbs)} KB/s;"
+            f" ECC {known(g.ecc_corrected)} corrected, {known(g.ecc_uncorrected)} uncorrected;"
+            f" retired pages {known(g.retired_pages)}, remapped rows {known(g.remapped_rows)};"
+            f" NVLink {links} of {len(g.nvlinks)} up"
+        )
+    return out
+
+
+def check_health(record: Mapping[str, Any] | None, sampled: Mapping[int, Any]) -> list[Check]:
+    """NVML health through numarun's reader: each GPU answered its clocks, temperature, power and PCIe link; the
+    step report's sampler (``sampled``: NVML index -> its GPU figures, JSON) gave each GPU a clock over its span."""
+    from numarun.topology.nvml_health import health_from_record
+
+    gpus = health_from_record(record or {})
+    out = [Check("health", "gpus", bool(gpus), f"{len(gpus)} GPUs answered")]
+    for g in gpus:
+        figures = {
+            "clock": g.sm_mhz,
+            "max_clock": g.max_sm_mhz,
+            "reasons": g.reasons,
+            "temperature": g.temperature_c,
+            "power": g.power_w,
+            "power_limit": g.power_limit_w,
+        }
+        missing = [k for k, v in figures.items() if v is None] + ([] if g.pcie.known else ["pcie_link"])
+        out.append(Check("health", f"gpu{g.index}", not missing, f"unanswered: {missing}" if missing else "answered"))
+        fig = sampled.get(g.index) or {}
+        ok = isinstance(fig.get("mhz"), (int, float)) and fig["mhz"] > 0 and fig.get("since_s", 0) > 0
+        out.append(Check("health", f"sampler_gpu{g.index}", ok, f"the step report's figures: {fig!r}"))
+    return out
+
+
 def check_train(
     numarun_rates: Sequence[float], torchrun_rates: Sequence[float], *, min_ratio: float = MIN_TRAIN_RATIO
 ) -> tuple[list[Check], float]:
@@ -605,6 +661,36 @@ def step_doctor(result: dict[str, Any]) -> list[Check]:
         ]
     result["doctor"] = {"exit": proc.returncode, "report": doc}
     return check_doctor(doc, proc.returncode)
+
+
+def step_health(result: dict[str, Any]) -> list[Check]:
+    """Live GPU health through numarun.topology.nvml_health, printed; NVML missing is noted as skipped (the topo step
+    fails then)."""
+    from numarun.jsonable import to_jsonable
+    from numarun.launch.steps.device import DeviceSampler, RankDevice
+    from numarun.topology.nvml_health import health_from_record, read_health_record
+
+    record = read_health_record(throughput=True)  # every answer asked once, the slow PCIe counter too
+    if not record or not record.get("gpus"):
+        result.setdefault("skipped", []).append("health: NVML unavailable (no pynvml or no NVIDIA driver)")
+        print("skip health: NVML unavailable", flush=True)
+        return []
+    for line in health_lines(record):
+        print(f"  {line}", flush=True)
+    devices = [RankDevice(g.index, g.pci_bus_id) for g in health_from_record(record)]
+    sampler = DeviceSampler(live=True)
+    t0 = time.monotonic()
+    sampler.sample(Path("/"), devices, t0)
+    time.sleep(1.0)
+    t1 = time.monotonic()
+    sampler.sample(Path("/"), devices, t1)
+    sampled = {}
+    for d in devices:
+        ev = sampler.evidence(d, t0, t1)
+        sampled[d.gpu] = to_jsonable(ev.gpu) if ev is not None and ev.gpu is not None else None
+        print(f"  step report, GPU {d.gpu}: {sampled[d.gpu]}", flush=True)
+    result["health"] = {"record": record, "sampled": sampled}
+    return check_health(record, sampled)
 
 
 def step_train(
@@ -963,6 +1049,7 @@ def run_all(args: argparse.Namespace) -> int:
             "topo": lambda: step_topo(result),
             "binding": lambda: step_binding(result, work),
             "doctor": lambda: step_doctor(result),
+            "health": lambda: step_health(result),
             # h2d before train: it is short, and a time limit hitting the long step keeps its figures.
             "h2d": lambda: step_h2d(result, work, size=args.h2d_size, iters=args.h2d_iters),
             "mesh": lambda: step_mesh(result, work),
@@ -1068,7 +1155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=("topo", "binding", "doctor", "train", "h2d", "mesh", "hang", "layout", "steps"),
+        choices=("topo", "binding", "doctor", "health", "train", "h2d", "mesh", "hang", "layout", "steps"),
     )
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))

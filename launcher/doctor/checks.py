@@ -16,6 +16,14 @@ from ..cpuset import format_list
 from ..errors import NumarunError
 from ..plan.model import PlanRequest
 from ..topology.model import NicKind, Topology
+from ..topology.nvml_health import (
+    REASON_HW_POWER_BRAKE,
+    REASON_HW_SLOWDOWN,
+    REASON_HW_THERMAL,
+    REASON_POWER_CAP,
+    REASON_SW_THERMAL,
+    gpu_health,
+)
 from .model import Finding, Severity, sort_findings
 
 # Peer-memory modules that give NCCL GPUDirect RDMA (the current and the legacy Mellanox name).
@@ -25,12 +33,12 @@ USABLE_LINK_LAYERS = ("InfiniBand", "Ethernet")
 
 # nvmlClocksEventReasons bits (nvml.h, nvmlClocksThrottleReason* in older headers).
 THROTTLE_WARN = {
-    0x8: "hardware slowdown (HW_SLOWDOWN: thermal or power brake asserted)",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power-brake slowdown",
+    REASON_HW_SLOWDOWN: "hardware slowdown (HW_SLOWDOWN: thermal or power brake asserted)",
+    REASON_SW_THERMAL: "software thermal slowdown",
+    REASON_HW_THERMAL: "hardware thermal slowdown",
+    REASON_HW_POWER_BRAKE: "hardware power-brake slowdown",
 }
-THROTTLE_INFO = {0x4: "software power cap"}
+THROTTLE_INFO = {REASON_POWER_CAP: "software power cap"}
 
 
 @dataclass(frozen=True)
@@ -266,10 +274,6 @@ _SMT = {
 }
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
     """ECC errors, pending page retirement / row remapping, throttling, persistence mode.
 
@@ -290,7 +294,8 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
 
             dev = normalize_bus_id(dev)
         name = f"GPU {g.get('index', pos)}"
-        vol = _int(g.get("ecc_uncorrected_volatile"))
+        health = gpu_health(g, pos)  # the answers parsed as the step report parses them
+        vol = health.ecc_uncorrected
         if vol:
             out.append(
                 Finding(
@@ -301,7 +306,7 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                     "drain the node and reset the GPU (nvidia-smi -r), replace it if they return",
                 )
             )
-        agg = _int(g.get("ecc_uncorrected_aggregate"))
+        agg = health.ecc_uncorrected_aggregate
         if agg and not vol:
             out.append(
                 Finding(
@@ -311,7 +316,7 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                     f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it",
                 )
             )
-        if _int(g.get("retired_pages_pending")):
+        if health.retired_pending:
             out.append(
                 Finding(
                     Severity.ERROR,
@@ -320,9 +325,8 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                     f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running",
                 )
             )
-        rows = g.get("remapped_rows")
-        if isinstance(rows, list) and len(rows) >= 4 and all(_int(x) is not None for x in rows[:4]):
-            _corr, uncorr, pending, failure = rows[:4]
+        if health.remapped_rows is not None:
+            _corr, uncorr, pending, failure = health.remapped_rows
             if failure:
                 out.append(
                     Finding(
@@ -350,7 +354,7 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                         f"{name} has {uncorr} rows remapped after uncorrectable errors",
                     )
                 )
-        reasons = _int(g.get("throttle_reasons"))
+        reasons = health.reasons
         if reasons:
             bad = [text for bit, text in THROTTLE_WARN.items() if reasons & bit]
             if bad:
@@ -365,7 +369,7 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
             soft = [text for bit, text in THROTTLE_INFO.items() if reasons & bit]
             if soft:
                 out.append(Finding(Severity.INFO, "nvml-throttle", dev, f"{name} clocks limited by {', '.join(soft)}"))
-        if _int(g.get("persistence_mode")) == 0:
+        if health.persistence == 0:
             out.append(
                 Finding(
                     Severity.WARN,

@@ -3,8 +3,6 @@ tree."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import platform
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,8 +11,6 @@ from typing import Any
 from ..errors import TopologyError
 from ..topology.fileio import read_bounded
 from .checks import Probe
-
-log = logging.getLogger(__name__)
 
 
 def _text(p: Path) -> str:
@@ -28,49 +24,12 @@ def read_smt_control(root: Path) -> str:
     return _text(root / "sys/devices/system/cpu/smt/control").strip()
 
 
-def nvml_health(pynvml: Any, handle: Any) -> dict[str, Any]:
-    from ..topology.nvml import _call
-
-    def ecc(counter: int) -> Any:
-        return _call(pynvml.nvmlDeviceGetTotalEccErrors, handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter)
-
-    rows = _call(pynvml.nvmlDeviceGetRemappedRows, handle)
-    pending = _call(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-    reasons_fn = (
-        getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    )
-    return {
-        "ecc_uncorrected_volatile": ecc(pynvml.NVML_VOLATILE_ECC),
-        "ecc_uncorrected_aggregate": ecc(pynvml.NVML_AGGREGATE_ECC),
-        "retired_pages_pending": pending if isinstance(pending, str) else int(pending),
-        "remapped_rows": rows if isinstance(rows, str) else [int(x) for x in rows],
-        "throttle_reasons": _call(reasons_fn, handle),
-        "persistence_mode": _call(pynvml.nvmlDeviceGetPersistenceMode, handle),
-    }
-
-
 def read_nvml_health_record() -> dict[str, Any] | None:
-    """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` plus the health keys; None without NVML."""
-    from ..topology.nvml import read_nvml_record
+    """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` plus every GPU's health answers
+    (:mod:`numarun.topology.nvml_health`, which the step report reads too); None without NVML."""
+    from ..topology.nvml_health import read_health_record
 
-    record = read_nvml_record()
-    if not record or not record.get("gpus"):
-        return record
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # the record was read a moment ago; a failure now only skips health
-        log.debug("NVML health not read: %s", e)
-        return record
-    try:
-        for i, g in enumerate(record["gpus"]):
-            g.update(nvml_health(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i)))
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return record
+    return read_health_record()
 
 
 def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) -> Probe:

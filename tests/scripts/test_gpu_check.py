@@ -234,6 +234,22 @@ def test_doctor_checks() -> None:
     assert _failed(gc.check_doctor({"no": "findings"}, 0)) == {"ran"}
 
 
+def test_health_checks_print_each_gpu_and_catch_each_gap() -> None:
+    """The health step on a recorded node (constructed: four H100s, GPU 3 power-capped) and on the H200 VM's
+    reading, which was recorded before the health answers."""
+    record = json.loads((FIXTURES / "nvml" / "constructed-health-power-cap.json").read_text())["readings"][1]
+    lines = gc.health_lines(record)
+    assert len(lines) == 4 and lines[3].startswith("GPU 3 0000:5d:00.0: SM 1410 of 1980 MHz, slowdowns power cap")
+    assert "PCIe x16 gen5 of x16 gen5" in lines[0] and "NVLink 18 of 18 up" in lines[0]
+    sampled = {i: {"index": i, "mhz": 1980.0, "since_s": 1.0} for i in range(4)}
+    assert _failed(gc.check_health(record, sampled)) == set()
+    assert _failed(gc.check_health(record, {**sampled, 2: None})) == {"sampler_gpu2"}
+    bare = json.loads((FIXTURES / "nvml" / "h200-vm.json").read_text())
+    assert _failed(gc.check_health(bare, {0: sampled[0]})) == {"gpu0"}
+    assert "SM ? of ? MHz" in gc.health_lines(bare)[0]
+    assert _failed(gc.check_health(None, {})) == {"gpus"}
+
+
 @pytest.mark.slow
 def test_gpu_check_sh_self_test_imports_numarun_from_this_tree(tmp_path: Path) -> None:
     """The wrapper's set-up (link, PYTHONPATH, import check) with this venv's Python, no wheels needed."""

@@ -1,4 +1,5 @@
-"""Why the rank that holds the job back is slow, from what numarun placed and what the kernel says (pure).
+"""Why the rank that holds the job back is slow, from what numarun placed, what the kernel says and, on a GPU node,
+what its GPU and NIC say (pure).
 
 The causes are tried in order; one is named only when its evidence covers at least :data:`COVERS` of the time the
 rank loses per step (:attr:`~numarun.launch.steps.judge.Judgement.lost_s`), else the answer is *cause not found*
@@ -10,10 +11,20 @@ with the figures:
 2. **steal**: the VM's host took its cores' time (``/proc/stat``);
 3. **input** (the phase it loses the time in): no DataLoader workers (it loads in its main thread), or workers
    busy to the full (they cannot keep up); idle workers point elsewhere (storage, the network): not found;
-4. **compute** or **optim** that its main thread spent running (not waiting): slower cores (cpufreq, throttle
-   counters), remote memory (numa_maps: its pages on other NUMA nodes than its own), else more work than the others.
+4. on a GPU node, **its GPU or NIC slowed down** (:mod:`~numarun.launch.steps.device_cause`, measured: the time
+   each costs a step): its GPU's clocks held down (power cap, thermal, hardware slowdown...), its PCIe link
+   trained below its maximum, its NIC slower than the others'. Before the CPU's compute causes: a rank waiting for
+   a slow GPU keeps its main thread busy launching and synchronising, which would read as more work;
+5. **compute** or **optim** that its main thread spent running (not waiting): slower cores (cpufreq, throttle
+   counters), remote memory (numa_maps: its pages on other NUMA nodes than its own), else more work than the others;
+6. on a GPU node, **a fault of its GPU or NIC during the job** (NVLink links down, ECC errors, retired pages or
+   remapped rows, a NIC down, its link's errors, ``port_xmit_wait`` congestion, Ethernet drops), its own and not the
+   other devices'. A fault has no time of its own to cover the lost time with; it is named where the CPU's figures
+   leave that time to the devices: neither the main thread's wait (1) nor its running (5) covers :data:`COVERS` of
+   it, so at least that share went to its GPU or its network.
 
-Each cause carries the fix where there is a clear one: more loader workers, ``--binding``, free the cores.
+Each cause carries the fix where there is a clear one: more loader workers, ``--binding``, free the cores, raise a
+GPU's power limit, check a node's cooling or a link.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...view.steps_text import ms, pct
+from .device_cause import device_figures, faults, slowdowns
 from .evidence import Evidence
 from .judge import Judgement
 
@@ -102,6 +114,11 @@ def explain(
         )
     if j.phase == "input":
         return _input(j, ev, rank, (workers or {}).get(rank, -1))
+    devices = [e.device for r, e in evidence.items() if r != rank and e.device is not None]
+    if ev.device is not None:
+        costly = [f for f in slowdowns(ev.device, devices, own=own, step=step) if (f.seconds or 0) >= COVERS * lost]
+        if costly:
+            return Cause(True, costly[0].why, costly[0].fix)
     if more_work >= COVERS * lost:
         mhz = _median([o.mhz for o in others if o.mhz is not None])
         if ev.mhz is not None and mhz and ev.mhz < SLOW_CORES * mhz:
@@ -124,6 +141,9 @@ def explain(
             f"more work: its main thread ran {ms(run)} a step on a CPU, the other ranks' {ms(theirs)}: it computes "
             "more than they do (a larger batch or sequence, code only it runs)",
         )
+    found = faults(ev.device, devices) if ev.device is not None else []
+    if found:
+        return Cause(True, "; ".join(f.why for f in found), found[0].fix)
     return Cause(False, "cause not found: " + figures(j, ev, others))
 
 
@@ -171,6 +191,8 @@ def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
         parts.append(f"pages off its node {pct(ev.remote)}")
     if ev.mhz is not None:
         parts.append(f"cores at {ev.mhz:.0f} MHz")
+    if ev.device is not None:
+        parts += device_figures(ev.device)
     if ev.nic:
         parts.append(f"its NIC is not the one next to its GPU: {ev.nic}")
     return "; ".join(parts)

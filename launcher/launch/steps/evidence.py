@@ -14,7 +14,8 @@ Read on every report tick, for every local rank, while the ranks still run (at t
   (``thermal_throttle/{core,package}_throttle_count``) where sysfs has them;
 * its pages per NUMA node (``/proc/<pid>/numa_maps``, as the binding watcher reads them), for the ranks the report
   suspects only: the kernel walks every resident page to answer;
-* once, its NIC variables (``/proc/<pid>/environ``) against the plan's, which chose the NIC next to its GPU.
+* once, its NIC variables (``/proc/<pid>/environ``) against the plan's, which chose the NIC next to its GPU;
+* on a GPU node, its GPU's and NIC's figures (:mod:`~numarun.launch.steps.device`, sampled beside these).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ...errors import CpuListError
 from ...plan.nic import NIC_VARIABLES
 from ...topology import procfs
 from ...worker.binding_watch import parse_numa_maps, remote_share
+from .device import DeviceEvidence, DeviceSampler, RankDevice
 
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 HISTORY = 240
@@ -107,6 +109,8 @@ class RankProc:
     """Its NUMA node (-1: unknown, no remote-memory figure)."""
     nic: str = ""
     """Where its NIC variables differ from the plan's (:func:`nic_note`)."""
+    device: RankDevice | None = None
+    """The GPU and NIC the plan gave it (:func:`~numarun.launch.steps.device.rank_device`)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,8 @@ class Evidence:
     """The share of its resident pages on NUMA nodes other than its own (read for suspects only)."""
     nic: str = ""
     """Where its NIC variables differ from the plan's, which chose the NIC next to its GPU; '' when they agree."""
+    device: DeviceEvidence | None = None
+    """Its GPU's and NIC's figures over the span; None off a GPU node, or where neither was read."""
 
 
 @dataclass
@@ -189,6 +195,7 @@ class Sampler:
         self._ticks: dict[int, tuple[int, int]] = {}
         self._threads: dict[int, dict[int, tuple[int, int]]] = {}
         self._names: dict[int, tuple[str, str]] = {}
+        self.devices = DeviceSampler(live=root == Path("/"))  # GPUs (NVML) and NICs: device.py
 
     def sample(self, ranks: Sequence[RankProc], t: float, *, suspects: Iterable[int] = ()) -> None:
         """One look at every rank of ``ranks`` at time ``t`` (monotonic seconds); numa_maps of ``suspects`` only."""
@@ -236,6 +243,7 @@ class Sampler:
                 if pages:
                     self.remote[r.rank] = remote_share(pages, [r.numa])
         self._ticks, self._procs = ticks, procs
+        self.devices.sample(self.root, [r.device for r in ranks], t)
 
     def _threads_of(self, r: RankProc, totals: _Totals) -> None:
         now = procfs.read_schedstat(r.pid, self.root)
@@ -292,6 +300,7 @@ class Sampler:
             throttled=(b.throttle or 0) - (a.throttle or 0),
             remote=self.remote.get(rank.rank),
             nic=rank.nic,
+            device=self.devices.evidence(rank.device, a.t, b.t),
         )
 
 

@@ -20,6 +20,7 @@ from ...plan.model import BindingMode, LaunchPlan
 from ...topology import procfs
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, StepRecord
 from ..hangs.verdict import read_beats
+from .device import rank_device
 from .evidence import RankProc, Sampler, cpus_of, nic_note
 from .exchange import ViewKeys
 from .files import keep_files
@@ -132,7 +133,7 @@ class StepWatch:
                 pid,
                 group,
                 place,
-                RankProc(rank, pid, cpus, numa, nic),
+                RankProc(rank, pid, cpus, numa, nic, rank_device(binding)),
                 Tail(self.state / RECORDS.format(local_rank=local)),  # a restarted rank truncated it: from the top
                 deque(maxlen=KEPT),
             )

@@ -1,0 +1,398 @@
+"""GPU health through NVML, without CUDA: what holds a GPU's clocks down, how its PCIe link trained, its memory
+errors and its NVLinks (docs/design-notes.md, "NVML health (`topology/nvml_health.py`)").
+
+Record, then parse, as :mod:`numarun.topology.nvml`: :func:`health_answers` is the only code here that asks the
+driver, and turns one GPU's answers into a plain dict (a refused call becomes ``"ERR <message>"``);
+:func:`gpu_health` turns such a dict into a :class:`GpuHealth`, pure. The doctor reads the record of every GPU
+once (:func:`read_health_record`); the step report asks again and again for the ranks' GPUs only, through one
+:class:`NvmlSession` (NVML initialised once, the figures that cannot change while a job runs read once).
+:class:`RecordedNvml` answers from a recorded record the way the session does (tests, ``--nvml-record``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import TopologyError
+from .model import normalize_bus_id
+from .nvml import _call, read_nvml_record
+
+log = logging.getLogger(__name__)
+
+# nvmlClocksEventReasons bits (nvml.h, "Clocks Event Reasons"; the same bits as the older ClocksThrottleReasons)
+REASON_IDLE = 0x1
+REASON_APP_CLOCKS = 0x2
+REASON_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SYNC_BOOST = 0x10
+REASON_SW_THERMAL = 0x20
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+REASON_DISPLAY = 0x100
+
+REASON_WORDS: dict[int, str] = {
+    REASON_HW_SLOWDOWN: "hardware slowdown",
+    REASON_HW_POWER_BRAKE: "hardware power brake",
+    REASON_HW_THERMAL: "thermal slowdown (hardware)",
+    REASON_SW_THERMAL: "thermal slowdown",
+    REASON_POWER_CAP: "power cap",
+    REASON_APP_CLOCKS: "application clocks set",
+    REASON_SYNC_BOOST: "sync boost",
+}
+"""The reasons that hold a busy GPU's clocks down, most serious first. Idle is no slowdown (the GPU waits for
+work) and the display clock setting does not apply to a compute GPU."""
+SLOWDOWN = sum(REASON_WORDS)
+
+# PCIe bandwidth of one lane and one direction by generation, GB/s: the transfer rate less the line code
+# (8b/10b to gen 2, 128b/130b from gen 3; gen 6's FLIT mode counted at its raw rate), PCI-SIG's figures.
+LANE_GBS: dict[int, float] = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.877}
+
+FIXED_KEYS = (
+    "max_clock_sm",
+    "max_clock_graphics",
+    "pcie_link_max",
+    "power_default_limit",
+    "temperature_slowdown",
+    "persistence_mode",
+)
+"""Answers that do not change while a job runs: :class:`NvmlSession` reads them once per GPU."""
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _ints(v: Any, n: int) -> tuple[int, ...] | None:
+    if not isinstance(v, list) or len(v) < n or any(_int(x) is None for x in v[:n]):
+        return None
+    return tuple(v[:n])
+
+
+def _watts(mw: Any) -> float | None:
+    v = _int(mw)
+    return v / 1000 if v is not None and v > 0 else None
+
+
+@dataclass(frozen=True)
+class PcieGen:
+    """A GPU's PCIe link as NVML counts it (generation and lanes, current against the most the GPU and its slot
+    allow); 0: unknown."""
+
+    gen: int = 0
+    width: int = 0
+    max_gen: int = 0
+    max_width: int = 0
+
+    @property
+    def known(self) -> bool:
+        return bool(self.gen and self.width and self.max_gen and self.max_width)
+
+    @property
+    def below_max(self) -> bool:
+        return self.known and (self.gen < self.max_gen or self.width < self.max_width)
+
+    @property
+    def gbs(self) -> float:
+        """One direction's bandwidth now, GB/s; 0 unknown."""
+        return LANE_GBS.get(self.gen, 0.0) * self.width
+
+    @property
+    def max_gbs(self) -> float:
+        return LANE_GBS.get(self.max_gen, 0.0) * self.max_width
+
+    def text(self, *, best: bool = False) -> str:
+        """``x8 gen3`` (``best``: the most it could train at)."""
+        return f"x{self.max_width} gen{self.max_gen}" if best else f"x{self.width} gen{self.gen}"
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's health figures at one moment; None (or empty) where NVML did not answer."""
+
+    index: int
+    pci_bus_id: str = ""
+    sm_mhz: int | None = None
+    graphics_mhz: int | None = None
+    max_sm_mhz: int | None = None
+    max_graphics_mhz: int | None = None
+    reasons: int | None = None
+    """nvmlClocksEventReasons bits (:data:`REASON_WORDS`)."""
+    temperature_c: int | None = None
+    slowdown_c: int | None = None
+    """The temperature at which the GPU starts slowing itself down."""
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    """The enforced power limit: what the power cap holds it to."""
+    power_default_w: float | None = None
+    pcie: PcieGen = PcieGen()
+    pcie_tx_kbs: int | None = None
+    pcie_rx_kbs: int | None = None
+    """Host<->GPU traffic over NVML's last 20 ms, KB/s."""
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    """Since the driver loaded (volatile)."""
+    ecc_uncorrected_aggregate: int | None = None
+    """Over the GPU's life."""
+    retired_pages: int | None = None
+    """Pages retired for single-bit and double-bit errors (before Ampere; later GPUs remap rows)."""
+    retired_pending: int | None = None
+    remapped_rows: tuple[int, int, int, int] | None = None
+    """(correctable, uncorrectable, pending, failure), as ``nvmlDeviceGetRemappedRows`` answers."""
+    nvlinks: tuple[bool | None, ...] = ()
+    """Each NVLink's state (True active); () without NVLink."""
+    persistence: int | None = None
+
+    @property
+    def slowdowns(self) -> tuple[str, ...]:
+        """The reasons holding its clocks down, in words, most serious first."""
+        return reason_words(self.reasons or 0)
+
+
+def reason_words(bits: int) -> tuple[str, ...]:
+    return tuple(word for bit, word in REASON_WORDS.items() if bits & bit)
+
+
+def gpu_health(raw: Mapping[str, Any], pos: int = 0) -> GpuHealth:
+    """Pure: one GPU's recorded answers (:func:`health_answers`' keys beside :mod:`~numarun.topology.nvml`'s) ->
+    :class:`GpuHealth`; missing or ``"ERR ..."`` answers are None."""
+    index = _int(raw.get("index"))
+    bus = ""
+    with contextlib.suppress(TopologyError):
+        bus = normalize_bus_id(str(raw.get("pci_bus_id") or ""))
+    link = _ints(raw.get("pcie_link"), 2) or (0, 0)
+    best = _ints(raw.get("pcie_link_max"), 2) or (0, 0)
+    pages = _ints(raw.get("retired_pages"), 2)
+    rows = _ints(raw.get("remapped_rows"), 4)
+    through = _ints(raw.get("pcie_throughput_kbs"), 2)
+    links = raw.get("nvlink_state")
+    return GpuHealth(
+        index=index if index is not None else pos,
+        pci_bus_id=bus,
+        sm_mhz=_int(raw.get("clock_sm")),
+        graphics_mhz=_int(raw.get("clock_graphics")),
+        max_sm_mhz=_int(raw.get("max_clock_sm")),
+        max_graphics_mhz=_int(raw.get("max_clock_graphics")),
+        reasons=_int(raw.get("throttle_reasons")),
+        temperature_c=_int(raw.get("temperature")),
+        slowdown_c=_int(raw.get("temperature_slowdown")),
+        power_w=_watts(raw.get("power_usage")),
+        power_limit_w=_watts(raw.get("power_limit")),
+        power_default_w=_watts(raw.get("power_default_limit")),
+        pcie=PcieGen(*link, *best),
+        pcie_tx_kbs=through[0] if through else None,
+        pcie_rx_kbs=through[1] if through else None,
+        ecc_corrected=_int(raw.get("ecc_corrected_volatile")),
+        ecc_uncorrected=_int(raw.get("ecc_uncorrected_volatile")),
+        ecc_uncorrected_aggregate=_int(raw.get("ecc_uncorrected_aggregate")),
+        retired_pages=pages[0] + pages[1] if pages else None,
+        retired_pending=_int(raw.get("retired_pages_pending")),
+        remapped_rows=(rows[0], rows[1], rows[2], rows[3]) if rows else None,
+        nvlinks=tuple(None if _int(s) is None else bool(s) for s in links) if isinstance(links, list) else (),
+        persistence=_int(raw.get("persistence_mode")),
+    )
+
+
+def health_from_record(record: Mapping[str, Any]) -> tuple[GpuHealth, ...]:
+    """Every GPU of a recorded NVML record (the doctor's) -> :class:`GpuHealth`, in the record's order."""
+    gpus = record.get("gpus") if isinstance(record, Mapping) else None
+    if not isinstance(gpus, list):
+        return ()
+    return tuple(gpu_health(g, pos) for pos, g in enumerate(gpus) if isinstance(g, Mapping))
+
+
+# ----------------------------------------------------------------------------- the driver's answers
+
+
+def health_answers(
+    pynvml: Any, handle: Any, *, fixed: bool = True, link_max: Any = None, throughput: bool | None = None
+) -> dict[str, Any]:
+    """One GPU's health answers as a plain dict; ``fixed``: also :data:`FIXED_KEYS` (read once per job, and
+    ``link_max`` is then their ``pcie_link_max``).
+
+    Clock event reasons come from ``nvmlDeviceGetCurrentClocksEventReasons`` (drivers from R535), else from the
+    older ``...ClocksThrottleReasons``: the same bits. The PCIe link's current generation can drop while the GPU
+    idles (NVML's ``nvmlDeviceGetCurrPcieLinkGeneration``: "may be reduced when the device is not in use"), so a
+    reading is compared with the others' under the same job, never alone. ``nvmlDeviceGetPcieThroughput``
+    "is querying a byte counter over a 20ms interval" (NVML's words): it waits that long, twice, so its traffic
+    is read only where it is used (``throughput`` None: a link below its maximum), unless ``throughput`` says.
+    """
+
+    def ask(name: str, *args: Any) -> Any:
+        fn = getattr(pynvml, name, None)  # an older pynvml lacks the newer calls: unknown, not a failed reading
+        return _call(fn, handle, *args) if fn is not None else f"ERR pynvml has no {name}"
+
+    def pair(first: Any, second: Any) -> Any:
+        return first if isinstance(first, str) else second if isinstance(second, str) else [first, second]
+
+    def count(pages: Any) -> Any:
+        return pages if isinstance(pages, str) else len(pages)
+
+    rows = ask("nvmlDeviceGetRemappedRows")
+    pending = ask("nvmlDeviceGetRetiredPagesPendingStatus")
+    events = "nvmlDeviceGetCurrentClocksEventReasons"
+    reasons = ask(events if hasattr(pynvml, events) else "nvmlDeviceGetCurrentClocksThrottleReasons")
+    uncorrected, corrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+    volatile = pynvml.NVML_VOLATILE_ECC
+    out: dict[str, Any] = {
+        # the doctor's keys (doctor/checks.py, check_nvml)
+        "ecc_uncorrected_volatile": ask("nvmlDeviceGetTotalEccErrors", uncorrected, volatile),
+        "ecc_uncorrected_aggregate": ask("nvmlDeviceGetTotalEccErrors", uncorrected, pynvml.NVML_AGGREGATE_ECC),
+        "retired_pages_pending": pending if isinstance(pending, str) else int(pending),
+        "remapped_rows": rows if isinstance(rows, str) else [int(x) for x in rows],
+        "throttle_reasons": reasons,
+        # the step report's
+        "ecc_corrected_volatile": ask("nvmlDeviceGetTotalEccErrors", corrected, volatile),
+        "retired_pages": pair(
+            count(ask("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
+            count(ask("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
+        ),
+        "clock_sm": ask("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
+        "clock_graphics": ask("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_GRAPHICS),
+        "temperature": ask("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
+        "power_usage": ask("nvmlDeviceGetPowerUsage"),  # mW
+        "power_limit": ask("nvmlDeviceGetEnforcedPowerLimit"),  # mW
+        "pcie_link": pair(ask("nvmlDeviceGetCurrPcieLinkGeneration"), ask("nvmlDeviceGetCurrPcieLinkWidth")),
+        "nvlink_state": _nvlink_states(pynvml, handle),
+    }
+    if fixed:
+        out.update(
+            {
+                "max_clock_sm": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
+                "max_clock_graphics": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_GRAPHICS),
+                "pcie_link_max": pair(ask("nvmlDeviceGetMaxPcieLinkGeneration"), ask("nvmlDeviceGetMaxPcieLinkWidth")),
+                "power_default_limit": ask("nvmlDeviceGetPowerManagementDefaultLimit"),  # mW
+                "temperature_slowdown": ask(
+                    "nvmlDeviceGetTemperatureThreshold", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+                ),
+                "persistence_mode": ask("nvmlDeviceGetPersistenceMode"),
+            }
+        )
+        link_max = out["pcie_link_max"]
+    now, best = _ints(out["pcie_link"], 2), _ints(link_max, 2)
+    if throughput or (throughput is None and now and best and (now[0] < best[0] or now[1] < best[1])):
+        out["pcie_throughput_kbs"] = pair(
+            ask("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_TX_BYTES),
+            ask("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_RX_BYTES),
+        )
+    return out
+
+
+def _nvlink_states(pynvml: Any, handle: Any) -> Any:
+    """Each link's state, 1 active, 0 not, None unanswered (links past the GPU's last); ``"ERR ..."`` when link 0
+    is refused: no NVLink at all (a PCIe GPU, most VMs)."""
+    states: list[int | None] = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        state = _call(pynvml.nvmlDeviceGetNvLinkState, handle, link)
+        if isinstance(state, str) and link == 0:
+            return state
+        states.append(None if isinstance(state, str) else int(bool(state)))
+    while states and states[-1] is None:
+        states.pop()
+    return states
+
+
+def read_health_record(*, throughput: bool | None = None) -> dict[str, Any] | None:
+    """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` with every GPU's health answers beside;
+    None without NVML (the doctor's reading; ``throughput`` as :func:`health_answers` has it)."""
+    record = read_nvml_record()
+    if not record or not record.get("gpus"):
+        return record
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # the record was read a moment ago; a failure now only skips health
+        log.debug("NVML health not read: %s", e)
+        return record
+    try:
+        for i, g in enumerate(record["gpus"]):
+            g.update(health_answers(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i), throughput=throughput))
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return record
+
+
+class GpuSource(Protocol):
+    """Where a sampler gets one GPU's health answers: the live driver or a recording."""
+
+    def read(self, index: int, bus_id: str = "") -> Mapping[str, Any] | None:
+        """The answers of the GPU with NVML index ``index`` (its bus id preferred when known); None if unknown."""
+        ...
+
+
+class NvmlSession:
+    """NVML initialised once for a reader that asks again and again (the step report's sampler): handles kept,
+    :data:`FIXED_KEYS` read once per GPU; shut down by :meth:`close` or when it is collected."""
+
+    def __init__(self, pynvml: Any) -> None:
+        self._nvml = pynvml
+        self._handles: dict[tuple[int, str], Any] = {}
+        self._fixed: dict[tuple[int, str], dict[str, Any]] = {}
+        self._closer = weakref.finalize(self, _shutdown, pynvml)
+
+    @classmethod
+    def open(cls) -> NvmlSession | None:
+        """A session, or None without pynvml or an NVIDIA driver."""
+        try:
+            import pynvml  # optional
+
+            pynvml.nvmlInit()
+        except Exception as e:
+            log.debug("NVML unavailable (%s): no GPU health figures", e)
+            return None
+        return cls(pynvml)
+
+    def read(self, index: int, bus_id: str = "") -> dict[str, Any] | None:
+        key = (index, bus_id)
+        try:
+            handle = self._handles.get(key)
+            if handle is None:
+                nvml = self._nvml
+                # by bus id: the plan's index is NVML's only when both counted the same GPUs
+                handle = (
+                    nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+                    if bus_id
+                    else nvml.nvmlDeviceGetHandleByIndex(index)
+                )
+                self._handles[key] = handle
+            first = key not in self._fixed
+            link_max = None if first else self._fixed[key].get("pcie_link_max")
+            answers = health_answers(self._nvml, handle, fixed=first, link_max=link_max)
+        except Exception as e:  # a GPU gone (fallen off the bus) answers nothing: its figures stop
+            log.debug("NVML health of GPU %s: %s", index, e)
+            return None
+        if first:
+            self._fixed[key] = {k: answers[k] for k in FIXED_KEYS if k in answers}
+        return {"index": index, "pci_bus_id": bus_id, **answers, **self._fixed[key]}
+
+    def close(self) -> None:
+        self._closer()
+
+
+def _shutdown(pynvml: Any) -> None:
+    with contextlib.suppress(Exception):
+        pynvml.nvmlShutdown()
+
+
+class RecordedNvml:
+    """A recorded NVML record answering as :class:`NvmlSession` does: by bus id, else by index."""
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        gpus = record.get("gpus") if isinstance(record, Mapping) else None
+        self.gpus: Sequence[Mapping[str, Any]] = [g for g in gpus if isinstance(g, Mapping)] if gpus else []
+
+    def read(self, index: int, bus_id: str = "") -> Mapping[str, Any] | None:
+        for pos, g in enumerate(self.gpus):
+            if bus_id:
+                with contextlib.suppress(TopologyError):
+                    if normalize_bus_id(str(g.get("pci_bus_id", ""))) == normalize_bus_id(bus_id):
+                        return g
+            elif g.get("index", pos) == index:
+                return g
+        return None
