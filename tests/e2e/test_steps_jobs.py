@@ -4,7 +4,8 @@ spins on is named with that process's pid and command, a balanced four-rank job 
 ``numarun top --once`` shows every rank's step time, two agents (c10d on loopback) name the slow rank of the
 second node once, on the judging node.
 
-Every job runs tests/support/scripts/step_rank.py with ``NUMARUN_STEP_INTERVAL=0.5``. Every wait is bounded by
+Every job runs tests/support/scripts/step_rank.py with ``NUMARUN_STEP_INTERVAL=0.5`` (the shared core's with the
+default, 5 s, longer than its job: the kernel's figures from its first steps and its last look). Every wait is bounded by
 :data:`helpers.TIMEOUT`; none is a performance bound.
 """
 
@@ -32,8 +33,10 @@ SPIN = "while True: pass"
 
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The test's environment; ``NUMARUN_STEP_INTERVAL=""`` leaves numarun's default interval (5 s)."""
     (tmp / "tmp").mkdir(exist_ok=True)
-    return clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp"), NUMARUN_STEP_INTERVAL="0.5", **extra)
+    env = clean_env(PYTHONUNBUFFERED="1", TMPDIR=str(tmp / "tmp"), **{"NUMARUN_STEP_INTERVAL": "0.5", **extra})
+    return {k: v for k, v in env.items() if v != ""}
 
 
 def _start(tmp: Path, *args: str, job: tuple[str, ...], log: str = "log", **env: str) -> subprocess.Popen:  # type: ignore[type-arg]
@@ -123,6 +126,26 @@ def test_a_rank_slow_in_its_compute_is_named_with_compute_fsdp2(tmp_path: Path) 
     assert int(comm[1]) < int(comm[3]), lines  # the slow rank waits least; the other's waits are FSDP2's
 
 
+@pytest.mark.parametrize(
+    "wrap, mode, slow, phase",
+    [("lightning", "input", 1, "input"), ("accelerate", "compute", 0, "compute")],
+)
+def test_the_loops_users_run_lightning_and_accelerate(
+    tmp_path: Path, wrap: str, mode: str, slow: int, phase: str
+) -> None:
+    """Lightning's Trainer(strategy="ddp") runs forward and backward inside the optimizer's step (a closure) and
+    accelerate's Accelerator wraps the model in DDP: the slow rank is named with the phase it loses its time in,
+    measured every step (DDP's wait exactly, the closure as compute)."""
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", job=(mode, str(slow), "40", wrap)))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    lines = _report(log)
+    assert _verdict(lines).startswith(f"=> rank {slow} holds the job back: {phase}, "), lines
+    records = list(read_records((_files(lines) / "steps.jsonl").read_text().splitlines()))
+    assert all(r.extra["ddp_wait_s"] > 0 for r in records if r.step > 1)  # DDP's wait, every step, on every rank
+    assert "Traceback" not in log
+
+
 def _cpus_of_rank(tmp: Path, local_rank: int) -> list[int]:
     r = run_numarun("plan", "--nproc-per-node", "2", "--binding", "exclusive", "--json", env=_env(tmp))
     assert r.returncode == 0, r.stderr
@@ -159,6 +182,7 @@ def test_a_rank_whose_core_another_process_spins_on_is_named_with_its_pid_and_co
         "exclusive",
         job=("none", "0", "20", "ddp"),
         STEP_GATE=str(gate),
+        NUMARUN_STEP_INTERVAL="",  # the default, 5 s: the job is shorter than two intervals
     )
     _raise_priority(p.pid, -10)  # its ranks, started later, are of its session
     spinner = None
