@@ -3,9 +3,10 @@
 
     .venv/bin/python scripts/bench_steps.py [--runs 5] [--steps 300] [--json FILE]
 
-1. **The recorder's hooks, in this process**: a step made of a DataLoader batch, a backward call, a collective and
-   an optimizer step (each a no-op), with the recorder's hooks around them and its record written to a file, against
-   the same step bare; the difference is what the recorder adds to every step, in microseconds.
+1. **The recorder's hooks, in this process**: a step made of a DataLoader batch, a collective and an optimizer step
+   (each a no-op) and the backward of a small 4-layer model (whose parameters carry the gradient hooks and the two
+   autograd callbacks that measure DDP's wait), with the recorder's hooks around them and its record written to a
+   file, against the same step bare; the difference is what the recorder adds to every step, in microseconds.
 2. **A training step side by side**: two ranks under numarun, each step a DataLoader batch, a DDP forward and
    backward of a 2-layer 512-wide MLP (its gradient all-reduce inside backward), an SGD step and the loss all-reduced
    (gloo), with ``--step-report on`` and ``off``, alternated ``--runs`` times; each rank times its own steps, wall
@@ -76,23 +77,34 @@ def _hooks_us(steps: int = 20_000) -> tuple[float, float]:
     class Opt:
         pass
 
+    import torch
+
+    class Ddp:
+        """What the DDP wait's hooks read of a DDP module: its parameters and whether this backward syncs."""
+
+        def __init__(self) -> None:
+            self.module = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(4)))
+            self.require_backward_grad_sync = True
+
+    torch.set_num_threads(1)
     opt = Opt()
     best = {"bare": float("inf"), "hooked": float("inf")}
     with tempfile.TemporaryDirectory() as tmp:
         out = open(Path(tmp) / "steps.0.jsonl", "w", buffering=1 << 16)  # noqa: SIM115
         rec = phases.Recorder(out, rank=0, counters=progress.Counters(), flush_s=0.5, main=threading.get_ident())
-        hooked = {
-            "next": rec.timed(noop, "input"),
-            "backward": rec.timed(noop, "backward"),
-            "collective": rec.counters.wrap("all_reduce", noop),
-        }
+        bare_model, hooked_model = Ddp(), Ddp()
+        rec.ddp.attach(hooked_model)
+        x = torch.randn(8, 16)
+        models = {"bare": bare_model.module, "hooked": hooked_model.module}
+        hooked = {"next": rec.timed(noop), "collective": rec.counters.wrap("all_reduce", noop)}
         for _ in range(5):
             for name in ("bare", "hooked"):
-                fns = hooked if name == "hooked" else {"next": noop, "backward": noop, "collective": noop}
+                fns = hooked if name == "hooked" else {"next": noop, "collective": noop}
+                model = models[name]
                 start = time.perf_counter()
                 for _ in range(steps):
                     fns["next"]()
-                    fns["backward"]()
+                    model(x).sum().backward()
                     fns["collective"]()
                     if name == "hooked":
                         rec.before_step(opt, (), {})

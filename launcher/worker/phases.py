@@ -61,9 +61,9 @@ DEFAULT_INTERVAL_S = 5.0
 """The agent's report interval when ``NUMARUN_STEP_INTERVAL`` is unset."""
 READ_EVERY_S = 1.0
 """Figures that cost more than a clock read (peak memory) are read at most this often."""
-DDP_HOOKED = 8
-"""Parameters of a DDP module that get the gradient hook: the first, the last and some between (one that receives a
-gradient is enough; several, in case some are unused in a step)."""
+DDP_HOOKED = 3
+"""Parameters of a DDP module that get the gradient hook: the first, the last and one between (one that receives a
+gradient in a backward is enough; three, in case some are unused in a step). Each costs a Python call a backward."""
 END_WAIT_S = 1.0
 """At its exit a rank waits at most this long for the agent's last look at it (:func:`ask_last_look`)."""
 ROTATE_BYTES = 64 << 20

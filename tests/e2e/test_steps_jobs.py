@@ -5,8 +5,8 @@ spins on is named with that process's pid and command, a balanced four-rank job 
 second node once, on the judging node.
 
 Every job runs tests/support/scripts/step_rank.py with ``NUMARUN_STEP_INTERVAL=0.5`` (the shared core's with the
-default, 5 s, longer than its job: the kernel's figures from its first steps and its last look). Every wait is bounded by
-:data:`helpers.TIMEOUT`; none is a performance bound.
+default, 5 s, longer than its job: the kernel's figures from its first steps and its last look). Every wait is
+bounded by :data:`helpers.TIMEOUT`; none is a performance bound.
 """
 
 from __future__ import annotations
