@@ -4,7 +4,7 @@
     python3 scripts/gpu_check.py --self-test                              # anywhere (CPU)
 
 Checks (each a list of named pass/fail results; run in the order topo, binding, doctor, health, h2d, mesh, hang,
-layout, steps, train):
+layout, steps, nccl, train):
 
 1. ``topo``: ``numarun topo --json`` on the live machine found the GPUs through NVML, and each
    GPU's bus id, memory, NUMA and CPU affinity agree with ``nvidia-smi --query-gpu`` and
@@ -37,6 +37,10 @@ layout, steps, train):
    DDP MLP, rank 1 doing more GPU work in its forward. Every record past the first carries the step's GPU time
    from CUDA events (read later, never synchronising) and the CUDA allocator's peak; the verdict names rank 1 with
    compute; the same job with ``--step-report off`` and ``on`` side by side, their median steps' ratio.
+9. ``nccl``: the step report on NCCL, one rank per GPU (NCCL refuses two ranks on one device: a host with fewer than
+   two GPUs says so and skips it): a balanced two-rank DDP job names no rank; the same job with rank 1 doing more
+   work on its GPU (its stream, its host spinning in a synchronise meanwhile) names rank 1 with compute, its own
+   time taken from the GPU's view; every record of rank 0 past the first carries the DDP wait's GPU time.
 
 Writes ``gpu-check.json`` and ``gpu-check.md`` to ``--out`` (default ``$OUT``) and exits 1 when
 any check fails. ``--self-test`` runs check 1 on the recorded H200 VM capture
@@ -594,6 +598,74 @@ def probe_steps(slow: int, steps: int) -> None:
     dist.destroy_process_group()
 
 
+def probe_nccl(slow: int, steps: int) -> None:
+    """Run as a rank of a job of one rank per GPU (NCCL): a DDP MLP on the rank's GPU; rank ``slow`` (-1: none) does
+    eight more 4096x4096 matrix products in its forward and waits for them in a synchronise (its host spins while its
+    stream works)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    dev = torch.device("cuda", local)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(4)]).to(dev), device_ids=[local]
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x, big = torch.randn(256, 2048, device=dev), torch.randn(4096, 4096, device=dev)
+    for _ in range(steps):
+        if rank == slow:
+            for _ in range(8):
+                big = torch.tanh(big @ big)
+            torch.cuda.synchronize()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    del model, opt
+    dist.destroy_process_group()
+
+
+def step_nccl(result: dict[str, Any], work: Path, *, steps: int = 80) -> list[Check]:
+    gpus = 0
+    if shutil.which("nvidia-smi"):
+        gpus = len(_run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], timeout=60).split())
+    if gpus < 2:
+        return [Check("nccl", "skipped", True, f"NCCL needs a GPU per rank; this host has {gpus}")]
+    me = str(Path(__file__).resolve())
+    out: dict[str, Any] = {}
+    checks = []
+    for slow, want in ((-1, "=> no rank holds the job back"), (1, "=> rank 1 holds the job back: compute")):
+        logs = work / f"nccl-{slow}"
+        logs.mkdir()
+        cmd = [*NUMARUN, "run", "--standalone", "--nproc-per-node", "2", "--log-dir", str(logs)]
+        cmd += [me, "--probe-nccl", str(slow), "--steps-n", str(steps)]
+        print(f"+ two NCCL ranks, {'rank 1 slower on its GPU' if slow >= 0 else 'balanced'}", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=work, env=_env())
+        verdict = next((ln for ln in proc.stderr.splitlines() if "=> " in ln), "")
+        out[str(slow)] = {"exit": proc.returncode, "verdict": verdict, "stderr": proc.stderr[-4000:]}
+        name = "balanced_no_rank" if slow < 0 else "slow_gpu_named"
+        checks.append(Check("nccl", name, proc.returncode == 0 and want in verdict, verdict.strip()))
+        if slow >= 0:
+            from numarun.worker.steps import read_records
+
+            kept = next(logs.glob("numarun_steps.*/steps.jsonl"), None)
+            waits = (
+                [r for r in read_records(kept.read_text().splitlines()) if r.rank == 0 and r.step > 1] if kept else []
+            )
+            timed = sum("gpu_comm_s" in r.extra and r.gpu_s is not None for r in waits)
+            checks.append(
+                Check("nccl", "ddp_wait_on_gpu", bool(waits) and timed == len(waits), f"{timed} of {len(waits)}")
+            )
+    result["nccl"] = out
+    return checks
+
+
 # -- the checks, live -----------------------------------------------------------------------------
 
 
@@ -1056,6 +1128,7 @@ def run_all(args: argparse.Namespace) -> int:
             "hang": lambda: step_hang(result, work),
             "layout": lambda: step_layout(result, work),
             "steps": lambda: step_steps(result, work),
+            "nccl": lambda: step_nccl(result, work),
             "train": lambda: step_train(
                 result,
                 work,
@@ -1137,6 +1210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--probe-hang", choices=("stuck", "healthy"), help="(as a job's rank) the NCCL hang worker")
     p.add_argument("--hang-steps", type=int, default=25, help="steps of the healthy hang worker")
     p.add_argument("--probe-steps", type=int, metavar="SLOW", help="(as a job's rank) the step report's GPU worker")
+    p.add_argument("--probe-nccl", type=int, metavar="SLOW", help="(as a job's rank) the step report's NCCL worker")
     p.add_argument("--steps-n", type=int, default=60, help="steps of the step report's GPU worker")
     p.add_argument("--out", default=os.environ.get("OUT"), help="directory for gpu-check.json/.md (default $OUT)")
     p.add_argument("--rounds", type=int, default=3, help="training rounds per launcher (default 3)")
@@ -1155,7 +1229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip",
         action="append",
         default=[],
-        choices=("topo", "binding", "doctor", "health", "train", "h2d", "mesh", "hang", "layout", "steps"),
+        choices=("topo", "binding", "doctor", "health", "train", "h2d", "mesh", "hang", "layout", "steps", "nccl"),
     )
     p.add_argument("--capture", default=str(FIXTURES / "live-h200-vm" / "capture.json"))
     p.add_argument("--sysfs", default=str(FIXTURES / "live-h200-vm" / "sysfs.tar.gz"))
@@ -1168,6 +1242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.probe_steps is not None:
         probe_steps(args.probe_steps, args.steps_n)
+        return 0
+    if args.probe_nccl is not None:
+        probe_nccl(args.probe_nccl, args.steps_n)
         return 0
     if args.self_test:
         return self_test(args)

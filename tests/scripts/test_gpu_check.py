@@ -311,6 +311,8 @@ def test_results_are_written_after_each_step(tmp_path: Path) -> None:
             "layout",
             "--skip",
             "steps",
+            "--skip",
+            "nccl",
         ],
         capture_output=True,
         text=True,
