@@ -185,7 +185,7 @@ def _ddp_steps(rec: phases.Recorder, ddp: Any, steps: int, *, accumulate: int = 
 
 @pytest.mark.parametrize("kind", ["plain", "static_graph", "find_unused_parameters", "accumulate"])
 def test_the_wait_inside_ddps_backward_is_measured_every_step(world_of_one: Any, kind: str) -> None:
-    """A real DDP module whose gradient sync ends 40 ms after each bucket is handed over: the user's own comm hook
+    """A real DDP module whose gradient sync ends 200 ms after each bucket is handed over: the user's own comm hook
     (which DDP accepts, since numarun registers none) completes its future then, as a late peer would. Each
     step's comm holds the wait, measured between the end of the rank's gradients and the end of DDP's sync; the
     backward passes in ``no_sync()`` (gradient accumulation) wait for nothing and add nothing."""
@@ -214,7 +214,7 @@ def test_the_wait_inside_ddps_backward_is_measured_every_step(world_of_one: Any,
     def late(state, bucket):  # type: ignore[no-untyped-def]  # DDP refuses a hook whose annotations are not its own
         done: Any = torch.futures.Future()
         buffer = bucket.buffer()
-        threading.Timer(0.040, lambda: done.set_result(buffer)).start()  # the peers' part comes 40 ms later
+        threading.Timer(0.200, lambda: done.set_result(buffer)).start()  # the peers' part comes 200 ms later
         return done
 
     ddp.register_comm_hook(None, late)
@@ -225,8 +225,9 @@ def test_the_wait_inside_ddps_backward_is_measured_every_step(world_of_one: Any,
     assert [r.step for r in records] == [1, 2, 3, 4, 5, 6]
     assert rec.ddp.syncs == 6  # one measured backward a step, whatever the accumulation
     for r in records[1:]:
-        # the 40 ms less what backward had left to compute after the bucket was handed over
-        assert 0.020 <= r.extra["ddp_wait_s"] < r.wall_s
+        # the 200 ms less what backward had left to compute after the bucket was handed over (a millisecond when
+        # the host is idle, more when it is loaded)
+        assert 0.100 <= r.extra["ddp_wait_s"] < r.wall_s
         assert r.comm_s == pytest.approx(r.extra["ddp_wait_s"], abs=1e-5)
         assert r.compute_s == pytest.approx(r.wall_s - r.comm_s - r.optim_s, abs=1e-5)
 
