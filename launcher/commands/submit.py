@@ -335,7 +335,7 @@ def _count(options: LaunchOptions, dest: str, high: int, what: str) -> int | Non
         return None
     try:
         return argtypes.check_int(s.value, s.where, low=1, high=high)
-    except ValueError as e:
+    except UsageError as e:
         raise UsageError(f"{e} ({what} for sbatch)") from None
 
 

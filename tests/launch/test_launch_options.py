@@ -26,6 +26,7 @@ from numarun.launch.hangs import OnHang
 from numarun.layout import Layout
 from numarun.options.choices import StepReport
 from numarun.options.launch import DECLARED, LaunchOptions, Source, config_keys, from_args
+from numarun.options.torchrun import torchrun_record
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 from numarun.torch_private import installed_torch_version
 
@@ -179,12 +180,13 @@ def test_the_higher_source_of_each_pair_wins(dest: str, pair: tuple[Source, Sour
 
 
 def _sample(field: Any) -> tuple[str, Any]:
-    """A value of the field's type, as text and as parsed."""
+    """A value of the field's type (as torchrun's parser types it), as text and as parsed."""
     if field.switch:
         return "1", True
-    if field.parse is int:
+    kind = {r["dest"]: r["type"] for r in torchrun_record()}[field.dest]
+    if kind == "int":
         return "7", 7
-    if field.parse is float:
+    if kind == "float":
         return "0.5", 0.5
     return {"start_method": ("fork", "fork")}.get(field.dest, ("x", "x"))
 
