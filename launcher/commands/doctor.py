@@ -103,8 +103,8 @@ def parse_link_schedule(text: str) -> str:
 def _detected(args: argparse.Namespace) -> LaunchOptions:
     """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
+    from ..errors import JobConflict
     from ..jobenv import Mode
-    from ..jobenv.settle import JobConflict
     from ..launch.planning import announce, detect_job, refuse, settle
 
     job, options = detect_job(from_args(args, os.environ))

@@ -35,9 +35,9 @@ from typing import Any
 
 from .. import argtypes, envvars
 from ..config.detect import AppKind, detect_app
-from ..errors import BindingError, TrainerLayoutError, UsageError
+from ..errors import TRAINER_LAYOUT, BindingError, JobConflict, LayoutError, UsageError
 from ..jobenv import JobShape, Mode
-from ..jobenv.settle import JobConflict, NodeRendezvous, check_rank, rank_env, rank_master
+from ..jobenv.settle import NodeRendezvous, check_rank, rank_env, rank_master
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
 from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
@@ -402,9 +402,10 @@ def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None
     if layout is None or options.mesh is None or not options.is_given("mesh"):
         return layout
     if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad {options.setting('mesh').where} {options.mesh.text!r}: numarun's trainer lays its ranks out as "
-            f"{layout} (parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
+            f"{layout} (parallel.*); expected the same layout, or no mesh (the trainer hands its own)",
+            where=TRAINER_LAYOUT,
         )
     return None
 

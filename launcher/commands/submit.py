@@ -175,7 +175,7 @@ def check_mesh(launch: LaunchOptions, given: LaunchOptions, *, nodes: int, nproc
     mine = launch.setting("mesh").source is Source.COMMAND_LINE
     mesh = launch.mesh if mine or given.mesh is None else replace(given.mesh, where="--launch-opt=--mesh")
     if mesh is not None and nproc is not None:
-        node_cut(mesh.resolved(nodes * nproc), nproc)
+        node_cut(mesh.resolved(nodes * nproc, nodes=nodes), nproc)
     return [f"--mesh={mesh}"] if mine and mesh is not None else []
 
 

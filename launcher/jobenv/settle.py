@@ -14,26 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..argtypes import node_range
-from ..errors import UsageError
+from ..errors import JobConflict, UsageError
 from ..options.launch import Setting
 from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
 
 TORCHRUN_DEFAULT_PORT = 29500
 """The port torchrun gives a static rendezvous without --master-port (torch.distributed.run.config_from_args)."""
-
-
-class JobConflict(UsageError):
-    """An explicit option contradicts the job the scheduler started.
-
-    ``node_varying``: the conflict may hold on some nodes only (``--node-rank``), so the other
-    nodes, which see nothing wrong, must be told to stop."""
-
-    page = "slurm.md"
-
-    def __init__(self, message: str, *, node_varying: bool = False) -> None:
-        super().__init__(message)
-        self.node_varying = node_varying
 
 
 Stated = Mapping[str, Setting]

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import JobConflict, UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect
 from ..jobenv.container import Container, detect_container
-from ..jobenv.settle import JobConflict, NodeRendezvous, own_rendezvous, settle_node
+from ..jobenv.settle import NodeRendezvous, own_rendezvous, settle_node
 from ..options.launch import LaunchOptions
 from ..plan.model import LaunchPlan
 from ..topology.model import Topology

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import envvars
-from ..errors import PlanError
-from ..jsonable import SchemaError, from_jsonable, to_jsonable
+from ..errors import PlanError, SchemaError
+from ..jsonable import from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 from ..layout import Layout
 from ..options.choices import BindingMode, MemPolicy, NicPolicy

@@ -391,8 +391,8 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is made before
     the first starts. While they run, the process's signal loop has the queue act (:class:`_Queue`); stopped by a
     signal, it raises once every job has ended (exit 128+N)."""
+    from ..errors import RunFailed
     from ..launch import signals
-    from ..launch.supervisor import RunFailed
 
     slots = list(
         pack(

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from schedulers import slurm_env
 
-from numarun.errors import NumarunError, SlurmError, UsageError
+from numarun.errors import JobConflict, NumarunError, SlurmError, UsageError
 from numarun.jobenv import Mode, Scheduler, detect, scheduler_in
-from numarun.jobenv.settle import JobConflict, check_rank, rank_env, rank_master, settle_node
+from numarun.jobenv.settle import check_rank, rank_env, rank_master, settle_node
 from numarun.jobenv.slurm import parse_node_addrs, parse_tasks_per_node, rendezvous_port
 from numarun.options.launch import DECLARED, from_environ, given
 

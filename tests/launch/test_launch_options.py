@@ -19,9 +19,8 @@ from helpers import REPO
 from schedulers import slurm_env
 
 from numarun.cli import build_parser
-from numarun.errors import UsageError
+from numarun.errors import JobConflict, UsageError
 from numarun.jobenv import detect
-from numarun.jobenv.settle import JobConflict
 from numarun.launch.hangs import OnHang
 from numarun.layout import Layout
 from numarun.options.choices import StepReport

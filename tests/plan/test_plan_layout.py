@@ -13,13 +13,14 @@ from layouts import crossed
 from topo_helpers import FIXTURES
 
 from numarun import envvars
-from numarun.comm.context import DistInitError, job_layout
+from numarun.comm.context import job_layout
+from numarun.errors import DistInitError, LayoutError
 from numarun.jobenv.model import JobShape, Mode, Scheduler
 from numarun.jobenv.settle import settle_node
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
-from numarun.layout import DIMS, Layout, LayoutError, mesh_groups, node_cut
+from numarun.layout import DIMS, Layout, mesh_groups, node_cut
 from numarun.options.launch import Setting, Source
 from numarun.plan.binding import make_plan
 from numarun.plan.mesh import resolve_on_nodes
@@ -74,6 +75,9 @@ def test_the_product_and_the_rest_name_the_world_size() -> None:
         LayoutError, match=r"-1 for dp_shard is the job's 8 ranks divided by the other sizes' product 3"
     ):
         Layout.parse("dp_shard=-1,tp=3").resolved(8)
+    with pytest.raises(LayoutError, match=r"is the job's 8 ranks \(2 nodes x 4 ranks\) divided by") as e:
+        Layout.parse("dp_shard=-1,tp=3", where="NUMARUN_MESH").resolved(8, nodes=2)  # named once, where it is raised
+    assert e.value.where == "NUMARUN_MESH" and e.value.page == "layouts.md"
     assert Layout.parse("pp=2,dp_shard=-1,tp=4").resolved(32).shape == (2, 4, 4)
 
 

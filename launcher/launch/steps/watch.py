@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import SchemaError
 from ...fsutil import write_atomic
-from ...jsonable import SchemaError, from_jsonable, loads, to_jsonable
+from ...jsonable import from_jsonable, loads, to_jsonable
 from ...plan.model import BindingMode, LaunchPlan
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, RankRow, StepRecord, read_records
 from ..hangs.exchange import store_client
