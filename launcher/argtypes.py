@@ -17,6 +17,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from .errors import UsageError
@@ -60,18 +61,48 @@ def check_int(text: object, flag: str, *, low: int, high: int) -> int:
     return int(s)
 
 
-def node_range(text: object, flag: str = "--nnodes") -> tuple[int, int]:
-    """torchrun's ``--nnodes``: ``N`` or ``MIN:MAX`` -> (MIN, MAX); UsageError (one line) otherwise."""
-    parts = str(text).split(":")
+@dataclass(frozen=True)
+class NodeRange:
+    """torchrun's ``--nnodes``, read once (:func:`node_range`): from ``min`` to ``max`` nodes; a fixed count when they
+    are equal, elastic otherwise (the world size comes with the rendezvous)."""
+
+    min: int
+    max: int
+    text: str = field(default="", compare=False)
+    """As it was written (``2``, ``2:2``, torchrun's default ``1:1``), for torchrun's argv and for messages; ''
+    for the shortest form."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def __contains__(self, nodes: int) -> bool:
+        return self.min <= nodes <= self.max
+
+    def __str__(self) -> str:
+        """The text torchrun reads: ``N`` or ``MIN:MAX``."""
+        return self.text or (f"{self.min}:{self.max}" if self.elastic else str(self.min))
+
+    @classmethod
+    def of(cls, nodes: int) -> NodeRange:
+        """A fixed count of ``nodes``."""
+        return cls(nodes, nodes)
+
+
+ONE_NODE = NodeRange.of(1)
+"""torchrun's default ``--nnodes``."""
+
+
+def node_range(text: str, where: str) -> NodeRange:
+    """The reader of torchrun's ``--nnodes``: ``N`` or ``MIN:MAX``; UsageError (one line) otherwise."""
+    parts = text.split(":")
     if (
         len(parts) <= 2
         and all(_WHOLE.fullmatch(p) for p in parts)
         and 1 <= int(parts[0]) <= int(parts[-1]) <= MAX_NODES
     ):
-        return int(parts[0]), int(parts[-1])
-    raise UsageError(
-        f"bad {flag} {str(text)!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
-    )
+        return NodeRange(int(parts[0]), int(parts[-1]), text.strip())
+    raise UsageError(f"bad {where} {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4")
 
 
 def check_float(text: object, flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> float:

@@ -277,7 +277,7 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
         check_rank(job, stated, per_rank=per_rank)
     addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
     node = (
-        {"nnodes": str(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
+        {"nnodes": argtypes.NodeRange.of(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
     )  # a dry run may not know
     options = options.with_job(
         {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},

@@ -38,11 +38,13 @@ class Settings:
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
-def parse_nnodes(text: str) -> int:
-    low, high = argtypes.node_range(text)
-    if low != high:
-        raise UsageError(f"bad --nnodes {text!r}: expected a fixed count N (or N:N; the doctor needs one)")
-    return low
+def fixed_nodes(options: LaunchOptions) -> int:
+    """The node count the doctor checks: ``--nnodes N`` (or ``N:N``); an elastic range is refused."""
+    nnodes = options.nnodes
+    if nnodes.elastic:
+        where = options.setting("nnodes").where
+        raise UsageError(f"bad {where} {str(nnodes)!r}: expected a fixed count N (or N:N; the doctor needs one)")
+    return nnodes.min
 
 
 def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
@@ -85,7 +87,7 @@ def diagnose(
     from ..doctor.node import Inputs, run_node
     from ..doctor.schedule import LinkSchedule
 
-    nnodes = parse_nnodes(options.nnodes or "1")
+    nnodes = fixed_nodes(options)
     fraction = check_fraction(settings.min_link_fraction)
     node_rank = int(options.node_rank or 0)
     if nnodes > 1:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ascii_digits, node_range
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ONE_NODE, ascii_digits
 from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
 from ..plan.model import DERIVED_ENV, LaunchPlan
@@ -268,14 +268,15 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     ``--shutdown-timeout``, ``--event-log-handler``, ``--logs-specs``, ``--role``. The addresses are read
     (one parser, :func:`numarun.argtypes.parse_endpoint`) and resolved where the spec is built.
     """
-    nnodes = str(options.get("nnodes", "1"))
-    high = node_range(nnodes)[1]
+    nnodes = options.get("nnodes") or ONE_NODE
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
     node_rank = _int_option(options, "node_rank", "--node-rank", low=0, cap=MAX_NODES - 1)
-    if node_rank is not None and node_rank >= high:
-        raise UsageError(f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {high - 1})")
+    if node_rank is not None and node_rank >= nnodes.max:
+        raise UsageError(
+            f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {nnodes.max - 1})"
+        )
     _int_option(options, "max_restarts", "--max-restarts", low=0, cap=MAX_COUNT)
     _int_option(options, "shutdown_timeout", "--shutdown-timeout", low=1, cap=MAX_SECONDS)
     port = _int_option(options, "master_port", "--master-port", low=1, high=65535)

@@ -233,7 +233,9 @@ class LaunchOptions:
         default_text="one per visible GPU, or 1 without GPUs",
         help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu",
     )
-    nnodes: str | None = declare(config=int, per_rank=True)
+    nnodes: argtypes.NodeRange = declare(
+        default=argtypes.ONE_NODE, parse=argtypes.node_range, config=int, per_rank=True
+    )
     node_rank: int | None = declare(config=int, per_rank=True)
     binding: BindingMode = declare(
         "--binding",
@@ -508,11 +510,12 @@ def _table() -> dict[str, Option]:
         )
         own = declared.get(r["dest"])
         if own is not None and not own.flags:  # adopted: torchrun's flags and default, numarun's additions
+            parse = own.parse or torch.parse
             torch = dataclasses.replace(
                 own,
                 flags=torch.flags,
-                default=torch.default,
-                parse=own.parse or torch.parse,
+                default=parse(default, torch.owner) if parse and isinstance(default, str) else default,  # as argparse
+                parse=parse,
                 help=torch.help,
                 metavar=torch.metavar,
                 switch=torch.switch,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..argtypes import node_range
+from ..argtypes import NodeRange
 from ..errors import LayoutError
 from ..layout import PRIORITY, Layout, NodeCut, mesh_groups, node_cut
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
@@ -33,16 +33,15 @@ class MeshChoice:
     warnings: tuple[str, ...] = ()
 
 
-def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: str) -> tuple[Layout, NodeCut, int]:
+def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: NodeRange) -> tuple[Layout, NodeCut, int]:
     """(the layout, where the node boundary cuts it, the node count or 0 when it is elastic).
 
     An elastic ``--nnodes MIN:MAX`` has no world size before the nodes meet: the layout must then size its
     outermost dimension larger than 1 with -1 (the rest grows with the nodes), and its inner dimensions must
     fit one node."""
-    low, high = node_range(nnodes)
-    if low == high:
-        layout = spec.resolved(low * nproc, nodes=low)
-        return layout, node_cut(layout, nproc), low
+    if not nnodes.elastic:
+        layout = spec.resolved(nnodes.min * nproc, nodes=nnodes.min)
+        return layout, node_cut(layout, nproc), nnodes.min
     rest = spec.rest
     big = [n for n, s in zip(spec.names, spec.shape) if s not in (1, -1)]
     outer = spec.names[: spec.names.index(rest)] if rest is not None else ()
@@ -58,7 +57,7 @@ def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: str) -> tuple[Layout, 
             f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node",
             where=spec.where,
         )
-    layout = spec.resolved(high * nproc)
+    layout = spec.resolved(nnodes.max * nproc)
     return layout, node_cut(layout, nproc), 0
 
 

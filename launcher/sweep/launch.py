@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import envvars, tables
+from ..argtypes import ONE_NODE
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
 from ..launch.child import numarun_command
@@ -123,9 +124,9 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     )
     options = job.launch_options(os.environ)[0]
     nnodes = options.setting("nnodes")
-    if nnodes.source > Source.DEFAULT and str(nnodes.value) not in ("1", "1:1"):
+    if nnodes.value != ONE_NODE:
         raise UsageError(
-            f"bad {nnodes.where} {nnodes.value!r} in a sweep on one node: expected 1 "
+            f"bad {nnodes.where} {str(nnodes.value)!r} in a sweep on one node: expected 1 "
             "(hydra/launcher=numarun_slurm runs jobs of several nodes)"
         )
     ranks = options.nproc_per_node

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import node_range
-from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError, UsageError
+from ..argtypes import NodeRange
+from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError
 from ..layout import Layout
 
 if TYPE_CHECKING:
@@ -195,22 +195,11 @@ def check_layout(
     )
 
 
-def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
-    """(nnodes, world size) of a launch whose ``--nnodes`` is ``N`` or ``N:N``; (None, None) when elastic (the
-    ranks check the layout then, once they know the world)."""
-    try:
-        lo, hi = node_range(nnodes if nnodes is not None else 1)
-    except UsageError:
-        return None, None
-    if lo != hi:
-        return None, None
-    return lo, lo * nproc_per_node
-
-
-def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> Layout | None:
+def check_launch_layout(cfg: Any, *, nnodes: NodeRange, nproc_per_node: int) -> Layout | None:
     """:func:`check_layout` for a job the launcher is about to start; returns the layout, resolved (None when the
-    world is elastic and only the ranks can check it)."""
-    n, world = job_shape(nnodes, nproc_per_node)
-    if world is None:
+    world is elastic and only the ranks, once they know it, can check it)."""
+    if nnodes.elastic:
         return None
-    return check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)[0]
+    return check_layout(cfg, world_size=nnodes.min * nproc_per_node, nnodes=nnodes.min, nproc_per_node=nproc_per_node)[
+        0
+    ]

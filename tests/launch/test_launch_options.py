@@ -18,6 +18,7 @@ import pytest
 from helpers import REPO
 from schedulers import slurm_env
 
+from numarun.argtypes import ONE_NODE, NodeRange
 from numarun.cli import build_parser
 from numarun.errors import JobConflict, UsageError
 from numarun.jobenv import detect
@@ -48,7 +49,9 @@ class Case(NamedTuple):
 # the command line gives each field its default value where it can: it must win all the same
 FIELDS: dict[str, Case] = {
     "nproc_per_node": Case(["--nproc-per-node", "1"], 1, "PET_NPROC_PER_NODE", "cpu", "cpu", 3, 3, None, "numarun"),
-    "nnodes": Case(["--nnodes", "1:1"], "1:1", "PET_NNODES", "2", "2", 3, "3", "1:1", TORCH),
+    "nnodes": Case(
+        ["--nnodes", "1:1"], ONE_NODE, "PET_NNODES", "2", NodeRange(2, 2), 3, NodeRange(3, 3), ONE_NODE, TORCH
+    ),
     "node_rank": Case(["--node-rank", "0"], 0, "PET_NODE_RANK", "1", 1, 2, 2, 0, TORCH),
     "binding": Case(
         ["--binding", "exclusive"],
@@ -209,8 +212,9 @@ def test_torchruns_defaults_are_torchs_own() -> None:
 
     real = {a.dest: a.default for a in get_args_parser()._actions}
     for f in options().taken:
-        if f.owner == TORCH:
-            assert f.default == real[f.dest], f.dest
+        if f.owner == TORCH:  # read as argparse reads a default given as text
+            want = f.read(real[f.dest], f.owner) if f.parse and isinstance(real[f.dest], str) else real[f.dest]
+            assert f.default == want, f.dest
     assert options().master_port is None  # torch's, not the 29500 its rendezvous picks
 
 
@@ -288,7 +292,7 @@ def test_what_no_source_gave_comes_from_the_job() -> None:
 
     job = detect(OMPI_NODE, nproc_given=True)
     settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)
-    for dest, value in (("nnodes", "2"), ("node_rank", 1), ("master_port", 29500)):
+    for dest, value in (("nnodes", NodeRange(2, 2)), ("node_rank", 1), ("master_port", 29500)):
         s = settled.setting(dest)
         assert (s.value, s.source) == (value, Source.JOB) and s.where.startswith("Open MPI job"), dest
     # the launcher's MASTER_ADDR (mpirun -x): the environment's, below PET_MASTER_ADDR
@@ -493,3 +497,37 @@ def test_every_command_takes_the_shared_options_from_the_one_declaration() -> No
             if command != "tune":  # tune's --binding and --mem-policy: lists to try, the same spellings
                 assert found[option(dest).flag].default is argparse.SUPPRESS, (command, dest)
         assert "--show-sources" in found, command
+
+
+LAUNCHER = REPO / "launcher"
+
+
+def _modules_naming(name: str) -> list[str]:
+    """The package's modules that name ``name`` (a call, a reference, an import), its definition aside."""
+    import ast
+
+    return sorted(
+        str(path.relative_to(LAUNCHER))
+        for path in LAUNCHER.rglob("*.py")
+        if any(
+            (isinstance(n, ast.Name) and n.id == name)
+            or (isinstance(n, ast.Attribute) and n.attr == name)
+            or (isinstance(n, ast.alias) and n.name == name)
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    )
+
+
+def test_nnodes_is_read_once_into_a_typed_range() -> None:
+    """``--nnodes`` (``PET_NNODES``, ``launcher.nnodes``) is read where the options are read, into a NodeRange
+    that every later step takes typed: its reader has one user, the option's declaration."""
+    import typing
+
+    assert _modules_naming("node_range") == ["options/launch.py"]
+    assert typing.get_type_hints(LaunchOptions)["nnodes"] is NodeRange
+    assert options(["--nnodes", "2:4"]).nnodes == NodeRange(2, 4) and str(options(["--nnodes", "2:2"]).nnodes) == "2:2"
+    assert options([], {"PET_NNODES": "3"}).nnodes == NodeRange(3, 3)
+    assert options([], {}, {"nnodes": 2}).nnodes == NodeRange(2, 2) and options().nnodes == ONE_NODE
+    assert 3 in NodeRange(2, 4) and 5 not in NodeRange(2, 4) and NodeRange(1, 4).elastic
+    with pytest.raises(UsageError, match=r"^bad PET_NNODES '2:1': expected N or MIN:MAX with 1 <= MIN <= MAX"):
+        options([], {"PET_NNODES": "2:1"})

@@ -11,13 +11,14 @@ import pytest
 import torch
 from helpers import FIXTURES
 
+from numarun.argtypes import NodeRange
 from numarun.config.compose import compose
 from numarun.config.schema import load_job_config_text
 from numarun.errors import TRAINER_LAYOUT, LayoutError, page_url
 from numarun.layout import DIMS, Layout
 from numarun.train.models import build_model
 from numarun.train.parallel import stage_module
-from numarun.train.preflight import check_layout, job_shape
+from numarun.train.preflight import check_launch_layout, check_layout
 from numarun.train.stages import SCHEDULES, accepted_schedules, even_split, plan_pipeline, schedule_name
 
 
@@ -176,7 +177,9 @@ def test_check_layout_resolves_and_plans() -> None:
     cfg.trainer.batch_size = 10
     with pytest.raises(LayoutError, match=r"trainer.batch_size 10: expected a multiple of .* = 2 x 2"):
         check_layout(cfg, world_size=8, nnodes=1, nproc_per_node=8)
-    assert job_shape("2", 4) == (2, 8) and job_shape("2:2", 4) == (2, 8) and job_shape("1:4", 4) == (None, None)
+    cfg.trainer.batch_size = 16
+    assert check_launch_layout(cfg, nnodes=NodeRange(2, 2, "2:2"), nproc_per_node=4) == layout
+    assert check_launch_layout(cfg, nnodes=NodeRange(1, 4), nproc_per_node=8) is None  # elastic: the ranks check it
 
 
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])
