@@ -29,9 +29,9 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import argtypes, envvars
 from ..config.detect import AppKind, detect_app
@@ -44,7 +44,7 @@ from ..launch.planning import Planned, Planner, announce, detect_job, refuse, se
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.steps import steps_from
 from ..launch.supervisor import Supervisor
-from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
+from ..launch.torchrun import Target, command_line, worker_env
 from ..layout import Layout
 from ..options.launch import DECLARED, LaunchOptions, Setting, Source, add_options, from_args, launch_dests
 from ..options.torchrun import torchrun_parser
@@ -52,10 +52,16 @@ from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
 from ..train.preflight import check_launch_layout, check_prepared
 
+if TYPE_CHECKING:
+    from ..config.files import PreparedJob
+
 log = logging.getLogger(__name__)
 
-REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
-"""torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
+REFUSED_OPTIONS = {
+    "run_path": "numarun runs each worker in its own process to bind it",
+    "virtual_local_rank": "every rank would read local rank 0's binding",
+}
+"""torchrun options numarun refuses (by dest), and why."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -70,7 +76,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
     )
     add_options(parser, (*launch_dests(), "detect", "plan_file", "watch_interval"))
-    add_run_options(parser)
+    parser.add_argument_group("numarun").add_argument(
+        "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
+    )
     from .doctor import add_doctor_options
 
     parser.add_argument(
@@ -91,7 +99,7 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
         supervisor = Supervisor()
         supervisor.hold_signals()
     options = from_args(args, os.environ)  # 1. options
-    target = target_from_args(args)
+    target = target_of(args)
     job, options = detect_job(options)  # 2. job
     road = Road(supervisor, Planner(job), dry_run=args.dry_run, no_watch=args.no_watch)
     kind = detect_app(target.name, is_module=target.kind == "module") if target.kind != "exec" else AppKind.PLAIN
@@ -102,16 +110,17 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
             return run_rank(road, options, target, kind, preflight=args.preflight)
         if args.preflight and not args.dry_run:
             from ..doctor.preflight import preflight
+            from .doctor import settings_of
 
-            if preflight(settle(options, job)[0] if job is not None else options, args):
+            if preflight(settle(options, job)[0] if job is not None else options, settings_of(args)):
                 return 1
         if kind is AppKind.TRAINER:  # the variant whose jobs Hydra composes
-            return Trainer(road, options, target).run(args)
+            return Trainer(road, options, target).run(args.argv)
         if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
-            from ..sweep.launch import run_app
+            from ..sweep.launch import forwarded, run_app
 
             supervisor.release()
-            return run_app(args, target.kind, target.name, target.args)
+            return run_app(target, forwarded(args.argv, target.name, options.log_level), dry_run=args.dry_run)
         # a Hydra app's ${now:} fixed once here: every rank's Hydra picks the same run dir
         when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
         job_env = {envvars.HYDRA_NOW: when} if kind is AppKind.HYDRA_MAIN else {}
@@ -120,6 +129,16 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
         if job is None:
             raise
         return refuse(job, e, options)
+
+
+def target_of(args: argparse.Namespace) -> Target:
+    """The user's program from torchrun's positional and flag options; torchrun's options numarun refuses, refused."""
+    for dest, why in REFUSED_OPTIONS.items():
+        if getattr(args, dest, False):  # torchrun's parser of the installed torch may not have it
+            raise UsageError(f"bad option '--{dest.replace('_', '-')}': {why}; expected it left out")
+    return Target.of(
+        args.training_script, tuple(args.training_script_args), module=args.module, no_python=args.no_python
+    )
 
 
 @dataclass(frozen=True)
@@ -147,14 +166,16 @@ class Road:
     def job(self) -> JobShape | None:
         return self.planner.job
 
-    def prepare(self, options: LaunchOptions, target: Target, *, trainer: Any = None) -> Prepared:
-        """Steps 3 to 5 for one job. ``trainer``: numarun's trainer's composed config, whose layout becomes the job's
-        mesh once the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
+    def prepare(self, options: LaunchOptions, target: Target, *, trainer: PreparedJob | None = None) -> Prepared:
+        """Steps 3 to 5 for one job. ``trainer``: a job of numarun's trainer, whose layout becomes the job's mesh once
+        the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
         options, rendezvous = self.settle(options, layout=trainer is not None)
         planned = self.plan(options)
         layout = None
         if trainer is not None:  # the trainer's layout, checked against the world the plan makes
-            layout = check_launch_layout(trainer, nnodes=options.nnodes, nproc_per_node=planned.plan.nproc_per_node)
+            layout = check_launch_layout(
+                trainer.config, nnodes=options.nnodes, nproc_per_node=planned.plan.nproc_per_node
+            )
             mesh = trainer_mesh(options, layout)
             if mesh is not None:
                 options = options.with_setting("mesh", Setting(mesh, Source.CONFIG, TRAINER_MESH))
@@ -336,21 +357,23 @@ class Trainer:
         self.script_args = list(target.args)
         self.prepared: dict[tuple[str, str], Prepared] = {}
 
-    def prepare(self, job: Any) -> Prepared:
+    def prepare(self, job: PreparedJob) -> Prepared:
         """The job's launch: its ``launcher`` group a source of its options, its layout its mesh."""
-        return self.road.prepare(self.options.with_config(job.launcher), self.target, trainer=job.config)
+        return self.road.prepare(self.options.with_config(job.launcher), self.target, trainer=job)
 
-    def check(self, job: Any) -> None:
+    def check(self, job: PreparedJob) -> None:
         """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
         check_prepared(job)
         self.prepared[(str(job.run_dir), job.config_text)] = self.prepare(job)
 
-    def on_job(self, job: Any) -> int:
+    def on_job(self, job: PreparedJob) -> int:
         ready = self.prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         return self.road.supervise(ready, dict(job.env), run_dir=job.run_dir)
 
-    def run(self, args: argparse.Namespace) -> int:
+    def run(self, argv: Sequence[str]) -> int:
+        """Hydra's command for the trainer's arguments; ``argv``: ``run``'s, as typed (a sweep's jobs take the options
+        before the script)."""
         from ..config import compose
 
         multirun = any(a in compose.MULTIRUN_FLAGS for a in self.script_args)
@@ -359,7 +382,7 @@ class Trainer:
         if multirun:  # each job through numarun's Hydra launcher
             from ..sweep.launch import forwarded
 
-            os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, self.target.name))
+            os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(argv, self.target.name, self.options.log_level))
             if not any(a.startswith("hydra/launcher=") for a in self.script_args):
                 self.script_args.append("hydra/launcher=numarun")
         compose.run_hydra(self.script_args, self.on_job, self.check)

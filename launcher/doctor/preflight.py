@@ -5,28 +5,26 @@ Node 0's store listens one port above the job's rendezvous port, closed before t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 
 from ..options.launch import LaunchOptions
+from .diagnose import Settings
 
 log = logging.getLogger(__name__)
 
 PORT_OFFSET = 1
 
 
-def preflight(options: LaunchOptions, args: argparse.Namespace) -> int:
+def preflight(options: LaunchOptions, settings: Settings) -> int:
     """0 when the doctor found no error (the job may start), else 1 after printing why. ``options``: the job's
-    launch options; ``args``: its command's flags, the doctor's among them."""
-    from .diagnose import Settings, diagnose
+    launch options; ``settings``: the doctor's."""
+    from .diagnose import diagnose
     from .render import render
 
     # a static rendezvous: --master-addr/--master-port name node 0
-    result = diagnose(
-        options, Settings.of(args), port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static"
-    )
+    result = diagnose(options, settings, port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static")
     node0 = result.get("node_rank", 0) == 0
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
     counts = result.get("counts") or {

@@ -27,7 +27,7 @@ import logging
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import argtypes, envvars
 from ..errors import UsageError
@@ -604,6 +604,20 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchOpt
     """The options of a command whose parser :func:`add_options` set up: the command line, the environment, the
     defaults."""
     return _from(vars(args).get("launch_options", ()), vars(args), environ)
+
+
+def from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[LaunchOptions, list[str]]:
+    """The options a ``numarun run`` command line states (its launch options and ``--log-level``; a sweep's jobs are
+    handed theirs so), with the environment and the defaults; and the arguments that are none of them, as given."""
+    parser = argparse.ArgumentParser(add_help=False, prog="numarun")
+    add_options(parser, (*launch_dests(), "log_level"))
+
+    def refuse(message: str) -> NoReturn:
+        raise UsageError(f"bad launcher options {' '.join(argv)!r}: {message}; expected 'numarun run' options")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args, rest = parser.parse_known_args(list(argv))
+    return from_args(args, environ), rest
 
 
 def from_environ(dests: Iterable[str], environ: Mapping[str, str]) -> LaunchOptions:

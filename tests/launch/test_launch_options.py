@@ -531,3 +531,13 @@ def test_nnodes_is_read_once_into_a_typed_range() -> None:
     assert 3 in NodeRange(2, 4) and 5 not in NodeRange(2, 4) and NodeRange(1, 4).elastic
     with pytest.raises(UsageError, match=r"^bad PET_NNODES '2:1': expected N or MIN:MAX with 1 <= MIN <= MAX"):
         options([], {"PET_NNODES": "2:1"})
+
+
+def test_no_argparse_namespace_past_the_options_layer() -> None:
+    """The command line is parsed by the CLI and the commands, into typed options (the options layer); what runs
+    the launch, the doctor, a sweep or the plan takes those, never the parsed namespace. argparse is left to the
+    commands, the options and the entries with command lines of their own (a benchmark's, a Slurm node's, Hydra's
+    parser)."""
+    own_parsers = {"bench/allreduce.py", "bench/h2d.py", "slurm/node.py", "hydra_internals.py"}
+    users = {m for m in _modules_naming("argparse") if not m.startswith(("commands/", "options/"))}
+    assert users - own_parsers == {"argtypes.py", "cli.py"}  # not the doctor, a sweep, the launch

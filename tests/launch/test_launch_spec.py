@@ -16,9 +16,10 @@ from helpers import REPO
 
 from numarun.argtypes import NodeRange
 from numarun.cli import build_parser
+from numarun.commands.run import target_of
 from numarun.errors import UsageError
 from numarun.launch.spec import LaunchSpec, launch_spec
-from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, worker_env
+from numarun.launch.torchrun import ENTRY_FILE, Target, worker_env
 from numarun.options.launch import NOT_LAUNCH, LaunchOptions, from_args
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
@@ -104,7 +105,7 @@ def options(args: list[str], environ: dict[str, str] | None = None) -> LaunchOpt
 
 def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
     opts = options(args)
-    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
+    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_of(parse(args)))
 
 
 def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
@@ -187,7 +188,7 @@ def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
 )
 def test_bad_targets_are_usage_errors(args: list[str], needle: str) -> None:
     with pytest.raises(UsageError, match="expected") as e:
-        target_from_args(parse(args))
+        target_of(parse(args))
     assert needle in str(e.value)
 
 
