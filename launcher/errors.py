@@ -152,6 +152,13 @@ class DoctorError(NumarunError):
     exit_code = 1
 
 
+class PreflightFailed(NumarunError):
+    """``--preflight``: the doctor found an error on a node, and the job was not started (exit 1)."""
+
+    exit_code = 1
+    page = "doctor.md"
+
+
 class TuneRunFailed(NumarunError):
     """A candidate's run exited non-zero."""
 

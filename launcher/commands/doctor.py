@@ -119,11 +119,11 @@ def _detected(args: argparse.Namespace) -> LaunchOptions:
                 "node (srun --ntasks-per-node=1 numarun doctor)"
             )
         try:
-            settled, rendezvous = settle(options, job)
+            settled = settle(options, job)
         except JobConflict as e:
             raise SystemExit(refuse(job, e, options)) from None
-        if not rendezvous.own_rendezvous:
-            options = settled
+        if settled.rendezvous is not None and not settled.rendezvous.own_rendezvous:
+            options = settled.options
     return options
 
 

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from ..errors import PreflightFailed
 from ..options.launch import LaunchOptions
 from .diagnose import Settings
 
@@ -17,9 +18,9 @@ log = logging.getLogger(__name__)
 PORT_OFFSET = 1
 
 
-def preflight(options: LaunchOptions, settings: Settings) -> int:
-    """0 when the doctor found no error (the job may start), else 1 after printing why. ``options``: the job's
-    launch options; ``settings``: the doctor's."""
+def preflight(options: LaunchOptions, settings: Settings) -> None:
+    """The doctor on every node with the job's launch options, settled, and the doctor's ``settings``; returns when
+    no node has an error (the job may start), else prints why and raises :class:`PreflightFailed`."""
     from .diagnose import diagnose
     from .render import render
 
@@ -36,7 +37,7 @@ def preflight(options: LaunchOptions, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 0
+        return
     if node0:
         sys.stderr.write(render(result))
     exclude = result.get("exclude") or ""
@@ -47,12 +48,7 @@ def preflight(options: LaunchOptions, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
-    print(
-        f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 1
+    raise PreflightFailed(f"preflight found {counts['error'] or 'node'} error(s): the job was not started")
 
 
 def _all_findings(result: dict) -> list[dict]:

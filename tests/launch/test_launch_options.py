@@ -278,8 +278,7 @@ def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str,
 
     job = detect(OMPI_NODE, nproc_given=True)
     agree, contradict = SHAPE[dest]
-    settled, _ = settle(_from(source, dest, agree).with_job_env(OMPI_NODE), job, OMPI_NODE)
-    kept = settled.setting(dest)
+    kept = settle(_from(source, dest, agree).with_job_env(OMPI_NODE), job, OMPI_NODE).options.setting(dest)
     assert kept.source is {"cli": Source.COMMAND_LINE, "env": Source.ENVIRONMENT, "config": Source.CONFIG}[source]
     with pytest.raises(JobConflict) as e:
         settle(_from(source, dest, contradict).with_job_env(OMPI_NODE), job, OMPI_NODE)
@@ -291,20 +290,20 @@ def test_what_no_source_gave_comes_from_the_job() -> None:
     from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
-    settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)
+    settled = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE).options
     for dest, value in (("nnodes", NodeRange(2, 2)), ("node_rank", 1), ("master_port", 29500)):
         s = settled.setting(dest)
         assert (s.value, s.source) == (value, Source.JOB) and s.where.startswith("Open MPI job"), dest
     # the launcher's MASTER_ADDR (mpirun -x): the environment's, below PET_MASTER_ADDR
     s = settled.setting("master_addr")
     assert (s.value, s.source, s.where) == ("127.0.0.1", Source.ENVIRONMENT, "MASTER_ADDR")
-    s = settle(options([], {"PET_MASTER_ADDR": "h-pet"}).with_job_env(OMPI_NODE), job, OMPI_NODE)[0].setting(
+    s = settle(options([], {"PET_MASTER_ADDR": "h-pet"}).with_job_env(OMPI_NODE), job, OMPI_NODE).options.setting(
         "master_addr"
     )
     assert (s.value, s.where) == ("h-pet", "PET_MASTER_ADDR")
-    s = settle(options(["--nproc-per-node", "2"], {}, {"master_port": 29511}).with_job_env(OMPI_NODE), job, OMPI_NODE)[
-        0
-    ].setting("master_port")
+    s = settle(
+        options(["--nproc-per-node", "2"], {}, {"master_port": 29511}).with_job_env(OMPI_NODE), job, OMPI_NODE
+    ).options.setting("master_port")
     assert (s.value, s.source) == (29511, Source.CONFIG)  # above the job's derived port
 
 
