@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import ipaddress
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from .errors import UsageError
@@ -31,6 +33,7 @@ MAX_COUNT = 1_000_000
 """Iterations, trials, restarts."""
 
 E = TypeVar("E", bound=enum.Enum)
+T = TypeVar("T")
 
 _WHOLE = re.compile(r"\s*[+-]?[0-9]{1,30}\s*")
 _DECIMAL = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*")
@@ -44,30 +47,66 @@ def ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+Reader = Callable[[str, str], T]
+"""How an option's text is read: (the text, where it came from: a flag, a variable, a config key) -> the value; a
+one-line :class:`UsageError` naming where and the expected form otherwise. The same reader serves a flag, a
+variable and a config value, so its error names the source itself."""
+
+
 def check_int(text: object, flag: str, *, low: int, high: int) -> int:
-    """``text`` as a whole number from ``low`` to ``high``; ValueError (one line) otherwise."""
+    """``text`` as a whole number from ``low`` to ``high``; UsageError (one line) otherwise."""
     s = str(text)
     if not _WHOLE.fullmatch(s) or not low <= int(s) <= high:
-        raise ValueError(f"bad {flag} {s.strip()!r}: expected a whole number from {low} to {high}")
+        raise UsageError(f"bad {flag} {s.strip()!r}: expected a whole number from {low} to {high}")
     return int(s)
 
 
-def node_range(text: object, flag: str = "--nnodes") -> tuple[int, int]:
-    """torchrun's ``--nnodes``: ``N`` or ``MIN:MAX`` -> (MIN, MAX); UsageError (one line) otherwise."""
-    parts = str(text).split(":")
+@dataclass(frozen=True)
+class NodeRange:
+    """torchrun's ``--nnodes``, read once (:func:`node_range`): from ``min`` to ``max`` nodes; a fixed count when they
+    are equal, elastic otherwise (the world size comes with the rendezvous)."""
+
+    min: int
+    max: int
+    text: str = field(default="", compare=False)
+    """As it was written (``2``, ``2:2``, torchrun's default ``1:1``), for torchrun's argv and for messages; ''
+    for the shortest form."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def __contains__(self, nodes: int) -> bool:
+        return self.min <= nodes <= self.max
+
+    def __str__(self) -> str:
+        """The text torchrun reads: ``N`` or ``MIN:MAX``."""
+        return self.text or (f"{self.min}:{self.max}" if self.elastic else str(self.min))
+
+    @classmethod
+    def of(cls, nodes: int) -> NodeRange:
+        """A fixed count of ``nodes``."""
+        return cls(nodes, nodes)
+
+
+ONE_NODE = NodeRange.of(1)
+"""torchrun's default ``--nnodes``."""
+
+
+def node_range(text: str, where: str) -> NodeRange:
+    """The reader of torchrun's ``--nnodes``: ``N`` or ``MIN:MAX``; UsageError (one line) otherwise."""
+    parts = text.split(":")
     if (
         len(parts) <= 2
         and all(_WHOLE.fullmatch(p) for p in parts)
         and 1 <= int(parts[0]) <= int(parts[-1]) <= MAX_NODES
     ):
-        return int(parts[0]), int(parts[-1])
-    raise UsageError(
-        f"bad {flag} {str(text)!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4"
-    )
+        return NodeRange(int(parts[0]), int(parts[-1]), text.strip())
+    raise UsageError(f"bad {where} {text!r}: expected N or MIN:MAX with 1 <= MIN <= MAX <= {MAX_NODES}, e.g. 2 or 1:4")
 
 
 def check_float(text: object, flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> float:
-    """``text`` as a finite number in [low, high] (``above``: low excluded); ValueError otherwise."""
+    """``text`` as a finite number in [low, high] (``above``: low excluded); UsageError otherwise."""
     s = str(text).strip()
     try:
         value = float(s) if _DECIMAL.fullmatch(s) else math.nan
@@ -75,50 +114,70 @@ def check_float(text: object, flag: str, *, low: float, high: float, above: bool
         value = math.nan
     if not math.isfinite(value) or not (value > low if above else value >= low) or value > high:
         rel = ">" if above else ">="
-        raise ValueError(f"bad {flag} {s!r}: expected a finite number{unit} {rel} {low:.10g} and <= {high:.10g}")
+        raise UsageError(f"bad {flag} {s!r}: expected a finite number{unit} {rel} {low:.10g} and <= {high:.10g}")
     return value
+
+
+def whole(*, low: int, high: int) -> Reader[int]:
+    """The reader of a whole number from ``low`` to ``high`` (:func:`check_int`)."""
+    return functools.partial(check_int, low=low, high=high)
+
+
+def finite(*, low: float, high: float, above: bool = False, unit: str = "") -> Reader[float]:
+    """The reader of a finite number in [low, high] (:func:`check_float`)."""
+    return functools.partial(check_float, low=low, high=high, above=above, unit=unit)
+
+
+def duration(*, low: float = 0.0, above: bool = True) -> Reader[float]:
+    """The reader of a number of seconds above ``low`` (``above`` False: from ``low``), up to :data:`MAX_SECONDS`."""
+    return finite(low=low, high=MAX_SECONDS, above=above, unit=" of seconds")
+
+
+PORT = whole(low=1, high=MAX_PORT)
+"""The reader of a port number."""
+
+
+def member(kind: type[E]) -> Reader[E]:
+    """The reader of a ``str`` Enum: a member by its value."""
+
+    def read(text: str, where: str) -> E:
+        try:
+            return kind(text)
+        except ValueError:
+            raise UsageError(f"bad {where} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}") from None
+
+    return read
+
+
+def typed(flag: str, read: Reader[T]) -> Callable[[str], T]:
+    """An argparse ``type=`` for ``flag`` that reads its text with ``read``."""
+
+    def parse(text: str) -> T:
+        try:
+            return read(text, flag)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
 
 
 def int_in(flag: str, *, low: int, high: int) -> Callable[[str], int]:
     """An argparse ``type=`` for :func:`check_int`."""
-
-    def parse(text: str) -> int:
-        try:
-            return check_int(text, flag, low=low, high=high)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse
+    return typed(flag, whole(low=low, high=high))
 
 
 def float_in(flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> Callable[[str], float]:
     """An argparse ``type=`` for :func:`check_float`."""
-
-    def parse(text: str) -> float:
-        try:
-            return check_float(text, flag, low=low, high=high, above=above, unit=unit)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return parse
+    return typed(flag, finite(low=low, high=high, above=above, unit=unit))
 
 
 def choice(kind: type[E], flag: str) -> Callable[[str], E]:
     """An argparse ``type=`` for a ``str`` Enum: a member by its value."""
-
-    def parse(text: str) -> E:
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"bad {flag} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}"
-            ) from None
-
-    return parse
+    return typed(flag, member(kind))
 
 
 def port(flag: str) -> Callable[[str], int]:
-    return int_in(flag, low=1, high=MAX_PORT)
+    return typed(flag, PORT)
 
 
 def parse_endpoint(text: object, flag: str, *, port: bool | None = None) -> tuple[str, int | None]:
@@ -170,7 +229,7 @@ def host_port(host: str, port: int | None = None) -> str:
 
 
 def seconds(flag: str, *, low: float = 0.0, above: bool = True) -> Callable[[str], float]:
-    return float_in(flag, low=low, high=MAX_SECONDS, above=above, unit=" of seconds")
+    return typed(flag, duration(low=low, above=above))
 
 
 # ---------------------------------------------------------------- JSON output

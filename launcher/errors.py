@@ -1,4 +1,8 @@
-"""One base error for every user mistake numarun can name: the CLI prints it on one line, no traceback, and exits 2."""
+"""The error tree: every error numarun raises for others to catch is defined here, under one base,
+:class:`NumarunError`, which the CLI prints on one line (no traceback) and exits with its code (2: a user mistake).
+
+An error carries its context in attributes (the exit code, the docs page, the node that saw a conflict, where a
+layout was declared); its text is built once, where it is raised, and nothing matches or rewrites it afterwards."""
 
 from __future__ import annotations
 
@@ -30,8 +34,44 @@ class UsageError(NumarunError):
     """A command-line flag or argument has a bad value."""
 
 
+class JobConflict(UsageError):
+    """An explicit option contradicts the job the scheduler started."""
+
+    page = "slurm.md"
+
+    def __init__(self, message: str, *, node_varying: bool = False) -> None:
+        super().__init__(message)
+        self.node_varying = node_varying
+        """The conflict may hold on some nodes only (``--node-rank``): the other nodes, which see nothing wrong,
+        must be told to stop."""
+
+
+TRAINER_LAYOUT = "parallel.*"
+"""Where numarun's trainer declares its layout (its config's ``parallel`` group), as messages name it."""
+
+
+class LayoutError(UsageError):
+    """A parallel layout that cannot be read, or that does not fit the job, the model or the pipeline schedule:
+    ``--mesh`` (``NUMARUN_MESH``, ``launcher.mesh``; errors name layouts.md) or the trainer's ``parallel.*`` (errors
+    name trainer.md)."""
+
+    page = "layouts.md"
+
+    def __init__(self, message: str, *, where: str) -> None:
+        super().__init__(message)
+        self.where = where
+        """Where the layout was declared: ``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh`` or :data:`TRAINER_LAYOUT`."""
+        if where == TRAINER_LAYOUT:
+            self.page = "trainer.md"
+
+
 class CpuListError(NumarunError):
     """A CPU/node list such as ``0-3,8`` could not be parsed."""
+
+
+class SchemaError(NumarunError, ValueError):
+    """A JSON value does not have the shape of its type (the message names the path); also a ValueError, as JSON's
+    own errors are, for readers that skip what does not parse."""
 
 
 class TopologyError(NumarunError):
@@ -64,12 +104,6 @@ class ConfigError(NumarunError):
     page = "hydra.md"
 
 
-class TrainerLayoutError(ConfigError):
-    """The trainer's layout (``parallel.*``) does not fit the world, the model or the pipeline schedule."""
-
-    page = "trainer.md"
-
-
 class CheckpointError(NumarunError):
     """A checkpoint must not be loaded (damaged, not trusted: exit 2) or cannot be written (disk full: exit 1)."""
 
@@ -90,6 +124,64 @@ class SlurmError(NumarunError):
     """A SLURM option is malformed or sbatch/squeue failed."""
 
     page = "slurm.md"
+
+
+class ControllerError(SlurmError):
+    """slurmctld did not answer a question whose answer every node must agree on."""
+
+
+class DistInitError(NumarunError):
+    """The worker's distributed environment is missing or inconsistent."""
+
+
+class HierarchyError(NumarunError):
+    """Hierarchical communication was asked for on a job whose nodes cannot form it."""
+
+
+class RunFailed(NumarunError):
+    """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class DoctorError(NumarunError):
+    """The nodes could not complete the doctor's exchange (a node missing, a stream cut)."""
+
+    exit_code = 1
+
+
+class PreflightFailed(NumarunError):
+    """``--preflight``: the doctor found an error on a node, and the job was not started (exit 1)."""
+
+    exit_code = 1
+    page = "doctor.md"
+
+
+class TuneRunFailed(NumarunError):
+    """A candidate's run exited non-zero."""
+
+    exit_code = 1
+
+
+class NoStepReport(NumarunError):
+    """The job runs but has no step report (yet, or it is off): exit 3, try again later; one that cannot be read
+    (another numarun's format): exit 1."""
+
+    exit_code = 3
+    page = "steps.md"
+
+    def __init__(self, message: str, exit_code: int = exit_code) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StacksUnavailable(NumarunError):
+    """A job's roll-call could not be had: no job runs, or its numarun did not answer (exit 1)."""
+
+    exit_code = 1
+    page = "hangs.md"
 
 
 def expected(value: object, form: str, what: str = "value") -> str:

@@ -10,6 +10,8 @@ import types
 import typing
 from typing import Any, TypeVar
 
+from .errors import SchemaError
+
 T = TypeVar("T")
 
 MAX_DEPTH = 64  # numarun's own files nest 5 levels; recursive readers fail near 1,000
@@ -52,10 +54,6 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     return obj
-
-
-class SchemaError(ValueError):
-    """The JSON value does not have the shape of the target type; the message names the path."""
 
 
 def from_jsonable(cls: type[T], data: Any, path: str = "$") -> T:

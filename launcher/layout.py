@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import envvars
-from .errors import UsageError
+from .errors import TRAINER_LAYOUT, LayoutError
 
 DIMS: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The dimensions a layout may name (torchtitan's world mesh, outermost first); the trainer's names them all."""
@@ -31,12 +31,6 @@ FORM = (
     + ", sizes positive integers and at most one -1 (the rest), e.g. pp=2,dp_shard=-1,tp=4"
 )
 MAX_SIZE = 1 << 20
-
-
-class LayoutError(UsageError):
-    """A parallel layout that cannot be read, or that does not fit the job (the trainer's ``parallel.*`` too)."""
-
-    page = "layouts.md"
 
 
 @dataclass(frozen=True)
@@ -73,21 +67,26 @@ class Layout:
     def world_size(self) -> int:
         return math.prod(self.shape)
 
-    def resolved(self, world_size: int) -> Layout:
-        """The layout on ``world_size`` ranks, ``-1`` filled in; :class:`LayoutError` when the sizes do not make it."""
-        ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    def resolved(self, world_size: int, *, nodes: int = 1) -> Layout:
+        """The layout on ``world_size`` ranks, ``-1`` filled in; :class:`LayoutError` when the sizes do not make it,
+        naming the ``nodes`` the ranks span when there are several."""
+        ranks = _count(world_size, "rank")
+        if nodes > 1:
+            ranks += f" ({_count(nodes, 'node')} x {_count(world_size // nodes, 'rank')})"
         if self.rest is None:
             if self.known != world_size:
                 raise LayoutError(
                     f"bad {self.where} {self.text!r}: its sizes multiply to {self.known}, but the job has {ranks}; "
-                    f"expected sizes whose product is {world_size}, or -1 for one dimension (the rest)"
+                    f"expected sizes whose product is {world_size}, or -1 for one dimension (the rest)",
+                    where=self.where,
                 )
             return self
         if world_size % self.known:
             raise LayoutError(
                 f"bad {self.where} {self.text!r}: -1 for {self.rest} is the job's {ranks} divided by the other "
                 f"sizes' product {self.known}, which does not divide it; expected sizes whose product divides "
-                f"{world_size}"
+                f"{world_size}",
+                where=self.where,
             )
         shape = tuple(world_size // self.known if s == REST else s for s in self.shape)
         return Layout(self.names, shape, self.where)
@@ -141,18 +140,21 @@ class Layout:
         """``"pp=2,dp_shard=-1,tp=4"`` -> its layout; one-line :class:`LayoutError` naming ``where`` otherwise."""
         raw = str(text)
         if not raw.strip():
-            raise LayoutError(f"bad {where} {raw!r}: empty; expected {FORM}")
+            raise LayoutError(f"bad {where} {raw!r}: empty; expected {FORM}", where=where)
         names: list[str] = []
         sizes: list[int] = []
         for item in raw.split(","):
             name, sep, value = (part.strip() for part in item.partition("="))
             if not sep or not name:
-                raise LayoutError(f"bad {where} {raw!r}: {item.strip()!r} is not name=size; expected {FORM}")
+                raise LayoutError(
+                    f"bad {where} {raw!r}: {item.strip()!r} is not name=size; expected {FORM}", where=where
+                )
             body = value[1:] if value.startswith(("-", "+")) else value
             if not body.isdigit() or not body.isascii():  # '٢' and '２' are digits to Python, not here
                 _check(where, raw, names, name)
                 raise LayoutError(
-                    f"bad {where} {raw!r}: {name}={value!r} is not an integer; expected a positive size or -1 ({FORM})"
+                    f"bad {where} {raw!r}: {name}={value!r} is not an integer; expected a positive size or -1 ({FORM})",
+                    where=where,
                 )
             size = int(value) if len(body) <= 9 else MAX_SIZE + 1  # past the bound, however long the text
             _check(where, raw, names, name, size, sizes, text=value)
@@ -171,12 +173,13 @@ class Layout:
         rests = [f"parallel.{n}" for n, size in zip(DIMS, sizes) if size == REST]
         if len(rests) > 2:  # two are named by the pairwise rule below
             raise LayoutError(
-                f"bad layout {format_mesh(DIMS, tuple(sizes))!r}: {', '.join(rests[:-1])} and {rests[-1]} are all -1; "
-                "expected at most one degree -1 (the rest)"
+                f"bad {TRAINER_LAYOUT} {format_mesh(DIMS, tuple(sizes))!r}: {', '.join(rests[:-1])} and {rests[-1]} "
+                "are all -1; expected at most one degree -1 (the rest)",
+                where=TRAINER_LAYOUT,
             )
         for i, (name, size) in enumerate(zip(DIMS, sizes)):
             _check(
-                "layout",
+                TRAINER_LAYOUT,
                 format_mesh(DIMS[: i + 1], tuple(sizes[: i + 1])),
                 DIMS[:i],
                 name,
@@ -184,7 +187,7 @@ class Layout:
                 sizes[:i],
                 key="parallel.",
             )
-        return cls(DIMS, tuple(sizes), "parallel.*")
+        return cls(DIMS, tuple(sizes), TRAINER_LAYOUT)
 
 
 def _check(
@@ -202,20 +205,26 @@ def _check(
     or the one ``-1``; ``text``: the size as written (``-0``, a number past the bound), for the message."""
     if name not in DIMS:
         raise LayoutError(
-            f"bad {where} {raw!r}: unknown dimension {name!r}; expected names from {', '.join(DIMS)} ({FORM})"
+            f"bad {where} {raw!r}: unknown dimension {name!r}; expected names from {', '.join(DIMS)} ({FORM})",
+            where=where,
         )
     if name in names:
-        raise LayoutError(f"bad {where} {raw!r}: {name} is named twice; expected each dimension at most once ({FORM})")
+        raise LayoutError(
+            f"bad {where} {raw!r}: {name} is named twice; expected each dimension at most once ({FORM})", where=where
+        )
     if size == REST and REST in sizes:
         other = names[list(sizes).index(REST)]
         raise LayoutError(
             f"bad {where} {raw!r}: -1 for both {key}{other} and {key}{name}; expected -1 for at most one "
-            f"dimension ({FORM})"
+            f"dimension ({FORM})",
+            where=where,
         )
     if size is not None and size != REST and not 1 <= size <= MAX_SIZE:
         why = "is not a positive size" if size < 1 else f"is past {MAX_SIZE}"
         shown = size if text is None else text
-        raise LayoutError(f"bad {where} {raw!r}: {name}={shown} {why}; expected 1 to {MAX_SIZE} or -1 ({FORM})")
+        raise LayoutError(
+            f"bad {where} {raw!r}: {name}={shown} {why}; expected 1 to {MAX_SIZE} or -1 ({FORM})", where=where
+        )
 
 
 def _degree(name: str, raw: object, nnodes: int | None, nproc_per_node: int | None) -> int:
@@ -226,19 +235,28 @@ def _degree(name: str, raw: object, nnodes: int | None, nproc_per_node: int | No
     word = raw.strip() if isinstance(raw, str) else None
     if isinstance(raw, bool) or not isinstance(raw, int) and word not in NODE_WORDS:
         raise LayoutError(
-            f"bad parallel.{name} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node"
+            f"bad parallel.{name} {raw!r}: expected an integer >= 1, -1 (the rest), nnodes or nproc_per_node",
+            where=TRAINER_LAYOUT,
         )
     if isinstance(raw, int):
         if raw < 1 and raw != REST:
-            raise LayoutError(f"bad parallel.{name} {raw!r}: expected an integer >= 1, or -1 for the rest of the world")
+            raise LayoutError(
+                f"bad parallel.{name} {raw!r}: expected an integer >= 1, or -1 for the rest of the world",
+                where=TRAINER_LAYOUT,
+            )
         return raw
     value = nnodes if word == "nnodes" else nproc_per_node
     if value is None:  # the ranks always know; the launcher does once the job's shape is fixed
         raise LayoutError(
             f"bad parallel.{name} {word!r}: the job's {word} is not known here; expected a fixed "
-            f"launcher.{word} (or an integer degree)"
+            f"launcher.{word} (or an integer degree)",
+            where=TRAINER_LAYOUT,
         )
     return int(value)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def mesh_groups(shape: tuple[int, ...], dim: int) -> tuple[tuple[int, ...], ...]:
@@ -295,7 +313,8 @@ def node_cut(layout: Layout, ranks_per_node: int) -> NodeCut:
     raise LayoutError(
         f"bad {layout.where} {layout.text!r}: it does not fit nodes of {ranks_per_node} ranks (the innermost "
         f"dimensions {dims} cross the node boundary unevenly); expected {ranks_per_node} to be a product of the "
-        "innermost sizes, times a divisor of the next one"
+        "innermost sizes, times a divisor of the next one",
+        where=layout.where,
     )
 
 

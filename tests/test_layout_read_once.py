@@ -10,6 +10,7 @@ import pytest
 from helpers import FIXTURES
 
 from numarun import envvars
+from numarun.argtypes import NodeRange
 from numarun.comm.context import _current_plan
 from numarun.layout import Layout
 from numarun.plan.binding import make_plan
@@ -35,7 +36,7 @@ def test_the_text_has_one_reader_and_the_options_are_its_one_caller() -> None:
 def test_the_ranks_read_the_plans_layout_not_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     plan = make_plan(
         load_topology(str(PCIE8)),
-        PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2", where="--mesh"), nnodes="1:2", nproc_per_node=4),
+        PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2", where="--mesh"), nnodes=NodeRange(1, 2), nproc_per_node=4),
     )
     assert plan.mesh is not None and plan.mesh.layout == Layout(("dp_shard", "tp"), (-1, 2))
     env = {"WORLD_SIZE": "8", envvars.MESH: "tp=8"}  # a stale variable: the plan's layout wins

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NumarunError, expected
+from ..errors import DistInitError, NumarunError, expected
 from .collectives import TensorForms
-from .groups import GroupLayout, HierarchyError, RankPlace, create_groups, layout_from_places
+from .groups import GroupLayout, RankPlace, create_groups, layout_from_places
 
 if TYPE_CHECKING:
     import torch
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _CONTEXT: DistContext | None = None
-
-
-class DistInitError(NumarunError):
-    """The worker's distributed environment is missing or inconsistent."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -281,4 +277,4 @@ def destroy() -> None:
     _CONTEXT = None
 
 
-__all__ = ["DistContext", "DistInitError", "HierarchyError", "current_context", "destroy", "init"]
+__all__ = ["DistContext", "current_context", "destroy", "init"]

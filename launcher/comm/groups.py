@@ -11,16 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NumarunError
+from ..errors import HierarchyError
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
 log = logging.getLogger(__name__)
-
-
-class HierarchyError(NumarunError):
-    """Hierarchical communication was asked for on a job whose nodes cannot form it."""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ run), 2 for bad input (one line).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ import sys
 from .. import argtypes
 from ..doctor.diagnose import Settings, diagnose
 from ..doctor.render import render
+from ..doctor.schedule import LinkSchedule
 from ..errors import UsageError
 from ..options.launch import PLANNING, LaunchOptions, add_options, from_args
 
@@ -61,12 +63,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def add_doctor_options(p: argparse.ArgumentParser) -> None:
+    """The doctor's flags ``numarun run --preflight`` shares (read once by :func:`settings_of`)."""
     d = Settings()
     p.add_argument(
         "--min-link-fraction",
-        type=float,
+        type=argtypes.float_in("--min-link-fraction", low=0.0, high=1.0, above=True),
         default=d.min_link_fraction,
-        metavar="F",  # check_fraction: (0, 1]
+        metavar="F",
         help=f"a node whose best pair, or one pair, below F x the median is slow (default {d.min_link_fraction})",
     )
     p.add_argument(
@@ -78,33 +81,32 @@ def add_doctor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--link-schedule",
-        type=parse_link_schedule,
+        type=argtypes.choice(LinkSchedule, "--link-schedule"),
         default=d.link_schedule,
         metavar="NAME",
-        help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), "
-        f"bounded (at most 6 rounds at any node count), all-pairs (every pair, n-1 rounds); default {d.link_schedule}",
+        help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), bounded (at most 6 "
+        f"rounds at any node count), all-pairs (every pair, n-1 rounds); default {d.link_schedule.value}",
     )
     p.add_argument(
         "--link-seconds", type=argtypes.seconds("--link-seconds"), default=d.link_seconds, help=argparse.SUPPRESS
     )
 
 
-def parse_link_schedule(text: str) -> str:
-    from ..doctor.schedule import LinkSchedule
-
-    try:
-        return LinkSchedule(text).value
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"bad --link-schedule {text!r}: expected one of {', '.join(m.value for m in LinkSchedule)}"
-        ) from None
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The doctor's settings from the flags :func:`add_doctor_options` gave a command, typed, read once."""
+    return Settings(
+        min_link_fraction=args.min_link_fraction,
+        doctor_timeout=args.doctor_timeout,
+        link_schedule=args.link_schedule,
+        link_seconds=args.link_seconds,
+    )
 
 
 def _detected(args: argparse.Namespace) -> LaunchOptions:
     """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
+    from ..errors import JobConflict
     from ..jobenv import Mode
-    from ..jobenv.settle import JobConflict
     from ..launch.planning import announce, detect_job, refuse, settle
 
     job, options = detect_job(from_args(args, os.environ))
@@ -117,16 +119,19 @@ def _detected(args: argparse.Namespace) -> LaunchOptions:
                 "node (srun --ntasks-per-node=1 numarun doctor)"
             )
         try:
-            settled, rendezvous = settle(options, job)
+            settled = settle(options, job)
         except JobConflict as e:
             raise SystemExit(refuse(job, e, options)) from None
-        if not rendezvous.own_rendezvous:
-            options = settled
+        if settled.rendezvous is not None and not settled.rendezvous.own_rendezvous:
+            options = settled.options
     return options
 
 
 def main(args: argparse.Namespace) -> int:
-    result = diagnose(_detected(args).shown(), Settings.of(args))
+    settings = dataclasses.replace(
+        settings_of(args), nvml_record=args.nvml_record, measure=args.measure, no_measure=args.no_measure
+    )
+    result = diagnose(_detected(args).shown(), settings)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=1) + "\n")
     elif result.get("node_rank", 0) == 0:  # one node, or node 0 of several: the report

@@ -41,8 +41,6 @@ def main(args: argparse.Namespace) -> int:
     from ..topology.discover import load_topology
 
     job, options = detect_job(from_args(args, os.environ))
-    if options.nnodes is not None:  # read where a --mesh layout is planned; refused as one line without one too
-        argtypes.node_range(str(options.nnodes))
     if args.jobs:
         from ..sweep.launch import describe
 

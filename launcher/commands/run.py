@@ -5,7 +5,8 @@ One road, in order (:func:`main`, :class:`Road`):
 1. **options**: torchrun's, numarun's, ``--dry-run``... resolved once, typed, each with its source
    (:class:`numarun.options.launch.LaunchOptions`);
 2. **job**: the job numarun runs in, if a scheduler started it (:func:`numarun.launch.planning.detect_job`);
-3. **settle**: the options against that job, its rendezvous (:meth:`Road.settle`);
+3. **settle**: the options against that job, its rendezvous (:meth:`Road.settle`), once per launch; with
+   ``--preflight``, the doctor on every node then, before the first launch (:meth:`Road.check_nodes`);
 4. **plan**: each local rank's binding (:meth:`Road.plan`);
 5. **spec**: torchrun's launch, every option checked (:meth:`Road.spec`);
 6. **supervise**: the supervisor runs it, or the dry run prints it (:meth:`Road.supervise`). What every launch
@@ -29,34 +30,41 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .. import argtypes, envvars
+from .. import envvars
 from ..config.detect import AppKind, detect_app
-from ..errors import BindingError, TrainerLayoutError, UsageError
+from ..errors import TRAINER_LAYOUT, BindingError, JobConflict, LayoutError, UsageError
 from ..jobenv import JobShape, Mode
-from ..jobenv.settle import JobConflict, NodeRendezvous, check_rank, rank_env, rank_master
+from ..jobenv.settle import NodeRendezvous, rank_env
 from ..launch.agent import AgentPolicy
 from ..launch.hangs import policy_from
 from ..launch.net import addressing
-from ..launch.planning import Planned, Planner, announce, detect_job, refuse, settle
+from ..launch.planning import Planned, Planner, Settled, announce, detect_job, refuse, settle
 from ..launch.spec import LaunchSpec, launch_spec, rendezvous_key
 from ..launch.steps import steps_from
 from ..launch.supervisor import Supervisor
-from ..launch.torchrun import Target, add_run_options, command_line, target_from_args, worker_env
+from ..launch.torchrun import Target, command_line, worker_env
 from ..layout import Layout
-from ..options.launch import DECLARED, LaunchOptions, Setting, Source, add_options, from_args, launch_dests
+from ..options.launch import LaunchOptions, Setting, Source, add_options, from_args, launch_dests
 from ..options.torchrun import torchrun_parser
 from ..plan.model import LaunchPlan
 from ..plan.scheduled import mem_refused_line
 from ..train.preflight import check_launch_layout, check_prepared
 
+if TYPE_CHECKING:
+    from ..config.files import PreparedJob
+    from ..doctor.diagnose import Settings as DoctorSettings
+
 log = logging.getLogger(__name__)
 
-REFUSED_OPTIONS = ("run_path", "virtual_local_rank")
-"""torchrun options numarun refuses (:func:`numarun.launch.torchrun.target_from_args` says why)."""
+REFUSED_OPTIONS = {
+    "run_path": "numarun runs each worker in its own process to bind it",
+    "virtual_local_rank": "every rank would read local rank 0's binding",
+}
+"""torchrun options numarun refuses (by dest), and why."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -71,7 +79,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description="torchrun with each local rank bound to its GPU, CPU cores, memory and NIC.",
     )
     add_options(parser, (*launch_dests(), "detect", "plan_file", "watch_interval"))
-    add_run_options(parser)
+    parser.add_argument_group("numarun").add_argument(
+        "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
+    )
     from .doctor import add_doctor_options
 
     parser.add_argument(
@@ -92,27 +102,24 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
         supervisor = Supervisor()
         supervisor.hold_signals()
     options = from_args(args, os.environ)  # 1. options
-    target = target_from_args(args)
+    target = target_of(args)
     job, options = detect_job(options)  # 2. job
-    road = Road(supervisor, Planner(job), dry_run=args.dry_run, no_watch=args.no_watch)
+    road = Road(supervisor, Planner(job), dry_run=args.dry_run, no_watch=args.no_watch, preflight=preflight_of(args))
     kind = detect_app(target.name, is_module=target.kind == "module") if target.kind != "exec" else AppKind.PLAIN
     try:
         if job is not None:
             announce(options, job.describe())
         if job is not None and job.mode is Mode.PER_RANK:  # the variant of a process that is one rank
             return run_rank(road, options, target, kind, preflight=args.preflight)
-        if args.preflight and not args.dry_run:
-            from ..doctor.preflight import preflight
-
-            if preflight(settle(options, job)[0] if job is not None else options, args):
-                return 1
         if kind is AppKind.TRAINER:  # the variant whose jobs Hydra composes
-            return Trainer(road, options, target).run(args)
+            return Trainer(road, options, target).run(args.argv)
         if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
-            from ..sweep.launch import run_app
+            from ..sweep.launch import forwarded, run_app
 
+            if road.preflight is not None:  # the doctor before the app's sweep launches its jobs
+                road.check_nodes(road.settle(options))
             supervisor.release()
-            return run_app(args, target.kind, target.name, target.args)
+            return run_app(target, forwarded(args.argv, target.name, options.log_level), dry_run=road.dry_run)
         # a Hydra app's ${now:} fixed once here: every rank's Hydra picks the same run dir
         when = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
         job_env = {envvars.HYDRA_NOW: when} if kind is AppKind.HYDRA_MAIN else {}
@@ -121,6 +128,26 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
         if job is None:
             raise
         return refuse(job, e, options)
+
+
+def preflight_of(args: argparse.Namespace) -> DoctorSettings | None:
+    """``--preflight``: the doctor's settings, read once from the flags ``run`` shares with ``numarun doctor``; None
+    without it, and in a dry run, which starts nothing."""
+    if not args.preflight or args.dry_run:
+        return None
+    from .doctor import settings_of
+
+    return settings_of(args)
+
+
+def target_of(args: argparse.Namespace) -> Target:
+    """The user's program from torchrun's positional and flag options; torchrun's options numarun refuses, refused."""
+    for dest, why in REFUSED_OPTIONS.items():
+        if getattr(args, dest, False):  # torchrun's parser of the installed torch may not have it
+            raise UsageError(f"bad option '--{dest.replace('_', '-')}': {why}; expected it left out")
+    return Target.of(
+        args.training_script, tuple(args.training_script_args), module=args.module, no_python=args.no_python
+    )
 
 
 @dataclass(frozen=True)
@@ -136,45 +163,65 @@ class Prepared:
 
 @dataclass
 class Road:
-    """The steps of one numarun's launches after the options and the job, in order: :meth:`settle`,
-    :meth:`plan`, :meth:`spec` (:meth:`prepare` takes the three), :meth:`supervise`."""
+    """The steps of one numarun's launches after the options and the job, in order: :meth:`settle` (and
+    :meth:`check_nodes`), :meth:`plan`, :meth:`spec` (:meth:`prepare` takes them), :meth:`supervise`."""
 
     supervisor: Supervisor
     planner: Planner
     dry_run: bool = False
     no_watch: bool = False
+    preflight: DoctorSettings | None = None
+    """``--preflight``: the doctor's settings, until it has run before the first launch."""
 
     @property
     def job(self) -> JobShape | None:
         return self.planner.job
 
-    def prepare(self, options: LaunchOptions, target: Target, *, trainer: Any = None) -> Prepared:
-        """Steps 3 to 5 for one job. ``trainer``: numarun's trainer's composed config, whose layout becomes the job's
-        mesh once the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
-        options, rendezvous = self.settle(options, layout=trainer is not None)
+    def prepare(self, options: LaunchOptions, target: Target, *, trainer: PreparedJob | None = None) -> Prepared:
+        """Steps 3 to 5 for one job. ``trainer``: a job of numarun's trainer, whose layout becomes the job's mesh once
+        the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
+        settled = self.settle(options, layout=trainer is not None)
+        self.check_nodes(settled)
+        options = settled.options
         planned = self.plan(options)
         layout = None
         if trainer is not None:  # the trainer's layout, checked against the world the plan makes
-            layout = check_launch_layout(trainer, nnodes=options.nnodes, nproc_per_node=planned.plan.nproc_per_node)
+            layout = check_launch_layout(
+                trainer.config, nnodes=options.nnodes, nproc_per_node=planned.plan.nproc_per_node
+            )
             mesh = trainer_mesh(options, layout)
             if mesh is not None:
                 options = options.with_setting("mesh", Setting(mesh, Source.CONFIG, TRAINER_MESH))
                 planned = self.plan(options)
-        return Prepared(options, planned, self.spec(options, planned, target, rendezvous), layout)
+        return Prepared(options, planned, self.spec(options, planned, target, settled.rendezvous), layout)
 
-    def settle(self, options: LaunchOptions, *, layout: bool = False) -> tuple[LaunchOptions, NodeRendezvous | None]:
-        """3. In a job a scheduler started, the options with the rendezvous it implies (per-node mode)."""
+    def settle(self, options: LaunchOptions, *, layout: bool = False, clock: bool = False) -> Settled:
+        """3. The options against the job a scheduler started, the one settling of a launch
+        (:func:`numarun.launch.planning.settle`): per-node mode, the rendezvous the job implies; per-rank mode, the
+        one the tasks share and, unless a dry run, the node and Hydra's clock (``clock``) the ranks agree on."""
         if self.job is None:
-            return options, None
-        options, rendezvous = settle(options, self.job, layout=layout)
-        if not rendezvous.own_rendezvous and self.job.nnodes > 1:
+            return Settled(options)
+        settled = settle(options, self.job, layout=layout, agree=not self.dry_run, clock=clock)
+        self.planner.job = settled.job
+        rendezvous = settled.rendezvous
+        if rendezvous is not None and not rendezvous.own_rendezvous and rendezvous.nnodes > 1:
             order = f", node order {','.join(rendezvous.order)}" if rendezvous.order else ""
             announce(
-                options,
-                f"node rank {rendezvous.node_rank} of {self.job.nnodes}: rendezvous "
-                f"{options.master_addr}:{options.master_port} (static{order})",
+                settled.options,
+                f"node rank {rendezvous.node_rank} of {rendezvous.nnodes}: rendezvous "
+                f"{settled.options.master_addr}:{settled.options.master_port} (static{order})",
             )
-        return options, rendezvous
+        return settled
+
+    def check_nodes(self, settled: Settled) -> None:
+        """``--preflight``: the doctor on every node with the options settled, before the first launch only;
+        :class:`~numarun.errors.PreflightFailed` when a node has an error."""
+        if self.preflight is None:
+            return
+        from ..doctor.preflight import preflight
+
+        settings, self.preflight = self.preflight, None
+        preflight(settled.options, settings)
 
     def plan(self, options: LaunchOptions) -> Planned:
         """4. Each local rank's binding (``--plan-file``'s, or this node's; this task's in per-rank mode)."""
@@ -253,8 +300,6 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
     binds itself as that row and runs the script (no torchrun agent, nothing to supervise)."""
     job = road.job
     assert job is not None
-    stated, per_rank = options.stated(), {o.dest for o in DECLARED if o.per_rank}
-    check_rank(job, stated, per_rank=per_rank)
     if preflight:
         raise JobConflict(
             f"bad option '--preflight': {job.describe()}; the pre-flight runs once per node: expected it left out, or "
@@ -266,27 +311,10 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
             "run dir once per node: expected one task per node (srun --ntasks-per-node=1 numarun ...), which starts "
             "the node's ranks"
         )
-    addr, port = rank_master(job, stated)
-    if addr is None:
-        from ..launch.slurmctld import head_addr
-
-        addr = "127.0.0.1" if job.nnodes == 1 else head_addr(os.environ, job.nodes[0])
-    clock = kind is AppKind.HYDRA_MAIN and not os.environ.get(envvars.HYDRA_NOW)
-    now = ""
-    if not road.dry_run:  # the node and Hydra's clock, where no variable says: one for every rank
-        from ..launch.rank import agree
-
-        job, now = agree(job, addr, port, clock=clock)
-        road.planner.job = job
-        check_rank(job, stated, per_rank=per_rank)
-    addr = argtypes.parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
-    node = (
-        {"nnodes": str(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
-    )  # a dry run may not know
-    options = options.with_job(
-        {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
-        job.describe().split(":")[0],
-    )
+    settled = road.settle(options, clock=kind is AppKind.HYDRA_MAIN and not os.environ.get(envvars.HYDRA_NOW))
+    options, job = settled.options, settled.job
+    assert job is not None and options.master_addr is not None and options.master_port is not None
+    addr, port = options.master_addr, options.master_port
     planned = road.plan(options)
     plan = planned.plan
     for note in (*(plan.warnings if job.local_rank == 0 else ()), *planned.notes):  # the node's: said once
@@ -306,8 +334,8 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
     )
     env.pop(envvars.PLAN, None)
     env[envvars.PLAN_JSON] = plan.to_json()
-    if now:
-        env[envvars.HYDRA_NOW] = now
+    if settled.now:
+        env[envvars.HYDRA_NOW] = settled.now
     if road.dry_run:
         listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
         unknown = (
@@ -340,21 +368,23 @@ class Trainer:
         self.script_args = list(target.args)
         self.prepared: dict[tuple[str, str], Prepared] = {}
 
-    def prepare(self, job: Any) -> Prepared:
+    def prepare(self, job: PreparedJob) -> Prepared:
         """The job's launch: its ``launcher`` group a source of its options, its layout its mesh."""
-        return self.road.prepare(self.options.with_config(job.launcher), self.target, trainer=job.config)
+        return self.road.prepare(self.options.with_config(job.launcher), self.target, trainer=job)
 
-    def check(self, job: Any) -> None:
+    def check(self, job: PreparedJob) -> None:
         """Before Hydra makes any run dir: the job's inputs, options, plan and torchrun options are sound."""
         check_prepared(job)
         self.prepared[(str(job.run_dir), job.config_text)] = self.prepare(job)
 
-    def on_job(self, job: Any) -> int:
+    def on_job(self, job: PreparedJob) -> int:
         ready = self.prepared.pop((str(job.run_dir), job.config_text))  # every job run was checked first
         print(f"numarun: run dir {job.run_dir}", file=sys.stderr, flush=True)
         return self.road.supervise(ready, dict(job.env), run_dir=job.run_dir)
 
-    def run(self, args: argparse.Namespace) -> int:
+    def run(self, argv: Sequence[str]) -> int:
+        """Hydra's command for the trainer's arguments; ``argv``: ``run``'s, as typed (a sweep's jobs take the options
+        before the script)."""
         from ..config import compose
 
         multirun = any(a in compose.MULTIRUN_FLAGS for a in self.script_args)
@@ -363,7 +393,7 @@ class Trainer:
         if multirun:  # each job through numarun's Hydra launcher
             from ..sweep.launch import forwarded
 
-            os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(args, self.target.name))
+            os.environ[envvars.SWEEP_OPTIONS] = json.dumps(forwarded(argv, self.target.name, self.options.log_level))
             if not any(a.startswith("hydra/launcher=") for a in self.script_args):
                 self.script_args.append("hydra/launcher=numarun")
         compose.run_hydra(self.script_args, self.on_job, self.check)
@@ -406,9 +436,10 @@ def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None
     if layout is None or options.mesh is None or not options.is_given("mesh"):
         return layout
     if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad {options.setting('mesh').where} {options.mesh.text!r}: numarun's trainer lays its ranks out as "
-            f"{layout} (parallel.*); expected the same layout, or no mesh (the trainer hands its own)"
+            f"{layout} (parallel.*); expected the same layout, or no mesh (the trainer hands its own)",
+            where=TRAINER_LAYOUT,
         )
     return None
 

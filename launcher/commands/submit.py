@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
-from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args
+from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args, option
 from ..slurm.options import SlurmOptions, check_env, check_output_dir
 from ..slurm.script import SlurmJob
 
@@ -41,7 +41,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     # told)
     add_options(p, ("nnodes", "nproc_per_node"), group=g)
     g.add_argument(
-        "--nodes", dest="nnodes", default=argparse.SUPPRESS, action=Spelled, help=argparse.SUPPRESS
+        "--nodes",
+        dest="nnodes",
+        type=argtypes.typed("--nodes", option("nnodes").read),
+        default=argparse.SUPPRESS,
+        action=Spelled,
+        help=argparse.SUPPRESS,
     )  # sbatch's
     g.add_argument(
         "--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
@@ -175,7 +180,7 @@ def check_mesh(launch: LaunchOptions, given: LaunchOptions, *, nodes: int, nproc
     mine = launch.setting("mesh").source is Source.COMMAND_LINE
     mesh = launch.mesh if mine or given.mesh is None else replace(given.mesh, where="--launch-opt=--mesh")
     if mesh is not None and nproc is not None:
-        node_cut(mesh.resolved(nodes * nproc), nproc)
+        node_cut(mesh.resolved(nodes * nproc, nodes=nodes), nproc)
     return [f"--mesh={mesh}"] if mine and mesh is not None else []
 
 
@@ -266,7 +271,12 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
         raise SlurmError(expected(args.script, "an existing script file", "SCRIPT"))
     user_args = list(args.args)
     kind, from_config, launcher = _config_settings(args.script if module else str(script), user_args, is_module=module)
-    launch = from_args(args, os.environ).with_config(launcher).with_defaults("numarun submit", nnodes="1").shown()
+    launch = (
+        from_args(args, os.environ)
+        .with_config(launcher)
+        .with_defaults("numarun submit", nnodes=argtypes.ONE_NODE)
+        .shown()
+    )
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
@@ -278,8 +288,8 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
 
     options = _with_node_gpus(
         SlurmOptions(
-            nodes=_count(launch, "nnodes", argtypes.MAX_NODES, "a node count") or 1,
-            nproc_per_node=_count(launch, "nproc_per_node", argtypes.MAX_LOCAL_RANKS, "a number of ranks"),
+            nodes=_count(launch, "nnodes", "a fixed node count") or 1,
+            nproc_per_node=_count(launch, "nproc_per_node", "a number of ranks"),
             gpus_per_node=pick("gpus_per_node"),
             partition=pick("partition"),
             time=pick("time"),
@@ -328,15 +338,14 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
     )
 
 
-def _count(options: LaunchOptions, dest: str, high: int, what: str) -> int | None:
-    """A launch option that sbatch takes as a whole number (None: not given)."""
+def _count(options: LaunchOptions, dest: str, what: str) -> int | None:
+    """A launch option that sbatch takes as a whole number, its range checked where it was read (None: not given):
+    a fixed ``--nnodes``, a number of ranks (not torchrun's words)."""
     s = options.setting(dest)
-    if s.value is None:
-        return None
-    try:
-        return argtypes.check_int(s.value, s.where, low=1, high=high)
-    except ValueError as e:
-        raise UsageError(f"{e} ({what} for sbatch)") from None
+    value = s.value.min if isinstance(s.value, argtypes.NodeRange) and not s.value.elastic else s.value
+    if value is None or isinstance(value, int):
+        return value
+    raise UsageError(f"bad {s.where} {str(s.value)!r}: expected {what} for sbatch, a whole number")
 
 
 def _made_dirs(path: Path) -> list[Path]:

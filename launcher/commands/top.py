@@ -15,24 +15,10 @@ import sys
 import time
 
 from .. import argtypes
-from ..errors import NumarunError
+from ..errors import NoStepReport
 from ..launch.hangs import Job, choose_job, describe
 from ..topology.procfs import alive
 from ..worker.steps import LIVE, LiveTable
-
-EXIT_NO_REPORT = 3
-"""The job runs, but its numarun has written no step report yet (it just started, or the report is off)."""
-
-
-class NoStepReport(NumarunError):
-    """The job runs but has no step report (yet, or it is off): exit 3, try again later; one that cannot be read
-    (another numarun's format): exit 1."""
-
-    page = "steps.md"
-
-    def __init__(self, message: str, exit_code: int = EXIT_NO_REPORT) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

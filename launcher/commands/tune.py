@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .. import argtypes, envvars
-from ..errors import NumarunError, UsageError
+from ..errors import TuneRunFailed, UsageError
 from ..fsutil import write_output
 from ..launch.child import numarun_command
 from ..options.launch import LaunchOptions, Source, add_options, from_args, from_environ, option
@@ -33,13 +33,6 @@ from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
 from ..tune.stats import Run, best, summarize, table, to_json
-
-
-class TuneRunFailed(NumarunError):
-    """A candidate's run exited non-zero."""
-
-    exit_code = 1
-
 
 _trials = argtypes.int_in("--trials", low=1, high=argtypes.MAX_COUNT)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
-from ..errors import ConfigError, TrainerLayoutError, UsageError
+from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError, UsageError
 from ..layout import Layout
 
 
@@ -226,8 +226,9 @@ def check_values(cfg: Any) -> None:
     parse_compression(cfg.comm.compression)
     Layout.of_degrees(cfg.parallel, nnodes=1, nproc_per_node=1)  # values only: the job's shape is checked with the plan
     if cfg.parallel.cp != 1:
-        raise TrainerLayoutError(
-            f"bad parallel.cp {cfg.parallel.cp!r}: context parallelism is not built; expected parallel.cp=1"
+        raise LayoutError(
+            f"bad parallel.cp {cfg.parallel.cp!r}: context parallelism is not built; expected parallel.cp=1",
+            where=TRAINER_LAYOUT,
         )
     for key in ("pp_microbatches", "pp_stages_per_rank"):
         if (value := cfg.parallel[key]) is not None and value < 1:

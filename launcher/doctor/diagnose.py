@@ -6,8 +6,6 @@ JSON-able dict (``ok`` says whether no finding is an error) that :mod:`numarun.d
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,31 +16,31 @@ from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
 from ..launch.net import resolve
 from ..options.launch import LaunchOptions
 from ..plan.request import request_from_options
+from .schedule import LinkSchedule
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The doctor's own settings (``numarun doctor``'s flags, and ``numarun run --preflight``'s), defaults here."""
+    """The doctor's own settings, typed, defaults here: built once from ``numarun doctor``'s flags, or from those
+    ``numarun run --preflight`` shares with it (:func:`numarun.commands.doctor.settings_of`)."""
 
     min_link_fraction: float = 0.5
+    """In (0, 1]: a node whose best pair, or one pair, is below this fraction of the median is slow."""
     doctor_timeout: float = 120.0
-    link_schedule: str = "auto"
+    link_schedule: LinkSchedule = LinkSchedule.AUTO
     link_seconds: float = 0.5
     nvml_record: str | None = None
     measure: bool = False
     no_measure: bool = False
 
-    @classmethod
-    def of(cls, args: argparse.Namespace) -> Settings:
-        """The settings a command's parsed flags hold (those it has no flag for at their defaults)."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
-
-def parse_nnodes(text: str) -> int:
-    low, high = argtypes.node_range(text)
-    if low != high:
-        raise UsageError(f"bad --nnodes {text!r}: expected a fixed count N (or N:N; the doctor needs one)")
-    return low
+def fixed_nodes(options: LaunchOptions) -> int:
+    """The node count the doctor checks: ``--nnodes N`` (or ``N:N``); an elastic range is refused."""
+    nnodes = options.nnodes
+    if nnodes.elastic:
+        where = options.setting("nnodes").where
+        raise UsageError(f"bad {where} {str(nnodes)!r}: expected a fixed count N (or N:N; the doctor needs one)")
+    return nnodes.min
 
 
 def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool = True) -> tuple[str, int]:
@@ -69,12 +67,6 @@ def rendezvous(options: LaunchOptions, *, port_offset: int = 0, endpoint: bool =
     return host, port + port_offset
 
 
-def check_fraction(value: float) -> float:
-    if not 0.0 < value <= 1.0:
-        raise UsageError(f"bad --min-link-fraction {value!r}: expected a number in (0, 1] such as 0.5")
-    return value
-
-
 def diagnose(
     options: LaunchOptions, settings: Settings, *, port_offset: int = 0, endpoint: bool = True
 ) -> dict[str, Any]:
@@ -83,10 +75,8 @@ def diagnose(
     from ..doctor.model import has_error
     from ..doctor.multinode import exchange
     from ..doctor.node import Inputs, run_node
-    from ..doctor.schedule import LinkSchedule
 
-    nnodes = parse_nnodes(options.nnodes or "1")
-    fraction = check_fraction(settings.min_link_fraction)
+    nnodes = fixed_nodes(options)
     node_rank = int(options.node_rank or 0)
     if nnodes > 1:
         host, port = rendezvous(options, port_offset=port_offset, endpoint=endpoint)
@@ -117,10 +107,10 @@ def diagnose(
         nnodes=nnodes,
         master_addr=host,
         master_port=port,
-        min_link_fraction=fraction,
+        min_link_fraction=settings.min_link_fraction,
         seconds=settings.link_seconds,
         timeout_s=settings.doctor_timeout,
-        schedule=LinkSchedule(settings.link_schedule),
+        schedule=settings.link_schedule,
     )
     verdict["node_rank"] = node_rank
     return verdict

@@ -6,14 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import NumarunError
-
-
-class DoctorError(NumarunError):
-    """The nodes could not complete the exchange (a node missing, a stream cut)."""
-
-    exit_code = 1
-
 
 class Severity(str, enum.Enum):
     """How bad a finding is; the command exits 1 when any finding is an error."""

@@ -38,10 +38,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from ..argtypes import host_port, parse_endpoint
-from ..errors import UsageError
+from ..errors import DoctorError, UsageError
 from ..launch.net import await_endpoint, route_address, scoped_address, sockaddr
 from .compare import compare_nodes, link_verdict, odd_nodes
-from .model import DoctorError, Finding, NodeReport, Severity, has_error, sort_findings
+from .model import Finding, NodeReport, Severity, has_error, sort_findings
 from .schedule import LinkSchedule, first_rounds, next_round, resolve
 
 log = logging.getLogger(__name__)

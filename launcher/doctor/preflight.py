@@ -5,28 +5,27 @@ Node 0's store listens one port above the job's rendezvous port, closed before t
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 
+from ..errors import PreflightFailed
 from ..options.launch import LaunchOptions
+from .diagnose import Settings
 
 log = logging.getLogger(__name__)
 
 PORT_OFFSET = 1
 
 
-def preflight(options: LaunchOptions, args: argparse.Namespace) -> int:
-    """0 when the doctor found no error (the job may start), else 1 after printing why. ``options``: the job's
-    launch options; ``args``: its command's flags, the doctor's among them."""
-    from .diagnose import Settings, diagnose
+def preflight(options: LaunchOptions, settings: Settings) -> None:
+    """The doctor on every node with the job's launch options, settled, and the doctor's ``settings``; returns when
+    no node has an error (the job may start), else prints why and raises :class:`PreflightFailed`."""
+    from .diagnose import diagnose
     from .render import render
 
     # a static rendezvous: --master-addr/--master-port name node 0
-    result = diagnose(
-        options, Settings.of(args), port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static"
-    )
+    result = diagnose(options, settings, port_offset=PORT_OFFSET, endpoint=str(options.rdzv_backend) != "static")
     node0 = result.get("node_rank", 0) == 0
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
     counts = result.get("counts") or {
@@ -38,7 +37,7 @@ def preflight(options: LaunchOptions, args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 0
+        return
     if node0:
         sys.stderr.write(render(result))
     exclude = result.get("exclude") or ""
@@ -49,12 +48,7 @@ def preflight(options: LaunchOptions, args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    print(
-        f"numarun: error: preflight found {counts['error'] or 'node'} error(s): the job was not started",
-        file=sys.stderr,
-        flush=True,
-    )
-    return 1
+    raise PreflightFailed(f"preflight found {counts['error'] or 'node'} error(s): the job was not started")
 
 
 def _all_findings(result: dict) -> list[dict]:

@@ -8,32 +8,18 @@ only torchrun's agent does, and builds the environment torchrun gives its worker
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..argtypes import node_range
-from ..errors import UsageError
+from ..argtypes import NodeRange
+from ..errors import JobConflict, UsageError
 from ..options.launch import Setting
 from .model import JobShape, Mode, Scheduler
 from .slurm import node_order, rendezvous_port
 
 TORCHRUN_DEFAULT_PORT = 29500
 """The port torchrun gives a static rendezvous without --master-port (torch.distributed.run.config_from_args)."""
-
-
-class JobConflict(UsageError):
-    """An explicit option contradicts the job the scheduler started.
-
-    ``node_varying``: the conflict may hold on some nodes only (``--node-rank``), so the other
-    nodes, which see nothing wrong, must be told to stop."""
-
-    page = "slurm.md"
-
-    def __init__(self, message: str, *, node_varying: bool = False) -> None:
-        super().__init__(message)
-        self.node_varying = node_varying
 
 
 Stated = Mapping[str, Setting]
@@ -68,12 +54,12 @@ class NodeRendezvous:
     def options(self, master_addr: str | None = None) -> dict[str, object]:
         """torchrun option dests to set (``master_addr`` fills a head address found since)."""
         if self.own_rendezvous:
-            return {"nnodes": str(self.nnodes)}
+            return {"nnodes": NodeRange.of(self.nnodes)}
         addr = self.master_addr or master_addr
         if addr is None:
             raise UsageError(f"no address for the head node {self.head!r}: expected --master-addr HOST")
         return {
-            "nnodes": str(self.nnodes),
+            "nnodes": NodeRange.of(self.nnodes),
             "node_rank": self.node_rank,
             "rdzv_backend": "static",
             "master_addr": addr,
@@ -87,13 +73,9 @@ def _who(shape: JobShape) -> str:
 
 
 def _check_nnodes(shape: JobShape, stated: Stated) -> None:
-    nnodes = _stated(stated, "nnodes")
-    if nnodes is None:
+    nnodes: NodeRange | None = _stated(stated, "nnodes")
+    if nnodes is None or shape.nnodes in nnodes:
         return
-    with contextlib.suppress(UsageError):
-        low, high = node_range(nnodes)
-        if low <= shape.nnodes <= high:
-            return
     tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
     flag = _flag(stated, "nnodes")
     raise JobConflict(

@@ -1,8 +1,9 @@
 """The one way into planning, for ``run``, ``plan``, ``doctor`` and ``tune``: the job a command runs in
 (a Slurm step, mpirun), the options settled against it, and the plan of this node or of this task.
 
-:func:`detect_job` reads the scheduler's shape (:mod:`numarun.jobenv`); :func:`settle` gives per-node
-mode the rendezvous the job implies; :class:`Planner` plans (a plan file, this node, or the node
+:func:`detect_job` reads the scheduler's shape (:mod:`numarun.jobenv`); :func:`settle` settles the options
+against it, once per launch: per-node mode's rendezvous the job implies, per-rank mode's the tasks share (and the
+node they agree on); :class:`Planner` plans (a plan file, this node, or the node
 every task of per-rank mode plans alike, with this task's binding); :func:`refuse` makes a conflict
 end the whole job, not only the task that saw it.
 """
@@ -18,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import UsageError
+from ..argtypes import NodeRange, parse_endpoint
+from ..errors import JobConflict, UsageError
 from ..jobenv import JobShape, Mode, Scheduler, detect
 from ..jobenv.container import Container, detect_container
-from ..jobenv.settle import JobConflict, NodeRendezvous, own_rendezvous, settle_node
-from ..options.launch import LaunchOptions
+from ..jobenv.settle import NodeRendezvous, check_rank, own_rendezvous, rank_master, settle_node
+from ..options.launch import DECLARED, LaunchOptions
 from ..plan.model import LaunchPlan
 from ..topology.model import Topology
 
@@ -44,14 +46,37 @@ def detect_job(options: LaunchOptions) -> tuple[JobShape | None, LaunchOptions]:
     return job, options.with_job_env(os.environ) if job is not None else options
 
 
+@dataclass(frozen=True)
+class Settled:
+    """Step 3 of a launch: the options settled against the job a scheduler started, and what settling found."""
+
+    options: LaunchOptions
+    job: JobShape | None = None
+    """The job, as settled (per-rank mode: on the node the ranks agreed this task is on); None: no scheduler's."""
+    rendezvous: NodeRendezvous | None = None
+    """Per-node mode: torchrun's rendezvous for this node."""
+    now: str = ""
+    """Per-rank mode: Hydra's clock the ranks agreed on ('' when not asked for)."""
+
+
 def settle(
-    options: LaunchOptions, job: JobShape, environ: Mapping[str, str] | None = None, *, layout: bool = False
-) -> tuple[LaunchOptions, NodeRendezvous]:
-    """Per-node mode: the options with the rendezvous the job implies (static, Slurm's node order). ``layout``: a
-    layout comes later though no mesh is stated (numarun's trainer hands its own)."""
+    options: LaunchOptions,
+    job: JobShape,
+    environ: Mapping[str, str] | None = None,
+    *,
+    layout: bool = False,
+    agree: bool = True,
+    clock: bool = False,
+) -> Settled:
+    """The options against ``job``, the one settling of every launch. Per-node mode: the rendezvous the job implies
+    (static, Slurm's node order); ``layout``: a layout comes later though no mesh is stated (numarun's trainer hands
+    its own). Per-rank mode: the rendezvous every task shares and, with ``agree`` (not a dry run), the node each is
+    on and Hydra's clock (``clock``), which the ranks agree on where no variable says."""
+    env = os.environ if environ is None else environ
+    if job.mode is Mode.PER_RANK:
+        return _settle_rank(options, job, env, agree=agree, clock=clock)
     from .slurmctld import gather, head_address
 
-    env = os.environ if environ is None else environ
     stated = options.stated()
     own = own_rendezvous(stated)
     rdv = settle_node(job, stated)  # conflicts first, before asking Slurm anything
@@ -66,7 +91,35 @@ def settle(
     addr = rdv.master_addr
     if addr is None:
         addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
-    return options.with_job(rdv.options(addr), job.describe().split(":")[0]), rdv
+    return Settled(options.with_job(rdv.options(addr), job.describe().split(":")[0]), job, rdv)
+
+
+def _settle_rank(
+    options: LaunchOptions, job: JobShape, environ: Mapping[str, str], *, agree: bool, clock: bool
+) -> Settled:
+    """Per-rank mode: the options against the job (nothing asks for torchrun's agent), the rendezvous every task
+    shares, and the node the ranks agree on where the scheduler does not say (an MPI launcher)."""
+    stated, per_rank = options.stated(), {o.dest for o in DECLARED if o.per_rank}
+    check_rank(job, stated, per_rank=per_rank)
+    addr, port = rank_master(job, stated)
+    if addr is None:
+        from .slurmctld import head_addr
+
+        addr = "127.0.0.1" if job.nnodes == 1 else head_addr(environ, job.nodes[0])
+    now = ""
+    if agree:  # the node and Hydra's clock, where no variable says: one for every rank
+        from .rank import agree as agreed
+
+        job, now = agreed(job, addr, port, clock=clock)
+        check_rank(job, stated, per_rank=per_rank)
+    addr = parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
+    # the node: a dry run may not know it
+    node = {"nnodes": NodeRange.of(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
+    settled = options.with_job(
+        {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
+        job.describe().split(":")[0],
+    )
+    return Settled(settled, job, now=now)
 
 
 def refuse(job: JobShape, error: JobConflict, options: LaunchOptions) -> int:
@@ -94,8 +147,6 @@ def refuse(job: JobShape, error: JobConflict, options: LaunchOptions) -> int:
                 )
                 print(f"numarun: cancelled Slurm step {job.job}: {who} refused to start", file=sys.stderr, flush=True)
         return 2
-    from ..jobenv.settle import rank_master
-
     addr, port = rank_master(job, options.stated()) if job.nnodes > 1 else (None, 0)
     if addr is None and job.nodes:
         from .slurmctld import head_addr

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..envvars import SLURM_INFO
-from ..errors import SlurmError
+from ..errors import ControllerError
 from ..jobenv.slurm import parse_leaf_switches, parse_node_addrs
 from .net import resolve
 
@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 SCONTROL_TIMEOUT_S = 30.0
 """Bound on every ``scontrol`` call from a node (a wedged slurmctld must not hang the job)."""
 INFO_LIMIT = 64 << 20
-
-
-class ControllerError(SlurmError):
-    """slurmctld did not answer a question whose answer every node must agree on."""
 
 
 def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..argtypes import host_port, parse_endpoint
+from ..argtypes import ONE_NODE, NodeRange, host_port, parse_endpoint
 from ..envvars import NODE_KEY, RDZV_MARGIN
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
@@ -67,8 +67,7 @@ class LaunchSpec:
 
     target: Target
     nproc_per_node: int
-    nnodes: str = "1:1"
-    """``N`` or ``MIN:MAX``."""
+    nnodes: NodeRange = ONE_NODE
     node_rank: int = 0
     rdzv_backend: str = "static"
     rdzv_endpoint: str = ""
@@ -100,7 +99,7 @@ class LaunchSpec:
     # --- what numarun reads from the launch ---
     @property
     def max_nodes(self) -> int:
-        return int(self.nnodes.split(":")[-1])
+        return self.nnodes.max
 
     @property
     def multi_node(self) -> bool:
@@ -144,7 +143,7 @@ class LaunchSpec:
     def node_label(self) -> str | None:
         """This node's name in a multi-node job's run dir (None for one node): ``node<rank>`` under a
         static rendezvous, where the rank is fixed; else host and pid (ranks come at rendezvous)."""
-        if self.nnodes in ("1", "1:1"):
+        if self.nnodes == ONE_NODE:
             return None
         if self.rdzv_backend == "static":
             return f"node{self.node_rank}"
@@ -155,7 +154,7 @@ class LaunchSpec:
         """torchrun's argv (without the program name). ``log_dir``: torchelastic's logs when the user
         gave none (numarun's private directory, removed with it)."""
         out = [f"--nproc-per-node={self.nproc_per_node}"]
-        if self.nnodes != "1:1":
+        if self.nnodes != ONE_NODE:
             out.append(f"--nnodes={self.nnodes}")
         if self.node_rank:
             out.append(f"--node-rank={self.node_rank}")
@@ -218,7 +217,7 @@ def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, 
     spec = LaunchSpec(
         target=target,
         nproc_per_node=nproc_per_node,
-        nnodes=options.nnodes or "1:1",
+        nnodes=options.nnodes,
         node_rank=options.node_rank or 0,
         rdzv_backend=options.rdzv_backend or "static",
         rdzv_endpoint=host_port(*parse_endpoint(options.rdzv_endpoint, "--rdzv-endpoint"))

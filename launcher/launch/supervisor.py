@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import envvars, ledger, torch_private
-from ..errors import NumarunError
+from ..errors import RunFailed
 from ..fsutil import write_atomic
 from . import net, oom, reaper, signals
 from .abort import AbortWatch
@@ -51,14 +51,6 @@ SIGNAL_GRACE_S = 5.0
 TICK_S = 0.5
 STOP_HOLD_S = 60.0
 """How long the main thread waits for the loop's exit once a hang stop began (it ends the process long before)."""
-
-
-class RunFailed(NumarunError):
-    """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @contextlib.contextmanager

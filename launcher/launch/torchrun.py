@@ -1,8 +1,8 @@
-"""torchrun's options as numarun takes them: the parser, the program to run, every check.
+"""torchrun's options as numarun takes them: the program to run (:class:`Target`), every check, the workers' variables.
 
-``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` parses torchrun's options as
+``numarun [run] [torchrun options] SCRIPT|-m MODULE [args...]`` takes torchrun's options as
 torchrun's own parser declares them (read once per torch version: :func:`numarun.options.torchrun.torchrun_record`, so
-every spelling torchrun accepts is accepted, and help screens need no torch) and adds numarun's.
+every spelling torchrun accepts is accepted, and help screens need no torch), typed by the options layer.
 :func:`check_torchrun_options`
 refuses, in one line, every value torchrun would only reject later with a traceback, or
 ignore; :mod:`numarun.launch.spec` turns the checked options into the launch spec whose argv
@@ -13,7 +13,6 @@ torchrun runs, with this package's worker bootstrap as its entrypoint::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shlex
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ascii_digits, node_range
+from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ONE_NODE, ascii_digits
 from ..envvars import PLAN, STRICT_BINDING, USER_ENV
 from ..errors import UsageError
 from ..plan.model import DERIVED_ENV, LaunchPlan
@@ -36,14 +35,6 @@ log = logging.getLogger(__name__)
 
 ENTRY_FILE = str(Path(__file__).resolve().parent.parent / "worker" / "entry.py")
 """The worker entry point, run by path so that nothing on ``sys.path`` can shadow it."""
-
-
-def add_run_options(parser: argparse.ArgumentParser) -> None:
-    """numarun's own ``run`` options, next to torchrun's and the planning ones."""
-    group = parser.add_argument_group("numarun")
-    group.add_argument(
-        "--dry-run", action="store_true", help="print the plan and the equivalent torchrun command; run nothing"
-    )
 
 
 @dataclass(frozen=True)
@@ -59,33 +50,24 @@ class Target:
         flag = {"module": ["--module"], "exec": ["--no-python"]}.get(self.kind, [])
         return [*flag, self.name, *self.args]
 
-
-def target_from_args(args: argparse.Namespace) -> Target:
-    """The user's program from torchrun's positional/flag options; checks it exists."""
-    if getattr(args, "run_path", False):
-        raise UsageError(
-            "bad option '--run-path': numarun runs each worker in its own process to bind it; expected it left out"
-        )
-    if getattr(args, "virtual_local_rank", False):
-        raise UsageError(
-            "bad option '--virtual-local-rank': every rank would read local rank 0's binding; expected it left out"
-        )
-    name = args.training_script
-    script_args = tuple(args.training_script_args)
-    if args.module and args.no_python:
-        raise UsageError("bad options '--module' with '--no-python': expected at most one of them")
-    if args.module:
-        check_module(name)
-        return Target("module", name, script_args)
-    if args.no_python:
-        if shutil.which(name) is None:
-            raise UsageError(
-                f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one"
-            )
-        return Target("exec", name, script_args)
-    if not os.path.isfile(name):
-        raise UsageError(f"bad script {name!r}: no such file; expected a path to a Python script (or -m MODULE)")
-    return Target("script", name, script_args)
+    @classmethod
+    def of(cls, name: str, args: tuple[str, ...], *, module: bool, no_python: bool) -> Target:
+        """The user's program, as torchrun's ``-m``/``--no-python`` say what it is; checked to exist (a module
+        importable as the workers will import it, a program on PATH, a script file)."""
+        if module and no_python:
+            raise UsageError("bad options '--module' with '--no-python': expected at most one of them")
+        if module:
+            check_module(name)
+            return cls("module", name, args)
+        if no_python:
+            if shutil.which(name) is None:
+                raise UsageError(
+                    f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one"
+                )
+            return cls("exec", name, args)
+        if not os.path.isfile(name):
+            raise UsageError(f"bad script {name!r}: no such file; expected a path to a Python script (or -m MODULE)")
+        return cls("script", name, args)
 
 
 def check_module(name: str) -> None:
@@ -268,14 +250,15 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
     ``--shutdown-timeout``, ``--event-log-handler``, ``--logs-specs``, ``--role``. The addresses are read
     (one parser, :func:`numarun.argtypes.parse_endpoint`) and resolved where the spec is built.
     """
-    nnodes = str(options.get("nnodes", "1"))
-    high = node_range(nnodes)[1]
+    nnodes = options.get("nnodes") or ONE_NODE
     backend = options.get("rdzv_backend", "static")
     if backend not in RDZV_BACKENDS:
         raise UsageError(f"bad --rdzv-backend {backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
     node_rank = _int_option(options, "node_rank", "--node-rank", low=0, cap=MAX_NODES - 1)
-    if node_rank is not None and node_rank >= high:
-        raise UsageError(f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {high - 1})")
+    if node_rank is not None and node_rank >= nnodes.max:
+        raise UsageError(
+            f"bad --node-rank {node_rank}: expected a node rank below --nnodes {nnodes} (0 to {nnodes.max - 1})"
+        )
     _int_option(options, "max_restarts", "--max-restarts", low=0, cap=MAX_COUNT)
     _int_option(options, "shutdown_timeout", "--shutdown-timeout", low=1, cap=MAX_SECONDS)
     port = _int_option(options, "master_port", "--master-port", low=1, high=65535)

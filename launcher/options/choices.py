@@ -4,10 +4,10 @@ the watchdog's default and exit code, torchrun's words for ``--nproc-per-node``.
 
 from __future__ import annotations
 
-import argparse
 import enum
 
-from ..argtypes import MAX_LOCAL_RANKS, seconds
+from ..argtypes import MAX_LOCAL_RANKS, duration
+from ..errors import UsageError
 
 
 class BindingMode(str, enum.Enum):
@@ -73,7 +73,7 @@ class StepReport(str, enum.Enum):
     """No recorder in the ranks, no report."""
 
 
-parse_hang_timeout = seconds("--hang-timeout", above=False)
+parse_hang_timeout = duration(above=False)
 """``--hang-timeout``'s reader (its declaration: :mod:`numarun.options.launch`)."""
 
 
@@ -81,7 +81,7 @@ NPROC_KEYWORDS = ("auto", "cpu", "gpu", "xpu")
 """torchrun's words for ``--nproc-per-node`` (torch.distributed.run.determine_local_world_size)."""
 
 
-def parse_nproc(text: str) -> int | str | None:
+def parse_nproc(text: str, where: str) -> int | str | None:
     """``"4"`` -> 4; torchrun's ``auto``/``cpu``/``gpu``/``xpu`` kept as words (the plan resolves them)."""
     if text in NPROC_KEYWORDS:
         return text
@@ -91,8 +91,8 @@ def parse_nproc(text: str) -> int | str | None:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
-        raise argparse.ArgumentTypeError(
-            f"bad --nproc-per-node {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
+        raise UsageError(
+            f"bad {where} {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "
             f"or one of {', '.join(NPROC_KEYWORDS)}"
         )
     return value

@@ -25,9 +25,9 @@ import enum
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import argtypes, envvars
 from ..errors import UsageError
@@ -106,11 +106,12 @@ class Option:
     flags: tuple[str, ...] = ()
     """Its spellings, the first ``--`` one named in messages; () adopts torchrun's option of that dest."""
     default: Any = None
-    parse: Callable[[str], Any] | None = None
-    """Text (a flag's, a variable's, a config value's) to value; raises with ``expected ...`` in its message."""
-    parse_at: Callable[[str, str], Any] | None = None
-    """(text, where it came from) to value, for a reader whose errors name the source and their page themselves (the
-    layout's): a flag's text too is read by :func:`from_args`, not by argparse."""
+    parse: argtypes.Reader[Any] | None = None
+    """Its text (a flag's, a variable's, a config value's) to its value, the error naming where the text came from;
+    None: the text is the value."""
+    read_late: bool = False
+    """Its flag's text too is read by :func:`from_args`, not by argparse: the reader's error names its docs page (the
+    layout's), which argparse's line would leave out."""
     help: str = ""
     metavar: str | None = None
     switch: bool = False
@@ -148,17 +149,7 @@ class Option:
         one."""
         if self.switch:
             return read_switch(raw, where, torchrun=self.owner != "numarun")
-        if self.parse_at is not None:
-            return self.parse_at(str(raw), where)
-        if self.parse is None:
-            return str(raw)
-        try:
-            return self.parse(str(raw))
-        except (argparse.ArgumentTypeError, UsageError, TypeError, ValueError) as e:
-            msg = str(e)
-            kind = {int: "an integer", float: "a number"}.get(self.parse, f"a value {self.flag} takes")  # type: ignore[call-overload]
-            expected = msg[msg.index("expected") :] if "expected" in msg else f"expected {kind}"
-            raise UsageError(f"bad {where} {str(raw)!r}: {expected}") from None
+        return str(raw) if self.parse is None else self.parse(str(raw), where)
 
     def argtype(self, text: str) -> Any:
         """:meth:`read` as argparse's ``type=``."""
@@ -178,7 +169,7 @@ class Option:
         how: dict[str, Any] = (
             {"action": "store_false" if self.default else "store_true"}
             if self.switch
-            else {"type": self.argtype if self.parse_at is None else str, "metavar": self.metavar, "action": Spelled}
+            else {"type": str if self.read_late else self.argtype, "metavar": self.metavar, "action": Spelled}
         )
         text = self.help_text() if self.owner == "numarun" else self.help
         parser.add_argument(*self.flags, dest=self.dest, default=argparse.SUPPRESS, help=text, **how)
@@ -194,10 +185,23 @@ def _choices(kind: type[enum.Enum]) -> str:
     return ", ".join(m.value for m in kind)
 
 
-def _log_level(text: str) -> str:
+def _log_level(text: str, where: str) -> str:
     if not isinstance(logging.getLevelName(text.upper()), int):
-        raise ValueError("expected DEBUG, INFO, WARNING or ERROR")
+        raise UsageError(f"bad {where} {text!r}: expected DEBUG, INFO, WARNING or ERROR")
     return text.upper()
+
+
+def _number(kind: type[int] | type[float]) -> argtypes.Reader[Any]:
+    """The reader of a torchrun option its parser types ``int`` or ``float``."""
+    what = "an integer" if kind is int else "a number"
+
+    def read(text: str, where: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError:
+            raise UsageError(f"bad {where} {text!r}: expected {what}") from None
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -229,14 +233,16 @@ class LaunchOptions:
         default_text="one per visible GPU, or 1 without GPUs",
         help="local ranks: a number, or torchrun's auto (one per GPU, else per CPU), gpu, cpu or xpu",
     )
-    nnodes: str | None = declare(config=int, per_rank=True)
+    nnodes: argtypes.NodeRange = declare(
+        default=argtypes.ONE_NODE, parse=argtypes.node_range, config=int, per_rank=True
+    )
     node_rank: int | None = declare(config=int, per_rank=True)
     binding: BindingMode = declare(
         "--binding",
         "--numa-binding",
         "--numa_binding",
         default=BindingMode.EXCLUSIVE,
-        parse=argtypes.choice(BindingMode, "--binding"),
+        parse=argtypes.member(BindingMode),
         config=str,
         per_rank=True,
         planning=True,
@@ -246,7 +252,7 @@ class LaunchOptions:
     mem_policy: MemPolicy = declare(
         "--mem-policy",
         default=MemPolicy.BIND,
-        parse=argtypes.choice(MemPolicy, "--mem-policy"),
+        parse=argtypes.member(MemPolicy),
         config=str,
         per_rank=True,
         planning=True,
@@ -256,7 +262,7 @@ class LaunchOptions:
     nic_policy: NicPolicy = declare(
         "--nic-policy",
         default=NicPolicy.NODE,
-        parse=argtypes.choice(NicPolicy, "--nic-policy"),
+        parse=argtypes.member(NicPolicy),
         config=str,
         per_rank=True,
         planning=True,
@@ -266,7 +272,8 @@ class LaunchOptions:
     )
     mesh: Layout | None = declare(
         "--mesh",
-        parse_at=Layout.parse,
+        parse=Layout.parse,
+        read_late=True,
         config=str,
         per_rank=True,
         planning=True,
@@ -277,9 +284,7 @@ class LaunchOptions:
         "dp_shard's and dp_replicate's (docs/layouts.md)",
     )
     master_addr: str | None = declare(config=str, per_rank=True, job_env="MASTER_ADDR")
-    master_port: int | None = declare(
-        parse=argtypes.port("--master-port"), config=int, per_rank=True, job_env="MASTER_PORT"
-    )
+    master_port: int | None = declare(parse=argtypes.PORT, config=int, per_rank=True, job_env="MASTER_PORT")
     rdzv_backend: str | None = declare()
     rdzv_endpoint: str | None = declare(config=str)
     rdzv_id: str | None = declare(config=str)
@@ -305,7 +310,7 @@ class LaunchOptions:
     on_hang: OnHang = declare(
         "--on-hang",
         default=OnHang.REPORT,
-        parse=argtypes.choice(OnHang, "--on-hang"),
+        parse=argtypes.member(OnHang),
         config=str,
         metavar="ACTION",
         help=f"after the roll-call: report (keep running) or stop (end the job, exit code {EXIT_HANG})",
@@ -313,7 +318,7 @@ class LaunchOptions:
     step_report: StepReport = declare(
         "--step-report",
         default=StepReport.ON,
-        parse=argtypes.choice(StepReport, "--step-report"),
+        parse=argtypes.member(StepReport),
         config=str,
         metavar="ON|OFF",
         help="record where each rank's step time goes and, at the end, say which rank holds the job back and why "
@@ -338,7 +343,7 @@ class LaunchOptions:
     watch_interval: float | None = declare(
         "--watch-interval",
         env=None,
-        parse=argtypes.seconds("--watch-interval", above=False),
+        parse=argtypes.duration(above=False),
         launch=False,
         metavar="SECONDS",
         help="seconds between the binding watcher's checks in every rank (default 30)",
@@ -497,7 +502,7 @@ def _table() -> dict[str, Option]:
             r["dest"],
             tuple(r["flags"]),
             default,
-            kind,
+            _number(kind) if kind else None,
             help=r["help"] or "",
             metavar=r["metavar"],
             switch=r["nargs"] == 0,
@@ -505,11 +510,12 @@ def _table() -> dict[str, Option]:
         )
         own = declared.get(r["dest"])
         if own is not None and not own.flags:  # adopted: torchrun's flags and default, numarun's additions
+            parse = own.parse or torch.parse
             torch = dataclasses.replace(
                 own,
                 flags=torch.flags,
-                default=torch.default,
-                parse=own.parse or kind,
+                default=parse(default, torch.owner) if parse and isinstance(default, str) else default,  # as argparse
+                parse=parse,
                 help=torch.help,
                 metavar=torch.metavar,
                 switch=torch.switch,
@@ -585,7 +591,7 @@ def _from(taken: Sequence[Option], typed: Mapping[str, Any], environ: Mapping[st
     for f in taken:
         text = environ.get(f.variable, "").strip() if f.variable else ""
         flag = spelled.get(f.dest, f.flag)
-        value = f.read(typed[f.dest], flag) if f.dest in typed and f.parse_at is not None else typed.get(f.dest)
+        value = f.read(typed[f.dest], flag) if f.dest in typed and f.read_late else typed.get(f.dest)
         settings[f.dest] = resolve(
             Setting(value, Source.COMMAND_LINE, flag) if f.dest in typed else None,
             Setting(f.read(text, f.variable), Source.ENVIRONMENT, f.variable) if text else None,
@@ -598,6 +604,20 @@ def from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchOpt
     """The options of a command whose parser :func:`add_options` set up: the command line, the environment, the
     defaults."""
     return _from(vars(args).get("launch_options", ()), vars(args), environ)
+
+
+def from_argv(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[LaunchOptions, list[str]]:
+    """The options a ``numarun run`` command line states (its launch options and ``--log-level``; a sweep's jobs are
+    handed theirs so), with the environment and the defaults; and the arguments that are none of them, as given."""
+    parser = argparse.ArgumentParser(add_help=False, prog="numarun")
+    add_options(parser, (*launch_dests(), "log_level"))
+
+    def refuse(message: str) -> NoReturn:
+        raise UsageError(f"bad launcher options {' '.join(argv)!r}: {message}; expected 'numarun run' options")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    args, rest = parser.parse_known_args(list(argv))
+    return from_args(args, environ), rest
 
 
 def from_environ(dests: Iterable[str], environ: Mapping[str, str]) -> LaunchOptions:

@@ -12,8 +12,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..argtypes import node_range
-from ..layout import PRIORITY, Layout, LayoutError, NodeCut, mesh_groups, node_cut
+from ..argtypes import NodeRange
+from ..errors import LayoutError
+from ..layout import PRIORITY, Layout, NodeCut, mesh_groups, node_cut
 from ..topology.links import GpuLinks, Link, gpu_links, nvlink_domain, nvlink_islands, pcie_switches
 from ..topology.model import Gpu, Topology, link_rank
 from ..topology.pci import pci_order
@@ -32,42 +33,32 @@ class MeshChoice:
     warnings: tuple[str, ...] = ()
 
 
-def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: str) -> tuple[Layout, NodeCut, int]:
+def resolve_on_nodes(spec: Layout, *, nproc: int, nnodes: NodeRange) -> tuple[Layout, NodeCut, int]:
     """(the layout, where the node boundary cuts it, the node count or 0 when it is elastic).
 
     An elastic ``--nnodes MIN:MAX`` has no world size before the nodes meet: the layout must then size its
     outermost dimension larger than 1 with -1 (the rest grows with the nodes), and its inner dimensions must
     fit one node."""
-    low, high = node_range(nnodes)
-    if low == high:
-        world = low * nproc
-        what = f"{low} node{'s' if low != 1 else ''} x {nproc} rank{'s' if nproc != 1 else ''}" if low > 1 else ""
-        layout = _resolve(spec, world, what)
-        return layout, node_cut(layout, nproc), low
+    if not nnodes.elastic:
+        layout = spec.resolved(nnodes.min * nproc, nodes=nnodes.min)
+        return layout, node_cut(layout, nproc), nnodes.min
     rest = spec.rest
     big = [n for n, s in zip(spec.names, spec.shape) if s not in (1, -1)]
     outer = spec.names[: spec.names.index(rest)] if rest is not None else ()
     if rest is None or any(n in big for n in outer):
         raise LayoutError(
             f"bad {spec.where} {spec.text!r} with --nnodes {nnodes}: the world size is known only once the nodes meet; "
-            "expected -1 for the outermost dimension larger than 1 (it takes the nodes there are), or a fixed --nnodes"
+            "expected -1 for the outermost dimension larger than 1 (it takes the nodes there are), or a fixed --nnodes",
+            where=spec.where,
         )
     if nproc % spec.known:
         raise LayoutError(
             f"bad {spec.where} {spec.text!r}: the sizes inside -1 multiply to {spec.known}, which does not "
-            f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node"
+            f"divide the {nproc} ranks per node; expected a layout whose other sizes fit one node",
+            where=spec.where,
         )
-    layout = spec.resolved(high * nproc)
+    layout = spec.resolved(nnodes.max * nproc)
     return layout, node_cut(layout, nproc), 0
-
-
-def _resolve(spec: Layout, world: int, what: str) -> Layout:
-    try:
-        return spec.resolved(world)
-    except LayoutError as e:
-        if not what:
-            raise
-        raise LayoutError(str(e).replace(f"the job has {world} ranks", f"the job has {world} ranks ({what})")) from None
 
 
 def _code_key(code: str) -> tuple[int, int]:

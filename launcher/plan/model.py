@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import envvars
-from ..errors import PlanError
-from ..jsonable import SchemaError, from_jsonable, to_jsonable
+from ..argtypes import ONE_NODE, NodeRange
+from ..errors import PlanError, SchemaError
+from ..jsonable import from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 from ..layout import Layout
 from ..options.choices import BindingMode, MemPolicy, NicPolicy
@@ -41,7 +42,7 @@ class PlanRequest:
     nic_policy: NicPolicy = option("nic_policy").default
     allowed_gpu_minors: tuple[int, ...] | None = None  # what the device cgroup lets ranks open (None: all)
     mesh: Layout | None = None  # the parallel layout as declared (its source in its messages), None: none
-    nnodes: str = "1"  # torchrun's --nnodes (N or MIN:MAX): the layout spans that many nodes
+    nnodes: NodeRange = ONE_NODE  # torchrun's --nnodes: the layout spans that many nodes
     keep_gpus: bool = False  # the scheduler fixed each rank's GPU: the layout is recorded, not placed
 
 

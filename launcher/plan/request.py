@@ -56,7 +56,7 @@ def request_from_options(options: LaunchOptions, environ: Mapping[str, str]) -> 
     """The request of the planning options in environment ``environ``."""
     return PlanRequest(
         mesh=options.mesh,
-        nnodes=options.nnodes or "1",
+        nnodes=options.nnodes,
         nproc_per_node=options.nproc_per_node,
         binding=options.binding,
         mem_policy=options.mem_policy,

@@ -9,7 +9,6 @@ defaults. While jobs run, the process's signal loop has the queue stop them or p
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
 import json
@@ -27,14 +26,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import envvars, tables
+from ..argtypes import ONE_NODE
 from ..cpuset import format_list
 from ..errors import NumarunError, UsageError
 from ..launch.child import numarun_command
-from ..options.launch import PLANNING, LaunchOptions, Source, add_options, from_args, launch_dests
+from ..options.launch import PLANNING, LaunchOptions, Source, from_argv
 from ..plan.pack import Slot, confined_cpus, pack, slot_topology
+
+if TYPE_CHECKING:
+    from ..launch.torchrun import Target
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +56,12 @@ class Job:
     """(where, ((key, value), ...)) of each job-config source, the later winning: the trainer's ``launcher`` group,
     the launcher's own ``nproc_per_node``."""
 
-    def launch_options(self, environ: Mapping[str, str]) -> tuple[LaunchOptions, argparse.Namespace, list[str]]:
-        """(the job's launch options, the other parsed ``numarun run`` options, those this parser does not know)."""
-        args, rest = _parse(self.options)
-        options = from_args(args, environ)
+    def launch_options(self, environ: Mapping[str, str]) -> tuple[LaunchOptions, list[str]]:
+        """(the job's launch options, the ``numarun run`` options that are not launch options, as given)."""
+        options, rest = from_argv(self.options, environ)
         for where, values in self.config:
             options = options.with_config(dict(values), prefix=where)
-        return options, args, rest
+        return options, rest
 
 
 SET_BY_SLURM = frozenset(
@@ -80,28 +82,16 @@ SET_BY_SWEEP = SET_BY_SLURM | set(PLANNING)
 """Launch options a job on one node does not pass on: its plan holds the planning ones, the sweep sets the rest."""
 
 
-def _parse(options: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(``numarun run``'s launch options and ``--log-level``, the other options as given)."""
-
-    def refuse(message: str) -> None:
-        raise UsageError(f"bad launcher options {' '.join(options)!r}: {message}; expected 'numarun run' options")
-
-    parser = argparse.ArgumentParser(add_help=False, prog="numarun")
-    add_options(parser, (*launch_dests(), "log_level"))
-    parser.error = refuse  # type: ignore[method-assign,assignment]
-    return parser.parse_known_args(list(options))
-
-
 def _common(settings: dict[str, Any]) -> list[str]:
     """The options of every job: the launcher's, then those given to ``numarun SCRIPT -m``."""
     return [*(settings.get("options") or ()), *json.loads(os.environ.get(envvars.SWEEP_OPTIONS) or "[]")]
 
 
-def forwarded(args: argparse.Namespace, script: str) -> list[str]:
-    """The options given to ``numarun [OPTIONS] SCRIPT -m ...`` that each job of the sweep takes."""
-    argv = list(getattr(args, "argv", None) or ())
-    given = argv[: argv.index(script)] if script in argv else []
-    level = ["--log-level", args.log_level] if getattr(args, "log_level", None) else []
+def forwarded(argv: Sequence[str], script: str, log_level: str | None) -> list[str]:
+    """The options given to ``numarun [OPTIONS] SCRIPT -m ...`` (``argv``: as typed after ``run``) that each job of
+    the sweep takes, and numarun's ``log_level`` (it may come before ``run``)."""
+    given = list(argv[: list(argv).index(script)]) if script in argv else []
+    level = ["--log-level", log_level] if log_level else []
     return level + [a for a in given if a not in ("-m", "--module", "--dry-run")]
 
 
@@ -123,9 +113,9 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     )
     options = job.launch_options(os.environ)[0]
     nnodes = options.setting("nnodes")
-    if nnodes.source > Source.DEFAULT and str(nnodes.value) not in ("1", "1:1"):
+    if nnodes.value != ONE_NODE:
         raise UsageError(
-            f"bad {nnodes.where} {nnodes.value!r} in a sweep on one node: expected 1 "
+            f"bad {nnodes.where} {str(nnodes.value)!r} in a sweep on one node: expected 1 "
             "(hydra/launcher=numarun_slurm runs jobs of several nodes)"
         )
     ranks = options.nproc_per_node
@@ -186,10 +176,10 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     try:
         from ..topology.discover import load_topology
 
-        given = Job(0, (), 1, tuple(_common(settings))).launch_options(os.environ)
-        topology = None if slurm else load_topology(given[0].topology)
+        given = Job(0, (), 1, tuple(_common(settings))).launch_options(os.environ)[0]
+        topology = None if slurm else load_topology(given.topology)
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
-        if given[0].show_sources:
+        if given.show_sources:
             for job in jobs:
                 sys.stderr.write(
                     f"# job #{job.idx} ({' '.join(job.overrides)})\n" + job.launch_options(os.environ)[0].describe()
@@ -257,7 +247,7 @@ def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: st
     alone under binding none)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
 
-    options, _, rest = job.launch_options(os.environ)
+    options, rest = job.launch_options(os.environ)
     plan = _plan(job, options, slot, topology)
     env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
     env.update(
@@ -391,8 +381,8 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is made before
     the first starts. While they run, the process's signal loop has the queue act (:class:`_Queue`); stopped by a
     signal, it raises once every job has ended (exit 128+N)."""
+    from ..errors import RunFailed
     from ..launch import signals
-    from ..launch.supervisor import RunFailed
 
     slots = list(
         pack(
@@ -477,7 +467,7 @@ def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict
             f"group=range(0,{len(groups)})",
         ]
     else:
-        options, _, rest = jobs[0].launch_options(os.environ)
+        options, rest = jobs[0].launch_options(os.environ)
         given = options.flags(Source.COMMAND_LINE, Source.ENVIRONMENT, Source.CONFIG, leave_out=SET_BY_SLURM)
         cmd += [
             "--nproc-per-node",
@@ -527,12 +517,13 @@ def describe(topology: Any, ranks: int, jobs: Sequence[str], *, color: bool = Fa
     return tables.render(head, Padding(out, (0, 0, 0, 2)), *queue, color=color)
 
 
-def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequence[str]) -> int:
+def run_app(target: Target, options: Sequence[str], *, dry_run: bool) -> int:
     """``numarun [OPTIONS] APP -m ...`` for a user's Hydra app: the app's own Hydra sweeps, each job through
-    ``hydra/launcher=numarun`` with OPTIONS. ``--dry-run``: the slots of a basic sweep's jobs; nothing runs."""
-    options = forwarded(args, name)
+    ``hydra/launcher=numarun`` with ``options`` (OPTIONS, :func:`forwarded`). ``dry_run``: the slots of a basic
+    sweep's jobs; nothing runs."""
+    script_args = target.args
     given = {a.split("=")[0] for a in script_args}
-    if args.dry_run:
+    if dry_run:
         from ..config.compose import expand_sweep
         from ..topology.discover import load_topology
 
@@ -546,10 +537,10 @@ def run_app(args: argparse.Namespace, kind: str, name: str, script_args: Sequenc
         return 0
     argv = [
         sys.executable,
-        *(["-m"] if kind == "module" else []),
-        name,
+        *(["-m"] if target.kind == "module" else []),
+        target.name,
         *script_args,
         *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"]),
     ]
-    os.execve(sys.executable, argv, {**os.environ, envvars.SWEEP_OPTIONS: json.dumps(options)})
+    os.execve(sys.executable, argv, {**os.environ, envvars.SWEEP_OPTIONS: json.dumps(list(options))})
     return 0  # not reached

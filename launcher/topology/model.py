@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TopologyError
-from ..jsonable import SchemaError, from_jsonable, to_jsonable
+from ..errors import SchemaError, TopologyError
+from ..jsonable import from_jsonable, to_jsonable
 from ..jsonable import loads as jsonable_loads
 
 SCHEMA_VERSION = 2

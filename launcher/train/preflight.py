@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import node_range
-from ..errors import ConfigError, TrainerLayoutError, UsageError
+from ..argtypes import NodeRange
+from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError
 from ..layout import Layout
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def check_layout(
     nproc_per_node: int | None,
 ) -> tuple[Layout, PipelinePlan | None]:
     """The resolved layout of a trainer config on ``world_size`` ranks and its pipeline (None without pipeline
-    stages); one-line TrainerLayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
+    stages); one-line LayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
     from ..config.schema import CommMode, ModelKind
     from .stages import plan_pipeline, schedule_name
@@ -157,29 +157,33 @@ def check_layout(
     m = cfg.model
     if layout.size("tp") > 1:
         if m.kind == ModelKind.GPT and m.n_heads % layout.size("tp"):
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad parallel.tp {layout.size('tp')}: model.n_heads={m.n_heads} heads cannot be split over "
-                f"{layout.size('tp')} ranks; expected a tp that divides model.n_heads"
+                f"{layout.size('tp')} ranks; expected a tp that divides model.n_heads",
+                where=TRAINER_LAYOUT,
             )
         if m.kind == ModelKind.MLP and (4 * m.hidden_dim) % layout.size("tp"):
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad parallel.tp {layout.size('tp')}: the MLP's 4 x model.hidden_dim={4 * m.hidden_dim} "
-                f"features cannot be split over {layout.size('tp')} ranks; expected a tp that divides it"
+                f"features cannot be split over {layout.size('tp')} ranks; expected a tp that divides it",
+                where=TRAINER_LAYOUT,
             )
     only_replicas = layout.size("pp") == layout.size("tp") == layout.size("dp_shard") == layout.size("cp") == 1
     if cfg.comm.allreduce != CommMode.FLAT.value and not only_replicas:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad comm.allreduce {cfg.comm.allreduce!r} with layout {layout.text}: expected flat "
-            "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)"
+            "(the hierarchical all-reduce is DDP's: a layout of replicas only, parallel=ddp)",
+            where=TRAINER_LAYOUT,
         )
     t = cfg.trainer
     local_batch = None
     if t.batch_size != "auto":
         bs, per = int(t.batch_size), layout.dp * t.grad_accum
         if bs % per:
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad trainer.batch_size {bs}: expected a multiple of data-parallel ranks x "
-                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.text})"
+                f"trainer.grad_accum = {layout.dp} x {t.grad_accum} (layout {layout.text})",
+                where=TRAINER_LAYOUT,
             )
         local_batch = bs // per
     if layout.size("pp") == 1:
@@ -191,22 +195,11 @@ def check_layout(
     )
 
 
-def job_shape(nnodes: Any, nproc_per_node: int) -> tuple[int | None, int | None]:
-    """(nnodes, world size) of a launch whose ``--nnodes`` is ``N`` or ``N:N``; (None, None) when elastic (the
-    ranks check the layout then, once they know the world)."""
-    try:
-        lo, hi = node_range(nnodes if nnodes is not None else 1)
-    except UsageError:
-        return None, None
-    if lo != hi:
-        return None, None
-    return lo, lo * nproc_per_node
-
-
-def check_launch_layout(cfg: Any, *, nnodes: Any, nproc_per_node: int) -> Layout | None:
+def check_launch_layout(cfg: Any, *, nnodes: NodeRange, nproc_per_node: int) -> Layout | None:
     """:func:`check_layout` for a job the launcher is about to start; returns the layout, resolved (None when the
-    world is elastic and only the ranks can check it)."""
-    n, world = job_shape(nnodes, nproc_per_node)
-    if world is None:
+    world is elastic and only the ranks, once they know it, can check it)."""
+    if nnodes.elastic:
         return None
-    return check_layout(cfg, world_size=world, nnodes=n, nproc_per_node=nproc_per_node)[0]
+    return check_layout(cfg, world_size=nnodes.min * nproc_per_node, nnodes=nnodes.min, nproc_per_node=nproc_per_node)[
+        0
+    ]

@@ -15,7 +15,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TrainerLayoutError
+from ..errors import TRAINER_LAYOUT, LayoutError
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 """The schedules the trainer can build, spelled as torch's ``get_schedule_class`` spells them (it matches any
@@ -51,7 +51,7 @@ def schedule_name(raw: str, *, installed: bool = True) -> str:
     names = accepted_schedules() if installed else SCHEDULES
     match = {n.lower(): n for n in names}.get(str(raw).lower())
     if match is None:
-        raise TrainerLayoutError(f"bad parallel.pp_schedule {raw!r}: expected one of {', '.join(names)}")
+        raise LayoutError(f"bad parallel.pp_schedule {raw!r}: expected one of {', '.join(names)}", where=TRAINER_LAYOUT)
     return match
 
 
@@ -128,64 +128,74 @@ def plan_pipeline(
     if spr is None:
         spr = 1 if single else 2
     if single and spr != 1:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a single-stage "
             "schedule holds 1 stage per rank; expected 1, or a looped schedule "
-            f"({', '.join(n for n in accepted_schedules() if n not in _SINGLE)})"
+            f"({', '.join(n for n in accepted_schedules() if n not in _SINGLE)})",
+            where=TRAINER_LAYOUT,
         )
     if not single and spr < 2:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a looped schedule "
-            "holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)"
+            "holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)",
+            where=TRAINER_LAYOUT,
         )
     if name in _V_STYLE and spr != 2:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a V schedule "
-            "holds exactly 2 stages per rank; expected 2"
+            "holds exactly 2 stages per rank; expected 2",
+            where=TRAINER_LAYOUT,
         )
     stages = pp * spr
     if parallel_cfg.pp_split is not None:
         split = tuple(int(n) for n in parallel_cfg.pp_split)
         if len(split) != stages or sum(split) != n_layers:
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad parallel.pp_split {list(split)}: {len(split)} stages holding {sum(split)} blocks; expected "
-                f"{stages} block counts (pp={pp} x {spr} stages per rank) adding up to {layers_key}={n_layers}"
+                f"{stages} block counts (pp={pp} x {spr} stages per rank) adding up to {layers_key}={n_layers}",
+                where=TRAINER_LAYOUT,
             )
         if any(n < 1 for n in split[1:-1]):
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad parallel.pp_split {list(split)}: a middle stage holds no block; expected at least "
-                "1 block in every stage but the first and the last (they hold the input and output layers)"
+                "1 block in every stage but the first and the last (they hold the input and output layers)",
+                where=TRAINER_LAYOUT,
             )
     else:
         if stages > n_layers + 2:
-            raise TrainerLayoutError(
+            raise LayoutError(
                 f"bad layout: pp={pp} x {spr} stages per rank = {stages} pipeline stages for {layers_key}={n_layers} "
-                f"({n_layers + 2} layers with the input and output layers); expected at most {n_layers + 2} stages"
+                f"({n_layers + 2} layers with the input and output layers); expected at most {n_layers + 2} stages",
+                where=TRAINER_LAYOUT,
             )
         split = even_split(n_layers, stages)
     mb = parallel_cfg.pp_microbatches
     mb = stages if mb is None else int(mb)
     if name in _MB_AT_LEAST_STAGES and mb < stages:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: {stages} stages; "
-            f"expected at least as many microbatches as stages ({stages})"
+            f"expected at least as many microbatches as stages ({stages})",
+            where=TRAINER_LAYOUT,
         )
     if name in _MB_ROUNDS and mb % max(1, mb // pp):
         rounds = max(1, mb // pp)
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: it runs {rounds} rounds "
             f"of max(1, microbatches // pp={pp}); expected a multiple of the rounds, e.g. "
-            f"{pp * rounds} or {pp}"
+            f"{pp * rounds} or {pp}",
+            where=TRAINER_LAYOUT,
         )
     if local_batch is None:
-        raise TrainerLayoutError(
+        raise LayoutError(
             "bad trainer.batch_size 'auto' with parallel.pp > 1: pipeline stages are built for one "
-            "microbatch shape; expected an integer trainer.batch_size"
+            "microbatch shape; expected an integer trainer.batch_size",
+            where=TRAINER_LAYOUT,
         )
     if local_batch % mb:
-        raise TrainerLayoutError(
+        raise LayoutError(
             f"bad parallel.pp_microbatches {mb}: a data-parallel rank's batch of {local_batch} samples "
             f"(trainer.batch_size / (dp_replicate x dp_shard x trainer.grad_accum)) is not divisible by "
-            f"it; expected a divisor of {local_batch}"
+            f"it; expected a divisor of {local_batch}",
+            where=TRAINER_LAYOUT,
         )
     return PipelinePlan(schedule=name, pp=pp, stages_per_rank=spr, microbatches=mb, split=split)

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..jsonable import SchemaError, from_jsonable, loads, to_jsonable
+from ..errors import SchemaError
+from ..jsonable import from_jsonable, loads, to_jsonable
 
 FORMAT = 1
 """Of the records and the live table; bumped when a field changes meaning."""

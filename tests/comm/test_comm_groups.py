@@ -9,9 +9,9 @@ import pytest
 
 from numarun.bench import allreduce as bench
 from numarun.comm.allreduce import CommMode, Compression, parse_comm_mode, parse_compression
-from numarun.comm.groups import HierarchyError, RankPlace, layout_from_places
+from numarun.comm.groups import RankPlace, layout_from_places
 from numarun.commands import bench as bench_cmd
-from numarun.errors import ConfigError, NumarunError, UsageError
+from numarun.errors import ConfigError, HierarchyError, NumarunError, UsageError
 from numarun.launch.child import numarun_command
 
 

@@ -151,7 +151,7 @@ def test_callbacks_are_called_as_hydra_calls_them(in_tmp: Path) -> None:
 
 
 def test_a_failed_job_does_not_stop_the_sweep_but_a_signal_does(in_tmp: Path) -> None:
-    from numarun.launch.supervisor import RunFailed
+    from numarun.errors import RunFailed
 
     ran: list[str] = []
 

@@ -44,7 +44,9 @@ def test_run_preflight_stops_on_an_error_and_names_the_node(tmp_path, degraded, 
 
 def test_run_preflight_bad_input_is_exit_2(tmp_path, capsys):
     script, marker = _script(tmp_path)
-    rc = cli_main(["run", "--preflight", "--min-link-fraction", "0", "--nproc-per-node", "1", str(script)])
+    with pytest.raises(SystemExit) as e:  # refused where the flag is read, before anything else
+        cli_main(["run", "--preflight", "--min-link-fraction", "0", "--nproc-per-node", "1", str(script)])
+    rc = e.value.code
     err = capsys.readouterr().err
     assert rc == 2 and "--min-link-fraction" in err and len(err.strip().splitlines()) == 1 and not marker.exists()
 

@@ -198,8 +198,9 @@ CASES: list[Case] = [
     # --- numarun submit (rendered only)
     case("submit-time-word", f"submit --dry-run --time abc {TRAIN}", "'abc'", "HH:MM:SS"),
     case("submit-time-four-parts", f"submit --dry-run --time 1:2:3:4 {TRAIN}", "'1:2:3:4'", "D-HH:MM:SS"),
-    case("submit-zero-nodes", f"submit --dry-run --nodes 0 {TRAIN}", "'0'", "from 1 to"),
-    case("submit-nodes-word", f"submit --dry-run --nodes x {TRAIN}", "'x'", "whole number"),
+    case("submit-zero-nodes", f"submit --dry-run --nodes 0 {TRAIN}", "--nodes '0'", "1 <= MIN <= MAX"),
+    case("submit-nodes-word", f"submit --dry-run --nodes x {TRAIN}", "--nodes 'x'", "N or MIN:MAX"),
+    case("submit-nodes-elastic", f"submit --dry-run --nnodes 1:4 {TRAIN}", "--nnodes '1:4'", "fixed node count"),
     case("submit-gpus-negative", f"submit --dry-run --gpus-per-node -1 {TRAIN}", "'-1'", "TYPE:N"),
     case("submit-mem-word", f"submit --dry-run --mem lots {TRAIN}", "'lots'", "16G"),
     case("submit-env-no-equals", f"submit --dry-run --env NOEQ {TRAIN}", "'NOEQ'", "KEY=VALUE"),
@@ -269,7 +270,7 @@ CASES: list[Case] = [
         "submit-nodes-huge",
         f"submit --dry-run --nodes 99999999999999999999 {TRAIN}",
         "'99999999999999999999'",
-        "1 to 131072",
+        "<= 131072",
     ),
     case(
         "rdzv-conf-timeout-huge",

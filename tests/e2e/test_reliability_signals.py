@@ -192,8 +192,9 @@ def test_the_handlers_only_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every signal handler numarun installs, run in every phase under a profiler: no lock, no file or
     pipe I/O, no logging, no psutil, no sleep or wait, and no look-up of the phase table (the loop's). It
     raises nothing but what the loop asked the main thread to raise (END, and the supervisor's STOP)."""
+    from numarun.errors import RunFailed
     from numarun.launch import signals
-    from numarun.launch.supervisor import RunFailed, Supervisor
+    from numarun.launch.supervisor import Supervisor
     from numarun.train.loop import STOP_SIGNALS
 
     saved = {s: signal.getsignal(s) for s in (*signals.RELAYED, signal.SIGCHLD)}

@@ -17,8 +17,8 @@ from numarun.plan.request import resolve_nproc
 
 
 def test_nproc_words_are_torchruns() -> None:
-    assert parse_nproc("4") == 4
-    assert [parse_nproc(w) for w in ("auto", "cpu", "gpu", "xpu")] == ["auto", "cpu", "gpu", "xpu"]
+    assert parse_nproc("4", "--nproc-per-node") == 4
+    assert [parse_nproc(w, "--nproc-per-node") for w in ("auto", "cpu", "gpu", "xpu")] == ["auto", "cpu", "gpu", "xpu"]
 
     def n(word: str, gpus: int, xpus: int = 0) -> tuple[int | str | None, str | None]:
         r = resolve_nproc(PlanRequest(nproc_per_node=word), gpus, cpus=6, xpus=xpus)  # type: ignore[arg-type]

@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 from schedulers import slurm_env
 
-from numarun.errors import NumarunError, SlurmError, UsageError
+from numarun.argtypes import NodeRange
+from numarun.errors import JobConflict, NumarunError, SlurmError, UsageError
 from numarun.jobenv import Mode, Scheduler, detect, scheduler_in
-from numarun.jobenv.settle import JobConflict, check_rank, rank_env, rank_master, settle_node
+from numarun.jobenv.settle import check_rank, rank_env, rank_master, settle_node
 from numarun.jobenv.slurm import parse_node_addrs, parse_tasks_per_node, rendezvous_port
 from numarun.options.launch import DECLARED, from_environ, given
 
@@ -133,7 +134,7 @@ def test_settle_fills_the_rendezvous_from_the_step():
     assert rdv.order == ("node1", "node3", "node2", "node4") and rdv.node_rank == 2 and rdv.head == "node1"
     opts = rdv.options("10.231.0.9")
     assert opts == {
-        "nnodes": "4",
+        "nnodes": NodeRange.of(4),
         "node_rank": 2,
         "rdzv_backend": "static",
         "master_addr": "10.231.0.9",
@@ -143,15 +144,15 @@ def test_settle_fills_the_rendezvous_from_the_step():
 
 
 def test_an_explicit_node_rank_that_agrees_keeps_slurms_order():
-    rdv = settle_node(detect(four(1)), given(node_rank=1, nnodes="4").stated(), leaf_switch=LEAF)
+    rdv = settle_node(detect(four(1)), given(node_rank=1, nnodes=NodeRange.of(4)).stated(), leaf_switch=LEAF)
     assert rdv.node_rank == 1 and rdv.order == ("node1", "node2", "node3", "node4")
 
 
 def test_explicit_options_that_agree_are_used_as_given():
-    stated = given(nnodes="2", node_rank=1, master_addr="head.example", master_port=29555).stated()
+    stated = given(nnodes=NodeRange.of(2), node_rank=1, master_addr="head.example", master_port=29555).stated()
     rdv = settle_node(detect(slurm_env(1)), stated)
     assert rdv.options() == {
-        "nnodes": "2",
+        "nnodes": NodeRange.of(2),
         "node_rank": 1,
         "rdzv_backend": "static",
         "master_addr": "head.example",
@@ -169,13 +170,15 @@ def test_master_addr_and_port_from_the_environment_count_as_given():
 
 def test_the_users_own_c10d_rendezvous_is_kept_with_the_steps_node_count():
     rdv = settle_node(detect(slurm_env(1)), given(rdzv_backend="c10d", rdzv_endpoint="h:29400").stated())
-    assert rdv.own_rendezvous and rdv.options() == {"nnodes": "2"}
+    assert rdv.own_rendezvous and rdv.options() == {"nnodes": NodeRange.of(2)}
     # an elastic range holding the step's node count agrees
-    assert settle_node(detect(slurm_env(1)), given(nnodes="1:4", rdzv_backend="c10d").stated()).own_rendezvous
+    assert settle_node(detect(slurm_env(1)), given(nnodes=NodeRange(1, 4), rdzv_backend="c10d").stated()).own_rendezvous
 
 
 def test_early_expanded_node_rank_is_refused_on_the_node_that_can_tell():
-    stated = given(nnodes="2", node_rank=0).stated()  # the batch shell expanded $SLURM_NODEID to 0 for every node
+    stated = given(
+        nnodes=NodeRange.of(2), node_rank=0
+    ).stated()  # the batch shell expanded $SLURM_NODEID to 0 for every node
     settle_node(detect(slurm_env(0)), stated)  # node 0 sees nothing wrong
     with pytest.raises(JobConflict) as e:
         settle_node(detect(slurm_env(1)), stated)
@@ -187,9 +190,8 @@ def test_early_expanded_node_rank_is_refused_on_the_node_that_can_tell():
 @pytest.mark.parametrize(
     ("stated", "named"),
     [
-        (given(nnodes="3").stated(), "bad --nnodes '3': Slurm step 1234.0 runs on 2 nodes"),
-        (given(nnodes="3:4").stated(), "bad --nnodes '3:4'"),
-        (given(nnodes="x").stated(), "bad --nnodes 'x'"),
+        (given(nnodes=NodeRange.of(3)).stated(), "bad --nnodes '3': Slurm step 1234.0 runs on 2 nodes"),
+        (given(nnodes=NodeRange(3, 4)).stated(), "bad --nnodes '3:4'"),
         (given(standalone=True).stated(), "bad option '--standalone': Slurm step 1234.0 spans 2 nodes"),
     ],
 )
@@ -232,7 +234,7 @@ def test_rank_master_is_the_steps_port_and_the_head_to_look_up():
     ("stated", "named", "varying"),
     [
         (given(nproc_per_node=2).stated(), "bad --nproc-per-node 2: Slurm step 1234.0 already starts 2 tasks", False),
-        (given(nnodes="1").stated(), "bad --nnodes '1'", False),
+        (given(nnodes=NodeRange.of(1)).stated(), "bad --nnodes '1'", False),
         (given(node_rank=0).stated(), "bad --node-rank 0", True),
         (given(max_restarts=3).stated(), "bad option '--max-restarts': in per-rank mode", False),
     ],
@@ -244,7 +246,7 @@ def test_per_rank_refuses_what_contradicts_the_step(stated, named, varying):
 
 
 def test_per_rank_accepts_agreeing_options():
-    agreeing = given(nproc_per_node=1, nnodes="2", node_rank=1).stated()
+    agreeing = given(nproc_per_node=1, nnodes=NodeRange.of(2), node_rank=1).stated()
     check_rank(detect(slurm_env(1, per_node=2, local=1)), agreeing, per_rank=PER_RANK)
 
 
@@ -319,9 +321,13 @@ def test_mpi_ranks_on_several_nodes_leave_the_node_to_the_ranks():
     env = {**OMPI, "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
     job = detect(env)
     assert (job.node_index, job.nnodes) == (-1, 0) and "several nodes, 2 tasks on this node" in job.describe()
-    check_rank(job, given(nnodes="3", node_rank=5).stated(), per_rank=PER_RANK)  # not refused before the ranks agree...
+    check_rank(
+        job, given(nnodes=NodeRange.of(3), node_rank=5).stated(), per_rank=PER_RANK
+    )  # not refused before the ranks agree...
     with pytest.raises(JobConflict, match="bad --nnodes '3'"):  # ...and checked once they have
-        check_rank(dataclasses.replace(job, nnodes=2, node_index=1), given(nnodes="3").stated(), per_rank=PER_RANK)
+        check_rank(
+            dataclasses.replace(job, nnodes=2, node_index=1), given(nnodes=NodeRange.of(3)).stated(), per_rank=PER_RANK
+        )
     uneven = detect(
         {**env, "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
     )

@@ -175,12 +175,12 @@ def test_doctor_hostname_check(resolved, address, multi, severity, words) -> Non
 
 def _spec(*argv: str):
     from numarun.cli import build_parser
+    from numarun.commands.run import target_of
     from numarun.launch.spec import launch_spec
-    from numarun.launch.torchrun import target_from_args
     from numarun.options.launch import from_args
 
     ns = build_parser(only="run").parse_args(["run", *argv, str(SCRIPTS / "exit_rank.py")])
-    return launch_spec(from_args(ns, {}), nproc_per_node=1, target=target_from_args(ns))
+    return launch_spec(from_args(ns, {}), nproc_per_node=1, target=target_of(ns))
 
 
 def _usable_own() -> str:

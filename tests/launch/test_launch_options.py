@@ -18,14 +18,15 @@ import pytest
 from helpers import REPO
 from schedulers import slurm_env
 
+from numarun.argtypes import ONE_NODE, NodeRange
 from numarun.cli import build_parser
-from numarun.errors import UsageError
+from numarun.errors import JobConflict, UsageError
 from numarun.jobenv import detect
-from numarun.jobenv.settle import JobConflict
 from numarun.launch.hangs import OnHang
 from numarun.layout import Layout
 from numarun.options.choices import StepReport
 from numarun.options.launch import DECLARED, LaunchOptions, Source, config_keys, from_args
+from numarun.options.torchrun import torchrun_record
 from numarun.plan.model import BindingMode, MemPolicy, NicPolicy
 from numarun.torch_private import installed_torch_version
 
@@ -48,7 +49,9 @@ class Case(NamedTuple):
 # the command line gives each field its default value where it can: it must win all the same
 FIELDS: dict[str, Case] = {
     "nproc_per_node": Case(["--nproc-per-node", "1"], 1, "PET_NPROC_PER_NODE", "cpu", "cpu", 3, 3, None, "numarun"),
-    "nnodes": Case(["--nnodes", "1:1"], "1:1", "PET_NNODES", "2", "2", 3, "3", "1:1", TORCH),
+    "nnodes": Case(
+        ["--nnodes", "1:1"], ONE_NODE, "PET_NNODES", "2", NodeRange(2, 2), 3, NodeRange(3, 3), ONE_NODE, TORCH
+    ),
     "node_rank": Case(["--node-rank", "0"], 0, "PET_NODE_RANK", "1", 1, 2, 2, 0, TORCH),
     "binding": Case(
         ["--binding", "exclusive"],
@@ -179,12 +182,13 @@ def test_the_higher_source_of_each_pair_wins(dest: str, pair: tuple[Source, Sour
 
 
 def _sample(field: Any) -> tuple[str, Any]:
-    """A value of the field's type, as text and as parsed."""
+    """A value of the field's type (as torchrun's parser types it), as text and as parsed."""
     if field.switch:
         return "1", True
-    if field.parse is int:
+    kind = {r["dest"]: r["type"] for r in torchrun_record()}[field.dest]
+    if kind == "int":
         return "7", 7
-    if field.parse is float:
+    if kind == "float":
         return "0.5", 0.5
     return {"start_method": ("fork", "fork")}.get(field.dest, ("x", "x"))
 
@@ -208,8 +212,9 @@ def test_torchruns_defaults_are_torchs_own() -> None:
 
     real = {a.dest: a.default for a in get_args_parser()._actions}
     for f in options().taken:
-        if f.owner == TORCH:
-            assert f.default == real[f.dest], f.dest
+        if f.owner == TORCH:  # read as argparse reads a default given as text
+            want = f.read(real[f.dest], f.owner) if f.parse and isinstance(real[f.dest], str) else real[f.dest]
+            assert f.default == want, f.dest
     assert options().master_port is None  # torch's, not the 29500 its rendezvous picks
 
 
@@ -273,8 +278,7 @@ def test_the_job_fixes_the_shape_and_a_contradiction_names_its_source(dest: str,
 
     job = detect(OMPI_NODE, nproc_given=True)
     agree, contradict = SHAPE[dest]
-    settled, _ = settle(_from(source, dest, agree).with_job_env(OMPI_NODE), job, OMPI_NODE)
-    kept = settled.setting(dest)
+    kept = settle(_from(source, dest, agree).with_job_env(OMPI_NODE), job, OMPI_NODE).options.setting(dest)
     assert kept.source is {"cli": Source.COMMAND_LINE, "env": Source.ENVIRONMENT, "config": Source.CONFIG}[source]
     with pytest.raises(JobConflict) as e:
         settle(_from(source, dest, contradict).with_job_env(OMPI_NODE), job, OMPI_NODE)
@@ -286,20 +290,20 @@ def test_what_no_source_gave_comes_from_the_job() -> None:
     from numarun.launch.planning import settle
 
     job = detect(OMPI_NODE, nproc_given=True)
-    settled, _ = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE)
-    for dest, value in (("nnodes", "2"), ("node_rank", 1), ("master_port", 29500)):
+    settled = settle(options(["--nproc-per-node", "2"]).with_job_env(OMPI_NODE), job, OMPI_NODE).options
+    for dest, value in (("nnodes", NodeRange(2, 2)), ("node_rank", 1), ("master_port", 29500)):
         s = settled.setting(dest)
         assert (s.value, s.source) == (value, Source.JOB) and s.where.startswith("Open MPI job"), dest
     # the launcher's MASTER_ADDR (mpirun -x): the environment's, below PET_MASTER_ADDR
     s = settled.setting("master_addr")
     assert (s.value, s.source, s.where) == ("127.0.0.1", Source.ENVIRONMENT, "MASTER_ADDR")
-    s = settle(options([], {"PET_MASTER_ADDR": "h-pet"}).with_job_env(OMPI_NODE), job, OMPI_NODE)[0].setting(
+    s = settle(options([], {"PET_MASTER_ADDR": "h-pet"}).with_job_env(OMPI_NODE), job, OMPI_NODE).options.setting(
         "master_addr"
     )
     assert (s.value, s.where) == ("h-pet", "PET_MASTER_ADDR")
-    s = settle(options(["--nproc-per-node", "2"], {}, {"master_port": 29511}).with_job_env(OMPI_NODE), job, OMPI_NODE)[
-        0
-    ].setting("master_port")
+    s = settle(
+        options(["--nproc-per-node", "2"], {}, {"master_port": 29511}).with_job_env(OMPI_NODE), job, OMPI_NODE
+    ).options.setting("master_port")
     assert (s.value, s.source) == (29511, Source.CONFIG)  # above the job's derived port
 
 
@@ -492,3 +496,47 @@ def test_every_command_takes_the_shared_options_from_the_one_declaration() -> No
             if command != "tune":  # tune's --binding and --mem-policy: lists to try, the same spellings
                 assert found[option(dest).flag].default is argparse.SUPPRESS, (command, dest)
         assert "--show-sources" in found, command
+
+
+LAUNCHER = REPO / "launcher"
+
+
+def _modules_naming(name: str) -> list[str]:
+    """The package's modules that name ``name`` (a call, a reference, an import), its definition aside."""
+    import ast
+
+    return sorted(
+        str(path.relative_to(LAUNCHER))
+        for path in LAUNCHER.rglob("*.py")
+        if any(
+            (isinstance(n, ast.Name) and n.id == name)
+            or (isinstance(n, ast.Attribute) and n.attr == name)
+            or (isinstance(n, ast.alias) and n.name == name)
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    )
+
+
+def test_nnodes_is_read_once_into_a_typed_range() -> None:
+    """``--nnodes`` (``PET_NNODES``, ``launcher.nnodes``) is read where the options are read, into a NodeRange
+    that every later step takes typed: its reader has one user, the option's declaration."""
+    import typing
+
+    assert _modules_naming("node_range") == ["options/launch.py"]
+    assert typing.get_type_hints(LaunchOptions)["nnodes"] is NodeRange
+    assert options(["--nnodes", "2:4"]).nnodes == NodeRange(2, 4) and str(options(["--nnodes", "2:2"]).nnodes) == "2:2"
+    assert options([], {"PET_NNODES": "3"}).nnodes == NodeRange(3, 3)
+    assert options([], {}, {"nnodes": 2}).nnodes == NodeRange(2, 2) and options().nnodes == ONE_NODE
+    assert 3 in NodeRange(2, 4) and 5 not in NodeRange(2, 4) and NodeRange(1, 4).elastic
+    with pytest.raises(UsageError, match=r"^bad PET_NNODES '2:1': expected N or MIN:MAX with 1 <= MIN <= MAX"):
+        options([], {"PET_NNODES": "2:1"})
+
+
+def test_no_argparse_namespace_past_the_options_layer() -> None:
+    """The command line is parsed by the CLI and the commands, into typed options (the options layer); what runs
+    the launch, the doctor, a sweep or the plan takes those, never the parsed namespace. argparse is left to the
+    commands, the options and the entries with command lines of their own (a benchmark's, a Slurm node's, Hydra's
+    parser)."""
+    own_parsers = {"bench/allreduce.py", "bench/h2d.py", "slurm/node.py", "hydra_internals.py"}
+    users = {m for m in _modules_naming("argparse") if not m.startswith(("commands/", "options/"))}
+    assert users - own_parsers == {"argtypes.py", "cli.py"}  # not the doctor, a sweep, the launch

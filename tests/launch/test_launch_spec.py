@@ -14,10 +14,12 @@ import pytest
 from golden import check_golden
 from helpers import REPO
 
+from numarun.argtypes import NodeRange
 from numarun.cli import build_parser
+from numarun.commands.run import target_of
 from numarun.errors import UsageError
 from numarun.launch.spec import LaunchSpec, launch_spec
-from numarun.launch.torchrun import ENTRY_FILE, Target, target_from_args, worker_env
+from numarun.launch.torchrun import ENTRY_FILE, Target, worker_env
 from numarun.options.launch import NOT_LAUNCH, LaunchOptions, from_args
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
@@ -103,7 +105,7 @@ def options(args: list[str], environ: dict[str, str] | None = None) -> LaunchOpt
 
 def spec_for(args: list[str], nproc: int = 2) -> LaunchSpec:
     opts = options(args)
-    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_from_args(parse(args)))
+    return launch_spec(opts, nproc_per_node=opts.nproc_per_node or nproc, target=target_of(parse(args)))
 
 
 def argv_for(args: list[str], nproc: int = 2) -> tuple[list[str], Target]:
@@ -132,6 +134,7 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
     for action in get_args_parser()._actions:
         if action.dest not in skipped:
             want = opts.setting(action.dest).value  # the text, for an option torch's own type parses (a comma list)
+            want = str(want) if isinstance(want, NodeRange) else want  # --nnodes: torchrun reads its text
             want = action.type(want) if isinstance(want, str) and callable(action.type) else want
             assert getattr(back, action.dest) == want, action.dest
     # the address rule: loopback for one node (and for nodes meeting at a loopback endpoint); not needed by static
@@ -140,7 +143,7 @@ def test_torchrun_reads_back_the_same_options(args: list[str]) -> None:
 
 def test_the_spec_holds_what_numarun_reads_of_the_launch() -> None:
     spec = spec_for(CASES[3])  # c10d, 1:4 nodes, rdzv conf
-    assert spec.nnodes == "1:4" and spec.multi_node and spec.max_restarts == 3
+    assert spec.nnodes == NodeRange(1, 4) and spec.multi_node and spec.max_restarts == 3
     assert spec.rendezvous_deadline() == (615, "join_timeout=600 + 15 s")
     assert spec.store_address() == ("localhost", 29400) and spec.node_label().endswith(f".{os.getpid()}")
     spec = spec_for(CASES[2])  # static, node 1 of 2
@@ -185,7 +188,7 @@ def test_numarun_options_are_parsed_and_script_args_untouched() -> None:
 )
 def test_bad_targets_are_usage_errors(args: list[str], needle: str) -> None:
     with pytest.raises(UsageError, match="expected") as e:
-        target_from_args(parse(args))
+        target_of(parse(args))
     assert needle in str(e.value)
 
 

@@ -13,13 +13,15 @@ from layouts import crossed
 from topo_helpers import FIXTURES
 
 from numarun import envvars
-from numarun.comm.context import DistInitError, job_layout
+from numarun.argtypes import NodeRange
+from numarun.comm.context import job_layout
+from numarun.errors import DistInitError, LayoutError
 from numarun.jobenv.model import JobShape, Mode, Scheduler
 from numarun.jobenv.settle import settle_node
 from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
-from numarun.layout import DIMS, Layout, LayoutError, mesh_groups, node_cut
+from numarun.layout import DIMS, Layout, mesh_groups, node_cut
 from numarun.options.launch import Setting, Source
 from numarun.plan.binding import make_plan
 from numarun.plan.mesh import resolve_on_nodes
@@ -69,11 +71,14 @@ def test_the_product_and_the_rest_name_the_world_size() -> None:
         match=r"its sizes multiply to 6, but the job has 8 ranks \(2 nodes x 4 ranks\); "
         r"expected sizes whose product is 8",
     ):
-        resolve_on_nodes(Layout.parse("tp=2,dp_shard=3"), nproc=4, nnodes="2")
+        resolve_on_nodes(Layout.parse("tp=2,dp_shard=3"), nproc=4, nnodes=NodeRange.of(2))
     with pytest.raises(
         LayoutError, match=r"-1 for dp_shard is the job's 8 ranks divided by the other sizes' product 3"
     ):
         Layout.parse("dp_shard=-1,tp=3").resolved(8)
+    with pytest.raises(LayoutError, match=r"is the job's 8 ranks \(2 nodes x 4 ranks\) divided by") as e:
+        Layout.parse("dp_shard=-1,tp=3", where="NUMARUN_MESH").resolved(8, nodes=2)  # named once, where it is raised
+    assert e.value.where == "NUMARUN_MESH" and e.value.page == "layouts.md"
     assert Layout.parse("pp=2,dp_shard=-1,tp=4").resolved(32).shape == (2, 4, 4)
 
 
@@ -92,15 +97,15 @@ def test_the_node_boundary() -> None:
 
 
 def test_elastic_node_counts_need_the_rest_outermost() -> None:
-    layout, cut, nnodes = resolve_on_nodes(Layout.parse("dp_shard=-1,tp=4"), nproc=8, nnodes="1:4")
+    layout, cut, nnodes = resolve_on_nodes(Layout.parse("dp_shard=-1,tp=4"), nproc=8, nnodes=NodeRange(1, 4))
     assert nnodes == 0 and cut.inner == ("tp",) and cut.split == "dp_shard"
     for bad in ("dp_shard=2,tp=4", "pp=2,dp_shard=-1,tp=4"):
         with pytest.raises(LayoutError, match=r"with --nnodes 1:4: the world size is known only once the nodes meet"):
-            resolve_on_nodes(Layout.parse(bad), nproc=8, nnodes="1:4")
+            resolve_on_nodes(Layout.parse(bad), nproc=8, nnodes=NodeRange(1, 4))
     with pytest.raises(LayoutError, match=r"sizes inside -1 multiply to 3, which does not divide the 8 ranks per node"):
-        resolve_on_nodes(Layout.parse("pp=1,dp_shard=-1,tp=3"), nproc=8, nnodes="1:4")
+        resolve_on_nodes(Layout.parse("pp=1,dp_shard=-1,tp=3"), nproc=8, nnodes=NodeRange(1, 4))
     t = load_topology(PCIE8)
-    plan = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:4"))
+    plan = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes=NodeRange(1, 4)))
     assert plan.mesh.spec == "dp_shard=-1,tp=2" and plan.mesh.nnodes == 0
     assert {d.name: d.reach for d in plan.mesh.dims} == {"dp_shard": "split", "tp": "node"}
 
@@ -151,7 +156,9 @@ def test_the_reordered_visible_devices_are_applied_though_the_user_set_them() ->
 
 def test_the_ranks_environment_names_the_layout() -> None:
     t = load_topology(PCIE8)
-    plan = make_plan(t, PlanRequest(mesh=Layout.parse("pp=2,dp_shard=-1,tp=2"), nnodes="6", nproc_per_node=2))
+    plan = make_plan(
+        t, PlanRequest(mesh=Layout.parse("pp=2,dp_shard=-1,tp=2"), nnodes=NodeRange.of(6), nproc_per_node=2)
+    )
     env = {"WORLD_SIZE": "12"}
     apply_mesh(plan, env)
     assert env == {
@@ -165,7 +172,7 @@ def test_the_ranks_environment_names_the_layout() -> None:
         envvars.MESH_CP: "1",
         envvars.MESH_TP: "2",
     }
-    elastic = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:3", nproc_per_node=4))
+    elastic = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes=NodeRange(1, 3), nproc_per_node=4))
     env = {"WORLD_SIZE": "12"}  # the rest is known in the rank, from the world the rendezvous made
     apply_mesh(elastic, env)
     assert (env[envvars.MESH], env[envvars.MESH_DP_SHARD]) == ("dp_shard=6,tp=2", "6")
@@ -174,7 +181,9 @@ def test_the_ranks_environment_names_the_layout() -> None:
 
 def test_init_checks_the_layout_against_the_job() -> None:
     t = load_topology(PCIE8)
-    declared = make_plan(t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes="1:2", nproc_per_node=4))
+    declared = make_plan(
+        t, PlanRequest(mesh=Layout.parse("dp_shard=-1,tp=2"), nnodes=NodeRange(1, 2), nproc_per_node=4)
+    )
     assert declared.mesh is not None and declared.mesh.layout.shape == (-1, 2)  # the plan carries the layout
     assert job_layout(declared.mesh.layout, world_size=8, node_sizes=(4, 4)).shape == (4, 2)
     assert job_layout(None, world_size=8, node_sizes=(4, 4)) is None

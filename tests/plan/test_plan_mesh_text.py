@@ -12,7 +12,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numarun.layout import DIMS, MAX_SIZE, Layout, LayoutError
+from numarun.errors import LayoutError
+from numarun.layout import DIMS, MAX_SIZE, Layout
 
 NEAR = st.lists(
     st.sampled_from([*DIMS, "TP", "Pp", "=", "==", ",", ",,", " ", "\t", "-", "+", "-1", "0", "1", "2",

@@ -11,13 +11,14 @@ import pytest
 import torch
 from helpers import FIXTURES
 
+from numarun.argtypes import NodeRange
 from numarun.config.compose import compose
 from numarun.config.schema import load_job_config_text
-from numarun.errors import ConfigError
-from numarun.layout import DIMS, Layout, LayoutError
+from numarun.errors import TRAINER_LAYOUT, LayoutError, page_url
+from numarun.layout import DIMS, Layout
 from numarun.train.models import build_model
 from numarun.train.parallel import stage_module
-from numarun.train.preflight import check_layout, job_shape
+from numarun.train.preflight import check_launch_layout, check_layout
 from numarun.train.stages import SCHEDULES, accepted_schedules, even_split, plan_pipeline, schedule_name
 
 
@@ -50,6 +51,25 @@ def test_the_rest_is_filled_and_the_product_checked() -> None:
         layout.resolved(6)
     with pytest.raises(LayoutError, match="its sizes multiply to 4, but the job has 8 ranks"):
         Layout.of_degrees({"pp": 2, "dp_shard": 2}).resolved(8)
+
+
+def test_one_layout_error_for_the_degrees_the_rules_and_a_mesh() -> None:
+    """The trainer's layout is refused as any layout is (the degrees read by layout.py, the rules of the preflight),
+    its line naming the trainer's page; a --mesh's names the layouts' page."""
+    cfg = load_job_config_text("model:\n  kind: gpt\n  n_layers: 4\nparallel:\n  tp: 3\n")
+    refused = []
+    for call in (
+        lambda: Layout.of_degrees({"tp": "٢"}),  # layout.py
+        lambda: check_layout(cfg, world_size=6, nnodes=1, nproc_per_node=6),  # the preflight: tp and the heads
+        lambda: Layout.of_degrees({"tp": 3}).resolved(8),
+    ):
+        with pytest.raises(LayoutError) as e:
+            call()
+        refused.append(e.value)
+    assert [(e.where, e.page) for e in refused] == [(TRAINER_LAYOUT, "trainer.md")] * 3
+    with pytest.raises(LayoutError) as e:
+        Layout.parse("tp=3").resolved(8)
+    assert (e.value.where, e.value.page) == ("--mesh", "layouts.md")
 
 
 def test_coordinates_are_row_major_with_tp_fastest() -> None:
@@ -100,9 +120,10 @@ def test_schedule_names_are_torchs_in_any_case() -> None:
     assert {"GPipe", "1F1B", "Interleaved1F1B"} <= set(accepted_schedules())
     assert schedule_name("gpipe") == "GPipe" and schedule_name("1f1b") == "1F1B"
     with pytest.raises(
-        ConfigError, match=r"bad parallel.pp_schedule 'PipelineScheduleMulti': expected one of GPipe, 1F1B"
-    ):
+        LayoutError, match=r"bad parallel.pp_schedule 'PipelineScheduleMulti': expected one of GPipe, 1F1B"
+    ) as e:
         schedule_name("PipelineScheduleMulti")  # a base class, not a schedule
+    assert e.value.line().endswith(f"(see {page_url('trainer.md')})")  # the trainer's layout: its page
 
 
 @pytest.mark.slow
@@ -113,12 +134,12 @@ def test_a_job_without_stages_is_checked_without_torchs_pipelining() -> None:
     code = """if True:
         import sys
         from numarun.config.compose import compose
-        from numarun.errors import ConfigError
+        from numarun.errors import LayoutError
         from numarun.train.preflight import check_layout
         check_layout(compose(["parallel=fsdp"]), world_size=2, nnodes=1, nproc_per_node=2)
         try:
             check_layout(compose(["parallel.pp_schedule=GPipes"]), world_size=2, nnodes=1, nproc_per_node=2)
-        except ConfigError as e:
+        except LayoutError as e:
             print(e)
         print(sorted(m for m in sys.modules if m.startswith(("torch.distributed.pipelining", "torch._dynamo"))))
     """
@@ -142,7 +163,7 @@ def test_pipeline_rules(keys: dict[str, object], words: str | None) -> None:
     if words is None:
         assert plan_pipeline(_parallel(**keys), pp=2, n_layers=4, local_batch=8).split == (4, 0)
         return
-    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(LayoutError, match=words.replace("(", r"\(").replace(")", r"\)")):
         plan_pipeline(_parallel(**keys), pp=2, n_layers=4, local_batch=8)
 
 
@@ -154,9 +175,11 @@ def test_check_layout_resolves_and_plans() -> None:
     assert layout.text == "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=2"
     assert plan is not None and plan.schedule == "1F1B" and plan.microbatches == 2
     cfg.trainer.batch_size = 10
-    with pytest.raises(ConfigError, match=r"trainer.batch_size 10: expected a multiple of .* = 2 x 2"):
+    with pytest.raises(LayoutError, match=r"trainer.batch_size 10: expected a multiple of .* = 2 x 2"):
         check_layout(cfg, world_size=8, nnodes=1, nproc_per_node=8)
-    assert job_shape("2", 4) == (2, 8) and job_shape("2:2", 4) == (2, 8) and job_shape("1:4", 4) == (None, None)
+    cfg.trainer.batch_size = 16
+    assert check_launch_layout(cfg, nnodes=NodeRange(2, 2, "2:2"), nproc_per_node=4) == layout
+    assert check_launch_layout(cfg, nnodes=NodeRange(1, 4), nproc_per_node=8) is None  # elastic: the ranks check it
 
 
 @pytest.mark.parametrize("kind", ["gpt", "mlp"])

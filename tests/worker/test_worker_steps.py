@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from numarun.jsonable import SchemaError
+from numarun.errors import SchemaError
 from numarun.worker.steps import PHASES, LiveTable, RankPlace, RankRow, StepRecord, read_records
 
 

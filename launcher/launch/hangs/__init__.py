@@ -24,7 +24,7 @@ Store keys (multi-node): :mod:`.exchange`. Per node O(1) keys per sample, the ju
 
 from .node import NodeCall, find_py_spy, render
 from .policy import DEFAULT_TIMEOUT_S, EXIT_HANG, HangPolicy, OnHang, parse_hang_timeout, policy_from
-from .stacks import Job, StacksUnavailable, ask_stacks, choose_job, describe, job_of, running_jobs, write_job_record
+from .stacks import Job, ask_stacks, choose_job, describe, job_of, running_jobs, write_job_record
 from .verdict import Summary, judge, read_beats, summarize
 from .watch import HangWatch
 
@@ -36,7 +36,6 @@ __all__ = [
     "Job",
     "NodeCall",
     "OnHang",
-    "StacksUnavailable",
     "Summary",
     "ask_stacks",
     "choose_job",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ... import envvars
-from ...errors import NumarunError, UsageError
+from ...errors import StacksUnavailable, UsageError
 from ...jsonable import loads
 from ...topology.procfs import alive, read_environ
 
@@ -24,13 +24,6 @@ FIFO = "stacks.fifo"
 ``stacks.<id>.txt``."""
 JOB_FILE = "job.json"
 """In numarun's private directory: which numarun runs there (``numarun stacks`` lists these)."""
-
-
-class StacksUnavailable(NumarunError):
-    """A job's roll-call could not be had: no job runs, or its numarun did not answer (exit 1)."""
-
-    exit_code = 1
-    page = "hangs.md"
 
 
 def write_job_record(directory: Path, argv: Sequence[str]) -> None:
