@@ -37,6 +37,9 @@ READY_FD = "NUMARUN_READY_FD"  # a pipe numarun writes a byte to once its signal
 INIT = "NUMARUN_INIT"  # 1: this numarun's parent is numarun as PID 1, which reaps orphans (so this one is no subreaper)
 DETECT = "NUMARUN_DETECT"  # 0: do not read the job's shape from a scheduler's environment (--no-detect)
 PLAN_JSON = "NUMARUN_PLAN_JSON"  # the plan itself when there is no plan file (per-rank mode)
+# per-rank mode: the port node 0's node agent (the sidecar) serves the agents' store on (default MASTER_PORT + 1)
+AGENT_PORT = "NUMARUN_AGENT_PORT"
+SIDECAR = "NUMARUN_SIDECAR"  # per-rank mode, the node's first task: its sidecar's pid, which it waits for at its exit
 SWEEP_OPTIONS = "NUMARUN_SWEEP_OPTIONS"
 # the parallel layout (--mesh): the option's variable, and in every rank the layout with each size known (pp=2,tp=4)
 MESH = "NUMARUN_MESH"

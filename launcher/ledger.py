@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import envvars
+
 
 @contextmanager
 def _locked(state: Path) -> Iterator[None]:
@@ -148,3 +150,36 @@ def clear(state: Path) -> None:
         state / "signals.json",
     ]:
         f.unlink(missing_ok=True)
+
+
+SIDECAR_WAIT_S = 60.0
+"""How long the first task waits at its exit for its sidecar to end (its last view handed over: the judge waits up to
+30 s for the other nodes')."""
+WAITING = "waiting.{local_rank}"
+"""Per-rank mode: written by the node's first task at its exit, its last record out, before it waits for the node's
+agent (the sidecar), which then counts it as ended."""
+
+
+def await_sidecar(environ: Mapping[str, str], wait_s: float) -> bool:
+    """Per-rank mode, the node's first task at its exit: say so (:data:`WAITING`) and wait, at most ``wait_s``, for its
+    sidecar (``NUMARUN_SIDECAR``) to end, which removes the private directory last: Slurm kills what is left in a
+    step's cgroup once its tasks have ended. True when it ended in time (or there is none)."""
+    import time
+
+    pid, state = environ.get(envvars.SIDECAR, ""), environ.get(envvars.STATE_DIR, "")
+    if not pid.isdigit() or not state:
+        return True
+    with contextlib.suppress(OSError):
+        _write(Path(state) / WAITING.format(local_rank=environ.get("LOCAL_RANK", "0")), f"{os.getpid()}\n")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass
+        if not os.path.isdir(state):
+            return True
+        time.sleep(0.05)
+    return False

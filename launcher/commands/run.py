@@ -353,8 +353,46 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
     from ..launch.rank import become_rank
 
     options.shown()
+    env.update(node_agent(job, options, plan, addr, port))
     road.supervisor.release()  # the rank handles its own signals, as under plain python
     become_rank(target, env)
+
+
+def node_agent(job: JobShape, options: LaunchOptions, plan: LaunchPlan, addr: str, port: int) -> dict[str, str]:
+    """Per-rank mode's node agent: the node's private directory, which every task computes alike and the ranks write
+    to; the node's first task starts the sidecar there (:mod:`numarun.launch.sidecar`). What the rank's environment
+    gains."""
+    from ..launch import sidecar
+
+    policy = AgentPolicy(policy_from(options), steps_from(options, os.environ))
+    store_port = sidecar.agent_port(os.environ, port) if job.nnodes > 1 else 0
+    state = sidecar.state_dir(job.job, port)
+    try:
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        log.warning("no node agent for this job (no hang watchdog, no step report): %s", e)
+        return {}
+    env = {**policy.worker_env(), envvars.STATE_DIR: str(state)}
+    if job.local_rank != 0:
+        return env
+    (state / "plan.json").write_text(plan.to_json())
+    args = sidecar.SidecarArgs(
+        state=str(state),
+        job_argv=tuple(sys.argv),
+        local_world=job.local_world_size,
+        node=max(0, job.node_index),
+        nodes=max(1, job.nnodes),
+        store_host=addr,
+        store_port=store_port,
+        hang_timeout=policy.hang.timeout_s,
+        on_hang=policy.hang.action.value,
+        hang_source=policy.hang.source,
+        steps_on=policy.steps.on,
+        step_interval=policy.steps.interval_s,
+        keep=None,
+    )
+    pid = sidecar.spawn(args)
+    return {**env, envvars.SIDECAR: str(pid)} if pid else env
 
 
 class Trainer:

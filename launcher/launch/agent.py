@@ -104,10 +104,12 @@ class NodeAgent:
         request_stop: Callable[[int, str], None],
         hold: Callable[[], None],
         say: Callable[[Iterable[str]], None] = say,
+        client: Callable[[str, int], Any] | None = None,
+        stop_ending: str | None = None,
     ) -> None:
         self.policy = policy
         self.state = state
-        self.exchange = Exchange(*store) if store else None
+        self.exchange = (Exchange(*store, client=client) if client else Exchange(*store)) if store else None
         self.hangs = HangWatch(
             policy.hang,
             state,
@@ -116,6 +118,7 @@ class NodeAgent:
             request_stop=request_stop,
             hold=hold,
             say=say,
+            **({"ending": stop_ending} if stop_ending else {}),
         )
         self.steps = (
             StepWatch(policy.steps, state, keep=keep_dir("steps", keep), keys=self._view_keys, plan=plan, say=say)
@@ -164,13 +167,16 @@ class NodeAgent:
         """Wait for the roll-call at a stop, if one was begun."""
         self.hangs.settle(timeout_s)
 
-    def before_exit_barrier(self) -> None:
-        """In torchrun's exit barrier of a job that succeeded, before it waits for the other nodes: the step report's
-        last view handed over, then the store left alone for good."""
+    def before_exit_barrier(self, *, leave: Callable[[Exchange], None] | None = None) -> None:
+        """In torchrun's exit barrier of a job that succeeded, before it waits for the other nodes (or, in per-rank
+        mode, when the node's ranks have ended): the step report's last view handed over, ``leave`` (the sidecars
+        part from their store), then the store left alone for good."""
         with self._lock:
             try:
                 if self.steps is not None:
                     self.steps.hand_over()
+                if leave is not None and self.exchange is not None and not self.exchange.gone:
+                    leave(self.exchange)
             except Exception as e:  # the agent never takes the job down
                 log.debug("step report: %s", e, exc_info=True)
             if self.exchange is not None:

@@ -303,6 +303,7 @@ class LaunchOptions:
         default=DEFAULT_TIMEOUT_S,
         parse=parse_hang_timeout,
         config=float,
+        per_rank=True,
         metavar="SECONDS",
         help="print the roll-call of every rank when no rank entered or left a torch.distributed collective or "
         "took an optimizer step for this long while a rank's stack stood still (0: off)",
@@ -312,6 +313,7 @@ class LaunchOptions:
         default=OnHang.REPORT,
         parse=argtypes.member(OnHang),
         config=str,
+        per_rank=True,
         metavar="ACTION",
         help=f"after the roll-call: report (keep running) or stop (end the job, exit code {EXIT_HANG})",
     )
@@ -320,6 +322,7 @@ class LaunchOptions:
         default=StepReport.ON,
         parse=argtypes.member(StepReport),
         config=str,
+        per_rank=True,
         metavar="ON|OFF",
         help="record where each rank's step time goes and, at the end, say which rank holds the job back and why "
         "(docs/steps.md); numarun top shows it live",

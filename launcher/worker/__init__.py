@@ -110,6 +110,9 @@ def finish(code: object, *, signum: int = 0) -> NoReturn:
         if t is not threading.main_thread() and not t.daemon:
             t.join()
     atexit._run_exitfuncs()
+    from ..ledger import SIDECAR_WAIT_S, await_sidecar
+
+    await_sidecar(os.environ, SIDECAR_WAIT_S)  # per-rank mode's first task: its node's agent ends first
     main_module = sys.modules.get("__main__")
     if main_module is not None and main_module.__dict__ is not globals():
         main_module.__dict__.clear()

@@ -42,8 +42,12 @@ class HangWatch:
         request_stop: Callable[[int, str], None],
         hold: Callable[[], None],
         say: Callable[[Iterable[str]], None],
+        ending: str = f"exit code {EXIT_HANG}",
     ) -> None:
         self.policy = policy
+        self.ending = ending
+        """How ``--on-hang stop`` ends the job, as its lines say: numarun's exit code, or (per-rank mode) the tasks'
+        end."""
         self.state = state
         self.keep = keep
         self._keys = keys
@@ -178,12 +182,12 @@ class HangWatch:
             freeze(beats)
             message = (
                 f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
-                f"stopped it (--on-hang stop, exit code {EXIT_HANG})"
+                f"stopped it (--on-hang stop, {self.ending})"
             )
             if ex is not None:
                 ex.stop(
                     f"node {summary.node} found the job hung ({p.source} {p.timeout_s:g}; the roll-call is on its "
-                    f"stderr): stopped it (--on-hang stop, exit code {EXIT_HANG})",
+                    f"stderr): stopped it (--on-hang stop, {self.ending})",
                     summary.node,
                 )
                 self._await_acks(ex, summary.nodes)
@@ -192,7 +196,7 @@ class HangWatch:
             return
         text.append(
             "the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
-            f"--on-hang stop would end it (exit code {EXIT_HANG})"
+            f"--on-hang stop would end it ({self.ending})"
         )
         self.reports.append(text)
         self.say(text)
