@@ -365,8 +365,8 @@ def node_agent(job: JobShape, options: LaunchOptions, plan: LaunchPlan, addr: st
     from ..launch import sidecar
 
     policy = AgentPolicy(policy_from(options), steps_from(options, os.environ))
-    store_port = sidecar.agent_port(os.environ, port) if job.nnodes > 1 else 0
-    state = sidecar.state_dir(job.job, port)
+    store_port = sidecar.agent_port(os.environ, port)  # a bad NUMARUN_AGENT_PORT is one line on one node too
+    state = sidecar.state_dir(job.job, port, job.node_index)
     try:
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:

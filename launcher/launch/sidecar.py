@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -98,10 +99,13 @@ class SidecarArgs:
         return AgentPolicy(hang, StepPolicy(self.steps_on, self.step_interval))
 
 
-def state_dir(job: str, master_port: int, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
+def state_dir(job: str, master_port: int, node: int, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
     """The private directory of a per-rank job's node: every task of the node computes the same one (the job and step
-    the scheduler names, the rendezvous port every rank agreed on, the user), no two jobs of a node share one."""
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{job or 'job'}.{master_port}.{os.getuid()}")
+    the scheduler names, the rendezvous port every rank agreed on, the node's index and name, the user), no two jobs
+    of a node share one, nor two nodes of a job whose ``$TMPDIR`` is shared (a network file system, containers or
+    namespaced nodes on one host)."""
+    key = f"{job or 'job'}.{master_port}.node{node}.{socket.gethostname()}.{os.getuid()}"
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)
     base = Path(environ.get("TMPDIR") or tempfile.gettempdir())
     return base / f"{STATE_PREFIX}{key}"
 
@@ -135,7 +139,10 @@ def spawn(args: SidecarArgs) -> int:
                 os.close(write)
                 null = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(null, 0)
-                os.execv(sys.executable, [sys.executable, "-m", "numarun.launch.sidecar", args.text()])
+                # numarun's own process: torch's C++ warnings of its store (a client whose name does not resolve)
+                # are not the user's to read; the ranks keep the user's level
+                env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+                os.execve(sys.executable, [sys.executable, "-m", "numarun.launch.sidecar", args.text()], env)
         finally:
             os._exit(0)
     os.close(write)

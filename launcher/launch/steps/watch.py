@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...fsutil import write_atomic
+from ...ledger import WAITING
 from ...plan.model import BindingMode, LaunchPlan
 from ...topology import procfs
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, StepRecord
@@ -91,7 +92,7 @@ class StepWatch:
     def poll(self) -> None:
         """A report when one is due: every interval, at the ranks' first records (the kernel's figures from their
         first steps), when a rank waits for its last look at its exit, and when the node's ranks have all ended."""
-        ended = bool(self.ranks) and not any(procfs.alive(r.pid) for r in self.ranks.values())
+        ended = bool(self.ranks) and not any(self._running(r) for r in self.ranks.values())
         last_looks = sorted(self.state.glob(END.format(local_rank="*")))
         started = not self._first and any(has_records(self.state, lr) for lr in self._locals())
         if time.monotonic() >= self._due or (ended and not self._sent_final) or last_looks or started:
@@ -101,6 +102,11 @@ class StepWatch:
             for path in last_looks:  # the ranks waiting at their exit go on
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+    def _running(self, r: _Rank) -> bool:
+        """The rank runs: its process lives and is not the first task of per-rank mode waiting at its exit for this
+        agent, its script done and its last record written (:data:`numarun.ledger.WAITING`)."""
+        return procfs.alive(r.pid) and not (self.state / WAITING.format(local_rank=r.local)).exists()
 
     def _locals(self) -> list[int]:
         return sorted(self.ranks) or sorted(read_beats(self.state))
@@ -159,7 +165,7 @@ class StepWatch:
                 if anew:
                     r.records.clear()
                 r.records.extend(new)
-            live = {lr: procfs.alive(r.pid) for lr, r in self.ranks.items()}
+            live = {lr: self._running(r) for lr, r in self.ranks.items()}
             if not final:
                 suspects = {self.table.slowest} if self.table is not None and self.table.slowest is not None else set()
                 procs = [r.proc for lr, r in self.ranks.items() if live[lr]]
