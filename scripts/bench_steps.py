@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the step report (on by default, docs/steps.md) costs: a rank's step, and the agent.
 
-    .venv/bin/python scripts/bench_steps.py [--runs 5] [--steps 300] [--json FILE]
+    .venv/bin/python scripts/bench_steps.py [--runs 5] [--steps 300] [--per-rank] [--json FILE]
 
 1. **The recorder's hooks, in this process**: a step made of a DataLoader batch, a collective and an optimizer step
    (each a no-op) and the backward of a small 4-layer model (whose parameters carry the gradient hooks and the two
@@ -13,6 +13,8 @@
    and CPU (median after the first fifth). Prints both medians and the median of the runs' on/off ratios, pair by
    pair: on a shared host the load drifts between runs, the pairs cancel it; the CPU time a step takes is what the
    recorder adds to, and moves less with the load than the wall time.
+   ``--per-rank``: the same two ranks started by Open MPI's ``mpirun -np 2 numarun`` (per-rank mode: each task its
+   own rank, the node's agent a sidecar beside them) instead of torchrun's agent.
 3. **The agent's look** at the ranks (every ``NUMARUN_STEP_INTERVAL``, default 5 s): one sample of the kernel's
    figures for two ranks (this process and its parent stand in for them), as a share of one core.
 """
@@ -136,6 +138,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs of each setting, alternated (default 5)")
     ap.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--per-rank", action="store_true", help="start the ranks with mpirun (per-rank mode)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     numarun = [str(Path(sys.executable).parent / "numarun")]
@@ -150,10 +153,16 @@ def main() -> int:
             for name in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 out = Path(tmp) / f"{name}{i}"
                 out.mkdir()
-                cmd = [*numarun, "--nproc-per-node", "2", "--standalone", "--step-report", name]
+                if args.per_rank:
+                    mpi = ["mpirun.openmpi", "-np", "2", "--oversubscribe", "--bind-to", "none"]
+                    cmd = [*mpi, *numarun, "--step-report", name]
+                    launch_env = {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+                else:
+                    cmd = [*numarun, "--nproc-per-node", "2", "--standalone", "--step-report", name]
+                    launch_env = env
                 r = subprocess.run(
                     [*cmd, str(script), str(out), str(args.steps)],
-                    env={**env, "TMPDIR": tmp},
+                    env={**launch_env, "TMPDIR": tmp},
                     capture_output=True,
                     text=True,
                     timeout=args.timeout,
@@ -169,9 +178,10 @@ def main() -> int:
     pairs = [on / off for on, off in zip(step["on"], step["off"], strict=True)]
     cpu_pairs = [on / off for on, off in zip(cpu["on"], cpu["off"], strict=True)]
     print(f"the recorder's hooks and record: +{hooked - bare:.1f} us a step ({bare:.2f} us bare, {hooked:.2f} hooked)")
+    started = "mpirun (per-rank mode)" if args.per_rank else "numarun's torchrun agent"
     print(
-        f"2 ranks, DDP step (batch 32 of a 512x512 2-layer MLP, gloo), {args.steps} steps, {args.runs} alternated runs "
-        "(each run: the ranks' median step after the first fifth):"
+        f"2 ranks started by {started}, DDP step (batch 32 of a 512x512 2-layer MLP, gloo), {args.steps} steps, "
+        f"{args.runs} alternated runs (each run: the ranks' median step after the first fifth):"
     )
     for n in ("off", "on"):
         print(
