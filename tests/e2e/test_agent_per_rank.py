@@ -189,3 +189,20 @@ def test_srun_one_task_per_rank_a_stuck_rank_stops_every_task_on_every_node(
     assert sum(line.startswith("error: the job made no progress") for line in lines) == 1, log  # node 0, the judge
     assert any(line.startswith("error: node 0 found the job hung") for line in lines), log  # node 1, told by it
     assert not list((tmp_path / "tmp").glob(f"{STATE_PREFIX}*"))
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "70000", "-1"])
+def test_a_bad_agent_port_is_one_line_before_any_rank_starts(tmp_path: Path, value: str) -> None:
+    (tmp_path / "out").mkdir()
+    p = subprocess.run(
+        [_mpirun(), "-np", "1", *numarun_cmd(), str(SCRIPTS / "slurm_ranks.py"), "--out", str(tmp_path / "out")],
+        cwd=REPO,
+        env={**_env(tmp_path), "NUMARUN_AGENT_PORT": value},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    lines = [line for line in p.stderr.splitlines() if line.startswith("numarun: error: ")]
+    assert len(lines) == 1 and f"NUMARUN_AGENT_PORT {value!r}" in lines[0] and "Traceback" not in p.stderr, p.stderr
+    assert not list((tmp_path / "out").iterdir())  # no rank ran
+    assert not list((tmp_path / "tmp").glob(f"{STATE_PREFIX}*"))
