@@ -191,7 +191,7 @@ def test_srun_one_task_per_rank_a_stuck_rank_stops_every_task_on_every_node(
     assert not list((tmp_path / "tmp").glob(f"{STATE_PREFIX}*"))
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "70000", "-1"])
+@pytest.mark.parametrize("value", ["abc", "70000"])
 def test_a_bad_agent_port_is_one_line_before_any_rank_starts(tmp_path: Path, value: str) -> None:
     (tmp_path / "out").mkdir()
     p = subprocess.run(
