@@ -354,9 +354,9 @@ def _made_dirs(path: Path) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..slurm.scheduler import SlurmScheduler, return_code
+    from ..slurm.scheduler import BatchScheduler, SlurmScheduler, return_code
 
-    scheduler = SlurmScheduler()
+    scheduler: BatchScheduler = SlurmScheduler()  # the seam: a second engine is another BatchScheduler
     job = build_job(args)
     text = scheduler.render(job)
     if args.dry_run:

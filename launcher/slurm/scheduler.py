@@ -1,7 +1,7 @@
 """The scheduler seam: what ``numarun submit`` needs from a batch system, and Slurm's implementation.
 
 ``numarun submit`` builds a :class:`~numarun.slurm.script.SlurmJob` and talks to a
-:class:`Scheduler` only: render it (what ``--dry-run`` prints), submit it, follow it, cancel it.
+:class:`BatchScheduler` only: render it (what ``--dry-run`` prints), submit it, follow it, cancel it.
 What runs on each node is engine-neutral (``numarun slurm-node task`` reads the node list, node
 rank and head address from the engine's variables; see :mod:`numarun.slurm.node`), so a second
 engine (a Kubernetes JobSet or PyTorchJob) is one more class with these four methods.
@@ -16,7 +16,7 @@ from .script import SlurmJob, render_sbatch
 from .submit import JobRecord, cancel, overall_return_code, sbatch, wait_for_job
 
 
-class Scheduler(Protocol):
+class BatchScheduler(Protocol):
     name: str
 
     def render(self, job: SlurmJob) -> str:
