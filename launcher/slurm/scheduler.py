@@ -9,11 +9,11 @@ engine (a Kubernetes JobSet or PyTorchJob) is one more class with these four met
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from .script import SlurmJob, render_sbatch
-from .submit import JobRecord, cancel, overall_return_code, sbatch, wait_for_job
+from .submit import JobRecord, cancel, sbatch, wait_for_job
 
 
 class BatchScheduler(Protocol):
@@ -48,7 +48,3 @@ class SlurmScheduler:
 
     def cancel(self, job_id: str) -> None:
         cancel(job_id)
-
-
-def return_code(records: Sequence[JobRecord]) -> int:
-    return overall_return_code(records)

@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ...topology.nic_health import DROPS, LINK_ERRORS
 from ...topology.nvml_health import (
     REASON_APP_CLOCKS,
     REASON_HW_POWER_BRAKE,
@@ -49,17 +50,6 @@ SLOW_LINK = 0.9
 """A PCIe link or a NIC at less than this share of the others' bandwidth is slower."""
 FAULTS = 2.0
 """A fault counter is the rank's own when it moved more than this many times the others' median, per second."""
-LINK_ERRORS = (
-    "symbol_error",
-    "link_error_recovery",
-    "link_downed",
-    "local_link_integrity_errors",
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "excessive_buffer_overrun_errors",
-    "port_xmit_discards",
-)
-DROPS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 
 
 @dataclass(frozen=True)
