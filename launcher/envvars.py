@@ -40,7 +40,7 @@ PLAN_JSON = "NUMARUN_PLAN_JSON"  # the plan itself when there is no plan file (p
 # per-rank mode: the port node 0's node agent (the sidecar) serves the agents' store on (default MASTER_PORT + 1)
 AGENT_PORT = "NUMARUN_AGENT_PORT"
 SIDECAR = "NUMARUN_SIDECAR"  # per-rank mode, the node's first task: its sidecar's pid, which it waits for at its exit
-SWEEP_OPTIONS = "NUMARUN_SWEEP_OPTIONS"
+SWEEP_OPTIONS = "NUMARUN_SWEEP_OPTIONS"  # JSON list of the numarun run options given to numarun SCRIPT -m, for each job
 # the parallel layout (--mesh): the option's variable, and in every rank the layout with each size known (pp=2,tp=4)
 MESH = "NUMARUN_MESH"
 MESH_NAMES = "NUMARUN_MESH_NAMES"  # in every rank of a job with a layout: its names, outermost first (pp,dp_shard,tp)
@@ -52,7 +52,7 @@ MESH_CP = "NUMARUN_MESH_CP"  # the same for cp
 MESH_TP = "NUMARUN_MESH_TP"  # the same for tp
 # a key the user gives each node (its rack, its leaf switch): under c10d with a layout, nodes take node ranks in key
 # order (after their multi-node NVLink domain, before their place in Slurm's order)
-NODE_KEY = "NUMARUN_NODE_KEY"  # JSON list of the numarun run options given to numarun SCRIPT -m, for each job
+NODE_KEY = "NUMARUN_NODE_KEY"
 
 ALL: tuple[str, ...] = tuple(  # every variable above
     v for k, v in sorted(globals().items()) if k.isupper() and isinstance(v, str) and v.startswith("NUMARUN_")

@@ -13,7 +13,7 @@ a program that runs Hydra apps on someone's behalf. numarun does that in two pla
 
 :data:`SHAPES` names each private part used, what for, and its parameters as read on the Hydra
 versions in :data:`CHECKED` (pyproject pins ``hydra-core`` to them).
-``tests/test_hydra_internals.py`` fails when an installed Hydra changes any of them, so the next
+``tests/toplevel/test_hydra_internals.py`` fails when an installed Hydra changes any of them, so the next
 Hydra is checked on purpose. No other module imports ``hydra._internal`` or patches Hydra.
 
 Nothing here imports Hydra or OmegaConf at import time: the worker bootstrap imports this

@@ -56,7 +56,7 @@ def register(environ: Mapping[str, str]) -> list[int]:
 
     Returns the signals delivered (each by ``os.kill`` to this process: a signal without a handler
     ends it, as it would have ended it had it come a moment later)."""
-    state = environ.get("NUMARUN_STATE_DIR")
+    state = environ.get(envvars.STATE_DIR)
     if not state:
         return []
     rank = environ.get("LOCAL_RANK", "0")
@@ -83,7 +83,7 @@ def register(environ: Mapping[str, str]) -> list[int]:
 
 def record_exit(environ: Mapping[str, str], status: int) -> None:
     """A worker's script ended with ``status``: read by numarun after a SIGTERM (a clean stop)."""
-    state = environ.get("NUMARUN_STATE_DIR")
+    state = environ.get(envvars.STATE_DIR)
     if not state:
         return
     rank = environ.get("LOCAL_RANK", "0")

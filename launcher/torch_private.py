@@ -20,7 +20,7 @@ numarun drives torchrun from inside its own process and reaches into it in these
   of (:func:`route_signals`; its own raises again on a second signal, in the middle of its shutdown).
 
 :data:`CHECKED` names the torch versions these were checked on; outside them the private patch is
-skipped (torch behaves as plain torchrun, only slower) and ``tests/test_torch_private.py``
+skipped (torch behaves as plain torchrun, only slower) and ``tests/toplevel/test_torch_private.py``
 fails when torch changes the shape of anything patched here, so the next torch is checked on purpose.
 ``scripts/bench_launch.py`` measures the launch against plain torchrun.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The step report's verdict, proved by repetition: every known-answer case and every balanced case run N times as
-users run them, each verdict scored against the answer (docs/measured.md, "The step report's verdict").
+users run them, each verdict scored against the answer.
 
     .venv/bin/python scripts/verdicts.py [--runs 10] [--beside] [--only SUBSTRING] [--json FILE]
 

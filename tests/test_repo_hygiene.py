@@ -254,3 +254,15 @@ def test_the_wheel_lists_every_package() -> None:
         for p in (REPO / "launcher").rglob("__init__.py")
     }
     assert found <= listed, sorted(found - listed)
+
+
+def test_the_tests_are_laid_out_as_docs_testing_says() -> None:
+    """docs/testing.md, "Where a test goes": the top level holds the hooks and the suite's own rules only, and no two
+    test files share a name (pytest imports each by its name: a second one fails the whole run's collection)."""
+    tests = REPO / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == ["conftest.py", "test_repo_hygiene.py", "test_tiers.py"]
+    by_name: dict[str, list[str]] = {}
+    for p in _test_sources():
+        if p.name.startswith("test_"):
+            by_name.setdefault(p.name, []).append(str(p.relative_to(tests)))
+    assert {n: paths for n, paths in by_name.items() if len(paths) > 1} == {}

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import argtypes, tables
+from .. import argtypes, envvars, tables
 from ..errors import UsageError, expected
 from ..fsutil import write_atomic
 from .allreduce import human_size, parse_size
@@ -214,7 +214,7 @@ def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> Worker
     out = tmp / f"{label}.json"
     cmd = worker_argv(label=label, out=str(out), size_bytes=size_bytes, iters=iters)
     log.info("running: %s", " ".join(cmd))
-    env = {"NUMARUN_LOG_LEVEL": "WARNING", **os.environ}  # the bootstrap's INFO line would repeat the report
+    env = {envvars.LOG_LEVEL: "WARNING", **os.environ}  # the bootstrap's INFO line would repeat the report
     rc = subprocess.call(cmd, env=env)
     if not out.exists():
         return WorkerResult(label=label, cuda=True, error=f"worker exited with code {rc} without a result")

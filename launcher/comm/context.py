@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DistInitError, NumarunError, expected
 from .collectives import TensorForms
-from .groups import GroupLayout, RankPlace, create_groups, layout_from_places
+from .groups import GroupLayout, RankOnNode, create_groups, layout_from_places
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +180,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
                 "expected to run under numarun or torchrun"
             )
         rows = [(r // lws[0], r % lws[0], lws[0]) for r in range(world_size)]
-    layout = layout_from_places([RankPlace(r[0], r[1]) for r in rows])
+    layout = layout_from_places([RankOnNode(r[0], r[1]) for r in rows])
     for r, row in enumerate(rows):
         if row[2] and row[2] != len(layout.intra_of(r)):
             raise DistInitError(

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RankPlace:
+class RankOnNode:
     """Where one global rank runs: its node and its index on that node."""
 
     node_rank: int
@@ -31,7 +31,7 @@ class RankPlace:
 class GroupLayout:
     """Rank lists of the hierarchical groups of a job (index = global rank in ``places``)."""
 
-    places: tuple[RankPlace, ...]
+    places: tuple[RankOnNode, ...]
     intra: tuple[tuple[int, ...], ...]  # per node rank, by local rank
     inter: tuple[tuple[int, ...], ...]  # per local rank, by node rank; () when nodes differ in size
 
@@ -65,10 +65,10 @@ class GroupLayout:
         return self.intra[self.places[rank].node_rank]
 
 
-def layout_from_places(places: Sequence[RankPlace] | Sequence[tuple[int, int]]) -> GroupLayout:
+def layout_from_places(places: Sequence[RankOnNode] | Sequence[tuple[int, int]]) -> GroupLayout:
     """The layout from each global rank's (node_rank, local_rank); HierarchyError unless they are
     0..N-1 and 0..G_n-1 per node, without gaps or repeats."""
-    norm = tuple(p if isinstance(p, RankPlace) else RankPlace(int(p[0]), int(p[1])) for p in places)
+    norm = tuple(p if isinstance(p, RankOnNode) else RankOnNode(int(p[0]), int(p[1])) for p in places)
     if not norm:
         raise HierarchyError("bad job shape: no ranks; expected at least one (node_rank, local_rank)")
     by_node: dict[int, dict[int, int]] = {}

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(eq=False)
-class Job:
+class PipelineJob:
     """One tensor through the pipeline: the tensor of one all-reduce call, or a DDP bucket."""
 
     flat: torch.Tensor
@@ -32,13 +32,13 @@ class Job:
 
 @dataclass(eq=False)
 class Chunk:
-    job: Job
+    job: PipelineJob
     data: torch.Tensor  # a slice of job.full
     shard: torch.Tensor  # this rank's 1/G (data itself with one rank per node)
     wire: torch.Tensor | None = None  # the shard in the inter-node dtype while it crosses
 
 
-def chunks_of(job: Job, step: int, g: int) -> Iterator[Chunk]:
+def chunks_of(job: PipelineJob, step: int, g: int) -> Iterator[Chunk]:
     """The chunks of ``job.full``, at most ``step`` elements each."""
     import torch
 
@@ -94,7 +94,7 @@ def run(chunks: Iterator[Chunk], steps: Steps, *, prefetch: int, crossing: int) 
     gather(c - ``crossing`` + 1) once its crossing is done; jobs' ``done`` in order."""
     ahead: deque[tuple[Chunk, Any]] = deque()  # reduce-scattered (or being), not yet crossing
     on_link: deque[tuple[Chunk, Any]] = deque()
-    landed: deque[Job] = deque()  # all chunks gathered; waiting for their all-gathers to finish
+    landed: deque[PipelineJob] = deque()  # all chunks gathered; waiting for their all-gathers to finish
 
     def fill() -> None:
         while len(ahead) < prefetch:
@@ -124,7 +124,7 @@ def run(chunks: Iterator[Chunk], steps: Steps, *, prefetch: int, crossing: int) 
     _finish(landed, block=True)
 
 
-def _finish(landed: deque[Job], *, block: bool) -> None:
+def _finish(landed: deque[PipelineJob], *, block: bool) -> None:
     """Complete the jobs whose all-gathers have finished (all with ``block``), in order, as DDP expects."""
     while landed:
         job = landed[0]
@@ -152,7 +152,7 @@ def one_shot(full: torch.Tensor, steps: Steps, forms: coll.TensorForms) -> None:
     ctx = steps.context
     g = ctx.local_world_size
     shard = torch.empty(full.numel() // g, dtype=full.dtype, device=full.device) if g > 1 else full
-    c = Chunk(Job(full, full), full, shard)
+    c = Chunk(PipelineJob(full, full), full, shard)
     if g > 1:
         coll.reduce_scatter(c.shard, c.data, steps.op, ctx.intra_group, forms)
     _wait(steps.cross(c))
@@ -173,7 +173,12 @@ def reduce_flat(flat: torch.Tensor, steps: Steps, *, forms: coll.TensorForms, ch
         if full is not flat:
             flat.copy_(full[: flat.numel()])
     else:
-        run(chunks_of(Job(flat, full), step, g), steps, prefetch=ONE_TENSOR_PREFETCH, crossing=ONE_TENSOR_CROSSING)
+        run(
+            chunks_of(PipelineJob(flat, full), step, g),
+            steps,
+            prefetch=ONE_TENSOR_PREFETCH,
+            crossing=ONE_TENSOR_CROSSING,
+        )
 
 
 def _completed(work: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from . import collectives as coll
 from . import pipeline
-from .pipeline import Chunk, Job, Steps
+from .pipeline import Chunk, PipelineJob, Steps
 
 if TYPE_CHECKING:
     import torch
@@ -107,6 +107,6 @@ class BucketStream:
             if flat.numel() == 0:
                 b.future.set_result(b.buffer)
                 continue
-            job = Job(flat, coll.padded(flat, g), done=functools.partial(b.future.set_result, b.buffer))
+            job = PipelineJob(flat, coll.padded(flat, g), done=functools.partial(b.future.set_result, b.buffer))
             step = coll.chunk_elems(chunk, job.full.element_size(), g, job.full.numel())
             yield from pipeline.chunks_of(job, step, g)

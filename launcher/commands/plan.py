@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from .. import argtypes
+from .. import argtypes, envvars
 from ..fsutil import write_output
 from ..options.launch import PLANNING, add_options, from_args
 
@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         parser, (*PLANNING, "nnodes", "detect")
     )  # --nnodes: the nodes a --mesh layout spans, this one among them
     parser.add_argument(
-        "--json", action="store_true", help="print the plan as JSON (what workers read via NUMARUN_PLAN)"
+        "--json", action="store_true", help=f"print the plan as JSON (what workers read via {envvars.PLAN})"
     )
     parser.add_argument("--svg", metavar="FILE", help="also write the topology picture with each rank's cores coloured")
     parser.add_argument(

@@ -15,7 +15,7 @@ One road, in order (:func:`main`, :class:`Road`):
 
 Two variants take the same steps. Per-rank mode (:func:`run_rank`): the scheduler started this process as one
 rank; steps 3 and 4 are the rank's, and the process becomes the rank instead of 5 and 6. numarun's trainer
-(:class:`Trainer`): Hydra composes each job once (:func:`numarun.config.compose.run_hydra`), its ``launcher``
+(:class:`TrainerRun`): Hydra composes each job once (:func:`numarun.config.compose.run_hydra`), its ``launcher``
 group a source of the options, its layout (``parallel.*``) the job's mesh between steps 4 and 5. A user's
 ``@hydra.main`` app or any other script runs as torchrun runs it (a Hydra app's clock fixed once for every rank:
 :mod:`numarun.worker.hydra_pin`). Exit codes: docs/reference/exit-codes.md.
@@ -112,7 +112,7 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
         if job is not None and job.mode is Mode.PER_RANK:  # the variant of a process that is one rank
             return run_rank(road, options, target, kind, preflight=args.preflight)
         if kind is AppKind.TRAINER:  # the variant whose jobs Hydra composes
-            return Trainer(road, options, target).run(args.argv)
+            return TrainerRun(road, options, target).run(args.argv)
         if kind is AppKind.HYDRA_MAIN and any(a in ("-m", "--multirun") for a in target.args):
             from ..sweep.launch import forwarded, run_app
 
@@ -395,7 +395,7 @@ def node_agent(job: JobShape, options: LaunchOptions, plan: LaunchPlan, addr: st
     return {**env, envvars.SIDECAR: str(pid)} if pid else env
 
 
-class Trainer:
+class TrainerRun:
     """numarun's trainer: Hydra composes each job once (``-m``: a sweep, each job through numarun's Hydra
     launcher); each job is prepared before Hydra makes any run dir (:meth:`check`), then run (:meth:`on_job`)."""
 

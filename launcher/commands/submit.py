@@ -354,9 +354,10 @@ def _made_dirs(path: Path) -> list[Path]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..slurm.scheduler import SlurmScheduler, return_code
+    from ..slurm.scheduler import BatchScheduler, SlurmScheduler
+    from ..slurm.submit import overall_return_code
 
-    scheduler = SlurmScheduler()
+    scheduler: BatchScheduler = SlurmScheduler()  # the seam: a second engine is another BatchScheduler
     job = build_job(args)
     text = scheduler.render(job)
     if args.dry_run:
@@ -401,4 +402,4 @@ def main(args: argparse.Namespace) -> int:
     records = scheduler.status(job_id, poll_seconds=args.poll_seconds, on_state=report)
     for r in records:
         print(f"job {r.job_id}: {r.state} exit code {r.exit_code}:{r.signal}", flush=True)
-    return return_code(records)
+    return overall_return_code(records)

@@ -16,7 +16,7 @@ import time
 
 from .. import argtypes
 from ..errors import NoStepReport
-from ..launch.hangs import Job, choose_job, describe
+from ..launch.hangs import RunningJob, choose_job, describe
 from ..topology.procfs import alive
 from ..worker.steps import LIVE, LiveTable
 
@@ -44,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _read(job: Job) -> LiveTable | None:
+def _read(job: RunningJob) -> LiveTable | None:
     """The job's live view; None while there is none (or it is being replaced)."""
     try:
         return LiveTable.parse((job.state / LIVE).read_text())
@@ -52,7 +52,7 @@ def _read(job: Job) -> LiveTable | None:
         return None
 
 
-def _first(job: Job) -> LiveTable:
+def _first(job: RunningJob) -> LiveTable:
     live = _read(job)
     if live is not None:
         return live
@@ -69,7 +69,7 @@ def _width() -> int:
     return max(shutil.get_terminal_size((160, 24)).columns, 80) if sys.stdout.isatty() else 200
 
 
-def _watch(job: Job, live: LiveTable, interval: float) -> None:
+def _watch(job: RunningJob, live: LiveTable, interval: float) -> None:
     """Redraw until the job ends: in place on a terminal, one table after another when piped or on a terminal that
     cannot redraw (``TERM=dumb``: rich's Live would show nothing until the end)."""
     from rich.console import Console
@@ -91,7 +91,7 @@ def _watch(job: Job, live: LiveTable, interval: float) -> None:
             screen.update(top_view(live, title=describe(job)), refresh=True)
 
 
-def _sleep_while_alive(job: Job, interval: float) -> bool:
+def _sleep_while_alive(job: RunningJob, interval: float) -> bool:
     deadline = time.monotonic() + interval
     while time.monotonic() < deadline:
         if not alive(job.pid):

@@ -40,7 +40,7 @@ from typing import Any
 from .. import envvars
 from .. import hydra_internals as internals
 from ..errors import ConfigError, NumarunError
-from .files import PreparedJob, prepare_job, running_job, save_job
+from .files import PreparedJob, first_line, prepare_job, running_job, save_job
 from .rundir import check_run_dir
 from .schema import JobConfig
 
@@ -153,7 +153,7 @@ def expand_sweep(overrides: Sequence[str], *, config_loader: Any = None) -> list
         return internals.split_sweep(overrides, config_loader)
     except HydraException as e:
         raise ConfigError(
-            f"bad overrides {' '.join(overrides)!r}: {_first_line(e)}; expected key=value or key=a,b,c"
+            f"bad overrides {' '.join(overrides)!r}: {first_line(e)}; expected key=value or key=a,b,c"
         ) from None
 
 
@@ -443,13 +443,6 @@ def _launch(launcher: Any, command: _Command) -> list[Any]:
 # --- one-line errors ---------------------------------------------------------------------------
 
 
-def _first_line(e: BaseException) -> str:
-    for line in str(e).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(e).__name__
-
-
 def _config_label(args: Any) -> str:
     name = getattr(args, "config_name", None)
     where = getattr(args, "config_dir", None) or getattr(args, "config_path", None)
@@ -483,7 +476,7 @@ def explain(e: BaseException, overrides: list[str]) -> str:
     )
     cause = e.__cause__ or e.__context__
     if cause is not None and str(cause).strip():
-        detail = _first_line(cause)
+        detail = first_line(cause)
         if detail not in text:
             text = f"{text} ({detail})"
     text = text.split(" Config search path:")[0]

@@ -49,7 +49,7 @@ def resolved_yaml(cfg: Any) -> str:
         return OmegaConf.to_yaml(job, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(
-            f"bad config value: {_first_line(e)}; expected every ??? "
+            f"bad config value: {first_line(e)}; expected every ??? "
             "value given as an override and every interpolation resolvable"
         ) from None
 
@@ -95,7 +95,8 @@ def plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An error's first line with text (Hydra's and OmegaConf's run on with context), else its type's name."""
     for line in str(e).splitlines():
         if line.strip():
             return line.strip()

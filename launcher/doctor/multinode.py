@@ -202,7 +202,7 @@ class StoreSync:
             ) from None
 
 
-class Link(Protocol):
+class LinkMeter(Protocol):
     """This node's end of the link measurements."""
 
     @property
@@ -219,7 +219,7 @@ class Link(Protocol):
 
 @dataclass
 class TcpLink:
-    """A :class:`Link` over plain TCP streams (the product's)."""
+    """A :class:`LinkMeter` over plain TCP streams (the product's)."""
 
     server: _StreamServer
     rank: int
@@ -279,7 +279,7 @@ def exchange(
 
 def run_exchange(
     sync: StoreSync,
-    link: Link,
+    link: LinkMeter,
     report: NodeReport,
     *,
     schedule: LinkSchedule,
@@ -342,7 +342,7 @@ def _peers(rnd: Sequence[tuple[int, int]], rank: int) -> list[int]:
     return [b if a == rank else a for a, b in rnd if rank in (a, b)]
 
 
-def _run_slots(sync: StoreSync, link: Link, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
+def _run_slots(sync: StoreSync, link: LinkMeter, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
     """This node's part of some rounds: ``(round, peer)`` in round order. Both ends of a pair
     first say they are ready for the round (done with their earlier pairs, so nothing else
     reaches their stream servers), then the lower rank streams, then the higher."""

@@ -5,6 +5,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .. import envvars
+
+OPT_OUT = f"{envvars.DETECT}=0 or --no-detect turns detection off"
+"""How a message about the job's environment says to leave the job unread."""
+
 
 class Scheduler(str, enum.Enum):
     """What started this process, read from the environment it was given."""

@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import UsageError
-from .model import JobShape, Mode, Scheduler
-
-OPT_OUT = "NUMARUN_DETECT=0 or --no-detect turns detection off"
+from .model import OPT_OUT, JobShape, Mode, Scheduler
 
 _VARS = {
     Scheduler.OPENMPI: (

@@ -24,15 +24,13 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import SlurmError
 from .hostlist import expand_hostlist
-from .model import JobShape, Mode, Scheduler
+from .model import OPT_OUT, JobShape, Mode, Scheduler
 
 PORT_BASE = 15000
 """Rendezvous ports lie in [PORT_BASE, PORT_BASE + PORT_SPAN): below Linux's ephemeral range (32768+)."""
 PORT_SPAN = 15000
 STEPS_PER_JOB = 32
 """Steps of one job that get distinct ports (two at a time: the rendezvous and the pre-flight's store)."""
-
-OPT_OUT = "NUMARUN_DETECT=0 or --no-detect turns detection off"
 
 
 def _bad(name: str, value: object, form: str) -> SlurmError:

@@ -3,7 +3,7 @@
 The C-level handler of each signal with a Python handler writes the signal's number on the loop's self-pipe
 (``signal.set_wakeup_fd``): that byte is the record. The loop, a thread of its own (``numarun-signals``),
 reads it, looks up what the signal does in the phase the process is in (:data:`ON_SIGNAL`) and has its
-:class:`Target` do it: the supervisor of a run, a sweep's queue of jobs, a relay. It also runs the periodic
+:class:`SignalTarget` do it: the supervisor of a run, a sweep's queue of jobs, a relay. It also runs the periodic
 checks registered with it (:meth:`Loop.every`: a rendezvous deadline, a sweep's kill after its grace).
 Only the main thread can be made to unwind: where the act needs it (END, and the supervisor's STOP), the loop
 asks the main thread to raise (:meth:`Loop.interrupt`), and the Python-level handler raises what it was asked
@@ -75,7 +75,7 @@ RELAYED = (*DEATH, *FORWARDED)
 """What a relay (Slurm's node task, numarun as PID 1) passes on to its numarun."""
 
 
-class Target(Protocol):
+class SignalTarget(Protocol):
     """Who does the acts of :data:`ON_SIGNAL` (HOLD the loop does itself); ``end``: what the main thread raises."""
 
     def forward(self, signum: int) -> None: ...
@@ -94,7 +94,7 @@ class Loop:
             os.set_blocking(fd, False)
         self._previous_fd = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
         self.phase = Phase.STARTING
-        self.target: Target | None = None
+        self.target: SignalTarget | None = None
         self.held: list[int] = []
         self.death: set[int] = set(DEATH)
         self.handled: set[int] = set()
@@ -142,7 +142,7 @@ class Loop:
         return held
 
     @contextlib.contextmanager
-    def serving(self, target: Target, phase: Phase) -> Iterator[None]:
+    def serving(self, target: SignalTarget, phase: Phase) -> Iterator[None]:
         """``target`` acts in ``phase`` for the block (a sweep's jobs); then BETWEEN, and the target before
         (where there was one) acts again."""
         with self.lock:

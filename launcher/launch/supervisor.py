@@ -85,7 +85,7 @@ class _Job:  # what the loop watches while a job runs
 
 class Supervisor:
     """What one numarun process owns around its launches (see the module docstring); the target of the
-    process's signal loop while no sweep's jobs are (:class:`numarun.launch.signals.Target`)."""
+    process's signal loop while no sweep's jobs are (:class:`numarun.launch.signals.SignalTarget`)."""
 
     def __init__(self) -> None:
         self.private_dir: Path | None = None
@@ -123,7 +123,7 @@ class Supervisor:
             if signum in signals.FORWARDED:
                 os.kill(os.getpid(), signum)
 
-    # what the loop has the supervisor do (signals.Target)
+    # what the loop has the supervisor do (signals.SignalTarget)
     def end(self, signum: int) -> BaseException:
         return RunFailed(f"stopped by {signal.Signals(signum).name}; no worker was running", 128 + signum)
 

@@ -1,7 +1,7 @@
 """The scheduler seam: what ``numarun submit`` needs from a batch system, and Slurm's implementation.
 
 ``numarun submit`` builds a :class:`~numarun.slurm.script.SlurmJob` and talks to a
-:class:`Scheduler` only: render it (what ``--dry-run`` prints), submit it, follow it, cancel it.
+:class:`BatchScheduler` only: render it (what ``--dry-run`` prints), submit it, follow it, cancel it.
 What runs on each node is engine-neutral (``numarun slurm-node task`` reads the node list, node
 rank and head address from the engine's variables; see :mod:`numarun.slurm.node`), so a second
 engine (a Kubernetes JobSet or PyTorchJob) is one more class with these four methods.
@@ -9,14 +9,14 @@ engine (a Kubernetes JobSet or PyTorchJob) is one more class with these four met
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from .script import SlurmJob, render_sbatch
-from .submit import JobRecord, cancel, overall_return_code, sbatch, wait_for_job
+from .submit import JobRecord, cancel, sbatch, wait_for_job
 
 
-class Scheduler(Protocol):
+class BatchScheduler(Protocol):
     name: str
 
     def render(self, job: SlurmJob) -> str:
@@ -48,7 +48,3 @@ class SlurmScheduler:
 
     def cancel(self, job_id: str) -> None:
         cancel(job_id)
-
-
-def return_code(records: Sequence[JobRecord]) -> int:
-    return overall_return_code(records)

@@ -46,7 +46,7 @@ GRACE_S = 30.0  # between SIGTERM and SIGKILL when the sweep is stopped
 
 
 @dataclass(frozen=True)
-class Job:
+class SweepJob:
     idx: int
     overrides: tuple[str, ...]
     ranks: int
@@ -95,7 +95,7 @@ def forwarded(argv: Sequence[str], script: str, log_level: str | None) -> list[s
     return level + [a for a in given if a not in ("-m", "--module", "--dry-run")]
 
 
-def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) -> Job:
+def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) -> SweepJob:
     from omegaconf import OmegaConf
 
     from ..config.files import plain
@@ -108,7 +108,7 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     )
     if settings.get("nproc_per_node") is not None:
         config += (("hydra.launcher", (("nproc_per_node", settings["nproc_per_node"]),)),)
-    job = Job(
+    job = SweepJob(
         int(cfg.hydra.job.num), tuple(str(o) for o in cfg.hydra.overrides.task), 1, tuple(_common(settings)), config
     )
     options = job.launch_options(os.environ)[0]
@@ -176,7 +176,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     try:
         from ..topology.discover import load_topology
 
-        given = Job(0, (), 1, tuple(_common(settings))).launch_options(os.environ)[0]
+        given = SweepJob(0, (), 1, tuple(_common(settings))).launch_options(os.environ)[0]
         topology = None if slurm else load_topology(given.topology)
         jobs = [_job(cfg, settings, topology, trainer=hasattr(launcher.task_function, "numarun_task")) for cfg in cfgs]
         if given.show_sources:
@@ -212,7 +212,7 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _result(folder: Path, job: Job, code: int) -> Any:
+def _result(folder: Path, job: SweepJob, code: int) -> Any:
     """The JobReturn rank 0 wrote, or a FAILED one saying why there is none."""
     from hydra.core.utils import JobReturn, JobStatus
 
@@ -231,7 +231,7 @@ def _result(folder: Path, job: Job, code: int) -> Any:
     return ret
 
 
-def _plan(job: Job, options: LaunchOptions, slot: Slot, topology: Any) -> Any:
+def _plan(job: SweepJob, options: LaunchOptions, slot: Slot, topology: Any) -> Any:
     from ..plan.binding import make_plan
     from ..plan.request import request_from_options
 
@@ -242,7 +242,7 @@ def _plan(job: Job, options: LaunchOptions, slot: Slot, topology: Any) -> Any:
     )
 
 
-def _start(job: Job, slot: Slot, port: int, topology: Any, folder: Path, now: str) -> subprocess.Popen[bytes]:
+def _start(job: SweepJob, slot: Slot, port: int, topology: Any, folder: Path, now: str) -> subprocess.Popen[bytes]:
     """The job's process, confined to ``slot`` (affinity set before exec, ``CUDA_VISIBLE_DEVICES``; its CPUs left
     alone under binding none)."""
     from ..launch.torchrun import ENTRY_FILE, worker_env
@@ -318,10 +318,10 @@ def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
 
 class _Queue:
     """The jobs of one batch, each in a slot as soon as one is free; the target of the process's signal loop while
-    they run (:class:`numarun.launch.signals.Target`): a death signal ends every running job (SIGTERM, SIGKILL after
-    :data:`GRACE_S` or at a second one), SIGUSR1/SIGUSR2 go on to every running job."""
+    they run (:class:`numarun.launch.signals.SignalTarget`): a death signal ends every running job (SIGTERM,
+    SIGKILL after :data:`GRACE_S` or at a second one), SIGUSR1/SIGUSR2 go on to every running job."""
 
-    def __init__(self, jobs: Sequence[Job], slots: list[Slot]) -> None:
+    def __init__(self, jobs: Sequence[SweepJob], slots: list[Slot]) -> None:
         self.waiting, self.slots = list(jobs), slots
         self.running: dict[int, tuple[subprocess.Popen[bytes], Slot]] = {}
         self.codes: dict[int, int] = {}
@@ -377,7 +377,7 @@ class _Queue:
             self.changed.clear()
 
 
-def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | None = None) -> dict[int, int]:
+def run_local(jobs: Sequence[SweepJob], topology: Any, folder: Path, *, limit: int | None = None) -> dict[int, int]:
     """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is made before
     the first starts. While they run, the process's signal loop has the queue act (:class:`_Queue`); stopped by a
     signal, it raises once every job has ended (exit 128+N)."""
@@ -398,7 +398,7 @@ def run_local(jobs: Sequence[Job], topology: Any, folder: Path, *, limit: int | 
     ports = {s.index: _free_port() for s in slots}
     queue = _Queue(jobs, slots)
 
-    def start(job: Job, slot: Slot) -> subprocess.Popen[bytes]:
+    def start(job: SweepJob, slot: Slot) -> subprocess.Popen[bytes]:
         proc = _start(job, slot, ports[slot.index], topology, folder, now)
         cpus = confined_cpus(slot, job.launch_options(os.environ)[0].binding)
         shown = "not bound" if cpus is None else format_list(cpus)
@@ -431,7 +431,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _submit(settings: dict[str, Any], jobs: Sequence[Job], folder: Path) -> dict[int, int] | None:
+def _submit(settings: dict[str, Any], jobs: Sequence[SweepJob], folder: Path) -> dict[int, int] | None:
     """The jobs as a job array of ``numarun submit`` (``pack``: that many jobs per array task, packed on its
     node); waits for it. None for a dry run (the script is printed)."""
     sizes = {j.ranks for j in jobs}
@@ -527,7 +527,7 @@ def run_app(target: Target, options: Sequence[str], *, dry_run: bool) -> int:
         from ..config.compose import expand_sweep
         from ..topology.discover import load_topology
 
-        launch = Job(0, (), 1, tuple(options)).launch_options(os.environ)[0]
+        launch = SweepJob(0, (), 1, tuple(options)).launch_options(os.environ)[0]
         overrides = [a for a in script_args if "=" in a and not a.lstrip("+~").startswith("hydra")]
         jobs = (
             [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]

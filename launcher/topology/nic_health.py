@@ -26,8 +26,7 @@ from pathlib import Path
 from ..errors import TopologyError
 from .fileio import read_bounded
 
-IB_COUNTERS = (
-    "port_xmit_wait",
+LINK_ERRORS = (
     "symbol_error",
     "link_error_recovery",
     "link_downed",
@@ -36,10 +35,12 @@ IB_COUNTERS = (
     "port_rcv_remote_physical_errors",
     "excessive_buffer_overrun_errors",
     "port_xmit_discards",
-    "port_xmit_data",
-    "port_rcv_data",
 )
-NET_COUNTERS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "rx_bytes", "tx_bytes")
+"""An RDMA port's error counters: any rise is a fault of the link."""
+DROPS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
+"""A plain interface's drop and error counters."""
+IB_COUNTERS = ("port_xmit_wait", *LINK_ERRORS, "port_xmit_data", "port_rcv_data")
+NET_COUNTERS = (*DROPS, "rx_bytes", "tx_bytes")
 IB_WORD = 4
 """``port_xmit_data`` / ``port_rcv_data`` count 4-octet words."""
 

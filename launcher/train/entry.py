@@ -9,6 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .. import envvars
 from ..config.schema import load_job_config
 from ..errors import ConfigError
 
@@ -44,19 +45,19 @@ def run(argv: list[str], job_cfg: Any = None, job_dir: Path | None = None) -> in
     from .loop import STOP_SIGNALS, Trainer, init_context
 
     stops = Requests(STOP_SIGNALS)  # recorded from here on; the training loop reads them after each step
-    env_config = None if job_cfg is not None else os.environ.get("NUMARUN_CONFIG")
+    env_config = None if job_cfg is not None else os.environ.get(envvars.CONFIG)
     if env_config and argv:
-        log.warning("NUMARUN_CONFIG is set: ignoring command-line overrides %s", argv)
+        log.warning("%s is set: ignoring command-line overrides %s", envvars.CONFIG, argv)
     cfg = load_job_config(env_config) if env_config else job_cfg  # checked before any process group is made
     ctx = init_context()
     try:
         if env_config:
-            job_dir = Path(os.environ.get("NUMARUN_RUN_DIR") or Path(env_config).parent)
+            job_dir = Path(os.environ.get(envvars.RUN_DIR) or Path(env_config).parent)
         elif cfg is None:
             config_file = _config_without_numarun(argv, ctx.rank)
-            cfg, job_dir = load_job_config(config_file), Path(os.environ.get("NUMARUN_RUN_DIR") or config_file.parent)
+            cfg, job_dir = load_job_config(config_file), Path(os.environ.get(envvars.RUN_DIR) or config_file.parent)
         if job_dir is None or not job_dir.is_dir():
-            raise ConfigError(f"bad NUMARUN_RUN_DIR {str(job_dir)!r}: expected an existing run directory")
+            raise ConfigError(f"bad {envvars.RUN_DIR} {str(job_dir)!r}: expected an existing run directory")
         code = Trainer(cfg, job_dir, ctx, stops).run()
         if dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank past its last collective before any rank tears its sockets down:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..view.svg_doc import Canvas
-from .stats import Summary
+from .stats import CandidateSummary
 
 BAR_H, GAP, LABEL_W, PLOT_W, PAD = 22, 10, 330, 420, 16
 
@@ -20,7 +20,9 @@ line.whisker { stroke: #000; }
 """
 
 
-def render_chart(summaries: Sequence[Summary], *, default: int, winner: int, title: str = "numarun tune") -> str:
+def render_chart(
+    summaries: Sequence[CandidateSummary], *, default: int, winner: int, title: str = "numarun tune"
+) -> str:
     by_tp = summaries[0].throughput is not None
     unit = summaries[0].unit if by_tp else "s (wall, lower is better)"
     values, ranges = [], []

@@ -20,7 +20,7 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Summary:
+class CandidateSummary:
     candidate: Candidate
     runs: tuple[Run, ...]
     median_s: float
@@ -31,8 +31,8 @@ class Summary:
     ratio: float  # speed relative to the default candidate (> 1: faster)
 
 
-def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default: int) -> list[Summary]:
-    """One Summary per candidate; throughput is used only when every run of every candidate has one."""
+def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default: int) -> list[CandidateSummary]:
+    """One CandidateSummary per candidate; throughput is used only when every run of every candidate has one."""
     tps = [[r.throughput for r in rs if r.throughput is not None] for rs in runs]
     with_tp = all(len(t) == len(rs) for t, rs in zip(tps, runs))
     med_s = [statistics.median(r.seconds for r in rs) for rs in runs]
@@ -46,7 +46,7 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
             ratio = med_s[default] / med_s[i] if med_s[i] > 0 else float("inf")
         peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
         out.append(
-            Summary(
+            CandidateSummary(
                 candidate=c,
                 runs=tuple(rs),
                 median_s=med_s[i],
@@ -60,7 +60,7 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
     return out
 
 
-def best(summaries: Sequence[Summary]) -> int:
+def best(summaries: Sequence[CandidateSummary]) -> int:
     """Index of the fastest candidate (highest ratio); ties go to the earlier candidate."""
     return max(range(len(summaries)), key=lambda i: (summaries[i].ratio, -i))
 
@@ -69,7 +69,7 @@ def _num(x: float) -> str:
     return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.0f}"
 
 
-def table(summaries: Sequence[Summary], *, default: int, winner: int, color: bool = False) -> str:
+def table(summaries: Sequence[CandidateSummary], *, default: int, winner: int, color: bool = False) -> str:
     """Text table: candidate, median and range (throughput, else seconds), peak memory, ratio."""
     by_tp = summaries[0].throughput is not None
     unit = summaries[0].unit
@@ -94,7 +94,7 @@ def table(summaries: Sequence[Summary], *, default: int, winner: int, color: boo
     return tables.render(out, color=color)
 
 
-def to_json(summaries: Sequence[Summary], *, default: int, winner: int, trials: int) -> dict[str, Any]:
+def to_json(summaries: Sequence[CandidateSummary], *, default: int, winner: int, trials: int) -> dict[str, Any]:
     """``{"candidates": [{"options", "runs_s", "median_s", "throughput", ...}], "best": {"options"}}``."""
     return {
         "trials": trials,

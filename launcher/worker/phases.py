@@ -119,7 +119,7 @@ class Recorder:
         self.input_s = self.optim_s = 0.0
         self.depth = 0  # inside input on the main thread: what is nested counts once
         self.steps = 0
-        self.gpu: Gpu | None = None
+        self.gpu: GpuEvents | None = None
         self.ddp = DdpWait(self)
         self.start = self._mark(clock())
         self.last: Mark | None = None  # the end of the latest optimizer step of the open step
@@ -374,7 +374,7 @@ class Recorder:
                 return
         except Exception:
             return
-        self.gpu = Gpu(torch)
+        self.gpu = GpuEvents(torch)
         self.counters.timed = lambda name, entering: self.gpu.around(entering) if self.gpu is not None else None
         self.start = self._mark(self.start.t)  # the next step's span starts with an event
 
@@ -499,7 +499,7 @@ def _queue(callback: Callable[[], None]) -> None:
     _engine.queue_callback(callback)
 
 
-class Gpu:
+class GpuEvents:
     """CUDA events of the main thread's current stream: one at each step's end, a pair around each wait."""
 
     def __init__(self, torch: ModuleType) -> None:

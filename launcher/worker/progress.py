@@ -369,7 +369,7 @@ def main_frames(frame: Any) -> list[list[Any]]:
     return out
 
 
-class Sampler:
+class HeartbeatWriter:
     """Rewrites the heartbeat every ``interval`` seconds on a daemon thread (see the module docstring)."""
 
     def __init__(
@@ -443,7 +443,7 @@ class Sampler:
             except Exception as e:  # never take the job down for a report
                 log.debug("hang sampler: %s", e)
 
-    def start(self) -> Sampler:
+    def start(self) -> HeartbeatWriter:
         self.sample()
         self._thread = threading.Thread(target=self._loop, name="numarun-hangs", daemon=True)
         self._thread.start()
@@ -467,7 +467,7 @@ def write_heartbeat(path: Path, beat: Mapping[str, Any]) -> None:
     write_atomic(path, json.dumps(beat, separators=(",", ":")))
 
 
-_current: Sampler | None = None
+_current: HeartbeatWriter | None = None
 
 
 def identity(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -501,7 +501,7 @@ def sample_interval(environ: Mapping[str, str]) -> float:
         return 0.0
 
 
-def install(environ: Mapping[str, str]) -> Sampler | None:
+def install(environ: Mapping[str, str]) -> HeartbeatWriter | None:
     """In a rank numarun started (``NUMARUN_STATE_DIR`` set): the dump handler always (``numarun stacks`` works
     with the watchdog off); the counters and the sampler when ``NUMARUN_HANG_SAMPLE`` > 0. Returns the sampler."""
     global _current
@@ -531,7 +531,7 @@ def install(environ: Mapping[str, str]) -> Sampler | None:
         )
         return None
     install_counters()
-    _current = Sampler(path, {**who, "sampling": True}, interval=interval).start()
+    _current = HeartbeatWriter(path, {**who, "sampling": True}, interval=interval).start()
     return _current
 
 

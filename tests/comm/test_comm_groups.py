@@ -9,7 +9,7 @@ import pytest
 
 from numarun.bench import allreduce as bench
 from numarun.comm.allreduce import CommMode, Compression, parse_comm_mode, parse_compression
-from numarun.comm.groups import RankPlace, layout_from_places
+from numarun.comm.groups import RankOnNode, layout_from_places
 from numarun.commands import bench as bench_cmd
 from numarun.errors import ConfigError, HierarchyError, NumarunError, UsageError
 from numarun.launch.child import numarun_command
@@ -36,7 +36,7 @@ def test_layout_from_reported_places_not_contiguous() -> None:
     lay = layout_from_places(places)
     assert lay.intra == ((0, 2), (1, 3))
     assert lay.inter == ((0, 1), (2, 3))
-    assert lay.places[3] == RankPlace(1, 1)
+    assert lay.places[3] == RankOnNode(1, 1)
 
 
 def test_unequal_nodes_have_intra_groups_but_hierarchy_is_an_error() -> None:

@@ -26,7 +26,7 @@ from helpers import REPO, SLEEPER, TIMEOUT, clean_env, error_lines, numarun_cmd,
 
 from numarun import cli
 from numarun.fsutil import write_atomic
-from numarun.launch.hangs.stacks import JOB_FILE, Job, choose_job, running_jobs
+from numarun.launch.hangs.stacks import JOB_FILE, RunningJob, choose_job, running_jobs
 from numarun.view.top import render_top, summary_line
 from numarun.worker.steps import LIVE, PHASES, LiveTable, RankPlace, RankRow
 
@@ -127,7 +127,7 @@ def test_the_latest_job_is_chosen_and_said_so_when_several_run(tmp_path: Path, m
     assert choose_job(os.getppid()) == (_job_of(tmp_path / "numarun-a"), "")
 
 
-def _job_of(state: Path) -> Job:
+def _job_of(state: Path) -> RunningJob:
     return next(j for j in running_jobs() if j.state == state)
 
 

@@ -109,11 +109,16 @@ def _headings(page: Path) -> set[str]:
     return {m.group(1) for m in HEADING.finditer(FENCE.sub("", page.read_text(encoding="utf-8")))}
 
 
+def _code() -> list[Path]:
+    """The package's code and the project's scripts, which cite the docs too."""
+    return sorted(p for folder in ("launcher", "hydra_plugins", "scripts") for p in (REPO / folder).rglob("*.py"))
+
+
 def _citations() -> list[tuple[str, str, str | None, str]]:
     """(source file, cited page, section or None, the text) of every README or docs/ citation in the package's
-    code (docstrings, comments and messages alike), the lines of a citation joined."""
+    code and the scripts (docstrings, comments and messages alike), the lines of a citation joined."""
     found = []
-    for path in sorted([*(REPO / "launcher").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py")]):
+    for path in _code():
         text = " ".join(path.read_text(encoding="utf-8").split())  # a citation may break across lines
         for m in CITATION.finditer(text):
             found.append((str(path.relative_to(REPO)), m.group(1), m.group(2), text[m.start() : m.end() + 40]))
@@ -141,7 +146,7 @@ def test_a_citation_names_its_section_in_the_form_the_check_reads() -> None:
     """ "the README's (See the plan)" or "README: per-rank mode" would escape the check above: any README in the
     package's code is a citation of the form it reads."""
     loose = []
-    for path in [*(REPO / "launcher").rglob("*.py"), *(REPO / "hydra_plugins").rglob("*.py")]:
+    for path in _code():
         text = " ".join(path.read_text(encoding="utf-8").split())
         loose += [
             f"{path.relative_to(REPO)}: {text[m.start() : m.start() + 60]!r}"
@@ -155,6 +160,84 @@ def test_the_headings_are_read_outside_code_blocks() -> None:
     headings = _headings(DOCS / "run.md")
     assert {"Where each option comes from", "Addresses", "Signals"} <= headings
     assert not any(h.startswith("options (value, source)") for h in headings)  # a console block's comment
+
+
+# A path the docs cite (docs/testing.md, "The docs are tested"): a word of an inline code span, of a README link, or a
+# GitHub link to this repository's files, that starts with a folder of the repository (``tests/``, ``scripts/``...),
+# with ``numarun/`` (the package as imported) or with one of the package's folders (``launch/``: the package's own
+# path, as the design notes write it), and names a file (its last part has a suffix) or a folder (it ends in ``/``);
+# or a test file's bare name (``test_fsutil.py``, names being unique). A ``*`` is a glob; ``<``, ``{``, ``$``,
+# ``~`` or ``...`` mark a placeholder, not a path.
+REPO_FOLDERS = ("launcher", "tests", "scripts", "docs", "configs", "slurm", "hydra_plugins", ".ci")
+PACKAGE_FOLDERS = tuple(sorted(p.parent.name for p in (REPO / "launcher").glob("*/__init__.py")))
+GITHUB_FILE = re.compile(r"https://github\.com/numarun/numarun/(?:blob|tree)/[^/\s]+/([^\s)#]+)")
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+README_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+TEST_NAME = re.compile(r"test_\w+\.py")
+
+
+def _cited_words(page: Path) -> list[tuple[int, str]]:
+    """(line, word) of every word of ``page`` that may be a path: inline code and links, code blocks left out."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), page.read_text(encoding="utf-8"))
+    spans = [*INLINE_CODE.finditer(text), *GITHUB_FILE.finditer(text)]
+    if page.name == "README.md":  # the README's links are the repository's paths; a page's, mkdocs checks
+        spans += [m for m in README_LINK.finditer(text) if "://" not in m.group(1)]
+    return [(text.count("\n", 0, m.start()) + 1, word.strip(",;:.()'\"")) for m in spans for word in m.group(1).split()]
+
+
+def cited_path(word: str) -> str | None:
+    """``word`` as a path the docs cite, its ``::test`` part kept; None when it is no path by the rule above."""
+    if any(mark in word for mark in "<{$~") or "..." in word:
+        return None
+    path = word.split("::", 1)[0]
+    head, _, rest = path.partition("/")
+    names_one = bool(rest) and (path.endswith("/") or "." in path.rsplit("/", 1)[-1])
+    if names_one and head in (*REPO_FOLDERS, *PACKAGE_FOLDERS, "numarun"):
+        return word
+    return word if TEST_NAME.fullmatch(path) else None
+
+
+def missing_path(word: str) -> str | None:
+    """Why the cited ``word`` names nothing in the checkout; None when it does."""
+    path, _, test = word.partition("::")
+    if "/" not in path:  # a test file's bare name
+        found = list((REPO / "tests").rglob(path))
+    else:
+        inside = path.replace("numarun/", "launcher/", 1) if path.startswith("numarun/") else path
+        found = [p for base in (REPO, REPO / "launcher") for p in base.glob(inside.rstrip("/")) if p.exists()]
+    if not found:
+        return f"{path} is no file or folder of the repository (nor of launcher/)"
+    if test and not any(re.search(rf"^(?:async )?def {re.escape(test)}\(", p.read_text(), re.M) for p in found):
+        return f"{path} has no test {test}"
+    return None
+
+
+def test_the_rule_for_a_cited_path() -> None:
+    words = ["tests/e2e/test_wheel.py", "launch/torchrun.py", "numarun/plan/pack.py", "tests/support/", "conftest.py"]
+    assert [cited_path(w) for w in words] == [*words[:4], None]
+    assert [cited_path(w) for w in ["topology/tree", "hydra/launcher=numarun", "outputs/<date>/", "test_x.py"]] == [
+        None,
+        None,
+        None,
+        "test_x.py",
+    ]
+    assert missing_path("launch/bootstrap.py") is not None and missing_path("worker/bootstrap.py") is None
+    assert missing_path("tests/launch/steps/test_steps_*.py") is None and missing_path("tests/nope_*.py") is not None
+    assert missing_path("test_fsutil.py") is None and missing_path("test_fsutil.py::test_nope") is not None
+
+
+def test_every_path_the_docs_cite_exists() -> None:
+    """README.md's and every docs/ page's cited paths exist, so that a file moved or renamed takes its citations
+    along."""
+    cited = [
+        (page, line, word)
+        for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+        for line, w in _cited_words(page)
+        if (word := cited_path(w))
+    ]
+    assert len(cited) > 100, cited  # the rule finds them
+    wrong = [f"{page.relative_to(REPO)}:{line}: {why}" for page, line, word in cited if (why := missing_path(word))]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_run_page_lists_every_launch_option_as_declared() -> None:

@@ -293,7 +293,7 @@ class Torch:
 
 def test_gpu_events_give_the_steps_gpu_time_and_the_waits_count_as_comm_once_done() -> None:
     rec = _recorder()
-    rec.gpu = phases.Gpu(Torch)  # type: ignore[arg-type]
+    rec.gpu = phases.GpuEvents(Torch)  # type: ignore[arg-type]
     rec.counters.timed = lambda name, entering: rec.gpu.around(entering) if rec.gpu else None
     rec.start = rec._mark(rec.clock())
     opt = Opt()

@@ -24,19 +24,19 @@ Store keys (multi-node): :mod:`.exchange`. Per node O(1) keys per sample, the ju
 
 from .node import NodeCall, find_py_spy, render
 from .policy import DEFAULT_TIMEOUT_S, EXIT_HANG, HangPolicy, OnHang, parse_hang_timeout, policy_from
-from .stacks import Job, ask_stacks, choose_job, describe, job_of, running_jobs, write_job_record
-from .verdict import Summary, judge, read_beats, summarize
+from .stacks import RunningJob, ask_stacks, choose_job, describe, job_of, running_jobs, write_job_record
+from .verdict import HangSummary, judge, read_beats, summarize
 from .watch import HangWatch
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "EXIT_HANG",
     "HangPolicy",
+    "HangSummary",
     "HangWatch",
-    "Job",
     "NodeCall",
     "OnHang",
-    "Summary",
+    "RunningJob",
     "ask_stacks",
     "choose_job",
     "describe",

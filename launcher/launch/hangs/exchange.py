@@ -9,7 +9,7 @@ import dataclasses
 
 from ..exchange import Keys
 from .node import NodeCall
-from .verdict import Summary
+from .verdict import HangSummary
 
 ANSWER_WAIT_S = 90.0
 """How long the judge waits for the other nodes' stands (a sample, the dumps, py-spy's native unwinding)."""
@@ -26,11 +26,11 @@ class RollCallKeys:
     def prefix(self) -> str:
         return self.keys.prefix
 
-    def publish(self, summary: Summary) -> None:
+    def publish(self, summary: HangSummary) -> None:
         self.keys.set_json(f"node/{summary.node}", dataclasses.asdict(summary))
 
-    def summaries(self, nodes: int) -> list[Summary]:
-        return [Summary(**d) for n in range(nodes) if isinstance(d := self.keys.get_json(f"node/{n}"), dict)]
+    def summaries(self, nodes: int) -> list[HangSummary]:
+        return [HangSummary(**d) for n in range(nodes) if isinstance(d := self.keys.get_json(f"node/{n}"), dict)]
 
     def ask(self, why: str, by: int) -> int | None:
         """A new roll-call's number; None when the store is gone."""

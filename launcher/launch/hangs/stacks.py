@@ -39,19 +39,19 @@ def write_job_record(directory: Path, argv: Sequence[str]) -> None:
 
 
 @dataclass(frozen=True)
-class Job:
+class RunningJob:
     pid: int
     state: Path
     started: float
     argv: tuple[str, ...]
 
 
-def _read_job(record: Path) -> Job:
+def _read_job(record: Path) -> RunningJob:
     d = loads(record.read_text())
-    return Job(int(d["pid"]), record.parent, float(d["started"]), tuple(str(a) for a in d.get("argv", [])))
+    return RunningJob(int(d["pid"]), record.parent, float(d["started"]), tuple(str(a) for a in d.get("argv", [])))
 
 
-def running_jobs() -> list[Job]:
+def running_jobs() -> list[RunningJob]:
     """This user's numarun jobs on this node (their private directories under ``$TMPDIR``), the latest first."""
     jobs = []
     for record in Path(tempfile.gettempdir()).glob(f"numarun-*/{JOB_FILE}"):
@@ -61,7 +61,7 @@ def running_jobs() -> list[Job]:
     return sorted(jobs, key=lambda j: -j.started)
 
 
-def job_of(pid: int) -> Job:
+def job_of(pid: int) -> RunningJob:
     """The job of ``pid``: a numarun's own, or that of a rank it started (found through the rank's environment)."""
     for job in running_jobs():
         if job.pid == pid:
@@ -85,13 +85,13 @@ def job_of(pid: int) -> Job:
     )
 
 
-def describe(job: Job) -> str:
+def describe(job: RunningJob) -> str:
     """``pid 4242, started 2026-01-01 12:00:00: numarun train.py``."""
     when = _dt.datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S")
     return f"pid {job.pid}, started {when}: {shlex.join(job.argv) if job.argv else '?'}"
 
 
-def choose_job(pid: int | None) -> tuple[Job, str]:
+def choose_job(pid: int | None) -> tuple[RunningJob, str]:
     """The job ``--pid`` names (:func:`job_of`), else the latest started of this user's here, and a note for stderr
     when several run (``""`` else). :class:`StacksUnavailable` when none runs."""
     if pid is not None:
@@ -111,7 +111,7 @@ def choose_job(pid: int | None) -> tuple[Job, str]:
     return jobs[0], note
 
 
-def ask_stacks(job: Job, *, full: bool = False, timeout_s: float = 180.0) -> str:
+def ask_stacks(job: RunningJob, *, full: bool = False, timeout_s: float = 180.0) -> str:
     """The roll-call of ``job``, asked of its numarun (the agent that watches its ranks): harmless to the job."""
     fifo = job.state / FIFO
     rid = f"{os.getpid()}x{time.monotonic_ns() % 10**9}"

@@ -41,7 +41,7 @@ def exit_code(state: Path, local_rank: int, group: int) -> int | None:
 
 
 @dataclass(frozen=True)
-class Summary:
+class HangSummary:
     """One node's view, for the judge (JSON through the store)."""
 
     node: int
@@ -60,7 +60,7 @@ class Summary:
 
 def summarize(
     beats: Mapping[int, Mapping[str, Any]], now: float, live: Callable[[int], bool] = procfs.alive
-) -> Summary | None:
+) -> HangSummary | None:
     """This node's summary from its heartbeats (None before the first)."""
     if not beats:
         return None
@@ -72,7 +72,7 @@ def summarize(
         n_live += 1
         quiet.append(now - float(b["moved"]))
         still.append(now - max(float(b["moved"]), float(b.get("changed", b["moved"]))))
-    return Summary(
+    return HangSummary(
         node=int(first.get("node_rank", 0)),
         nodes=int(first.get("nodes", 1)),
         world=int(first.get("world", 1)),
@@ -86,26 +86,26 @@ def summarize(
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HangVerdict:
     hung: bool
     quiet_s: float
     still_s: float
     reason: str = ""
 
 
-def judge(summaries: Sequence[Summary], timeout_s: float) -> Verdict:
+def judge(summaries: Sequence[HangSummary], timeout_s: float) -> HangVerdict:
     """The job hangs when every node reported all its ranks, some rank lives, and for ``timeout_s`` no live
     rank's counters moved while some live rank's stack stood still too."""
     if not summaries or timeout_s <= 0:
-        return Verdict(False, 0.0, 0.0, "no summary")
+        return HangVerdict(False, 0.0, 0.0, "no summary")
     nodes = summaries[0].nodes
     if len({s.node for s in summaries}) < nodes or any(s.ranks < s.local_world for s in summaries):
-        return Verdict(False, 0.0, 0.0, "not every rank reported yet")
+        return HangVerdict(False, 0.0, 0.0, "not every rank reported yet")
     if not all(s.sampling for s in summaries):
-        return Verdict(False, 0.0, 0.0, "a rank does not sample")
+        return HangVerdict(False, 0.0, 0.0, "a rank does not sample")
     live = [s for s in summaries if s.live]
     if not live:
-        return Verdict(False, 0.0, 0.0, "no live rank")
+        return HangVerdict(False, 0.0, 0.0, "no live rank")
     quiet = min(s.quiet_s for s in live)
     still = max(s.still_s for s in live)
-    return Verdict(quiet >= timeout_s and still >= timeout_s, quiet, still)
+    return HangVerdict(quiet >= timeout_s and still >= timeout_s, quiet, still)

@@ -16,7 +16,7 @@ from ...fsutil import write_atomic
 from .exchange import ANSWER_WAIT_S, RollCallKeys
 from .node import Dumps, NodeCall, call_node, freeze, render, resume
 from .policy import EXIT_HANG, HangPolicy, OnHang
-from .verdict import Summary, Verdict, exit_code, judge, read_beats, summarize
+from .verdict import HangSummary, HangVerdict, exit_code, judge, read_beats, summarize
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class HangWatch:
                 continue  # this node's own: answered as it asked
             ex.answer(k, call_node(self.state, beats, self.keep / f"stacks.{k}.txt", py_spy=why != "stop"))
 
-    def _call(self, why: str, beats: Beats, summary: Summary, ex: RollCallKeys | None) -> list[NodeCall]:
+    def _call(self, why: str, beats: Beats, summary: HangSummary, ex: RollCallKeys | None) -> list[NodeCall]:
         """Every node's answer to one roll-call (this node's own first); nodes that do not answer are named."""
         if ex is None:
             self._count += 1
@@ -162,7 +162,7 @@ class HangWatch:
             calls.append(NodeCall(n, "", (), "(no answer)", f"node {n} did not answer within {ANSWER_WAIT_S:g} s"))
         return calls
 
-    def _report(self, verdict: Verdict, beats: Beats, summary: Summary, ex: RollCallKeys | None) -> None:
+    def _report(self, verdict: HangVerdict, beats: Beats, summary: HangSummary, ex: RollCallKeys | None) -> None:
         calls = self._call("hang", beats, summary, ex)
         p = self.policy
         first = (
@@ -210,7 +210,7 @@ class HangWatch:
                 return
             time.sleep(0.2)
 
-    def _answer_request(self, request: str, view: tuple[Any, Summary, RollCallKeys | None] | None) -> None:
+    def _answer_request(self, request: str, view: tuple[Any, HangSummary, RollCallKeys | None] | None) -> None:
         """A ``numarun stacks`` request ``<id> <full>``: the roll-call in ``stacks.<id>.txt``."""
         rid, _, full = request.partition(" ")
         if not rid.isalnum():

@@ -23,26 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...plan.model import RankBinding
-from ...topology.nic_health import NicReading, read_nic
+from ...topology.nic_health import DROPS, LINK_ERRORS, NicReading, read_nic
 from ...topology.nvml_health import GpuHealth, GpuSource, NvmlSession, PcieGen, gpu_health
 
 HISTORY = 240
 """Readings kept per device, as the kernel's figures keep samples per rank (evidence.HISTORY)."""
-NIC_FAULTS = (
-    "symbol_error",
-    "link_error_recovery",
-    "link_downed",
-    "local_link_integrity_errors",
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "excessive_buffer_overrun_errors",
-    "port_xmit_discards",
-    "port_xmit_wait",
-    "rx_dropped",
-    "tx_dropped",
-    "rx_errors",
-    "tx_errors",
-)
+NIC_FAULTS = (*LINK_ERRORS, "port_xmit_wait", *DROPS)
 """The NIC counters whose moving during the job is kept (its data counters give its traffic instead)."""
 
 

@@ -4,7 +4,7 @@ finding costs, whether it is the cause (see its docstring for where these come a
 
 Two kinds of findings:
 
-* **slowdowns**, measured: each says how much time a step it costs (:attr:`Finding.seconds`):
+* **slowdowns**, measured: each says how much time a step it costs (:attr:`DeviceFinding.seconds`):
 
   - *clocks*: its GPU's SM clock below :data:`SLOW_GPU` of the other GPUs' (of its model), held down by a reason
     NVML names (power cap, thermal slowdown, hardware slowdown or power brake, application clocks, sync boost; a
@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ...topology.nic_health import DROPS, LINK_ERRORS
 from ...topology.nvml_health import (
     REASON_APP_CLOCKS,
     REASON_HW_POWER_BRAKE,
@@ -49,21 +50,10 @@ SLOW_LINK = 0.9
 """A PCIe link or a NIC at less than this share of the others' bandwidth is slower."""
 FAULTS = 2.0
 """A fault counter is the rank's own when it moved more than this many times the others' median, per second."""
-LINK_ERRORS = (
-    "symbol_error",
-    "link_error_recovery",
-    "link_downed",
-    "local_link_integrity_errors",
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "excessive_buffer_overrun_errors",
-    "port_xmit_discards",
-)
-DROPS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 
 
 @dataclass(frozen=True)
-class Finding:
+class DeviceFinding:
     """One thing wrong with a rank's GPU or NIC, in the report's words, and its fix where one is clear."""
 
     why: str
@@ -117,14 +107,16 @@ def _nics(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[NicFig
     return list(seen.values())
 
 
-def slowdowns(mine: DeviceEvidence, others: Sequence[DeviceEvidence], *, own: float, step: float) -> list[Finding]:
+def slowdowns(
+    mine: DeviceEvidence, others: Sequence[DeviceEvidence], *, own: float, step: float
+) -> list[DeviceFinding]:
     """The rank's measured slowdowns (see the module docstring), the costliest first. ``own``: its own time a
     step; ``step``: the job's step."""
     found = [f for f in (_clocks(mine, others, own), _pcie(mine, others, step), _nic_speed(mine, others, step)) if f]
     return sorted(found, key=lambda f: -(f.seconds or 0.0))
 
 
-def _clocks(mine: DeviceEvidence, others: Sequence[DeviceEvidence], own: float) -> Finding | None:
+def _clocks(mine: DeviceEvidence, others: Sequence[DeviceEvidence], own: float) -> DeviceFinding | None:
     g = mine.gpu
     if g is None or g.mhz is None:
         return None
@@ -139,9 +131,9 @@ def _clocks(mine: DeviceEvidence, others: Sequence[DeviceEvidence], own: float) 
         return None  # capped at the others' limit: it works more than they do, or draws more for it; no fault
     why = f"GPU {g.index} runs at {_mhz(g.mhz)} against the other GPUs' {_mhz(ref)}: "
     if not held:
-        return Finding(why + "its clock event reasons were not answered", "", own * (1 - g.mhz / ref))
+        return DeviceFinding(why + "its clock event reasons were not answered", "", own * (1 - g.mhz / ref))
     words, fix = _reasons(g, theirs, held)
-    return Finding(why + "; ".join(words), fix, own * (1 - g.mhz / ref))
+    return DeviceFinding(why + "; ".join(words), fix, own * (1 - g.mhz / ref))
 
 
 def _lower_limit(g: GpuFigures, theirs: Sequence[GpuFigures]) -> bool:
@@ -207,7 +199,7 @@ def _pcie_fix(g: GpuFigures) -> str:
     )
 
 
-def _pcie(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> Finding | None:
+def _pcie(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> DeviceFinding | None:
     g = mine.gpu
     if g is None or not g.link.below_max or g.pcie_mbs is None:
         return None
@@ -216,7 +208,7 @@ def _pcie(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -
         return None
     moved = g.pcie_mbs * 1e6 * step  # bytes a step, the busier direction
     cost = moved / (have * 1e9) - moved / (want * 1e9)
-    return Finding(
+    return DeviceFinding(
         f"{_pcie_text(g)} ({have:.0f} against {want:.0f} GB/s), moving {g.pcie_mbs / 1e3:.1f} GB/s",
         _pcie_fix(g),
         cost,
@@ -232,7 +224,7 @@ def _nic_fix(n: NicFigures) -> str:
     return f"check {n.name}'s link: its cable, transceiver and switch port ({tool})"
 
 
-def _nic_speed(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> Finding | None:
+def _nic_speed(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> DeviceFinding | None:
     n = mine.nic
     if n is None or not n.rate_gbps or n.bytes_per_s is None:
         return None
@@ -241,7 +233,7 @@ def _nic_speed(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: flo
         return None
     moved = n.bytes_per_s * step
     cost = moved * 8 / (n.rate_gbps * 1e9) - moved * 8 / (ref * 1e9)
-    return Finding(
+    return DeviceFinding(
         f"its NIC {n.name} runs at {_gbps(n.rate_gbps)} against the others' {_gbps(ref)}, moving "
         f"{n.bytes_per_s / 1e9:.1f} GB/s",
         _nic_fix(n),
@@ -258,9 +250,9 @@ def _own(count: int, since: float, theirs: Iterable[tuple[int, float]]) -> bool:
     return count > 0 and _rate(count, since) > FAULTS * _median(_rate(c, s) for c, s in theirs)
 
 
-def faults(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[Finding]:
+def faults(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[DeviceFinding]:
     """The faults of the rank's GPU and NIC during the job (see the module docstring), the GPU's first."""
-    out: list[Finding] = []
+    out: list[DeviceFinding] = []
     g = mine.gpu
     if g is not None:
         theirs = _gpus(mine, others)
@@ -270,14 +262,14 @@ def faults(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[Findi
         link = g.link
         if link.known and link.width < link.max_width and g.pcie_mbs is None:
             if link.gbs < SLOW_LINK * _pcie_ref(g, theirs):
-                out.append(Finding(_pcie_text(g), _pcie_fix(g)))
+                out.append(DeviceFinding(_pcie_text(g), _pcie_fix(g)))
     n = mine.nic
     if n is not None:
         out += _nic_faults(n, _nics(mine, others))
     return out
 
 
-def _nvlink(g: GpuFigures, theirs: Sequence[GpuFigures]) -> Finding | None:
+def _nvlink(g: GpuFigures, theirs: Sequence[GpuFigures]) -> DeviceFinding | None:
     with_links = [o for o in theirs if o.nvlinks]
     usual = {k for k in range(g.nvlinks) if sum(k in o.nvlink_up for o in with_links) * 2 > len(with_links)}
     down = sorted(set(g.nvlink_lost) | (usual - set(g.nvlink_up)))
@@ -289,10 +281,12 @@ def _nvlink(g: GpuFigures, theirs: Sequence[GpuFigures]) -> Finding | None:
         if len(down) == 1
         else f"NVLink links {named} of GPU {g.index} are down"
     )
-    return Finding(why, f"drain the node: GPU {g.index}'s NVLink needs service (nvidia-smi nvlink -s -i {g.index})")
+    return DeviceFinding(
+        why, f"drain the node: GPU {g.index}'s NVLink needs service (nvidia-smi nvlink -s -i {g.index})"
+    )
 
 
-def _memory(g: GpuFigures, theirs: Sequence[GpuFigures]) -> Finding | None:
+def _memory(g: GpuFigures, theirs: Sequence[GpuFigures]) -> DeviceFinding | None:
     parts = []
     if _own(g.retired_pages, g.since_s, ((o.retired_pages, o.since_s) for o in theirs)):
         parts.append(f"retired {_count(g.retired_pages, 'page')}")
@@ -303,17 +297,17 @@ def _memory(g: GpuFigures, theirs: Sequence[GpuFigures]) -> Finding | None:
         parts.append(f"had {_count(g.ecc_errors, 'ECC error')}{uncorrected}")
     if not parts:
         return None
-    return Finding(
+    return DeviceFinding(
         f"GPU {g.index} {' and '.join(parts)} during the job",
         f"drain the node and reset GPU {g.index} (nvidia-smi -r -i {g.index}); replace it if the errors return",
     )
 
 
-def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[Finding]:
+def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[DeviceFinding]:
     if not theirs:
         return []  # no other NIC to tell its own counters from the host's usual (one node's ranks share theirs)
     if n.up is False and any(o.up for o in theirs):
-        return [Finding(f"its NIC {n.name} is down", _nic_fix(n))]
+        return [DeviceFinding(f"its NIC {n.name} is down", _nic_fix(n))]
     if n.bytes_per_s == 0:
         return []  # it carried none of the job's traffic
 
@@ -325,7 +319,7 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[Finding]:
     if errors:
         rose = ", ".join(f"{k} +{n.moved[k]:,}" for k in errors)
         out.append(
-            Finding(
+            DeviceFinding(
                 f"the link of its NIC {n.name} fails: {rose} during the job",
                 f"check {n.name}'s cable and transceiver and the switch port (its link's physical layer)",
             )
@@ -338,7 +332,7 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[Finding]:
             else "the other NICs' did not rise"
         )
         out.append(
-            Finding(
+            DeviceFinding(
                 f"port_xmit_wait of {n.name} rose by {n.moved['port_xmit_wait']:,} during the job (congestion: {than})",
                 "congestion on its path: check the fabric's routing and the switch ports on its way (other jobs' "
                 "traffic)",
@@ -348,7 +342,7 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[Finding]:
     if drops:
         rose = ", ".join(f"{k} +{n.moved[k]:,}" for k in drops)
         out.append(
-            Finding(
+            DeviceFinding(
                 f"its NIC {n.name} dropped or garbled packets during the job: {rose}",
                 f"check {n.name}: its ring buffers (ethtool -g {n.name}) and its link (ethtool -S {n.name})",
             )

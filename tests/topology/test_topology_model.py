@@ -1,11 +1,9 @@
-"""The frozen models round-trip through JSON exactly and reject malformed snapshots clearly."""
-
-import json
+"""The topology model (numarun.topology.model) round-trips through JSON exactly and rejects malformed snapshots
+clearly."""
 
 import pytest
 
-from numarun.errors import PlanError, TopologyError
-from numarun.plan.model import BindingMode, GpuRef, LaunchPlan, MemPolicy, RankBinding
+from numarun.errors import TopologyError
 from numarun.topology.model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology, link_rank, normalize_bus_id
 
 
@@ -83,26 +81,3 @@ def test_link_rank_order():
     codes = ["X", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS", ""]
     assert [link_rank(c) for c in codes] == sorted(link_rank(c) for c in codes)
     assert link_rank("SOC") == link_rank("SYS")
-
-
-def test_plan_json_contract():
-    plan = LaunchPlan(
-        ranks=(
-            RankBinding(0, GpuRef(0, "0000:18:00.0", 0), (0, 1), (0,), "mlx5_0", {"OMP_NUM_THREADS": "1"}, numa_node=0),
-            RankBinding(1, None, (2, 3), (), None, {"OMP_NUM_THREADS": "1"}, mem_policy=MemPolicy.NONE),
-        ),
-        binding=BindingMode.EXCLUSIVE,
-    )
-    d = json.loads(plan.to_json())
-    r0 = d["ranks"][0]
-    assert r0["local_rank"] == 0 and r0["gpu"]["pci_bus_id"] == "0000:18:00.0" and r0["gpu"]["numa_node"] == 0
-    assert (
-        r0["cpus"] == [0, 1] and r0["mems"] == [0] and r0["nic"] == "mlx5_0" and r0["env"] == {"OMP_NUM_THREADS": "1"}
-    )
-    assert d["ranks"][1]["gpu"] is None
-    assert LaunchPlan.from_json(plan.to_json()) == plan
-    assert plan.rank(1).cpus == (2, 3)
-    with pytest.raises(PlanError):
-        plan.rank(5)
-    with pytest.raises(PlanError):
-        LaunchPlan.from_json('{"ranks": []}', "p.json")

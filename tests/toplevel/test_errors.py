@@ -8,11 +8,12 @@ import builtins
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from numarun import errors
 from numarun.errors import NumarunError
 
-LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
+LAUNCHER = REPO / "launcher"
 PLUGIN = LAUNCHER.parent / "hydra_plugins"
 BUILTIN_EXCEPTIONS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 

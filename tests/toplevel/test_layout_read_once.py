@@ -4,10 +4,9 @@ bootstrap and ``numarun.init()`` take it from the plan, never from the text agai
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, REPO
 
 from numarun import envvars
 from numarun.argtypes import NodeRange
@@ -18,7 +17,7 @@ from numarun.plan.model import PlanRequest
 from numarun.topology.discover import load_topology
 from numarun.worker.bootstrap import apply_mesh
 
-LAUNCHER = Path(__file__).resolve().parents[1] / "launcher"
+LAUNCHER = REPO / "launcher"
 PCIE8 = FIXTURES / "nvidia-smi" / "pcie-8gpu-pix-phb-sys-2x14c.txt"
 
 

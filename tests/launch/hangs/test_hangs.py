@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from numarun.launch import hangs
-from numarun.launch.hangs import HangPolicy, OnHang, Summary, judge, rollcall, summarize
+from numarun.launch.hangs import HangPolicy, HangSummary, OnHang, judge, rollcall, summarize
 from numarun.launch.hangs.rollcall import Frame, Stand
 from numarun.worker import progress
 
@@ -174,7 +174,7 @@ def test_a_healthy_loop_at_one_line_is_told_from_a_hang_by_its_counters(counted:
     t.start()
     try:
         looping.wait()
-        sampler = progress.Sampler(
+        sampler = progress.HeartbeatWriter(
             tmp_path / "progress.0", {"pid": 1, "local_rank": 0}, interval=1, counters=counters, main=t.ident
         )
         first = sampler.sample()
@@ -196,7 +196,9 @@ def test_a_healthy_loop_at_one_line_is_told_from_a_hang_by_its_counters(counted:
 
 
 def test_the_heartbeat_file_holds_what_the_agent_reads(tmp_path: Path) -> None:
-    s = progress.Sampler(tmp_path / "progress.3", {"pid": 42, "local_rank": 3, "rank": 7, "group": 0}, interval=1)
+    s = progress.HeartbeatWriter(
+        tmp_path / "progress.3", {"pid": 42, "local_rank": 3, "rank": 7, "group": 0}, interval=1
+    )
     s.sample()
     beats = hangs.read_beats(tmp_path)
     assert list(beats) == [3] and beats[3]["rank"] == 7 and beats[3]["frames"]
@@ -206,8 +208,10 @@ def test_the_heartbeat_file_holds_what_the_agent_reads(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the verdict
 
 
-def _summary(node: int = 0, *, quiet: float, still: float, nodes: int = 1, ranks: int = 2, live: int = 2) -> Summary:
-    return Summary(
+def _summary(
+    node: int = 0, *, quiet: float, still: float, nodes: int = 1, ranks: int = 2, live: int = 2
+) -> HangSummary:
+    return HangSummary(
         node=node, nodes=nodes, world=2 * nodes, ranks=ranks, local_world=2, live=live, quiet_s=quiet, still_s=still
     )
 
