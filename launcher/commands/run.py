@@ -378,6 +378,7 @@ def node_agent(job: JobShape, options: LaunchOptions, plan: LaunchPlan, addr: st
     (state / "plan.json").write_text(plan.to_json())
     args = sidecar.SidecarArgs(
         state=str(state),
+        first_task=os.getpid(),
         job_argv=tuple(sys.argv),
         local_world=job.local_world_size,
         node=max(0, job.node_index),

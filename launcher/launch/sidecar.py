@@ -71,6 +71,8 @@ class SidecarArgs:
     """What the first task tells its sidecar (one JSON argument)."""
 
     state: str
+    first_task: int
+    """The pid of the node's first task, which started the sidecar and becomes local rank 0."""
     job_argv: tuple[str, ...]
     """The task's command line: what ``numarun stacks --list`` shows."""
     local_world: int
@@ -218,9 +220,11 @@ class Sidecar:
 
     def ranks_done(self, started: float) -> bool:
         """Every local rank has ended (its pid gone), or waits for the sidecar at its exit; before every rank's first
-        heartbeat, not done (for at most :data:`START_WAIT_S`)."""
+        heartbeat, not done (for at most :data:`START_WAIT_S`), unless the first task is gone (a job that failed as it
+        started: nothing will come)."""
         beats = read_beats(self.state)
-        if len(beats) < self.args.local_world and time.monotonic() - started < START_WAIT_S:
+        first_gone = not procfs.alive(self.args.first_task)
+        if len(beats) < self.args.local_world and time.monotonic() - started < START_WAIT_S and not first_gone:
             return False
         waiting = {lr for lr in beats if (self.state / WAITING.format(local_rank=lr)).exists()}
         return all(lr in waiting or not procfs.alive(int(b.get("pid", 0))) for lr, b in beats.items())

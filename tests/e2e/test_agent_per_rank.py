@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, SCRIPTS, TIMEOUT, clean_env, cluster_env, numarun_cmd, slurm, wait_until
 
-from numarun.launch.sidecar import STATE_PREFIX
+from numarun.launch.sidecar import START_WAIT_S, STATE_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -206,3 +206,15 @@ def test_a_bad_agent_port_is_one_line_before_any_rank_starts(tmp_path: Path, val
     assert len(lines) == 1 and f"NUMARUN_AGENT_PORT {value!r}" in lines[0] and "Traceback" not in p.stderr, p.stderr
     assert not list((tmp_path / "out").iterdir())  # no rank ran
     assert not list((tmp_path / "tmp").glob(f"{STATE_PREFIX}*"))
+
+
+def test_mpirun_a_script_that_fails_as_it_starts_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Every rank's script fails at once (before any heartbeat could say much): the sidecar does not wait for ranks
+    that will never come (its first task is gone), and mpirun ends with the script's failure."""
+    assert TIMEOUT < START_WAIT_S
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    code = _finish(_start(tmp_path, str(script)))
+    assert code != 0
+    # within the test's bound, shorter than the sidecar's wait for ranks that start late (START_WAIT_S)
+    assert wait_until("nothing left", lambda: not _left(tmp_path) or None, TIMEOUT) is not None
