@@ -22,7 +22,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from helpers import SCRIPTS, TIMEOUT, clean_env, free_port, numarun_cmd, run_numarun, wait_until
+from helpers import SCRIPTS, TIMEOUT, clean_env, free_port, listening, numarun_cmd, run_numarun, wait_until
 
 from numarun.worker.steps import LiveTable, read_records
 
@@ -325,3 +325,40 @@ def test_two_agents_name_the_slow_rank_once_on_the_judging_node(tmp_path: Path) 
     # the job succeeded: it ends as quietly as under torchrun, nothing of torch's store client in either log
     for text in logs:
         assert "frame #" not in text and "TCPStore" not in text and "failed to shutdown" not in text, text
+
+
+def test_the_node_hosting_the_store_killed_leaves_the_other_one_line_and_nothing_of_torchs(tmp_path: Path) -> None:
+    """Two agents on this host (c10d on loopback), two ranks each, the step report on; the node that hosts the store
+    (the one started first) is SIGKILLed with its whole process group while the ranks step. The other ends with
+    numarun's one error line naming its failed ranks: its agent, its torchrun and torch's store client print nothing
+    of their own (no C++ warning or frame, none of torch elastic's internal lines); its ranks' tracebacks, which are
+    the user's, stay, and so does torch's one line per failed rank."""
+    port = free_port()
+    args = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}")
+    host = _start(tmp_path, *args, "--rdzv-id", "lost", job=("none", "0", "0", "ddp"), log="log0")
+    try:
+        wait_until("the c10d store", lambda: listening(port), TIMEOUT, proc=host)
+        other = _start(tmp_path, *args, "--rdzv-id", "lost", job=("none", "0", "0", "ddp"), log="log1")
+        try:
+            out = tmp_path / "out"
+            wait_until(
+                "every rank's first step", lambda: all((out / f"started.{r}").exists() for r in range(4)), TIMEOUT
+            )
+            os.killpg(host.pid, signal.SIGKILL)  # numarun and its agent; its ranks follow (parent-death signal)
+            host.wait(timeout=TIMEOUT)
+            code = _finish(other)
+        finally:
+            if other.poll() is None:
+                os.killpg(other.pid, signal.SIGKILL)
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+    log = (tmp_path / "log1").read_text()
+    assert code != 0, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("numarun: error: ")]
+    assert len(errors) == 1 and re.match(r"numarun: error: rank [23] \(local rank [01], pid \d+\) ", errors[0]), log
+    ours = [line for line in log.splitlines() if not line.startswith("[rank")]  # the ranks' own lines are the user's
+    theirs = [line for line in ours if not line.startswith("numarun: ")]
+    assert all(re.search(r"elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: ", line) for line in theirs), log
+    for noise in ("frame #", "TCPStore", "error_handler.py", "dynamic_rendezvous", "closing signal", "WARNING: "):
+        assert not any(noise in line for line in ours), (noise, log)

@@ -147,3 +147,18 @@ def test_the_judge_decides_on_every_nodes_last_view_or_names_the_node_it_lacks(t
     assert next(line for line in said[0] if line.startswith("=> ")).startswith(
         "=> rank 3 (node 1, " + os.uname().nodename
     )
+
+
+def test_a_live_table_that_cannot_be_written_is_said_once_and_the_report_goes_on(tmp_path: Path) -> None:
+    """The live table's place is taken (a directory where ``numarun top`` reads it): every tick fails to write it,
+    one line says so, the report goes on to its summary."""
+    state = tmp_path / "state"
+    write_job(state, steps=30, slow_input=0.04)
+    (state / LIVE).mkdir()
+    said: list[str] = []
+    watch = _watch(state, tmp_path / "keep", said.extend)
+    for _ in range(3):
+        watch.tick()
+    watch.finish()
+    assert said[0] == f"WARNING: cannot write {state / LIVE}: Is a directory (numarun top shows nothing newer)"
+    assert sum("cannot write" in line for line in said) == 1 and said[1].startswith("step report: 30 steps")

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...fsutil import write_atomic
 from ...plan.model import BindingMode, LaunchPlan
 from ...topology import procfs
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, StepRecord
 from ..hangs.verdict import read_beats
+from ..notes import Notes
 from .device import rank_device
 from .evidence import RankProc, Sampler, cpus_of, nic_note
 from .exchange import ViewKeys
@@ -64,6 +64,7 @@ class StepWatch:
         plan: Path | None,
         say: Callable[[Iterable[str]], None],
         root: Path = procfs.ROOT,
+        notes: Notes | None = None,
     ) -> None:
         self.policy = policy
         self.state = state
@@ -73,6 +74,8 @@ class StepWatch:
         self._plan: LaunchPlan | None = None
         self.sampler = Sampler(root, exclude={os.getpid()})
         self.say = say
+        self.notes = notes or Notes(say)
+        """A file the report cannot write, a view it cannot draw: said here, once."""
         self.ranks: dict[int, _Rank] = {}
         self.views: dict[int, NodeView] = {}
         self.verdict: Verdict | None = None
@@ -183,7 +186,7 @@ class StepWatch:
                     ex.table() if ex is not None else None, [rv.row for rv in view.ranks], nodes=self.nodes, now=now
                 )
             self.table = table
-            write_atomic(self.state / LIVE, table.text())
+            self.notes.write(self.state / LIVE, table.text(), what="numarun top shows nothing newer")
 
     def _view(self, live: Mapping[int, bool]) -> NodeView:
         plan = self.plan()
