@@ -49,15 +49,30 @@ class ShareColumn:
 
 
 def summary_text(
-    *, steps: int, ranks: int, nodes: int, pace: float | None, step_s: float, columns: Sequence[ShareColumn]
+    *,
+    steps: int,
+    ranks: int,
+    nodes: int,
+    pace: float | None,
+    step_s: float,
+    columns: Sequence[ShareColumn],
+    most: int | None = None,
+    restart: int = 0,
 ) -> list[str]:
     """``step report: 40 steps of 2 ranks, 9.8 steps/s, a step 103 ms``, then the table: a ``share of a step`` header,
-    a row per phase and, where a column knows it, the ``peak memory`` row."""
+    a row per phase and, where a column knows it, the ``peak memory`` row. ``most``: the most steps a rank took,
+    where the ranks took different counts (``30 to 40 steps``); ``restart``: the worker group's restarts, whose last
+    attempt the records are of (``after restart 1``)."""
     from rich.padding import Padding
 
     where = f" on {nodes} nodes" if nodes > 1 else ""
     rate = f", {pace:.3g} steps/s" if pace else ""
-    head = f"step report: {steps} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{rate}, a step {ms(step_s)}"
+    count = f"{steps} to {most}" if most is not None and most != steps else f"{steps}"
+    again = f" after restart {restart}" if restart else ""
+    head = (
+        f"step report: {count} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{again}{rate}, "
+        f"a step {ms(step_s)}"
+    )
     table = tables.table([("share of a step", "left"), *((c.name, "right") for c in columns)])
     for p in PHASES:
         table.add_row(p, *(pct(c.shares.get(p, 0.0)) for c in columns))

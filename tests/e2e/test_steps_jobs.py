@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -362,3 +363,52 @@ def test_the_node_hosting_the_store_killed_leaves_the_other_one_line_and_nothing
     assert all(re.search(r"elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: ", line) for line in theirs), log
     for noise in ("frame #", "TCPStore", "error_handler.py", "dynamic_rendezvous", "closing signal", "WARNING: "):
         assert not any(noise in line for line in ours), (noise, log)
+
+
+@contextlib.contextmanager
+def _small_filesystem(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` for the block (root only: the test is skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem (tmpfs) needs root")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(where: Path) -> None:
+    """Fill the filesystem under ``where`` to the last byte."""
+    with open(where / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_a_log_dir_that_fills_keeps_no_files_says_so_once_and_still_prints_the_summary(tmp_path: Path) -> None:
+    """``--log-dir`` on a 1 MiB filesystem that fills while the two ranks step: the job's exit code is the job's
+    (0), the summary is on stderr as ever, and one line names the file that could not be written and why; nothing
+    half-written is left."""
+    with _small_filesystem(tmp_path / "small", "1m") as small:
+        p = _start(tmp_path, "--nproc-per-node", "2", "--log-dir", str(small), job=("none", "0", "0", "ddp"))
+        try:
+            wait_until("rank 1's first step", lambda: (tmp_path / "out" / "started.1").exists(), TIMEOUT, proc=p)
+            _fill(small)
+            (tmp_path / "out" / "stop").touch()
+            code = _finish(p)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        left = sorted(path.name for path in small.iterdir() if path.name.startswith("numarun_"))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    lines = _report(log)
+    assert re.match(r"step report: \d+ steps of 2 ranks", lines[0]) and _verdict(lines), lines
+    said = [line for line in lines if "cannot write" in line]
+    assert len(said) == 1 and said == [lines[-1]], lines
+    assert re.fullmatch(
+        rf"WARNING: the step report's files are not kept: cannot write {small}/numarun_steps\.[^/]+/steps\.jsonl: "
+        "No space left on device",
+        said[0],
+    ), said
+    assert left == [] and "Traceback" not in log

@@ -63,9 +63,12 @@ def summary_lines(
     places: Mapping[int, RankPlace],
     pace: float | None,
     nodes: int = 1,
+    restart: int = 0,
 ) -> list[str]:
-    """The end-of-job summary (without the ``numarun:`` prefix): the job's pace, each phase's share of a step for the
-    median rank and the slowest, peak memory, the verdict."""
+    """The end-of-job summary (without the ``numarun:`` prefix): the job's pace (``pace``: its whole run's), each
+    phase's share of a step for the median rank and the slowest, peak memory, the verdict. The step count is the
+    fewest steps of a rank, and the most where the ranks took different counts; ``restart``: the worker group's
+    restarts (the records are its last attempt's)."""
     shares = {r: _shares(ph) for r, ph in j.phases.items()}
     slow = j.culprit if j.culprit is not None else j.slowest
     peaks = {r.place.rank: r.peak_bytes for r in rows if r.peak_bytes}
@@ -78,7 +81,16 @@ def summary_lines(
             _median_column("the others (median)", others, [v for r, v in peaks.items() if r != slow]),
         ]
     steps = min((r.steps for r in rows), default=0)
-    text = summary_text(steps=steps, ranks=len(rows), nodes=nodes, pace=pace, step_s=j.step_s, columns=columns)
+    text = summary_text(
+        steps=steps,
+        ranks=len(rows),
+        nodes=nodes,
+        pace=pace,
+        step_s=j.step_s,
+        columns=columns,
+        most=max((r.steps for r in rows), default=0),
+        restart=restart,
+    )
     return text + verdict_lines(j, cause, places, multi_node=nodes > 1)
 
 

@@ -41,6 +41,8 @@ class NodeView:
     ranks: tuple[RankView, ...]
     final: bool = False
     """Every rank of the node had ended when it was made: its last view."""
+    pace: float | None = None
+    """Steps per second of its slowest rank over its whole run (None before a rank's second step)."""
 
     @property
     def last_step(self) -> int:

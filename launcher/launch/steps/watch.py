@@ -23,7 +23,7 @@ from ..notes import Notes
 from .device import rank_device
 from .evidence import RankProc, Sampler, cpus_of, nic_note
 from .exchange import ViewKeys
-from .files import keep_files
+from .files import keep_files, pace
 from .judge import WINDOW
 from .live import place_of, point, recent, row_of
 from .policy import StepPolicy
@@ -48,6 +48,9 @@ class _Rank:
     proc: RankProc
     tail: Tail
     records: deque[StepRecord]
+    first: StepRecord | None = None
+    """Its first record after its start (step 2 or the earliest read): with its latest, the whole run's pace, whatever
+    its files kept."""
 
 
 class StepWatch:
@@ -161,7 +164,10 @@ class StepWatch:
                 new, anew = r.tail.read()
                 if anew:
                     r.records.clear()
+                    r.first = None
                 r.records.extend(new)
+                if r.first is None:
+                    r.first = next((x for x in new if x.step > 1), None)
             live = {lr: procfs.alive(r.pid) for lr, r in self.ranks.items()}
             if not final:
                 suspects = {self.table.slowest} if self.table is not None and self.table.slowest is not None else set()
@@ -201,7 +207,12 @@ class StepWatch:
             out.append(RankView(row, tuple(tuple(point(x).row()) for x in win), ev, workers))
         bound = plan is not None and plan.binding is not BindingMode.NONE
         final = bool(live) and not any(live.values())
-        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final)
+        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final, self._pace())
+
+    def _pace(self) -> float | None:
+        """Steps per second of this node's slowest rank over its whole run (after its first step)."""
+        rates = [pace(r.first, r.records[-1]) for r in self.ranks.values() if r.first is not None and r.records]
+        return min((x for x in rates if x), default=None)
 
     # -- the end
     def hand_over(self, wait_s: float = FINAL_WAIT_S) -> None:
@@ -231,6 +242,7 @@ class StepWatch:
         if not any(records.values()):
             return  # no optimizer step anywhere on this node: nothing to report
         places = {r.rank: r.place for r in self.ranks.values()}
+        paces = [v.pace for v in self.views.values() if v.pace]
         lines = keep_files(
             self.keep,
             records,
@@ -238,5 +250,8 @@ class StepWatch:
             verdict=self.verdict if self.node == 0 else None,
             table=self.table,
             nodes=self.nodes,
+            pace=min(paces) if len(paces) == len(self.views) else None,
+            notes=self.notes,
+            restart=max((r.group for r in self.ranks.values()), default=0),
         )
         self.say(lines)
