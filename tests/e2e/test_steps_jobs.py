@@ -412,3 +412,74 @@ def test_a_log_dir_that_fills_keeps_no_files_says_so_once_and_still_prints_the_s
         said[0],
     ), said
     assert left == [] and "Traceback" not in log
+
+
+def test_a_job_that_never_steps_an_optimizer_has_no_report_and_keeps_no_files(tmp_path: Path) -> None:
+    """Two DDP ranks whose update is made by hand (no torch.optim optimizer): no step is recorded, so no report is
+    said and no file kept; the job's output and exit code are its own."""
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", job=("none", "0", "20", "nostep")))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    assert "step report" not in log and "Traceback" not in log and "WARNING" not in log, log
+    assert not list((tmp_path / "tmp").glob("numarun_steps.*")), log
+
+
+@pytest.mark.parametrize(
+    "case, job, env, args, head, verdict",
+    [
+        (
+            "a few long steps",
+            ("compute", "1", "5", "ddp"),
+            {"STEP_WORK_S": "1"},
+            (),
+            r"5 steps of 2 ranks, [\d.]+ steps/s, a step [\d.]+ s",
+            "=> too few steps to judge which rank holds the job back (4 steps of every rank, fewer than 12)",
+        ),
+        (
+            "uneven data",
+            ("input", "1", "40", "join"),
+            {},
+            (),
+            r"30 to 40 steps of 2 ranks, ",
+            "=> rank 1 holds the job back: input, ",
+        ),
+        (
+            "a restart",
+            ("input", "1", "40", "ddp"),
+            {"STEP_FAIL_AT": "5"},
+            ("--max-restarts", "1"),
+            r"40 steps of 2 ranks after restart 1, ",
+            "=> rank 1 holds the job back: input, ",
+        ),
+        (
+            "two optimizers in turn",
+            ("compute", "0", "40", "gan"),
+            {},
+            (),
+            r"40 steps of 2 ranks, ",
+            "=> rank 0 holds the job back: compute, ",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v and not v.startswith(("=>", "r")) else "",
+)
+def test_jobs_of_other_shapes_are_judged_on_what_their_ranks_recorded(
+    tmp_path: Path,
+    case: str,
+    job: tuple[str, ...],
+    env: dict[str, str],
+    args: tuple[str, ...],
+    head: str,
+    verdict: str,
+) -> None:
+    """A few long steps are too few to name a rank; ranks whose data runs out at different steps (DDP's Join) are
+    judged on the steps they all took; after a restart the records are the last attempt's; a GAN's two optimizers,
+    stepped in turn, make one step. The slow rank, where there is one to name, is named with its phase."""
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", *args, job=job, **env))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    lines = _report(log)
+    assert re.match("step report: " + head, lines[0]), lines
+    assert _verdict(lines).startswith(verdict), lines
+    records = list(read_records((_files(lines) / "steps.jsonl").read_text().splitlines()))
+    steps = {r: max(x.step for x in records if x.rank == r) for r in (0, 1)}
+    assert steps == ({0: 40, 1: 30} if case == "uneven data" else {0: int(job[2]), 1: int(job[2])}), steps

@@ -87,7 +87,7 @@ def judge_views(views: Mapping[int, NodeView], *, nodes: int, now: float, missin
         cause = explain(j, evidence, workers=workers, bound=all(v.bound for v in views.values()))
     rows = tuple(sorted((rv.row for rv in ranks), key=lambda row: row.place.rank))
     places = {row.place.rank: row.place for row in rows}
-    verdict = verdict_lines(j, cause, places, multi_node=nodes > 1)[0] if j.steps or missing else None
+    verdict = verdict_lines(j, cause, places, multi_node=nodes > 1)[0] if j.steps or j.spans or missing else None
     table = LiveTable(now, rows, steps_per_s(rows), verdict, len(views), nodes, j.slowest if j.steps else None)
     return Verdict(j, cause, table)
 
