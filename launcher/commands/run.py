@@ -262,6 +262,7 @@ class Road:
         watches the job beside them, each with its option (the hang watchdog: ``--hang-timeout``, ``--on-hang``).
         A dry run prints it all instead."""
         options, planned, spec = ready.options, ready.planned, ready.spec
+        agent = AgentPolicy(policy_from(options), steps_from(options, os.environ))  # read before anything starts
         for w in planned.plan.warnings:
             log.warning("%s", w)
         if self.dry_run:
@@ -277,7 +278,7 @@ class Road:
         self.supervisor.run(
             spec,
             env,
-            agent=AgentPolicy(policy_from(options), steps_from(options, os.environ)),
+            agent=agent,
             run_dir=run_dir,
         )
         return 0
