@@ -270,7 +270,7 @@ def test_a_run_leaves_the_environment_as_it_found_it(monkeypatch: pytest.MonkeyP
     saved = {s: signal.getsignal(s) for s in signals.RELAYED}
     sup = Supervisor()
     sup.hold_signals({})
-    spec = LaunchSpec(target=Target("module", "x"), nproc_per_node=2, nnodes="2:1")
+    spec = LaunchSpec(target=Target("module", "x"), nproc_per_node=2, nnodes=NodeRange(2, 1, "2:1"))
     try:
         # a run that fails at once: torchrun refuses a min > max --nnodes range before starting workers
         with pytest.raises(AssertionError, match="min_nodes"):
