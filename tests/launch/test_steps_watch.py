@@ -255,3 +255,24 @@ def test_records_rotated_away_leave_the_files_bounded_and_the_summary_the_whole_
     kept = list(read_records((keep / "steps.jsonl").read_text().splitlines()))
     assert len(kept) < 100 and max(r.step for r in kept) == 1000
     assert said[0] == "step report: 1000 steps of 2 ranks, 6.67 steps/s, a step 100 ms", said
+
+
+def test_a_last_report_that_fails_leaves_the_summary_of_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's figures raise at the job's end: one line says so, and the summary comes from the report made
+    before."""
+    state = tmp_path / "state"
+    write_job(state, steps=30, slow_input=0.04)
+    said: list[str] = []
+    watch = _watch(state, tmp_path / "keep", said.extend)
+    watch.tick()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(watch, "_view", broken)
+    watch.finish()
+    assert said[0] == "WARNING: the step report failed (OSError: [Errno 5] Input/output error); the job runs on"
+    assert said[1] == "step report: 30 steps of 2 ranks, 10 steps/s, a step 100 ms"
+    assert next(line for line in said if line.startswith("=> ")).startswith("=> rank 1 holds the job back: input")

@@ -237,7 +237,10 @@ class StepWatch:
         summary (a job whose nodes did not all hand their last views over names the missing ones)."""
         if self.nodes > 1 and not self.handed_over:
             self.missing = missing_nodes(self.views, self.nodes)  # the job failed, or its store went first
-        self.tick(final=True)
+        try:
+            self.tick(final=True)
+        except Exception as e:  # the summary still comes, from the last report that was made
+            self.notes.failed("the step report", e)
         records = {r.rank: all_records(self.state, r.local) for r in self.ranks.values()}
         if not any(records.values()):
             return  # no optimizer step anywhere on this node: nothing to report
