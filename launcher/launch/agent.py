@@ -227,9 +227,12 @@ class NodeAgent:
             with self._lock:
                 if now >= hang_due or asked or self.hangs.pending:
                     hang_due = now + self.policy.hang.tick_s
-                    self._use("the hang watchdog", self.hangs.tick, read_beats(self.state), asked)
+                    self._use("the hang watchdog", self._hang_tick, asked)
                 if self.steps is not None:
                     self._use("the step report", self.steps.poll)
+
+    def _hang_tick(self, asked: list[str]) -> None:
+        self.hangs.tick(read_beats(self.state), asked)  # the heartbeats read inside the use: a failure is the use's
 
     def _use(self, name: str, call: Callable[..., None], *args: Any) -> None:
         """``call(*args)``; an exception is one line on numarun's stderr, the first time of its kind only, and the
