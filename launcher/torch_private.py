@@ -68,11 +68,42 @@ def checked(version: tuple[int, int] | None = None) -> bool:
     return v is not None and CHECKED[0] <= v <= CHECKED[1]
 
 
+CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+"""The variable torch's C++ logging reads once, as torch is first imported."""
+_USERS_CPP_LOG: list[str | None] = []
+"""The user's TORCH_CPP_LOG_LEVEL while numarun's own is set (:func:`quiet_cpp_logs`), for the workers."""
+
+
+def quiet_cpp_logs() -> None:
+    """numarun's own process prints none of torch's C++ warnings: the store client's ``[W ... TCPStore.cpp]`` and
+    their ``frame #N:`` lines when a node that hosted the store is gone (numarun's one line says what failed). Set
+    before torch's first import in this process (a run that starts torchrun: before it composes a trainer's config,
+    which imports torch), for that import only: :func:`import_torchrun` puts the user's value back, so the workers
+    keep it. Nothing where torch is imported already."""
+    if "torch" in sys.modules or _USERS_CPP_LOG:
+        return
+    _USERS_CPP_LOG.append(os.environ.get(CPP_LOG_LEVEL))
+    os.environ[CPP_LOG_LEVEL] = "ERROR"
+
+
+def users_cpp_logs() -> None:
+    """The user's TORCH_CPP_LOG_LEVEL back in the environment the workers inherit (torch read numarun's); for a
+    process that becomes the user's (a rank, a Hydra app) before numarun imported torch."""
+    if _USERS_CPP_LOG:
+        value = _USERS_CPP_LOG.pop()
+        if value is None:
+            os.environ.pop(CPP_LOG_LEVEL, None)
+        else:
+            os.environ[CPP_LOG_LEVEL] = value
+
+
 def import_torchrun() -> types.ModuleType:
     """``torch.distributed.run``, imported with the cyclic collector paused (it would walk torch's few hundred
     thousand new objects again and again: a fifth of the import on a small host), then frozen (later
-    collections in this long-lived process skip them). The launcher only: workers keep Python's defaults."""
+    collections in this long-lived process skip them). The launcher only: workers keep Python's defaults, and
+    their TORCH_CPP_LOG_LEVEL (:func:`quiet_cpp_logs`)."""
     if "torch.distributed.run" in sys.modules:
+        users_cpp_logs()
         return sys.modules["torch.distributed.run"]
     enabled = gc.isenabled()
     gc.disable()
@@ -82,6 +113,7 @@ def import_torchrun() -> types.ModuleType:
         if enabled:
             gc.freeze()
             gc.enable()
+        users_cpp_logs()
     return run
 
 
@@ -292,6 +324,29 @@ def quiet_shutdown() -> None:
         logger = logging.getLogger(name)
         if _not_a_shutdown_line not in logger.filters:
             logger.addFilter(_not_a_shutdown_line)
+
+
+_INTERNALS = {  # what torch elastic logs in numarun's process when a node fails, which numarun's one line says
+    "torch.distributed.elastic.multiprocessing.errors.error_handler": "no error file defined for parent",
+    "torch.distributed.elastic.rendezvous.dynamic_rendezvous": "has failed to shutdown the rendezvous",
+    "torch.distributed.elastic.multiprocessing.api": "Sending process %s closing signal %s",
+}
+
+
+def _not_internal(record: logging.LogRecord) -> bool:
+    words = _INTERNALS.get(record.name)
+    return words is None or words not in str(record.msg)
+
+
+def quiet_internals() -> None:
+    """torch elastic's lines about its own workings, in numarun's process, are left out: the parent's error file
+    it has none of, the rendezvous it could not shut down once the store's host is gone, each worker it stops after
+    another failed. numarun's one line names the failed ranks; torch's ``failed (exitcode: N) local_rank: ...``, one
+    line per failure, and the ranks' own tracebacks are kept."""
+    for name in _INTERNALS:
+        logger = logging.getLogger(name)
+        if _not_internal not in logger.filters:
+            logger.addFilter(_not_internal)
 
 
 def signal_exception(signum: int) -> BaseException:

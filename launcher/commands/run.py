@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .. import envvars
+from .. import envvars, torch_private
 from ..config.detect import AppKind, detect_app
 from ..errors import TRAINER_LAYOUT, BindingError, JobConflict, LayoutError, UsageError
 from ..jobenv import JobShape, Mode
@@ -104,6 +104,8 @@ def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
     options = from_args(args, os.environ)  # 1. options
     target = target_of(args)
     job, options = detect_job(options)  # 2. job
+    if job is None or job.mode is not Mode.PER_RANK:  # a process that starts torchrun, not one that becomes a rank
+        torch_private.quiet_cpp_logs()
     road = Road(supervisor, Planner(job), dry_run=args.dry_run, no_watch=args.no_watch, preflight=preflight_of(args))
     kind = detect_app(target.name, is_module=target.kind == "module") if target.kind != "exec" else AppKind.PLAIN
     try:
@@ -260,6 +262,7 @@ class Road:
         watches the job beside them, each with its option (the hang watchdog: ``--hang-timeout``, ``--on-hang``).
         A dry run prints it all instead."""
         options, planned, spec = ready.options, ready.planned, ready.spec
+        agent = AgentPolicy(policy_from(options), steps_from(options, os.environ))  # read before anything starts
         for w in planned.plan.warnings:
             log.warning("%s", w)
         if self.dry_run:
@@ -275,7 +278,7 @@ class Road:
         self.supervisor.run(
             spec,
             env,
-            agent=AgentPolicy(policy_from(options), steps_from(options, os.environ)),
+            agent=agent,
             run_dir=run_dir,
         )
         return 0

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from .. import argtypes
+from ..errors import UsageError
 from ..launch.hangs import ask_stacks, choose_job, describe, running_jobs
 
 
@@ -38,6 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.list and (args.pid is not None or args.full):
+        given = f"--pid {args.pid}" if args.pid is not None else "--full"
+        raise UsageError(f"bad {given} with --list: --list lists every job of yours here; expected one of them")
     if args.list:
         for job in running_jobs():
             sys.stdout.write(describe(job) + "\n")

@@ -15,10 +15,13 @@ import sys
 import time
 
 from .. import argtypes
-from ..errors import NoStepReport
+from ..errors import NoStepReport, UsageError
 from ..launch.hangs import RunningJob, choose_job, describe
 from ..topology.procfs import alive
 from ..worker.steps import LIVE, LiveTable
+
+DEFAULT_INTERVAL_S = 2.0
+"""How often the table is redrawn without ``--interval``."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--interval",
         type=argtypes.seconds("--interval", low=0.1, above=False),
-        default=2.0,
+        default=None,
         metavar="SECONDS",
         help="redraw every SECONDS (default 2)",
     )
@@ -101,6 +104,9 @@ def _sleep_while_alive(job: RunningJob, interval: float) -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    once = "--json" if args.json else "--once" if args.once else ""
+    if once and args.interval is not None:
+        raise UsageError(f"bad --interval {args.interval:g} with {once}: {once} prints one table; expected one of them")
     job, note = choose_job(args.pid)
     if note:
         print(note, file=sys.stderr, flush=True)
@@ -113,6 +119,6 @@ def main(args: argparse.Namespace) -> int:
 
         sys.stdout.write(render_top(live, title=describe(job), width=_width(), color=sys.stdout.isatty()))
         return 0
-    _watch(job, live, args.interval)
+    _watch(job, live, DEFAULT_INTERVAL_S if args.interval is None else args.interval)
     print(f"numarun: job {job.pid} ended", file=sys.stderr)
     return 0

@@ -23,7 +23,6 @@ numarun's touches the store once its host may have left (torch's client would pr
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import socket
@@ -42,11 +41,10 @@ from .hangs.policy import HangPolicy
 from .hangs.stacks import FIFO
 from .hangs.verdict import read_beats
 from .hangs.watch import HangWatch
+from .notes import Notes
 from .steps.exchange import ViewKeys
 from .steps.policy import StepPolicy
 from .steps.watch import StepWatch
-
-log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 """How often the agent looks at the ranks while the step report is on: a rank's exit waits on it."""
@@ -109,6 +107,8 @@ class NodeAgent:
     ) -> None:
         self.policy = policy
         self.state = state
+        self.notes = Notes(say)
+        """Its troubles (a file it cannot write, a use that failed), each said once."""
         self.exchange = (Exchange(*store, client=client) if client else Exchange(*store)) if store else None
         self.hangs = HangWatch(
             policy.hang,
@@ -118,10 +118,19 @@ class NodeAgent:
             request_stop=request_stop,
             hold=hold,
             say=say,
+            notes=self.notes,
             **({"ending": stop_ending} if stop_ending else {}),
         )
         self.steps = (
-            StepWatch(policy.steps, state, keep=keep_dir("steps", keep), keys=self._view_keys, plan=plan, say=say)
+            StepWatch(
+                policy.steps,
+                state,
+                keep=keep_dir("steps", keep),
+                keys=self._view_keys,
+                plan=plan,
+                say=say,
+                notes=self.notes,
+            )
             if policy.steps.on
             else None
         )
@@ -172,13 +181,10 @@ class NodeAgent:
         mode, when the node's ranks have ended): the step report's last view handed over, ``leave`` (the sidecars
         part from their store), then the store left alone for good."""
         with self._lock:
-            try:
-                if self.steps is not None:
-                    self.steps.hand_over()
-                if leave is not None and self.exchange is not None and not self.exchange.gone:
-                    leave(self.exchange)
-            except Exception as e:  # the agent never takes the job down
-                log.debug("step report: %s", e, exc_info=True)
+            if self.steps is not None:
+                self._use("the step report", self.steps.hand_over)
+            if leave is not None and self.exchange is not None and not self.exchange.gone:
+                self._use("the node agent's store", leave, self.exchange)
             if self.exchange is not None:
                 self.exchange.close()
 
@@ -197,15 +203,12 @@ class NodeAgent:
         with contextlib.suppress(OSError):
             self._fifo_path.unlink()
         with self._lock:
-            try:
-                if self.steps is not None:
-                    if succeeded and self.exchange is not None and not self.exchange.gone:
-                        self.steps.hand_over(HANDOVER_FALLBACK_S)
-                    if self.exchange is not None:
-                        self.exchange.close()
-                    self.steps.finish()
-            except Exception as e:
-                log.debug("step report: %s", e, exc_info=True)
+            if self.steps is not None:
+                if succeeded and self.exchange is not None and not self.exchange.gone:
+                    self._use("the step report", self.steps.hand_over, HANDOVER_FALLBACK_S)
+                if self.exchange is not None:
+                    self.exchange.close()
+                self._use("the step report", self.steps.finish)
 
     def _poke(self) -> None:
         if self._fifo >= 0:
@@ -230,13 +233,17 @@ class NodeAgent:
             with self._lock:
                 if now >= hang_due or asked or self.hangs.pending:
                     hang_due = now + self.policy.hang.tick_s
-                    self._use("hang watchdog", self.hangs.tick, read_beats(self.state), asked)
+                    self._use("the hang watchdog", self._hang_tick, asked)
                 if self.steps is not None:
-                    self._use("step report", self.steps.poll)
+                    self._use("the step report", self.steps.poll)
 
-    @staticmethod
-    def _use(name: str, call: Callable[..., None], *args: Any) -> None:
+    def _hang_tick(self, asked: list[str]) -> None:
+        self.hangs.tick(read_beats(self.state), asked)  # the heartbeats read inside the use: a failure is the use's
+
+    def _use(self, name: str, call: Callable[..., None], *args: Any) -> None:
+        """``call(*args)``; an exception is one line on numarun's stderr, the first time of its kind only, and the
+        job runs on: the agent never takes the job down."""
         try:
             call(*args)
-        except Exception as e:  # the agent never takes the job down
-            log.debug("%s: %s", name, e, exc_info=True)
+        except Exception as e:
+            self.notes.failed(name, e)

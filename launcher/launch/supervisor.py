@@ -119,6 +119,7 @@ class Supervisor:
     def release(self) -> None:
         """Per-rank mode: Python's own dispositions back, the loop ended, and what was held delivered to
         this process as if it came now (the process becomes the rank, which handles its own)."""
+        torch_private.users_cpp_logs()  # the process becomes the user's: torch's C++ logs as the user set them
         for signum in self.loop.close():
             if signum in signals.FORWARDED:
                 os.kill(os.getpid(), signum)
@@ -274,12 +275,14 @@ class Supervisor:
         :class:`RunFailed` (docs/reference/exit-codes.md; docs/run.md, "Signals"). ``agent``: the node agent's policy,
         the hang watchdog's (docs/hangs.md) and the step report's (docs/steps.md), whose files are kept in
         ``run_dir``, else the log dir, else ``$TMPDIR``."""
+        torch_private.quiet_cpp_logs()
         torch_private.import_torchrun()  # torch's first import, with the collector paused
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.elastic.rendezvous.api import RendezvousError
         from torch.distributed.run import main as torchrun_main
 
         torch_private.install()
+        torch_private.quiet_internals()
         torch_private.route_signals(self.loop.handler)  # torchrun installs the loop's handler, not its own
         keyed = bool(spec.node_key) and spec.backend != "static" and torch_private.order_nodes(spec.node_key)
         directory = self.start()

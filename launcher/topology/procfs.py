@@ -108,10 +108,30 @@ def proc(root: Path, pid: int, tid: int | None = None) -> Path:
 
 def read_text(path: Path) -> str | None:
     """A /proc file's text; None when it is gone or unreadable (another user's process, hidepid)."""
+    return read_or_why(path)[0]
+
+
+def read_or_why(path: Path) -> tuple[str | None, str]:
+    """(a /proc file's text, '') or (None, why it could not be read, in the system's words: ``Permission
+    denied``)."""
     try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
+        return path.read_text(errors="replace"), ""
+    except OSError as e:
+        return None, e.strerror or type(e).__name__
+
+
+def hidden_processes(root: Path = ROOT) -> str:
+    """Why other users' processes are not in this ``/proc``: its mount's ``hidepid`` (``1``/``noaccess``,
+    ``2``/``invisible``; proc(5)), read from ``proc/self/mounts`` (the last ``/proc`` mount is the one seen); ''
+    where they are shown."""
+    hides = ""
+    for line in (read_text(root / "proc" / "self" / "mounts") or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[1] == "/proc" and fields[2] == "proc":
+            options = dict(o.partition("=")[::2] for o in fields[3].split(","))
+            value = options.get("hidepid", "0")
+            hides = "" if value in ("0", "off") else f"/proc is mounted with hidepid={value}"
+    return hides
 
 
 @dataclass(frozen=True)
@@ -243,6 +263,17 @@ def read_schedstat(pid: int, root: Path = ROOT) -> dict[int, tuple[int, int]]:
     return out
 
 
+def read_thread_ticks(pid: int, root: Path = ROOT) -> dict[int, int]:
+    """Thread id -> its time on a CPU so far, clock ticks (``task/<tid>/stat``: utime + stime), of every thread of
+    ``pid``: what a kernel without schedstat still says (not the wait)."""
+    out: dict[int, int] = {}
+    for tid in thread_ids(pid, root):
+        stat = read_stat(pid, root, tid=tid)
+        if stat is not None:
+            out[tid] = stat.ticks
+    return out
+
+
 def read_status(pid: int, key: str, root: Path = ROOT) -> str:
     """Field ``key`` of ``/proc/<pid>/status`` ('' when absent or unreadable)."""
     return status_field(read_text(proc(root, pid) / "status") or "", key) or ""
@@ -287,3 +318,10 @@ def read_numa_maps(pid: int, root: Path = ROOT) -> str:
     """``pid``'s ``numa_maps`` ('' when unreadable). The kernel walks every resident page to answer: read it for the
     processes that matter only."""
     return read_text(proc(root, pid) / "numa_maps") or ""
+
+
+def read_numa_maps_or_why(pid: int, root: Path = ROOT) -> tuple[str, str]:
+    """(``pid``'s ``numa_maps``, '') or ('', why it could not be read: ``Permission denied`` where the process may not
+    be looked into, ``No such file or directory`` once it is gone)."""
+    text, why = read_or_why(proc(root, pid) / "numa_maps")
+    return text or "", why

@@ -151,7 +151,7 @@ def check_layout(
     stages); one-line LayoutError for any rule it breaks (docs/trainer.md). The launcher runs it before any rank
     starts, every rank again (under plain torchrun it is the first check)."""
     from ..config.schema import CommMode, ModelKind
-    from .stages import plan_pipeline, schedule_name
+    from .stages import plan_pipeline
 
     layout = Layout.of_degrees(cfg.parallel, nnodes=nnodes, nproc_per_node=nproc_per_node).resolved(world_size)
     m = cfg.model
@@ -186,13 +186,69 @@ def check_layout(
                 where=TRAINER_LAYOUT,
             )
         local_batch = bs // per
+    _check_read(cfg, layout, only_replicas=only_replicas)
     if layout.size("pp") == 1:
-        schedule_name(cfg.parallel.pp_schedule, installed=False)  # a misspelt schedule is named where pp=1 too
         return layout, None
     n_layers, key = (m.n_layers, "model.n_layers") if m.kind == ModelKind.GPT else (m.num_layers, "model.num_layers")
     return layout, plan_pipeline(
         cfg.parallel, pp=layout.size("pp"), n_layers=n_layers, local_batch=local_batch, layers_key=key
     )
+
+
+def _check_read(cfg: Any, layout: Layout, *, only_replicas: bool) -> None:
+    """A key set to a value this layout never reads (``parallel.pp_split`` without pipeline stages, a DDP knob where
+    FSDP2 or one rank runs, the batch size search's limits with a batch size given): one line naming it, as for a
+    value that breaks a rule: the run would not say it."""
+    from ..comm.modes import Compression, parse_compression
+    from ..config.schema import CommMode, ParallelConfig, TrainerConfig
+    from .stages import schedule_name
+
+    p, c, t, text = cfg.parallel, cfg.comm, cfg.trainer, layout.text
+    if t.batch_size != "auto":  # the batch size search's own keys
+        for key, unset in (("memory_limit_mb", None), ("auto_max_batch", TrainerConfig.auto_max_batch)):
+            if t[key] != unset:
+                raise ConfigError(
+                    f"bad trainer.{key} {t[key]!r} with trainer.batch_size={t.batch_size}: only the search of "
+                    f"trainer.batch_size=auto reads it; expected trainer.batch_size=auto, or no trainer.{key}"
+                )
+
+    def refuse(key: str, value: Any, why: str, expected: str) -> LayoutError:
+        shown = str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else value
+        return LayoutError(f"bad {key} {shown} with layout {text}: {why}; expected {expected}", where=TRAINER_LAYOUT)
+
+    schedule = schedule_name(p.pp_schedule, installed=False)  # a misspelt schedule is named where pp=1 too
+    if layout.size("pp") == 1:
+        stages = "it has no pipeline stages (parallel.pp=1), nothing reads it"
+        for key in ("pp_split", "pp_microbatches", "pp_stages_per_rank"):
+            if p[key] is not None:
+                value = list(p[key]) if key == "pp_split" else p[key]
+                raise refuse(f"parallel.{key}", value, stages, f"parallel.pp > 1, or no parallel.{key}")
+        if schedule != ParallelConfig.pp_schedule:
+            raise refuse("parallel.pp_schedule", p.pp_schedule, stages, "parallel.pp > 1, or no parallel.pp_schedule")
+    ddp = layout.dp > 1 and only_replicas
+    if not p.reshard_after_forward and not (layout.dp > 1 and not only_replicas):
+        raise refuse(
+            "parallel.reshard_after_forward",
+            False,
+            "FSDP2 shards nothing here (it does with several data-parallel ranks beside pp, tp or dp_shard)",
+            "a sharded layout (parallel=fsdp, parallel=hsdp), or no parallel.reshard_after_forward",
+        )
+    if not ddp:
+        what = "DDP's, and no DDP runs here (it does over 2 or more replicas and nothing else: parallel=ddp)"
+        if c.bucket_mb is not None:
+            raise refuse("comm.bucket_mb", c.bucket_mb, what, "parallel=ddp over 2 or more ranks, or no comm.bucket_mb")
+        if parse_compression(c.compression) is not Compression.NONE:
+            raise refuse(
+                "comm.compression", c.compression, what, "parallel=ddp over 2 or more ranks, or no comm.compression"
+            )
+        if c.allreduce != CommMode.FLAT.value:
+            raise refuse("comm.allreduce", c.allreduce, what, "flat")
+    if c.allreduce == CommMode.FLAT.value:
+        what = "it is the hierarchical all-reduce's (comm=hierarchical)"
+        if c.chunk_mb is not None:
+            raise refuse("comm.chunk_mb", c.chunk_mb, what, "comm=hierarchical, or no comm.chunk_mb")
+        if not c.overlap:
+            raise refuse("comm.overlap", False, what, "comm=hierarchical, or no comm.overlap")
 
 
 def check_launch_layout(cfg: Any, *, nnodes: NodeRange, nproc_per_node: int) -> Layout | None:

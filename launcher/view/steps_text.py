@@ -48,16 +48,36 @@ class ShareColumn:
     peak_bytes: float | None = None
 
 
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
 def summary_text(
-    *, steps: int, ranks: int, nodes: int, pace: float | None, step_s: float, columns: Sequence[ShareColumn]
+    *,
+    steps: int,
+    ranks: int,
+    nodes: int,
+    pace: float | None,
+    step_s: float | None,
+    columns: Sequence[ShareColumn],
+    most: int | None = None,
+    restart: int = 0,
 ) -> list[str]:
     """``step report: 40 steps of 2 ranks, 9.8 steps/s, a step 103 ms``, then the table: a ``share of a step`` header,
-    a row per phase and, where a column knows it, the ``peak memory`` row."""
+    a row per phase and, where a column knows it, the ``peak memory`` row. ``most``: the most steps a rank took,
+    where the ranks took different counts (``30 to 40 steps``); ``restart``: the worker group's restarts, whose last
+    attempt the records are of (``after restart 1``); ``step_s`` None and no ``columns``: the head line alone (no step
+    to share out)."""
     from rich.padding import Padding
 
     where = f" on {nodes} nodes" if nodes > 1 else ""
     rate = f", {pace:.3g} steps/s" if pace else ""
-    head = f"step report: {steps} steps of {ranks} rank{'s' if ranks != 1 else ''}{where}{rate}, a step {ms(step_s)}"
+    count = f"{steps} to {most} steps" if most is not None and most != steps else f"{steps} step{_s(steps)}"
+    again = f" after restart {restart}" if restart else ""
+    step = f", a step {ms(step_s)}" if step_s is not None else ""
+    head = f"step report: {count} of {ranks} rank{_s(ranks)}{where}{again}{rate}{step}"
+    if not columns:
+        return [head]
     table = tables.table([("share of a step", "left"), *((c.name, "right") for c in columns)])
     for p in PHASES:
         table.add_row(p, *(pct(c.shares.get(p, 0.0)) for c in columns))

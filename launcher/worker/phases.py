@@ -30,7 +30,11 @@ once; the stream waits). A record then waits until its events are done. Peak mem
 process's resident high-water mark, read at most once a second.
 
 Each record is a JSON line (:class:`~numarun.worker.steps.StepRecord`) in ``steps.<local rank>.jsonl`` of numarun's
-private directory, buffered and flushed at least twice per report interval. Cost: scripts/bench_steps.py.
+private directory, buffered and flushed at least twice per report interval. The files are bounded whatever the job's
+length (:data:`NODE_BYTES` for a node's ranks together: a rank's file moves aside when it reaches its share, the one
+before is dropped); the agent reads every record as it comes, so the summary still counts the whole job. A write that
+fails (a full disk) stops the rank's records, in one line on its stderr, and never its training. Cost:
+scripts/bench_steps.py.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import atexit
 import collections
 import contextlib
 import functools
+import io
 import logging
 import os
 import sys
@@ -66,8 +71,9 @@ DDP_HOOKED = 3
 gradient in a backward is enough; three, in case some are unused in a step). Each costs a Python call a backward."""
 END_WAIT_S = 1.0
 """At its exit a rank waits at most this long for the agent's last look at it (:func:`ask_last_look`)."""
-ROTATE_BYTES = 64 << 20
-"""A rank's records file is moved to ``<name>.1`` (the one before is dropped) when it grows past this."""
+NODE_BYTES = 64 << 20
+"""The most a node's ranks' records files hold together: each rank's file is moved to ``<name>.1`` (the one before is
+dropped) when it grows past its share, ``NODE_BYTES / (2 x its node's ranks)`` (:func:`rotate_bytes`)."""
 GPU_PENDING = 64
 """Records waiting for their CUDA events; beyond this the oldest is written without its GPU figures."""
 RECENT = 512
@@ -106,8 +112,12 @@ class Recorder:
         end: Path | None = None,
         main: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rotate: int = NODE_BYTES // 2,
     ) -> None:
-        self.out, self.path = out, path
+        self.out: IO[str] = out
+        self.path = path
+        self.rotate = rotate
+        """Bytes after which the file moves aside (:data:`NODE_BYTES`)."""
         self.end = end
         """Where the rank says, at its exit, that its last record is out (:data:`END`); None: no agent looks."""
         self.rank = rank
@@ -315,10 +325,13 @@ class Recorder:
             f'"gpu_s":{"null" if gpu_s is None else f"{gpu_s:.6f}"},"extra":{{{more}}}}}\n'
         )
         self.recent.append((wall, fields["input_s"], compute, comm, fields["optim_s"]))
-        self.out.write(line)
-        self.written += len(line)
-        if self.written > ROTATE_BYTES:
-            self._rotate()
+        try:
+            self.out.write(line)
+            self.written += len(line)
+            if self.written > self.rotate:
+                self._rotate()
+        except OSError as e:
+            self._stop(e)
 
     def _rotate(self) -> None:
         if self.path is None:
@@ -329,8 +342,24 @@ class Recorder:
         self.written = 0
 
     def flush(self) -> None:
-        self.out.flush()
+        try:
+            self.out.flush()
+        except OSError as e:
+            self._stop(e)
         self._flushed = self.clock()
+
+    def _stop(self, e: OSError) -> None:
+        """A record that cannot be written (a full disk, a quota): the records stop here, said once on the rank's
+        stderr; the rank trains on (its optimizer's hooks never raise)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.out.close()  # what is buffered cannot be written either
+        self.out = _Nowhere()
+        where = f" {self.path}" if self.path is not None else ""
+        sys.stderr.write(
+            f"numarun: WARNING: rank {self.rank}'s step records stop here: cannot write{where}: {e.strerror or e} "
+            "(the step report leaves out its later steps)\n"
+        )
+        sys.stderr.flush()
 
     def finish(self) -> None:
         """At exit: the open step if an optimizer ended it, the records waiting for their events, the file."""
@@ -407,6 +436,19 @@ class Recorder:
         work = getattr(module, "Work", None)
         if work is not None and not hasattr(work.wait, "__numarun_wrapped__"):
             work.wait = self.waited(work.wait)
+
+
+class _Nowhere(io.StringIO):
+    """Where a rank's records go once they cannot be written: nowhere, and nothing kept."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def rotate_bytes(local_ranks: int) -> int:
+    """A rank's share of :data:`NODE_BYTES`: two files (the current one and the one moved aside) per rank of its
+    node."""
+    return max(1 << 16, NODE_BYTES // (2 * max(1, local_ranks)))
 
 
 def ask_last_look(end: Path, wait_s: float = END_WAIT_S) -> bool:
@@ -554,7 +596,11 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
     except ValueError:
         interval = DEFAULT_INTERVAL_S
     local_rank = int(local) if local.isdigit() else 0
+    local_ranks = environ.get("LOCAL_WORLD_SIZE", "1")
     path = Path(state) / RECORDS.format(local_rank=local_rank)
+    for old in (path, Path(f"{path}.1")):  # a restarted rank's: its records start over, in a new file
+        with contextlib.suppress(OSError):
+            old.unlink()
     try:
         out = open(path, "w", buffering=1 << 16)  # noqa: SIM115  (open for the rank's life)
     except OSError as e:
@@ -567,6 +613,7 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
         flush_s=min(1.0, max(interval, 0.1) / 2),
         path=path,
         end=Path(state) / END.format(local_rank=local_rank),
+        rotate=rotate_bytes(int(local_ranks) if local_ranks.isascii() and local_ranks.isdigit() else 1),
     )
     progress.install_counters()
     progress.after_import(progress.C10D, rec.patch_work)

@@ -464,7 +464,11 @@ def thread_names() -> dict[str, dict[str, Any]]:
 
 
 def write_heartbeat(path: Path, beat: Mapping[str, Any]) -> None:
-    write_atomic(path, json.dumps(beat, separators=(",", ":")))
+    """The heartbeat rewritten; one that cannot be (a full disk) is left as it was: the rank never fails for it."""
+    try:
+        write_atomic(path, json.dumps(beat, separators=(",", ":")))
+    except OSError as e:
+        log.debug("heartbeat: %s", e)
 
 
 _current: HeartbeatWriter | None = None

@@ -375,6 +375,71 @@ CASES: list[Case] = [
     case("stacks-pid-arabic", "stacks --pid \u0663", "--pid '\u0663'", "whole number"),
     case("stacks-pid-init", "stacks --pid 1", "--pid 1", "no numarun job", "numarun stacks --list"),
     case("stacks-pid-none", "stacks --pid 4194304", "--pid 4194304", "no numarun job"),  # past any pid_max: never a pid
+    # --- the step report's option and variables, numarun top (docs/steps.md)
+    case("step-report-word", f"--step-report maybe {EXIT} 0 0", "--step-report 'maybe'", "on, off"),
+    case("step-report-upper-case", f"--step-report ON {EXIT} 0 0", "--step-report 'ON'", "on, off"),
+    case("step-report-empty", ["--step-report", "", EXIT, "0", "0"], "--step-report ''", "on, off"),
+    case("step-report-env", f"{EXIT} 0 0", "NUMARUN_STEP_REPORT 'maybe'", "on, off", NUMARUN_STEP_REPORT="maybe"),
+    case("step-report-env-one", f"{EXIT} 0 0", "NUMARUN_STEP_REPORT '1'", "on, off", NUMARUN_STEP_REPORT="1"),
+    case("step-report-config", [TRAIN, "launcher.step_report=maybe"], "launcher.step_report 'maybe'", "on, off"),
+    *(
+        case(f"step-interval-{name}", f"{EXIT} 0 0", f"NUMARUN_STEP_INTERVAL '{v}'", ">= 0.1", NUMARUN_STEP_INTERVAL=v)
+        for name, v in [
+            ("zero", "0"),
+            ("negative", "-1"),
+            ("nan", "nan"),
+            ("inf", "inf"),
+            ("word", "abc"),
+            ("below-a-look", "0.01"),
+            ("overflow", "1e400"),
+            ("arabic", "\u0663"),
+        ]
+    ),
+    case("top-interval-zero", "top --interval 0", "--interval '0'", "seconds >= 0.1"),
+    case("top-interval-negative", "top --interval -1", "--interval '-1'", "seconds >= 0.1"),
+    case("top-interval-nan", "top --interval nan", "--interval 'nan'", "finite number of seconds"),
+    case("top-interval-inf", "top --interval inf", "--interval 'inf'", "finite number of seconds"),
+    case("top-interval-word", "top --interval abc", "--interval 'abc'", "finite number of seconds"),
+    case("top-interval-once", "top --once --interval 3", "--interval 3 with --once", "one of them"),
+    case("top-interval-json", "top --json --interval 3", "--interval 3 with --json", "one of them"),
+    case("top-pid-negative", "top --pid -3", "--pid '-3'", "from 1 to 4194304"),
+    case("top-pid-word", "top --pid abc", "--pid 'abc'", "whole number"),
+    case("top-pid-zero", "top --pid 0", "--pid '0'", "from 1 to 4194304"),
+    case("top-pid-none", "top --pid 4194304", "--pid 4194304", "no numarun job"),
+    case("stacks-pid-zero", "stacks --pid 0", "--pid '0'", "from 1 to 4194304"),
+    case("stacks-timeout-zero", "stacks --timeout 0", "--timeout '0'", "seconds > 0"),
+    case("stacks-timeout-nan", "stacks --timeout nan", "--timeout 'nan'", "finite number of seconds"),
+    case("stacks-list-pid", "stacks --list --pid 3", "--pid 3 with --list", "one of them"),
+    case("stacks-list-full", "stacks --list --full", "--full with --list", "one of them"),
+    # --- trainer keys the job's layout never reads (docs/trainer.md)
+    case(
+        "unread-pp-split",
+        [TRAIN, "parallel.pp_split=[1,1,1,1,1,1,1,1,1]"],
+        "parallel.pp_split [1, 1, 1, 1, 1, 1, 1, 1, 1]",
+        "no pipeline stages",
+        "parallel.pp > 1",
+    ),
+    case(
+        "unread-pp-schedule", [TRAIN, "parallel.pp_schedule=GPipe"], "parallel.pp_schedule 'GPipe'", "parallel.pp > 1"
+    ),
+    case("unread-pp-microbatches", [TRAIN, "parallel.pp_microbatches=4"], "parallel.pp_microbatches 4", "no pipeline"),
+    case("unread-pp-stages-per-rank", [TRAIN, "parallel.pp_stages_per_rank=2"], "pp_stages_per_rank 2", "no pipeline"),
+    case(
+        "unread-reshard",
+        f"{LAYOUT2} parallel=ddp parallel.reshard_after_forward=false",
+        "parallel.reshard_after_forward false",
+        "FSDP2 shards nothing",
+    ),
+    case("unread-bucket-fsdp", f"{LAYOUT2} comm.bucket_mb=4", "comm.bucket_mb 4.0", "no DDP runs here"),
+    case("unread-compression-fsdp", f"{LAYOUT2} comm.compression=bf16", "comm.compression 'bf16'", "no DDP"),
+    case("unread-bucket-one-rank", ["--nproc-per-node", "1", TRAIN, "comm.bucket_mb=4"], "comm.bucket_mb", "no DDP"),
+    case("unread-chunk-flat", [TRAIN, "comm.chunk_mb=1"], "comm.chunk_mb 1.0", "comm=hierarchical"),
+    case("unread-overlap-flat", [TRAIN, "comm.overlap=false"], "comm.overlap false", "comm=hierarchical"),
+    case(
+        "unread-hierarchical-one-rank", ["--nproc-per-node", "1", TRAIN, "comm=hierarchical"], "'hierarchical'", "flat"
+    ),
+    case("unread-memory-limit", [TRAIN, "trainer.memory_limit_mb=100"], "trainer.memory_limit_mb 100", "auto"),
+    case("unread-auto-max-batch", [TRAIN, "trainer.auto_max_batch=8"], "trainer.auto_max_batch 8", "auto"),
     # --- nesting bounded in every JSON reader
     case("topology-deep-json", "plan --topology {bad}/deep.json", "deep.json", "nested deeper than 64 levels"),
     case(

@@ -18,11 +18,12 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from helpers import SCRIPTS, TIMEOUT, clean_env, free_port, numarun_cmd, run_numarun, wait_until
+from helpers import SCRIPTS, TIMEOUT, clean_env, free_port, listening, numarun_cmd, run_numarun, wait_until
 
 from numarun.worker.steps import LiveTable, read_records
 
@@ -325,3 +326,160 @@ def test_two_agents_name_the_slow_rank_once_on_the_judging_node(tmp_path: Path) 
     # the job succeeded: it ends as quietly as under torchrun, nothing of torch's store client in either log
     for text in logs:
         assert "frame #" not in text and "TCPStore" not in text and "failed to shutdown" not in text, text
+
+
+def test_the_node_hosting_the_store_killed_leaves_the_other_one_line_and_nothing_of_torchs(tmp_path: Path) -> None:
+    """Two agents on this host (c10d on loopback), two ranks each, the step report on; the node that hosts the store
+    (the one started first) is SIGKILLed with its whole process group while the ranks step. The other ends with
+    numarun's one error line naming its failed ranks: its agent, its torchrun and torch's store client print nothing
+    of their own (no C++ warning or frame, none of torch elastic's internal lines); its ranks' tracebacks, which are
+    the user's, stay, and so does torch's one line per failed rank."""
+    port = free_port()
+    args = ("--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}")
+    host = _start(tmp_path, *args, "--rdzv-id", "lost", job=("none", "0", "0", "ddp"), log="log0")
+    try:
+        wait_until("the c10d store", lambda: listening(port), TIMEOUT, proc=host)
+        other = _start(tmp_path, *args, "--rdzv-id", "lost", job=("none", "0", "0", "ddp"), log="log1")
+        try:
+            out = tmp_path / "out"
+            wait_until(
+                "every rank's first step", lambda: all((out / f"started.{r}").exists() for r in range(4)), TIMEOUT
+            )
+            os.killpg(host.pid, signal.SIGKILL)  # numarun and its agent; its ranks follow (parent-death signal)
+            host.wait(timeout=TIMEOUT)
+            code = _finish(other)
+        finally:
+            if other.poll() is None:
+                os.killpg(other.pid, signal.SIGKILL)
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+    log = (tmp_path / "log1").read_text()
+    assert code != 0, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("numarun: error: ")]
+    assert len(errors) == 1 and re.match(r"numarun: error: rank [23] \(local rank [01], pid \d+\) ", errors[0]), log
+    ours = [line for line in log.splitlines() if not line.startswith("[rank")]  # the ranks' own lines are the user's
+    theirs = [line for line in ours if not line.startswith("numarun: ")]
+    assert all(re.search(r"elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: ", line) for line in theirs), log
+    for noise in ("frame #", "TCPStore", "error_handler.py", "dynamic_rendezvous", "closing signal", "WARNING: "):
+        assert not any(noise in line for line in ours), (noise, log)
+
+
+@contextlib.contextmanager
+def _small_filesystem(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` for the block (root only: the test is skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem (tmpfs) needs root")
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(where: Path) -> None:
+    """Fill the filesystem under ``where`` to the last byte."""
+    with open(where / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(b"\0" * 4096)
+
+
+def test_a_log_dir_that_fills_keeps_no_files_says_so_once_and_still_prints_the_summary(tmp_path: Path) -> None:
+    """``--log-dir`` on a 1 MiB filesystem that fills while the two ranks step: the job's exit code is the job's
+    (0), the summary is on stderr as ever, and one line names the file that could not be written and why; nothing
+    half-written is left."""
+    with _small_filesystem(tmp_path / "small", "1m") as small:
+        p = _start(tmp_path, "--nproc-per-node", "2", "--log-dir", str(small), job=("none", "0", "0", "ddp"))
+        try:
+            wait_until("rank 1's first step", lambda: (tmp_path / "out" / "started.1").exists(), TIMEOUT, proc=p)
+            _fill(small)
+            (tmp_path / "out" / "stop").touch()
+            code = _finish(p)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        left = sorted(path.name for path in small.iterdir() if path.name.startswith("numarun_"))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    lines = _report(log)
+    assert re.match(r"step report: \d+ steps of 2 ranks", lines[0]) and _verdict(lines), lines
+    said = [line for line in lines if "cannot write" in line]
+    assert len(said) == 1 and said == [lines[-1]], lines
+    assert re.fullmatch(
+        rf"WARNING: the step report's files are not kept: cannot write {small}/numarun_steps\.[^/]+/steps\.jsonl: "
+        "No space left on device",
+        said[0],
+    ), said
+    assert left == [] and "Traceback" not in log
+
+
+def test_a_job_that_never_steps_an_optimizer_has_no_report_and_keeps_no_files(tmp_path: Path) -> None:
+    """Two DDP ranks whose update is made by hand (no torch.optim optimizer): no step is recorded, so no report is
+    said and no file kept; the job's output and exit code are its own."""
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", job=("none", "0", "20", "nostep")))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    assert "step report" not in log and "Traceback" not in log and "WARNING" not in log, log
+    assert not list((tmp_path / "tmp").glob("numarun_steps.*")), log
+
+
+@pytest.mark.parametrize(
+    "case, job, env, args, head, verdict",
+    [
+        (
+            "a few long steps",
+            ("compute", "1", "5", "ddp"),
+            {"STEP_WORK_S": "1"},
+            (),
+            r"5 steps of 2 ranks, [\d.]+ steps/s, a step [\d.]+ s",
+            "=> too few steps to judge which rank holds the job back (4 steps of every rank, fewer than 12)",
+        ),
+        (
+            "uneven data",
+            ("input", "1", "40", "join"),
+            {},
+            (),
+            r"30 to 40 steps of 2 ranks, ",
+            "=> rank 1 holds the job back: input, ",
+        ),
+        (
+            "a restart",
+            ("input", "1", "40", "ddp"),
+            {"STEP_FAIL_AT": "5"},
+            ("--max-restarts", "1"),
+            r"40 steps of 2 ranks after restart 1, ",
+            "=> rank 1 holds the job back: input, ",
+        ),
+        (
+            "two optimizers in turn",
+            ("compute", "0", "40", "gan"),
+            {},
+            (),
+            r"40 steps of 2 ranks, ",
+            "=> rank 0 holds the job back: compute, ",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v and not v.startswith(("=>", "r")) else "",
+)
+def test_jobs_of_other_shapes_are_judged_on_what_their_ranks_recorded(
+    tmp_path: Path,
+    case: str,
+    job: tuple[str, ...],
+    env: dict[str, str],
+    args: tuple[str, ...],
+    head: str,
+    verdict: str,
+) -> None:
+    """A few long steps are too few to name a rank; ranks whose data runs out at different steps (DDP's Join) are
+    judged on the steps they all took; after a restart the records are the last attempt's; a GAN's two optimizers,
+    stepped in turn, make one step. The slow rank, where there is one to name, is named with its phase."""
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", *args, job=job, **env))
+    log = (tmp_path / "log").read_text()
+    assert code == 0, log[-3000:]
+    lines = _report(log)
+    assert re.match("step report: " + head, lines[0]), lines
+    assert _verdict(lines).startswith(verdict), lines
+    records = list(read_records((_files(lines) / "steps.jsonl").read_text().splitlines()))
+    steps = {r: max(x.step for x in records if x.rank == r) for r in (0, 1)}
+    assert steps == ({0: 40, 1: 30} if case == "uneven data" else {0: int(job[2]), 1: int(job[2])}), steps

@@ -53,7 +53,7 @@ def test_one_thread_serves_the_step_report_and_the_watchdog_and_the_end_says_the
     assert said[-1].startswith(f"the steps of every rank: {keep_dir('steps', tmp_path / 'keep')}/")
 
 
-def test_a_use_that_fails_leaves_the_thread_running(tmp_path: Path) -> None:
+def test_a_use_that_fails_leaves_the_thread_running_and_is_said_once(tmp_path: Path) -> None:
     state = tmp_path / "state"
     write_job(state, steps=30, slow_input=0.0)
     said: list[str] = []
@@ -71,6 +71,11 @@ def test_a_use_that_fails_leaves_the_thread_running(tmp_path: Path) -> None:
         assert agent._thread is not None and agent._thread.is_alive()
     finally:
         agent.close()
+    # said once, however many ticks it failed in, on numarun's stderr (the agent's say)
+    assert (
+        said[0] == "WARNING: the step report failed (RuntimeError: a figure the agent did not expect); the job runs on"
+    )
+    assert sum("failed (" in line for line in said) == 1, said
 
 
 def test_the_last_view_goes_over_before_the_barrier_and_the_store_is_left_alone_after(tmp_path: Path) -> None:

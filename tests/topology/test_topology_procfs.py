@@ -50,3 +50,28 @@ def test_the_environment_a_process_started_with(tmp_path: Path) -> None:
     (tmp_path / "proc" / "7" / "environ").write_bytes(b"A=1\0NCCL_IB_HCA==mlx5_3\0EMPTY=\0")
     assert procfs.read_environ(7, tmp_path) == {"A": "1", "NCCL_IB_HCA": "=mlx5_3", "EMPTY": ""}
     assert procfs.read_environ(8, tmp_path) == {}
+
+
+def test_what_a_restricted_proc_hides_and_what_it_still_says(tmp_path: Path) -> None:
+    """The recorded hidepid tree (tests/fixtures/steps/capture_restricted.py) hides the spinner, another user's, and
+    says why; thread times come from stat where schedstat is missing; an unreadable file says why."""
+    restricted = FIXTURES / "steps" / "restricted"
+    hidden = json.loads((restricted / "hidepid" / "about.json").read_text())
+    assert hidden["hidden"] == ["spinner"] and hidden["pids"]["spinner"] not in procfs.read_all(
+        restricted / "hidepid/t0"
+    )
+    assert procfs.hidden_processes(restricted / "hidepid" / "t0") == "/proc is mounted with hidepid=invisible"
+    assert procfs.hidden_processes(restricted / "open" / "t0") == ""
+    for options, said in (
+        ("rw,hidepid=2", "hidepid=2"),
+        ("rw,hidepid=0", ""),
+        ("rw,hidepid=noaccess", "hidepid=noaccess"),
+    ):
+        (tmp_path / "proc" / "self").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "proc" / "self" / "mounts").write_text(f"proc /proc proc {options} 0 0\n")
+        assert procfs.hidden_processes(tmp_path) == (f"/proc is mounted with {said}" if said else "")
+    rank = json.loads((restricted / "open" / "about.json").read_text())["pids"]["rank"]
+    ticks = procfs.read_thread_ticks(rank, restricted / "open" / "t1")
+    assert list(ticks) == [rank] and ticks[rank] > 0
+    assert procfs.read_or_why(tmp_path / "nope") == (None, "No such file or directory")
+    assert procfs.read_numa_maps_or_why(rank, restricted / "open" / "t0")[1] == ""

@@ -41,3 +41,12 @@ def test_one_rank_without_memory_has_no_peak_row() -> None:
     lines = summary_text(steps=5, ranks=1, nodes=1, pace=None, step_s=12.0, columns=[ShareColumn("rank 0", SLOW)])
     assert lines[0] == "step report: 5 steps of 1 rank, a step 12 s"
     assert lines[1].split() == ["share", "of", "a", "step", "rank", "0"] and len(lines) == 3 + len(PHASES)
+
+
+def test_uneven_counts_a_restart_and_a_single_step_are_said_in_the_head_line() -> None:
+    columns = [ShareColumn("rank 0", SLOW)]
+    uneven = summary_text(steps=30, ranks=2, nodes=1, pace=9.5, step_s=0.1, columns=columns, most=40, restart=1)
+    assert uneven[0] == "step report: 30 to 40 steps of 2 ranks after restart 1, 9.5 steps/s, a step 100 ms"
+    assert summary_text(steps=1, ranks=2, nodes=1, pace=None, step_s=None, columns=[]) == [
+        "step report: 1 step of 2 ranks"
+    ]

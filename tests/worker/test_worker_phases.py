@@ -315,10 +315,9 @@ def test_gpu_events_give_the_steps_gpu_time_and_the_waits_count_as_comm_once_don
     assert records[1].comm_s == pytest.approx(0.03) and records[1].peak_bytes == 123 << 20
 
 
-def test_the_records_rotate_and_the_tail_follows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_records_rotate_and_the_tail_follows(tmp_path: Path) -> None:
     path = tmp_path / "steps.0.jsonl"
-    monkeypatch.setattr(phases, "ROTATE_BYTES", 600)
-    rec = _recorder(open(path, "w"), path=path)
+    rec = _recorder(open(path, "w"), path=path, rotate=600)
     tail = Tail(path)
     opt = Opt()
     seen: list[int] = []
@@ -364,3 +363,28 @@ def test_shares_of_the_recent_steps() -> None:
         phases._current = None
     assert shares == pytest.approx({"input": 2 / 3, "compute": 1 / 3, "comm": 0.0, "optim": 0.0})
     assert phases.shares(10) == {}
+
+
+def test_records_that_cannot_be_written_stop_in_one_line_and_never_the_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every write fails as on a full disk (``/dev/full``: ENOSPC): the optimizer's hooks return as ever, and one
+    line on the rank's stderr names the file and the error."""
+    path = tmp_path / "steps.0.jsonl"
+    rec = _recorder(open("/dev/full", "w"), path=path)
+    opt = Opt()
+    for _ in range(5):
+        _step(rec, opt)  # raises nothing: the rank trains on
+        rec.flush()
+    rec.finish()
+    assert capsys.readouterr().err.splitlines() == [
+        f"numarun: WARNING: rank 3's step records stop here: cannot write {path}: No space left on device (the step "
+        "report leaves out its later steps)"
+    ]
+
+
+def test_a_nodes_records_are_bounded_whatever_its_ranks() -> None:
+    """Two files of a rank's share per rank: the node's ranks together hold at most NODE_BYTES."""
+    for ranks in (1, 2, 8, 64, 8192):
+        assert 2 * ranks * phases.rotate_bytes(ranks) <= max(phases.NODE_BYTES, 2 * ranks * (1 << 16))
+    assert phases.rotate_bytes(8) == 4 << 20

@@ -50,7 +50,8 @@ class NodeCall:
     host: str
     stands: tuple[Stand, ...]
     stacks: str
-    """The file holding every thread of this node's ranks."""
+    """The file holding every thread of this node's ranks (``not kept (cannot write ...)`` where it could not be
+    written)."""
     source: str
     """Which stacks were used: py-spy (native frames) or in-process Python stacks, and why."""
 
@@ -412,10 +413,14 @@ def call_node(
             + (" (ptrace is not permitted here: CAP_SYS_PTRACE, kernel.yama.ptrace_scope or seccomp)" if denied else "")
             + f": {why}"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# every thread of every rank on {host}; stacks: {source}\n\n" + "\n".join(parts))
+    stacks = str(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(f"# every thread of every rank on {host}; stacks: {source}\n\n" + "\n".join(parts))
+    except OSError as e:  # a full or read-only log dir: the roll-call's lines still say where each rank stands
+        stacks = f"not kept (cannot write {out}: {e.strerror or e})"
     return NodeCall(
-        int(next(iter(beats.values())).get("node_rank", 0)) if beats else 0, host, tuple(stands), str(out), source
+        int(next(iter(beats.values())).get("node_rank", 0)) if beats else 0, host, tuple(stands), stacks, source
     )
 
 

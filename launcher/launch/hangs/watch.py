@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...fsutil import write_atomic
+from ..notes import Notes
 from .exchange import ANSWER_WAIT_S, RollCallKeys
 from .node import Dumps, NodeCall, call_node, freeze, render, resume
 from .policy import EXIT_HANG, HangPolicy, OnHang
@@ -42,6 +43,7 @@ class HangWatch:
         request_stop: Callable[[int, str], None],
         hold: Callable[[], None],
         say: Callable[[Iterable[str]], None],
+        notes: Notes | None = None,
         ending: str = f"exit code {EXIT_HANG}",
     ) -> None:
         self.policy = policy
@@ -54,6 +56,8 @@ class HangWatch:
         self.request_stop = request_stop
         self.hold = hold
         self.say = say
+        self.notes = notes or Notes(say)
+        """A roll-call's file that cannot be written is said here, once; the roll-call goes to stderr anyway."""
         self._armed = True
         self._count = 0
         self.done = False
@@ -172,9 +176,8 @@ class HangWatch:
         text = render(calls, header=[first])
         n = len(self.reports) + 1
         kept = self.keep / f"rollcall.{n}.txt"
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text("".join(f"{line}\n" for line in text))
-        text.append(f"this roll-call: {kept}")
+        if self.notes.write(kept, "".join(f"{line}\n" for line in text), what="the roll-call is on stderr only"):
+            text.append(f"this roll-call: {kept}")
         if p.action is OnHang.STOP:
             self.reports.append(text)
             self.say(text)
@@ -225,7 +228,11 @@ class HangWatch:
                 for c in calls:
                     with contextlib.suppress(OSError):
                         text += ["", *Path(c.stacks).read_text().splitlines()]
-        write_atomic(self.state / f"stacks.{rid}.txt", "".join(f"{line}\n" for line in text), mode=0o600)
+        path = self.state / f"stacks.{rid}.txt"
+        try:
+            write_atomic(path, "".join(f"{line}\n" for line in text), mode=0o600)
+        except OSError as e:
+            self.notes.cannot_write(path, e, what="numarun stacks gets no answer")
 
     def _at_stop(self, name: str, dumps: Dumps) -> None:
         beats = read_beats(self.state)
@@ -237,5 +244,7 @@ class HangWatch:
         )
         text = render([call], header=[f"where each rank of this node stood when numarun got {name}:"])
         kept = self.keep / "rollcall.stop.txt"
-        kept.write_text("".join(f"{line}\n" for line in text))
-        self.say([f"where each rank stood at {name}: {kept}"])
+        if self.notes.write(kept, "".join(f"{line}\n" for line in text), what="it is said here instead"):
+            self.say([f"where each rank stood at {name}: {kept}"])
+        else:
+            self.say(text)

@@ -85,9 +85,11 @@ def explain(
 
     # A thread on a shared core waits in proportion to the time it runs: the rank's wait per second it ran, above
     # the others', is its core's contention; its running above theirs is more work (and the wait that comes with it).
+    # A kernel without schedstat says how long each thread ran, not how long it waited: no contention is told then.
+    waits = ev.waits and all(o.waits for o in others)
     run = ev.main_run * step
-    ratio = _median([o.main_wait / o.main_run for o in others if o.main_run > 0])
-    contended = ev.main_wait * step - run * ratio
+    ratio = _median([o.main_wait / o.main_run for o in others if o.main_run > 0]) if waits else 0.0
+    contended = ev.main_wait * step - run * ratio if waits else 0.0
     more_work = (ev.main_run - usual("main_run")) * step * (1 + ratio)
     waited = ev.main_wait * step
     cores = ev.cpus or "?"
@@ -103,9 +105,11 @@ def explain(
             )
         crowd = f"{ev.threads} threads" + (f" and {ev.children} loader workers" if ev.children else "")
         fix = "--binding (cores of its own for each rank)" if not bound else "fewer threads (OMP_NUM_THREADS)"
-        return Cause(
-            True, f"CPU wait: its main thread waited {ms(waited)} a step for a CPU ({crowd} on cpus {cores})", fix
-        )
+        why = f"CPU wait: its main thread waited {ms(waited)} a step for a CPU ({crowd} on cpus {cores})"
+        if ev.hidden:  # the process on its core may be one numarun cannot see
+            why += f"; other users' processes are not seen here ({ev.hidden}): one of them may run on its cores"
+            fix += f", or find what else runs on cpus {cores} (ps -eo pid,user,psr,pcpu,comm as root)"
+        return Cause(True, why, fix)
     own = j.own.get(rank, step)
     steal = usual("steal")
     if (ev.steal - steal) * own >= COVERS * lost:
@@ -136,10 +140,12 @@ def explain(
                 "--mem-policy bind (each rank's memory on its own node)",
             )
         theirs = usual("main_run") * step
+        pages = [u for u in ev.unknown if u.startswith("its pages per NUMA node")] if ev.remote is None else []
         return Cause(
             True,
             f"more work: its main thread ran {ms(run)} a step on a CPU, the other ranks' {ms(theirs)}: it computes "
-            "more than they do (a larger batch or sequence, code only it runs)",
+            "more than they do (a larger batch or sequence, code only it runs)"
+            + "".join(f"; not known here: {u}" for u in pages),
         )
     found = faults(ev.device, devices) if ev.device is not None else []
     if found:
@@ -182,10 +188,15 @@ def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
         parts = [f"{j.phase} {ms(j.excess.get(j.phase, 0.0))} a step above the other ranks'"]
     else:
         parts = [f"its own time {ms(j.lost_s)} a step above the other ranks'"]
-    parts.append(
-        f"its main thread ran {ms(ev.main_run * step)} and waited {ms(ev.main_wait * step)} for a CPU (the others "
-        f"{ms(_median([o.main_run for o in others]) * step)} and {ms(_median([o.main_wait for o in others]) * step)})"
-    )
+    if ev.waits:
+        parts.append(
+            f"its main thread ran {ms(ev.main_run * step)} and waited {ms(ev.main_wait * step)} for a CPU (the "
+            f"others {ms(_median([o.main_run for o in others]) * step)} and "
+            f"{ms(_median([o.main_wait for o in others]) * step)})"
+        )
+    else:
+        theirs = _median([o.main_run for o in others]) * step
+        parts.append(f"its main thread ran {ms(ev.main_run * step)} (the others {ms(theirs)})")
     parts.append(f"steal {pct(ev.steal)}")
     if ev.remote is not None:
         parts.append(f"pages off its node {pct(ev.remote)}")
@@ -195,4 +206,7 @@ def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
         parts += device_figures(ev.device)
     if ev.nic:
         parts.append(f"its NIC is not the one next to its GPU: {ev.nic}")
+    if ev.hidden and not ev.others:
+        parts.append(f"other users' processes are not seen here ({ev.hidden})")
+    parts += [f"not known here: {u}" for u in ev.unknown]
     return "; ".join(parts)

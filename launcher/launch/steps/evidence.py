@@ -4,7 +4,9 @@ trees) and the sampler that turns their counters into rates over a span of steps
 Read on every report tick, for every local rank, while the ranks still run (at the end they may be gone):
 
 * its threads' time on a CPU and waiting on a run queue (``/proc/<pid>/task/<tid>/schedstat``: ns on a CPU, ns
-  waiting, timeslices; Documentation/scheduler/sched-stats.rst): a rank whose core another process takes waits;
+  waiting, timeslices; Documentation/scheduler/sched-stats.rst): a rank whose core another process takes waits. A
+  kernel without CONFIG_SCHEDSTATS has no such file: the time on a CPU is then read from ``task/<tid>/stat``, and the
+  wait is not known (:attr:`Evidence.waits`);
 * every process's CPU time and the CPU it last ran on (``/proc/<pid>/stat``: utime, stime, field 39): a process
   outside the job whose time moved while it ran on one of a rank's cores took that much of it (sampled at each
   tick: a pinned process is counted in full, one that moves about in part);
@@ -13,7 +15,10 @@ Read on every report tick, for every local rank, while the ranks still run (at t
   (``cpufreq/scaling_cur_freq`` against ``cpuinfo_max_freq``) and throttle counters
   (``thermal_throttle/{core,package}_throttle_count``) where sysfs has them;
 * its pages per NUMA node (``/proc/<pid>/numa_maps``, as the binding watcher reads them), for the ranks the report
-  suspects only: the kernel walks every resident page to answer;
+  suspects only: the kernel walks every resident page to answer (a file it may not read, EACCES, is said in
+  :attr:`Evidence.unknown`);
+* whether other users' processes are hidden from this ``/proc`` (``hidepid``): a process on a rank's core that
+  numarun cannot see is no "process outside the job" it can name (:attr:`Evidence.hidden`);
 * once, its NIC variables (``/proc/<pid>/environ``) against the plan's, which chose the NIC next to its GPU;
 * on a GPU node, its GPU's and NIC's figures (:mod:`~numarun.launch.steps.device`, sampled beside these).
 """
@@ -157,6 +162,17 @@ class Evidence:
     """Where its NIC variables differ from the plan's, which chose the NIC next to its GPU; '' when they agree."""
     device: DeviceEvidence | None = None
     """Its GPU's and NIC's figures over the span; None off a GPU node, or where neither was read."""
+    waits: bool = True
+    """Its threads' waits for a CPU were read (schedstat); False on a kernel without it: ``wait`` and ``main_wait``
+    are then 0 and mean nothing, ``run`` and ``main_run`` come from the threads' ``stat``."""
+    unknown: tuple[str, ...] = ()
+    """The figures that could not be read, each with why (``its pages per NUMA node (/proc/7/numa_maps: Permission
+    denied)``)."""
+    hidden: str = ""
+    """Why other users' processes are not seen here (``/proc is mounted with hidepid=2``); '' when they are."""
+
+
+NO_SCHEDSTAT = "its wait for a CPU (no /proc/<pid>/task/*/schedstat: a kernel without CONFIG_SCHEDSTATS)"
 
 
 @dataclass
@@ -179,6 +195,8 @@ class _Totals:
     max_mhz: float | None = None
     others: dict[int, int] = field(default_factory=dict)
     """pid -> clock ticks it took on the rank's cores."""
+    waits: bool = True
+    """The threads' figures came from schedstat (False: from their stat, without the wait)."""
 
 
 class Sampler:
@@ -195,12 +213,18 @@ class Sampler:
         self._ticks: dict[int, tuple[int, int]] = {}
         self._threads: dict[int, dict[int, tuple[int, int]]] = {}
         self._names: dict[int, tuple[str, str]] = {}
+        self.pages_unread: dict[int, str] = {}
+        """Rank -> why its numa_maps could not be read (``/proc/7/numa_maps: Permission denied``)."""
+        self.hidden: str | None = None
+        """Why other users' processes are not in this /proc ('' when they are); read at the first sample."""
         self.devices = DeviceSampler(live=root == Path("/"))  # GPUs (NVML) and NICs: device.py
 
     def sample(self, ranks: Sequence[RankProc], t: float, *, suspects: Iterable[int] = ()) -> None:
         """One look at every rank of ``ranks`` at time ``t`` (monotonic seconds); numa_maps of ``suspects`` only."""
         procs = procfs.read_all(self.root)
         ticks = read_cpu_ticks(self.root)
+        if self.hidden is None:
+            self.hidden = procfs.hidden_processes(self.root)
         job = {*(r.pid for r in ranks), *self.exclude}
         job |= procfs.tree_of(procs, job)  # the ranks, everything they started, and numarun's own processes
         before = self._procs
@@ -239,14 +263,22 @@ class Sampler:
             now.max_mhz = max(top) if top else None
             hist.append(now)
             if r.rank in set(suspects) and r.numa >= 0:
-                pages = read_pages(self.root, r.pid)
+                text, why = procfs.read_numa_maps_or_why(r.pid, self.root)
+                pages = parse_numa_maps(text)
                 if pages:
                     self.remote[r.rank] = remote_share(pages, [r.numa])
+                    self.pages_unread.pop(r.rank, None)
+                elif why and procfs.alive(r.pid, self.root):  # one that has just ended has nothing to say
+                    self.pages_unread[r.rank] = f"/proc/{r.pid}/numa_maps: {why}"
         self._ticks, self._procs = ticks, procs
         self.devices.sample(self.root, [r.device for r in ranks], t)
 
     def _threads_of(self, r: RankProc, totals: _Totals) -> None:
         now = procfs.read_schedstat(r.pid, self.root)
+        if not now:  # a kernel without schedstat: the time on a CPU from each thread's stat, no wait
+            ns = 1e9 / CLK_TCK
+            now = {tid: (int(t * ns), 0) for tid, t in procfs.read_thread_ticks(r.pid, self.root).items()}
+            totals.waits = not now
         before = self._threads.get(r.pid, {})
         for tid, (run, wait) in now.items():
             run0, wait0 = before.get(tid, (0, 0)) if before else (run, wait)
@@ -301,6 +333,12 @@ class Sampler:
             remote=self.remote.get(rank.rank),
             nic=rank.nic,
             device=self.devices.evidence(rank.device, a.t, b.t),
+            waits=a.waits and b.waits,
+            unknown=tuple(
+                [NO_SCHEDSTAT] * (not (a.waits and b.waits))
+                + [f"its pages per NUMA node ({why})" for why in [self.pages_unread.get(rank.rank)] if why]
+            ),
+            hidden=self.hidden or "",
         )
 
 

@@ -57,7 +57,9 @@ OWN_PHASES = ("input", "compute", "optim")
 class Unjudged(enum.Enum):
     """Why no rank is named."""
 
-    NO_STEPS = "no step recorded by every rank yet"
+    NO_STEPS = "no step after each rank's first, which holds its start"
+    NOT_STEPPING = "a rank took no optimizer step after its first"
+    APART = "the ranks' steps do not line up"
     ONE_RANK = "one rank: nothing to compare"
     TOO_FEW = "too few steps"
     SMALL = "the slowest costs less than a tenth of a step"
@@ -132,6 +134,8 @@ class Judgement:
     """Why no rank is named; None when one is."""
     missing: tuple[str, ...] = ()
     """The nodes whose last view the judge did not get (``node 1 last reported at step 40``): it names no rank."""
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Where no step is common to every rank: each rank's first and last step judged on (none: (0, 0))."""
 
     @property
     def share(self) -> float:
@@ -149,6 +153,12 @@ class Judgement:
             return f"the slowest costs {self.share:.0%} of a step"
         if u is Unjudged.NODES_MISSING:
             return "; ".join(self.missing)
+        if u is Unjudged.NOT_STEPPING:
+            idle = [r for r, span in sorted(self.spans.items()) if span == (0, 0)]
+            return f"{_ranks(idle)} took no optimizer step after {'its' if len(idle) == 1 else 'their'} first"
+        if u is Unjudged.APART:
+            runs = ", ".join(f"rank {r}'s {a}-{b}" for r, (a, b) in sorted(self.spans.items()))
+            return f"the ranks' steps do not line up ({runs}): a rank's records started over"
         if u is Unjudged.UNSTEADY:
             return (
                 f"the slowest was behind in {self.behind:.0%} of the steps, as good as {self.independent:.0f} "
@@ -183,7 +193,7 @@ def judge(
     win = window(points, size)
     steps = len(next(iter(win.values()), []))
     if steps == 0:
-        return Judgement(0, len(points), 0.0, unjudged=Unjudged.NO_STEPS)
+        return _unaligned(points)
     ranks = sorted(win)
     phases = {r: {ph: median([p.phase(ph) for p in pts]) for ph in PHASES} for r, pts in win.items()}
     rows = list(zip(*(win[r] for r in ranks), strict=True))  # step by step, a point per rank
@@ -229,6 +239,26 @@ def judge(
     if judged.chance > CHANCE or not _steady(diffs):
         return _with(judged, unjudged=Unjudged.UNSTEADY)
     return _with(judged, culprit=slowest, phase=top if excess[top] >= PHASE_SHARE * lost else None)
+
+
+def _unaligned(points: Mapping[int, Sequence[Point]]) -> Judgement:
+    """No step common to every rank: none recorded yet; a rank that took no optimizer step (after its first, which
+    holds its start) while others did; or ranks whose step numbers do not meet (a rank's records started over while
+    the others' went on): each said, none judged (steps of different moments would be compared)."""
+    spans = {
+        r: (min(steps), max(steps)) if (steps := [p.step for p in pts if p.step > 1]) else (0, 0)
+        for r, pts in points.items()
+    }
+    stepping = [r for r, span in spans.items() if span != (0, 0)]
+    if not stepping or len(points) < 2:
+        return Judgement(0, len(points), 0.0, unjudged=Unjudged.NO_STEPS)
+    why = Unjudged.APART if len(stepping) == len(points) else Unjudged.NOT_STEPPING
+    return Judgement(0, len(points), 0.0, unjudged=why, spans=spans)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """``rank 1``, ``ranks 1, 3``."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
 
 
 def _scale(job_wall: float, wall: float) -> float:

@@ -14,9 +14,11 @@ from ...options.launch import LaunchOptions
 DEFAULT_INTERVAL_S = 5.0
 """Seconds between two looks at the ranks (their records, the kernel's figures) and between two exchanges through
 the store: the live table is at most this old, and the kernel's figures are sampled this often."""
+MIN_INTERVAL_S = 0.1
+"""The shortest interval: the agent looks at the ranks every tenth of a second (``agent.POLL_S``), no more often."""
 
 
-_interval = seconds(envvars.STEP_INTERVAL)
+_interval = seconds(envvars.STEP_INTERVAL, low=MIN_INTERVAL_S, above=False)
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class StepPolicy:
 
 
 def interval_from(environ: Mapping[str, str]) -> float:
-    """``NUMARUN_STEP_INTERVAL`` (seconds above 0), else the default; a bad value is a one-line error."""
+    """``NUMARUN_STEP_INTERVAL`` (seconds, at least :data:`MIN_INTERVAL_S`), else the default; a bad value is a
+    one-line error."""
     text = environ.get(envvars.STEP_INTERVAL, "").strip()
     if not text:
         return DEFAULT_INTERVAL_S

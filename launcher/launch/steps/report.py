@@ -25,7 +25,11 @@ def verdict_lines(
     if j.culprit is None:
         if j.unjudged is Unjudged.NODES_MISSING:
             return [f"=> no verdict on the job: {j.reason} (its last view did not come; nothing is judged on less)"]
-        if j.slowest is None or j.unjudged in (Unjudged.NO_STEPS, Unjudged.ONE_RANK):
+        if j.unjudged in (Unjudged.NOT_STEPPING, Unjudged.APART):
+            return [f"=> no verdict on the job: {j.reason} (the ranks are compared step by step)"]
+        if j.unjudged is Unjudged.NO_STEPS:
+            return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
+        if j.slowest is None or j.unjudged is Unjudged.ONE_RANK:
             return [f"=> no rank holds the job back ({j.reason})"]
         if j.unjudged is Unjudged.TOO_FEW:
             return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
@@ -63,22 +67,35 @@ def summary_lines(
     places: Mapping[int, RankPlace],
     pace: float | None,
     nodes: int = 1,
+    restart: int = 0,
 ) -> list[str]:
-    """The end-of-job summary (without the ``numarun:`` prefix): the job's pace, each phase's share of a step for the
-    median rank and the slowest, peak memory, the verdict."""
+    """The end-of-job summary (without the ``numarun:`` prefix): the job's pace (``pace``: its whole run's), each
+    phase's share of a step for the median rank and the slowest, peak memory, the verdict. The step count is the
+    fewest steps of a rank, and the most where the ranks took different counts; ``restart``: the worker group's
+    restarts (the records are its last attempt's)."""
     shares = {r: _shares(ph) for r, ph in j.phases.items()}
     slow = j.culprit if j.culprit is not None else j.slowest
     peaks = {r.place.rank: r.peak_bytes for r in rows if r.peak_bytes}
-    if slow is None or len(rows) < 2 or slow not in shares:  # one rank: its own shares
+    columns: list[ShareColumn] = []  # none where no step is shared out: the verdict says why
+    if j.steps and (slow is None or len(rows) < 2 or slow not in shares):  # one rank: its own shares
         columns = [_median_column(f"rank {next(iter(shares), 0)}", list(shares.values()), list(peaks.values()))]
-    else:
+    elif j.steps and slow is not None:
         others = [shares[r] for r in shares if r != slow]
         columns = [
             ShareColumn(f"rank {slow} (slowest)", shares[slow], peaks.get(slow)),
             _median_column("the others (median)", others, [v for r, v in peaks.items() if r != slow]),
         ]
     steps = min((r.steps for r in rows), default=0)
-    text = summary_text(steps=steps, ranks=len(rows), nodes=nodes, pace=pace, step_s=j.step_s, columns=columns)
+    text = summary_text(
+        steps=steps,
+        ranks=len(rows),
+        nodes=nodes,
+        pace=pace,
+        step_s=j.step_s if j.steps else None,
+        columns=columns,
+        most=max((r.steps for r in rows), default=0),
+        restart=restart,
+    )
     return text + verdict_lines(j, cause, places, multi_node=nodes > 1)
 
 

@@ -41,6 +41,8 @@ class NodeView:
     ranks: tuple[RankView, ...]
     final: bool = False
     """Every rank of the node had ended when it was made: its last view."""
+    pace: float | None = None
+    """Steps per second of its slowest rank over its whole run (None before a rank's second step)."""
 
     @property
     def last_step(self) -> int:
@@ -85,7 +87,7 @@ def judge_views(views: Mapping[int, NodeView], *, nodes: int, now: float, missin
         cause = explain(j, evidence, workers=workers, bound=all(v.bound for v in views.values()))
     rows = tuple(sorted((rv.row for rv in ranks), key=lambda row: row.place.rank))
     places = {row.place.rank: row.place for row in rows}
-    verdict = verdict_lines(j, cause, places, multi_node=nodes > 1)[0] if j.steps or missing else None
+    verdict = verdict_lines(j, cause, places, multi_node=nodes > 1)[0] if j.steps or j.spans or missing else None
     table = LiveTable(now, rows, steps_per_s(rows), verdict, len(views), nodes, j.slowest if j.steps else None)
     return Verdict(j, cause, table)
 

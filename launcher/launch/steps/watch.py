@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...fsutil import write_atomic
 from ...ledger import WAITING
 from ...plan.model import BindingMode, LaunchPlan
 from ...topology import procfs
 from ...worker.steps import END, LIVE, RECORDS, LiveTable, RankPlace, StepRecord
 from ..hangs.verdict import read_beats
+from ..notes import Notes
 from .device import rank_device
 from .evidence import RankProc, Sampler, cpus_of, nic_note
 from .exchange import ViewKeys
-from .files import keep_files
+from .files import keep_files, pace
 from .judge import WINDOW
 from .live import place_of, point, recent, row_of
 from .policy import StepPolicy
@@ -49,6 +49,9 @@ class _Rank:
     proc: RankProc
     tail: Tail
     records: deque[StepRecord]
+    first: StepRecord | None = None
+    """Its first record after its start (step 2 or the earliest read): with its latest, the whole run's pace, whatever
+    its files kept."""
 
 
 class StepWatch:
@@ -65,6 +68,7 @@ class StepWatch:
         plan: Path | None,
         say: Callable[[Iterable[str]], None],
         root: Path = procfs.ROOT,
+        notes: Notes | None = None,
     ) -> None:
         self.policy = policy
         self.state = state
@@ -74,6 +78,8 @@ class StepWatch:
         self._plan: LaunchPlan | None = None
         self.sampler = Sampler(root, exclude={os.getpid()})
         self.say = say
+        self.notes = notes or Notes(say)
+        """A file the report cannot write, a view it cannot draw: said here, once."""
         self.ranks: dict[int, _Rank] = {}
         self.views: dict[int, NodeView] = {}
         self.verdict: Verdict | None = None
@@ -164,7 +170,10 @@ class StepWatch:
                 new, anew = r.tail.read()
                 if anew:
                     r.records.clear()
+                    r.first = None
                 r.records.extend(new)
+                if r.first is None:
+                    r.first = next((x for x in new if x.step > 1), None)
             live = {lr: self._running(r) for lr, r in self.ranks.items()}
             if not final:
                 suspects = {self.table.slowest} if self.table is not None and self.table.slowest is not None else set()
@@ -189,7 +198,7 @@ class StepWatch:
                     ex.table() if ex is not None else None, [rv.row for rv in view.ranks], nodes=self.nodes, now=now
                 )
             self.table = table
-            write_atomic(self.state / LIVE, table.text())
+            self.notes.write(self.state / LIVE, table.text(), what="numarun top shows nothing newer")
 
     def _view(self, live: Mapping[int, bool]) -> NodeView:
         plan = self.plan()
@@ -204,7 +213,12 @@ class StepWatch:
             out.append(RankView(row, tuple(tuple(point(x).row()) for x in win), ev, workers))
         bound = plan is not None and plan.binding is not BindingMode.NONE
         final = bool(live) and not any(live.values())
-        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final)
+        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final, self._pace())
+
+    def _pace(self) -> float | None:
+        """Steps per second of this node's slowest rank over its whole run (after its first step)."""
+        rates = [pace(r.first, r.records[-1]) for r in self.ranks.values() if r.first is not None and r.records]
+        return min((x for x in rates if x), default=None)
 
     # -- the end
     def hand_over(self, wait_s: float = FINAL_WAIT_S) -> None:
@@ -229,11 +243,15 @@ class StepWatch:
         summary (a job whose nodes did not all hand their last views over names the missing ones)."""
         if self.nodes > 1 and not self.handed_over:
             self.missing = missing_nodes(self.views, self.nodes)  # the job failed, or its store went first
-        self.tick(final=True)
+        try:
+            self.tick(final=True)
+        except Exception as e:  # the summary still comes, from the last report that was made
+            self.notes.failed("the step report", e)
         records = {r.rank: all_records(self.state, r.local) for r in self.ranks.values()}
         if not any(records.values()):
             return  # no optimizer step anywhere on this node: nothing to report
         places = {r.rank: r.place for r in self.ranks.values()}
+        paces = [v.pace for v in self.views.values() if v.pace]
         lines = keep_files(
             self.keep,
             records,
@@ -241,5 +259,8 @@ class StepWatch:
             verdict=self.verdict if self.node == 0 else None,
             table=self.table,
             nodes=self.nodes,
+            pace=min(paces) if len(paces) == len(self.views) else None,
+            notes=self.notes,
+            restart=max((r.group for r in self.ranks.values()), default=0),
         )
         self.say(lines)

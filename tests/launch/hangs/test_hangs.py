@@ -254,3 +254,38 @@ def test_node_answers_cross_the_store_as_json() -> None:
     assert "roll-call of 2 ranks on 2 nodes (stacks: in-process):" in text[0]
     assert "  rank 3 on node 1 (h1) is at t.py:9 in load_batch" in text  # the waiting one is where the others are
     assert text[-1].startswith("every thread of every rank: node 1 (h1) /k/stacks.1.txt")
+
+
+def test_a_roll_call_whose_files_cannot_be_written_is_said_whole_and_the_failure_once(tmp_path: Path) -> None:
+    """The log dir is a file (its directory cannot be made): each hang's roll-call is still printed, its stacks file
+    said not kept with the error, no 'this roll-call:' line, and one line, once, names the file that could not be
+    written; the watchdog goes on."""
+    from numarun.launch.hangs.verdict import HangVerdict as Verdict
+    from numarun.launch.hangs.watch import HangWatch
+
+    (tmp_path / "logs").write_text("a file, not a directory")
+    keep = tmp_path / "logs" / "numarun_hangs"
+    said: list[str] = []
+    watch = HangWatch(
+        HangPolicy(timeout_s=30.0),
+        tmp_path,
+        keep=keep,
+        keys=lambda restart: None,
+        request_stop=lambda code, message: None,
+        hold=lambda: None,
+        say=said.extend,
+    )
+    summary = HangSummary(node=0, nodes=1, world=0, ranks=0, local_world=0, live=0, quiet_s=60.0, still_s=60.0)
+    for _ in range(2):
+        watch._report(Verdict(True, 60.0, 60.0), {}, summary, None)
+    assert (
+        said.count(f"WARNING: cannot write {keep}/rollcall.1.txt: Not a directory (the roll-call is on stderr only)")
+        == 1
+    )
+    assert sum("cannot write" in line and "WARNING" in line for line in said) == 1
+    assert sum(line.startswith("hang: for 60 s") for line in said) == 2
+    stacks = [line for line in said if line.startswith("every thread of every rank: ")]
+    assert stacks == [
+        f"every thread of every rank: not kept (cannot write {keep}/stacks.{n}.txt: Not a directory)" for n in (1, 2)
+    ]
+    assert not any(line.startswith("this roll-call: ") for line in said)

@@ -4,14 +4,18 @@ two hwloc sysfs captures."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from helpers import FIXTURES
 
 from numarun.launch.steps import evidence
-from numarun.launch.steps.evidence import CLK_TCK, RankProc, Sampler
+from numarun.launch.steps.cause import explain
+from numarun.launch.steps.evidence import CLK_TCK, Evidence, RankProc, Sampler
+from numarun.launch.steps.judge import Judgement, Point, judge
 from numarun.topology import procfs
 
 SHARED = FIXTURES / "steps" / "shared-core"
@@ -69,3 +73,94 @@ def test_a_nic_other_than_the_plans_is_noted(tmp_path: Path) -> None:
         "NCCL_IB_HCA==mlx5_3, the plan's =mlx5_0"
     )
     assert evidence.nic_note({"OMP_NUM_THREADS": "8"}, {}) == ""  # no NIC chosen for it: nothing to compare
+
+
+# ----------------------------------------------------------------------------- under the restrictions users have
+
+RESTRICTED = FIXTURES / "steps" / "restricted"  # made by tests/fixtures/steps/capture_restricted.py
+
+
+def _evidence(tree: Path, *, numa: int = -1) -> Evidence:
+    """The recorded rank's figures over its two captures (rank 1 of a job; its numa_maps read as a suspect's)."""
+    about = json.loads((tree / "about.json").read_text())
+    rank = RankProc(rank=1, pid=about["pids"]["rank"], cpus=frozenset({1}), numa=numa)
+    sampler = Sampler(tree / "t0")
+    sampler.sample([rank], 100.0, suspects={1})
+    sampler.root = tree / "t1"
+    sampler.sample([rank], 100.0 + about["seconds"], suspects={1})
+    ev = sampler.evidence(rank, 99.0, 200.0)
+    assert ev is not None
+    return ev
+
+
+def _slow() -> Judgement:
+    """Rank 1 of two is 50 ms a step slower in its compute (rank 0 waits for it in comm)."""
+    points = {
+        r: [Point(s, 0.1, 0.001, c - s * 1e-6, 0.099 - c + s * 1e-6, 0.0) for s in range(1, 41)]
+        for r, c in ((0, 0.048), (1, 0.098))
+    }
+    j = judge(points)
+    assert j.culprit == 1 and j.phase == "compute"
+    return j
+
+
+def _other(ev: Evidence, **kw: object) -> Evidence:
+    """A rank like ``ev`` on a core of its own: it runs as long, and waits next to nothing."""
+    return dataclasses.replace(ev, rank=0, cpus="0", main_wait=0.0, wait=0.0, others=(), **kw)  # type: ignore[arg-type]
+
+
+def test_a_proc_that_hides_other_users_processes_leaves_the_core_sharer_unnamed_and_says_why() -> None:
+    """hidepid=2: the spinner on the rank's core runs as another user, so it is not in /proc. The rank's wait is
+    there, no process outside the job is named, and the cause says why none is."""
+    ev = _evidence(RESTRICTED / "hidepid")
+    assert ev.others == () and ev.main_wait > 0.2 and ev.waits and ev.unknown == ()
+    assert ev.hidden == "/proc is mounted with hidepid=invisible"
+    cause = explain(_slow(), {1: ev, 0: _other(ev, main_run=ev.main_run * 0.5)})
+    assert cause.found and cause.why.startswith("CPU wait: its main thread waited "), cause
+    assert cause.why.endswith(
+        "; other users' processes are not seen here (/proc is mounted with hidepid=invisible): one of them may run "
+        "on its cores"
+    )
+    assert "ps -eo pid,user,psr,pcpu,comm" in cause.fix
+    seen = _evidence(RESTRICTED / "open")  # the same scene where every process is seen: the spinner is named
+    assert seen.hidden == "" and [b.command for b in seen.others] == ["python3 -c while True: pass"]
+
+
+def test_a_kernel_without_schedstat_leaves_the_wait_out_and_says_so(tmp_path: Path) -> None:
+    """No task/*/schedstat files (CONFIG_SCHEDSTATS off): the time each thread ran comes from its stat; its wait
+    is not known, no contention is told from it, and *cause not found* says which figure was missing."""
+    tree = tmp_path / "open"
+    shutil.copytree(RESTRICTED / "open", tree)
+    for f in tree.glob("t*/proc/*/task/*/schedstat"):
+        f.unlink()
+    ev = _evidence(tree)
+    full = _evidence(RESTRICTED / "open")
+    assert not ev.waits and ev.main_wait == 0.0 and ev.unknown == (evidence.NO_SCHEDSTAT,)
+    assert ev.main_run == pytest.approx(full.main_run, abs=0.05)  # ticks, not nanoseconds: as long, more coarsely
+    cause = explain(_slow(), {1: ev, 0: _other(ev)})
+    assert not cause.found and cause.why.startswith("cause not found: compute "), cause
+    assert "waited" not in cause.why and cause.why.endswith(f"not known here: {evidence.NO_SCHEDSTAT}")
+
+
+def test_a_numa_maps_that_cannot_be_read_leaves_the_pages_out_and_says_why(tmp_path: Path) -> None:
+    """The rank's numa_maps answers EACCES (a process numarun may not look into): the remote-memory figure is left
+    out, and the cause names the file and the error."""
+    denied = Path("/proc/sys/vm/compact_memory")  # write-only for everyone, root included: reading it is EACCES
+    if procfs.read_or_why(denied)[1] != "Permission denied":
+        pytest.skip(f"{denied} does not answer EACCES here")
+    tree = tmp_path / "open"
+    shutil.copytree(RESTRICTED / "open", tree)
+    pid = json.loads((tree / "about.json").read_text())["pids"]["rank"]
+    for t in ("t0", "t1"):
+        maps = tree / t / "proc" / str(pid) / "numa_maps"
+        maps.unlink()
+        maps.symlink_to(denied)
+    ev = _evidence(tree, numa=0)
+    assert ev.remote is None and ev.unknown == (f"its pages per NUMA node (/proc/{pid}/numa_maps: Permission denied)",)
+    cause = explain(_slow(), {1: ev, 0: _other(ev, main_run=ev.main_run / 4, remote=0.0)})
+    assert cause.why.startswith("a shared core: pid ")  # it waits for the spinner's core: that comes first
+    busy = explain(_slow(), {1: dataclasses.replace(ev, main_wait=0.0), 0: _other(ev, main_run=ev.main_run / 4)})
+    assert busy.why.startswith("more work: ") and busy.why.endswith(
+        f"; not known here: its pages per NUMA node (/proc/{pid}/numa_maps: Permission denied)"
+    )
+    assert _evidence(RESTRICTED / "open", numa=0).remote == 0.0  # read where it may be

@@ -325,3 +325,61 @@ def test_the_summary_gives_each_phase_for_the_slowest_rank_and_the_others_and_th
     assert lines[8].startswith("=> rank 1 holds the job back: compute")
     multi = verdict_lines(j, None, {1: RankPlace(1, 1, 1, "nodeB", "")}, multi_node=True)
     assert multi[0].startswith("=> rank 1 (node 1, nodeB) holds the job back")
+
+
+# ----------------------------------------------------------------------------- jobs of other shapes
+
+
+def test_a_few_long_steps_are_too_few_to_name_a_rank() -> None:
+    """Five steps of 10 s, rank 1 two seconds slower in each: four steps after the start, too few for the sign test
+    (a lucky rank is behind in all four one time in sixteen); its figures are still there."""
+    j = judge(_steps(2, 5, work=10.0, slow=1, extra=2.0))
+    assert j.culprit is None and j.steps == 4 and j.slowest == 1 and j.step_s == pytest.approx(12.002, abs=0.01)
+    assert verdict_lines(j, None, {}) == [
+        "=> too few steps to judge which rank holds the job back (4 steps of every rank, fewer than 12)"
+    ]
+
+
+def test_ranks_that_stopped_at_different_steps_are_judged_on_the_steps_they_all_took() -> None:
+    """Uneven data: rank 1 ran out after 30 steps, rank 0 took 40 (DDP's Join). Rank 1, slow while they ran
+    together, is named on those steps; a balanced job of uneven ranks names none."""
+    points = _steps(2, 40, slow=1, extra=0.030, phase="input", noise=0.2)
+    points[1] = points[1][:30]
+    j = judge(points)
+    assert j.culprit == 1 and j.phase == "input" and j.steps == 29
+    even = _steps(2, 40, noise=0.2, seed=3)
+    even[1] = even[1][:30]
+    assert judge(even).culprit is None
+
+
+def test_a_rank_without_optimizer_steps_or_whose_steps_started_over_is_no_verdict() -> None:
+    """A rank that never stepped an optimizer beside ranks that did, and a rank whose records started over (its
+    process restarted alone: its step 5 is not the others' step 5), are said, and no rank is named."""
+    points = _steps(3, 40, slow=1, extra=0.030)
+    points[2] = points[2][:1]  # its first step only: it holds the rank's start
+    j = judge(points)
+    assert j.culprit is None and j.reason == "rank 2 took no optimizer step after its first"
+    assert verdict_lines(j, None, {}) == [
+        "=> no verdict on the job: rank 2 took no optimizer step after its first (the ranks are compared step by step)"
+    ]
+    apart = _steps(2, 40, slow=1, extra=0.030)
+    apart[0] = [dataclasses.replace(p, step=p.step + 400) for p in apart[0]]
+    j = judge(apart)
+    assert j.culprit is None and j.reason == (
+        "the ranks' steps do not line up (rank 0's 401-440, rank 1's 2-40): a rank's records started over"
+    )
+    assert (
+        judge({0: points[0][:1], 1: points[1][:1]}).reason == "no step after each rank's first, which holds its start"
+    )
+
+
+def test_the_summary_of_a_job_of_one_step_is_its_head_line_and_why_nothing_is_judged() -> None:
+    points = _steps(2, 1)
+    j = judge(points)
+    places = {r: RankPlace(r, r, 0, "h", str(r), 0) for r in range(2)}
+    rows = [RankRow(places[r], 100 + r, 1, None, {}, state="exited") for r in range(2)]
+    assert summary_lines(j, None, rows, places=places, pace=None) == [
+        "step report: 1 step of 2 ranks",
+        "=> too few steps to judge which rank holds the job back (no step after each rank's first, which holds its "
+        "start)",
+    ]

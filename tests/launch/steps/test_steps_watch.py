@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from step_records import gone_pid, write_job
 
 from numarun.launch.exchange import Exchange
@@ -147,3 +148,131 @@ def test_the_judge_decides_on_every_nodes_last_view_or_names_the_node_it_lacks(t
     assert next(line for line in said[0] if line.startswith("=> ")).startswith(
         "=> rank 3 (node 1, " + os.uname().nodename
     )
+
+
+def test_a_log_dir_that_cannot_be_written_keeps_no_file_and_the_summary_is_still_said(tmp_path: Path) -> None:
+    """The kept files' directory cannot be made (a file stands where the log dir should be): no file is kept, one
+    line names the file and the error, and the summary is said as ever."""
+    state = tmp_path / "state"
+    write_job(state, steps=30, slow_input=0.04)
+    (tmp_path / "logs").write_text("a file, not a directory")
+    keep = tmp_path / "logs" / "numarun_steps"
+    said: list[str] = []
+    _watch(state, keep, said.extend).finish()
+    assert said[0] == "step report: 30 steps of 2 ranks, 10 steps/s, a step 100 ms"
+    assert next(line for line in said if line.startswith("=> ")).startswith("=> rank 1 holds the job back: input")
+    assert (
+        said[-1] == f"WARNING: the step report's files are not kept: cannot write {keep}/steps.jsonl: Not a directory"
+    )
+    assert sum("cannot write" in line for line in said) == 1
+
+
+def test_a_view_that_cannot_be_drawn_is_left_out_and_the_others_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The picture's drawing fails on what it was given: one line says so, the records, the trace and the summary
+    are kept, and the summary names what was kept."""
+    from numarun.view import steps_picture
+
+    def broken(*args: Any, **kwargs: Any) -> str:
+        raise ZeroDivisionError("a step of no width")
+
+    monkeypatch.setattr(steps_picture, "picture", broken)
+    state, keep = tmp_path / "state", tmp_path / "keep"
+    write_job(state, steps=30, slow_input=0.04)
+    said: list[str] = []
+    _watch(state, keep, said.extend).finish()
+    assert said[0] == (
+        "WARNING: the step report's steps.svg failed (ZeroDivisionError: a step of no width); the job runs on"
+    )
+    assert said[1].startswith("step report: 30 steps of 2 ranks")
+    assert said[-1] == f"the steps of every rank: {keep}/ (steps.jsonl, steps.trace.json)"
+    assert sorted(p.name for p in keep.iterdir()) == ["steps.jsonl", "steps.trace.json", "summary.txt"]
+
+
+def test_a_live_table_that_cannot_be_written_is_said_once_and_the_report_goes_on(tmp_path: Path) -> None:
+    """The live table's place is taken (a directory where ``numarun top`` reads it): every tick fails to write it,
+    one line says so, the report goes on to its summary."""
+    state = tmp_path / "state"
+    write_job(state, steps=30, slow_input=0.04)
+    (state / LIVE).mkdir()
+    said: list[str] = []
+    watch = _watch(state, tmp_path / "keep", said.extend)
+    for _ in range(3):
+        watch.tick()
+    watch.finish()
+    assert said[0] == f"WARNING: cannot write {state / LIVE}: Is a directory (numarun top shows nothing newer)"
+    assert sum("cannot write" in line for line in said) == 1 and said[1].startswith("step report: 30 steps")
+
+
+def test_records_rotated_away_leave_the_files_bounded_and_the_summary_the_whole_jobs(tmp_path: Path) -> None:
+    """Two ranks' real recorders write 1000 steps each into files that move aside past 4 KiB (the one before
+    dropped); the agent reads as they come. The rank files and the kept steps.jsonl hold the latest steps only, and
+    the summary's step count and pace are the whole job's: steps 2-500 took 0.2 s, steps 501-1000 0.1 s."""
+    import threading
+
+    from numarun.worker import phases, progress
+    from numarun.worker.steps import RECORDS
+
+    state, keep = tmp_path / "state", tmp_path / "keep"
+    write_job(state, steps=0, slow_input=0.0)  # the heartbeats
+    now = [1000.0]
+    recs = []
+    for local in (0, 1):
+        path = state / RECORDS.format(local_rank=local)
+        counters = progress.Counters()
+        counters.clock = lambda: now[0]
+        recs.append(
+            phases.Recorder(
+                open(path, "w"),
+                rank=local,
+                counters=counters,
+                flush_s=0.0,
+                main=threading.get_ident(),
+                clock=lambda: now[0],
+                path=path,
+                rotate=4096,
+            )
+        )
+    said: list[str] = []
+    watch = _watch(state, keep, said.extend)
+    opts = [object(), object()]
+    for step in range(1, 1001):
+        now[0] += 0.2 if step <= 500 else 0.1
+        for rec, opt in zip(recs, opts, strict=True):
+            rec.before_step(opt, (), {})
+            rec.after_step(opt, (), {})
+            rec.close()
+            rec.flush()
+        if step % 10 == 0:  # the agent's look comes more often than a file moves aside (16 records)
+            watch.tick()
+    for rec in recs:
+        rec.finish()
+    watch.finish()
+    for local in (0, 1):
+        files = [state / RECORDS.format(local_rank=local), state / (RECORDS.format(local_rank=local) + ".1")]
+        assert sum(f.stat().st_size for f in files) <= 2 * (4096 + 512)
+    kept = list(read_records((keep / "steps.jsonl").read_text().splitlines()))
+    assert len(kept) < 100 and max(r.step for r in kept) == 1000
+    assert said[0] == "step report: 1000 steps of 2 ranks, 6.67 steps/s, a step 100 ms", said
+
+
+def test_a_last_report_that_fails_leaves_the_summary_of_the_one_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's figures raise at the job's end: one line says so, and the summary comes from the report made
+    before."""
+    state = tmp_path / "state"
+    write_job(state, steps=30, slow_input=0.04)
+    said: list[str] = []
+    watch = _watch(state, tmp_path / "keep", said.extend)
+    watch.tick()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(watch, "_view", broken)
+    watch.finish()
+    assert said[0] == "WARNING: the step report failed (OSError: [Errno 5] Input/output error); the job runs on"
+    assert said[1] == "step report: 30 steps of 2 ranks, 10 steps/s, a step 100 ms"
+    assert next(line for line in said if line.startswith("=> ")).startswith("=> rank 1 holds the job back: input")

@@ -13,11 +13,17 @@ forward does 30 ms more CPU work), ``none`` (every rank alike). WRAP: the loop a
 * ``lightning``: a LightningModule under ``lightning.Trainer(strategy="ddp")`` on the CPU (Lightning finds torchrun's
   environment and takes the ranks as they are);
 * ``accelerate``: ``accelerate.Accelerator(cpu=True)``: its ``prepare`` wraps the model in DDP, ``backward`` runs the
-  loss's backward.
+  loss's backward;
+* ``gan``: a generator and a discriminator, each under DDP with its own optimizer, stepped in turn every step
+  (``opt_d.step()``, then ``opt_g.step()``), as a GAN's loop does;
+* ``join``: the plain DDP loop under ``Join`` (uneven inputs): rank SLOW's data runs out 10 steps before the others';
+* ``nostep``: the plain DDP loop with the update made by hand, no ``torch.optim`` optimizer: no step is recorded.
 
-Every rank's forward does 10 ms of CPU work (CPU time: a core shared with another process slows it). Each rank
-writes OUT/pid<RANK> and OUT/started.<RANK> once its first step is done, then waits while ``STEP_GATE`` names a file
-that does not exist yet.
+Every rank's forward does 10 ms of CPU work (CPU time: a core shared with another process slows it; ``STEP_WORK_S``
+sets another amount, for a job of a few long steps). Each rank writes OUT/pid<RANK> and OUT/started.<RANK> once its
+first step is done, then waits while ``STEP_GATE`` names a file that does not exist yet. ``STEP_FAIL_AT=N``: in the
+job's first attempt, rank 1 exits 3 after its step N (a restart under ``--max-restarts`` runs the job again; the
+ranks meet through ``numarun.init()``, which reads the store under the attempt's prefix).
 """
 
 import os
@@ -28,7 +34,9 @@ import torch
 import torch.distributed as dist
 
 out, mode, slow, steps, wrap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-WORK_S, SLOW_S = 0.010, 0.030
+WORK_S, SLOW_S = float(os.environ.get("STEP_WORK_S", "0.010")), 0.030
+FAIL_AT = int(os.environ.get("STEP_FAIL_AT", "0"))
+FIRST_ATTEMPT = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
 def spin(seconds: float) -> None:
@@ -79,10 +87,15 @@ def loader() -> torch.utils.data.DataLoader:
 
 
 def plain() -> None:
-    dist.init_process_group("gloo")
+    if FAIL_AT:  # a job that restarts: torch's own init may read the last attempt's addresses in the store
+        import numarun
+
+        numarun.init("gloo", build_mesh=False)
+    else:
+        dist.init_process_group("gloo")
     me = dist.get_rank()
     model: torch.nn.Module = Model()
-    if wrap == "ddp":
+    if wrap in ("ddp", "join", "nostep"):
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
@@ -93,19 +106,68 @@ def plain() -> None:
         fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mark(f"pid{me}")
-    for step, x in enumerate(loader(), 1):
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        logged = torch.stack([loss.detach(), torch.tensor(float(me == 0 and os.path.exists(f"{out}/stop")))])
-        dist.all_reduce(logged)  # the mean loss, as a trainer logs it, and whether rank 0 was told to stop
-        if step == 1:
-            started()
-        if step == steps or logged[1] > 0:
-            break
+    if wrap == "join":
+        from torch.distributed.algorithms.join import Join
+
+        with Join([model]):  # the ranks whose data ran out shadow the others' all-reduces
+            for step, x in enumerate(loader(), 1):
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if step == 1:
+                    started()
+                if step == steps - (10 if me == slow else 0):
+                    break
+    else:
+        for step, x in enumerate(loader(), 1):
+            loss = model(x).square().mean()
+            loss.backward()
+            if wrap == "nostep":  # an update made by hand: no optimizer steps
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.01 * p.grad
+                        p.grad = None
+            else:
+                opt.step()
+                opt.zero_grad()
+            logged = torch.stack([loss.detach(), torch.tensor(float(me == 0 and os.path.exists(f"{out}/stop")))])
+            dist.all_reduce(logged)  # the mean loss, as a trainer logs it, and whether rank 0 was told to stop
+            if step == 1:
+                started()
+            if FAIL_AT and FIRST_ATTEMPT and me == 1 and step == FAIL_AT:
+                sys.exit(3)
+            if step == steps or logged[1] > 0:
+                break
     dist.barrier()
     del model, opt
+    dist.destroy_process_group()
+
+
+def gan() -> None:
+    """A GAN's loop: the discriminator, then the generator, each its own DDP module and optimizer, every step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    me = dist.get_rank()
+    g = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)))
+    d = DistributedDataParallel(Model())
+    opt_g = torch.optim.SGD(g.parameters(), lr=0.01)
+    opt_d = torch.optim.SGD(d.parameters(), lr=0.01)
+    mark(f"pid{me}")
+    for step, real in enumerate(loader(), 1):
+        fake = g(torch.randn(real.shape[0], 16))
+        (d(real).mean() - d(fake.detach()).mean()).backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        (-d(fake).mean()).backward()
+        opt_g.step()
+        opt_g.zero_grad()
+        opt_d.zero_grad()  # the generator's loss reached the discriminator's gradients too
+        if step == 1:
+            started()
+        if step == steps:
+            break
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -167,4 +229,12 @@ def accelerate() -> None:
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
-{"ddp": plain, "fsdp": plain, "lightning": lightning, "accelerate": accelerate}[wrap]()
+{
+    "ddp": plain,
+    "fsdp": plain,
+    "join": plain,
+    "nostep": plain,
+    "gan": gan,
+    "lightning": lightning,
+    "accelerate": accelerate,
+}[wrap]()
