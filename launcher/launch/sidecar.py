@@ -163,7 +163,7 @@ class Sidecar:
     def __init__(self, args: SidecarArgs) -> None:
         self.args = args
         self.state = Path(args.state)
-        self.stopping = False
+        self.stopping_since: float | None = None
         self.serving: Any = None
         store, client = self._store()
         self.agent = NodeAgent(
@@ -206,28 +206,42 @@ class Sidecar:
         return (a.store_host, a.store_port), connect
 
     def stop(self, code: int, message: str) -> None:
-        """``--on-hang stop``: the node's ranks ended (SIGTERM, then SIGKILL), the reason said once."""
-        if self.stopping:
+        """``--on-hang stop`` (from the agent's thread): the reason said once, every rank but the node's first task sent
+        SIGTERM. The first task is the scheduler's hold on the step: it ends last (:meth:`run`), once the sidecar has
+        written what it keeps and removed its directory, since the scheduler ends the step, and what is left in it,
+        when its tasks have ended."""
+        if self.stopping_since is not None:
             return
-        self.stopping = True
+        self.stopping_since = time.monotonic()
         say([f"error: {message}"])
-        pids = [int(b.get("pid", 0)) for b in read_beats(self.state).values()]
-        _signal(pids, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while any(procfs.alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        _signal([p for p in pids if procfs.alive(p)], signal.SIGKILL)
+        _signal([p for p in self._rank_pids() if p != self.args.first_task], signal.SIGTERM)
+
+    def _rank_pids(self) -> list[int]:
+        return [int(b.get("pid", 0)) for b in read_beats(self.state).values()]
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopping_since is not None
 
     def ranks_done(self, started: float) -> bool:
         """Every local rank has ended (its pid gone), or waits for the sidecar at its exit; before every rank's first
         heartbeat, not done (for at most :data:`START_WAIT_S`), unless the first task is gone (a job that failed as it
-        started: nothing will come)."""
+        started: nothing will come). At a stop, the other ranks' SIGKILL follows :data:`STOP_GRACE_S` after their
+        SIGTERM, and the first task alone does not hold the sidecar past it."""
         beats = read_beats(self.state)
         first_gone = not procfs.alive(self.args.first_task)
         if len(beats) < self.args.local_world and time.monotonic() - started < START_WAIT_S and not first_gone:
             return False
         waiting = {lr for lr in beats if (self.state / WAITING.format(local_rank=lr)).exists()}
-        return all(lr in waiting or not procfs.alive(int(b.get("pid", 0))) for lr, b in beats.items())
+        running = [int(b["pid"]) for lr, b in beats.items() if lr not in waiting and procfs.alive(int(b.get("pid", 0)))]
+        if self.stopping_since is not None and time.monotonic() - self.stopping_since >= STOP_GRACE_S:
+            _signal([p for p in running if p != self.args.first_task], signal.SIGKILL)
+            running = [p for p in running if p == self.args.first_task]
+        return not running or (
+            running == [self.args.first_task]
+            and self.stopping_since is not None
+            and time.monotonic() - self.stopping_since >= STOP_GRACE_S
+        )
 
     def run(self) -> None:
         write_job_record(self.state, self.args.job_argv)
@@ -239,6 +253,13 @@ class Sidecar:
             time.sleep(POLL_S)
         self.agent.before_exit_barrier(leave=self._leave)
         self.agent.close(succeeded=not self.stopping)
+        shutil.rmtree(self.state, ignore_errors=True)
+        if self.stopping and procfs.alive(self.args.first_task):  # the scheduler's hold on the step, last
+            _signal([self.args.first_task], signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while procfs.alive(self.args.first_task) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            _signal([self.args.first_task], signal.SIGKILL)
 
     def _leave(self, exchange: Exchange) -> None:
         """Every sidecar says it is done with the store; node 0's serves it until all have (at most
