@@ -137,7 +137,7 @@ def test_the_loops_users_run_lightning_and_accelerate(
     """Lightning's Trainer(strategy="ddp") runs forward and backward inside the optimizer's step (a closure) and
     accelerate's Accelerator wraps the model in DDP: the slow rank is named with the phase it loses its time in,
     measured every step (DDP's wait exactly, the closure as compute)."""
-    code = _finish(_start(tmp_path, "--nproc-per-node", "2", job=(mode, str(slow), "40", wrap)))
+    code = _finish(_start(tmp_path, "--nproc-per-node", "2", job=(mode, str(slow), "60", wrap)))
     log = (tmp_path / "log").read_text()
     assert code == 0, log[-3000:]
     lines = _report(log)

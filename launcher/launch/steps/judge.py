@@ -306,7 +306,8 @@ def _steady(diffs: Sequence[float]) -> bool:
 
 def _effective(signs: Sequence[bool]) -> float:
     """How many independent observations ``signs`` are worth: ``n (1 - r) / (1 + r)`` for a lag-1 autocorrelation
-    ``r`` above 0 (runs), ``n`` otherwise."""
+    ``r`` that shows runs, ``n`` otherwise. An estimate of ``r`` from ``n`` independent signs is off by about
+    ``1 / sqrt(n)``: one within twice that is noise, not runs."""
     n = len(signs)
     if n < 3:
         return float(n)
@@ -316,7 +317,7 @@ def _effective(signs: Sequence[bool]) -> float:
     if var == 0:
         return float(n)
     r = sum((a - mean) * (b - mean) for a, b in zip(xs, xs[1:])) / var
-    return n * (1 - r) / (1 + r) if r > 0 else float(n)
+    return n * (1 - r) / (1 + r) if r > 2 / math.sqrt(n) else float(n)
 
 
 def _tail(k: int, n: int) -> float:
