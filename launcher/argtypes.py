@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
-from .errors import UsageError
+from .errors import NumarunError, UsageError
 
 MAX_LOCAL_RANKS = 8192
 """Ranks per node: Linux's largest NR_CPUS (one rank per CPU of the largest machine it builds for)."""
@@ -155,7 +155,7 @@ def typed(flag: str, read: Reader[T]) -> Callable[[str], T]:
     def parse(text: str) -> T:
         try:
             return read(text, flag)
-        except UsageError as e:
+        except NumarunError as e:  # a reader's error is about the text it read
             raise argparse.ArgumentTypeError(str(e)) from None
 
     return parse

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
 from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args, option
-from ..slurm.options import SlurmOptions, check_env, check_output_dir
+from ..slurm.options import SlurmOptions, check_env, check_output_dir, header_value
 from ..slurm.script import SlurmJob
 
 if TYPE_CHECKING:
@@ -48,15 +48,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action=Spelled,
         help=argparse.SUPPRESS,
     )  # sbatch's
-    g.add_argument(
-        "--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)"
-    )
-    g.add_argument("--partition")
-    g.add_argument(
-        "--time", metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
-    )
-    for flag in ("--account", "--qos", "--constraint"):
-        g.add_argument(flag)
+    header = {  # checked as they are read: a bad one is refused before a trainer job's config is composed
+        "--gpus-per-node": {
+            "metavar": "[TYPE:]N",
+            "help": "GPUs to request per node (default: every GPU of a whole node)",
+        },
+        "--partition": {},
+        "--time": {
+            "metavar": "LIMIT",
+            "help": "time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
+        },
+        "--account": {},
+        "--qos": {},
+        "--constraint": {},
+    }
+    for flag, more in header.items():
+        g.add_argument(flag, type=argtypes.typed(flag, header_value(flag[2:].replace("-", "_"))), **more)
     g.add_argument(
         "--exclusive",
         action=argparse.BooleanOptionalAction,
@@ -70,8 +77,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="CPUs of the single task per node (default: every CPU of a whole node)",
     )
-    g.add_argument("--mem", help="memory per node, e.g. 64G")
-    g.add_argument("--job-name", default="numarun")
+    g.add_argument("--mem", type=argtypes.typed("--mem", header_value("mem")), help="memory per node, e.g. 64G")
+    g.add_argument("--job-name", type=argtypes.typed("--job-name", header_value("job_name")), default="numarun")
     g.add_argument(
         "--sbatch-option",
         dest="extra_sbatch",

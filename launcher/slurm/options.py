@@ -7,6 +7,7 @@ Each check raises :class:`SlurmError` naming the bad value and the form sbatch a
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import SlurmError, expected
@@ -72,6 +73,18 @@ def format_time(seconds: int | None) -> str:
     h, rest = divmod(rest, 3600)
     m, s = divmod(rest, 60)
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def header_value(name: str) -> Callable[[str, str], str]:
+    """The reader of the ``#SBATCH`` setting ``name`` as the command line gives it: the text as written, once
+    :meth:`SlurmOptions.validate` takes it alone (a bad value is refused with the options, before a trainer job's
+    config is composed)."""
+
+    def read(text: str, where: str) -> str:
+        SlurmOptions(**{name: text}).validate()
+        return text
+
+    return read
 
 
 @dataclass(frozen=True)
