@@ -160,11 +160,16 @@ class Judgement:
             runs = ", ".join(f"rank {r}'s {a}-{b}" for r, (a, b) in sorted(self.spans.items()))
             return f"the ranks' steps do not line up ({runs}): a rank's records started over"
         if u is Unjudged.UNSTEADY:
-            return (
-                f"the slowest was behind in {self.behind:.0%} of the steps, as good as {self.independent:.0f} "
-                "independent ones: chance would do as much"
-            )
+            return f"the slowest was behind in {self.behind:.0%} of the steps, {self.unsteady}"
         return u.value
+
+    @property
+    def unsteady(self) -> str:
+        """Why a slowest rank that costs enough is not named: its lead is what chance would give, or it is not
+        behind in each stretch of the window."""
+        if self.chance > CHANCE:
+            return f"as good as {self.independent:.0f} independent ones: chance would do as much"
+        return f"but not in each of {PARTS} stretches of them: slow steps that came together, not a steady cost"
 
 
 def window(points: Mapping[int, Sequence[Point]], size: int = WINDOW) -> dict[int, list[Point]]:

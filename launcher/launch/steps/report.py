@@ -35,9 +35,8 @@ def verdict_lines(
             return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
         if j.unjudged is Unjudged.UNSTEADY:
             return [
-                f"=> no rank holds the job back (the slowest, {who(j.slowest, places, multi_node)}, was behind the "
-                f"others in {pct(j.behind)} of the steps, as good as {j.independent:.0f} independent ones: chance "
-                "would do as much)"
+                f"=> no rank holds the job back steadily (the slowest, {who(j.slowest, places, multi_node)}, costs "
+                f"{pct(j.share)} of a step; it was behind the others in {pct(j.behind)} of the steps, {j.unsteady})"
             ]
         return [
             f"=> no rank holds the job back (the slowest, {who(j.slowest, places, multi_node)}, costs "

@@ -138,6 +138,23 @@ def test_a_straggler_amid_runs_of_noise_is_still_named() -> None:
     assert named == [1] * 50
 
 
+def test_a_slowest_rank_behind_in_only_some_stretches_is_not_named_and_the_line_says_why() -> None:
+    """Rank 1 is 50 % slower until step 54, then in turn 30 % slower and 60 % faster: behind in seven eighths of the
+    window, far beyond chance (its signs hardly run together), but not in its last stretch. Not named, and the line
+    says which test it failed; where its lead is what chance would give, the line says that instead."""
+
+    def burst(rank: int, step: int) -> float:
+        return 0.0 if rank != 1 else 0.5 if step <= 54 else (0.3 if step % 2 else -0.6)
+
+    j = judge(_steps(2, 70, noise=0.05, seed=1, burst=burst))
+    assert j.culprit is None and j.slowest == 1 and j.chance < 0.001, j
+    line = verdict_lines(j, None, {})[0]
+    assert line.startswith("=> no rank holds the job back steadily (the slowest, rank 1, costs "), line
+    assert "of the steps, but not in each of 4 stretches of them: slow steps that came together" in line, line
+    chance = verdict_lines(dataclasses.replace(j, chance=0.5), None, {})[0]
+    assert chance.endswith("independent ones: chance would do as much)"), chance
+
+
 def _held(points: dict[int, list[Point]], rank: int, every: int, share: float) -> dict[int, list[Point]]:
     """``rank``'s comm as a sampled figure: the value of one step in ``every`` (times ``share``: an unusual
     iteration), held until the next sample; its compute takes the rest of its step, as a recorder would charge it."""
