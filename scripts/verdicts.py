@@ -21,7 +21,8 @@ tests/support/scripts/step_rank.py (each step 10 ms of CPU work a rank, one rank
 A verdict that names the wrong rank, phase or cause, or any rank of a balanced job, is **wrong**; one that names no
 rank where there is one to name, or says it cannot judge, is **cannot tell** (honest, not right). ``--beside`` runs
 every case while another numarun job (two balanced ranks, unbound) runs beside it on the same cores. The known-answer
-jobs take 40 steps (about 10 s each, torch's start included): the short jobs users try first.
+jobs take 40 steps (about 10 s each, torch's start included): the short jobs users try first. The tally of the last
+runs, with their date and machine: docs/measured.md, "The step report's verdict".
 """
 
 from __future__ import annotations

@@ -176,9 +176,10 @@ def test_a_figure_held_for_a_hundred_steps_is_one_observation() -> None:
     judged = [judge(_held(_steps(2, 120, noise=0.3, seed=s, transfer=0.020), 0, 100, 0.2)) for s in range(100)]
     assert [j.culprit for j in judged] == [None] * 100
     assert {j.slowest for j in judged} == {0} and all(j.independent <= 2 for j in judged)
-    assert verdict_lines(judged[0], None, {})[0].startswith(
-        "=> no rank holds the job back (the slowest, rank 0, was behind the others in 100 % of the steps, as good as "
-    )
+    line = verdict_lines(judged[0], None, {})[0]
+    assert line.startswith("=> no rank holds the job back steadily (the slowest, rank 0, costs "), line
+    assert "; it was behind the others in 100 % of the steps, as good as " in line, line
+    assert line.endswith(" independent ones: chance would do as much)"), line
     fresh = judge(_held(_steps(2, 120, noise=0.3, seed=0, transfer=0.020), 0, 1, 0.2))  # measured anew every step
     assert fresh.culprit == 0
 
