@@ -184,6 +184,15 @@ class StacksUnavailable(NumarunError):
     page = "hangs.md"
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line with text (Hydra's and OmegaConf's run on with context, torch's with C++ frames), else
+    its type's name."""
+    for line in str(e).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(e).__name__
+
+
 def expected(value: object, form: str, what: str = "value") -> str:
     """Uniform wording: ``bad <what> '<value>': expected <form>``."""
     return f"bad {what} {value!r}: expected {form}"

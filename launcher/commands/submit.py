@@ -48,22 +48,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action=Spelled,
         help=argparse.SUPPRESS,
     )  # sbatch's
-    header = {  # checked as they are read: a bad one is refused before a trainer job's config is composed
-        "--gpus-per-node": {
-            "metavar": "[TYPE:]N",
-            "help": "GPUs to request per node (default: every GPU of a whole node)",
-        },
-        "--partition": {},
-        "--time": {
-            "metavar": "LIMIT",
-            "help": "time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
-        },
-        "--account": {},
-        "--qos": {},
-        "--constraint": {},
-    }
-    for flag, more in header.items():
+
+    def header(flag: str, **more: Any) -> None:  # checked as read: refused before a trainer job's config is composed
         g.add_argument(flag, type=argtypes.typed(flag, header_value(flag[2:].replace("-", "_"))), **more)
+
+    header("--gpus-per-node", metavar="[TYPE:]N", help="GPUs to request per node (default: every GPU of a whole node)")
+    header("--partition")
+    header("--time", metavar="LIMIT", help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    for flag in ("--account", "--qos", "--constraint"):
+        header(flag)
     g.add_argument(
         "--exclusive",
         action=argparse.BooleanOptionalAction,
@@ -77,8 +70,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="CPUs of the single task per node (default: every CPU of a whole node)",
     )
-    g.add_argument("--mem", type=argtypes.typed("--mem", header_value("mem")), help="memory per node, e.g. 64G")
-    g.add_argument("--job-name", type=argtypes.typed("--job-name", header_value("job_name")), default="numarun")
+    header("--mem", help="memory per node, e.g. 64G")
+    header("--job-name", default="numarun")
     g.add_argument(
         "--sbatch-option",
         dest="extra_sbatch",

@@ -39,8 +39,8 @@ from typing import Any
 
 from .. import envvars
 from .. import hydra_internals as internals
-from ..errors import ConfigError, NumarunError
-from .files import PreparedJob, first_line, prepare_job, running_job, save_job
+from ..errors import ConfigError, NumarunError, first_line
+from .files import PreparedJob, prepare_job, running_job, save_job
 from .rundir import check_run_dir
 from .schema import JobConfig
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import envvars
-from ..errors import ConfigError
+from ..errors import ConfigError, first_line
 from .rundir import write_text_nofollow
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,3 @@ def save_job(job: PreparedJob) -> None:
 def plain(value: Any) -> Any:
     """A config value as the options read it (an Enum member as its value)."""
     return value.value if isinstance(value, enum.Enum) else value
-
-
-def first_line(e: BaseException) -> str:
-    """An error's first line with text (Hydra's and OmegaConf's run on with context), else its type's name."""
-    for line in str(e).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(e).__name__

@@ -13,20 +13,21 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..errors import first_line
 from ..fsutil import write_atomic
 
 log = logging.getLogger(__name__)
 
 
-def first_line(e: BaseException) -> str:
-    """``Type: its first line`` (an exception's text may run over many lines: torch's C++ frames)."""
-    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+def described(e: BaseException) -> str:
+    """``Type: its first line`` (:func:`~numarun.errors.first_line`), its type alone where it has no text."""
+    text, name = first_line(e), type(e).__name__
+    return text if text == name else f"{name}: {text}"
 
 
 def os_error(e: OSError) -> str:
     """An OSError in the system's words, without the path the caller names anyway (``No space left on device``)."""
-    return e.strerror or first_line(e)
+    return e.strerror or described(e)
 
 
 class Notes:
@@ -53,7 +54,7 @@ class Notes:
         log.debug("%s: %s", use, e, exc_info=True)
         self.once(
             ("failed", use, type(e).__name__),
-            f"WARNING: {use} failed ({first_line(e)}); the job runs on",
+            f"WARNING: {use} failed ({described(e)}); the job runs on",
         )
 
     def cannot_write(self, path: Path, e: OSError, *, what: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import SlurmError, expected
 
@@ -81,7 +82,8 @@ def header_value(name: str) -> Callable[[str, str], str]:
     config is composed)."""
 
     def read(text: str, where: str) -> str:
-        SlurmOptions(**{name: text}).validate()
+        setting: dict[str, Any] = {name: text}  # one field, by name: its type is the text the flag gave
+        SlurmOptions(**setting).validate()
         return text
 
     return read
