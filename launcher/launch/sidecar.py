@@ -234,14 +234,11 @@ class Sidecar:
             return False
         waiting = {lr for lr in beats if (self.state / WAITING.format(local_rank=lr)).exists()}
         running = [int(b["pid"]) for lr, b in beats.items() if lr not in waiting and procfs.alive(int(b.get("pid", 0)))]
-        if self.stopping_since is not None and time.monotonic() - self.stopping_since >= STOP_GRACE_S:
+        overdue = self.stopping_since is not None and time.monotonic() - self.stopping_since >= STOP_GRACE_S
+        if overdue:
             _signal([p for p in running if p != self.args.first_task], signal.SIGKILL)
             running = [p for p in running if p == self.args.first_task]
-        return not running or (
-            running == [self.args.first_task]
-            and self.stopping_since is not None
-            and time.monotonic() - self.stopping_since >= STOP_GRACE_S
-        )
+        return not running or (overdue and running == [self.args.first_task])
 
     def run(self) -> None:
         write_job_record(self.state, self.args.job_argv)
