@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 
@@ -26,31 +27,29 @@ def parse_list(text: str, what: str = "cpu list") -> tuple[int, ...]:
             raise CpuListError(expected(text, _LIST_FORM, what))
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo or hi >= MAX_ID:
+        used, group = (int(m.group(3)), int(m.group(4))) if m.group(3) is not None else (1, 1)
+        if hi < lo or hi >= MAX_ID or group == 0 or used == 0 or used > group:
             raise CpuListError(expected(text, _LIST_FORM, what))
-        if m.group(3) is not None:
-            used, group = int(m.group(3)), int(m.group(4))
-            if group == 0 or used == 0 or used > group:
-                raise CpuListError(expected(text, _LIST_FORM, what))
-            out.update(i for i in range(lo, hi + 1) if (i - lo) % group < used)
-        else:
-            out.update(range(lo, hi + 1))
+        out.update(i for i in range(lo, hi + 1) if (i - lo) % group < used)
     return tuple(sorted(out))
 
 
 def format_list(ids: Iterable[int], *, min_run: int = 2) -> str:
     """``{0,1,2,3,8}`` -> ``"0-3,8"`` (the kernel's cpulist form); runs shorter than ``min_run`` stay listed
     one by one (``min_run=3``: ``0,1,3`` for ranks)."""
-    s = sorted(set(ids))
     parts: list[str] = []
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
-            j += 1
-        parts += [f"{s[i]}-{s[j]}"] if j - i + 1 >= max(min_run, 2) else [str(x) for x in s[i : j + 1]]
-        i = j + 1
+    for lo, hi in runs(ids):
+        parts += [f"{lo}-{hi}"] if hi - lo + 1 >= max(min_run, 2) else [str(x) for x in range(lo, hi + 1)]
     return ",".join(parts)
+
+
+def runs(ids: Iterable[int]) -> list[tuple[int, int]]:
+    """The runs of consecutive ids, ascending: ``{0,1,2,3,8}`` -> ``[(0, 3), (8, 8)]``."""
+    out: list[tuple[int, int]] = []
+    for _, run in itertools.groupby(enumerate(sorted(set(ids))), lambda pos_id: pos_id[1] - pos_id[0]):
+        members = [i for _, i in run]
+        out.append((members[0], members[-1]))
+    return out
 
 
 def parse_mask(text: str, what: str = "cpu mask") -> tuple[int, ...]:
@@ -62,5 +61,9 @@ def parse_mask(text: str, what: str = "cpu mask") -> tuple[int, ...]:
         return ()
     if not re.fullmatch(r"[0-9a-f]+", t):
         raise CpuListError(expected(text, "a hex mask such as 'ff,00000000'", what))
-    value = int(t, 16)
+    return bits(int(t, 16))
+
+
+def bits(value: int) -> tuple[int, ...]:
+    """The positions of the set bits of ``value``, ascending: ``0b101`` -> ``(0, 2)``."""
     return tuple(i for i in range(value.bit_length()) if value >> i & 1)

@@ -46,8 +46,9 @@ def _cap(name: str, default: int) -> int:
     return int(text)
 
 
-def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> tuple[int, int]:
-    """(members, bytes) of ``tf`` from its headers alone; TarError at the first member past either cap."""
+def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> None:
+    """Count the members of ``tf`` and their bytes from its headers alone; TarError at the first member past either
+    cap."""
     count = total = 0
     for m in tf:
         count += 1
@@ -58,7 +59,6 @@ def check_size(tf: tarfile.TarFile, *, max_bytes: int, max_members: int) -> tupl
             raise tarfile.TarError(
                 f"members exceed {max_bytes} bytes extracted (set {envvars.TAR_MAX_BYTES} to allow more)"
             )
-    return count, total
 
 
 def file_digest(path: Path) -> str:
@@ -73,15 +73,11 @@ def is_tarball(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(TAR_SUFFIXES)
 
 
-def default_cache() -> Path:
-    from ..fsutil import cache_dir
-
-    return cache_dir() / "trees"
-
-
 def extract_tree(tarball: Path, cache: Path | None = None) -> Path:
     """Extract ``tarball`` once (keyed on its SHA-256) and return the tree's ``/``: the directory holding ``sys/``."""
-    cache = cache or default_cache()
+    from ..fsutil import cache_dir
+
+    cache = cache or cache_dir() / "trees"
     max_bytes = _cap(envvars.TAR_MAX_BYTES, MAX_BYTES)
     max_members = _cap(envvars.TAR_MAX_MEMBERS, MAX_MEMBERS)
     try:

@@ -32,17 +32,14 @@ def gpu_device_access(root: Path, minors: Iterable[int]) -> dict[int, bool | Non
     for minor in sorted(set(minors)):
         if minor < 0:
             continue
-        path = root / "dev" / f"nvidia{minor}"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+            os.close(os.open(root / "dev" / f"nvidia{minor}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY))
         except FileNotFoundError:
             out[minor] = None
-            continue
         except OSError as e:
             out[minor] = e.errno not in DENIED
-            continue
-        os.close(fd)
-        out[minor] = True
+        else:
+            out[minor] = True
     return out
 
 

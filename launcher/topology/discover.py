@@ -66,23 +66,17 @@ def _read_text(path: Path, source: str) -> str:
 
 
 def read_live() -> Topology:
+    from .nvml import read_nvml_gpus
     from .sysfs import read_sysfs
 
     topo = read_sysfs(Path("/"))
-    reading, note = _nvml_reading()
-    if note:
-        topo = dataclasses.replace(topo, notes=topo.notes + (note,))
-    return merge_nvml(topo, reading)
-
-
-def _nvml_reading() -> tuple[NvmlReading | None, str]:
-    from .nvml import read_nvml_gpus
-
     try:
-        return read_nvml_gpus(), ""
+        reading = read_nvml_gpus()
     except Exception as e:  # a driver fault must not stop a launch that can fall back to sysfs
         log.warning("NVML failed (%s); GPUs from sysfs", e)
-        return None, f"NVML failed ({type(e).__name__}: {e}); GPUs from sysfs"
+        reading = None
+        topo = dataclasses.replace(topo, notes=(*topo.notes, f"NVML failed ({type(e).__name__}: {e}); GPUs from sysfs"))
+    return merge_nvml(topo, reading)
 
 
 def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
@@ -97,10 +91,7 @@ def merge_nvml(topo: Topology, reading: NvmlReading | None) -> Topology:
     merged_notes = list(topo.notes) + list(reading.notes)
     for g in reading.gpus:
         bus = normalize_bus_id(g.pci_bus_id)
-        s = by_bus.pop(bus, None)
-        if s is None:
-            merged.append(dataclasses.replace(g, pci_bus_id=bus))
-            continue
+        s = by_bus.pop(bus, g)  # a GPU sysfs did not list keeps NVML's figures alone
         merged.append(
             dataclasses.replace(
                 g,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from ..cpuset import bits
 from ..errors import TopologyError
 from .model import PORT_STATES, Cpu, Gpu, Nic, NicKind, NumaNode, RdmaPort, Topology, normalize_bus_id
 from .pci import gpu_vendor, is_onboard_vga, pci_order
@@ -19,7 +19,6 @@ _IO_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
 
 def parse_hwloc_set(text: str) -> tuple[int, ...]:
     """``"0x00000011,0x11111111"`` -> ids: 32-bit words, most significant first; ``0xf...f`` adds nothing."""
-    ids: list[int] = []
     words = [w.strip() for w in text.strip().split(",")]
     if words and words[0].lower().startswith("0xf...f"):
         words = words[1:]
@@ -29,13 +28,7 @@ def parse_hwloc_set(text: str) -> tuple[int, ...]:
         if not re.fullmatch(r"[0-9a-fA-F]+", h):
             raise TopologyError(f"bad hwloc set {text[:60]!r}: expected a form such as '0x000000ff,0xffffffff'")
         value = (value << 32) | int(h, 16)
-    i = 0
-    while value:
-        if value & 1:
-            ids.append(i)
-        value >>= 1
-        i += 1
-    return tuple(ids)
+    return bits(value)
 
 
 @dataclass
@@ -59,20 +52,8 @@ class _State:
     package_of: dict[int, int] = field(default_factory=dict)  # places PUs that hwloc hid
 
 
-def read_hwloc_xml(source: str | Path, origin: str | None = None) -> Topology:
-    """Parse hwloc XML text, or the ``.xml`` file at a path."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("<")):
-        path = Path(source)
-        origin = origin or str(path)
-        from .fileio import read_bounded
-
-        try:
-            text = read_bounded(path, shown=origin).decode("utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TopologyError(f"hwloc XML {origin!r} cannot be read ({e}): expected {_FORM}") from None
-    else:
-        text = source
-        origin = origin or "hwloc XML"
+def read_hwloc_xml(text: str, origin: str = "hwloc XML") -> Topology:
+    """Parse hwloc XML text; ``origin`` names it in errors."""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as e:
@@ -112,14 +93,8 @@ def _osdev_kind(el: ET.Element, major: int) -> str:
     if not t.isdigit():
         return ""
     n = int(t)
-    if major >= 3:
-        if n & 32:
-            return "ofed"
-        if n & 16:
-            return "net"
-        if n & (4 | 8):
-            return "gpu"
-        return ""
+    if major >= 3:  # a bit mask
+        return next((kind for bit, kind in ((32, "ofed"), (16, "net"), (4 | 8, "gpu")) if n & bit), "")
     return {1: "gpu", 2: "net", 3: "ofed", 5: "gpu"}.get(n, "")
 
 

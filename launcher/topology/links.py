@@ -10,6 +10,7 @@ Across nodes, the classes go on: the same multi-node NVLink domain, the same lea
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,17 +55,17 @@ _WORDS = {
 }
 
 
+_CLASSES = {
+    **dict.fromkeys(_SWITCH, Link.PCIE_SWITCH),
+    **dict.fromkeys(_HOST, Link.HOST_BRIDGE),
+    "SYS": Link.SYS,
+    "SOC": Link.SYS,
+}
+
+
 def classify(code: str) -> Link | None:
     """An ``nvidia-smi topo -m`` code's class; None for ``""``/``X``/unknown codes."""
-    if code.startswith("NV"):
-        return Link.NVLINK
-    if code in _SWITCH:
-        return Link.PCIE_SWITCH
-    if code in _HOST:
-        return Link.HOST_BRIDGE
-    if code in ("SYS", "SOC"):
-        return Link.SYS
-    return None
+    return Link.NVLINK if code.startswith("NV") else _CLASSES.get(code)
 
 
 @dataclass(frozen=True)
@@ -162,9 +163,5 @@ def pcie_switches(links: GpuLinks) -> list[int]:
 def nvlink_domain(topology: Topology) -> str:
     """The node's multi-node NVLink domain, ``<cluster UUID>/<clique id>`` from NVML's GPU fabric info (the one most of
     its GPUs report); "" when its GPUs are in none (no NVSwitch fabric across nodes, or not read)."""
-    counts: dict[str, int] = {}
-    for g in topology.gpus:
-        if g.fabric_cluster:
-            key = f"{g.fabric_cluster}/{g.fabric_clique}"
-            counts[key] = counts.get(key, 0) + 1
+    counts = Counter(f"{g.fabric_cluster}/{g.fabric_clique}" for g in topology.gpus if g.fabric_cluster)
     return max(sorted(counts), key=lambda k: counts[k]) if counts else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from ..jsonable import loads as jsonable_loads
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 
-LINK_ORDER: tuple[str, ...] = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
+_LINK_RANKS: dict[str, int] = {"X": 0, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6, "SOC": 6}
 
 _BDF = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
@@ -36,15 +37,7 @@ def normalize_bus_id(text: str) -> str:
 
 def link_rank(code: str) -> int:
     """Smaller is closer. ``NV<n>`` ranks as closest after ``X``; unknown ranks farthest."""
-    if code.startswith("NV"):
-        return 1
-    if code == "SOC":
-        code = "SYS"
-    try:
-        i = LINK_ORDER.index(code)
-    except ValueError:
-        return len(LINK_ORDER) + 1
-    return i if i == 0 else i + 1
+    return 1 if code.startswith("NV") else _LINK_RANKS.get(code, 7)
 
 
 def pci_code(path_a: Sequence[str], path_b: Sequence[str]) -> str:
@@ -52,11 +45,7 @@ def pci_code(path_a: Sequence[str], path_b: Sequence[str]) -> str:
     (``PIX`` one hop down on each side, else ``PXB``), a common root bus a host bridge (``PHB``); "" otherwise."""
     if not path_a or not path_b:
         return ""
-    common = 0
-    for x, y in zip(path_a, path_b):
-        if x != y:
-            break
-        common += 1
+    common = len(os.path.commonprefix([list(path_a), list(path_b)]))
     if common:
         hops = (len(path_a) - common) + (len(path_b) - common)
         return "PIX" if hops <= 2 else "PXB"

@@ -89,12 +89,9 @@ def read_rdma_port(root: Path, device: str, port: int = 0) -> NicReading | None:
     ports = root / "sys" / "class" / "infiniband" / device / "ports"
     if port <= 0:
         try:
-            numbers = sorted(int(p.name) for p in ports.iterdir() if p.name.isdigit())
+            port = min((int(p.name) for p in ports.iterdir() if p.name.isdigit()), default=0)  # 0: none, no directory
         except OSError:
             return None
-        if not numbers:
-            return None
-        port = numbers[0]
     base = ports / str(port)
     if not base.is_dir():
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,20 +30,12 @@ def nvml_to_smi_codes(
     levels: Sequence[Sequence[Any]], nvlink_counts: Sequence[Sequence[int]] | None = None
 ) -> tuple[tuple[str, ...], ...]:
     """Square matrices of NVML levels and NVLink counts -> nvidia-smi link codes (``NV<n>`` for n > 0 links)."""
-    n = len(levels)
-    out: list[tuple[str, ...]] = []
-    for i in range(n):
-        row: list[str] = []
-        for j in range(n):
-            count = nvlink_counts[i][j] if nvlink_counts else 0
-            if i == j:
-                row.append("X")
-            elif count > 0:
-                row.append(f"NV{count}")
-            else:
-                row.append(level_code(levels[i][j]))
-        out.append(tuple(row))
-    return tuple(out)
+
+    def code(i: int, j: int) -> str:
+        count = nvlink_counts[i][j] if nvlink_counts else 0
+        return "X" if i == j else f"NV{count}" if count > 0 else level_code(levels[i][j])
+
+    return tuple(tuple(code(i, j) for j in range(len(levels))) for i in range(len(levels)))
 
 
 def _ok(value: Any) -> bool:
@@ -143,7 +135,7 @@ def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], 
     n = len(gpus)
     counts = [[0] * n for _ in range(n)]
     to_switch = [0] * n  # active links whose far end is an NVSwitch
-    levels: list[list[Any]] = [[None] * n for _ in range(n)]
+    levels = [[(g.get("common_ancestor") or {}).get(str(j)) for j in range(n)] for g in gpus]
     for i, g in enumerate(gpus):
         for link in g.get("nvlinks") or []:
             if not isinstance(link, list) or len(link) < 3 or link[1] not in (1, True):
@@ -151,17 +143,12 @@ def links_from_nvml_record(record: Mapping[str, Any]) -> tuple[tuple[str, ...], 
             if len(link) > 3 and link[3] == NVLINK_DEVICE_SWITCH:
                 to_switch[i] += 1
                 continue
-            if not _ok(link[2]):
-                continue
             try:
                 j = bus_pos.get(normalize_bus_id(str(link[2])))
             except TopologyError:
                 continue
             if j is not None and j != i:
                 counts[i][j] += 1
-        anc = g.get("common_ancestor") or {}
-        for j in range(n):
-            levels[i][j] = anc.get(str(j))
     # GPUs on the node's NVSwitches reach each other over as many links as the one with fewer has (nvidia-smi's NV18)
     for i in range(n):
         for j in range(n):
@@ -207,17 +194,31 @@ def _call(fn: Any, *args: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def read_nvml_record() -> dict[str, Any] | None:
-    """Ask NVML about every GPU; None when pynvml or the driver is missing."""
+def nvml_open(without: str) -> Any:
+    """pynvml, initialised; None without pynvml or an NVIDIA driver (``without``: what is then not read)."""
     try:
         import pynvml  # optional
-    except ImportError:
-        log.debug("pynvml not installed: no NVML GPU discovery")
-        return None
-    try:
+
         pynvml.nvmlInit()
+    except ImportError:
+        log.debug("pynvml not installed: %s", without)
+        return None
     except Exception as e:
-        log.debug("NVML unavailable (%s): no NVML GPU discovery", e)
+        log.debug("NVML unavailable (%s): %s", e, without)
+        return None
+    return pynvml
+
+
+def nvml_close(pynvml: Any) -> None:
+    with contextlib.suppress(Exception):
+        pynvml.nvmlShutdown()
+
+
+def read_nvml_record(answers: Callable[[Any, Any], Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Ask NVML about every GPU; None when pynvml or the driver is missing. ``answers(pynvml, handle)``: more
+    answers to record beside each GPU's."""
+    pynvml = nvml_open("no NVML GPU discovery")
+    if pynvml is None:
         return None
     try:
         count = pynvml.nvmlDeviceGetCount()
@@ -246,6 +247,7 @@ def read_nvml_record() -> dict[str, Any] | None:
                         for j, other in enumerate(handles)
                         if j != i
                     },
+                    **(answers(pynvml, h) if answers else {}),
                 }
             )
         return {
@@ -257,8 +259,7 @@ def read_nvml_record() -> dict[str, Any] | None:
         log.debug("NVML reading failed (%s): no NVML GPU discovery", e)
         return None
     finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+        nvml_close(pynvml)
 
 
 def _bus_text(pci: Any) -> str:

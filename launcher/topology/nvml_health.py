@@ -6,7 +6,6 @@ driver, and turns one GPU's answers into a plain dict (a refused call becomes ``
 :func:`gpu_health` turns such a dict into a :class:`GpuHealth`, pure. The doctor reads the record of every GPU
 once (:func:`read_health_record`); the step report asks again and again for the ranks' GPUs only, through one
 :class:`NvmlSession` (NVML initialised once, the figures that cannot change while a job runs read once).
-:class:`RecordedNvml` answers from a recorded record the way the session does (tests, ``--nvml-record``).
 """
 
 from __future__ import annotations
@@ -14,18 +13,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import TopologyError
 from .model import normalize_bus_id
-from .nvml import _call, read_nvml_record
+from .nvml import _call, nvml_close, nvml_open, read_nvml_record
 
 log = logging.getLogger(__name__)
 
 # nvmlClocksEventReasons bits (nvml.h, "Clocks Event Reasons"; the same bits as the older ClocksThrottleReasons)
-REASON_IDLE = 0x1
 REASON_APP_CLOCKS = 0x2
 REASON_POWER_CAP = 0x4
 REASON_HW_SLOWDOWN = 0x8
@@ -33,7 +31,6 @@ REASON_SYNC_BOOST = 0x10
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
-REASON_DISPLAY = 0x100
 
 REASON_WORDS: dict[int, str] = {
     REASON_HW_SLOWDOWN: "hardware slowdown",
@@ -299,23 +296,7 @@ def _nvlink_states(pynvml: Any, handle: Any) -> Any:
 def read_health_record(*, throughput: bool | None = None) -> dict[str, Any] | None:
     """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` with every GPU's health answers beside;
     None without NVML (the doctor's reading; ``throughput`` as :func:`health_answers` has it)."""
-    record = read_nvml_record()
-    if not record or not record.get("gpus"):
-        return record
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # the record was read a moment ago; a failure now only skips health
-        log.debug("NVML health not read: %s", e)
-        return record
-    try:
-        for i, g in enumerate(record["gpus"]):
-            g.update(health_answers(pynvml, pynvml.nvmlDeviceGetHandleByIndex(i), throughput=throughput))
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
-    return record
+    return read_nvml_record(lambda pynvml, handle: health_answers(pynvml, handle, throughput=throughput))
 
 
 class GpuSource(Protocol):
@@ -334,31 +315,24 @@ class NvmlSession:
         self._nvml = pynvml
         self._handles: dict[tuple[int, str], Any] = {}
         self._fixed: dict[tuple[int, str], dict[str, Any]] = {}
-        self._closer = weakref.finalize(self, _shutdown, pynvml)
+        self._closer = weakref.finalize(self, nvml_close, pynvml)
 
     @classmethod
     def open(cls) -> NvmlSession | None:
         """A session, or None without pynvml or an NVIDIA driver."""
-        try:
-            import pynvml  # optional
-
-            pynvml.nvmlInit()
-        except Exception as e:
-            log.debug("NVML unavailable (%s): no GPU health figures", e)
-            return None
-        return cls(pynvml)
+        pynvml = nvml_open("no GPU health figures")
+        return None if pynvml is None else cls(pynvml)
 
     def read(self, index: int, bus_id: str = "") -> dict[str, Any] | None:
         key = (index, bus_id)
         try:
             handle = self._handles.get(key)
             if handle is None:
-                nvml = self._nvml
                 # by bus id: the plan's index is NVML's only when both counted the same GPUs
                 handle = (
-                    nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
+                    self._nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
                     if bus_id
-                    else nvml.nvmlDeviceGetHandleByIndex(index)
+                    else self._nvml.nvmlDeviceGetHandleByIndex(index)
                 )
                 self._handles[key] = handle
             first = key not in self._fixed
@@ -373,26 +347,3 @@ class NvmlSession:
 
     def close(self) -> None:
         self._closer()
-
-
-def _shutdown(pynvml: Any) -> None:
-    with contextlib.suppress(Exception):
-        pynvml.nvmlShutdown()
-
-
-class RecordedNvml:
-    """A recorded NVML record answering as :class:`NvmlSession` does: by bus id, else by index."""
-
-    def __init__(self, record: Mapping[str, Any]) -> None:
-        gpus = record.get("gpus") if isinstance(record, Mapping) else None
-        self.gpus: Sequence[Mapping[str, Any]] = [g for g in gpus if isinstance(g, Mapping)] if gpus else []
-
-    def read(self, index: int, bus_id: str = "") -> Mapping[str, Any] | None:
-        for pos, g in enumerate(self.gpus):
-            if bus_id:
-                with contextlib.suppress(TopologyError):
-                    if normalize_bus_id(str(g.get("pci_bus_id", ""))) == normalize_bus_id(bus_id):
-                        return g
-            elif g.get("index", pos) == index:
-                return g
-        return None

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..cpuset import format_list, parse_list
+from ..cpuset import format_list, parse_list, runs
 from ..errors import CpuListError, TopologyError
 from .model import Cpu, Gpu, Nic, NicKind, NumaNode, Topology
 
@@ -16,6 +15,7 @@ log = logging.getLogger(__name__)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _CODE = re.compile(r"X|SYS|SOC|NODE|PHB|PXB|PIX|NV\d+")
+_LABEL = re.compile(r"GPU\d+|NIC\d+")
 _GPU_LABEL = re.compile(r"GPU(\d+)")
 _NIC_LABEL = re.compile(r"NIC(\d+)")
 _LEGEND_ENTRY = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
@@ -49,9 +49,10 @@ def _fail(origin: str, lineno: int, problem: str, line: str | None = None) -> To
     return TopologyError(f"bad nvidia-smi topology {where}: {problem}{shown}; expected {_FORM}")
 
 
-def _split_codes(token: str) -> list[str] | None:
-    """``"NODENODE"`` -> ``["NODE", "NODE"]``; None when ``token`` is not made of link codes."""
-    parts = _CODE.findall(token)
+def _split(pattern: re.Pattern[str], token: str) -> list[str] | None:
+    """``"NODENODE"`` -> ``["NODE", "NODE"]`` (link codes; ``"GPU0GPU1"`` for labels); None when ``token`` is not
+    made of ``pattern``'s matches."""
+    parts = pattern.findall(token)
     return parts if parts and "".join(parts) == token else None
 
 
@@ -62,9 +63,8 @@ def _header_tokens(line: str) -> list[str]:
     for tok in line.split():
         if tok.startswith("\x00"):
             out.append(_AFFINITY_COLUMNS[int(tok[1:])])
-            continue
-        parts = re.findall(r"GPU\d+|NIC\d+", tok)
-        out.extend(parts if parts and "".join(parts) == tok else [tok])
+        else:
+            out.extend(_split(_LABEL, tok) or [tok])
     return out
 
 
@@ -81,9 +81,7 @@ def _check_text(text: str, origin: str) -> list[str]:
 def parse_topo_m(text: str, origin: str) -> SmiMatrix:
     """Parse the text of ``nvidia-smi topo -m``. ``origin`` names the file in errors."""
     lines = _check_text(text, origin)
-    n = 0
-    while n < len(lines) and not lines[n].strip():
-        n += 1
+    n = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
     if n == len(lines):
         raise _fail(origin, 0, "the text is empty")
     header_no = n + 1
@@ -126,7 +124,7 @@ def parse_topo_m(text: str, origin: str) -> SmiMatrix:
         rest = toks[1:]
         while rest and len(cells) < ndev:
             tok = rest.pop(0)
-            parts = _split_codes(tok)
+            parts = _split(_CODE, tok)
             if parts is None:
                 if re.fullmatch(r"[A-Za-z]+\d*", tok):
                     raise _fail(origin, n + 1, f"bad link code {tok!r} in", line)
@@ -209,7 +207,7 @@ def _smt_offset(node_cpus: dict[int, tuple[int, ...]], total: int) -> int:
     half = (total + 1) // 2
     found = False
     for cpus in node_cpus.values():
-        ranges = _ranges(cpus)
+        ranges = runs(cpus)
         if len(ranges) == 1:
             continue
         if len(ranges) != 2:
@@ -219,15 +217,6 @@ def _smt_offset(node_cpus: dict[int, tuple[int, ...]], total: int) -> int:
             return 0
         found = True
     return half if found else 0
-
-
-def _ranges(ids: Iterable[int]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for part in format_list(ids).split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out.append((int(lo), int(hi or lo)))
-    return out
 
 
 def topology_from_smi(text: str, origin: str) -> Topology:
@@ -243,7 +232,6 @@ def topology_from_smi(text: str, origin: str) -> Topology:
 
     node_cpus: dict[int, set[int]] = {}
     gpu_nodes: list[int] = []
-    any_numa = any(mx.numa_affinity)
     for g in range(ng):
         aff = mx.numa_affinity[g]
         if len(aff) == 1:
@@ -256,7 +244,7 @@ def topology_from_smi(text: str, origin: str) -> Topology:
             if len(aff) > 1:
                 notes.append(f"GPU{g} has NUMA affinity {format_list(aff)} (several nodes): its numa_node is -1")
     all_cpus = sorted(set().union(*mx.cpu_affinity)) if ng else []
-    if not any_numa:
+    if not any(mx.numa_affinity):
         node_cpus = {0: set(all_cpus)}
         notes.append("no NUMA affinity in the matrix: all CPUs named are assumed to be on NUMA node 0")
     else:

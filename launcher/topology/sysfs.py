@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 import socket
 from collections.abc import Callable
@@ -99,10 +100,7 @@ class _Reader:
 
     def show(self, p: Path) -> str:
         """A path as the user knows it: relative to the root, shown as absolute."""
-        try:
-            return "/" + str(p.relative_to(self.root)).lstrip("/")
-        except ValueError:
-            return str(p)
+        return "/" + str(p.relative_to(self.root)).lstrip("/")
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -145,8 +143,12 @@ class _Reader:
     def cpulist(self, p: Path, *, what: str = "a cpu list such as '0-3,8'") -> tuple[int, ...] | None:
         return self.parsed(p, parse_list, form=what, expected=f"{what} (ascending ranges)")
 
-    def cpumask(self, p: Path) -> tuple[int, ...] | None:
-        return self.parsed(p, parse_mask, form="a hex cpumask such as '00000000,0000ffff'")
+    def cpus(self, d: Path, list_name: str, mask_name: str) -> tuple[int, ...] | None:
+        """The cpulist ``d/list_name``, else (older kernels) the hex cpumask ``d/mask_name``; None without both."""
+        found = self.cpulist(d / list_name)
+        if found is None:
+            found = self.parsed(d / mask_name, parse_mask, form="a hex cpumask such as '00000000,0000ffff'")
+        return found
 
     def integer(self, p: Path, *, form: str = "an integer") -> int | None:
         return self.parsed(p, _integer, form=form)
@@ -162,11 +164,7 @@ class _Reader:
         i = 0
         while i < len(parts):
             nxt = cur / parts[i]
-            target: str | None = None
-            if nxt.is_symlink():
-                target = os.readlink(nxt)
-            else:
-                target = self.links.get(self.show(nxt))
+            target = os.readlink(nxt) if nxt.is_symlink() else self.links.get(self.show(nxt))
             if target is None:
                 cur = nxt
                 i += 1
@@ -174,17 +172,10 @@ class _Reader:
             hops += 1
             if hops > _MAX_LINK_HOPS:
                 raise TopologyError(f"bad topology tree: symlink loop at {self.show(nxt)!r}; expected a sysfs tree")
-            base = self.root if target.startswith("/") else cur
-            rest = [x for x in Path(target).parts if x != "/"]
-            # Rebuild from base, applying '..' lexically (sysfs links are relative and clean).
-            stack = list(base.relative_to(self.root).parts)
-            for x in rest:
-                if x == "..":
-                    if stack:
-                        stack.pop()
-                elif x not in ("", "."):
-                    stack.append(x)
-            parts = stack + parts[i + 1 :]
+            # Rebuild from the link's directory (an absolute target: from the root), applying '..' lexically
+            # (sysfs links are relative and clean).
+            rebuilt = posixpath.normpath(posixpath.join("/", *cur.relative_to(self.root).parts, target))
+            parts = [x for x in rebuilt.split("/") if x] + parts[i + 1 :]
             # Walk again from the root: the target itself may pass through links.
             cur = self.root
             i = 0
@@ -262,10 +253,7 @@ def _read_nodes(r: _Reader, cpu_ids: tuple[int, ...]) -> tuple[tuple[NumaNode, .
     raw: list[tuple[int, tuple[int, ...], int, tuple[int, ...]]] = []
     cpu_node: dict[int, int] = {}
     for nid, d in node_dirs:
-        cl = r.cpulist(d / "cpulist")
-        if cl is None:
-            # Kernels before 2.6.27 have only the hex cpumap.
-            cl = r.cpumask(d / "cpumap")
+        cl = r.cpus(d, "cpulist", "cpumap")  # kernels before 2.6.27 have only the hex cpumap
         if cl is None:
             raise TopologyError(
                 f"bad topology tree: {r.show(d / 'cpulist')!r} missing; "
@@ -349,9 +337,7 @@ def _read_cpus(r: _Reader, cpu_ids: tuple[int, ...], cpu_node: dict[int, int], *
         if core is None:
             raise TopologyError(f"bad topology tree: {r.show(topo / 'core_id')!r} missing; expected an integer core id")
         die = r.integer(topo / "die_id")
-        sib = r.cpulist(topo / "thread_siblings_list")
-        if sib is None:
-            sib = r.cpumask(topo / "thread_siblings")  # kernels before 2.6.26
+        sib = r.cpus(topo, "thread_siblings_list", "thread_siblings")  # the mask: kernels before 2.6.26
         out.append(
             Cpu(
                 id=cid,
@@ -375,9 +361,7 @@ def _llc(r: _Reader, cache: Path) -> int:
     for idx in sorted(cache.glob("index*")):
         level = r.integer(idx / "level", form="a cache level such as 3")
         ctype = (r.text(idx / "type", form="a cache type") or "").strip()
-        shared = r.cpulist(idx / "shared_cpu_list")
-        if shared is None:
-            shared = r.cpumask(idx / "shared_cpu_map")
+        shared = r.cpus(idx, "shared_cpu_list", "shared_cpu_map")
         if level is None or ctype == "Instruction" or not shared:
             continue
         if best is None or level > best[0]:
@@ -417,7 +401,6 @@ def _cgroup_effective(r: _Reader, name: str) -> tuple[int, ...] | None:
 
 
 def _allowed_cpus(r: _Reader, cpu_ids: tuple[int, ...], *, live: bool) -> set[int]:
-    allowed: set[int]
     if live:
         allowed = set(os.sched_getaffinity(0))
     else:
@@ -450,11 +433,7 @@ def _allowed_mems(r: _Reader, node_ids: list[int]) -> tuple[int, ...]:
 
 def _pci_chain(r: _Reader, dev: Path) -> tuple[str, ...]:
     """Normalised bus ids from the root port down to the device, from its resolved path."""
-    real = r.resolve(dev)
-    try:
-        parts = real.relative_to(r.root).parts
-    except ValueError:
-        return ()
+    parts = r.resolve(dev).relative_to(r.root).parts
     if len(parts) < 3 or parts[:2] != ("sys", "devices") or not parts[2].startswith("pci"):
         return ()
     return tuple(normalize_bus_id(p) for p in parts[3:] if _BDF_COMPONENT.match(p))
@@ -592,9 +571,8 @@ def _read_nics(r: _Reader) -> tuple[Nic, ...]:
             if not chain:
                 continue  # not backed by a PCI function (e.g. scif, rxe soft-RoCE)
             ports = _read_rdma_ports(r, d)
-            kinds = [NicKind.ROCE if p.link_layer == "Ethernet" else NicKind.INFINIBAND for p in ports]
             speed = max((int(p.rate_gbps * 1000) for p in ports), default=0)
-            kind = NicKind.INFINIBAND if not kinds or NicKind.INFINIBAND in kinds else NicKind.ROCE
+            kind = NicKind.ROCE if ports and all(p.link_layer == "Ethernet" for p in ports) else NicKind.INFINIBAND
             netdir = r.resolve(dev) / "net"
             netdevs = tuple(sorted(p.name for p in netdir.iterdir())) if netdir.is_dir() else ()
             owned.update(netdevs)

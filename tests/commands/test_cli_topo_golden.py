@@ -63,7 +63,9 @@ def test_svg_zen4_core_complex() -> None:
     from numarun.plan.model import BindingMode, PlanRequest
     from numarun.topology.hwloc_xml import read_hwloc_xml
 
-    topo = read_hwloc_xml(FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml", "AMD-19h-Zen4-2xEpyc-9654.xml")
+    topo = read_hwloc_xml(
+        (FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml").read_text(), "AMD-19h-Zen4-2xEpyc-9654.xml"
+    )
     topo = Topology(**{**topo.__dict__, "hostname": "zen4-2x9654"})
     plan = make_plan(topo, PlanRequest(binding=BindingMode.CORE_COMPLEX, cuda_visible_devices="", nproc_per_node=24))
     check_golden("zen4-core-complex.svg", render_svg(topo, plan))

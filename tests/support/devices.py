@@ -3,18 +3,39 @@ tests/fixtures/nics/constructed-node, each made by the script beside it) sampled
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from helpers import FIXTURES
 
+from numarun.errors import TopologyError
 from numarun.launch.steps.device import DeviceEvidence, DeviceSampler, RankDevice
-from numarun.topology.nvml_health import RecordedNvml
+from numarun.topology.model import normalize_bus_id
 
 NICS = FIXTURES / "nics" / "constructed-node"
 T0 = 100.0
 """When the first reading is taken (monotonic seconds); the second comes the recording's seconds later."""
+
+
+class RecordedNvml:
+    """A recorded NVML record answering as :class:`numarun.topology.nvml_health.NvmlSession` does: by bus id, else
+    by index."""
+
+    def __init__(self, record: Mapping[str, Any]) -> None:
+        gpus = record.get("gpus") if isinstance(record, Mapping) else None
+        self.gpus: Sequence[Mapping[str, Any]] = [g for g in gpus if isinstance(g, Mapping)] if gpus else []
+
+    def read(self, index: int, bus_id: str = "") -> Mapping[str, Any] | None:
+        for pos, g in enumerate(self.gpus):
+            if bus_id:
+                with contextlib.suppress(TopologyError):
+                    if normalize_bus_id(str(g.get("pci_bus_id", ""))) == normalize_bus_id(bus_id):
+                        return g
+            elif g.get("index", pos) == index:
+                return g
+        return None
 
 
 def recording(scenario: str) -> dict[str, Any]:

@@ -379,7 +379,7 @@ def recorded_topologies() -> dict[str, Topology]:
     for p in sorted((FIXTURES / "nvidia-smi").glob("*.txt")):
         out[f"smi/{p.stem}"] = topology_from_smi(p.read_text(), str(p))
     for p in sorted((FIXTURES / "hwloc").glob("*.xml")):
-        out[f"hwloc/{p.stem}"] = read_hwloc_xml(p)
+        out[f"hwloc/{p.stem}"] = read_hwloc_xml(p.read_text(), str(p))
     for p in sorted(SYSFS_DIR.glob("*.tar.bz2")) + [FIXTURES / "live-h200-vm" / "sysfs.tar.gz"]:
         out[f"sysfs/{p.name}"] = read_sysfs(extract_tree(p))
     return out

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import pytest
+from devices import RecordedNvml
 from helpers import FIXTURES
 
 from numarun.topology import nvml_health
@@ -18,7 +19,6 @@ from numarun.topology.nvml_health import (
     GpuHealth,
     NvmlSession,
     PcieGen,
-    RecordedNvml,
     gpu_health,
     health_from_record,
     reason_words,

@@ -54,7 +54,8 @@ def test_pci_order_by_index_when_a_bus_id_is_unknown() -> None:
 
 
 def test_hwloc_reader_keeps_the_onboard_vga_out_and_numbers_in_bus_order() -> None:
-    t = read_hwloc_xml(FIXTURES / "hwloc" / "24em64t-2n6c2t-pci.xml")
+    path = FIXTURES / "hwloc" / "24em64t-2n6c2t-pci.xml"
+    t = read_hwloc_xml(path.read_text(), str(path))
     assert [g.index for g in t.gpus] == list(range(len(t.gpus)))
     assert list(t.gpus) == sorted(t.gpus, key=lambda g: bus_sort_key(g.pci_bus_id))
     assert all(g.vendor == "nvidia" for g in t.gpus)

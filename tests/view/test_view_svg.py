@@ -254,7 +254,9 @@ def test_cores_are_sibling_sets_and_offline_cpus_sit_apart() -> None:
 def _zen4() -> Topology:
     from numarun.topology.hwloc_xml import read_hwloc_xml
 
-    return read_hwloc_xml(FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml", "AMD-19h-Zen4-2xEpyc-9654.xml")
+    return read_hwloc_xml(
+        (FIXTURES / "hwloc" / "AMD-19h-Zen4-2xEpyc-9654.xml").read_text(), "AMD-19h-Zen4-2xEpyc-9654.xml"
+    )
 
 
 def test_zen4_llc_boxes_hold_one_core_complex_rank_each() -> None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from devices import NICS, T0, node_evidence, recording, sampled
+from devices import NICS, T0, RecordedNvml, node_evidence, recording, sampled
 from helpers import FIXTURES
 
 from numarun.jsonable import from_jsonable, loads, to_jsonable
 from numarun.launch.steps.device import DeviceSampler, RankDevice, rank_device
 from numarun.launch.steps.evidence import Evidence, RankProc, Sampler
 from numarun.plan.model import GpuRef, RankBinding
-from numarun.topology.nvml_health import RecordedNvml
 
 SHARED = FIXTURES / "steps" / "shared-core"
 RANK_PID: int = json.loads((SHARED / "about.json").read_text())["pids"]["rank"]
