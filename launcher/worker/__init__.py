@@ -48,8 +48,7 @@ def current_binding(environ: Mapping[str, str] | None = None) -> RankBinding | N
 
 def rank_binding(plan: LaunchPlan, environ: Mapping[str, str]) -> RankBinding:
     """The row of ``plan`` for this worker's ``LOCAL_RANK``."""
-    env = environ
-    local_rank = env.get("LOCAL_RANK", "")
+    local_rank = environ.get("LOCAL_RANK", "")
     if not local_rank.isdigit():
         raise BindingError(f"bad LOCAL_RANK {local_rank!r}: expected a non-negative integer set by torchrun")
     return plan.rank(int(local_rank))

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import enum
 import errno
+import functools
 import logging
 import os
 import platform
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..cpuset import parse_list
-from ..topology.procfs import status_field
+from ..topology import procfs
 
 # (set_mempolicy, get_mempolicy) by ``platform.machine()``, for every 64-bit Linux
 # architecture torch builds for. Sources: arch/x86/entry/syscalls/syscall_64.tbl,
@@ -78,6 +79,7 @@ class _Mempolicy:
         self.numbers = SYSCALLS.get(machine)
         self.libnuma: ctypes.CDLL | None = None
         self.reason = ""
+        self.warned = False
         if self.numbers is None:
             name = find_library("numa")
             try:
@@ -91,14 +93,8 @@ class _Mempolicy:
                     "and no libnuma (libnuma.so.1) to call; running with CPU binding only"
                 )
 
-    @property
-    def via(self) -> str:
-        """``syscall``, ``libnuma`` or ``""`` (neither)."""
-        return "syscall" if self.numbers else ("libnuma" if self.libnuma is not None else "")
-
     def call(self, which: int, *args: object) -> int:
         """``which`` 0: set_mempolicy, 1: get_mempolicy."""
-        global _warned
         if self.numbers is not None:
             fn = _libc().syscall
             ret = fn(ctypes.c_long(self.numbers[which]), *args)
@@ -106,9 +102,9 @@ class _Mempolicy:
             fn = self.libnuma.set_mempolicy if which == 0 else self.libnuma.get_mempolicy
             ret = fn(*args)
         else:
-            if not _warned:
+            if not self.warned:
                 log.warning("%s", self.reason)
-                _warned = True
+                self.warned = True
             raise OSError(errno.ENOSYS, self.reason)
         if ret == -1:
             err = ctypes.get_errno()
@@ -116,24 +112,15 @@ class _Mempolicy:
         return int(ret)
 
 
-_libc_handle: ctypes.CDLL | None = None
-_backend: _Mempolicy | None = None
-_warned = False
-
-
+@functools.cache
 def _libc() -> ctypes.CDLL:
-    global _libc_handle
-    if _libc_handle is None:
-        _libc_handle = ctypes.CDLL(None, use_errno=True)
-    return _libc_handle
+    return ctypes.CDLL(None, use_errno=True)
 
 
+@functools.cache
 def mempolicy_backend() -> _Mempolicy:
     """This machine's way to set_mempolicy (chosen once per process)."""
-    global _backend
-    if _backend is None:
-        _backend = _Mempolicy(platform.machine().lower())
-    return _backend
+    return _Mempolicy(platform.machine().lower())
 
 
 def set_cpu_affinity(cpus: Iterable[int]) -> None:
@@ -147,19 +134,11 @@ def set_cpu_affinity(cpus: Iterable[int]) -> None:
     if not mask:
         raise OSError(errno.EINVAL, "empty CPU set")
     os.sched_setaffinity(0, mask)
-    for tid in thread_ids():
+    for tid in procfs.thread_ids(os.getpid()):
         try:
             os.sched_setaffinity(tid, mask)
         except ProcessLookupError:
             continue
-
-
-def thread_ids() -> tuple[int, ...]:
-    """Ids of this process's threads (``/proc/self/task``); () where it cannot be read."""
-    try:
-        return tuple(sorted(int(t) for t in os.listdir("/proc/self/task")))
-    except OSError:
-        return ()
 
 
 def get_cpu_affinity(pid: int = 0) -> tuple[int, ...]:
@@ -230,14 +209,14 @@ def mempolicy_refusal(status: Path = Path("/proc/self/status")) -> str:
     if not failed or failed[0].errno not in (errno.EPERM, errno.EACCES):
         return ""
     try:
-        filtered = status_field(status.read_text(), "Seccomp") == "2"  # SECCOMP_MODE_FILTER
+        filtered = procfs.status_field(status.read_text(), "Seccomp") == "2"  # SECCOMP_MODE_FILTER
     except OSError:
         filtered = False
     return "seccomp" if filtered else os.strerror(failed[0].errno or errno.EPERM)
 
 
 def _status_field(name: str, status: Path) -> str:
-    value = status_field(status.read_text(), name)
+    value = procfs.status_field(status.read_text(), name)
     if value is None:
         raise OSError(errno.ENOENT, f"no {name} in {status}")
     return value
@@ -275,7 +254,7 @@ def read_back(*, threads: bool = False) -> Readback:
     """
     per_thread: dict[int, tuple[int, ...]] = {}
     if threads:
-        for tid in thread_ids():
+        for tid in procfs.thread_ids(os.getpid()):
             try:
                 per_thread[tid] = get_cpu_affinity(tid)
             except OSError:

@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import envvars
 from ..cpuset import format_list
+from ..topology import procfs
 
 # Under the bootstrap's logger: its handler prints in the worker, where nothing else is configured.
 log = logging.getLogger("numarun.worker.bootstrap.watch")
@@ -88,30 +89,17 @@ def affinity_drift(bound: frozenset[int], threads: Iterable[ThreadState]) -> lis
     return [t for t in threads if t.cpus != bound]
 
 
-def _thread_names() -> dict[int, str]:
-    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-
-
 def read_threads() -> list[ThreadState]:
     """Every thread of this process with its name (Python's, else the kernel's ``comm``)."""
-    py = _thread_names()
+    py = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    pid = os.getpid()
     out: list[ThreadState] = []
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in procfs.thread_ids(pid):
         try:
             cpus = frozenset(os.sched_getaffinity(tid))
         except OSError:
             continue  # exited meanwhile
-        name = py.get(tid)
-        if name is None:
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as f:
-                    name = f.read().strip()
-            except OSError:
-                name = "?"
+        name = py[tid] if tid in py else (procfs.read_text(procfs.proc(procfs.ROOT, pid, tid) / "comm") or "?").strip()
         out.append(ThreadState(tid, name, cpus))
     return out
 

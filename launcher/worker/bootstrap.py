@@ -56,8 +56,6 @@ class Applied:
     mems: tuple[int, ...]
     env: tuple[tuple[str, str], ...]
     """Variables the bootstrap set."""
-    kept_env: tuple[str, ...]
-    """Plan variables left at the user's value."""
     errors: tuple[str, ...]
     """Binding steps that failed; () when everything was applied."""
 
@@ -85,7 +83,7 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
     """Apply env, CPU affinity and memory policy; never raises for a bind failure (see ``errors``)."""
     env = os.environ if environ is None else environ
     errors: list[str] = []
-    set_env, kept = apply_env(binding, env)
+    set_env, _ = apply_env(binding, env)
 
     wanted = set(binding.cpus)
     try:
@@ -111,9 +109,7 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
             )
 
     got = affinity.read_back()
-    return Applied(
-        cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, kept_env=kept, errors=tuple(errors)
-    )
+    return Applied(cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, errors=tuple(errors))
 
 
 def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str]) -> str:
@@ -214,16 +210,13 @@ def _run_file(target: str) -> None:
     exec(code, main_module.__dict__)
 
 
+_KINDS = {"--module": "module", "-m": "module", "--no-python": "exec"}
+
+
 def parse_argv(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     """``[--module|--no-python] TARGET ARGS...`` -> (kind, target, args)."""
-    argv = list(argv)
-    kind = "script"
-    if argv and argv[0] in ("--module", "-m"):
-        kind = "module"
-        argv.pop(0)
-    elif argv and argv[0] == "--no-python":
-        kind = "exec"
-        argv.pop(0)
+    kind = _KINDS.get(argv[0], "script") if argv else "script"
+    argv = list(argv if kind == "script" else argv[1:])
     if not argv:
         raise BindingError(f"bad bootstrap arguments {argv!r}: expected [--module|--no-python] TARGET [ARGS...]")
     return kind, argv[0], argv[1:]

@@ -20,57 +20,14 @@ imports Hydra pays nothing, and one that imports it indirectly is covered too.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib.abc
-import importlib.machinery
 import logging
-import sys
-import types
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 from .. import envvars, hydra_internals
+from .progress import after_import
 
 # under the bootstrap's logger, which has the worker's "numarun: LEVEL:" handler
 log = logging.getLogger("numarun.worker.bootstrap.hydra_pin")
-
-
-class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, hook: Callable[[types.ModuleType], None]) -> None:
-        self._loader, self._hook = loader, hook
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self._loader.exec_module(module)
-        self._hook(module)
-
-    def __getattr__(self, name: str) -> Any:  # get_source, get_filename... for tracebacks
-        return getattr(self._loader, name)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a hook right after a named module is executed, before anyone can use it."""
-
-    def __init__(self, hooks: Mapping[str, Callable[[types.ModuleType], None]]) -> None:
-        self._hooks = dict(hooks)
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None) -> Any:
-        hook = self._hooks.get(fullname)
-        if hook is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None:
-            return None
-        spec.loader = _HookedLoader(spec.loader, hook)
-        return spec
 
 
 AGREE_TIMEOUT_S = 60.0
@@ -120,10 +77,8 @@ def install(environ: Mapping[str, str]) -> bool:
         when = _dt.datetime.fromisoformat(value)
     except ValueError:
         return False
-    name = hydra_internals.WORKER_MODULE
-    hook = hydra_internals.worker_hook(when, writer=environ.get("RANK", "0") == "0")
-    if name in sys.modules:  # already imported (a sitecustomize, say): patch it in place
-        hook(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport({name: hook}))
+    # patched in place if already imported (a sitecustomize, say), else right after its import
+    after_import(
+        hydra_internals.WORKER_MODULE, hydra_internals.worker_hook(when, writer=environ.get("RANK", "0") == "0")
+    )
     return True

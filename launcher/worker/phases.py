@@ -181,7 +181,6 @@ class Recorder:
                     rec.loader_workers = getattr(args[0], "_num_workers", -1)
                 rec.depth = 0
 
-        call.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return call
 
     def waited(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -207,7 +206,6 @@ class Recorder:
                 if gpu is not None:
                     gpu.around(False)
 
-        wait.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return wait
 
     def before_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -409,33 +407,27 @@ class Recorder:
 
     # -- installing
     def patch_loader(self, module: ModuleType) -> None:
-        base = module._BaseDataLoaderIter
-        if not hasattr(base.__next__, "__numarun_wrapped__"):
-            base.__next__ = self.timed(base.__next__)
+        progress.wrap_once(module._BaseDataLoaderIter, "__next__", self.timed)
 
     def patch_optimizer(self, module: ModuleType) -> None:
         module.register_optimizer_step_pre_hook(self.before_step)
         module.register_optimizer_step_post_hook(self.after_step)
 
     def patch_ddp(self, module: ModuleType) -> None:
-        cls = module.DistributedDataParallel
-        init = cls.__init__
-        if hasattr(init, "__numarun_wrapped__"):
-            return
         attach = self.ddp.attach
 
-        @functools.wraps(init)
-        def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
-            init(ddp, *args, **kwargs)
-            attach(ddp)
+        def wrapper(init: Callable[..., None]) -> Callable[..., None]:
+            @functools.wraps(init)
+            def __init__(ddp: Any, *args: Any, **kwargs: Any) -> None:
+                init(ddp, *args, **kwargs)
+                attach(ddp)
 
-        __init__.__numarun_wrapped__ = init  # type: ignore[attr-defined]
-        cls.__init__ = __init__
+            return __init__
+
+        progress.wrap_once(module.DistributedDataParallel, "__init__", wrapper)
 
     def patch_work(self, module: ModuleType) -> None:
-        work = getattr(module, "Work", None)
-        if work is not None and not hasattr(work.wait, "__numarun_wrapped__"):
-            work.wait = self.waited(work.wait)
+        progress.wrap_once(getattr(module, "Work", None), "wait", self.waited)
 
 
 class _Nowhere(io.StringIO):

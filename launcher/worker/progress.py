@@ -154,7 +154,6 @@ class Counters:
                     if counters.timed is not None:
                         counters.timed(name, False)
 
-        collective.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
         return collective
 
     def step(self, *args: Any) -> None:
@@ -172,6 +171,18 @@ def _is_compiling() -> bool:
     return bool(check()) if check is not None else False
 
 
+def wrap_once(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """``owner.name`` replaced by ``wrapper(it)``, marked (``__numarun_wrapped__``: the original) so that it is
+    wrapped once; False when there is none or it is wrapped already."""
+    fn = getattr(owner, name, None)
+    if not callable(fn) or hasattr(fn, "__numarun_wrapped__"):
+        return False
+    wrapped = wrapper(fn)
+    wrapped.__numarun_wrapped__ = fn  # type: ignore[attr-defined]
+    setattr(owner, name, wrapped)
+    return True
+
+
 def patch_c10d(module: ModuleType, counters: Counters = COUNTERS) -> list[str]:
     """Wrap the collectives of ``distributed_c10d`` (and ``torch.distributed``'s copies, if already made); returns
     the names wrapped. Idempotent."""
@@ -179,13 +190,10 @@ def patch_c10d(module: ModuleType, counters: Counters = COUNTERS) -> list[str]:
     package = sys.modules.get("torch.distributed")
     for name in COLLECTIVES:
         fn = getattr(module, name, None)
-        if fn is None or not callable(fn) or hasattr(fn, "__numarun_wrapped__"):
-            continue
-        wrapped = counters.wrap(name, fn)
-        setattr(module, name, wrapped)
-        if package is not None and getattr(package, name, None) is fn:
-            setattr(package, name, wrapped)
-        done.append(name)
+        if wrap_once(module, name, functools.partial(counters.wrap, name)):
+            if package is not None and getattr(package, name, None) is fn:
+                setattr(package, name, getattr(module, name))
+            done.append(name)
     return done
 
 
@@ -230,7 +238,7 @@ def _patch(then: Callable[[ModuleType], object], module: ModuleType) -> None:
     try:
         then(module)
     except Exception as e:  # never break the user's import for a count
-        log.debug("progress counters not installed in %s: %s", module.__name__, e)
+        log.debug("%s not patched after its import: %s", module.__name__, e)
 
 
 class _PostImport(importlib.abc.MetaPathFinder):
@@ -336,22 +344,19 @@ def run_helper(label: str, target: Callable[..., Any], /, *args: Any, **kwargs: 
 def patch_multiprocessing(module: ModuleType) -> bool:
     """``BaseProcess.start`` wraps the process's target in :func:`run_helper` (its label made here, where the
     target's arguments are known). Idempotent."""
-    cls = getattr(module, "BaseProcess", None)
-    start = getattr(cls, "start", None)
-    if start is None or hasattr(start, "__numarun_wrapped__"):
-        return False
 
-    @functools.wraps(start)
-    def start_with_dump_handler(self: Any) -> Any:
-        target = getattr(self, "_target", None)
-        if target is not None and getattr(target, "func", None) is not run_helper:
-            args, kwargs = tuple(getattr(self, "_args", ())), dict(getattr(self, "_kwargs", {}))
-            self._target = functools.partial(run_helper, helper_label(target, args, kwargs, self.name), target)
-        return start(self)
+    def wrapper(start: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(start)
+        def start_with_dump_handler(self: Any) -> Any:
+            target = getattr(self, "_target", None)
+            if target is not None and getattr(target, "func", None) is not run_helper:
+                args, kwargs = tuple(getattr(self, "_args", ())), dict(getattr(self, "_kwargs", {}))
+                self._target = functools.partial(run_helper, helper_label(target, args, kwargs, self.name), target)
+            return start(self)
 
-    start_with_dump_handler.__numarun_wrapped__ = start  # type: ignore[attr-defined]
-    cls.start = start_with_dump_handler  # type: ignore[union-attr]
-    return True
+        return start_with_dump_handler
+
+    return wrap_once(getattr(module, "BaseProcess", None), "start", wrapper)
 
 
 # ----------------------------------------------------------------------------- the sampler
@@ -393,8 +398,6 @@ class HeartbeatWriter:
         self._events = -1
         self._signature: tuple[Any, ...] | None = None
         self._frames: list[list[Any]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def sample(self) -> dict[str, Any]:
         """One look: the counters, the main thread's stack; the heartbeat rewritten."""
@@ -437,7 +440,8 @@ class HeartbeatWriter:
         return beat
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            time.sleep(self.interval)
             try:
                 self.sample()
             except Exception as e:  # never take the job down for a report
@@ -445,12 +449,8 @@ class HeartbeatWriter:
 
     def start(self) -> HeartbeatWriter:
         self.sample()
-        self._thread = threading.Thread(target=self._loop, name="numarun-hangs", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._loop, name="numarun-hangs", daemon=True).start()
         return self
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def thread_names() -> dict[str, dict[str, Any]]:

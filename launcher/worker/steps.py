@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import SchemaError
 from ..jsonable import from_jsonable, loads, to_jsonable
@@ -161,8 +160,3 @@ class LiveTable:
         if not isinstance(data, Mapping) or data.get("v") != FORMAT:
             raise SchemaError(f"$: not a live table of format {FORMAT}")
         return from_jsonable(cls, dict(data))
-
-
-def as_dict(obj: Any) -> Any:
-    """A record, place, row or table as plain JSON values."""
-    return to_jsonable(obj)

@@ -19,21 +19,14 @@ records, the picture and the Chrome trace to ``numarun_steps.<host>.<pid>/`` in 
 ``$TMPDIR`` (:mod:`.files`); the judging node prints the summary (:mod:`.report`).
 """
 
-from .cause import Cause, explain
-from .judge import Judgement, Point, judge
 from .policy import DEFAULT_INTERVAL_S, StepPolicy, StepReport, interval_from, steps_from
 from .watch import StepWatch
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
-    "Cause",
-    "Judgement",
-    "Point",
     "StepPolicy",
     "StepReport",
     "StepWatch",
-    "explain",
     "interval_from",
-    "judge",
     "steps_from",
 ]

@@ -29,14 +29,13 @@ GPU's power limit, check a node's cooling or a link.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...view.steps_text import ms, pct
 from .device_cause import device_figures, faults, slowdowns
 from .evidence import Evidence
-from .judge import Judgement
+from .judge import Judgement, median
 
 COVERS = 0.5
 BUSY_WORKER = 0.8
@@ -52,10 +51,6 @@ class Cause:
     found: bool
     why: str
     fix: str = ""
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
 
 
 def explain(
@@ -81,14 +76,14 @@ def explain(
     lost, step = j.lost_s, j.step_s
 
     def usual(attr: str) -> float:
-        return _median([getattr(o, attr) for o in others])
+        return median([getattr(o, attr) for o in others])
 
     # A thread on a shared core waits in proportion to the time it runs: the rank's wait per second it ran, above
     # the others', is its core's contention; its running above theirs is more work (and the wait that comes with it).
     # A kernel without schedstat says how long each thread ran, not how long it waited: no contention is told then.
     waits = ev.waits and all(o.waits for o in others)
     run = ev.main_run * step
-    ratio = _median([o.main_wait / o.main_run for o in others if o.main_run > 0]) if waits else 0.0
+    ratio = median([o.main_wait / o.main_run for o in others if o.main_run > 0]) if waits else 0.0
     contended = ev.main_wait * step - run * ratio if waits else 0.0
     more_work = (ev.main_run - usual("main_run")) * step * (1 + ratio)
     waited = ev.main_wait * step
@@ -124,13 +119,13 @@ def explain(
         if costly:
             return Cause(True, costly[0].why, costly[0].fix)
     if more_work >= COVERS * lost:
-        mhz = _median([o.mhz for o in others if o.mhz is not None])
+        mhz = median([o.mhz for o in others if o.mhz is not None])
         if ev.mhz is not None and mhz and ev.mhz < SLOW_CORES * mhz:
             throttled = f", throttled {ev.throttled} times" if ev.throttled > 0 else ""
             return Cause(
                 True, f"slower cores: its cores ran at {ev.mhz:.0f} MHz, the other ranks' at {mhz:.0f} MHz{throttled}"
             )
-        remote_others = _median([o.remote or 0.0 for o in others])
+        remote_others = median([o.remote or 0.0 for o in others])
         if ev.remote is not None and ev.remote >= REMOTE and ev.remote - remote_others >= REMOTE / 2:
             node = f" (node {ev.numa})" if ev.numa >= 0 else ""
             return Cause(
@@ -155,7 +150,7 @@ def explain(
 
 def _input(j: Judgement, ev: Evidence, rank: int, workers: int) -> Cause:
     spent = j.phases.get(rank, {}).get("input", 0.0)
-    rest = _median([ph["input"] for r, ph in j.phases.items() if r != rank])
+    rest = median([ph["input"] for r, ph in j.phases.items() if r != rank])
     where = f"{ms(spent)} a step in the DataLoader iterator, the other ranks' {ms(rest)}"
     if workers == 0:
         return Cause(
@@ -191,11 +186,11 @@ def figures(j: Judgement, ev: Evidence, others: Sequence[Evidence]) -> str:
     if ev.waits:
         parts.append(
             f"its main thread ran {ms(ev.main_run * step)} and waited {ms(ev.main_wait * step)} for a CPU (the "
-            f"others {ms(_median([o.main_run for o in others]) * step)} and "
-            f"{ms(_median([o.main_wait for o in others]) * step)})"
+            f"others {ms(median([o.main_run for o in others]) * step)} and "
+            f"{ms(median([o.main_wait for o in others]) * step)})"
         )
     else:
-        theirs = _median([o.main_run for o in others]) * step
+        theirs = median([o.main_run for o in others]) * step
         parts.append(f"its main thread ran {ms(ev.main_run * step)} (the others {ms(theirs)})")
     parts.append(f"steal {pct(ev.steal)}")
     if ev.remote is not None:

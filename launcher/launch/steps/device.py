@@ -15,10 +15,12 @@ moved while the job ran. Clocks, power and traffic are averaged over the reading
 
 from __future__ import annotations
 
+import functools
+import operator
 import socket
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -209,7 +211,7 @@ class DeviceSampler:
             since_s=round(t1 - t0, 3),
             mhz=round(mhz, 1) if mhz is not None else None,
             max_mhz=last.max_sm_mhz,
-            reasons=_or(reasons) if reasons else None,
+            reasons=functools.reduce(operator.or_, reasons) if reasons else None,
             temperature_c=max(temps) if temps else None,
             slowdown_c=last.slowdown_c,
             power_w=round(power, 1) if power is not None else None,
@@ -250,10 +252,3 @@ class DeviceSampler:
             bytes_per_s=round(rate, 1) if rate is not None else None,
             moved=moved,
         )
-
-
-def _or(bits: Sequence[int]) -> int:
-    out = 0
-    for b in bits:
-        out |= b
-    return out

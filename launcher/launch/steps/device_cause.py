@@ -67,18 +67,6 @@ def _median(values: Iterable[float]) -> float:
     return float(statistics.median(got)) if got else 0.0
 
 
-def _mhz(value: float) -> str:
-    return f"{value:,.0f} MHz"
-
-
-def _w(value: float) -> str:
-    return f"{value:,.0f} W"
-
-
-def _gbps(value: float) -> str:
-    return f"{value:g} Gb/s"
-
-
 def _count(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
@@ -129,7 +117,7 @@ def _clocks(mine: DeviceEvidence, others: Sequence[DeviceEvidence], own: float) 
         return None  # idle, nothing else: the GPU waits for work, its time is lost elsewhere
     if held == REASON_POWER_CAP and not _lower_limit(g, theirs):
         return None  # capped at the others' limit: it works more than they do, or draws more for it; no fault
-    why = f"GPU {g.index} runs at {_mhz(g.mhz)} against the other GPUs' {_mhz(ref)}: "
+    why = f"GPU {g.index} runs at {g.mhz:,.0f} MHz against the other GPUs' {ref:,.0f} MHz: "
     if not held:
         return DeviceFinding(why + "its clock event reasons were not answered", "", own * (1 - g.mhz / ref))
     words, fix = _reasons(g, theirs, held)
@@ -164,13 +152,13 @@ def _reasons(g: GpuFigures, theirs: Sequence[GpuFigures], held: int) -> tuple[li
         fixes.append("check the node's cooling: fans, airflow, inlet temperature (nvidia-smi -q -d TEMPERATURE)")
     if held & REASON_POWER_CAP:
         their_limit = _median(o.power_limit_w for o in theirs if o.power_limit_w is not None)
-        cap = f"power cap {_w(g.power_limit_w)}" if g.power_limit_w is not None else "power cap"
+        cap = f"power cap {g.power_limit_w:,.0f} W" if g.power_limit_w is not None else "power cap"
         if g.power_limit_w is not None and their_limit and abs(their_limit - g.power_limit_w) >= 1:
-            cap += f" (the other GPUs' {_w(their_limit)})"
+            cap += f" (the other GPUs' {their_limit:,.0f} W)"
         words.append(cap)
         target = max(their_limit, g.power_default_w or 0.0)
         if g.power_limit_w is not None and target - g.power_limit_w >= 1:
-            fixes.append(f"raise its power limit to {_w(target)} (nvidia-smi -i {g.index} -pl {target:.0f})")
+            fixes.append(f"raise its power limit to {target:,.0f} W (nvidia-smi -i {g.index} -pl {target:.0f})")
         else:
             fixes.append("check the node's power limit and power delivery (nvidia-smi -q -d POWER)")
     if held & REASON_APP_CLOCKS:
@@ -215,10 +203,6 @@ def _pcie(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -
     )
 
 
-def _nic_ref(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> float:
-    return _median([n.rate_gbps for n in _nics(mine, others) if n.rate_gbps > 0] + list(mine.peer_nic_gbps))
-
-
 def _nic_fix(n: NicFigures) -> str:
     tool = f"ibstat {n.name}" if n.rdma else f"ethtool {n.name}"
     return f"check {n.name}'s link: its cable, transceiver and switch port ({tool})"
@@ -228,13 +212,13 @@ def _nic_speed(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: flo
     n = mine.nic
     if n is None or not n.rate_gbps or n.bytes_per_s is None:
         return None
-    ref = _nic_ref(mine, others)
+    ref = _median([o.rate_gbps for o in _nics(mine, others) if o.rate_gbps > 0] + list(mine.peer_nic_gbps))
     if not ref or n.rate_gbps >= SLOW_LINK * ref:
         return None
     moved = n.bytes_per_s * step
     cost = moved * 8 / (n.rate_gbps * 1e9) - moved * 8 / (ref * 1e9)
     return DeviceFinding(
-        f"its NIC {n.name} runs at {_gbps(n.rate_gbps)} against the others' {_gbps(ref)}, moving "
+        f"its NIC {n.name} runs at {n.rate_gbps:g} Gb/s against the others' {ref:g} Gb/s, moving "
         f"{n.bytes_per_s / 1e9:.1f} GB/s",
         _nic_fix(n),
         cost,
@@ -314,13 +298,15 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[DeviceFindi
     def own(key: str) -> bool:
         return _own(n.moved.get(key, 0), n.since_s, ((o.moved.get(key, 0), o.since_s) for o in theirs))
 
+    def rose(keys: Iterable[str]) -> str:
+        """The counters of ``keys`` that are its own (:func:`_own`), with how far each rose: '' when none is."""
+        return ", ".join(f"{k} +{n.moved[k]:,}" for k in keys if own(k))
+
     out = []
-    errors = [k for k in LINK_ERRORS if own(k)]
-    if errors:
-        rose = ", ".join(f"{k} +{n.moved[k]:,}" for k in errors)
+    if errors := rose(LINK_ERRORS):
         out.append(
             DeviceFinding(
-                f"the link of its NIC {n.name} fails: {rose} during the job",
+                f"the link of its NIC {n.name} fails: {errors} during the job",
                 f"check {n.name}'s cable and transceiver and the switch port (its link's physical layer)",
             )
         )
@@ -338,12 +324,10 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[DeviceFindi
                 "traffic)",
             )
         )
-    drops = [k for k in DROPS if own(k)]
-    if drops:
-        rose = ", ".join(f"{k} +{n.moved[k]:,}" for k in drops)
+    if drops := rose(DROPS):
         out.append(
             DeviceFinding(
-                f"its NIC {n.name} dropped or garbled packets during the job: {rose}",
+                f"its NIC {n.name} dropped or garbled packets during the job: {drops}",
                 f"check {n.name}: its ring buffers (ethtool -g {n.name}) and its link (ethtool -S {n.name})",
             )
         )
@@ -356,10 +340,10 @@ def device_figures(mine: DeviceEvidence) -> list[str]:
     g = mine.gpu
     if g is not None and g.mhz is not None:
         out.append(
-            f"GPU {g.index} at {_mhz(g.mhz)}"
-            + (f" (the other GPUs' {_mhz(_median(mine.peer_mhz))})" if mine.peer_mhz else "")
+            f"GPU {g.index} at {g.mhz:,.0f} MHz"
+            + (f" (the other GPUs' {_median(mine.peer_mhz):,.0f} MHz)" if mine.peer_mhz else "")
         )
     n = mine.nic
     if n is not None and n.rate_gbps:
-        out.append(f"NIC {n.name} at {_gbps(n.rate_gbps)}")
+        out.append(f"NIC {n.name} at {n.rate_gbps:g} Gb/s")
     return out

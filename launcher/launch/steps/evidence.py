@@ -94,11 +94,6 @@ def nic_note(planned: Mapping[str, str], environ: Mapping[str, str]) -> str:
     return "; ".join(differ)
 
 
-def read_pages(root: Path, pid: int) -> dict[int, int]:
-    """Resident bytes per NUMA node of ``pid`` (numa_maps; {} when unreadable)."""
-    return parse_numa_maps(procfs.read_numa_maps(pid, root))
-
-
 # ----------------------------------------------------------------------------- the sampler
 
 

@@ -35,7 +35,6 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ...worker.steps import PHASES
 
@@ -209,7 +208,7 @@ def judge(
     step_s = median([median([p.wall for p in pts]) for pts in win.values()])
     base = Judgement(steps, len(win), step_s, phases, own)
     if len(win) < 2:
-        return _with(base, unjudged=Unjudged.ONE_RANK)
+        return dataclasses.replace(base, unjudged=Unjudged.ONE_RANK)
     at = max(range(len(ranks)), key=lambda i: own[ranks[i]])
     slowest = ranks[at]
     diffs = [o[at] - median([x for i, x in enumerate(o) if i != at]) for o in own_by_step]
@@ -228,7 +227,7 @@ def judge(
     n = max(1, round(independent))
     k = min(n, round(behind / len(observed) * n))
     top = max(OWN_PHASES, key=lambda ph: excess[ph])
-    judged = _with(
+    judged = dataclasses.replace(
         base,
         slowest=slowest,
         lost_s=lost,
@@ -238,12 +237,12 @@ def judge(
         excess=excess,
     )
     if steps < min_steps:
-        return _with(judged, unjudged=Unjudged.TOO_FEW)
+        return dataclasses.replace(judged, unjudged=Unjudged.TOO_FEW)
     if judged.share < name_share:
-        return _with(judged, unjudged=Unjudged.SMALL)
+        return dataclasses.replace(judged, unjudged=Unjudged.SMALL)
     if judged.chance > CHANCE or not _steady(diffs):
-        return _with(judged, unjudged=Unjudged.UNSTEADY)
-    return _with(judged, culprit=slowest, phase=top if excess[top] >= PHASE_SHARE * lost else None)
+        return dataclasses.replace(judged, unjudged=Unjudged.UNSTEADY)
+    return dataclasses.replace(judged, culprit=slowest, phase=top if excess[top] >= PHASE_SHARE * lost else None)
 
 
 def _unaligned(points: Mapping[int, Sequence[Point]]) -> Judgement:
@@ -332,8 +331,4 @@ def _tail(k: int, n: int) -> float:
 
 def without_nodes(j: Judgement, missing: Sequence[str]) -> Judgement:
     """``j`` made on a job some of whose nodes' last views did not come (``missing``): no rank is named."""
-    return _with(j, culprit=None, phase=None, unjudged=Unjudged.NODES_MISSING, missing=tuple(missing))
-
-
-def _with(j: Judgement, **changes: Any) -> Judgement:
-    return dataclasses.replace(j, **changes)
+    return dataclasses.replace(j, culprit=None, phase=None, unjudged=Unjudged.NODES_MISSING, missing=tuple(missing))

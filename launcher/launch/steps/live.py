@@ -3,23 +3,18 @@ and a record as the judge takes it."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from ...cpuset import format_list
-from ...plan.model import BindingMode, LaunchPlan
+from ...plan.model import RankBinding
 from ...worker.steps import PHASES, RankPlace, RankRow, StepRecord
-from .judge import WINDOW, Point
+from .judge import WINDOW, Point, median
 
 
-def place_of(plan: LaunchPlan | None, local_rank: int, *, rank: int, node_rank: int, host: str) -> RankPlace:
-    """Where the plan put a rank (its cores only when numarun bound it)."""
-    b = None
-    if plan is not None:
-        b = next((r for r in plan.ranks if r.local_rank == local_rank), None)
+def place_of(b: RankBinding | None, local_rank: int, *, bound: bool, rank: int, node_rank: int, host: str) -> RankPlace:
+    """Where the plan put a rank (``b``, its row of the plan; its cores only when numarun ``bound`` it)."""
     if b is None:
         return RankPlace(rank, local_rank, node_rank, host, "")
-    bound = plan is not None and plan.binding is not BindingMode.NONE
     return RankPlace(
         rank,
         local_rank,
@@ -46,10 +41,6 @@ def recent(records: Sequence[StepRecord], size: int = WINDOW) -> list[StepRecord
     return [r for r in records if r.step > 1][-size:]
 
 
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values)) if values else 0.0
-
-
 def row_of(place: RankPlace, pid: int, records: Sequence[StepRecord], *, state: str = "running") -> RankRow:
     """A rank's row of the live table from its records."""
     win = recent(records)
@@ -58,8 +49,8 @@ def row_of(place: RankPlace, pid: int, records: Sequence[StepRecord], *, state: 
         place=place,
         pid=pid,
         steps=last.step if last else 0,
-        step_s=_median([r.wall_s for r in win]) if win else None,
-        phases={p: round(_median([r.phase_s(p) for r in win]), 6) for p in PHASES} if win else {},
+        step_s=median([r.wall_s for r in win]) if win else None,
+        phases={p: round(median([r.phase_s(p) for r in win]), 6) for p in PHASES} if win else {},
         peak_bytes=last.peak_bytes if last else None,
         state=state,
     )

@@ -27,12 +27,10 @@ def verdict_lines(
             return [f"=> no verdict on the job: {j.reason} (its last view did not come; nothing is judged on less)"]
         if j.unjudged in (Unjudged.NOT_STEPPING, Unjudged.APART):
             return [f"=> no verdict on the job: {j.reason} (the ranks are compared step by step)"]
-        if j.unjudged is Unjudged.NO_STEPS:
+        if j.unjudged in (Unjudged.NO_STEPS, Unjudged.TOO_FEW):
             return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
         if j.slowest is None or j.unjudged is Unjudged.ONE_RANK:
             return [f"=> no rank holds the job back ({j.reason})"]
-        if j.unjudged is Unjudged.TOO_FEW:
-            return [f"=> too few steps to judge which rank holds the job back ({j.reason})"]
         if j.unjudged is Unjudged.UNSTEADY:
             return [
                 f"=> no rank holds the job back steadily (the slowest, {who(j.slowest, places, multi_node)}, costs "

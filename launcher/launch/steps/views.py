@@ -44,11 +44,6 @@ class NodeView:
     pace: float | None = None
     """Steps per second of its slowest rank over its whole run (None before a rank's second step)."""
 
-    @property
-    def last_step(self) -> int:
-        """The fewest steps of its ranks (0 before any)."""
-        return min((rv.row.steps for rv in self.ranks), default=0)
-
 
 @dataclass(frozen=True)
 class Verdict:
@@ -68,7 +63,7 @@ def missing_nodes(views: Mapping[int, NodeView], nodes: int) -> list[str]:
         if v is None:
             out.append(f"node {n} was never heard from")
         elif not v.final:
-            out.append(f"node {n} last reported at step {v.last_step}")
+            out.append(f"node {n} last reported at step {min((rv.row.steps for rv in v.ranks), default=0)}")
     return out
 
 

@@ -100,7 +100,7 @@ class StepWatch:
         first steps), when a rank waits for its last look at its exit, and when the node's ranks have all ended."""
         ended = bool(self.ranks) and not any(self._running(r) for r in self.ranks.values())
         last_looks = sorted(self.state.glob(END.format(local_rank="*")))
-        started = not self._first and any(has_records(self.state, lr) for lr in self._locals())
+        started = not self._first and any(has_records(self.state, lr) for lr in self.ranks or read_beats(self.state))
         if time.monotonic() >= self._due or (ended and not self._sent_final) or last_looks or started:
             self.tick(final=ended)
             self._due = time.monotonic() + self.policy.interval_s
@@ -114,9 +114,6 @@ class StepWatch:
         agent, its script done and its last record written (:data:`numarun.ledger.WAITING`)."""
         return procfs.alive(r.pid) and not (self.state / WAITING.format(local_rank=r.local)).exists()
 
-    def _locals(self) -> list[int]:
-        return sorted(self.ranks) or sorted(read_beats(self.state))
-
     def plan(self) -> LaunchPlan | None:
         if self._plan is None and self.plan_path is not None:
             with contextlib.suppress(Exception):
@@ -127,6 +124,7 @@ class StepWatch:
         """The ranks of the latest worker group, as their heartbeats say (a restart starts them over)."""
         host = socket.gethostname()
         plan = self.plan()
+        bound = plan is not None and plan.binding is not BindingMode.NONE
         all_cpus = range(os.cpu_count() or 1)
         for local, b in beats.items():
             group, pid = int(b.get("group", 0)), int(b.get("pid", 0))
@@ -134,8 +132,8 @@ class StepWatch:
             if known is not None and known.group == group and known.pid == pid:
                 continue
             rank, node_rank = int(b.get("rank", local)), int(b.get("node_rank", 0))
-            place = place_of(plan, local, rank=rank, node_rank=node_rank, host=host)
             binding = next((r for r in plan.ranks if r.local_rank == local), None) if plan else None
+            place = place_of(binding, local, bound=bound, rank=rank, node_rank=node_rank, host=host)
             cpus = cpus_of(place.cpus, binding.cpus if binding else all_cpus)
             numa = binding.mems[0] if binding and len(binding.mems) == 1 else place.numa
             nic = nic_note(binding.env, procfs.read_environ(pid, self.sampler.root)) if binding else ""
