@@ -6,9 +6,9 @@ it instead of waiting out a timeout. These store clients do not count as nodes (
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
+from .exchange import store_client
 from .net import await_endpoint
 
 ABORT_KEY = "numarun/abort"
@@ -20,10 +20,8 @@ def _client(host: str, port: int, timeout_s: float) -> Any:
     """A store client at host:port once the store listens there; None after ``timeout_s``."""
     if not await_endpoint(host, port, timeout_s):
         return None
-    from torch.distributed import TCPStore
-
     try:
-        return TCPStore(host, port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False)
+        return store_client(host, port, 10)
     except Exception:
         return None
 

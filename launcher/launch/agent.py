@@ -23,6 +23,7 @@ numarun's touches the store once its host may have left (torch's client would pr
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import socket
@@ -33,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from .exchange import Exchange
+from .exchange import Exchange, Keys
 from .hangs.exchange import RollCallKeys
 from .hangs.policy import HangPolicy
 from .hangs.stacks import FIFO
@@ -45,6 +46,8 @@ from .notes import Notes
 from .steps.exchange import ViewKeys
 from .steps.policy import StepPolicy
 from .steps.watch import StepWatch
+
+_K = TypeVar("_K")
 
 POLL_S = 0.1
 """How often the agent looks at the ranks while the step report is on: a rank's exit waits on it."""
@@ -114,7 +117,7 @@ class NodeAgent:
             policy.hang,
             state,
             keep=keep_dir("hangs", keep),
-            keys=self._roll_call_keys,
+            keys=functools.partial(self._keys, "hang", RollCallKeys),
             request_stop=request_stop,
             hold=hold,
             say=say,
@@ -126,7 +129,7 @@ class NodeAgent:
                 policy.steps,
                 state,
                 keep=keep_dir("steps", keep),
-                keys=self._view_keys,
+                keys=functools.partial(self._keys, "steps", ViewKeys),
                 plan=plan,
                 say=say,
                 notes=self.notes,
@@ -134,29 +137,21 @@ class NodeAgent:
             if policy.steps.on
             else None
         )
-        self._roll_calls: dict[int, RollCallKeys] = {}
-        self._views: dict[int, ViewKeys] = {}
+        self._uses: dict[tuple[str, int], Any] = {}
         self._closed = threading.Event()
         self._lock = threading.Lock()  # the thread's uses and the main thread's (the barrier, the end) take turns
         self._fifo_path = state / FIFO
         self._fifo = -1
         self._thread: threading.Thread | None = None
 
-    def _roll_call_keys(self, restart: int) -> RollCallKeys | None:
-        """The hang watchdog's keys of restart ``restart`` (one object a restart: it counts the roll-calls seen)."""
+    def _keys(self, use: str, wrap: Callable[[Keys], _K], restart: int) -> _K | None:
+        """The keys of ``use`` (``hang``: the hang watchdog's, ``steps``: the step report's) in restart ``restart``
+        (one object a restart: it counts what it has seen); None without a store."""
         if self.exchange is None or self.exchange.gone:
             return None
-        if restart not in self._roll_calls:
-            self._roll_calls[restart] = RollCallKeys(self.exchange.keys("hang", restart))
-        return self._roll_calls[restart]
-
-    def _view_keys(self, restart: int) -> ViewKeys | None:
-        """The step report's keys of restart ``restart``."""
-        if self.exchange is None or self.exchange.gone:
-            return None
-        if restart not in self._views:
-            self._views[restart] = ViewKeys(self.exchange.keys("steps", restart))
-        return self._views[restart]
+        if (use, restart) not in self._uses:
+            self._uses[use, restart] = wrap(self.exchange.keys(use, restart))
+        return self._uses[use, restart]
 
     # -- the supervisor's side
     def start(self) -> NodeAgent:
@@ -171,10 +166,6 @@ class NodeAgent:
         """The supervisor begins stopping the ranks for a death signal: where each stood is written at once."""
         self.hangs.at_stop(signum)
         self._poke()
-
-    def settle(self, timeout_s: float = 10.0) -> None:
-        """Wait for the roll-call at a stop, if one was begun."""
-        self.hangs.settle(timeout_s)
 
     def before_exit_barrier(self, *, leave: Callable[[Exchange], None] | None = None) -> None:
         """In torchrun's exit barrier of a job that succeeded, before it waits for the other nodes (or, in per-rank

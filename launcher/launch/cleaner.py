@@ -34,12 +34,6 @@ def _procfs() -> ModuleType:
 procfs = _procfs()
 
 
-def start_time(pid: int) -> int | None:
-    """When ``pid`` started (with the pid, its identity); None when it is gone."""
-    st = procfs.read_stat(pid)
-    return st.start if st else None
-
-
 def _cage(d: str) -> tuple[str, str]:
     with contextlib.suppress(OSError), open(os.path.join(d, "cage")) as f:
         kind, _, where = f.read().strip().partition(" ")
@@ -65,7 +59,8 @@ def main(d: str, launcher: int, watch_s: float) -> None:
     for n in [n for n in (os.listdir(d) if os.path.isdir(d) else []) if n.startswith("pid.")]:
         with contextlib.suppress(OSError, ValueError), open(os.path.join(d, n)) as f:
             os.killpg(int(f.read().split()[0]), signal.SIGKILL)
-    alive = [p for p, start in seen.items() if start_time(p) == start]
+    # a pid with the start time it was seen with: the same process (else gone, or the pid reused)
+    alive = [p for p, start in seen.items() if (st := procfs.read_stat(p)) and st.start == start]
     for p in alive + sorted(procfs.tree_of(procfs.read_all(), alive)):
         with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)

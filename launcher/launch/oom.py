@@ -135,15 +135,9 @@ def in_pid_namespace(root: Path = Path("/")) -> bool:
 def _held(log: str, pid: int, *, since_us: int, pid_namespace: bool) -> tuple[int | None, str]:
     """(KiB the rank held, how the line was matched) from the log's "Killed process" lines (``[USEC;]TEXT``):
     the line of ``pid``; in a PID namespace, the one line since ``since_us`` (the kernel names the host's pid)."""
-    lines = [
-        (int(stamp) if ok else None, text)
-        for line in log.splitlines()
-        if line.strip()
-        for stamp, ok, text in [_stamped(line)]
-    ]
     found = [
         (int(m.group(1)), sum(int(x) for x in m.groups()[1:]))
-        for when, text in lines
+        for when, text in map(_stamped, log.splitlines())
         if (m := _KILLED.search(text)) and (when is None or when >= since_us)
     ]
     mine = [kib for killed, kib in found if killed == pid]
@@ -154,9 +148,10 @@ def _held(log: str, pid: int, *, since_us: int, pid_namespace: bool) -> tuple[in
     return None, ""
 
 
-def _stamped(line: str) -> tuple[str, bool, str]:
+def _stamped(line: str) -> tuple[int | None, str]:
+    """(the kernel's stamp, the text) of a ``[USEC;]TEXT`` line (None: unstamped)."""
     stamp, sep, text = line.partition(";")
-    return (stamp, True, text) if sep and stamp.isdigit() else ("", False, line)
+    return (int(stamp), text) if sep and stamp.isdigit() else (None, line)
 
 
 def read_kernel_log(max_records: int = 1 << 16) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..envvars import INIT
 from ..topology.procfs import cgroup2_mount, own_cgroup2_path, read_all, tree_of
+from .signals import send
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,8 @@ class Cage:
     def record(self) -> str:
         return f"{self.kind} {self.path or os.getpid()}\n"
 
-    def end_others(self, *, spare: frozenset[int] = frozenset()) -> int:
-        """End every process of the job but this one (and ``spare``, e.g. the cleaner); returns how
-        many were signalled."""
+    def end_others(self, *, spare: frozenset[int] = frozenset()) -> None:
+        """End every process of the job but this one (and ``spare``, e.g. the cleaner)."""
         if self.kind == "cgroup":
             return _end_cgroup(Path(self.path), keep=os.getpid())
         # under a numarun init, the job's orphans are that init's children
@@ -52,10 +52,7 @@ class Cage:
         doomed = (
             tree_of(stats, [1 if self.kind == "init" else os.getpid()]) - tree_of(stats, spare) - spare - {os.getpid()}
         )
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return len(doomed)
+        send(doomed, signal.SIGKILL)
 
 
 def enter(environ: dict[str, str] | None = None) -> Cage:
@@ -98,17 +95,14 @@ def leave(cage: Cage) -> None:
         log.debug("could not remove numarun's cgroup %s: %s", path, e)
 
 
-def _end_cgroup(path: Path, *, keep: int | None) -> int:
+def _end_cgroup(path: Path, *, keep: int | None) -> None:
     try:
         pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
     except OSError:
-        return 0
+        return
     others = [p for p in pids if p != keep]
     if keep is None and others:
         with contextlib.suppress(OSError):
             (path / "cgroup.kill").write_text("1\n")
-            return len(others)
-    for pid in others:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return len(others)
+            return
+    send(others, signal.SIGKILL)

@@ -23,7 +23,7 @@ serves until every node's sidecar has left it.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
 import os
@@ -44,10 +44,11 @@ from .. import envvars
 from ..ledger import WAITING
 from ..topology import procfs
 from .agent import AgentPolicy, NodeAgent, say
-from .exchange import Exchange
+from .exchange import Exchange, store_client
 from .hangs.policy import HangPolicy, OnHang
 from .hangs.stacks import write_job_record
 from .hangs.verdict import read_beats
+from .signals import send
 from .steps.policy import StepPolicy
 
 log = logging.getLogger(__name__)
@@ -199,11 +200,7 @@ class Sidecar:
                 )
                 return None, None
             return (a.store_host, a.store_port), lambda host, port: self.serving
-
-        def connect(host: str, port: int) -> Any:
-            return TCPStore(host, port, None, False, timeout=timedelta(seconds=CONNECT_S), wait_for_workers=False)
-
-        return (a.store_host, a.store_port), connect
+        return (a.store_host, a.store_port), functools.partial(store_client, timeout_s=CONNECT_S)
 
     def stop(self, code: int, message: str) -> None:
         """``--on-hang stop`` (from the agent's thread): the reason said once, every rank but the node's first task sent
@@ -214,10 +211,8 @@ class Sidecar:
             return
         self.stopping_since = time.monotonic()
         say([f"error: {message}"])
-        _signal([p for p in self._rank_pids() if p != self.args.first_task], signal.SIGTERM)
-
-    def _rank_pids(self) -> list[int]:
-        return [int(b.get("pid", 0)) for b in read_beats(self.state).values()]
+        ranks = [int(b.get("pid", 0)) for b in read_beats(self.state).values()]
+        send([p for p in ranks if p != self.args.first_task], signal.SIGTERM)
 
     @property
     def stopping(self) -> bool:
@@ -236,7 +231,7 @@ class Sidecar:
         running = [int(b["pid"]) for lr, b in beats.items() if lr not in waiting and procfs.alive(int(b.get("pid", 0)))]
         overdue = self.stopping_since is not None and time.monotonic() - self.stopping_since >= STOP_GRACE_S
         if overdue:
-            _signal([p for p in running if p != self.args.first_task], signal.SIGKILL)
+            send([p for p in running if p != self.args.first_task], signal.SIGKILL)
             running = [p for p in running if p == self.args.first_task]
         return not running or (overdue and running == [self.args.first_task])
 
@@ -252,11 +247,11 @@ class Sidecar:
         self.agent.close(succeeded=not self.stopping)
         shutil.rmtree(self.state, ignore_errors=True)
         if self.stopping and procfs.alive(self.args.first_task):  # the scheduler's hold on the step, last
-            _signal([self.args.first_task], signal.SIGTERM)
+            send([self.args.first_task], signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while procfs.alive(self.args.first_task) and time.monotonic() < deadline:
                 time.sleep(POLL_S)
-            _signal([self.args.first_task], signal.SIGKILL)
+            send([self.args.first_task], signal.SIGKILL)
 
     def _leave(self, exchange: Exchange) -> None:
         """Every sidecar says it is done with the store; node 0's serves it until all have (at most
@@ -274,13 +269,6 @@ class Sidecar:
         """The scheduler stops the step (scancel, a time limit): where each rank stood is written; the sidecar ends
         with its ranks."""
         self.agent.at_stop(signum)
-
-
-def _signal(pids: Sequence[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            if pid > 0:
-                os.kill(pid, signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..envvars import INIT, READY_FD
@@ -298,7 +298,7 @@ class Relay:
                 return
             child = self._child
         if child is not None:
-            _send(child, signum)
+            send([child.pid], signum)
 
     def stop(self, signum: int, *, again: bool) -> None:  # no phase of a relay's: RELAYING passes death signals on
         self.forward(signum)
@@ -323,7 +323,7 @@ class Relay:
         with self._lock:
             early, self._early = self._early or [], None
         for signum in early:
-            _send(child, signum)
+            send([child.pid], signum)
         while True:  # this thread only waits; the loop passes the signals on
             pid, status = os.waitpid(-1 if self.reap_all else child.pid, 0)
             if pid == child.pid:
@@ -331,9 +331,12 @@ class Relay:
                 return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
-def _send(child: subprocess.Popen[bytes], signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child.pid, signum)
+def send(pids: Iterable[int], signum: int) -> None:
+    """``signum`` to each of ``pids`` (0 and below, never a process group, are left out) that is still there."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if pid > 0:
+                os.kill(pid, signum)
 
 
 def reap() -> Iterator[tuple[int, int]]:

@@ -44,15 +44,12 @@ def scontrol(*args: str, timeout: float = SCONTROL_TIMEOUT_S) -> str | None:
 
 @dataclass(frozen=True)
 class SlurmFacts:
-    """The controller's answers a task uses, and how many calls it took to get them."""
+    """The controller's answers a task uses."""
 
     leaf_switch: dict[str, str] | None = None
     """Node -> its leaf switch; None when not asked for."""
     addrs: dict[str, str] = field(default_factory=dict)
     """Node -> NodeAddr (what was learned: every node from the handed-over file, else the head only)."""
-    calls: int = 0
-    source: str = ""
-    """``handed over (DIR)``, ``scontrol`` or ``none``."""
 
 
 def _read(path: Path) -> str | None:
@@ -72,12 +69,7 @@ def handed_over(environ: Mapping[str, str]) -> SlurmFacts | None:
     if nodes is None:
         log.warning("%s=%s holds no readable 'nodes' file: asking Slurm instead", SLURM_INFO, directory)
         return None
-    return SlurmFacts(
-        leaf_switch=parse_leaf_switches(topology or ""),
-        addrs=parse_node_addrs(nodes),
-        calls=0,
-        source=f"handed over ({directory})",
-    )
+    return SlurmFacts(leaf_switch=parse_leaf_switches(topology or ""), addrs=parse_node_addrs(nodes))
 
 
 def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None) -> SlurmFacts:
@@ -89,10 +81,8 @@ def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None)
     given = handed_over(environ)
     if given is not None:
         return given
-    calls = 0
     leaf: dict[str, str] | None = None
     if need_switches:
-        calls += 1
         text = scontrol("show", "topology")
         if text is None and shutil.which("scontrol") is not None:
             raise ControllerError(
@@ -103,11 +93,10 @@ def gather(environ: Mapping[str, str], *, need_switches: bool, head: str | None)
         leaf = parse_leaf_switches(text or "")
     addrs: dict[str, str] = {}
     if head and not resolve(head, flag=None, timeout=2.0):
-        calls += 1
         found = parse_node_addrs(scontrol("show", "node", head) or "")
         if head in found:
             addrs[head] = found[head]
-    return SlurmFacts(leaf_switch=leaf, addrs=addrs, calls=calls, source="scontrol" if calls else "none")
+    return SlurmFacts(leaf_switch=leaf, addrs=addrs)
 
 
 def head_address(facts: SlurmFacts, head: str) -> str:

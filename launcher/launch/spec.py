@@ -15,7 +15,6 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..argtypes import ONE_NODE, NodeRange, host_port, parse_endpoint
 from ..envvars import NODE_KEY, RDZV_MARGIN
@@ -98,12 +97,8 @@ class LaunchSpec:
 
     # --- what numarun reads from the launch ---
     @property
-    def max_nodes(self) -> int:
-        return self.nnodes.max
-
-    @property
     def multi_node(self) -> bool:
-        return self.max_nodes > 1 and not self.standalone
+        return self.nnodes.max > 1 and not self.standalone
 
     @property
     def backend(self) -> str:
@@ -154,13 +149,10 @@ class LaunchSpec:
         """torchrun's argv (without the program name). ``log_dir``: torchelastic's logs when the user
         gave none (numarun's private directory, removed with it)."""
         out = [f"--nproc-per-node={self.nproc_per_node}"]
-        if self.nnodes != ONE_NODE:
-            out.append(f"--nnodes={self.nnodes}")
-        if self.node_rank:
-            out.append(f"--node-rank={self.node_rank}")
-        if self.standalone:
-            out.append("--standalone")
-        for flag, value, default in (
+        for flag, value, default in (  # a value "" is the flag alone
+            ("--nnodes", self.nnodes, ONE_NODE),
+            ("--node-rank", self.node_rank, 0),
+            ("--standalone", "" if self.standalone else None, None),
             ("--rdzv-backend", self.rdzv_backend, "static"),
             ("--rdzv-endpoint", self.rdzv_endpoint, ""),
             ("--rdzv-id", self.rdzv_id, "none"),
@@ -169,24 +161,14 @@ class LaunchSpec:
             ("--local-addr", self.local_addr, None),
             ("--max-restarts", self.max_restarts, 0),
             ("--shutdown-timeout", self.shutdown_timeout, None),
+            ("--rdzv-conf", ",".join(f"{k}={v}" for k, v in self.rdzv_conf), ""),
+            ("--signals-to-handle", ",".join(self.death_signals), ",".join(DEATH_SIGNALS)),
+            ("--log-dir", self.log_dir or log_dir or None, None),
+            *((flag, value, None) for flag, value in self.passthrough),
         ):
             if value is not None and value != default:
-                out.append(f"{flag}={value}")
-        if self.rdzv_conf:
-            out.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in self.rdzv_conf))
-        if self.death_signals != DEATH_SIGNALS:
-            out.append("--signals-to-handle=" + ",".join(self.death_signals))
-        if self.log_dir or log_dir:
-            out.append(f"--log-dir={self.log_dir or log_dir}")
-        out += [f"{flag}={value}" if value != "" else flag for flag, value in self.passthrough]
+                out.append(f"{flag}={value}" if value != "" else flag)
         return [*out, ENTRY_FILE, *self.target.bootstrap_args()]
-
-
-def _option_text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        # torchrun's comma_separated_list reads ",," as a literal comma
-        return ",".join(str(v).replace(",", ",,") for v in value)
-    return str(value)
 
 
 def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, nics: Sequence[str] = ()) -> LaunchSpec:
@@ -206,7 +188,9 @@ def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, 
             if value:
                 passthrough.append((spelling, ""))
         else:
-            passthrough.append((spelling, _option_text(value)))
+            # torchrun's comma_separated_list reads ",," as a literal comma
+            listed = isinstance(value, (list, tuple))
+            passthrough.append((spelling, ",".join(str(v).replace(",", ",,") for v in value) if listed else str(value)))
 
     def host(dest: str) -> str | None:
         value = stated.get(dest)

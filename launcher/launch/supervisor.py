@@ -69,11 +69,6 @@ def scoped_environ(updates: Mapping[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _names_to_numbers(names: tuple[str, ...]) -> set[int]:
-    """``--signals-to-handle``'s names as numbers."""
-    return {int(getattr(signal, n)) for n in names if isinstance(getattr(signal, n, None), signal.Signals)}
-
-
 @dataclass
 class _Job:  # what the loop watches while a job runs
     spec: LaunchSpec
@@ -290,7 +285,10 @@ class Supervisor:
         deadline_s, source = spec.rendezvous_deadline()
         where = spec.store_address()
         self._job = _Job(spec, deadline_s, source, AbortWatch(*where) if where else None, time.monotonic())
-        death = _names_to_numbers(spec.death_signals)
+        # --signals-to-handle's names as numbers
+        death = {
+            int(getattr(signal, n)) for n in spec.death_signals if isinstance(getattr(signal, n, None), signal.Signals)
+        }
         self.loop.handle(sorted(death))  # a --signals-to-handle of its own: once, for the process
         with self.loop.lock:
             base_death, self.loop.death = self.loop.death, self.loop.death | death
@@ -312,7 +310,7 @@ class Supervisor:
             agent,
             directory,
             keep=run_dir or spec.log_dir,
-            store=spec.store_address(),
+            store=where,
             plan=Path(plan) if plan else None,
             request_stop=self._request_stop,
             hold=self._hold,
@@ -322,8 +320,7 @@ class Supervisor:
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
             if spec.waits_for_store:  # quietly, instead of torch's C++ client retrying aloud
-                seconds, source = spec.rendezvous_deadline()
-                net.await_endpoint(*spec.endpoint(), seconds - spec.rdzv_margin_s, source.partition(" +")[0])
+                net.await_endpoint(*spec.endpoint(), deadline_s - spec.rdzv_margin_s, source.partition(" +")[0])
             with scoped_environ(updates):
                 torchrun_main(spec.argv(log_dir=str(directory / "logs")))
             succeeded = True
@@ -371,7 +368,7 @@ class Supervisor:
             torch_private.before_exit_barrier(None)
             node_agent, self._agent = self._agent, None
             if node_agent is not None:
-                node_agent.settle()  # a roll-call begun at a stop is written before the directory goes
+                node_agent.hangs.settle()  # a roll-call begun at a stop is written before the directory goes
                 node_agent.close(succeeded=succeeded)  # the step report's summary and files, before the directory goes
             with self.loop.lock:
                 if self.loop.phase is not Phase.STOPPING:

@@ -176,11 +176,7 @@ def check_signals(text: str) -> tuple[str, ...]:
 def check_log_dir(path: str) -> None:
     """An existing writable directory, or a path whose nearest existing parent is one."""
     p = Path(path)
-    probe = p
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
+    probe = next((q for q in (p, *p.parents) if q.exists()), [p, *p.parents][-1])  # the nearest that exists
     if p.exists() and not p.is_dir():
         raise UsageError(f"bad --log-dir {path!r}: it exists and is not a directory; expected a directory path")
     what = "is not writable" if probe == p else f"cannot be created in {str(probe)!r}"

@@ -22,10 +22,6 @@ class RollCallKeys:
         self.keys = keys
         self.seen = 0
 
-    @property
-    def prefix(self) -> str:
-        return self.keys.prefix
-
     def publish(self, summary: HangSummary) -> None:
         self.keys.set_json(f"node/{summary.node}", dataclasses.asdict(summary))
 

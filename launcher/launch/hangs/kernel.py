@@ -75,17 +75,14 @@ class Task:
         return text
 
 
-def parse_stack(text: str) -> tuple[str, ...]:
-    """``[<0>] rpc_wait_bit_killable+0x1e/0xa0 [sunrpc]`` lines -> function names, innermost first."""
-    return tuple(m.group(1) for line in text.splitlines() if (m := _STACK_LINE.match(line.strip())))
-
-
 def read_task(pid: int, root: Path = ROOT, *, tid: int | None = None) -> Task | None:
     """The kernel's view of ``pid`` (of its thread ``tid``); None when it is gone."""
     stat = procfs.read_stat(pid, root, tid=tid)
     if stat is None:
         return None
-    stack = parse_stack(procfs.read_stack(pid, root, tid=tid)) if stat.state == "D" else ()
+    # ``[<0>] rpc_wait_bit_killable+0x1e/0xa0 [sunrpc]`` lines -> function names, innermost first
+    lines = procfs.read_stack(pid, root, tid=tid).splitlines() if stat.state == "D" else []
+    stack = tuple(m.group(1) for line in lines if (m := _STACK_LINE.match(line.strip())))
     return Task(tid or pid, stat.comm, stat.state, stat.ppid, procfs.read_wchan(pid, root, tid=tid), stack)
 
 

@@ -12,17 +12,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...jsonable import loads
+from ...topology import procfs
 from ...topology.procfs import alive
 from ...worker.progress import DUMP_SIGNAL, HELPER, HELPER_HEAD, STACKS
+from ..signals import send
 from . import kernel, rollcall
 from .rollcall import Frame, Helper, Stand
-from .verdict import catches, exit_code
+from .verdict import exit_code
 
 DUMP_WAIT_S = 3.0
 """How long the ranks' faulthandler dumps may take to land (they are written from a signal handler: microseconds)."""
@@ -101,7 +103,7 @@ class Dumps:
                     self._ask(path, t.pid, signum)
 
     def _ask(self, path: Path, pid: int, signum: int) -> None:
-        if catches(pid, signum):
+        if procfs.caught_signals(pid) >> (signum - 1) & 1:  # a handler (SigCgt): a dump never kills a rank lacking one
             self.offsets[path] = _size(path)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
@@ -195,30 +197,15 @@ def py_spy_json(text: str, pid: int) -> tuple[str, list[Frame]]:
 def freeze(beats: Mapping[int, Mapping[str, Any]]) -> None:
     """SIGSTOP this node's ranks before a hang stop kills them: none of them reacts (a traceback for each peer
     gone) while the other nodes end theirs. SIGKILL ends a stopped process."""
-    for b in beats.values():
-        pid = int(b.get("pid", 0))
-        if pid and alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+    send([int(b.get("pid", 0)) for b in beats.values()], signal.SIGSTOP)
 
 
-def resume(beats: Mapping[int, Mapping[str, Any]], *, root: Path = kernel.ROOT) -> list[int]:
+def resume(beats: Mapping[int, Mapping[str, Any]], *, root: Path = kernel.ROOT) -> None:
     """SIGCONT this node's ranks that are stopped (state T: SIGSTOP, job control) as they are about to be sent
     SIGTERM: a stopped process holds it pending, and torchrun's agent would SIGKILL it only 30 s later. A rank
-    stopped by a debugger (state t) is its tracer's. Returns the pids continued."""
-    out = []
-    for b in beats.values():
-        pid = int(b.get("pid", 0))
-        task = kernel.read_task(pid, root) if pid else None
-        if task is not None and task.state == "T":
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                out.append(pid)
-    return out
-
-
-def _frames(items: Iterable[Sequence[Any]]) -> list[Frame]:
-    return [Frame(str(f[0]), int(f[1]), str(f[2])) for f in items if len(f) == 3]
+    stopped by a debugger (state t) is its tracer's."""
+    stopped = [t.pid for b in beats.values() if (t := kernel.read_task(int(b.get("pid", 0)), root)) and t.state == "T"]
+    send(stopped, signal.SIGCONT)
 
 
 def stand_of(
@@ -244,23 +231,20 @@ def stand_of(
     )
     if not (alive(pid) if running is None else running):
         return Stand(**base, state="exited", exit_code=exit_code(state, local, int(beat.get("group", 0))))
-    halted = task is not None and task.halted
-    if halted:
-        assert task is not None
+    if task is not None and task.halted:
         base.update(kernel=task.describe(), kernel_stack=task.stack)
     base["helpers"] = tuple(helpers)
     frames = list(halted_frames or [])
     if dump and not frames:
-        threads = rollcall.parse_faulthandler(dump)
-        frames = threads.get(int(beat.get("main") or 0), [])
+        frames = rollcall.parse_faulthandler(dump).get(int(beat.get("main") or 0), [])
     note = ""
     if not frames:
-        frames = _frames(beat.get("frames", []))
+        frames = [Frame(str(f[0]), int(f[1]), str(f[2])) for f in beat.get("frames", []) if len(f) == 3]
         if frames and "t" in beat:
             note = f"last sampled {time.monotonic() - float(beat['t']):.0f} s ago"
             base["sampled"] = True
     if not frames:
-        return Stand(**base, state="running" if halted else "silent", note="no dump and no sample")
+        return Stand(**base, state="running" if "kernel" in base else "silent", note="no dump and no sample")
     where, function, call, package = rollcall.locate(frames, roots, str(beat.get("cwd", "")))
     return Stand(
         **base,
@@ -350,11 +334,8 @@ def call_node(
     host = socket.gethostname()
     dumps = dumps or Dumps(state, beats, root=root)
     exe = find_py_spy() if py_spy else None
-    native: dict[int, str] = {}
-    why = ""
     live = {int(beats[lr]["pid"]): lr in dumps.tasks and dumps.tasks[lr].halted for lr in sorted(dumps.alive)}
-    if exe and live:
-        native, why = _py_spy(exe, live, PY_SPY_TIMEOUT_S)
+    native, why = _py_spy(exe, live, PY_SPY_TIMEOUT_S) if exe and live else ({}, "")
     halted_frames: dict[int, list[Frame]] = {}
     for pid in [p for p, halted in live.items() if halted and p in native]:
         native[pid], halted_frames[pid] = py_spy_json(native[pid], pid)
@@ -472,9 +453,8 @@ def render(calls: Sequence[NodeCall], *, header: Sequence[str] = ()) -> list[str
         f"roll-call of {len(stands)} rank{'s' if len(stands) != 1 else ''}{where} (stacks: {'; '.join(sources)}):",
     ]
     out += [f"  {line}" for line in rollcall.lines(stands, multi_node=nodes > 1)]
-    files = [c.stacks for c in calls]
     out.append(
         "every thread of every rank: "
-        + (files[0] if len(files) == 1 else ", ".join(f"node {c.node} ({c.host}) {c.stacks}" for c in calls))
+        + (calls[0].stacks if nodes == 1 else ", ".join(f"node {c.node} ({c.host}) {c.stacks}" for c in calls))
     )
     return out

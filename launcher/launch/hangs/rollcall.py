@@ -15,6 +15,7 @@ elsewhere is where the bug is). :func:`parse_faulthandler` reads the dumps ranks
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sysconfig
@@ -117,9 +118,9 @@ class Stand:
 
     @property
     def waiting(self) -> bool:
-        if self.kernel:
-            return False
-        return bool(self.inside) or (self.package.startswith("torch.distributed") and self.call in _COLLECTIVE_NAMES)
+        return not self.kernel and (
+            bool(self.inside) or (self.package.startswith("torch.distributed") and self.call in _COLLECTIVE_NAMES)
+        )
 
     def place(self) -> str:
         """``at train.py:20 in all_reduce (torch.distributed)``, ``at train.py:9 in load_batch``, ``has exited (code
@@ -197,12 +198,8 @@ def package_of(path: str, roots: Sequence[str]) -> str:
         rel = list(Path(real[len(root) + 1 :]).parts)
         if root == NUMARUN_DIR:
             rel = ["numarun", *rel]
-    if not rel:
-        return Path(path).stem
-    rel[-1] = Path(rel[-1]).stem
-    if len(rel) > 1:  # a module inside a package: the package names it
-        rel = rel[:-1]
-    return ".".join(rel[:3])
+    # a module inside a package: the package names it
+    return ".".join(rel[:-1][:3]) if len(rel) > 1 else Path(rel[0] if rel else path).stem
 
 
 def _plumbing(path: str) -> bool:
@@ -211,25 +208,27 @@ def _plumbing(path: str) -> bool:
     return real.startswith(_OWN_PLUMBING)
 
 
+def _skipped(f: Frame) -> bool:
+    """A decorator's wrapper, numarun's plumbing or a frame of no file: never the call a rank is in."""
+    return f.function in WRAPPERS or _plumbing(f.file) or f.file.startswith("<")
+
+
 def locate(frames: Sequence[Frame], roots: Sequence[str], cwd: str = "") -> tuple[str, str, str, str]:
     """(where, function, call, package) of a main thread's stack, innermost first (see the module docstring).
 
     Without any frame of the user's code (numarun's own trainer), numarun's frames outside its plumbing stand in."""
     if not frames:
         return "", "", "", ""
-    lib = [is_library(f.file, roots) for f in frames]
-    user = next((i for i, x in enumerate(lib) if not x), None)
-    if user is None:
-        user = next((i for i, f in enumerate(frames) if f.file.startswith(NUMARUN_DIR) and not _plumbing(f.file)), None)
-    if user is None:
-        user = 0
-    call = package = ""
-    for f in reversed(frames[:user]):  # from the user's frame inwards
-        if f.function in WRAPPERS or _plumbing(f.file) or f.file.startswith("<"):
-            continue
-        call, package = f.function, package_of(f.file, roots)
-        break
+    user = next(
+        itertools.chain(
+            (i for i, f in enumerate(frames) if not is_library(f.file, roots)),
+            (i for i, f in enumerate(frames) if f.file.startswith(NUMARUN_DIR) and not _plumbing(f.file)),
+            [0],
+        )
+    )
     top = frames[user]
+    inner = next((f for f in reversed(frames[:user]) if not _skipped(f)), None)  # from the user's frame inwards
+    call, package = (inner.function, package_of(inner.file, roots)) if inner else ("", "")
     return f"{display_path(top.file, cwd)}:{top.line}", top.function, call, package
 
 
@@ -253,22 +252,14 @@ def locate_helper(frames: Sequence[Frame], roots: Sequence[str], cwd: str = "") 
     frames = frames if cut is None else frames[: cut + 1]
     if not all(is_library(f.file, roots) for f in frames):
         return locate(frames, roots, cwd)
-    for f in reversed(frames):
-        if f.function in WRAPPERS or _plumbing(f.file) or f.file.startswith("<") or _bootstrap(f):
-            continue
-        return "", f.function, f.function, package_of(f.file, roots)
-    return "", "", "", ""
+    outer = next((f for f in reversed(frames) if not _skipped(f) and not _bootstrap(f)), None)
+    return ("", outer.function, outer.function, package_of(outer.file, roots)) if outer else ("", "", "", "")
 
 
 def display_path(path: str, cwd: str) -> str:
     """``path`` relative to the rank's working directory when inside it."""
-    if cwd and os.path.isabs(path):
-        try:
-            rel = os.path.relpath(path, cwd)
-        except ValueError:
-            return path
-        if not rel.startswith(".."):
-            return rel
+    if cwd and os.path.isabs(path) and not (rel := os.path.relpath(path, cwd)).startswith(".."):
+        return rel
     return path
 
 

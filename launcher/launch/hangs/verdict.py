@@ -26,11 +26,6 @@ def read_beats(state: Path) -> dict[int, dict[str, Any]]:
     return {k: b for k, b in beats.items() if b.get("group", 0) == latest}
 
 
-def catches(pid: int, signum: int) -> bool:
-    """Whether ``pid`` has a handler for ``signum`` (SigCgt): a dump signal never kills a rank that lacks one."""
-    return bool(procfs.caught_signals(pid) >> (signum - 1) & 1)
-
-
 def exit_code(state: Path, local_rank: int, group: int) -> int | None:
     """The code a rank's script ended with (the ledger's ``exit.<local rank>``), if it recorded one."""
     try:

@@ -66,7 +66,7 @@ class HangWatch:
         self.stop_written = threading.Event()
         self._stop_taken = False
         self._stop_lock = threading.Lock()
-        self.reports: list[list[str]] = []
+        self._reports = 0
 
     @property
     def pending(self) -> bool:
@@ -117,12 +117,7 @@ class HangWatch:
             ex.publish(summary)
             stop = ex.stopping()
             if stop is not None and int(str(stop["by"])) != summary.node:
-                self.hold()
-                freeze(beats)
-                ex.ack()
-                self._await_acks(ex, summary.nodes)  # the store (on any node) stays up until every node knows
-                self.request_stop(EXIT_HANG, str(stop["message"]))
-                self.done = True
+                self._stop(beats, str(stop["message"]), ex, summary.nodes, RollCallKeys.ack)
                 return
             self._answer_asks(ex, beats, summary.node)
         for r in requests:
@@ -160,11 +155,11 @@ class HangWatch:
                 break
             self._answer_asks(ex, beats, summary.node)  # another node may be calling the roll meanwhile
             time.sleep(0.2)
-        missing = [n for n in range(summary.nodes) if n not in got]
-        calls = [got[n] for n in sorted(got)]
-        for n in missing:
-            calls.append(NodeCall(n, "", (), "(no answer)", f"node {n} did not answer within {ANSWER_WAIT_S:g} s"))
-        return calls
+        return [got[n] for n in sorted(got)] + [
+            NodeCall(n, "", (), "(no answer)", f"node {n} did not answer within {ANSWER_WAIT_S:g} s")
+            for n in range(summary.nodes)
+            if n not in got
+        ]
 
     def _report(self, verdict: HangVerdict, beats: Beats, summary: HangSummary, ex: RollCallKeys | None) -> None:
         calls = self._call("hang", beats, summary, ex)
@@ -174,44 +169,48 @@ class HangWatch:
             f"an optimizer step ({p.source} {p.timeout_s:g})"
         )
         text = render(calls, header=[first])
-        n = len(self.reports) + 1
-        kept = self.keep / f"rollcall.{n}.txt"
+        self._reports += 1
+        kept = self.keep / f"rollcall.{self._reports}.txt"
         if self.notes.write(kept, "".join(f"{line}\n" for line in text), what="the roll-call is on stderr only"):
             text.append(f"this roll-call: {kept}")
-        if p.action is OnHang.STOP:
-            self.reports.append(text)
-            self.say(text)
-            self.hold()
-            freeze(beats)
-            message = (
-                f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
-                f"stopped it (--on-hang stop, {self.ending})"
+        if p.action is not OnHang.STOP:
+            text.append(
+                "the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
+                f"--on-hang stop would end it ({self.ending})"
             )
-            if ex is not None:
-                ex.stop(
+        self.say(text)
+        if p.action is OnHang.STOP:
+            self._stop(
+                beats,
+                f"the job made no progress for {verdict.quiet_s:.0f} s ({p.source} {p.timeout_s:g}): "
+                f"stopped it (--on-hang stop, {self.ending})",
+                ex,
+                summary.nodes,
+                lambda keys: keys.stop(
                     f"node {summary.node} found the job hung ({p.source} {p.timeout_s:g}; the roll-call is on its "
                     f"stderr): stopped it (--on-hang stop, {self.ending})",
                     summary.node,
-                )
-                self._await_acks(ex, summary.nodes)
-            self.request_stop(EXIT_HANG, message)
-            self.done = True
-            return
-        text.append(
-            "the job keeps running (--on-hang report): 'numarun stacks' shows where the ranks are now, "
-            f"--on-hang stop would end it ({self.ending})"
-        )
-        self.reports.append(text)
-        self.say(text)
+                ),
+            )
 
-    @staticmethod
-    def _await_acks(ex: RollCallKeys, nodes: int) -> None:
-        deadline = time.monotonic() + STOP_ACK_WAIT_S
-        while time.monotonic() < deadline:
-            acks = ex.acks()
-            if acks is None or acks >= nodes - 1:  # None: a node that already ended took the store with it
-                return
-            time.sleep(0.2)
+    def _stop(
+        self, beats: Beats, message: str, ex: RollCallKeys | None, nodes: int, mark: Callable[[RollCallKeys], object]
+    ) -> None:
+        """``--on-hang stop`` on this node: the supervisor told a stop is coming, the ranks frozen, the store marked
+        (``mark``: this node's stop, or its acknowledgement of another's) and kept up until every node knows, then
+        the job ended with ``message``."""
+        self.hold()
+        freeze(beats)
+        if ex is not None:
+            mark(ex)
+            deadline = time.monotonic() + STOP_ACK_WAIT_S
+            while time.monotonic() < deadline:
+                acks = ex.acks()
+                if acks is None or acks >= nodes - 1:  # None: a node that already ended took the store with it
+                    break
+                time.sleep(0.2)
+        self.request_stop(EXIT_HANG, message)
+        self.done = True
 
     def _answer_request(self, request: str, view: tuple[Any, HangSummary, RollCallKeys | None] | None) -> None:
         """A ``numarun stacks`` request ``<id> <full>``: the roll-call in ``stacks.<id>.txt``."""
