@@ -126,6 +126,7 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
 
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
 
     rank = _env_int("RANK")
     world_size = _env_int("WORLD_SIZE")
@@ -142,24 +143,20 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
         backend = "nccl" if cuda_index is not None else "gloo"
     if backend not in ("nccl", "gloo", "mpi", "ucc", "xccl") and ":" not in backend:
         raise DistInitError(expected(backend, "nccl, gloo (or another torch.distributed backend name)", "backend"))
+    if backend == "nccl" and cuda_index is None:
+        raise DistInitError(f"bad backend 'nccl' for local rank {local_rank}: it has no GPU; expected backend='gloo'")
+    device = torch.device("cpu") if cuda_index is None else torch.device("cuda", cuda_index)
     if cuda_index is not None:
         torch.cuda.set_device(cuda_index)
-        device = torch.device("cuda", cuda_index)
-    else:
-        device = torch.device("cpu")
-    if backend == "nccl" and device.type != "cuda":
-        raise DistInitError(f"bad backend 'nccl' for local rank {local_rank}: it has no GPU; expected backend='gloo'")
 
     if not dist.is_initialized():
-        kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        if device.type == "cuda":
-            kwargs["device_id"] = device
-        store = restart_store(os.environ, world_size=world_size, timeout=timeout)
-        if store is not None:
-            kwargs["store"] = store
-        dist.init_process_group(**kwargs)
+        options = {
+            "timeout": timeout,
+            "device_id": device if device.type == "cuda" else None,
+            "store": restart_store(os.environ, world_size=world_size, timeout=timeout),
+        }
+        given = {k: v for k, v in options.items() if v is not None}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **given)
     elif dist.get_rank() != rank or dist.get_world_size() != world_size:
         raise DistInitError(
             f"bad process group: rank {dist.get_rank()}/{dist.get_world_size()} already initialised, "
@@ -188,11 +185,12 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
             )
     me = layout.places[rank]
     mesh_layout = job_layout(declared, world_size=world_size, node_sizes=layout.node_sizes)
-    groups = create_groups(layout, rank)
-    if mesh_layout is not None:
-        mesh = _make_layout_mesh(mesh_layout, device) if build_mesh else None
-    else:
-        mesh = _make_mesh(layout, groups.intra, groups.inter, device) if build_mesh and layout.uniform else None
+    intra, inter = create_groups(layout, rank)
+    mesh = None
+    if build_mesh and mesh_layout is not None:  # public torch API: the contiguous row-major mesh over the names
+        mesh = init_device_mesh(device.type, mesh_layout.shape, mesh_dim_names=mesh_layout.names)
+    elif build_mesh and layout.uniform:
+        mesh = _make_mesh(layout, intra, inter, device)
     if not layout.uniform:
         log.warning(
             "nodes run %s ranks: flat collectives only (no inter-node groups, no device mesh)", layout.node_sizes
@@ -208,8 +206,8 @@ def init(backend: str | None = None, *, timeout: timedelta | None = None, build_
         device=device,
         binding=binding,
         layout=layout,
-        intra_group=groups.intra,
-        inter_group=groups.inter,
+        intra_group=intra,
+        inter_group=inter,
         mesh=mesh,
         mesh_layout=mesh_layout,
     )
@@ -241,13 +239,6 @@ def job_layout(declared: Layout | None, *, world_size: int, node_sizes: tuple[in
     resolved = declared.resolved(world_size)
     node_cut(resolved, node_sizes[0])
     return resolved
-
-
-def _make_layout_mesh(layout: Layout, device: torch.device) -> Any:
-    """The layout's DeviceMesh, with public torch API: the contiguous row-major mesh over the declared names."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(device.type, layout.shape, mesh_dim_names=layout.names)
 
 
 def _make_mesh(layout: GroupLayout, intra: Any, inter: Any, device: torch.device) -> Any:

@@ -89,36 +89,21 @@ def layout_from_places(places: Sequence[RankOnNode] | Sequence[tuple[int, int]])
         if locals_ != list(range(len(locals_))):
             raise HierarchyError(f"bad local ranks {locals_} on node {n}: expected 0..{len(locals_) - 1}")
         intra.append(tuple(by_node[n][i] for i in locals_))
-    sizes = {len(r) for r in intra}
-    inter: tuple[tuple[int, ...], ...] = ()
-    if len(sizes) == 1:
-        g = sizes.pop()
-        inter = tuple(tuple(intra[n][i] for n in range(len(intra))) for i in range(g))
+    inter = tuple(zip(*intra)) if len({len(r) for r in intra}) == 1 else ()  # per local rank, by node rank
     return GroupLayout(places=norm, intra=tuple(intra), inter=inter)
 
 
-@dataclass(frozen=True, eq=False)
-class HierarchicalGroups:
-    """This rank's groups (None where the job shape does not allow them)."""
-
-    intra: dist.ProcessGroup | None
-    inter: dist.ProcessGroup | None
-
-
-def create_groups(layout: GroupLayout, rank: int) -> HierarchicalGroups:
-    """Collective: create all intra groups, then (uniform jobs) all inter groups, on every rank."""
+def create_groups(layout: GroupLayout, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """Collective: create all intra groups, then (uniform jobs) all inter groups, on every rank; returns this rank's
+    (intra, inter) groups (None where the job shape does not allow them)."""
     import torch.distributed as dist
 
-    mine_intra: Any = None
-    mine_inter: Any = None
-    for n, ranks in enumerate(layout.intra):
-        g = dist.new_group(list(ranks), group_desc=f"numarun_intra_{n}")
-        if rank in ranks:
-            mine_intra = g
-    for i, ranks in enumerate(layout.inter):
-        g = dist.new_group(list(ranks), group_desc=f"numarun_inter_{i}")
-        if rank in ranks:
-            mine_inter = g
+    mine: dict[str, Any] = {"intra": None, "inter": None}
+    for kind, lists in (("intra", layout.intra), ("inter", layout.inter)):
+        for i, ranks in enumerate(lists):
+            g = dist.new_group(list(ranks), group_desc=f"numarun_{kind}_{i}")
+            if rank in ranks:
+                mine[kind] = g
     if not layout.uniform:
         log.info("nodes run %s ranks: no inter-node groups, hierarchical all-reduce unavailable", layout.node_sizes)
-    return HierarchicalGroups(intra=mine_intra, inter=mine_inter)
+    return mine["intra"], mine["inter"]

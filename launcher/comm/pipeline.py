@@ -128,7 +128,7 @@ def _finish(landed: deque[PipelineJob], *, block: bool) -> None:
     """Complete the jobs whose all-gathers have finished (all with ``block``), in order, as DDP expects."""
     while landed:
         job = landed[0]
-        if not block and not all(_completed(w) for w in job.gathers):
+        if not block and not all(w is None or w.is_completed() for w in job.gathers):
             return
         for w in job.gathers:
             _wait(w)
@@ -147,12 +147,9 @@ ONE_TENSOR_CROSSING = 2  # chunks on the link at once: one starts while the othe
 def one_shot(full: torch.Tensor, steps: Steps, forms: coll.TensorForms) -> None:
     """The three steps on the whole (padded) tensor in turn, with fallbacks; records in ``forms`` what the backend
     showed."""
-    import torch
-
     ctx = steps.context
     g = ctx.local_world_size
-    shard = torch.empty(full.numel() // g, dtype=full.dtype, device=full.device) if g > 1 else full
-    c = Chunk(PipelineJob(full, full), full, shard)
+    c = next(chunks_of(PipelineJob(full, full), full.numel(), g))  # one chunk: the whole tensor
     if g > 1:
         coll.reduce_scatter(c.shard, c.data, steps.op, ctx.intra_group, forms)
     _wait(steps.cross(c))
@@ -179,10 +176,6 @@ def reduce_flat(flat: torch.Tensor, steps: Steps, *, forms: coll.TensorForms, ch
             prefetch=ONE_TENSOR_PREFETCH,
             crossing=ONE_TENSOR_CROSSING,
         )
-
-
-def _completed(work: Any) -> bool:
-    return work is None or bool(work.is_completed())
 
 
 def _wait(work: Any) -> None:

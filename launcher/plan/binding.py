@@ -118,9 +118,11 @@ def make_plan(topology: Topology, request: PlanRequest) -> LaunchPlan:
         | {k for c in nics if c is not None for k, _ in c.env}
         | ({nccl.variable} if nccl else set())
     )
-    for var in ("OMP_NUM_THREADS", *NIC_VARIABLES):
-        if var in wanted and var in user_env:
-            warnings.append(f"{var} is set by the user ({user_env[var]!r}): the plan's value is not applied")
+    warnings += [
+        f"{var} is set by the user ({user_env[var]!r}): the plan's value is not applied"
+        for var in ("OMP_NUM_THREADS", *NIC_VARIABLES)
+        if var in wanted and var in user_env
+    ]
     if nccl is not None and nccl.variable in user_env:
         nccl = None
     node_env = ((nccl.variable, nccl.value),) if nccl is not None else ()
@@ -175,8 +177,6 @@ def _spread_cpu_ranks(
 ) -> list[int]:
     """Home node of each CPU-only rank: contiguous blocks in node order, in proportion to each node's usable
     physical cores (largest remainder), so a node cut down by a cgroup gets fewer ranks."""
-    if not cpu_nodes:
-        return []
     cores = {n: len({by_id[c].core_key for c in node_cpus[n]}) for n in cpu_nodes}
     total = sum(cores.values())
     exact = {n: nproc * cores[n] / total for n in cpu_nodes}
@@ -193,9 +193,7 @@ def _gpu_position(topology: Topology, positions: dict[int, int], gpu: Gpu) -> in
 
 
 def _nearest_cpu_node(topology: Topology, node: int, cpu_nodes: Sequence[int]) -> int | None:
-    if not cpu_nodes:
-        return None
-    return min(cpu_nodes, key=lambda n: (topology.node_distance(node, n), n))
+    return min(cpu_nodes, key=lambda n: (topology.node_distance(node, n), n), default=None)
 
 
 def _place_gpu_rank(
@@ -246,10 +244,7 @@ def _resolve_overlapping_pools(
 ) -> None:
     """Keep CPU sets disjoint: a pool that shares CPUs with another group has its ranks join NUMA nodes one by one,
     each the pool's node with the most usable cores per rank, so that every group owns whole nodes."""
-    homed: set[int] = set()
-    for r in ranks:
-        if r.home != _POOL:
-            homed.update(node_cpus[r.home])
+    homed = {c for r in ranks if r.home != _POOL for c in node_cpus[r.home]}
     pools = list(dict.fromkeys(r.pool for r in ranks if r.home == _POOL))
     clash = {
         pool
@@ -290,11 +285,10 @@ def _is_memory_only(topology: Topology, node: int) -> bool:
 
 def _cores(by_id: dict[int, Cpu], cpus: Sequence[int]) -> list[Core]:
     """Usable CPUs grouped by physical core, cores in package/LLC/id order."""
-    cpuset = set(cpus)
     seen: dict[tuple[int, ...], list[int]] = {}
     for cid in cpus:
         seen.setdefault(by_id[cid].core_key, []).append(cid)
-    cores = [tuple(sorted(v)) for v in seen.values() if cpuset.intersection(v)]
+    cores = [tuple(sorted(v)) for v in seen.values()]
 
     def key(core: Core) -> tuple[int, ...]:
         c = by_id[core[0]]
@@ -306,12 +300,7 @@ def _cores(by_id: dict[int, Cpu], cpus: Sequence[int]) -> list[Core]:
 def _split(cores: list[Core], k: int) -> list[list[Core]]:
     """k contiguous runs of cores whose sizes differ by at most one."""
     q, rem = divmod(len(cores), k)
-    out, start = [], 0
-    for i in range(k):
-        n = q + (1 if i < rem else 0)
-        out.append(cores[start : start + n])
-        start += n
-    return out
+    return [cores[i * q + min(i, rem) : (i + 1) * q + min(i + 1, rem)] for i in range(k)]
 
 
 def _assign(
@@ -361,9 +350,7 @@ def _cpu_side_node(by_id: dict[int, Cpu], r: _Rank) -> int:
     if r.home != _POOL:
         return r.home
     counts = Counter(by_id[c].numa_node for c in r.cpus if by_id[c].numa_node >= 0)
-    if not counts:
-        return -1
-    return min(counts, key=lambda n: (-counts[n], n))
+    return min(counts, key=lambda n: (-counts[n], n), default=-1)
 
 
 def _mems(
@@ -377,7 +364,7 @@ def _mems(
         kept = [n for n in nodes if n in allowed]
         if not kept and nodes:
             cands = sorted(a for a in allowed if not _is_memory_only(topology, a))
-            near = _nearest_cpu_node(topology, nodes[0], cands) if cands else None
+            near = _nearest_cpu_node(topology, nodes[0], cands)
             if near is not None:
                 r.fallback.append(f"memory node {nodes[0]} is not allowed: using nearest allowed node {near}")
                 kept = [near]

@@ -116,16 +116,14 @@ def plan_mesh(
     today = tuple(range(nproc))
     warnings: list[str] = []
     links = gpu_links(topology)
-    if not gpus:
+    if not gpus or request.keep_gpus:
         placed = Placement(today, (), (), True, 0)
-        search = "-"
-    elif request.keep_gpus:
-        placed = Placement(today, (), (), True, 0)
-        search = "kept: the scheduler gives each task its own GPU"
-        warnings.append(
-            f"{spec.where} {spec.text}: the scheduler gives each task its own GPU, so the layout keeps "
-            "its GPUs (start one task per node for numarun to place it)"
-        )
+        search = "kept: the scheduler gives each task its own GPU" if gpus else "-"
+        if gpus:
+            warnings.append(
+                f"{spec.where} {spec.text}: the scheduler gives each task its own GPU, so the layout keeps "
+                "its GPUs (start one task per node for numarun to place it)"
+            )
     else:
         classes = link_classes(links.classes, positions)
         placed = place(mesh, classes, topology_order=_topology_order(topology, positions, links))
@@ -139,19 +137,12 @@ def plan_mesh(
     dims = []
     for i, name in enumerate(layout.names):
         size = -1 if nnodes == 0 and spec.shape[i] == -1 else layout.shape[i]
-        if name in in_node:
-            groups = mesh_groups(sub_shape, in_node.index(name))
-            if name == cut.split:
-                reach, got, default = "split", (NETWORK,) * len(groups), (NETWORK,) * len(groups)
-            elif gpus:
-                reach = "node"
-                got = tuple(_slowest(order, g, positions, links) for g in groups)
-                default = tuple(_slowest(today, g, positions, links) for g in groups)
-            else:
-                reach, got, default = "node", ("-",) * len(groups), ("-",) * len(groups)
+        groups = mesh_groups(sub_shape, in_node.index(name)) if name in in_node else tuple((r,) for r in range(nproc))
+        reach = "nodes" if name not in in_node else "split" if name == cut.split else "node"
+        if reach == "node" and gpus:
+            got, default = (tuple(_slowest(o, g, positions, links) for g in groups) for o in (order, today))
         else:
-            groups = tuple((r,) for r in range(nproc))
-            reach, got, default = "nodes", (NETWORK,) * len(groups), (NETWORK,) * len(groups)
+            got = default = (NETWORK if reach != "node" else "-",) * len(groups)
         dims.append(MeshDim(name, size, reach, groups, got, default))
     if gpus and scored and not request.keep_gpus:
         first = in_node[scored[0]]

@@ -73,7 +73,6 @@ def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
     """
     if not gpu_ranks:
         return None
-    usable = usable_nics(topology)
     all_rdma = [n for n in topology.nics if n.rdma and not _is_loopback(n)]
     compute = compute_nics(topology)
     if compute:
@@ -83,7 +82,7 @@ def nccl_nics(topology: Topology, *, gpu_ranks: bool) -> NcclNics | None:
         return NcclNics(variable="NCCL_IB_HCA", nics=names, value="=" + ",".join(names))
     if all_rdma and any(n.port_up for n in all_rdma):
         return None  # RDMA NICs exist but none is closer than another: leave NCCL's own choice
-    eth = [(pos, n) for pos, n in usable if n.kind is NicKind.ETHERNET]
+    eth = [(pos, n) for pos, n in usable_nics(topology) if n.kind is NicKind.ETHERNET]
     all_eth = [n for n in topology.nics if n.kind is NicKind.ETHERNET and not _is_loopback(n)]
     chosen = [n for _, n in _closest_class(topology, eth)]
     if not chosen or [n.name for n in chosen] == [n.name for n in all_eth]:
@@ -141,10 +140,7 @@ def choose_nics(
                 if link_rank(code) == _UNKNOWN and not same:
                     continue
                 scored.append(((link_rank(code), 0 if same else 1), pos, n))
-            if not scored:
-                out.append(None)
-                continue
-            best = min(s for s, _, _ in scored)
+            best = min((s for s, _, _ in scored), default=None)
             cands = [(0, pos, n) for s, pos, n in scored if s == best]
         if not cands:
             out.append(None)

@@ -60,18 +60,6 @@ class Placement:
     steps: int
 
 
-def score_of(mesh: SubMesh, classes: Sequence[Sequence[int]], order: Sequence[int]) -> Score:
-    """The objective's value of ``order`` (``classes[i][j]``: the link class of visible GPUs ``i`` and ``j``)."""
-    out = []
-    for d in mesh.scored:
-        worst = []
-        for group in mesh.groups(d):
-            gpus = [order[r] for r in group]
-            worst.append(max((classes[a][b] for i, a in enumerate(gpus) for b in gpus[i + 1 :]), default=0))
-        out.append(tuple(sorted(worst, reverse=True)))
-    return tuple(out)
-
-
 class _Search:
     def __init__(self, mesh: SubMesh, classes: Sequence[Sequence[int]], budget: int | None) -> None:
         self.mesh, self.c, self.budget = mesh, classes, budget
@@ -98,6 +86,12 @@ class _Search:
         self.best_order: tuple[int, ...] = ()
         self.nearest = [min((classes[a][b] for b in range(self.n) if b != a), default=0) for a in range(self.n)]
 
+    def score(self, order: Sequence[int]) -> Score:
+        """The objective's value of ``order`` (``classes[i][j]``: the link class of visible GPUs ``i`` and ``j``):
+        the bound with every rank placed, which is exact."""
+        self.order = list(order)
+        return self.bound(len(order))
+
     def bound(self, depth: int) -> Score:
         """A lower bound of the score of every completion of ranks ``0..depth-1``'s GPUs."""
         free = [u for u in range(self.n) if not self.used[u]]
@@ -121,13 +115,13 @@ class _Search:
 
     def run(self, start: Sequence[int]) -> None:
         self.best_order = tuple(start)
-        self.best = score_of(self.mesh, self.c, start)
+        self.best = self.score(start)
         self._dfs(0)
 
     def _dfs(self, depth: int) -> None:
         g = self.mesh.ranks
         if depth == g:
-            s = score_of(self.mesh, self.c, self.order)
+            s = self.bound(depth)
             if s < self.best:
                 self.best, self.best_order = s, tuple(self.order)
             return
@@ -156,15 +150,15 @@ def place(mesh: SubMesh, classes: Sequence[Sequence[int]], *, topology_order: Se
     if n < g:
         raise ValueError(f"{g} ranks on {n} GPUs")
     today = tuple(range(g))
-    default = score_of(mesh, classes, today)
-    if not mesh.scored or g < 2:
-        return Placement(today, default, default, True, 0)
     exact = n <= EXACT_GPUS
     search = _Search(mesh, classes, None if exact else STEP_BUDGET)
+    default = search.score(today)
+    if not mesh.scored or g < 2:
+        return Placement(today, default, default, True, 0)
     start = today
     if not exact and topology_order:
         other = tuple(topology_order[:g])
-        if score_of(mesh, classes, other) < default:
+        if search.score(other) < default:
             start = other
     search.run(start)
     return Placement(search.best_order, search.best, default, not search.stopped, search.steps)

@@ -87,9 +87,8 @@ def counted(request: PlanRequest, topology: Topology) -> PlanRequest:
     word = request.nproc_per_node
     if not isinstance(word, str):
         return request
-    num_gpus = 0
-    if word in ("gpu", "auto"):
-        num_gpus = len(
+    num_gpus = (
+        len(
             visible_gpus(
                 topology,
                 request.cuda_visible_devices,
@@ -97,6 +96,9 @@ def counted(request: PlanRequest, topology: Topology) -> PlanRequest:
                 request.allowed_gpu_minors,
             )
         )
+        if word in ("gpu", "auto")
+        else 0
+    )
     xpus = _xpu_count() if word == "xpu" else 0
     return resolve_nproc(request, num_gpus, cpus=len(topology.usable_cpus) or cpu_count(), xpus=xpus)
 

@@ -8,6 +8,7 @@ already gave the task (:func:`narrow`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -74,13 +75,10 @@ def renumbered(cuda_visible: str | None, step_gpus: Sequence[int] | None) -> fro
 def own_gpu_refs(topology: Topology, own_minors: Iterable[int], cuda_visible: str | None) -> tuple[GpuRef, ...]:
     """The GPUs a task may open, as CUDA numbers them for it (its view is only those GPUs)."""
     view = pci_order(openable(tuple(topology.gpus), frozenset(own_minors)))
+    picked = list(view)
     if cuda_visible and cuda_visible.strip() not in ("", "-1"):
-        try:
+        with contextlib.suppress(ValueError, IndexError):
             picked = [view[int(e)] for e in cuda_visible.split(",")]
-        except (ValueError, IndexError):
-            picked = list(view)
-    else:
-        picked = list(view)
     return tuple(
         GpuRef(index=g.index, pci_bus_id=g.pci_bus_id, numa_node=g.numa_node, uuid=g.uuid, name=g.name, cuda_index=i)
         for i, g in enumerate(picked)

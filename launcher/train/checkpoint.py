@@ -62,19 +62,17 @@ def check_trusted(root: Path) -> None:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        why = ""
-        if stat.S_ISLNK(st.st_mode):
-            why = "it is a symbolic link"
-        elif st.st_uid not in (uid, 0):
-            why = f"it is owned by uid {st.st_uid}, not by this user ({uid}) or root"
-        elif st.st_mode & stat.S_IWOTH:
-            why = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-        if why:
-            raise CheckpointError(
-                f"bad checkpoint {str(path)!r}: {why}; a checkpoint is loaded as code, so it must be a real file or "
-                "directory owned by you (or root) and not writable by others (chmod o-w, or a private "
-                "trainer.checkpoint_dir)"
-            )
+        for broken, why in (
+            (stat.S_ISLNK(st.st_mode), "it is a symbolic link"),
+            (st.st_uid not in (uid, 0), f"it is owned by uid {st.st_uid}, not by this user ({uid}) or root"),
+            (st.st_mode & stat.S_IWOTH, f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"),
+        ):
+            if broken:
+                raise CheckpointError(
+                    f"bad checkpoint {str(path)!r}: {why}; a checkpoint is loaded as code, so it must be a real "
+                    "file or directory owned by you (or root) and not writable by others (chmod o-w, or a private "
+                    "trainer.checkpoint_dir)"
+                )
 
 
 def model_config(model_cfg: Any) -> dict[str, Any]:
@@ -312,18 +310,15 @@ def newest_verified(
     candidates = _candidates(root)
     distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
 
-    def most(values: list[int]) -> list[int]:
-        import torch
-
-        t = torch.tensor(values, dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [int(v) for v in t.tolist()]
-
     def agree(step: int, why: str) -> bool:
         """Whether any rank found damage; every rank must be looking at the same step of the same list
         (a refusal on every rank otherwise, never a rank left waiting)."""
+        import torch
+
         n = len(candidates)
-        got = most([1 if why else 0, n, -n, step, -step])
+        t = torch.tensor([1 if why else 0, n, -n, step, -step], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        got = t.tolist()
         if got[1] != -got[2] or got[3] != -got[4]:
             raise CheckpointError(
                 f"bad trainer.checkpoint_dir {str(root)!r}: the ranks see different checkpoints in it "
@@ -442,9 +437,9 @@ def save(root: Path, step: int, parts: Any, optimizers: Any, *, meta: dict[str, 
                 os.replace(final, old)
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
-    except (Exception, BaseException) as e:  # dcp's CheckpointException is a BaseException
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # dcp's CheckpointException is a BaseException
         failed = e
     # rank 0's part can fail alone (meta.json): the ranks agree instead of a barrier
     flag = torch.tensor(

@@ -46,10 +46,14 @@ def flops_per_sample(model: Any) -> float | None:
 
 def peak_flops(device_name: str, precision: str) -> float | None:
     """One GPU's dense peak FLOP/s for the trainer's precision, None for a GPU the table lacks."""
-    for name, bf16, tf32 in PEAK_TFLOPS:
-        if name in device_name:
-            return (bf16 if precision == Precision.BF16 else tf32) * 1e12
-    return None
+    return next(
+        (
+            (bf16 if precision == Precision.BF16 else tf32) * 1e12
+            for name, bf16, tf32 in PEAK_TFLOPS
+            if name in device_name
+        ),
+        None,
+    )
 
 
 def mfu(*, flops_per_step: float | None, step_s: float, ranks: int, peak: float | None) -> float | None:

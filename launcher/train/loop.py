@@ -7,6 +7,7 @@ checkpoint (``summary.json`` says ``"stopped_by": "SIGUSR1"``; a requeued job re
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -110,7 +111,6 @@ class Trainer:
         model = build_model(cfg.model)
         self.par: Parallelized = parallelize(model, ctx, cfg, layout, pipeline_plan)
         del model
-        self.layout = layout
         if t.compile:
             # each rank is bound to a few cores: inductor's pool of compile processes would
             # oversubscribe them (and was seen to hang in a sandboxed VM); compile in-process
@@ -166,15 +166,8 @@ class Trainer:
         return float(total) / self.par.loss_ranks, norm
 
     def _batches(self, loader: Any) -> Any:
-        it = iter(loader)
-        n = self.cfg.trainer.grad_accum
-        while True:
-            micro = []
-            for _ in range(n):
-                try:
-                    micro.append(next(it))
-                except StopIteration:
-                    return
+        it, n = iter(loader), self.cfg.trainer.grad_accum
+        while len(micro := list(itertools.islice(it, n))) == n:
             yield micro
 
     # -- batch size search -------------------------------------------------------------------
@@ -218,9 +211,7 @@ class Trainer:
                 self._zero_grad()
                 torch.cuda.empty_cache()
             peak = peak_memory_mb(self.ctx.device)
-            if limit is not None and peak > limit:
-                fits = False
-            flag = torch.tensor([1 if fits else 0], device=self.ctx.device)
+            flag = torch.tensor([int(fits and (limit is None or peak <= limit))], device=self.ctx.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # a size fits only if it fits on every rank
             fits = bool(flag.item())
             results.append(
@@ -287,8 +278,8 @@ class Trainer:
                 if self.rank == 0:
                     saved = meta.get("layout")
                     moved = (
-                        f"; saved with layout {saved}, resharded onto {self.layout.text}"
-                        if (saved and saved != self.layout.text)
+                        f"; saved with layout {saved}, resharded onto {self.par.layout.text}"
+                        if (saved and saved != self.par.layout.text)
                         else ""
                     )
                     print(f"resumed from {found[1]} (step {start_step}){moved}", flush=True)
@@ -344,7 +335,7 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "num_nodes": self.ctx.num_nodes,
                 "parallel": self.cfg.parallel.kind,
-                "layout": self.layout.text,
+                "layout": self.par.layout.text,
                 "pipeline": self.par.pipeline.plan.describe() if self.par.pipeline is not None else None,
                 "model": self.cfg.model.kind,
                 "samples_per_s_mean": sum(rates) / len(rates) if rates else None,
@@ -367,7 +358,7 @@ class Trainer:
         meta = {
             "world_size": self.ctx.world_size,
             "parallel": self.cfg.parallel.kind,
-            "layout": self.layout.text,
+            "layout": self.par.layout.text,
             "model": checkpoint.model_config(self.cfg.model),
         }
         checkpoint.save(self.ckpt_dir, step, self.par.parts, self.optimizers, meta=meta, rank=self.rank)
@@ -394,12 +385,14 @@ class Trainer:
         out = [torch.zeros_like(mine) for _ in range(self.ctx.world_size)]
         dist.all_gather(out, mine)
         rows = torch.stack(out).tolist()  # one copy to the host (one sync on a GPU), not one per rank
-        watched: dict[str, list[Any]] = {}
-        if all(r[4] for r in rows):  # {} when the watcher is off
-            watched = {
+        watched: dict[str, list[Any]] = (
+            {
                 "remote_memory_share": [None if r[2] < 0 else round(r[2], 4) for r in rows],
                 "threads_repaired": [int(r[3]) for r in rows],
             }
+            if all(r[4] for r in rows)
+            else {}  # the watcher is off
+        )
         return _Shared(
             stop=int(max(r[0] for r in rows)),
             peaks=[round(r[1], 1) for r in rows],

@@ -44,6 +44,7 @@ class Mlp(nn.Module):
     """The modules of the input layer (a pipeline's first stage holds them)."""
     OUTPUT = ("head",)
     """The modules of the output layer (the last stage's)."""
+    TP_STYLES = {"up": "col", "down": "row"}  # each block's modules split by tensor parallelism (parallel.tp_plan)
 
     def __init__(self, *, input_dim: int, hidden_dim: int, num_layers: int, num_classes: int) -> None:
         super().__init__()
@@ -105,6 +106,7 @@ class Gpt(nn.Module):
 
     INPUT = ("tok", "pos")
     OUTPUT = ("ln_f", "head")
+    TP_STYLES = {"attn.q": "col", "attn.k": "col", "attn.v": "col", "fc": "col", "attn.proj": "row", "fc_proj": "row"}
 
     def __init__(
         self, *, vocab_size: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, dropout: float

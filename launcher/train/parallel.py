@@ -11,6 +11,7 @@ both), then the stages handed to a ``torch.distributed.pipelining`` schedule. A 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -31,20 +32,12 @@ def tp_plan(model: nn.Module) -> dict[str, Any]:
     """Column/row-parallel styles for every block :mod:`numarun.train.models` a module (or stage) holds."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from .models import Gpt, Mlp
-
-    plan: dict[str, Any] = {}
-    if isinstance(model, Mlp):
-        for key in model.blocks:
-            plan[f"blocks.{key}.up"] = ColwiseParallel()
-            plan[f"blocks.{key}.down"] = RowwiseParallel()
-    elif isinstance(model, Gpt):
-        for key in model.blocks:
-            for name in ("attn.q", "attn.k", "attn.v", "fc"):
-                plan[f"blocks.{key}.{name}"] = ColwiseParallel()
-            for name in ("attn.proj", "fc_proj"):
-                plan[f"blocks.{key}.{name}"] = RowwiseParallel()
-    return plan
+    styles = {"col": ColwiseParallel, "row": RowwiseParallel}
+    return {
+        f"blocks.{key}.{name}": styles[style]()
+        for key in getattr(model, "blocks", {})
+        for name, style in getattr(type(model), "TP_STYLES", {}).items()
+    }
 
 
 def stage_module(model: nn.Module, blocks: Sequence[int], *, first: bool, last: bool) -> nn.Module:
@@ -72,14 +65,6 @@ class Pipeline:
     plan: PipelinePlan
     schedule: Any
     stage_indices: tuple[int, ...]
-
-    @property
-    def has_first(self) -> bool:
-        return 0 in self.stage_indices
-
-    @property
-    def has_last(self) -> bool:
-        return self.plan.num_stages - 1 in self.stage_indices
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,14 +98,13 @@ class Parallelized:
         *,
         scale: float,
         sync: bool,
-        autocast: AbstractContextManager[Any] | None = None,
+        autocast: AbstractContextManager[Any],
     ) -> torch.Tensor | None:
         """Forward and backward of one (accumulation) micro-batch, the loss scaled by ``scale`` before backward;
         ``sync``: the last micro-batch of the step (data-parallel gradients are reduced on it). Returns the scaled
         loss (detached) where this rank computes it, else None."""
         from .models import loss_fn
 
-        cast = autocast if autocast is not None else nullcontext()
         if self.pipeline is None:
             model = self.parts[0]
             guard: AbstractContextManager[Any] = nullcontext()
@@ -130,16 +114,17 @@ class Parallelized:
             elif hasattr(model, "set_requires_gradient_sync"):
                 getattr(model, "set_requires_gradient_sync")(sync)  # noqa: B009
             with guard:
-                with cast:
+                with autocast:
                     loss = loss_fn(model(x), y) * scale
                 loss.backward()
             return loss.detach()
         # the schedule computes the loss of each of its microbatches with loss_fn * scale (set at build)
         p = self.pipeline
-        losses: list[torch.Tensor] | None = [] if p.has_last else None
-        args = (x,) if p.has_first else ()
-        with cast:
-            p.schedule.step(*args, target=y if p.has_last else None, losses=losses)
+        has_last = p.plan.num_stages - 1 in p.stage_indices
+        losses: list[torch.Tensor] | None = [] if has_last else None
+        args = (x,) if 0 in p.stage_indices else ()  # the first stage takes the input
+        with autocast:
+            p.schedule.step(*args, target=y if has_last else None, losses=losses)
         if losses is None:
             return None
         return torch.stack([t.detach().float() for t in losses]).sum()
@@ -189,11 +174,15 @@ def parallelize(
         if dp_size > 1 and only_replicas:
             part = _ddp(part, ctx, cfg.comm)
         elif dp_size > 1:
-            _fully_shard(part, mesh["dp_replicate", "dp_shard"], bool(cfg.parallel.reshard_after_forward))
+            # FSDP2 on the 2D (dp_replicate, dp_shard) mesh: sharded over dp_shard, replicated over dp_replicate
+            # (either may be 1). Per block first, so that only one block's parameters are gathered at a time.
+            from torch.distributed.fsdp import fully_shard
+
+            dp_mesh, reshard = mesh["dp_replicate", "dp_shard"], bool(cfg.parallel.reshard_after_forward)
+            for block in [*getattr(part, "blocks", {}).values(), part]:
+                fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         wrapped.append(part)
-    pipeline = None
-    if pipeline_plan is not None:
-        pipeline = _pipeline(pipeline_plan, wrapped, indices, mesh, device, cfg)
+    pipeline = _pipeline(pipeline_plan, wrapped, indices, mesh, device, cfg) if pipeline_plan is not None else None
     log.info(
         "rank %d: layout %s at %s%s",
         rank,
@@ -228,16 +217,6 @@ def _ddp(model: nn.Module, ctx: Any, comm_cfg: Any) -> nn.Module:
     return ddp
 
 
-def _fully_shard(model: nn.Module, dp_mesh: Any, reshard: bool) -> None:
-    """FSDP2 on the 2D (dp_replicate, dp_shard) mesh: sharded over dp_shard, replicated over dp_replicate (either
-    may be 1). Per block first, so that only one block's parameters are gathered at a time."""
-    from torch.distributed.fsdp import fully_shard
-
-    for block in getattr(model, "blocks", {}).values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
-
-
 def _pipeline(
     plan: PipelinePlan, parts: list[nn.Module], indices: tuple[int, ...], mesh: Any, device: torch.device, cfg: Any
 ) -> Pipeline:
@@ -252,21 +231,19 @@ def _pipeline(
     )
     group = mesh["pp"].get_group()
     last = plan.num_stages - 1
-    stages = []
-    for part, s in zip(parts, indices, strict=True):
-        shapes = _shape_source(part)
-        # static shapes (both given): no metadata exchange before the first step
-        stages.append(
-            PipelineStage(
-                part,
-                s,
-                plan.num_stages,
-                device,
-                input_args=_example(shapes, "input" if s == 0 else "hidden", microbatch, device),
-                output_args=_example(shapes, "output" if s == last else "hidden", microbatch, device),
-                group=group,
-            )
+    # static shapes (both given): no metadata exchange before the first step
+    stages = [
+        PipelineStage(
+            part,
+            s,
+            plan.num_stages,
+            device,
+            input_args=_example(part, "input" if s == 0 else "hidden", microbatch, device),
+            output_args=_example(part, "output" if s == last else "hidden", microbatch, device),
+            group=group,
         )
+        for part, s in zip(parts, indices, strict=True)
+    ]
     scale = 1.0 / (plan.microbatches * t.grad_accum)  # a mean over the step's samples, as one rank's loss is
 
     def scaled_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -280,15 +257,11 @@ def _pipeline(
     return Pipeline(plan=plan, schedule=schedule, stage_indices=indices)
 
 
-def _example(model: Any, where: str, batch: int, device: torch.device) -> torch.Tensor:
-    t = model.example(where, batch).to(device)
+def _example(part: Any, where: str, batch: int, device: torch.device) -> torch.Tensor:
+    # the model whose ``example`` describes the stage's tensors (through an FSDP or DDP wrapper)
+    t = getattr(part, "module", part).example(where, batch).to(device)
     # the metadata records requires_grad: activations and outputs carry gradients back
     return t.requires_grad_(True) if t.is_floating_point() else t
-
-
-def _shape_source(part: nn.Module) -> Any:
-    """The model object whose ``example`` describes a stage's tensors (through an FSDP or DDP wrapper)."""
-    return getattr(part, "module", part)
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
@@ -302,23 +275,23 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> float:
     from torch.distributed.tensor import DTensor
 
     params = [p for p in par.parameters() if p.grad is not None]
-    stage_ranks = dist.get_world_size() // par.layout.size("pp") if dist.is_initialized() else 1
+    stage_ranks = dist.get_world_size() // par.layout.size("pp")
     device = params[0].grad.device if params and params[0].grad is not None else torch.device("cpu")
     local = torch.zeros((), dtype=torch.float64, device=device)
     for p in params:
         g = p.grad
         assert g is not None  # params holds only parameters with a gradient
         if isinstance(g, DTensor):
-            sharded = 1
-            for size, placement in zip(g.device_mesh.shape, g.placements, strict=True):
-                # Shard or FSDP2's _StridedShard over a TP shard (not a Shard subclass, is_shard() False)
-                if not (placement.is_replicate() or placement.is_partial()):
-                    sharded *= size
+            # Shard or FSDP2's _StridedShard over a TP shard (not a Shard subclass, is_shard() False)
+            sharded = math.prod(
+                size
+                for size, placement in zip(g.device_mesh.shape, g.placements, strict=True)
+                if not (placement.is_replicate() or placement.is_partial())
+            )
             local += g.to_local().double().pow(2).sum() * (sharded / stage_ranks)
         else:
             local += g.double().pow(2).sum() / stage_ranks
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(local)
+    dist.all_reduce(local)
     total = float(local.sqrt())
     if 0 < max_norm < total:
         factor = max_norm / (total + 1e-6)

@@ -32,9 +32,7 @@ log = logging.getLogger(__name__)
 def check_writable_dir(path: Path, *, what: str) -> None:
     """``path`` is, or can be created as, a directory this process can write; creates nothing."""
     probe = path
-    while not probe.exists() and not probe.is_symlink():
-        if probe.parent == probe:
-            break
+    while not probe.exists() and not probe.is_symlink() and probe.parent != probe:
         probe = probe.parent
     if probe == path and path.is_symlink():
         raise ConfigError(f"bad {what} {str(path)!r}: it is a symbolic link; expected a real directory")
@@ -131,12 +129,14 @@ def planned_tensors(cfg: Any) -> tuple[dict[str, tuple[int, ...]], str]:
     probe.grad = torch.ones_like(probe)
     opt.step()
     state = {k: v for k, v in opt.state[probe].items() if isinstance(v, torch.Tensor)}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            for key, value in state.items():
-                wanted[f"optim.state.{name}.{key}"] = (
-                    tuple(p.shape) if value.shape == probe.shape else tuple(value.shape)
-                )
+    wanted.update(
+        {
+            f"optim.state.{name}.{key}": tuple(p.shape) if value.shape == probe.shape else tuple(value.shape)
+            for name, p in model.named_parameters()
+            if p.requires_grad
+            for key, value in state.items()
+        }
+    )
     return wanted, type(opt).__name__
 
 
@@ -226,29 +226,43 @@ def _check_read(cfg: Any, layout: Layout, *, only_replicas: bool) -> None:
         if schedule != ParallelConfig.pp_schedule:
             raise refuse("parallel.pp_schedule", p.pp_schedule, stages, "parallel.pp > 1, or no parallel.pp_schedule")
     ddp = layout.dp > 1 and only_replicas
-    if not p.reshard_after_forward and not (layout.dp > 1 and not only_replicas):
-        raise refuse(
+    flat = c.allreduce == CommMode.FLAT.value
+    ddp_only = "DDP's, and no DDP runs here (it does over 2 or more replicas and nothing else: parallel=ddp)"
+    hierarchical_only = "it is the hierarchical all-reduce's (comm=hierarchical)"
+    for broken, key, value, why, wanted in (  # in order: the first broken rule is named
+        (
+            not p.reshard_after_forward and not (layout.dp > 1 and not only_replicas),
             "parallel.reshard_after_forward",
             False,
             "FSDP2 shards nothing here (it does with several data-parallel ranks beside pp, tp or dp_shard)",
             "a sharded layout (parallel=fsdp, parallel=hsdp), or no parallel.reshard_after_forward",
-        )
-    if not ddp:
-        what = "DDP's, and no DDP runs here (it does over 2 or more replicas and nothing else: parallel=ddp)"
-        if c.bucket_mb is not None:
-            raise refuse("comm.bucket_mb", c.bucket_mb, what, "parallel=ddp over 2 or more ranks, or no comm.bucket_mb")
-        if parse_compression(c.compression) is not Compression.NONE:
-            raise refuse(
-                "comm.compression", c.compression, what, "parallel=ddp over 2 or more ranks, or no comm.compression"
-            )
-        if c.allreduce != CommMode.FLAT.value:
-            raise refuse("comm.allreduce", c.allreduce, what, "flat")
-    if c.allreduce == CommMode.FLAT.value:
-        what = "it is the hierarchical all-reduce's (comm=hierarchical)"
-        if c.chunk_mb is not None:
-            raise refuse("comm.chunk_mb", c.chunk_mb, what, "comm=hierarchical, or no comm.chunk_mb")
-        if not c.overlap:
-            raise refuse("comm.overlap", False, what, "comm=hierarchical, or no comm.overlap")
+        ),
+        (
+            not ddp and c.bucket_mb is not None,
+            "comm.bucket_mb",
+            c.bucket_mb,
+            ddp_only,
+            "parallel=ddp over 2 or more ranks, or no comm.bucket_mb",
+        ),
+        (
+            not ddp and parse_compression(c.compression) is not Compression.NONE,
+            "comm.compression",
+            c.compression,
+            ddp_only,
+            "parallel=ddp over 2 or more ranks, or no comm.compression",
+        ),
+        (not ddp and not flat, "comm.allreduce", c.allreduce, ddp_only, "flat"),
+        (
+            flat and c.chunk_mb is not None,
+            "comm.chunk_mb",
+            c.chunk_mb,
+            hierarchical_only,
+            "comm=hierarchical, or no comm.chunk_mb",
+        ),
+        (flat and not c.overlap, "comm.overlap", False, hierarchical_only, "comm=hierarchical, or no comm.overlap"),
+    ):
+        if broken:
+            raise refuse(key, value, why, wanted)
 
 
 def check_launch_layout(cfg: Any, *, nnodes: NodeRange, nproc_per_node: int) -> Layout | None:

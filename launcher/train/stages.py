@@ -100,18 +100,15 @@ class PipelinePlan:
 
 def even_split(n_layers: int, num_stages: int) -> tuple[int, ...]:
     """Blocks per stage for ``n_layers`` blocks and the input and output layers, over ``num_stages`` stages."""
-    total = n_layers + 2
-    per, extra = divmod(total, num_stages)
+    per, extra = divmod(n_layers + 2, num_stages)
     sizes = [per] * num_stages
     # the remainder to the middle stages first, then the first stage (its embedding is a cheap layer): the
     # last stage, which also computes the head and the loss, never gets one
-    order = list(range(1, num_stages - 1)) + [0]
-    for s in order[:extra]:
+    for s in [*range(1, num_stages - 1), 0][:extra]:
         sizes[s] += 1
-    blocks = list(sizes)
-    blocks[0] -= 1
-    blocks[-1] -= 1
-    return tuple(blocks)
+    sizes[0] -= 1  # the input and output layers are not blocks
+    sizes[-1] -= 1
+    return tuple(sizes)
 
 
 def plan_pipeline(
@@ -127,25 +124,22 @@ def plan_pipeline(
     spr = parallel_cfg.pp_stages_per_rank
     if spr is None:
         spr = 1 if single else 2
-    if single and spr != 1:
-        raise LayoutError(
-            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a single-stage "
-            "schedule holds 1 stage per rank; expected 1, or a looped schedule "
+    for broken, why in (
+        (
+            single and spr != 1,
+            "a single-stage schedule holds 1 stage per rank; expected 1, or a looped schedule "
             f"({', '.join(n for n in accepted_schedules() if n not in _SINGLE)})",
-            where=TRAINER_LAYOUT,
-        )
-    if not single and spr < 2:
-        raise LayoutError(
-            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a looped schedule "
-            "holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)",
-            where=TRAINER_LAYOUT,
-        )
-    if name in _V_STYLE and spr != 2:
-        raise LayoutError(
-            f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: a V schedule "
-            "holds exactly 2 stages per rank; expected 2",
-            where=TRAINER_LAYOUT,
-        )
+        ),
+        (
+            not single and spr < 2,
+            "a looped schedule holds several stages per rank; expected 2 or more (or parallel.pp_schedule=1F1B/GPipe)",
+        ),
+        (name in _V_STYLE and spr != 2, "a V schedule holds exactly 2 stages per rank; expected 2"),
+    ):
+        if broken:
+            raise LayoutError(
+                f"bad parallel.pp_stages_per_rank {spr} with parallel.pp_schedule={name}: {why}", where=TRAINER_LAYOUT
+            )
     stages = pp * spr
     if parallel_cfg.pp_split is not None:
         split = tuple(int(n) for n in parallel_cfg.pp_split)
@@ -171,31 +165,31 @@ def plan_pipeline(
         split = even_split(n_layers, stages)
     mb = parallel_cfg.pp_microbatches
     mb = stages if mb is None else int(mb)
-    if name in _MB_AT_LEAST_STAGES and mb < stages:
-        raise LayoutError(
+    rounds = max(1, mb // pp)
+    for broken, text in (  # in order: the first broken rule is named
+        (
+            name in _MB_AT_LEAST_STAGES and mb < stages,
             f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: {stages} stages; "
             f"expected at least as many microbatches as stages ({stages})",
-            where=TRAINER_LAYOUT,
-        )
-    if name in _MB_ROUNDS and mb % max(1, mb // pp):
-        rounds = max(1, mb // pp)
-        raise LayoutError(
+        ),
+        (
+            name in _MB_ROUNDS and mb % rounds,
             f"bad parallel.pp_microbatches {mb} with parallel.pp_schedule={name}: it runs {rounds} rounds "
             f"of max(1, microbatches // pp={pp}); expected a multiple of the rounds, e.g. "
             f"{pp * rounds} or {pp}",
-            where=TRAINER_LAYOUT,
-        )
-    if local_batch is None:
-        raise LayoutError(
+        ),
+        (
+            local_batch is None,
             "bad trainer.batch_size 'auto' with parallel.pp > 1: pipeline stages are built for one "
             "microbatch shape; expected an integer trainer.batch_size",
-            where=TRAINER_LAYOUT,
-        )
-    if local_batch % mb:
-        raise LayoutError(
+        ),
+        (
+            local_batch is not None and local_batch % mb,
             f"bad parallel.pp_microbatches {mb}: a data-parallel rank's batch of {local_batch} samples "
             f"(trainer.batch_size / (dp_replicate x dp_shard x trainer.grad_accum)) is not divisible by "
             f"it; expected a divisor of {local_batch}",
-            where=TRAINER_LAYOUT,
-        )
+        ),
+    ):
+        if broken:
+            raise LayoutError(text, where=TRAINER_LAYOUT)
     return PipelinePlan(schedule=name, pp=pp, stages_per_rank=spr, microbatches=mb, split=split)
