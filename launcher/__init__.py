@@ -7,27 +7,21 @@ thing each: docs/glossary.md.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.2.0"
 __all__ = ["init", "hierarchical_all_reduce", "current_binding", "report", "__version__"]
 
+_LAZY = {  # each name loaded on first use -> the module that defines it
+    "init": ".comm.context",
+    "hierarchical_all_reduce": ".comm.allreduce",
+    "current_binding": ".worker",
+    "report": ".worker",
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name == "init":
-        from .comm.context import init
-
-        return init
-    if name == "hierarchical_all_reduce":
-        from .comm.allreduce import hierarchical_all_reduce
-
-        return hierarchical_all_reduce
-    if name == "current_binding":
-        from .worker import current_binding
-
-        return current_binding
-    if name == "report":
-        from .worker import report
-
-        return report
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'numarun' has no attribute {name!r}")

@@ -24,6 +24,11 @@ class NumarunError(Exception):
     page: str | None = None
     """The docs page (its path under ``docs/``) that explains this kind of mistake; the error line names it."""
 
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)  # exit_code: this error's own, where its kind has several (else the class's)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
     def line(self) -> str:
         """The one line numarun prints for this error."""
         see = f" (see {page_url(self.page)})" if self.page else ""
@@ -109,10 +114,6 @@ class CheckpointError(NumarunError):
 
     page = "reliability.md"
 
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
 
 class OutputError(NumarunError):
     """Standard output or a result file could not be written (a full disk, a closed pipe): exit 1."""
@@ -141,10 +142,6 @@ class HierarchyError(NumarunError):
 class RunFailed(NumarunError):
     """A worker failed (its exit code is the run's) or numarun was stopped by a signal."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
 
 class DoctorError(NumarunError):
     """The nodes could not complete the doctor's exchange (a node missing, a stream cut)."""
@@ -172,10 +169,6 @@ class NoStepReport(NumarunError):
     exit_code = 3
     page = "steps.md"
 
-    def __init__(self, message: str, exit_code: int = exit_code) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
 
 class StacksUnavailable(NumarunError):
     """A job's roll-call could not be had: no job runs, or its numarun did not answer (exit 1)."""
@@ -187,10 +180,7 @@ class StacksUnavailable(NumarunError):
 def first_line(e: BaseException) -> str:
     """An error's first line with text (Hydra's and OmegaConf's run on with context, torch's with C++ frames), else
     its type's name."""
-    for line in str(e).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(e).__name__
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
 def expected(value: object, form: str, what: str = "value") -> str:

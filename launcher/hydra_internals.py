@@ -261,24 +261,20 @@ def hydra_config(cfg: Any) -> Iterator[None]:
 # --- worker side -------------------------------------------------------------------------------
 
 
-def pinned_datetime(when: _dt.datetime) -> type[_dt.datetime]:
-    """A ``datetime`` class whose ``now()`` is always ``when``."""
-
-    class Pinned(_dt.datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:
-            return when if tz is None else when.astimezone(tz)
-
-    return Pinned
-
-
 def worker_hook(when: _dt.datetime, *, writer: bool) -> Callable[[Any], None]:
     """The patch of :data:`WORKER_MODULE` in a worker: Hydra's clock fixed at ``when``; unless
     ``writer``, no ``.hydra/*.yaml`` written by this process."""
 
+    class Pinned(_dt.datetime):
+        """A ``datetime`` class whose ``now()`` is always ``when``."""
+
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return when if tz is None else when.astimezone(tz)
+
     def hook(utils: Any) -> None:
         # setup_globals' ${now:} resolver reads this module's global 'datetime' at call time
-        utils.datetime = pinned_datetime(when)
+        utils.datetime = Pinned
         if not writer:
             utils._save_config = lambda *_a, **_k: None  # .hydra/*.yaml
 

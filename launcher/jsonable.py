@@ -22,11 +22,9 @@ def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     RecursionError."""
     try:
         data = json.loads(text)
-    except RecursionError:
-        data = None
-        too_deep = True
-    else:
         too_deep = _deeper_than(data, max_depth)
+    except RecursionError:
+        too_deep = True
     if too_deep:
         raise json.JSONDecodeError(f"nested deeper than {max_depth} levels", text if isinstance(text, str) else "", 0)
     return data

@@ -104,15 +104,6 @@ class Layout:
         """(name, size) of the dimensions larger than 1: two layouts with the same are the same row-major mesh."""
         return tuple((n, s) for n, s in zip(self.names, self.shape) if s != 1)
 
-    def stride(self, name: str) -> int:
-        """How far apart in rank two neighbours of ``name``'s groups are."""
-        i = self.names.index(name)
-        return math.prod(self.shape[i + 1 :])
-
-    def groups(self, name: str) -> tuple[tuple[int, ...], ...]:
-        """Every group of ``name`` as ascending global ranks, in the order of their first rank."""
-        return mesh_groups(self.shape, self.names.index(name))
-
     def coords(self, rank: int) -> dict[str, int]:
         """``rank``'s coordinate along each dimension (resolved layouts only), as ``init_device_mesh`` lays it out."""
         rest, out = rank, {}
@@ -128,12 +119,12 @@ class Layout:
     def env(self) -> dict[str, str]:
         """The variables that name the (resolved) layout in every rank (docs/layouts.md): ``NUMARUN_MESH``,
         ``NUMARUN_MESH_NAMES``, ``NUMARUN_MESH_SHAPE`` and one degree per dimension (1 for those it does not name)."""
-        env = {
+        return {
             envvars.MESH: self.text,
             envvars.MESH_NAMES: ",".join(self.names),
             envvars.MESH_SHAPE: ",".join(map(str, self.shape)),
+            **{var: str(self.size(name)) for name, var in DEGREE_VARIABLES.items()},
         }
-        return env | {var: str(self.size(name)) for name, var in DEGREE_VARIABLES.items()}
 
     @classmethod
     def parse(cls, text: str, where: str = "--mesh") -> Layout:

@@ -28,6 +28,7 @@ fails when torch changes the shape of anything patched here, so the next torch i
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -142,15 +143,11 @@ def install(module: Any | None = None) -> bool:
     return True
 
 
-_KEYED: Any = None
-
-
+@functools.cache
 def _keyed_type() -> Any:
     """:class:`KeyedNodeDesc`, made once: a ``_NodeDesc`` whose order is (key, address, pid, id)."""
-    global _KEYED
-    if _KEYED is not None:
-        return _KEYED
     import dataclasses
+    import operator
 
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
 
@@ -162,8 +159,6 @@ def _keyed_type() -> Any:
             return op(sort_key(self), sort_key(other)) if isinstance(other, _NodeDesc) else NotImplemented
 
         return method
-
-    import operator
 
     namespace = {
         "__annotations__": {"key": tuple},
@@ -177,9 +172,7 @@ def _keyed_type() -> Any:
         "__ge__": compare(operator.ge),
     }
     made = type("KeyedNodeDesc", (_NodeDesc,), namespace)
-    cls: Any = dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(made)
-    _KEYED = cls
-    return cls
+    return dataclasses.dataclass(frozen=True, eq=True, order=False, repr=False)(made)
 
 
 def __getattr__(name: str) -> Any:
@@ -377,10 +370,8 @@ def runtime_cause(e: BaseException) -> str:
     text = lines[0] if lines else ""
     # c10d's errors put the cause last: "... The server socket has failed to listen on any local
     # network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
-    for line in lines:
-        if "EADDRINUSE" in line or "address already in use" in line:
-            text = f"{text} (address already in use)"
-            break
+    if any("EADDRINUSE" in line or "address already in use" in line for line in lines):
+        text = f"{text} (address already in use)"
     return f"{type(e).__name__}: {text}"
 
 

@@ -166,10 +166,6 @@ def check_options(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str,
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     if not modes or any(m not in ("flat", "hierarchical") for m in modes):
         raise UsageError(expected(args.modes, "flat, hierarchical or flat,hierarchical", "--modes"))
-    if args.iters < 1 or args.warmup < 0:
-        raise UsageError(
-            expected(f"--iters {args.iters} --warmup {args.warmup}", "iters >= 1 and warmup >= 0", "counts")
-        )
     rate = parse_rate(args.link_rate) if args.link_rate else None
     chunk = str(args.chunk).strip().lower()
     args.chunk_bytes = None if chunk == "auto" else 0 if chunk == "0" else parse_size(chunk)
@@ -223,10 +219,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if it >= args.warmup:
                     times[m].append(dt)
         # one collective per size: every rank learns the slowest rank's times and the check
-        flat_times = torch.tensor([x for m in modes for x in times[m]] + [0.0 if ok else 1.0], dtype=torch.float64)
-        flat_times_dev = flat_times.to(ctx.device)
-        dist.all_reduce(flat_times_dev, op=dist.ReduceOp.MAX)
-        vals = flat_times_dev.cpu().tolist()
+        flat_times = torch.tensor(
+            [x for m in modes for x in times[m]] + [0.0 if ok else 1.0], dtype=torch.float64, device=ctx.device
+        )
+        dist.all_reduce(flat_times, op=dist.ReduceOp.MAX)
+        vals = flat_times.cpu().tolist()
         checks[str(size)] = vals[-1] == 0.0
         for k, m in enumerate(modes):
             ts = vals[k * args.iters : (k + 1) * args.iters]

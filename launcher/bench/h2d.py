@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import argtypes, envvars, tables
-from ..errors import UsageError, expected
 from ..fsutil import write_atomic
+from ..jsonable import from_jsonable
 from .allreduce import human_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timed copies per direction and kind (default 10)",
     )
     argtypes.add_json_options(parser, what="the figures")
-
-
-def check_args(size: str, iters: int) -> int:
-    """The size in bytes, the options checked."""
-    nbytes = parse_size(size)
-    if not 1 <= iters <= argtypes.MAX_COUNT:
-        raise UsageError(expected(iters, "a positive number of timed copies", "--iters"))
-    return nbytes
 
 
 def page_nodes(address: int, length: int, *, samples: int = 16) -> tuple[int, ...]:
@@ -180,14 +172,14 @@ def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[st
 
 def ratios(bound: Mapping[str, float], raw: Mapping[str, float]) -> dict[str, float]:
     """pinned/pageable per direction (numarun worker) and numarun/raw per figure."""
-    out: dict[str, float] = {}
-    for d in DIRECTIONS:
-        if bound.get(f"{d}_pageable"):
-            out[f"{d}_pinned_over_pageable"] = round(bound[f"{d}_pinned"] / bound[f"{d}_pageable"], 3)
-    for key, value in bound.items():
-        if raw.get(key):
-            out[f"{key}_numarun_over_raw"] = round(value / raw[key], 3)
-    return out
+    pinned = {
+        f"{d}_pinned_over_pageable": round(bound[f"{d}_pinned"] / bound[f"{d}_pageable"], 3)
+        for d in DIRECTIONS
+        if bound.get(f"{d}_pageable")
+    }
+    return pinned | {
+        f"{key}_numarun_over_raw": round(value / raw[key], 3) for key, value in bound.items() if raw.get(key)
+    }
 
 
 def format_table(bound: WorkerResult, raw: WorkerResult, *, color: bool = False) -> str:
@@ -218,14 +210,11 @@ def _run_worker(label: str, *, size_bytes: int, iters: int, tmp: Path) -> Worker
     rc = subprocess.call(cmd, env=env)
     if not out.exists():
         return WorkerResult(label=label, cuda=True, error=f"worker exited with code {rc} without a result")
-    data = json.loads(out.read_text())
-    for key in ("cpus", "mems", "pinned_page_nodes", "pageable_page_nodes"):
-        data[key] = tuple(data.get(key) or ())
-    return WorkerResult(**data)
+    return from_jsonable(WorkerResult, json.loads(out.read_text()))
 
 
 def run_and_report(args: argparse.Namespace) -> int:
-    size_bytes = check_args(args.size, args.iters)
+    size_bytes = parse_size(args.size)
     with tempfile.TemporaryDirectory(prefix="numarun-h2d.") as d:
         bound = _run_worker("numarun", size_bytes=size_bytes, iters=args.iters, tmp=Path(d))
         if not bound.cuda:

@@ -18,7 +18,7 @@ from .. import argtypes
 from ..errors import SlurmError, UsageError, expected
 from ..options.launch import LaunchOptions, Source, Spelled, add_options, from_args, option
 from ..slurm.options import SlurmOptions, check_env, check_output_dir, header_value
-from ..slurm.script import SlurmJob
+from ..slurm.script import SlurmJob, render_sbatch
 
 if TYPE_CHECKING:
     from ..config.detect import AppKind
@@ -238,22 +238,6 @@ def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) 
     return from_args(ns, {})
 
 
-def _sweep(user_args: list[str]) -> tuple[tuple[str, ...], ...]:
-    """One argument set per job of a ``-m`` sweep (Hydra's grammar, via the config module)."""
-    from ..config.compose import sweep_arg_sets
-
-    return tuple(tuple(args) for args in sweep_arg_sets(user_args))
-
-
-def _with_node_gpus(options: SlurmOptions) -> SlurmOptions:
-    """A whole-node job asks for every GPU: how many the partition's nodes have (sinfo)."""
-    if not options.whole_nodes or options.gpus_per_node is not None:
-        return options
-    from ..slurm import submit as slurm
-
-    return replace(options, node_gpus=slurm.partition_gpus(options.partition))
-
-
 def build_job(args: argparse.Namespace) -> SlurmJob:
     """argparse namespace -> validated SlurmJob (raises NumarunError; touches nothing)."""
     module = bool(getattr(args, "module", False))
@@ -280,33 +264,33 @@ def build_job(args: argparse.Namespace) -> SlurmJob:
 
     def pick(name: str, default: Any = None) -> Any:
         # a flag on the command line wins over the job config, which wins over the default
-        value = getattr(args, name)
-        if value is not None:
-            return value
-        value = from_config.get(name)
-        return default if value is None else value
+        return next((v for v in (getattr(args, name), from_config.get(name)) if v is not None), default)
 
-    options = _with_node_gpus(
-        SlurmOptions(
-            nodes=_count(launch, "nnodes", "a fixed node count") or 1,
-            nproc_per_node=_count(launch, "nproc_per_node", "a number of ranks"),
-            gpus_per_node=pick("gpus_per_node"),
-            partition=pick("partition"),
-            time=pick("time"),
-            account=pick("account"),
-            qos=args.qos,
-            constraint=args.constraint,
-            exclusive=args.exclusive,
-            cpus_per_task=args.cpus_per_task,
-            mem=args.mem,
-            job_name=args.job_name,
-            requeue_limit=pick("requeue_limit", 3),
-            signal_before=pick("signal_before"),
-            extra_sbatch=tuple(args.extra_sbatch),
-        ).validate()
-    )
+    options = SlurmOptions(
+        nodes=_count(launch, "nnodes", "a fixed node count") or 1,
+        nproc_per_node=_count(launch, "nproc_per_node", "a number of ranks"),
+        gpus_per_node=pick("gpus_per_node"),
+        partition=pick("partition"),
+        time=pick("time"),
+        account=pick("account"),
+        qos=args.qos,
+        constraint=args.constraint,
+        exclusive=args.exclusive,
+        cpus_per_task=args.cpus_per_task,
+        mem=args.mem,
+        job_name=args.job_name,
+        requeue_limit=pick("requeue_limit", 3),
+        signal_before=pick("signal_before"),
+        extra_sbatch=tuple(args.extra_sbatch),
+    ).validate()
+    if options.whole_nodes and options.gpus_per_node is None:  # a whole-node job asks for every GPU the nodes have
+        from ..slurm.submit import partition_gpus
+
+        options = replace(options, node_gpus=partition_gpus(options.partition))
     output_dir = check_output_dir(os.path.abspath(args.output_dir or os.path.join("outputs", "slurm")))
-    arg_sets = _sweep(user_args)
+    from ..config.compose import sweep_arg_sets
+
+    arg_sets = tuple(tuple(a) for a in sweep_arg_sets(user_args))  # one argument set per job of a -m sweep
     if kind.value == "trainer" and not any(a.split("=", 1)[0].lstrip("+") == "trainer.resume" for a in user_args):
         # a requeued job must continue from its checkpoint in the (job-id) run dir
         arg_sets = tuple(s + ("trainer.resume=true",) for s in arg_sets)
@@ -348,23 +332,16 @@ def _count(options: LaunchOptions, dest: str, what: str) -> int | None:
     raise UsageError(f"bad {s.where} {str(s.value)!r}: expected {what} for sbatch, a whole number")
 
 
-def _made_dirs(path: Path) -> list[Path]:
-    """The directories ``mkdir(parents=True)`` would create for ``path``, outermost first."""
-    return [p for p in (path, *path.parents) if not p.exists()][::-1]
-
-
 def main(args: argparse.Namespace) -> int:
-    from ..slurm.scheduler import BatchScheduler, SlurmScheduler
-    from ..slurm.submit import overall_return_code
+    from ..slurm.submit import overall_return_code, sbatch, wait_for_job
 
-    scheduler: BatchScheduler = SlurmScheduler()  # the seam: a second engine is another BatchScheduler
     job = build_job(args)
-    text = scheduler.render(job)
+    text = render_sbatch(job)
     if args.dry_run:
         sys.stdout.write(text)
         return 0
     out = Path(job.output_dir)
-    created = _made_dirs(out)
+    created = [p for p in (out, *out.parents) if not p.exists()][::-1]  # what mkdir(parents=True) creates
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -374,7 +351,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if not os.access(out, os.W_OK | os.X_OK):
             raise SlurmError(expected(job.output_dir, "a writable directory", "--output-dir"))
-        job_id = scheduler.submit(text)
+        job_id = sbatch(text)
     except BaseException:
         # a failed submit leaves nothing behind: remove the (empty) directories made for it
         for d in reversed(created):
@@ -395,11 +372,11 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if not args.wait:
         return 0
-
-    def report(state: str) -> None:
-        print(f"job {job_id}: {state}", file=sys.stderr, flush=True)
-
-    records = scheduler.status(job_id, poll_seconds=args.poll_seconds, on_state=report)
+    records = wait_for_job(
+        job_id,
+        poll_seconds=args.poll_seconds,
+        on_state=lambda state: print(f"job {job_id}: {state}", file=sys.stderr, flush=True),
+    )
     for r in records:
         print(f"job {r.job_id}: {r.state} exit code {r.exit_code}:{r.signal}", flush=True)
     return overall_return_code(records)

@@ -38,9 +38,7 @@ def scheduler_in(environ: Mapping[str, str]) -> Scheduler | None:
             or environ.get("SLURM_NTASKS", environ.get("SLURM_STEP_NUM_TASKS")) == environ.get("PMI_SIZE")
         )
         return Scheduler.SLURM if same else which
-    if which is not None:
-        return which
-    return Scheduler.SLURM if in_step else None
+    return which or (Scheduler.SLURM if in_step else None)
 
 
 def detect(environ: Mapping[str, str], *, nproc_given: bool = False) -> JobShape | None:

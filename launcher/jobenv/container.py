@@ -67,14 +67,13 @@ def detect_container(environ: Mapping[str, str], root: Path = Path("/")) -> Cont
 
     if "KUBERNETES_SERVICE_HOST" in environ:
         mark(Runtime.KUBERNETES, "KUBERNETES_SERVICE_HOST")
-    if _exists(root, "/var/run/secrets/kubernetes.io"):
-        mark(Runtime.KUBERNETES, "/var/run/secrets/kubernetes.io")
     for key in sorted(environ):
         if key.startswith(("APPTAINER_", "SINGULARITY_")) and key.endswith(("_CONTAINER", "_NAME")):
             mark(Runtime.APPTAINER, key)
         elif key.startswith(("ENROOT_", "PYXIS_")):
             mark(Runtime.ENROOT, key)
     for path, runtime in (
+        ("/var/run/secrets/kubernetes.io", Runtime.KUBERNETES),
         ("/.singularity.d", Runtime.APPTAINER),
         ("/.lock", Runtime.ENROOT),
         ("/.enroot", Runtime.ENROOT),

@@ -72,19 +72,21 @@ def _who(shape: JobShape) -> str:
     return f"Slurm step {shape.job}" if shape.scheduler is Scheduler.SLURM else shape.describe().split(":")[0]
 
 
-def _check_nnodes(shape: JobShape, stated: Stated) -> None:
+def _check_shape(shape: JobShape, stated: Stated) -> None:
+    """The stated node count, --standalone and node rank against the scheduler's job."""
     nnodes: NodeRange | None = _stated(stated, "nnodes")
-    if nnodes is None or shape.nnodes in nnodes:
-        return
-    tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
-    flag = _flag(stated, "nnodes")
-    raise JobConflict(
-        f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
-        f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)"
-    )
-
-
-def _check_node_rank(shape: JobShape, stated: Stated) -> None:
+    if nnodes is not None and shape.nnodes not in nnodes:
+        tasks = "one task each" if shape.mode is Mode.PER_NODE else f"{shape.world_size} tasks"
+        flag = _flag(stated, "nnodes")
+        raise JobConflict(
+            f"bad {flag} {str(nnodes)!r}: {_who(shape)} runs on {shape.nnodes} node{'s' if shape.nnodes != 1 else ''} "
+            f"({tasks}); expected {flag} {shape.nnodes} or no {flag} (numarun reads it from the scheduler)"
+        )
+    if _stated(stated, "standalone") and shape.nnodes > 1:
+        raise JobConflict(
+            f"bad option {_flag(stated, 'standalone')!r}: {_who(shape)} spans {shape.nnodes} nodes, and --standalone "
+            "runs a job of one node; expected it left out (numarun joins the nodes of the step)"
+        )
     node_rank = _stated(stated, "node_rank")
     if node_rank is None or node_rank == shape.node_index:
         return
@@ -98,20 +100,6 @@ def _check_node_rank(shape: JobShape, stated: Stated) -> None:
         hint = "; leave --node-rank out: numarun reads it from the scheduler"
         where = f"this process is on node {shape.node_index} of {_who(shape)}"
     raise JobConflict(f"bad {_flag(stated, 'node_rank')} {node_rank}: {where}{hint}", node_varying=True)
-
-
-def _check_standalone(shape: JobShape, stated: Stated) -> None:
-    if _stated(stated, "standalone") and shape.nnodes > 1:
-        raise JobConflict(
-            f"bad option {_flag(stated, 'standalone')!r}: {_who(shape)} spans {shape.nnodes} nodes, and --standalone "
-            "runs a job of one node; expected it left out (numarun joins the nodes of the step)"
-        )
-
-
-def _check_shape(shape: JobShape, stated: Stated) -> None:
-    _check_nnodes(shape, stated)
-    _check_standalone(shape, stated)
-    _check_node_rank(shape, stated)
 
 
 def own_rendezvous(stated: Stated) -> bool:

@@ -122,9 +122,7 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
     per_node = parse_tasks_per_node(per_node_text) if per_node_text else [1] * len(nodes)
     if len(per_node) != len(nodes):
         raise _bad("SLURM_STEP_TASKS_PER_NODE", per_node_text, f"one count per node of the step ({len(nodes)})")
-    ntasks = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", low=1)
-    if ntasks is None:
-        ntasks = sum(per_node)
+    ntasks = _int(environ, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", low=1) or sum(per_node)
     if ntasks != sum(per_node):
         form = f"the sum of SLURM_STEP_TASKS_PER_NODE {per_node_text!r} ({sum(per_node)})"
         raise _bad("SLURM_STEP_NUM_TASKS", str(ntasks), form)
@@ -140,7 +138,6 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
     # One task on every node: each is a node (numarun starts its ranks). Decided on the whole
     # step's shape, so that every task of the step takes the same mode.
     mode = Mode.PER_NODE if ntasks == len(nodes) else Mode.PER_RANK
-    gpus_on_node = _int(environ, "SLURM_GPUS_ON_NODE")
     return JobShape(
         scheduler=Scheduler.SLURM,
         mode=mode,
@@ -155,7 +152,7 @@ def shape_from_env(environ: Mapping[str, str]) -> JobShape:
         local_world_size=local_size,
         job_id=job_id,
         step_id=step_id,
-        gpus_on_node=gpus_on_node,
+        gpus_on_node=_int(environ, "SLURM_GPUS_ON_NODE"),
         job_gpus=_ids(environ, "SLURM_JOB_GPUS"),
         step_gpus=_ids(environ, "SLURM_STEP_GPUS"),
     )

@@ -51,15 +51,12 @@ def first_failure(records: Sequence[str]) -> int | None:
     srun reports the largest exit code of its tasks, often the TERM of a peer it killed,
     not the rank that failed first.
     """
-    best: tuple[int, int] | None = None
-    for rec in records:
-        parts = rec.split()
-        if len(parts) != 2 or not all(p.lstrip("-").isdigit() for p in parts):
-            continue
-        when, rc = int(parts[0]), int(parts[1])
-        if best is None or when < best[0]:
-            best = (when, rc)
-    return None if best is None else best[1]
+    failures = [
+        (int(parts[0]), int(parts[1]))
+        for parts in (rec.split() for rec in records)
+        if len(parts) == 2 and all(p.lstrip("-").isdigit() for p in parts)
+    ]
+    return min(failures, key=lambda f: f[0])[1] if failures else None
 
 
 def should_requeue(preempted: bool, restart_count: int, requeue_limit: int) -> bool:

@@ -6,6 +6,7 @@ Each check raises :class:`SlurmError` naming the bad value and the form sbatch a
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,12 +21,33 @@ MAX_SIGNAL_SECONDS = 0xFFFF
 # far beyond any partition's MaxTime and keeps every value sbatch can parse.
 MAX_TIME_SECONDS = 365 * 86400
 
-_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,200}")
-_NAME_LIST = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
-# Feature expressions: names joined by & | , with optional *count and [] () grouping.
-_CONSTRAINT = re.compile(r"[A-Za-z0-9_.+\-&|,*\[\]()!:]{1,1000}")
-_MEM = re.compile(r"[0-9]{1,12}[KMGT]?", re.IGNORECASE)  # within Slurm's 64-bit count of MB
-_GPUS = re.compile(r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,4}")
+_NAME = r"[A-Za-z0-9_.+-]{1,200}"
+_TEXT_FIELDS = (  # (field, flag, pattern, form) of the header's free-text values, checked in this order
+    (
+        "gpus_per_node",
+        "--gpus-per-node",
+        r"(?:[A-Za-z0-9_.-]+:)?[0-9]{1,4}",
+        "N or TYPE:N with N up to 9999, e.g. 4 or a100:4",
+    ),
+    (
+        "partition",
+        "--partition",
+        r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*",
+        "partition names of letters, digits and _.+- separated by commas",
+    ),
+    ("account", "--account", _NAME, "a name of letters, digits and _.+-"),
+    ("qos", "--qos", _NAME, "a name of letters, digits and _.+-"),
+    ("job_name", "--job-name", _NAME, "a name of letters, digits and _.+- (at most 200)"),
+    # feature expressions: names joined by & | , with optional *count and [] () grouping
+    (
+        "constraint",
+        "--constraint",
+        r"[A-Za-z0-9_.+\-&|,*\[\]()!:]{1,1000}",
+        "features joined by & | , with optional *N, [] and ()",
+    ),
+    # within Slurm's 64-bit count of MB
+    ("mem", "--mem", r"(?i)[0-9]{1,12}[KMGT]?", "a size of up to 12 digits such as 4000, 16G or 512M"),
+)
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The output dir sits in '#SBATCH --output=' lines, which sbatch reads without a shell:
 # no whitespace, quotes or '%' (Slurm's filename patterns) there.
@@ -41,24 +63,16 @@ def parse_time(text: str) -> int | None:
     if not m or not t.isascii():
         raise SlurmError(expected(text, TIME_FORM, "--time"))
     days, a, b, c = m.groups()
-    if days is not None:
-        # D-HH[:MM[:SS]]
-        hours, minutes, seconds = int(a), int(b or 0), int(c or 0)
-        if hours > 23 or minutes > 59 or seconds > 59:
-            raise SlurmError(expected(text, TIME_FORM + " (HH < 24, MM and SS < 60)", "--time"))
-        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    elif c is not None:
-        hours, minutes, seconds = int(a), int(b), int(c)
-        if minutes > 59 or seconds > 59:
-            raise SlurmError(expected(text, TIME_FORM + " (MM and SS < 60)", "--time"))
-        total = (hours * 60 + minutes) * 60 + seconds
-    elif b is not None:
-        minutes, seconds = int(a), int(b)
-        if seconds > 59:
-            raise SlurmError(expected(text, TIME_FORM + " (SS < 60)", "--time"))
-        total = minutes * 60 + seconds
-    else:
-        total = int(a) * 60
+    most: tuple[float, float, float]  # the largest hours, minutes and seconds of the form
+    if days is not None:  # D-HH[:MM[:SS]]
+        hms, most, rule = (int(a), int(b or 0), int(c or 0)), (23, 59, 59), "HH < 24, MM and SS < 60"
+    elif c is not None:  # HH:MM:SS
+        hms, most, rule = (int(a), int(b), int(c)), (math.inf, 59, 59), "MM and SS < 60"
+    else:  # MM[:SS]
+        hms, most, rule = (0, int(a), int(b or 0)), (math.inf, math.inf, 59), "SS < 60"
+    if any(v > top for v, top in zip(hms, most)):
+        raise SlurmError(expected(text, f"{TIME_FORM} ({rule})", "--time"))
+    total = ((int(days or 0) * 24 + hms[0]) * 60 + hms[1]) * 60 + hms[2]
     if total <= 0:
         return None
     if total > MAX_TIME_SECONDS:
@@ -123,31 +137,13 @@ class SlurmOptions:
     def validate(self) -> SlurmOptions:
         """Raise SlurmError for the first bad value; return self so calls chain."""
         _positive("--nnodes", self.nodes, "an integer >= 1")
-        if self.nproc_per_node is not None:
-            _positive("--nproc-per-node", self.nproc_per_node, "an integer >= 1")
-        if self.cpus_per_task is not None:
-            _positive("--cpus-per-task", self.cpus_per_task, "an integer >= 1")
-        if self.gpus_per_node is not None and not _GPUS.fullmatch(self.gpus_per_node):
-            raise SlurmError(
-                expected(self.gpus_per_node, "N or TYPE:N with N up to 9999, e.g. 4 or a100:4", "--gpus-per-node")
-            )
-        if self.partition is not None and not _NAME_LIST.fullmatch(self.partition):
-            raise SlurmError(
-                expected(
-                    self.partition, "partition names of letters, digits and _.+- separated by commas", "--partition"
-                )
-            )
-        for flag, value in (("--account", self.account), ("--qos", self.qos)):
-            if value is not None and not _NAME.fullmatch(value):
-                raise SlurmError(expected(value, "a name of letters, digits and _.+-", flag))
-        if not _NAME.fullmatch(self.job_name):
-            raise SlurmError(expected(self.job_name, "a name of letters, digits and _.+- (at most 200)", "--job-name"))
-        if self.constraint is not None and not _CONSTRAINT.fullmatch(self.constraint):
-            raise SlurmError(
-                expected(self.constraint, "features joined by & | , with optional *N, [] and ()", "--constraint")
-            )
-        if self.mem is not None and not _MEM.fullmatch(self.mem):
-            raise SlurmError(expected(self.mem, "a size of up to 12 digits such as 4000, 16G or 512M", "--mem"))
+        for flag, count in (("--nproc-per-node", self.nproc_per_node), ("--cpus-per-task", self.cpus_per_task)):
+            if count is not None:
+                _positive(flag, count, "an integer >= 1")
+        for name, flag, pattern, form in _TEXT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not re.fullmatch(pattern, value):
+                raise SlurmError(expected(value, form, flag))
         if not isinstance(self.requeue_limit, int) or self.requeue_limit < 0:
             raise SlurmError(expected(self.requeue_limit, "an integer >= 0", "--requeue-limit"))
         sig = self.signal_before

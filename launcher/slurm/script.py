@@ -99,15 +99,15 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
 def _args_block(job: SlurmJob) -> str:
     if not job.is_array:
         return f"args=({_q(job.arg_sets[0])})"
-    out = ['case "${SLURM_ARRAY_TASK_ID:-}" in']
-    for i, arg_set in enumerate(job.arg_sets):
-        out.append(f"  {i}) args=({_q(arg_set)}) ;;")
-    out.append(
-        f"  *) echo \"numarun: error: array index '${{SLURM_ARRAY_TASK_ID:-}}' not in 0-{len(job.arg_sets) - 1}\" >&2; "
-        "exit 2 ;;"
+    return "\n".join(
+        [
+            'case "${SLURM_ARRAY_TASK_ID:-}" in',
+            *(f"  {i}) args=({_q(arg_set)}) ;;" for i, arg_set in enumerate(job.arg_sets)),
+            f"  *) echo \"numarun: error: array index '${{SLURM_ARRAY_TASK_ID:-}}' not in 0-{len(job.arg_sets) - 1}\" "
+            ">&2; exit 2 ;;",
+            "esac",
+        ]
     )
-    out.append("esac")
-    return "\n".join(out)
 
 
 def _launch_opts(job: SlurmJob) -> tuple[str, ...]:
@@ -147,10 +147,5 @@ def render_sbatch(job: SlurmJob) -> str:
         "HYDRA_RUN_DIR": "1" if job.hydra_run_dir else "0",
         "ENV": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in job.env),
     }
-    text = _template()
-
-    def fill(m: re.Match[str]) -> str:
-        return slots[m.group(1)]
-
     # one pass: a filled-in value that contains '@@X@@' is never substituted again
-    return _SLOT.sub(fill, text)
+    return _SLOT.sub(lambda m: slots[m.group(1)], _template())

@@ -253,7 +253,4 @@ def wait_for_job(
 
 def overall_return_code(records: Sequence[JobRecord]) -> int:
     """0 when every task completed, else the first failing task's code."""
-    for r in records:
-        if r.return_code:
-            return r.return_code
-    return 0
+    return next((r.return_code for r in records if r.return_code), 0)

@@ -73,16 +73,13 @@ def nic_lines(plan: LaunchPlan) -> list[str]:
     return lines
 
 
+_PREPOSITIONS = {"PIX": "behind", "PXB": "behind", "PHB": "through", "NODE": "through"}
+
+
 def _preposition(code: str) -> str:
-    if code.startswith("NV"):
-        return f"on {code}"
-    if code in ("PIX", "PXB"):
-        return f"behind {code}"
-    if code in ("PHB", "NODE"):
-        return f"through {code}"
     if code == "network":
         return "across the network"
-    return f"across {code}"
+    return f"{'on' if code.startswith('NV') else _PREPOSITIONS.get(code, 'across')} {code}"
 
 
 def link_summary(links: tuple[str, ...]) -> str:

@@ -22,6 +22,7 @@ the seconds of its last step's end on its node's axis), ``phase-<name>`` (a row'
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from ..worker.steps import PHASES, RankPlace, StepRecord
 from .steps_text import peak_text
+from .steps_trace import by_node, node_hosts
 from .svg_doc import Canvas, clip, num
 
 MAX_STEPS = 300
@@ -113,29 +115,25 @@ def _stats(steps: Sequence[StepRecord]) -> str:
 
 def _segments(steps: Sequence[StepRecord], origin: float, span: float, bucketed: bool) -> list[_Segment]:
     """The segments of one rank's steps (sorted by start): one a step, or one a non-empty bucket."""
-    groups: list[list[StepRecord]] = []
-    last_bucket = -1
-    for r in steps:
-        bucket = min(BUCKETS - 1, int((r.start - origin) / span * BUCKETS)) if bucketed and span > 0 else -1
-        if not bucketed or bucket != last_bucket or not groups:
-            groups.append([])
-        groups[-1].append(r)
-        last_bucket = bucket
-    out = []
-    for g in groups:
-        peaks = [r.peak_bytes for r in g if r.peak_bytes is not None]
-        out.append(
-            _Segment(
-                start=g[0].start - origin,
-                end=max(g[0].start, *(r.end for r in g)) - origin,
-                phases=tuple(sum(_finite(r.phase_s(p)) for r in g) for p in PHASES),
-                first=g[0].step,
-                last=g[-1].step,
-                count=len(g),
-                peak=max(peaks) if peaks else None,
-            )
+
+    def bucket(r: StepRecord) -> int:
+        return min(BUCKETS - 1, int((r.start - origin) / span * BUCKETS)) if span > 0 else -1
+
+    # a step on its own, or the run of steps in one bucket
+    runs = itertools.groupby(enumerate(steps), key=lambda at: bucket(at[1]) if bucketed else at[0])
+    groups = [[r for _, r in run] for _, run in runs]
+    return [
+        _Segment(
+            start=g[0].start - origin,
+            end=max(g[0].start, *(r.end for r in g)) - origin,
+            phases=tuple(sum(_finite(r.phase_s(p)) for r in g) for p in PHASES),
+            first=g[0].step,
+            last=g[-1].step,
+            count=len(g),
+            peak=max((r.peak_bytes for r in g if r.peak_bytes is not None), default=None),
         )
-    return out
+        for g in groups
+    ]
 
 
 @dataclass(frozen=True)
@@ -148,30 +146,18 @@ class _Node:
 
 
 def _nodes(records: Sequence[StepRecord], places: Mapping[int, RankPlace]) -> list[_Node]:
-    by_rank: dict[int, list[StepRecord]] = {}
-    for r in records:
-        if math.isfinite(r.start) and math.isfinite(r.end):
-            by_rank.setdefault(r.rank, []).append(r)
-    by_node: dict[int, list[int]] = {}
-    for rank in sorted(by_rank):
-        place = places.get(rank)
-        by_node.setdefault(place.node_rank if place else 0, []).append(rank)
     nodes = []
-    for node_rank, ranks in sorted(by_node.items()):
-        for rank in ranks:
-            by_rank[rank].sort(key=lambda r: (r.start, r.step))
-        origin = min(by_rank[rank][0].start for rank in ranks)
-        span = max(max(r.end for r in by_rank[rank]) for rank in ranks) - origin
-        bucketed = max(len(by_rank[rank]) for rank in ranks) > MAX_STEPS
+    for node_rank, ranks in by_node(records, places).items():
+        origin = min(steps[0].start for steps in ranks.values())
+        span = max(max(r.end for r in steps) for steps in ranks.values()) - origin
+        bucketed = max(len(steps) for steps in ranks.values()) > MAX_STEPS
         rows = []
-        for rank in ranks:
-            steps = by_rank[rank]
+        for rank, steps in ranks.items():
             place = places.get(rank)
             segments = _segments(steps, origin, span, bucketed)
             label = place.label() if place else f"rank {rank}"
             rows.append(_Row(rank, label, _stats(steps), tuple(segments), max(s.end for s in segments)))
-        hosts = {places[rank].host for rank in ranks if rank in places and places[rank].host}
-        nodes.append(_Node(node_rank, ",".join(sorted(hosts)), tuple(rows), max(span, 0.0), bucketed))
+        nodes.append(_Node(node_rank, node_hosts(ranks, places), tuple(rows), max(span, 0.0), bucketed))
     return nodes
 
 

@@ -16,12 +16,28 @@ node's events start at 0 at its first step; nodes line up at their starts, never
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..worker.steps import PHASES, RankPlace, StepRecord
 
 ORDER_NOTE = "phase totals of the step laid back to back in this order; the record keeps no order"
+
+
+def by_node(records: Sequence[StepRecord], places: Mapping[int, RankPlace]) -> dict[int, dict[int, list[StepRecord]]]:
+    """Node rank -> rank -> its records of finite times by (start, step), nodes and ranks in order; a rank without a
+    place is on node 0."""
+    out: dict[int, dict[int, list[StepRecord]]] = {}
+    for r in sorted(records, key=lambda r: (r.rank, r.start, r.step)):
+        if math.isfinite(r.start) and math.isfinite(r.end):
+            place = places.get(r.rank)
+            out.setdefault(place.node_rank if place else 0, {}).setdefault(r.rank, []).append(r)
+    return dict(sorted(out.items()))
+
+
+def node_hosts(ranks: Iterable[int], places: Mapping[int, RankPlace]) -> str:
+    """The hosts of ``ranks``, as their places name them: ``host1,host2`` ('' when none does)."""
+    return ",".join(sorted({places[rank].host for rank in ranks if rank in places and places[rank].host}))
 
 
 def _us(seconds: float) -> int:
@@ -70,38 +86,34 @@ def chrome_trace(records: Sequence[StepRecord], places: Mapping[int, RankPlace])
     ``places`` names each rank's thread and puts it on its node's process; a rank without one is ``rank N`` on
     node 0.
     """
-    by_node: dict[int, list[StepRecord]] = {}
-    for r in records:
-        if math.isfinite(r.start) and math.isfinite(r.end):
-            place = places.get(r.rank)
-            by_node.setdefault(place.node_rank if place else 0, []).append(r)
     events: list[dict[str, Any]] = []
-    for pid, recs in sorted(by_node.items()):
-        origin = min(r.start for r in recs)
-        hosts = sorted({places[r.rank].host for r in recs if r.rank in places and places[r.rank].host})
-        events.append(_meta("process_name", pid, {"name": f"node {pid}" + (f" ({','.join(hosts)})" if hosts else "")}))
+    for pid, ranks in by_node(records, places).items():
+        origin = min(steps[0].start for steps in ranks.values())
+        hosts = node_hosts(ranks, places)
+        events.append(_meta("process_name", pid, {"name": f"node {pid}" + (f" ({hosts})" if hosts else "")}))
         events.append(_meta("process_sort_index", pid, {"sort_index": pid}))
-        for rank in sorted({r.rank for r in recs}):
+        for rank in ranks:
             place = places.get(rank)
             events.append(_meta("thread_name", pid, {"name": place.label() if place else f"rank {rank}"}, tid=rank))
             events.append(_meta("thread_sort_index", pid, {"sort_index": rank}, tid=rank))
-        peaks: dict[int, int] = {}
-        ends: dict[int, int] = {}
-        for r in sorted(recs, key=lambda r: (r.rank, r.start, r.step)):
-            # from the node's origin, so that a step's end and the next one's start (the same clock reading) round
-            # alike; a step overlapping its predecessor (a clock that stepped) starts at its end: siblings never overlap
-            start = max(_us(r.start - origin), ends.get(r.rank, 0))
-            ends[r.rank] = max(_us(r.end - origin), start)
-            events += _step_events(r, pid, start=start, end=ends[r.rank])
-            if r.peak_bytes is not None and peaks.get(r.rank) != r.peak_bytes:
-                peaks[r.rank] = r.peak_bytes
-                events.append(
-                    {
-                        "name": f"rank {r.rank} peak memory",
-                        "ph": "C",
-                        "pid": pid,
-                        "ts": _us(r.end - origin),
-                        "args": {"bytes": r.peak_bytes},
-                    }
-                )
+        for steps in ranks.values():
+            peak, end = None, 0
+            for r in steps:
+                # from the node's origin, so that a step's end and the next one's start (the same clock reading) round
+                # alike; a step overlapping its predecessor (a clock that stepped) starts at its end: siblings never
+                # overlap
+                start = max(_us(r.start - origin), end)
+                end = max(_us(r.end - origin), start)
+                events += _step_events(r, pid, start=start, end=end)
+                if r.peak_bytes is not None and peak != r.peak_bytes:
+                    peak = r.peak_bytes
+                    events.append(
+                        {
+                            "name": f"rank {r.rank} peak memory",
+                            "ph": "C",
+                            "pid": pid,
+                            "ts": _us(r.end - origin),
+                            "args": {"bytes": r.peak_bytes},
+                        }
+                    )
     return {"traceEvents": events, "displayTimeUnit": "ms"}

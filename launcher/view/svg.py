@@ -7,7 +7,8 @@ Stable element classes for tools and tests: ``pu``, ``core``, ``core-rank``, ``l
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from ..cpuset import format_list
@@ -174,13 +175,13 @@ def _pu_box(ctx: _Ctx, cpu: Cpu) -> _Box:
     ranks = ctx.cpu_ranks.get(cpu.id, [])
 
     def draw(x: float, y: float, out: Canvas) -> None:
-        cls = "pu"
-        state = "online" if cpu.online else "offline"
-        if not cpu.online:
-            cls += " offline"
-        elif not cpu.allowed:
-            cls += " disallowed"
-            state = "not allowed"
+        cls, state = (
+            ("pu offline", "offline")
+            if not cpu.online
+            else ("pu disallowed", "not allowed")
+            if not cpu.allowed
+            else ("pu", "online")
+        )
         out.rect(
             x,
             y,
@@ -265,10 +266,7 @@ def _cpu_boxes(ctx: _Ctx, cpus: Sequence[Cpu]) -> list[_Box]:
 
 
 def _short_model(name: str) -> str:
-    for prefix in ("NVIDIA ", "AMD "):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
+    return re.sub(r"^(NVIDIA|AMD) ", "", name)
 
 
 def _gpu_box(ctx: _Ctx, pos: int, g: Gpu) -> _Box:
@@ -304,9 +302,7 @@ def _nic_box(ctx: _Ctx, n: Nic) -> _Box:
         tip = f"{n.name} {n.kind.value} {n.pci_bus_id} {ports}".strip()
         out.rect(x, y, DEV_W, DEV_H, cls=cls, data={"nic": n.name}, tip=tip, rx=3)
         speed = f" {n.speed_mbps // 1000}G" if n.speed_mbps >= 1000 else ""
-        line2 = (",".join(n.netdevs) or n.pci_bus_id) + speed
-        if not n.port_up:
-            line2 = "port down " + line2
+        line2 = ("" if n.port_up else "port down ") + (",".join(n.netdevs) or n.pci_bus_id) + speed
         out.text(x + 4, y + 15, (n.name + " " + n.kind.value)[:DEV_CHARS], cls="title")
         out.text(x + 4, y + 31, line2[:DEV_CHARS])
         if n.name in ctx.nccl_nics:
@@ -315,15 +311,15 @@ def _nic_box(ctx: _Ctx, n: Nic) -> _Box:
     return _Box(DEV_W, DEV_H, draw)
 
 
-def _devices_on(ctx: _Ctx, node_id: int) -> list[_Box]:
+def _devices_on(ctx: _Ctx, node_ids: Container[int]) -> list[_Box]:
+    """The GPUs, then the NICs, of NUMA nodes ``node_ids``."""
     t = ctx.topology
-    out = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node == node_id]
-    out += [_nic_box(ctx, n) for n in t.nics if n.numa_node == node_id]
-    return out
+    gpus = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node in node_ids]
+    return gpus + [_nic_box(ctx, n) for n in t.nics if n.numa_node in node_ids]
 
 
-def _node_title(n: NumaNode, memory: int) -> str:
-    size = f" ({memory / 2**30:.0f} GiB)" if memory > 0 else ""
+def _node_title(n: NumaNode) -> str:
+    size = f" ({n.memory_bytes / 2**30:.0f} GiB)" if n.memory_bytes > 0 else ""
     return f"NUMA node {n.id}{size}" + (" memory only" if n.memory_only else "")
 
 
@@ -346,18 +342,17 @@ def _layout(ctx: _Ctx) -> _Box:
     unknown_cpus = cpus_by_node.get(-1, [])
     if nodes_in_packages:
         for p in packages:
-            inner: list[_Box] = []
-            for n in cpu_nodes:
-                if p in node_pkgs[n.id]:
-                    inner.append(
-                        _container(
-                            "numa",
-                            _node_title(n, n.memory_bytes),
-                            _cpu_boxes(ctx, cpus_by_node[n.id]),
-                            devices=_devices_on(ctx, n.id),
-                            tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
-                        )
-                    )
+            inner = [
+                _container(
+                    "numa",
+                    _node_title(n),
+                    _cpu_boxes(ctx, cpus_by_node[n.id]),
+                    devices=_devices_on(ctx, {n.id}),
+                    tooltip=f"NUMA node {n.id}: CPUs {format_list(n.cpus)}",
+                )
+                for n in cpu_nodes
+                if p in node_pkgs[n.id]
+            ]
             pkg_unknown = [
                 c for c in unknown_cpus if c.package == p or (p == packages[0] and c.package not in packages)
             ]
@@ -378,34 +373,32 @@ def _layout(ctx: _Ctx) -> _Box:
             top.append(
                 _container(
                     "numa",
-                    _node_title(n, n.memory_bytes),
+                    _node_title(n),
                     inner,
-                    devices=_devices_on(ctx, n.id),
+                    devices=_devices_on(ctx, {n.id}),
                     max_w=MAX_WIDTH - 2 * PAD,
                 )
             )
         if unknown_cpus:
             top.append(_container("unknown-numa", "CPUs without NUMA node", _cpu_boxes(ctx, unknown_cpus)))
 
-    for n in mem_nodes:
-        top.append(_container("numa memory-only", _node_title(n, n.memory_bytes), [], devices=_devices_on(ctx, n.id)))
+    top += [_container("numa memory-only", _node_title(n), [], devices=_devices_on(ctx, {n.id})) for n in mem_nodes]
 
-    stray = [_gpu_box(ctx, i, g) for i, g in enumerate(t.gpus) if g.numa_node not in node_ids]
-    stray += [_nic_box(ctx, n) for n in t.nics if n.numa_node not in node_ids]
+    stray = _devices_on(ctx, ({g.numa_node for g in t.gpus} | {n.numa_node for n in t.nics}) - node_ids)
     if stray:
         top.append(_container("unknown-numa", "unknown NUMA node", [], devices=stray))
 
     return _container("machine", f"Machine {t.hostname or '?'}", top)
 
 
+def _code(t: Topology, i: int, j: int) -> str:
+    """The link of GPUs ``i`` and ``j`` (positions); '' unknown."""
+    return t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
+
+
 def _nv_pairs(t: Topology) -> list[tuple[int, int, str]]:
-    pairs = []
-    for i in range(len(t.gpus)):
-        for j in range(i + 1, len(t.gpus)):
-            code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
-            if code.startswith("NV"):
-                pairs.append((i, j, code))
-    return pairs
+    n = len(t.gpus)
+    return [(i, j, _code(t, i, j)) for i in range(n) for j in range(i + 1, n) if _code(t, i, j).startswith("NV")]
 
 
 def _links(ctx: _Ctx, x0: float, y0: float, out: Canvas) -> tuple[float, float]:
@@ -498,7 +491,7 @@ def _links_matrix(ctx: _Ctx, x0: float, y0: float, out: Canvas) -> tuple[float, 
             y = top + (i + 1) * cell_h
             out.text(x0 + PAD, y + 12, f"GPU{g.index}", cls="link-cell")
             for j in range(n):
-                code = t.gpu_links[i][j] if i < len(t.gpu_links) and j < len(t.gpu_links[i]) else ""
+                code = _code(t, i, j)
                 shown = code if code.startswith("NV") else ("X" if i == j else "")
                 if shown:
                     cls = "link-label" if code.startswith("NV") else "link-cell"

@@ -145,9 +145,9 @@ def render_text(
             right=("GPU", "NUMA", "memory"),
         )
         for g, nic_cell in zip(t.gpus, nic_cells(t)):
-            numa_cell = str(g.numa_node) if g.numa_node >= 0 else "unknown"
-            if g.memory_numa_node >= 0:
-                numa_cell += f" (mem node {g.memory_numa_node})"
+            numa_cell = (str(g.numa_node) if g.numa_node >= 0 else "unknown") + (
+                f" (mem node {g.memory_numa_node})" if g.memory_numa_node >= 0 else ""
+            )
             gt.add_row(
                 str(g.index),
                 g.name or "?",
@@ -172,8 +172,10 @@ def render_text(
                 lt.add_row(f"GPU{g.index}", *((cell(i, j) or "?") for j in range(len(names))))
             items.append(lt)
         if matrices:
-            items.append("legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,")
-            items.append("        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown")
+            items += [
+                "legend: X self, NV# NVLink (# links), PIX one PCIe switch, PXB several switches,",
+                "        PHB host bridge, NODE same NUMA node, SYS across sockets, ? unknown",
+            ]
 
     if t.nics:
         nt = _table("NICs", "NIC", "kind", "netdevs", "bus id", "NUMA", "speed", "ports", right=("NUMA", "speed"))
@@ -192,7 +194,5 @@ def render_text(
         items.append("no NICs found")
 
     if t.notes:
-        items.append("notes:")
-        for note in t.notes:
-            items.append(f"  - {note}")
+        items += ["notes:", *(f"  - {note}" for note in t.notes)]
     return render(*items, width=width, color=color)

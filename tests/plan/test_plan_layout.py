@@ -113,8 +113,6 @@ def test_elastic_node_counts_need_the_rest_outermost() -> None:
 def test_groups_are_the_row_major_mesh() -> None:
     assert mesh_groups((2, 2, 2), 0) == ((0, 4), (1, 5), (2, 6), (3, 7))
     assert mesh_groups((2, 4), 1) == ((0, 1, 2, 3), (4, 5, 6, 7))
-    layout = Layout.parse("dp_shard=2,tp=2").resolved(4)
-    assert layout.groups("tp") == ((0, 1), (2, 3)) and layout.groups("dp_shard") == ((0, 2), (1, 3))
 
 
 # ---------------------------------------------------------------- the plan and the rank's environment
