@@ -108,10 +108,7 @@ def node_range(text: str, where: str) -> NodeRange:
 def check_float(text: object, flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> float:
     """``text`` as a finite number in [low, high] (``above``: low excluded); UsageError otherwise."""
     s = str(text).strip()
-    try:
-        value = float(s) if _DECIMAL.fullmatch(s) else math.nan
-    except ValueError:
-        value = math.nan
+    value = float(s) if _DECIMAL.fullmatch(s) else math.nan
     if not math.isfinite(value) or not (value > low if above else value >= low) or value > high:
         rel = ">" if above else ">="
         raise UsageError(f"bad {flag} {s!r}: expected a finite number{unit} {rel} {low:.10g} and <= {high:.10g}")
@@ -137,16 +134,21 @@ PORT = whole(low=1, high=MAX_PORT)
 """The reader of a port number."""
 
 
-def member(kind: type[E]) -> Reader[E]:
-    """The reader of a ``str`` Enum: a member by its value."""
+def converted(kind: Callable[[str], T], what: str) -> Reader[T]:
+    """The reader of what ``kind(text)`` makes; a ValueError refuses the text, expecting ``what``."""
 
-    def read(text: str, where: str) -> E:
+    def read(text: str, where: str) -> T:
         try:
             return kind(text)
         except ValueError:
-            raise UsageError(f"bad {where} {text!r}: expected one of {', '.join(str(m.value) for m in kind)}") from None
+            raise UsageError(f"bad {where} {text!r}: expected {what}") from None
 
     return read
+
+
+def member(kind: type[E]) -> Reader[E]:
+    """The reader of a ``str`` Enum: a member by its value."""
+    return converted(kind, f"one of {', '.join(str(m.value) for m in kind)}")
 
 
 def typed(flag: str, read: Reader[T]) -> Callable[[str], T]:
@@ -164,20 +166,6 @@ def typed(flag: str, read: Reader[T]) -> Callable[[str], T]:
 def int_in(flag: str, *, low: int, high: int) -> Callable[[str], int]:
     """An argparse ``type=`` for :func:`check_int`."""
     return typed(flag, whole(low=low, high=high))
-
-
-def float_in(flag: str, *, low: float, high: float, above: bool = False, unit: str = "") -> Callable[[str], float]:
-    """An argparse ``type=`` for :func:`check_float`."""
-    return typed(flag, finite(low=low, high=high, above=above, unit=unit))
-
-
-def choice(kind: type[E], flag: str) -> Callable[[str], E]:
-    """An argparse ``type=`` for a ``str`` Enum: a member by its value."""
-    return typed(flag, member(kind))
-
-
-def port(flag: str) -> Callable[[str], int]:
-    return typed(flag, PORT)
 
 
 def parse_endpoint(text: object, flag: str, *, port: bool | None = None) -> tuple[str, int | None]:
@@ -279,12 +267,6 @@ def add_json_options(parser: argparse.ArgumentParser, *, what: str, script_follo
             error(f"argument --json: {json_moved(m.group(2))}" if m else message)
 
         parser.error = refuse  # type: ignore[method-assign]
-
-
-def refuse_json_script(json: bool, script: str, *, module: bool = False) -> None:
-    """``--json results.json train.py`` (the old spelling) parses as the script ``results.json``: refused."""
-    if json and not module and script.endswith(".json"):
-        raise UsageError(json_moved(script))
 
 
 def add_job_pid(parser: argparse.ArgumentParser) -> None:

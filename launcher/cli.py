@@ -139,10 +139,6 @@ class _CheckedStdout:
         except OSError as e:
             raise self._failed(e) from None
 
-    def writelines(self, lines: Any) -> None:
-        for line in lines:
-            self.write(line)
-
     def flush(self) -> None:
         try:
             self._stream.flush()
@@ -170,23 +166,16 @@ def _split_command(argv: list[str]) -> str | None:
     """The subcommand named in argv, inserting ``run`` for ``numarun [opts] SCRIPT``."""
     commands = _available_commands()
     i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--log-level":
-            i += 2
-            continue
-        if a.startswith("--log-level="):
-            i += 1
-            continue
-        if a in commands:
-            return a
-        if a in ("-h", "--help", "--version"):
-            return None
-        if "run" in commands:
-            argv.insert(i, "run")
-            return "run"
+    while i < len(argv) and (argv[i] == "--log-level" or argv[i].startswith("--log-level=")):
+        i += 2 if argv[i] == "--log-level" else 1
+    if i >= len(argv) or argv[i] in ("-h", "--help", "--version"):
         return None
-    return None
+    if argv[i] in commands:
+        return argv[i]
+    if "run" not in commands:
+        return None
+    argv.insert(i, "run")
+    return "run"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

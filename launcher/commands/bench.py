@@ -61,10 +61,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _inside_job() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def job_options(args: argparse.Namespace) -> LaunchOptions:
     """The job's launch options: typed, from the environment, :data:`BENCH_RANKS` ranks, else run's defaults."""
     return from_args(args, os.environ).with_defaults("numarun bench", nproc_per_node=BENCH_RANKS)
@@ -90,22 +86,16 @@ def bench_argv(args: argparse.Namespace) -> list[str]:
     """The benchmark's own options, rebuilt from the parsed values, for the job's ranks."""
     out: list[str] = []
     for action in args.bench_actions:
-        if not action.option_strings:
-            continue
         value = getattr(args, action.dest, None)
-        if value is None or value is False:
-            continue
-        flag = max(action.option_strings, key=len)
-        if value is True:
-            out.append(flag)
-        else:
-            out.append(f"{flag}={value}")
+        if action.option_strings and value is not None and value is not False:
+            flag = max(action.option_strings, key=len)
+            out.append(flag if value is True else f"{flag}={value}")
     return out
 
 
 def main(args: argparse.Namespace) -> int:
     module = importlib.import_module(args.bench_module)
-    if not getattr(module, "DISTRIBUTED", True) or _inside_job():
+    if not getattr(module, "DISTRIBUTED", True) or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return int(module.run_and_report(args))
     check = getattr(module, "check_options", None)
     if check is not None:

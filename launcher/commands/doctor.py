@@ -19,7 +19,7 @@ from .. import argtypes
 from ..doctor.diagnose import Settings, diagnose
 from ..doctor.render import render
 from ..doctor.schedule import LinkSchedule
-from ..errors import UsageError
+from ..errors import JobConflict, UsageError
 from ..options.launch import PLANNING, LaunchOptions, add_options, from_args
 
 RENDEZVOUS = (
@@ -67,7 +67,7 @@ def add_doctor_options(p: argparse.ArgumentParser) -> None:
     d = Settings()
     p.add_argument(
         "--min-link-fraction",
-        type=argtypes.float_in("--min-link-fraction", low=0.0, high=1.0, above=True),
+        type=argtypes.typed("--min-link-fraction", argtypes.finite(low=0.0, high=1.0, above=True)),
         default=d.min_link_fraction,
         metavar="F",
         help=f"a node whose best pair, or one pair, below F x the median is slow (default {d.min_link_fraction})",
@@ -81,7 +81,7 @@ def add_doctor_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--link-schedule",
-        type=argtypes.choice(LinkSchedule, "--link-schedule"),
+        type=argtypes.typed("--link-schedule", argtypes.member(LinkSchedule)),
         default=d.link_schedule,
         metavar="NAME",
         help=f"which node pairs measure their link: auto (all-pairs up to 6 nodes, else bounded), bounded (at most 6 "
@@ -105,7 +105,6 @@ def settings_of(args: argparse.Namespace) -> Settings:
 def _detected(args: argparse.Namespace) -> LaunchOptions:
     """The options, and under ``srun`` on every node (one task each) the nodes and node 0's store from the
     step, as for ``numarun run``; the doctor's store takes the job's rendezvous port."""
-    from ..errors import JobConflict
     from ..jobenv import Mode
     from ..launch.planning import announce, detect_job, refuse, settle
 

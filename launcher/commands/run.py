@@ -325,20 +325,19 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
     env = {
         **rank_env(job, master_addr=addr, master_port=port, environ=os.environ),
         **road.worker_env(options, plan, ""),
+        **dict(
+            addressing(
+                multi_node=job.nnodes > 1,
+                backend="static",
+                endpoint=(addr, port),
+                flag="--master-addr (MASTER_ADDR)",
+                node_rank=job.node_index,
+            ).env
+        ),
+        envvars.PLAN_JSON: plan.to_json(),
+        **({envvars.HYDRA_NOW: settled.now} if settled.now else {}),
     }
-    env.update(
-        addressing(
-            multi_node=job.nnodes > 1,
-            backend="static",
-            endpoint=(addr, port),
-            flag="--master-addr (MASTER_ADDR)",
-            node_rank=job.node_index,
-        ).env
-    )
     env.pop(envvars.PLAN, None)
-    env[envvars.PLAN_JSON] = plan.to_json()
-    if settled.now:
-        env[envvars.HYDRA_NOW] = settled.now
     if road.dry_run:
         listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
         unknown = (
@@ -475,7 +474,7 @@ def trainer_mesh(options: LaunchOptions, layout: Layout | None) -> Layout | None
     """The mesh to plan a trainer job with: its ``layout`` (every dimension, resolved), unless a mesh is stated
     already (``--mesh``, ``NUMARUN_MESH``, ``launcher.mesh``): then it must be the same layout (the same row-major
     mesh: the same sizes in the same order, dimensions of size 1 left out), and None is returned."""
-    if layout is None or options.mesh is None or not options.is_given("mesh"):
+    if layout is None or options.mesh is None or options.setting("mesh").source is Source.DEFAULT:
         return layout
     if options.mesh.resolved(layout.world_size).squeezed() != layout.squeezed():
         raise LayoutError(

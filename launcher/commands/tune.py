@@ -28,23 +28,13 @@ from .. import argtypes, envvars
 from ..errors import TuneRunFailed, UsageError
 from ..fsutil import write_output
 from ..launch.child import numarun_command
-from ..options.launch import LaunchOptions, Source, add_options, from_args, from_environ, option
+from ..options.launch import LaunchOptions, Source, add_options, from_args, from_environ, given, option
 from ..tune import candidates as cand
 from ..tune.measure import Measured, from_metrics, from_reports
 from ..tune.schedule import alternate
 from ..tune.stats import Run, best, summarize, table, to_json
 
 _trials = argtypes.int_in("--trials", low=1, high=argtypes.MAX_COUNT)
-
-
-def _axis(parse):
-    def wrapped(text: str) -> cand.Axis:
-        try:
-            return parse(text)
-        except UsageError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return wrapped
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -58,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         *option("binding").flags,
         dest="binding",
-        type=_axis(cand.binding_axis),
+        type=argtypes.typed("--binding", lambda text, _: cand.binding_axis(text)),
         default=None,
         metavar="LIST",
         help="binding modes to try, e.g. exclusive,node,none",
@@ -66,14 +56,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument(
         *option("mem_policy").flags,
         dest="mem_policy",
-        type=_axis(cand.mem_policy_axis),
+        type=argtypes.typed("--mem-policy", lambda text, _: cand.mem_policy_axis(text)),
         default=None,
         metavar="LIST",
         help="memory policies to try, e.g. bind,preferred",
     )
     parser.add_argument(
         "--omp",
-        type=_axis(cand.omp_axis),
+        type=argtypes.typed("--omp", lambda text, _: cand.omp_axis(text)),
         default=None,
         metavar="LIST",
         help="OMP_NUM_THREADS values to try, e.g. plan,4,8 ('plan' = the plan's own)",
@@ -169,7 +159,6 @@ def _baseline(environ: Mapping[str, str]) -> LaunchOptions:
 
 def _save_plan(options: LaunchOptions, winner: cand.Candidate) -> str:
     from ..launch.planning import Planner
-    from ..options.launch import given
     from ..plan.model import BindingMode, MemPolicy
 
     base = _baseline(os.environ)
@@ -197,16 +186,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse an unwritable --json-file/--save/--svg before minutes of runs, not after."""
     for dest in ("json_file", "save", "svg"):
         value = getattr(args, dest)
-        if value is None:
-            continue
-        path = Path(value)
-        if path.is_dir() or not (path.parent if str(path.parent) else Path(".")).is_dir():
+        if value is not None and (Path(value).is_dir() or not Path(value).parent.is_dir()):
             flag = "--" + dest.replace("_", "-")
             raise UsageError(f"bad {flag} {value!r}: expected a file path in an existing directory")
 
 
 def main(args: argparse.Namespace) -> int:
-    argtypes.refuse_json_script(args.json, args.script, module=args.module)
+    if args.json and not args.module and args.script.endswith(".json"):  # --json FILE SCRIPT, the old spelling
+        raise UsageError(argtypes.json_moved(args.script))
     if not args.module and not Path(args.script).is_file():
         raise UsageError(f"bad script {args.script!r}: no such file; expected a path to a Python script (or -m MODULE)")
     _check_outputs(args)

@@ -4,5 +4,3 @@ Only ``compose`` drives Hydra, and only ``numarun.hydra_internals`` touches Hydr
 workers read the saved config with :func:`numarun.config.schema.load_job_config` (OmegaConf
 only). Nothing here imports the trainer or the commands above it.
 """
-
-from __future__ import annotations

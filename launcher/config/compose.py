@@ -160,18 +160,10 @@ def expand_sweep(overrides: Sequence[str], *, config_loader: Any = None) -> list
 def sweep_arg_sets(script_args: Sequence[str]) -> list[list[str]]:
     """The script arguments of each job: ``script_args`` itself, or with ``-m`` one set per job of
     the sweep (that job's overrides, then the other arguments; no ``-m``)."""
-    overrides: list[str] = []
-    other: list[str] = []
-    multirun = False
-    for a in script_args:
-        if a in MULTIRUN_FLAGS:
-            multirun = True
-        elif not a.startswith("-") and ("=" in a or a.startswith("~")):
-            overrides.append(a)
-        else:
-            other.append(a)
-    if not multirun:
+    if not any(a in MULTIRUN_FLAGS for a in script_args):
         return [list(script_args)]
+    overrides = [a for a in script_args if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    other = [a for a in script_args if a not in MULTIRUN_FLAGS and a not in overrides]
     return [job + other for job in expand_sweep(overrides)]
 
 
@@ -282,16 +274,11 @@ def _print_only(app: Any, parser: Any, args: Any, config_name: str) -> bool:
     elif args.info:
         # Hydra gives the info its own stdout handler on the root logger: ours would double it
         root = logging.getLogger()
-        handlers = root.handlers[:]
-        for h in handlers:
-            root.removeHandler(h)
+        handlers, root.handlers = root.handlers, []
         try:
             app.show_info(args.info, config_name=config_name, overrides=overrides)
         finally:
-            for h in root.handlers[:]:
-                root.removeHandler(h)
-            for h in handlers:
-                root.addHandler(h)
+            root.handlers = handlers
     elif args.shell_completion:
         app.shell_completion(config_name=config_name, overrides=overrides)
     else:
@@ -327,8 +314,7 @@ def _compose(app: Any, config_name: str, args: Any, *, log_configuration: bool) 
     for num, job_overrides in enumerate(expand_sweep([*params, *task_overrides], config_loader=app.config_loader)):
         job_cfg = internals.load_sweep_job(app, cfg, job_overrides)
         with open_dict(job_cfg):
-            job_cfg.hydra.job.id = num
-            job_cfg.hydra.job.num = num
+            job_cfg.hydra.job.id = job_cfg.hydra.job.num = num
         jobs.append(_prepare(job_cfg, sweep=True))
     return _Command(cfg, sweep_dir=sweep_dir, jobs=tuple(jobs))
 

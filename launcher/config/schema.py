@@ -8,13 +8,16 @@ reads the run dir's ``config.yaml`` back with :func:`load_job_config`.
 from __future__ import annotations
 
 import enum
+import functools
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..argtypes import MAX_LOCAL_RANKS, MAX_NODES
 from ..comm.modes import CommMode, parse_compression
-from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError, UsageError
+from ..errors import TRAINER_LAYOUT, ConfigError, LayoutError, UsageError, first_line
 from ..layout import Layout
 
 
@@ -210,19 +213,36 @@ ENUM_KEYS: dict[str, type[enum.Enum]] = {
 }
 
 
-def _count(n: Any) -> bool:
-    """A block count: a whole number >= 0 (OmegaConf lets a nested list through a ``list[int]`` field)."""
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+def _whole(n: Any, low: int) -> bool:
+    """A whole number >= ``low`` (OmegaConf lets a nested list through a ``list[int]`` field)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n >= low
+
+
+Rule = tuple[str, Callable[[Any], object], str]
+"""(key, whether its value holds, the form expected otherwise)."""
+
+
+def _refuse_unless(cfg: Any, rules: Iterable[Rule]) -> None:
+    """The first value of ``rules`` that does not hold, as a ConfigError naming the key and the expected form."""
+    for key, holds, expected in rules:
+        section, name = key.split(".")
+        if not holds(value := cfg[section][name]):
+            raise ConfigError(f"bad {key} {value!r}: expected {expected}")
 
 
 def check_values(cfg: Any) -> None:
     """Checks the types cannot express; raises ConfigError naming the key and the expected form."""
-    for key, enum_type in ENUM_KEYS.items():
-        section, name = key.split(".")
-        value = cfg[section][name]
-        allowed = [m.value for m in enum_type]
-        if value not in allowed:
-            raise ConfigError(f"bad {key} {value!r}: expected one of {', '.join(allowed)}")
+    _refuse_unless(
+        cfg,
+        (
+            (
+                key,
+                functools.partial(operator.contains, [m.value for m in kind]),
+                f"one of {', '.join(m.value for m in kind)}",
+            )
+            for key, kind in ENUM_KEYS.items()
+        ),
+    )
     parse_compression(cfg.comm.compression)
     Layout.of_degrees(cfg.parallel, nnodes=1, nproc_per_node=1)  # values only: the job's shape is checked with the plan
     if cfg.parallel.cp != 1:
@@ -230,51 +250,56 @@ def check_values(cfg: Any) -> None:
             f"bad parallel.cp {cfg.parallel.cp!r}: context parallelism is not built; expected parallel.cp=1",
             where=TRAINER_LAYOUT,
         )
-    for key in ("pp_microbatches", "pp_stages_per_rank"):
-        if (value := cfg.parallel[key]) is not None and value < 1:
-            raise ConfigError(f"bad parallel.{key} {value!r}: expected an integer >= 1, or null")
-    if (split := cfg.parallel.pp_split) is not None and (not len(split) or not all(_count(n) for n in split)):
-        raise ConfigError(f"bad parallel.pp_split {list(split)!r}: expected a list of block counts >= 0, one per stage")
-    bs = cfg.trainer.batch_size
-    if not (bs == "auto" or (isinstance(bs, int) and not isinstance(bs, bool) and bs > 0)):
-        raise ConfigError(f"bad trainer.batch_size {bs!r}: expected a positive integer or 'auto'")
-    for key in (
-        "trainer.steps",
-        "trainer.grad_accum",
-        "trainer.log_interval",
-        "model.num_layers",
-        "model.n_layers",
-        "model.n_heads",
-    ):
-        section, name = key.split(".")
-        if (value := cfg[section][name]) < 1:
-            raise ConfigError(f"bad {key} {value!r}: expected an integer >= 1")
-    if cfg.launcher.nproc_per_node is not None and not 1 <= cfg.launcher.nproc_per_node <= MAX_LOCAL_RANKS:
-        raise ConfigError(
-            f"bad launcher.nproc_per_node {cfg.launcher.nproc_per_node!r}: expected an integer from 1 to "
-            f"{MAX_LOCAL_RANKS} or null"
-        )
-    if cfg.launcher.nnodes is not None and not 1 <= cfg.launcher.nnodes <= MAX_NODES:
-        raise ConfigError(
-            f"bad launcher.nnodes {cfg.launcher.nnodes!r}: expected an integer from 1 to {MAX_NODES} or null"
-        )
+    positive = "an integer >= 1"
+    _refuse_unless(
+        cfg,
+        (
+            ("parallel.pp_microbatches", lambda v: v is None or v >= 1, f"{positive}, or null"),
+            ("parallel.pp_stages_per_rank", lambda v: v is None or v >= 1, f"{positive}, or null"),
+            (
+                "parallel.pp_split",
+                lambda v: v is None or (len(v) and all(_whole(n, 0) for n in v)),
+                "a list of block counts >= 0, one per stage",
+            ),
+            ("trainer.batch_size", lambda v: v == "auto" or _whole(v, 1), "a positive integer or 'auto'"),
+            *(
+                (key, lambda v: v >= 1, positive)
+                for key in (
+                    "trainer.steps",
+                    "trainer.grad_accum",
+                    "trainer.log_interval",
+                    "model.num_layers",
+                    "model.n_layers",
+                    "model.n_heads",
+                )
+            ),
+            (
+                "launcher.nproc_per_node",
+                lambda v: v is None or 1 <= v <= MAX_LOCAL_RANKS,
+                f"an integer from 1 to {MAX_LOCAL_RANKS} or null",
+            ),
+            (
+                "launcher.nnodes",
+                lambda v: v is None or 1 <= v <= MAX_NODES,
+                f"an integer from 1 to {MAX_NODES} or null",
+            ),
+        ),
+    )
     _check_launcher(cfg.launcher)
-    if cfg.comm.bucket_mb is not None and not cfg.comm.bucket_mb > 0:
-        raise ConfigError(f"bad comm.bucket_mb {cfg.comm.bucket_mb!r}: expected a size in MiB > 0, e.g. 25, or null")
-    if cfg.comm.chunk_mb is not None and not cfg.comm.chunk_mb >= 0:
-        raise ConfigError(
-            f"bad comm.chunk_mb {cfg.comm.chunk_mb!r}: expected a size in MiB >= 0 (0: one shot), or null"
-        )
-    if cfg.trainer.checkpoint_interval < 0:
-        raise ConfigError(
-            f"bad trainer.checkpoint_interval {cfg.trainer.checkpoint_interval!r}: expected an integer >= 0"
-        )
-    if cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(
-            f"bad model.d_model {cfg.model.d_model!r}: expected a multiple of model.n_heads={cfg.model.n_heads}"
-        )
-    if cfg.data.dtype not in ("uint16", "int32"):
-        raise ConfigError(f"bad data.dtype {cfg.data.dtype!r}: expected uint16 or int32")
+    _refuse_unless(
+        cfg,
+        (
+            ("comm.bucket_mb", lambda v: v is None or v > 0, "a size in MiB > 0, e.g. 25, or null"),
+            ("comm.chunk_mb", lambda v: v is None or v >= 0, "a size in MiB >= 0 (0: one shot), or null"),
+            ("trainer.checkpoint_interval", lambda v: v >= 0, "an integer >= 0"),
+            (
+                "model.d_model",
+                lambda v: not v % cfg.model.n_heads,
+                f"a multiple of model.n_heads={cfg.model.n_heads}",
+            ),
+            ("data.dtype", lambda v: v in ("uint16", "int32"), "uint16 or int32"),
+        ),
+    )
     if cfg.data.kind == DataKind.TOKENS:
         if not cfg.data.path:
             raise ConfigError("bad data.path None: expected a token file path with data=tokens")
@@ -314,12 +339,7 @@ def load_job_config_text(text: str, origin: str = "config") -> Any:
         cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.create(text))
     except (OmegaConfBaseException, ValueError) as e:
         raise ConfigError(
-            f"bad job config {origin!r}: {_one_line(e)}; expected the keys and types of JobConfig"
+            f"bad job config {origin!r}: {first_line(e)}; expected the keys and types of JobConfig"
         ) from None
     check_values(cfg)
     return cfg
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

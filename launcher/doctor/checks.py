@@ -7,7 +7,6 @@ health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,112 +51,90 @@ class Probe:
 
 
 def check_pcie_links(topo: Topology) -> list[Finding]:
-    out = []
     devices = [(g.pci_bus_id, f"GPU {g.index}", g.pcie_link) for g in topo.gpus]
     devices += [(n.pci_bus_id or n.name, f"NIC {n.name}", n.pcie_link) for n in topo.nics]
-    for bus, what, link in devices:
-        if not link.degraded:
-            continue
-        narrow = link.current_width < link.max_width
-        out.append(
-            Finding(
-                # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
-                Severity.ERROR if narrow else Severity.WARN,
-                "pcie-link",
-                bus,
-                f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
-                f"{link.max_gts:g} GT/s x{link.max_width}: "
-                + (
-                    "reseat the card or check the slot, riser and BIOS link settings"
-                    if narrow
-                    else "GPUs lower the link speed when idle: check again under load; "
-                    "if it stays low, check the slot and BIOS"
-                ),
-            )
+    return [
+        Finding(
+            # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
+            Severity.ERROR if link.current_width < link.max_width else Severity.WARN,
+            "pcie-link",
+            bus,
+            f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
+            f"{link.max_gts:g} GT/s x{link.max_width}: "
+            + (
+                "reseat the card or check the slot, riser and BIOS link settings"
+                if link.current_width < link.max_width
+                else "GPUs lower the link speed when idle: check again under load; "
+                "if it stays low, check the slot and BIOS"
+            ),
         )
-    return out
+        for bus, what, link in devices
+        if link.degraded
+    ]
 
 
 def check_rdma_ports(topo: Topology) -> list[Finding]:
     """The RDMA ports the Topology carries (sysfs ``ports/<N>/{state,link_layer}``, hwloc, snapshots)."""
     out = []
-    netdevs = {n.name: n.netdevs for n in topo.nics}
     for nic in sorted(topo.nics, key=lambda n: n.name):
-        dev, dev_ports = nic.name, nic.ports
-        active = [p for p in dev_ports if p.active]
-        for p in dev_ports:
-            where = f"{dev}:{p.number}"
-            if not p.state:
-                out.append(
-                    Finding(Severity.INFO, "rdma-port", where, f"RDMA port {where}: state not recorded; not checked")
-                )
-                continue
-            if not p.active:
-                sev = Severity.WARN if active else Severity.ERROR
-                out.append(
-                    Finding(
-                        sev,
-                        "rdma-port",
-                        where,
-                        f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
-                        "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
-                    )
-                )
-                continue
-            if p.link_layer and p.link_layer not in USABLE_LINK_LAYERS:
-                out.append(
-                    Finding(
-                        Severity.WARN,
-                        "rdma-link-layer",
-                        where,
-                        f"RDMA port {where} has link layer {p.link_layer!r}; the plan uses only InfiniBand or Ethernet "
-                        "(RoCE) ports: this device is not a compute NIC",
-                    )
-                )
-            elif p.link_layer == "Ethernet" and not netdevs.get(dev):
-                out.append(
-                    Finding(
-                        Severity.WARN,
-                        "rdma-link-layer",
-                        where,
-                        f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
-                        "bring the interface up or leave the device out with NCCL_IB_HCA",
-                    )
-                )
+        active = any(p.active for p in nic.ports)
+        for p in nic.ports:
+            where = f"{nic.name}:{p.number}"
+            rules = (
+                (not p.state, Severity.INFO, "rdma-port", f"RDMA port {where}: state not recorded; not checked"),
+                (
+                    not p.active,
+                    Severity.WARN if active else Severity.ERROR,
+                    "rdma-port",
+                    f"RDMA port {where} is {p.state}, not ACTIVE: NCCL cannot use it; "
+                    "check the cable and the switch port (ibstat), or leave the device out with NCCL_IB_HCA",
+                ),
+                (
+                    p.link_layer and p.link_layer not in USABLE_LINK_LAYERS,
+                    Severity.WARN,
+                    "rdma-link-layer",
+                    f"RDMA port {where} has link layer {p.link_layer!r}; the plan uses only InfiniBand or Ethernet "
+                    "(RoCE) ports: this device is not a compute NIC",
+                ),
+                (
+                    p.link_layer == "Ethernet" and not nic.netdevs,
+                    Severity.WARN,
+                    "rdma-link-layer",
+                    f"RoCE port {where} has no network interface: RoCE needs one for its GID; "
+                    "bring the interface up or leave the device out with NCCL_IB_HCA",
+                ),
+            )
+            hit = next((r for r in rules if r[0]), None)  # the first rule that holds is the port's finding
+            if hit is not None:
+                out.append(Finding(hit[1], hit[2], where, hit[3]))
     return out
-
-
-def _multi_node(topo: Topology) -> bool:
-    return sum(1 for n in topo.numa_nodes if n.cpus) > 1
 
 
 def check_numa_unknown(topo: Topology) -> list[Finding]:
-    if not _multi_node(topo):
+    if sum(1 for n in topo.numa_nodes if n.cpus) <= 1:
         return []  # -1 is what a single-node machine reports; nothing to choose
-    out = []
-    for g in topo.gpus:
-        if g.numa_node < 0:
-            out.append(
-                Finding(
-                    Severity.WARN,
-                    "numa-unknown",
-                    g.pci_bus_id,
-                    f"GPU {g.index} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: its rank "
-                    "cannot be placed next to it; enable ACPI SRAT/_PXM in the BIOS (or the VM's NUMA passthrough)",
-                )
-            )
-    for n in topo.nics:
-        if n.numa_node < 0 and n.pci_bus_id:
-            out.append(
-                Finding(
-                    Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
-                    "numa-unknown",
-                    n.name,
-                    f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
-                    "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS",
-                )
-            )
-    return out
+    gpus = [
+        Finding(
+            Severity.WARN,
+            "numa-unknown",
+            g.pci_bus_id,
+            f"GPU {g.index} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: its rank "
+            "cannot be placed next to it; enable ACPI SRAT/_PXM in the BIOS (or the VM's NUMA passthrough)",
+        )
+        for g in topo.gpus
+        if g.numa_node < 0
+    ]
+    return gpus + [
+        Finding(
+            Severity.WARN if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else Severity.INFO,
+            "numa-unknown",
+            n.name,
+            f"NIC {n.name} reports NUMA node -1 on a machine with {len(topo.numa_nodes)} NUMA nodes: "
+            "the closest NIC per rank is a guess; enable ACPI SRAT/_PXM in the BIOS",
+        )
+        for n in topo.nics
+        if n.numa_node < 0 and n.pci_bus_id
+    ]
 
 
 def check_peermem(topo: Topology) -> list[Finding]:
@@ -204,38 +181,35 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         out.append(
             Finding(Severity.ERROR, "plan", format_list(usable) or "-", f"the binding cannot be planned here: {e}")
         )
-    if len(cores) < nproc:
-        out.append(
-            Finding(
-                Severity.ERROR,
-                "cpus",
-                format_list(usable) or "-",
-                f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
-                f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks",
-            )
-        )
     disallowed = sorted(c.id for c in topo.cpus if c.online and not c.allowed)
-    if disallowed and len(cores) >= nproc:
-        out.append(
-            Finding(
-                Severity.INFO,
-                "cpus",
-                format_list(disallowed),
-                f"{len(disallowed)} online CPUs are outside this process's cgroup/affinity; ranks are bound within the "
-                "rest",
-            )
-        )
     offline = sorted(c.id for c in topo.cpus if not c.online)
-    if offline:
-        out.append(
-            Finding(
-                Severity.WARN,
-                "cpus-offline",
-                format_list(offline),
-                f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
-                "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended",
-            )
-        )
+    found = (
+        (
+            len(cores) < nproc,
+            Severity.ERROR,
+            "cpus",
+            format_list(usable) or "-",
+            f"{len(cores)} usable physical cores ({len(usable)} CPUs allowed by the cgroup/affinity) for "
+            f"{nproc} ranks: ask the scheduler for more CPUs (--cpus-per-task) or start fewer ranks",
+        ),
+        (
+            disallowed and len(cores) >= nproc,
+            Severity.INFO,
+            "cpus",
+            format_list(disallowed),
+            f"{len(disallowed)} online CPUs are outside this process's cgroup/affinity; ranks are bound within the "
+            "rest",
+        ),
+        (
+            offline,
+            Severity.WARN,
+            "cpus-offline",
+            format_list(offline),
+            f"{len(offline)} CPUs are offline: the node runs below its core count; bring them online "
+            "(echo 1 > /sys/devices/system/cpu/cpuN/online) unless that is intended",
+        ),
+    )
+    out += [Finding(severity, check, device, text) for wrong, severity, check, device, text in found if wrong]
     if topo.allowed_mems:
         allowed = set(topo.allowed_mems)
         wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {
@@ -288,97 +262,67 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
     for pos, g in enumerate(record["gpus"]):
         if not isinstance(g, Mapping):
             continue
-        dev = str(g.get("pci_bus_id", f"GPU {pos}"))
-        with contextlib.suppress(NumarunError):
-            from ..topology.model import normalize_bus_id
-
-            dev = normalize_bus_id(dev)
-        name = f"GPU {g.get('index', pos)}"
         health = gpu_health(g, pos)  # the answers parsed as the step report parses them
-        vol = health.ecc_uncorrected
-        if vol:
-            out.append(
-                Finding(
-                    Severity.ERROR,
-                    "nvml-ecc",
-                    dev,
-                    f"{name} has {vol} uncorrected ECC errors since the driver loaded: results may be wrong; "
-                    "drain the node and reset the GPU (nvidia-smi -r), replace it if they return",
-                )
-            )
-        agg = health.ecc_uncorrected_aggregate
-        if agg and not vol:
-            out.append(
-                Finding(
-                    Severity.WARN,
-                    "nvml-ecc",
-                    dev,
-                    f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it",
-                )
-            )
-        if health.retired_pending:
-            out.append(
-                Finding(
-                    Severity.ERROR,
-                    "nvml-retirement",
-                    dev,
-                    f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running",
-                )
-            )
-        if health.remapped_rows is not None:
-            _corr, uncorr, pending, failure = health.remapped_rows
-            if failure:
-                out.append(
-                    Finding(
-                        Severity.ERROR,
-                        "nvml-row-remap",
-                        dev,
-                        f"{name}: row remapping failed (no spare rows left): replace the GPU",
-                    )
-                )
-            elif pending:
-                out.append(
-                    Finding(
-                        Severity.ERROR,
-                        "nvml-row-remap",
-                        dev,
-                        f"{name} has a row remapping pending: reset the GPU (nvidia-smi -r) before running",
-                    )
-                )
-            elif uncorr:
-                out.append(
-                    Finding(
-                        Severity.INFO,
-                        "nvml-row-remap",
-                        dev,
-                        f"{name} has {uncorr} rows remapped after uncorrectable errors",
-                    )
-                )
-        reasons = health.reasons
-        if reasons:
-            bad = [text for bit, text in THROTTLE_WARN.items() if reasons & bit]
-            if bad:
-                out.append(
-                    Finding(
-                        Severity.WARN,
-                        "nvml-throttle",
-                        dev,
-                        f"{name} clocks are held down: {', '.join(bad)}; check cooling and power",
-                    )
-                )
-            soft = [text for bit, text in THROTTLE_INFO.items() if reasons & bit]
-            if soft:
-                out.append(Finding(Severity.INFO, "nvml-throttle", dev, f"{name} clocks limited by {', '.join(soft)}"))
-        if health.persistence == 0:
-            out.append(
-                Finding(
-                    Severity.WARN,
-                    "nvml-persistence",
-                    dev,
-                    f"{name} has persistence mode off: every job start re-initialises the driver "
-                    "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'",
-                )
-            )
+        dev = health.pci_bus_id or str(g.get("pci_bus_id", f"GPU {pos}"))
+        name = f"GPU {g.get('index', pos)}"
+        vol, agg = health.ecc_uncorrected, health.ecc_uncorrected_aggregate
+        _corr, uncorr, pending, failure = health.remapped_rows or (0, 0, 0, 0)
+        bad = [text for bit, text in THROTTLE_WARN.items() if (health.reasons or 0) & bit]
+        soft = [text for bit, text in THROTTLE_INFO.items() if (health.reasons or 0) & bit]
+        found = (
+            (
+                vol,
+                Severity.ERROR,
+                "nvml-ecc",
+                f"{name} has {vol} uncorrected ECC errors since the driver loaded: results may be wrong; "
+                "drain the node and reset the GPU (nvidia-smi -r), replace it if they return",
+            ),
+            (
+                agg and not vol,
+                Severity.WARN,
+                "nvml-ecc",
+                f"{name} has {agg} uncorrected ECC errors over its lifetime: watch it",
+            ),
+            (
+                health.retired_pending,
+                Severity.ERROR,
+                "nvml-retirement",
+                f"{name} has a page retirement pending: reset the GPU (nvidia-smi -r) before running",
+            ),
+            (
+                failure,
+                Severity.ERROR,
+                "nvml-row-remap",
+                f"{name}: row remapping failed (no spare rows left): replace the GPU",
+            ),
+            (
+                pending and not failure,
+                Severity.ERROR,
+                "nvml-row-remap",
+                f"{name} has a row remapping pending: reset the GPU (nvidia-smi -r) before running",
+            ),
+            (
+                uncorr and not pending and not failure,
+                Severity.INFO,
+                "nvml-row-remap",
+                f"{name} has {uncorr} rows remapped after uncorrectable errors",
+            ),
+            (
+                bad,
+                Severity.WARN,
+                "nvml-throttle",
+                f"{name} clocks are held down: {', '.join(bad)}; check cooling and power",
+            ),
+            (soft, Severity.INFO, "nvml-throttle", f"{name} clocks limited by {', '.join(soft)}"),
+            (
+                health.persistence == 0,
+                Severity.WARN,
+                "nvml-persistence",
+                f"{name} has persistence mode off: every job start re-initialises the driver "
+                "(seconds); enable nvidia-persistenced or 'nvidia-smi -pm 1'",
+            ),
+        )
+        out += [Finding(severity, check, dev, text) for wrong, severity, check, text in found if wrong]
     return out
 
 

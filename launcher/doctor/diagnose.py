@@ -114,7 +114,3 @@ def diagnose(
     )
     verdict["node_rank"] = node_rank
     return verdict
-
-
-NODE_ROWS = 32
-"""Above this many nodes the table lists only the nodes with an error or a warning."""

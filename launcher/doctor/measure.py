@@ -8,16 +8,30 @@ GPU).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 MEM_BYTES = 64 << 20
 MEM_SECONDS = 0.25
 H2D_BYTES = 256 << 20
 H2D_SECONDS = 0.5
+
+
+def _best(seconds: float, nbytes: int, copy: Callable[[], object], wait: Callable[[], object] = lambda: None) -> float:
+    """GB/s of the fastest of ``copy()`` of ``nbytes`` (done once ``wait()`` returns), repeated for ``seconds``."""
+    best, end = 0.0, time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        copy()
+        wait()
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+        if time.perf_counter() > end:
+            return best
 
 
 def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
@@ -34,15 +48,7 @@ def mem_bandwidth(node: int, cpus: set[int] | None) -> float:
         src = np.ones(MEM_BYTES // 8, dtype=np.float64)
         dst = np.empty_like(src)
         dst.fill(0.0)
-        best = 0.0
-        end = time.perf_counter() + MEM_SECONDS
-        while True:
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            best = max(best, 2 * src.nbytes / (time.perf_counter() - t0) / 1e9)  # read and written once
-            if time.perf_counter() > end:
-                break
-        return best
+        return _best(MEM_SECONDS, 2 * src.nbytes, functools.partial(np.copyto, dst, src))  # read and written once
     finally:
         with contextlib.suppress(OSError):
             affinity.set_mempolicy(affinity.Mpol.DEFAULT)
@@ -63,16 +69,12 @@ def h2d_bandwidth() -> tuple[dict[str, float], dict[str, float]]:
         bus = f"{dom:04x}:{bus_no:02x}:{dev_no:02x}.0" if bus_no >= 0 else f"cuda:{i}"
         host = torch.empty(H2D_BYTES, dtype=torch.uint8, pin_memory=True)
         dev = torch.empty(H2D_BYTES, dtype=torch.uint8, device=f"cuda:{i}")
+        sync = functools.partial(torch.cuda.synchronize, i)
         for dst, src, out in ((dev, host, h2d), (host, dev, d2h)):
-            best = 0.0
-            end = time.perf_counter() + H2D_SECONDS
-            while time.perf_counter() < end:
-                torch.cuda.synchronize(i)
-                t0 = time.perf_counter()
-                dst.copy_(src, non_blocking=True)
-                torch.cuda.synchronize(i)
-                best = max(best, H2D_BYTES / (time.perf_counter() - t0) / 1e9)
-            out[bus] = round(best, 2)
+            sync()
+            out[bus] = round(
+                _best(H2D_SECONDS, H2D_BYTES, functools.partial(dst.copy_, src, non_blocking=True), sync), 2
+            )
         del host, dev
     return h2d, d2h
 

@@ -74,19 +74,17 @@ class _StreamServer(threading.Thread):
                 return
             with conn:
                 try:
-                    head = _recv_exact(conn, 4)
+                    head = conn.recv(4, socket.MSG_WAITALL)
+                    if len(head) < 4:
+                        raise OSError("stream closed early")
                     sender = struct.unpack("!i", head)[0]
                     buf = bytearray(CHUNK)
-                    total = 0
-                    t0 = None
-                    while True:
+                    n = total = conn.recv_into(buf)
+                    t0 = time.perf_counter()  # timed from the first byte to the end of the stream
+                    while n:
                         n = conn.recv_into(buf)
-                        if not n:
-                            break
-                        if t0 is None:
-                            t0 = time.perf_counter()
                         total += n
-                    dt = time.perf_counter() - (t0 or time.perf_counter())
+                    dt = time.perf_counter() - t0
                     gbs = round(total / dt / 1e9, 4) if dt > 0 else 0.0
                     # a pair measured again (a re-test) keeps its best figure: a transient dip is not a fault
                     self.received[sender] = max(gbs, self.received.get(sender, 0.0))
@@ -98,16 +96,6 @@ class _StreamServer(threading.Thread):
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        part = conn.recv(n - len(data))
-        if not part:
-            raise OSError("stream closed early")
-        data += part
-    return data
 
 
 def _stream_to(addr: str, my_rank: int, seconds: float) -> None:
@@ -297,7 +285,9 @@ def run_exchange(
     sync.publish("addr", link.address)
     done = first_rounds(nnodes, kind, seed=seed)
     addrs: dict[int, str] = {}
-    _run_slots(sync, link, addrs, [(k, peer) for k, rnd in enumerate(done) for peer in _peers(rnd, rank)])
+    _run_slots(
+        sync, link, addrs, [(k, b if a == rank else a) for k, rnd in enumerate(done) for a, b in rnd if rank in (a, b)]
+    )
     step = len(done)
     while kind is LinkSchedule.BOUNDED:
         # node 0 plans each further round from every node's figures so far (a few numbers each)
@@ -338,10 +328,6 @@ def run_exchange(
     return dict(verdict)
 
 
-def _peers(rnd: Sequence[tuple[int, int]], rank: int) -> list[int]:
-    return [b if a == rank else a for a, b in rnd if rank in (a, b)]
-
-
 def _run_slots(sync: StoreSync, link: LinkMeter, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
     """This node's part of some rounds: ``(round, peer)`` in round order. Both ends of a pair
     first say they are ready for the round (done with their earlier pairs, so nothing else
@@ -351,14 +337,12 @@ def _run_slots(sync: StoreSync, link: LinkMeter, addrs: dict[int, str], slots: l
         sync.wait_for(f"ready/{k}", peer)
         if peer not in addrs:
             addrs[peer] = sync.read("addr", peer).decode()
+        if sync.rank > peer:  # the lower rank streams first
+            sync.wait_for(f"sent/{k}", peer)
+        link.stream(addrs[peer], peer)
+        sync.publish(f"sent/{k}", "1")
         if sync.rank < peer:
-            link.stream(addrs[peer], peer)
-            sync.publish(f"sent/{k}", "1")
             sync.wait_for(f"sent/{k}", peer)
-        else:
-            sync.wait_for(f"sent/{k}", peer)
-            link.stream(addrs[peer], peer)
-            sync.publish(f"sent/{k}", "1")
 
 
 def summary(verdict: dict[str, Any]) -> dict[str, Any]:
@@ -370,15 +354,15 @@ def judge(
     reports: list[NodeReport], *, min_link_fraction: float, schedule: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Pure: the node reports -> the verdict (findings of every node, comparison, slow nodes and links)."""
-    n = len(reports)
-    directed: dict[tuple[int, int], float] = {}
-    for r in reports:
-        for sender, gbs in (r.figures.get("recv_gbs") or {}).items():
-            directed[(int(sender), r.node_rank)] = float(gbs)
-    lv = link_verdict(directed, n, min_link_fraction)
-    findings: list[Finding] = list(compare_nodes(reports))
-    for s in lv.slow_nodes:
-        findings.append(
+    directed = {
+        (int(sender), r.node_rank): float(gbs)
+        for r in reports
+        for sender, gbs in (r.figures.get("recv_gbs") or {}).items()
+    }
+    lv = link_verdict(directed, len(reports), min_link_fraction)
+    findings = [
+        *compare_nodes(reports),
+        *(
             Finding(
                 Severity.ERROR,
                 "slow-node",
@@ -387,9 +371,9 @@ def judge(
                 f"{lv.peers[s]} peer(s) measured, below {min_link_fraction:g} of the median {lv.median_gbs:.3f} GB/s: "
                 "check its NIC, cable and switch port, or leave it out",
             )
-        )
-    for a, b, gbs in lv.slow_links:
-        findings.append(
+            for s in lv.slow_nodes
+        ),
+        *(
             Finding(
                 Severity.ERROR,
                 "slow-link",
@@ -399,16 +383,22 @@ def judge(
                 "other peers at full speed: check the switch ports, cables and routes between them; leaving out "
                 "either node avoids it",
             )
-        )
-    nodes = []
-    for r in reports:
-        d = r.to_dict()
-        d["figures"]["link_gbs"] = lv.node_gbs.get(r.node_rank, 0.0)
-        d["figures"]["link_peers"] = lv.peers.get(r.node_rank, 0)
-        nodes.append(d)
-    all_findings = [f for r in reports for f in r.findings]
+            for a, b, gbs in lv.slow_links
+        ),
+    ]
+    nodes = [
+        {
+            **r.to_dict(),
+            "figures": {
+                **r.figures,
+                "link_gbs": lv.node_gbs.get(r.node_rank, 0.0),
+                "link_peers": lv.peers.get(r.node_rank, 0),
+            },
+        }
+        for r in reports
+    ]
     bad = sorted({r.node_rank for r in reports if has_error(r.findings)} | set(lv.slow_nodes) | odd_nodes(reports))
-    everything = findings + all_findings
+    everything = findings + [f for r in reports for f in r.findings]
     return {
         "findings": [f.to_dict() for f in sort_findings(findings)],
         "nodes": nodes,

@@ -65,7 +65,7 @@ def hostname(topo: Topology) -> str:  # Slurm's node name is what --exclude take
     return os.environ.get("SLURMD_NODENAME") or (socket.gethostname() if topo.source == "live" else topo.hostname)
 
 
-def facts(topo: Topology, probe: Probe, versions: dict[str, str]) -> dict[str, Any]:
+def facts(topo: Topology, versions: dict[str, str]) -> dict[str, Any]:
     return {
         "gpu_count": len(topo.gpus),
         "gpu_models": sorted({g.name for g in topo.gpus}),
@@ -137,5 +137,5 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
     if live:
         findings += check_hostname(*host_view(inputs.endpoint), multi_node=inputs.endpoint is not None)
     figures = measure(topo) if inputs.measure and live else {}
-    fact = facts(topo, pr, versions(pr.nvml, live=live and inputs.compare))
+    fact = facts(topo, versions(pr.nvml, live=live and inputs.compare))
     return NodeReport(node_rank, hostname(topo), tuple(findings), fact, figures), topo

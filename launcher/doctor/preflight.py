@@ -11,7 +11,7 @@ import sys
 
 from ..errors import PreflightFailed
 from ..options.launch import LaunchOptions
-from .diagnose import Settings
+from .diagnose import Settings, diagnose
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,6 @@ PORT_OFFSET = 1
 def preflight(options: LaunchOptions, settings: Settings) -> None:
     """The doctor on every node with the job's launch options, settled, and the doctor's ``settings``; returns when
     no node has an error (the job may start), else prints why and raises :class:`PreflightFailed`."""
-    from .diagnose import diagnose
     from .render import render
 
     # a static rendezvous: --master-addr/--master-port name node 0
@@ -29,7 +28,7 @@ def preflight(options: LaunchOptions, settings: Settings) -> None:
     node0 = result.get("node_rank", 0) == 0
     # node 0's verdict counts every node's findings; the others receive it without the per-node detail
     counts = result.get("counts") or {
-        s: sum(1 for f in _all_findings(result) if f["severity"] == s) for s in ("error", "warn")
+        s: sum(1 for f in result["findings"] if f["severity"] == s) for s in ("error", "warn")
     }
     if result["ok"]:
         print(
@@ -49,10 +48,3 @@ def preflight(options: LaunchOptions, settings: Settings) -> None:
             flush=True,
         )
     raise PreflightFailed(f"preflight found {counts['error'] or 'node'} error(s): the job was not started")
-
-
-def _all_findings(result: dict) -> list[dict]:
-    out = list(result.get("findings", []))
-    for n in result.get("nodes") or ():
-        out += n["findings"]
-    return out

@@ -13,30 +13,19 @@ from ..topology.fileio import read_bounded
 from .checks import Probe
 
 
-def _text(p: Path) -> str:
-    try:
-        return read_bounded(p).decode(errors="replace")
-    except (OSError, TopologyError):  # absent, or not a file a recorded tree should hold
-        return ""
-
-
-def read_smt_control(root: Path) -> str:
-    return _text(root / "sys/devices/system/cpu/smt/control").strip()
-
-
-def read_nvml_health_record() -> dict[str, Any] | None:
-    """The NVML record of :func:`numarun.topology.nvml.read_nvml_record` plus every GPU's health answers
-    (:mod:`numarun.topology.nvml_health`, which the step report reads too); None without NVML."""
-    from ..topology.nvml_health import read_health_record
-
-    return read_health_record()
-
-
 def probe(root: Path, *, live: bool, nvml_record: dict[str, Any] | None = None) -> Probe:
-    """Everything the checks need beside the Topology, from the tree at ``root``."""
+    """Everything the checks need beside the Topology, from the tree at ``root``: SMT control, and live the NVML
+    record of :func:`numarun.topology.nvml.read_nvml_record` plus every GPU's health answers
+    (:mod:`numarun.topology.nvml_health`, which the step report reads too; None without NVML)."""
     if live and nvml_record is None:
-        nvml_record = read_nvml_health_record()
-    return Probe(smt_control=read_smt_control(root), nvml=nvml_record)
+        from ..topology.nvml_health import read_health_record
+
+        nvml_record = read_health_record()
+    try:
+        smt = read_bounded(root / "sys/devices/system/cpu/smt/control").decode(errors="replace")
+    except (OSError, TopologyError):  # absent, or not a file a recorded tree should hold
+        smt = ""
+    return Probe(smt_control=smt.strip(), nvml=nvml_record)
 
 
 def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:

@@ -9,7 +9,7 @@ NODE_ROWS = 32  # above it, the table lists only the nodes with an error or a wa
 
 def render(result: dict[str, Any]) -> str:
     from rich.console import RenderableType
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from .. import tables
     from ..cpuset import format_list
@@ -20,14 +20,16 @@ def render(result: dict[str, Any]) -> str:
     if nodes:
         slow = set(result.get("slow_nodes", []))
         in_links = {x for link in result.get("slow_links", []) for x in link[:2]}
-
-        def notable(n: dict[str, Any]) -> bool:
-            return n["node_rank"] in slow | in_links or any(f["severity"] in ("error", "warn") for f in n["findings"])
-
-        shown = nodes if len(nodes) <= NODE_ROWS else [n for n in nodes if notable(n)]
-        t = Table(title="nodes", show_lines=False)
-        for col in ("rank", "host", "errors", "warns", "link GB/s", "peers", "mem GB/s per NUMA node", "h2d GB/s"):
-            t.add_column(col)
+        shown = [
+            n
+            for n in nodes
+            if len(nodes) <= NODE_ROWS
+            or n["node_rank"] in slow | in_links
+            or any(f["severity"] in ("error", "warn") for f in n["findings"])
+        ]
+        t = Table(
+            "rank", "host", "errors", "warns", "link GB/s", "peers", "mem GB/s per NUMA node", "h2d GB/s", title="nodes"
+        )
         for n in shown:
             sev = [f["severity"] for f in n["findings"]]
             fig = n["figures"]
@@ -54,11 +56,11 @@ def render(result: dict[str, Any]) -> str:
     for n in nodes or ():
         for f in n["findings"]:
             rows.setdefault((f["severity"], f["check"], f["device"], f["message"]), []).append(n["node_rank"])
-    t = Table(title="findings" if rows else "findings: none")
-    if nodes:
-        t.add_column("node")
-    for col in ("severity", "check", "device", "message"):
-        t.add_column(col, overflow="fold")
+    t = Table(
+        *(["node"] if nodes else []),
+        *(Column(col, overflow="fold") for col in ("severity", "check", "device", "message")),
+        title="findings" if rows else "findings: none",
+    )
     for cells, ranks in rows.items():
         t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)), style=style.get(cells[0]))
     items.append(t)

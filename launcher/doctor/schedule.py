@@ -5,6 +5,7 @@ In a round every node streams with at most one peer, so that a slow node slows o
 
 from __future__ import annotations
 
+import collections
 import enum
 import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -99,13 +100,10 @@ def doubts(
     top = max(pairs.values())
     fast = {p for p, g in pairs.items() if g >= min_fraction * top}
     good = frozenset(x for p in fast for x in p)
-    times: dict[Pair, int] = {}
-    for rnd in rounds:
-        for a, b in rnd:
-            times[pair(a, b)] = times.get(pair(a, b), 0) + 1
+    times = collections.Counter(pair(a, b) for rnd in rounds for a, b in rnd)
     links = tuple(
         sorted(
-            (p for p in pairs if p not in fast and p[0] in good and p[1] in good and times.get(p, 0) < 2),
+            (p for p in pairs if p not in fast and p[0] in good and p[1] in good and times[p] < 2),
             key=lambda p: (pairs[p], p),
         )
     )
@@ -126,10 +124,7 @@ def next_round(
         return []
     d = doubts(n, directed, rounds, min_fraction=min_fraction)
     met = {pair(a, b) for rnd in rounds for a, b in rnd}
-    peers = dict.fromkeys(range(n), 0)
-    for a, b in met:
-        peers[a] += 1
-        peers[b] += 1
+    peers = collections.Counter(x for p in met for x in p)
     # nodes that sat out a first round (odd n) and so met fewer peers than the others
     thin = [x for x in range(n) if peers[x] < min(FIRST_ROUNDS, n - 1) and x not in set(d.suspects)]
     if not d.suspects and not d.suspect_links and not thin and n >= ALWAYS_FULL_BELOW:
@@ -143,12 +138,7 @@ def next_round(
             busy.update((a, b))
     free_good = [g for g in sorted(d.known_good) if g not in busy]
     # known-good partners go first to the suspects that have met the fewest known-good nodes
-    good_met = {x: 0 for x in d.suspects}
-    for a, b in met:
-        if a in good_met and b in d.known_good:
-            good_met[a] += 1
-        elif b in good_met and a in d.known_good:
-            good_met[b] += 1
+    good_met = collections.Counter(x for a, b in met for x, y in ((a, b), (b, a)) if y in d.known_good)
     order = sorted(d.suspects, key=lambda x: (good_met[x], rng.random()))
     for s, g in _match(order, free_good, met, rng).items():
         out.append(pair(s, g))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 
-from ..argtypes import MAX_LOCAL_RANKS, duration
+from ..argtypes import MAX_LOCAL_RANKS, ascii_digits, duration
 from ..errors import UsageError
 
 
@@ -85,11 +85,8 @@ def parse_nproc(text: str, where: str) -> int | str | None:
     """``"4"`` -> 4; torchrun's ``auto``/``cpu``/``gpu``/``xpu`` kept as words (the plan resolves them)."""
     if text in NPROC_KEYWORDS:
         return text
-    try:
-        digits = text.strip()
-        value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 30 else 0  # not '٢', '1_6'
-    except ValueError:
-        value = 0
+    digits = text.strip()
+    value = int(digits) if ascii_digits(digits) and len(digits) <= 30 else 0  # not '٢', '1_6'
     if not 1 <= value <= MAX_LOCAL_RANKS:  # each rank is a binding and a process: bounded before any is made
         raise UsageError(
             f"bad {where} {text!r}: expected a positive integer up to {MAX_LOCAL_RANKS} "

@@ -193,15 +193,7 @@ def _log_level(text: str, where: str) -> str:
 
 def _number(kind: type[int] | type[float]) -> argtypes.Reader[Any]:
     """The reader of a torchrun option its parser types ``int`` or ``float``."""
-    what = "an integer" if kind is int else "a number"
-
-    def read(text: str, where: str) -> Any:
-        try:
-            return kind(text)
-        except ValueError:
-            raise UsageError(f"bad {where} {text!r}: expected {what}") from None
-
-    return read
+    return argtypes.converted(kind, "an integer" if kind is int else "a number")
 
 
 @dataclass(frozen=True)
@@ -383,10 +375,6 @@ class LaunchOptions:
         if dest in self.settings or dest not in _FIELDS:
             return self.settings[dest]
         return Setting(getattr(self, dest), Source.DEFAULT, option(dest).owner)
-
-    def is_given(self, dest: str) -> bool:
-        """Whether a source other than the default gave ``dest``."""
-        return self.setting(dest).source > Source.DEFAULT
 
     def stated(self) -> dict[str, Setting]:
         """The launch options a source other than the default gave."""

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from .. import envvars, tables
 from ..argtypes import ONE_NODE
 from ..cpuset import format_list
-from ..errors import NumarunError, UsageError
+from ..errors import NumarunError, RunFailed, UsageError
 from ..launch.child import numarun_command
-from ..options.launch import PLANNING, LaunchOptions, Source, from_argv
+from ..options.launch import PLANNING, LaunchOptions, Source, config_keys, from_argv
 from ..plan.pack import Slot, confined_cpus, pack, slot_topology
 
 if TYPE_CHECKING:
@@ -99,7 +99,6 @@ def _job(cfg: Any, settings: dict[str, Any], topology: Any, *, trainer: bool) ->
     from omegaconf import OmegaConf
 
     from ..config.files import plain
-    from ..options.launch import config_keys
     from ..topology.visible import visible_gpus
 
     own = OmegaConf.select(cfg, "launcher") if trainer else None  # numarun's trainer: its launcher group
@@ -306,6 +305,8 @@ def _start(job: SweepJob, slot: Slot, port: int, topology: Any, folder: Path, no
         ]
     # the affinity is set in the child before exec: every process of the job inherits it
     cpus = confined_cpus(slot, plan.binding)
+    shown = "not bound" if cpus is None else format_list(cpus)
+    log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, shown, format_list(slot.gpus) or "-")
     confine = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=confine)
 
@@ -381,7 +382,6 @@ def run_local(jobs: Sequence[SweepJob], topology: Any, folder: Path, *, limit: i
     """Each job in a slot as soon as one is free; returns each job's exit code. Every job's plan is made before
     the first starts. While they run, the process's signal loop has the queue act (:class:`_Queue`); stopped by a
     signal, it raises once every job has ended (exit 128+N)."""
-    from ..errors import RunFailed
     from ..launch import signals
 
     slots = list(
@@ -397,14 +397,6 @@ def run_local(jobs: Sequence[SweepJob], topology: Any, folder: Path, *, limit: i
     now = os.environ.get(envvars.HYDRA_NOW) or _dt.datetime.now().isoformat()
     ports = {s.index: _free_port() for s in slots}
     queue = _Queue(jobs, slots)
-
-    def start(job: SweepJob, slot: Slot) -> subprocess.Popen[bytes]:
-        proc = _start(job, slot, ports[slot.index], topology, folder, now)
-        cpus = confined_cpus(slot, job.launch_options(os.environ)[0].binding)
-        shown = "not bound" if cpus is None else format_list(cpus)
-        log.info("job #%d in slot %d: cpus %s gpus %s", job.idx, slot.index, shown, format_list(slot.gpus) or "-")
-        return proc
-
     loop = signals.loop()
     loop.handle((*signals.DEATH, *signals.FORWARDED))
     with loop.lock:
@@ -413,7 +405,7 @@ def run_local(jobs: Sequence[SweepJob], topology: Any, folder: Path, *, limit: i
     cancel = loop.every(0.25, queue.tick)
     try:
         with loop.serving(queue, signals.Phase.JOBS):
-            queue.run(start)
+            queue.run(lambda job, slot: _start(job, slot, ports[slot.index], topology, folder, now))
     finally:
         cancel()
     if queue.stopped_by:

@@ -77,18 +77,14 @@ def omp_axis(text: str) -> Axis:
     return Axis("omp", values)
 
 
-def _top_level_commas(value: str) -> bool:
-    """A plain ``a,b,c`` list: no brackets, braces, parentheses or quotes that Hydra parses itself."""
-    return "," in value and not any(c in value for c in "[]{}()'\"")
-
-
 def override_axes(script_args: Sequence[str]) -> tuple[list[Axis], list[str]]:
     """(axes from ``key=a,b,c`` arguments, the other arguments unchanged, in order)."""
     axes: list[Axis] = []
     rest: list[str] = []
     for a in script_args:
         key, eq, value = a.partition("=")
-        if eq and key and not a.startswith("-") and _top_level_commas(value):
+        # a plain a,b,c list: no brackets, braces, parentheses or quotes that Hydra parses itself
+        if eq and key and not a.startswith("-") and "," in value and not any(c in value for c in "[]{}()'\""):
             if any(ax.name == key for ax in axes):
                 raise UsageError(f"bad override {a!r}: {key} is swept twice; expected one list per key")
             axes.append(Axis(key, _split(f"override {key}", value)))

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +203,18 @@ def test_numarun_top_on_a_real_job(tmp_path: Path) -> None:
         assert early.returncode == 3 and error_lines(early.stderr) == [early.stderr.strip()], early
         assert f"numarun {job.pid} has no step report yet" in early.stderr and not early.stdout
 
+        # the job's own agent writes its view ("no verdict yet": the ranks never step) every few seconds: the test's
+        # view is written again before each look, so that a slow start of `numarun top` cannot see the agent's
         live = _table(pids, updated=time.time())
-        write_atomic(record.parent / LIVE, live.text())
+
+        def planted(ready: Callable[[], bool]) -> Callable[[], bool]:
+            def look() -> bool:
+                write_atomic(record.parent / LIVE, live.text())
+                return ready()
+
+            return look
+
+        planted(lambda: True)()
         once = _top(tmp_path, "--once")
         assert once.returncode == 0 and once.stderr == "", once
         rows = _row_cells(once.stdout)
@@ -212,6 +223,7 @@ def test_numarun_top_on_a_real_job(tmp_path: Path) -> None:
         assert rows[0][8:10] == ["0.125", "s"] and rows[1][8:10] == ["0.25", "s"]
         assert VERDICT in once.stdout.splitlines() and f"pid {job.pid}, started " in once.stdout
 
+        planted(lambda: True)()
         as_json = _top(tmp_path, "--json", "--pid", str(pids[1]))  # a rank's pid names its job
         assert as_json.returncode == 0 and LiveTable.parse(as_json.stdout) == live, as_json
 
@@ -229,10 +241,12 @@ def test_numarun_top_on_a_real_job(tmp_path: Path) -> None:
         )
         screen = _Terminal([*numarun_cmd(), "top", "--interval", "0.2"], {**_env(tmp_path), "TERM": "xterm"})
         dumb = _Terminal([*numarun_cmd(), "top", "--interval", "0.2"], {**_env(tmp_path), "TERM": "dumb"})
-        wait_until("two tables", lambda: (tmp_path / "top.out").read_text().count(VERDICT) >= 2, TIMEOUT, proc=watcher)
-        wait_until("two redraws", lambda: screen.text().count(VERDICT) >= 2, TIMEOUT, proc=screen.proc)
+        wait_until(
+            "two tables", planted(lambda: (tmp_path / "top.out").read_text().count(VERDICT) >= 2), TIMEOUT, proc=watcher
+        )
+        wait_until("two redraws", planted(lambda: screen.text().count(VERDICT) >= 2), TIMEOUT, proc=screen.proc)
         # a terminal that cannot redraw in place gets one table after another, as a pipe does
-        wait_until("two tables on TERM=dumb", lambda: dumb.text().count(VERDICT) >= 2, TIMEOUT, proc=dumb.proc)
+        wait_until("two tables on TERM=dumb", planted(lambda: dumb.text().count(VERDICT) >= 2), TIMEOUT, proc=dumb.proc)
         os.killpg(job.pid, signal.SIGTERM)
         job.wait(timeout=TIMEOUT)
         assert watcher.wait(timeout=TIMEOUT) == 0 and screen.proc.wait(timeout=TIMEOUT) == 0
