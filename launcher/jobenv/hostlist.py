@@ -4,18 +4,38 @@ rules, so that every task finds the node order without asking slurmctld (pure)."
 from __future__ import annotations
 
 import itertools
-import math
-import re
 
 from ..errors import SlurmError, expected
 
 FORM = "a Slurm hostlist such as 'node[01-03,07]' or 'a[1-2]b[3-4],login1'"
 MAX_HOSTS = 1_000_000  # '[1-99999999]' would otherwise allocate without bound
-# an item: a host or a pattern, no space, no comma outside its brackets, brackets closed and never nested
-_ITEM = r"[^,\[\]\s]*(?:\[[^\[\]\s]*\][^,\[\]\s]*)*"
-_LIST = re.compile(rf"(?=[^,])(?:{_ITEM})(?:,(?=[^,]){_ITEM})*")  # items, none empty
-_ITEMS = re.compile(rf"(?:^|,)({_ITEM})")
-_RANGES = re.compile(r"\[([^\]]*)\]")
+
+
+def _split_top(text: str, original: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    if "[" not in text and "]" not in text:
+        return text.split(",")
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise SlurmError(expected(original, FORM, "hostlist"))
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmError(expected(original, FORM, "hostlist"))
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth != 0:
+        raise SlurmError(expected(original, FORM, "hostlist"))
+    parts.append("".join(cur))
+    return parts
 
 
 def _expand_range(body: str, original: str) -> list[str]:
@@ -36,9 +56,24 @@ def _expand_range(body: str, original: str) -> list[str]:
 
 
 def _expand_item(item: str, original: str) -> list[str]:
-    parts = _RANGES.split(item)  # text, range, text, range, ..., text
-    segments = [_expand_range(p, original) if i % 2 else [p] for i, p in enumerate(parts)]
-    if math.prod(len(seg) for seg in segments) > MAX_HOSTS:
+    segments: list[list[str]] = []
+    rest = item
+    while rest:
+        open_at = rest.find("[")
+        if open_at < 0:
+            segments.append([rest])
+            break
+        if open_at:
+            segments.append([rest[:open_at]])
+        close_at = rest.find("]", open_at)
+        if close_at < 0:
+            raise SlurmError(expected(original, FORM, "hostlist"))
+        segments.append(_expand_range(rest[open_at + 1 : close_at], original))
+        rest = rest[close_at + 1 :]
+    total = 1
+    for seg in segments:
+        total *= len(seg)
+    if total > MAX_HOSTS:
         raise SlurmError(expected(original, f"at most {MAX_HOSTS} hosts", "hostlist"))
     return ["".join(combo) for combo in itertools.product(*segments)]
 
@@ -46,10 +81,12 @@ def _expand_item(item: str, original: str) -> list[str]:
 def expand_hostlist(text: str) -> list[str]:
     """All host names of a hostlist, in order, duplicates kept (as ``scontrol show hostnames``)."""
     stripped = text.strip()
-    if not _LIST.fullmatch(stripped):
+    if not stripped or any(c.isspace() for c in stripped):
         raise SlurmError(expected(text, FORM, "hostlist"))
     hosts: list[str] = []
-    for item in _ITEMS.findall(stripped):
+    for item in _split_top(stripped, text):
+        if not item:
+            raise SlurmError(expected(text, FORM, "hostlist"))
         hosts.extend(_expand_item(item, text))
         if len(hosts) > MAX_HOSTS:
             raise SlurmError(expected(text, f"at most {MAX_HOSTS} hosts", "hostlist"))
