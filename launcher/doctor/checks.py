@@ -1,14 +1,13 @@
 """The one-node checks: a Topology plus probe answers -> findings. Pure: no I/O here.
 
 Each ``check_*`` function looks at one kind of fault and returns its findings; :func:`check_node`
-runs them all. The inputs the Topology does not carry (RDMA port states, SMT control, NVML
-health) arrive in a :class:`Probe`, read by :mod:`.probe` or recorded for tests.
+runs them all. The inputs the Topology does not carry (SMT control, NVML health) arrive beside it, read by
+:mod:`.node` or recorded for tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..cpuset import format_list
@@ -22,6 +21,7 @@ from ..topology.nvml_health import (
     REASON_POWER_CAP,
     REASON_SW_THERMAL,
     gpu_health,
+    lanes_lost,
 )
 from .model import Finding, Severity, sort_findings
 
@@ -37,17 +37,6 @@ THROTTLE_WARN = {
     REASON_HW_THERMAL: "hardware thermal slowdown",
     REASON_HW_POWER_BRAKE: "hardware power-brake slowdown",
 }
-THROTTLE_INFO = {REASON_POWER_CAP: "software power cap"}
-
-
-@dataclass(frozen=True)
-class Probe:
-    """What the doctor reads beside the Topology."""
-
-    smt_control: str = ""
-    """``sys/devices/system/cpu/smt/control``: on, off, forceoff, notsupported; "" unknown."""
-    nvml: Mapping[str, Any] | None = None
-    """An NVML record (:mod:`numarun.topology.nvml` shape plus the health keys); None without NVML."""
 
 
 def check_pcie_links(topo: Topology) -> list[Finding]:
@@ -55,15 +44,14 @@ def check_pcie_links(topo: Topology) -> list[Finding]:
     devices += [(n.pci_bus_id or n.name, f"NIC {n.name}", n.pcie_link) for n in topo.nics]
     return [
         Finding(
-            # fewer lanes is a hardware fault; a lower speed alone is also how GPUs save power at idle
-            Severity.ERROR if link.current_width < link.max_width else Severity.WARN,
+            Severity.ERROR if lanes_lost(link.current_width, link.max_width) else Severity.WARN,
             "pcie-link",
             bus,
             f"{what} PCIe link runs at {link.current_gts:g} GT/s x{link.current_width}, below its maximum "
             f"{link.max_gts:g} GT/s x{link.max_width}: "
             + (
                 "reseat the card or check the slot, riser and BIOS link settings"
-                if link.current_width < link.max_width
+                if lanes_lost(link.current_width, link.max_width)
                 else "GPUs lower the link speed when idle: check again under load; "
                 "if it stays low, check the slot and BIOS"
             ),
@@ -174,8 +162,7 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
     try:
         plan = make_plan(topo, request)
         nproc = plan.nproc_per_node
-        for w in plan.warnings:
-            out.append(Finding(Severity.WARN, "plan", "plan", w))
+        out += [Finding(Severity.WARN, "plan", "plan", w) for w in plan.warnings]
     except NumarunError as e:
         nproc = request.nproc_per_node if isinstance(request.nproc_per_node, int) else max(len(topo.gpus), 1)
         out.append(
@@ -215,16 +202,16 @@ def check_cpus(topo: Topology, request: PlanRequest, smt_control: str = "") -> l
         wanted = {g.numa_node for g in topo.gpus if g.numa_node >= 0} | {
             n.id for n in topo.numa_nodes if n.cpus and any(topo.cpu(c).allowed for c in n.cpus)
         }
-        for node in sorted(wanted - allowed):
-            out.append(
-                Finding(
-                    Severity.WARN,
-                    "mems",
-                    f"node{node}",
-                    f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
-                    "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)",
-                )
+        out += [
+            Finding(
+                Severity.WARN,
+                "mems",
+                f"node{node}",
+                f"NUMA node {node} is not in the cgroup's allowed memory nodes ({format_list(sorted(allowed))}): "
+                "ranks near it allocate on a remote node; ask the scheduler for that node's memory (cpuset.mems)",
             )
+            for node in sorted(wanted - allowed)
+        ]
     smt = smt_control.strip()
     if smt:
         siblings = any(len(topo.cpu(c).siblings) > 1 for c in usable)
@@ -268,7 +255,6 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
         vol, agg = health.ecc_uncorrected, health.ecc_uncorrected_aggregate
         _corr, uncorr, pending, failure = health.remapped_rows or (0, 0, 0, 0)
         bad = [text for bit, text in THROTTLE_WARN.items() if (health.reasons or 0) & bit]
-        soft = [text for bit, text in THROTTLE_INFO.items() if (health.reasons or 0) & bit]
         found = (
             (
                 vol,
@@ -313,7 +299,12 @@ def check_nvml(record: Mapping[str, Any] | None) -> list[Finding]:
                 "nvml-throttle",
                 f"{name} clocks are held down: {', '.join(bad)}; check cooling and power",
             ),
-            (soft, Severity.INFO, "nvml-throttle", f"{name} clocks limited by {', '.join(soft)}"),
+            (
+                (health.reasons or 0) & REASON_POWER_CAP,
+                Severity.INFO,
+                "nvml-throttle",
+                f"{name} clocks limited by software power cap",
+            ),
             (
                 health.persistence == 0,
                 Severity.WARN,
@@ -368,14 +359,18 @@ def check_hostname(
     return [Finding(severity, "hostname", hostname, text + ("" if what == f"resolves to {found}" else fix))]
 
 
-def check_node(topo: Topology, probe: Probe, request: PlanRequest) -> tuple[Finding, ...]:
-    """Every one-node check, errors first."""
+def check_node(
+    topo: Topology, request: PlanRequest, smt_control: str = "", nvml: Mapping[str, Any] | None = None
+) -> tuple[Finding, ...]:
+    """Every one-node check, errors first. ``smt_control``: ``sys/devices/system/cpu/smt/control`` (on, off,
+    forceoff, notsupported; "" unknown); ``nvml``: an NVML record (:mod:`numarun.topology.nvml` shape plus the health
+    keys; None without NVML)."""
     findings = (
         check_pcie_links(topo)
         + check_rdma_ports(topo)
         + check_numa_unknown(topo)
         + check_peermem(topo)
-        + check_cpus(topo, request, probe.smt_control)
-        + check_nvml(probe.nvml)
+        + check_cpus(topo, request, smt_control)
+        + check_nvml(nvml)
     )
     return sort_findings(findings)

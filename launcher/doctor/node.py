@@ -1,23 +1,28 @@
-"""One node's doctor run: load the Topology as ``plan`` does, probe, check, measure."""
+"""One node's doctor run: load the Topology as ``plan`` does, read what the checks need beside it (SMT control, NVML
+health, versions), check, measure."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import jsonable
-from ..errors import UsageError
+from ..errors import TopologyError, UsageError
 from ..launch.net import host_view
 from ..plan.model import PlanRequest
+from ..topology.fileio import read_bounded
 from ..topology.model import NicKind, Topology
-from .checks import Probe, check_hostname, check_node
+from .checks import check_hostname, check_node
 from .model import Finding, NodeReport, Severity, sort_findings
 
 log = logging.getLogger(__name__)
@@ -61,25 +66,31 @@ def load_nvml_record(path: str) -> dict[str, Any]:
     return data
 
 
-def hostname(topo: Topology) -> str:  # Slurm's node name is what --exclude takes
-    return os.environ.get("SLURMD_NODENAME") or (socket.gethostname() if topo.source == "live" else topo.hostname)
+def versions(nvml_record: Mapping[str, Any] | None, *, live: bool) -> dict[str, str]:
+    """Driver, CUDA, NCCL and torch versions, which the nodes of a job must share; torch's only when ``live`` (slow
+    import)."""
+    out = {"python": platform.python_version(), "driver": str((nvml_record or {}).get("driver", ""))}
+    if not live:
+        return out
+    import torch
 
-
-def facts(topo: Topology, versions: dict[str, str]) -> dict[str, Any]:
-    return {
-        "gpu_count": len(topo.gpus),
-        "gpu_models": sorted({g.name for g in topo.gpus}),
-        "compute_nics": sorted(n.name for n in topo.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)),
-        **{k: v for k, v in versions.items() if v},
-    }
+    out["torch"] = torch.__version__
+    out["cuda"] = str(torch.version.cuda or "")
+    try:
+        nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else ()
+        out["nccl"] = ".".join(str(x) for x in nccl) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:  # a CPU build has no NCCL to ask
+        out["nccl"] = ""
+    return out
 
 
 def measure(topo: Topology) -> dict[str, Any]:
     """Bandwidths from a child process (the launcher must not initialise CUDA)."""
-    spec = {str(n.id): [c for c in n.cpus if topo.cpu(c).online and topo.cpu(c).allowed] for n in topo.numa_nodes}
-    if topo.allowed_mems:
-        spec = {k: v for k, v in spec.items() if int(k) in topo.allowed_mems}
-    entry = Path(__file__).resolve().parent / "measure.py"
+    spec = {
+        str(n.id): [c for c in n.cpus if topo.cpu(c).online and topo.cpu(c).allowed]
+        for n in topo.numa_nodes
+        if not topo.allowed_mems or n.id in topo.allowed_mems
+    }
     code = (
         "import importlib.util,sys,os;p=sys.argv[1];"
         "s=importlib.util.spec_from_file_location('numarun',os.path.join(p,'__init__.py'),submodule_search_locations=[p]);"
@@ -88,7 +99,7 @@ def measure(topo: Topology) -> dict[str, Any]:
     )
     try:
         out = subprocess.run(
-            [sys.executable, "-c", code, str(entry.parent.parent), json.dumps(spec)],
+            [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent), json.dumps(spec)],
             capture_output=True,
             text=True,
             timeout=MEASURE_TIMEOUT_S,
@@ -107,20 +118,25 @@ def measure(topo: Topology) -> dict[str, Any]:
 def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topology]:
     from ..plan.request import counted
     from ..topology.discover import load_topology
-    from .probe import probe, versions
 
     topo = load_topology(inputs.topology)
     live = topo.source == "live"
     record = load_nvml_record(inputs.nvml_record) if inputs.nvml_record else None
+    if live and record is None:
+        from ..topology.nvml_health import read_health_record
+
+        # every GPU's health answers (numarun.topology.nvml_health, which the step report reads too; None without NVML)
+        record = read_health_record()
     root = tree_root(topo, inputs.topology)
-    pr = probe(root, live=live, nvml_record=record) if root is not None else Probe(nvml=record)
     request = counted(inputs.request, topo)  # torchrun's words (auto, gpu, cpu) on the machine checked
-    findings = list(check_node(topo, pr, request))
+    smt, confined = "", []
     if root is not None:
         from .container import check_confinement, read_confinement
 
-        confinement = read_confinement(root, os.environ, live=live, topo=topo)
-        findings = list(sort_findings(findings + check_confinement(topo, confinement, request)))
+        with contextlib.suppress(OSError, TopologyError):  # absent, or not a file a recorded tree should hold
+            smt = read_bounded(root / "sys/devices/system/cpu/smt/control").decode(errors="replace").strip()
+        confined = check_confinement(topo, read_confinement(root, os.environ, live=live, topo=topo), request)
+    findings = list(sort_findings([*check_node(topo, request, smt, record), *confined]))
     if root is None:
         findings.append(
             Finding(
@@ -130,12 +146,20 @@ def run_node(inputs: Inputs, *, node_rank: int = 0) -> tuple[NodeReport, Topolog
                 "not a machine tree: RDMA ports, SMT and kernel modules not checked",
             )
         )
-    if live and pr.nvml is None and any(g.vendor == "nvidia" for g in topo.gpus):
+    if live and record is None and any(g.vendor == "nvidia" for g in topo.gpus):
         findings.append(
             Finding(Severity.INFO, "nvml", "nvml", "NVML not available: GPU health (ECC, throttling) not checked")
         )
     if live:
         findings += check_hostname(*host_view(inputs.endpoint), multi_node=inputs.endpoint is not None)
     figures = measure(topo) if inputs.measure and live else {}
-    fact = facts(topo, versions(pr.nvml, live=live and inputs.compare))
-    return NodeReport(node_rank, hostname(topo), tuple(findings), fact, figures), topo
+    fact = {
+        "gpu_count": len(topo.gpus),
+        "gpu_models": sorted({g.name for g in topo.gpus}),
+        "compute_nics": sorted(n.name for n in topo.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)),
+        **{k: v for k, v in versions(record, live=live and inputs.compare).items() if v},
+    }
+    host = os.environ.get("SLURMD_NODENAME") or (
+        socket.gethostname() if live else topo.hostname
+    )  # what --exclude takes
+    return NodeReport(node_rank, host, tuple(findings), fact, figures), topo

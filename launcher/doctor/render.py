@@ -15,7 +15,6 @@ def render(result: dict[str, Any]) -> str:
     from ..cpuset import format_list
 
     items: list[RenderableType] = []
-    style = {"error": "bold red", "warn": "yellow", "info": "dim"}
     nodes = result.get("nodes")
     if nodes:
         slow = set(result.get("slow_nodes", []))
@@ -62,7 +61,7 @@ def render(result: dict[str, Any]) -> str:
         title="findings" if rows else "findings: none",
     )
     for cells, ranks in rows.items():
-        t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)), style=style.get(cells[0]))
+        t.add_row(*(([format_list(ranks) or "all"] if nodes else []) + list(cells)))
     items.append(t)
     verdict = "OK: no errors" if result.get("ok") else "NOT OK: errors found"
     if result.get("exclude"):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import TopologyError
 from .fileio import read_bounded
+from .model import RdmaPort
 
 LINK_ERRORS = (
     "symbol_error",
@@ -65,11 +66,12 @@ class NicReading:
 
     def sent_received(self) -> tuple[int, int] | None:
         """Bytes sent and received so far; None when sysfs does not count them."""
-        keys = ("port_xmit_data", "port_rcv_data") if self.rdma else ("tx_bytes", "rx_bytes")
-        if not all(k in self.counters for k in keys):
+        (sent, received), scale = (
+            (("port_xmit_data", "port_rcv_data"), IB_WORD) if self.rdma else (("tx_bytes", "rx_bytes"), 1)
+        )
+        if sent not in self.counters or received not in self.counters:
             return None
-        scale = IB_WORD if self.rdma else 1
-        return self.counters[keys[0]] * scale, self.counters[keys[1]] * scale
+        return self.counters[sent] * scale, self.counters[received] * scale
 
 
 def _text(path: Path) -> str | None:
@@ -102,7 +104,7 @@ def read_rdma_port(root: Path, device: str, port: int = 0) -> NicReading | None:
         name=device,
         port=port,
         rdma=True,
-        up=state.group(1).upper() in ("ACTIVE", "ACTIVE_DEFER") if state else None,
+        up=RdmaPort(port, state.group(1) if state else "").active,  # the doctor's reading of a port's state
         rate_gbps=float(rate.group(1)) if rate else 0.0,
         counters=counters,
     )
@@ -126,6 +128,5 @@ def read_interface(root: Path, name: str) -> NicReading | None:
 
 def read_nic(root: Path, name: str, port: int = 0) -> NicReading | None:
     """A NIC as the plan names it: an RDMA device (``mlx5_0``, its port ``port``) or an interface (``eth0``)."""
-    if (root / "sys" / "class" / "infiniband" / name).is_dir():
-        return read_rdma_port(root, name, port)
-    return read_interface(root, name)
+    rdma = (root / "sys" / "class" / "infiniband" / name).is_dir()
+    return read_rdma_port(root, name, port) if rdma else read_interface(root, name)

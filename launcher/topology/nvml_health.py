@@ -75,6 +75,12 @@ def _watts(mw: Any) -> float | None:
     return v / 1000 if v is not None and v > 0 else None
 
 
+def lanes_lost(width: int, max_width: int) -> bool:
+    """Whether a PCIe link trained with fewer lanes than its card and slot allow: a hardware fault (the card's seat,
+    its slot or riser). A lower speed alone is also how a GPU saves power while it idles."""
+    return 0 < width < max_width
+
+
 @dataclass(frozen=True)
 class PcieGen:
     """A GPU's PCIe link as NVML counts it (generation and lanes, current against the most the GPU and its slot
@@ -206,10 +212,10 @@ def health_from_record(record: Mapping[str, Any]) -> tuple[GpuHealth, ...]:
 
 
 def health_answers(
-    pynvml: Any, handle: Any, *, fixed: bool = True, link_max: Any = None, throughput: bool | None = None
+    pynvml: Any, handle: Any, *, known: Mapping[str, Any] | None = None, throughput: bool | None = None
 ) -> dict[str, Any]:
-    """One GPU's health answers as a plain dict; ``fixed``: also :data:`FIXED_KEYS` (read once per job, and
-    ``link_max`` is then their ``pcie_link_max``).
+    """One GPU's health answers as a plain dict, :data:`FIXED_KEYS` among them: read, or ``known`` (the GPU's
+    answers to them already read: once per job).
 
     Clock event reasons come from ``nvmlDeviceGetCurrentClocksEventReasons`` (drivers from R535), else from the
     older ``...ClocksThrottleReasons``: the same bits. The PCIe link's current generation can drop while the GPU
@@ -219,34 +225,31 @@ def health_answers(
     is read only where it is used (``throughput`` None: a link below its maximum), unless ``throughput`` says.
     """
 
-    def ask(name: str, *args: Any) -> Any:
+    def ask(name: str, *args: Any, then: Any = None) -> Any:  # ``then``: applied to an answer, not to a refusal
         fn = getattr(pynvml, name, None)  # an older pynvml lacks the newer calls: unknown, not a failed reading
-        return _call(fn, handle, *args) if fn is not None else f"ERR pynvml has no {name}"
+        answer = _call(fn, handle, *args) if fn is not None else f"ERR pynvml has no {name}"
+        return answer if then is None or isinstance(answer, str) else then(answer)
 
     def pair(first: Any, second: Any) -> Any:
         return first if isinstance(first, str) else second if isinstance(second, str) else [first, second]
 
-    def count(pages: Any) -> Any:
-        return pages if isinstance(pages, str) else len(pages)
-
-    rows = ask("nvmlDeviceGetRemappedRows")
-    pending = ask("nvmlDeviceGetRetiredPagesPendingStatus")
     events = "nvmlDeviceGetCurrentClocksEventReasons"
-    reasons = ask(events if hasattr(pynvml, events) else "nvmlDeviceGetCurrentClocksThrottleReasons")
     uncorrected, corrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
     volatile = pynvml.NVML_VOLATILE_ECC
     out: dict[str, Any] = {
         # the doctor's keys (doctor/checks.py, check_nvml)
         "ecc_uncorrected_volatile": ask("nvmlDeviceGetTotalEccErrors", uncorrected, volatile),
         "ecc_uncorrected_aggregate": ask("nvmlDeviceGetTotalEccErrors", uncorrected, pynvml.NVML_AGGREGATE_ECC),
-        "retired_pages_pending": pending if isinstance(pending, str) else int(pending),
-        "remapped_rows": rows if isinstance(rows, str) else [int(x) for x in rows],
-        "throttle_reasons": reasons,
+        "retired_pages_pending": ask("nvmlDeviceGetRetiredPagesPendingStatus", then=int),
+        "remapped_rows": ask("nvmlDeviceGetRemappedRows", then=lambda rows: [int(x) for x in rows]),
+        "throttle_reasons": ask(events if hasattr(pynvml, events) else "nvmlDeviceGetCurrentClocksThrottleReasons"),
         # the step report's
         "ecc_corrected_volatile": ask("nvmlDeviceGetTotalEccErrors", corrected, volatile),
         "retired_pages": pair(
-            count(ask("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
-            count(ask("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
+            ask(
+                "nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, then=len
+            ),
+            ask("nvmlDeviceGetRetiredPages", pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, then=len),
         ),
         "clock_sm": ask("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM),
         "clock_graphics": ask("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_GRAPHICS),
@@ -256,21 +259,21 @@ def health_answers(
         "pcie_link": pair(ask("nvmlDeviceGetCurrPcieLinkGeneration"), ask("nvmlDeviceGetCurrPcieLinkWidth")),
         "nvlink_state": _nvlink_states(pynvml, handle),
     }
-    if fixed:
-        out.update(
-            {
-                "max_clock_sm": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
-                "max_clock_graphics": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_GRAPHICS),
-                "pcie_link_max": pair(ask("nvmlDeviceGetMaxPcieLinkGeneration"), ask("nvmlDeviceGetMaxPcieLinkWidth")),
-                "power_default_limit": ask("nvmlDeviceGetPowerManagementDefaultLimit"),  # mW
-                "temperature_slowdown": ask(
-                    "nvmlDeviceGetTemperatureThreshold", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-                ),
-                "persistence_mode": ask("nvmlDeviceGetPersistenceMode"),
-            }
-        )
-        link_max = out["pcie_link_max"]
-    now, best = _ints(out["pcie_link"], 2), _ints(link_max, 2)
+    out.update(
+        known
+        if known is not None
+        else {
+            "max_clock_sm": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM),
+            "max_clock_graphics": ask("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_GRAPHICS),
+            "pcie_link_max": pair(ask("nvmlDeviceGetMaxPcieLinkGeneration"), ask("nvmlDeviceGetMaxPcieLinkWidth")),
+            "power_default_limit": ask("nvmlDeviceGetPowerManagementDefaultLimit"),  # mW
+            "temperature_slowdown": ask(
+                "nvmlDeviceGetTemperatureThreshold", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            ),
+            "persistence_mode": ask("nvmlDeviceGetPersistenceMode"),
+        }
+    )
+    now, best = _ints(out["pcie_link"], 2), _ints(out.get("pcie_link_max"), 2)
     if throughput or (throughput is None and now and best and (now[0] < best[0] or now[1] < best[1])):
         out["pcie_throughput_kbs"] = pair(
             ask("nvmlDeviceGetPcieThroughput", pynvml.NVML_PCIE_UTIL_TX_BYTES),
@@ -309,13 +312,13 @@ class GpuSource(Protocol):
 
 class NvmlSession:
     """NVML initialised once for a reader that asks again and again (the step report's sampler): handles kept,
-    :data:`FIXED_KEYS` read once per GPU; shut down by :meth:`close` or when it is collected."""
+    :data:`FIXED_KEYS` read once per GPU; shut down when it is collected."""
 
     def __init__(self, pynvml: Any) -> None:
         self._nvml = pynvml
         self._handles: dict[tuple[int, str], Any] = {}
         self._fixed: dict[tuple[int, str], dict[str, Any]] = {}
-        self._closer = weakref.finalize(self, nvml_close, pynvml)
+        weakref.finalize(self, nvml_close, pynvml)
 
     @classmethod
     def open(cls) -> NvmlSession | None:
@@ -335,15 +338,9 @@ class NvmlSession:
                     else self._nvml.nvmlDeviceGetHandleByIndex(index)
                 )
                 self._handles[key] = handle
-            first = key not in self._fixed
-            link_max = None if first else self._fixed[key].get("pcie_link_max")
-            answers = health_answers(self._nvml, handle, fixed=first, link_max=link_max)
+            answers = health_answers(self._nvml, handle, known=self._fixed.get(key))
         except Exception as e:  # a GPU gone (fallen off the bus) answers nothing: its figures stop
             log.debug("NVML health of GPU %s: %s", index, e)
             return None
-        if first:
-            self._fixed[key] = {k: answers[k] for k in FIXED_KEYS if k in answers}
-        return {"index": index, "pci_bus_id": bus_id, **answers, **self._fixed[key]}
-
-    def close(self) -> None:
-        self._closer()
+        self._fixed.setdefault(key, {k: answers[k] for k in FIXED_KEYS if k in answers})
+        return {"index": index, "pci_bus_id": bus_id, **answers}

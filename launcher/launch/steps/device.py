@@ -124,8 +124,9 @@ class DeviceEvidence:
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the known values, to 0.1; None when none is."""
     known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None
+    return round(statistics.fmean(known), 1) if known else None
 
 
 def _moved(first: int | None, last: int | None) -> int:
@@ -148,17 +149,14 @@ class DeviceSampler:
         self._nic_start: dict[tuple[str, int], tuple[float, NicReading]] = {}
         self._devices: tuple[RankDevice, ...] = ()
 
-    def _source(self) -> GpuSource | None:
-        if self.gpus is None and self.live:
-            self.live = False  # one try: a node without a driver is not asked every tick
-            self.gpus = NvmlSession.open()
-        return self.gpus
-
     def sample(self, root: Path, devices: Iterable[RankDevice | None], t: float) -> None:
         """One reading of each GPU and NIC of ``devices`` at time ``t`` (monotonic seconds); NICs below ``root``."""
         self._devices = tuple(dict.fromkeys(d for d in devices if d is not None))
         gpus = sorted({(d.gpu, d.gpu_bus) for d in self._devices if d.gpu >= 0})
-        source = self._source() if gpus else None
+        if gpus and self.gpus is None and self.live:
+            self.live = False  # one try: a node without a driver is not asked every tick
+            self.gpus = NvmlSession.open()
+        source = self.gpus
         for key in gpus if source is not None else ():
             raw = source.read(*key) if source is not None else None
             if raw is not None:
@@ -176,14 +174,21 @@ class DeviceSampler:
         None when neither was read."""
         if device is None:
             return None
-        gpu = self._gpu((device.gpu, device.gpu_bus), start, end) if device.gpu >= 0 else None
-        nic = self._nic((device.nic, device.nic_port), start, end) if device.nic else None
+        # a device never read (none given: -1, "") has no history, and no figures
+        gpu = self._gpu((device.gpu, device.gpu_bus), start, end)
+        nic = self._nic((device.nic, device.nic_port), start, end)
         if gpu is None and nic is None:
             return None
-        peer_gpus = {(d.gpu, d.gpu_bus) for d in self._devices if d.gpu >= 0} - {(device.gpu, device.gpu_bus)}
-        peer_nics = {(d.nic, d.nic_port) for d in self._devices if d.nic} - {(device.nic, device.nic_port)}
-        clocks = [f.mhz for key in sorted(peer_gpus) if (f := self._gpu(key, start, end)) and f.mhz is not None]
-        rates = [n.rate_gbps for key in sorted(peer_nics) if (n := self._nic(key, start, end)) and n.rate_gbps > 0]
+        clocks = [
+            f.mhz
+            for key in sorted({(d.gpu, d.gpu_bus) for d in self._devices} - {(device.gpu, device.gpu_bus)})
+            if (f := self._gpu(key, start, end)) and f.mhz is not None
+        ]
+        rates = [
+            n.rate_gbps
+            for key in sorted({(d.nic, d.nic_port) for d in self._devices} - {(device.nic, device.nic_port)})
+            if (n := self._nic(key, start, end)) and n.rate_gbps > 0
+        ]
         return DeviceEvidence(self.host, gpu, nic, tuple(round(c, 1) for c in clocks), tuple(rates))
 
     def _gpu(self, key: tuple[int, str], start: float, end: float) -> GpuFigures | None:
@@ -195,30 +200,27 @@ class DeviceSampler:
         t1, last = next(((t, h) for t, h in reversed(hist) if t <= end), hist[-1])
         reasons = [h.reasons for h in span if h.reasons is not None]
         best = max(((h.pcie.gen, h.pcie.width) for h in span), default=(0, 0))
-        through = [
-            max(h.pcie_tx_kbs, h.pcie_rx_kbs) / 1000
-            for h in span
-            if h.pcie_tx_kbs is not None and h.pcie_rx_kbs is not None
-        ]
         temps = [h.temperature_c for h in span if h.temperature_c is not None]
         ecc = _moved(first.ecc_corrected, last.ecc_corrected)
         uncorrected = _moved(first.ecc_uncorrected, last.ecc_uncorrected)
         rows = (first.remapped_rows or (0, 0, 0, 0), last.remapped_rows or (0, 0, 0, 0))
-        mhz = _mean(h.sm_mhz for h in span)
-        power = _mean(h.power_w for h in span)
         return GpuFigures(
             index=key[0],
             since_s=round(t1 - t0, 3),
-            mhz=round(mhz, 1) if mhz is not None else None,
+            mhz=_mean(h.sm_mhz for h in span),
             max_mhz=last.max_sm_mhz,
             reasons=functools.reduce(operator.or_, reasons) if reasons else None,
             temperature_c=max(temps) if temps else None,
             slowdown_c=last.slowdown_c,
-            power_w=round(power, 1) if power is not None else None,
+            power_w=_mean(h.power_w for h in span),
             power_limit_w=last.power_limit_w,
             power_default_w=last.power_default_w,
             pcie=(*best, last.pcie.max_gen, last.pcie.max_width),
-            pcie_mbs=round(statistics.fmean(through), 1) if through else None,
+            pcie_mbs=_mean(
+                max(h.pcie_tx_kbs, h.pcie_rx_kbs) / 1000
+                for h in span
+                if h.pcie_tx_kbs is not None and h.pcie_rx_kbs is not None
+            ),
             ecc_errors=ecc + uncorrected,
             ecc_uncorrected=uncorrected,
             retired_pages=_moved(first.retired_pages, last.retired_pages),
@@ -238,9 +240,11 @@ class DeviceSampler:
         (ta, a), (tb, b) = span[0], span[-1]
         t0, first = self._nic_start[key]
         sa, sb = a.sent_received(), b.sent_received()
-        rate = None
-        if sa is not None and sb is not None and tb > ta:
-            rate = max(_moved(sa[0], sb[0]), _moved(sa[1], sb[1])) / (tb - ta)
+        rate = (
+            max(_moved(sa[0], sb[0]), _moved(sa[1], sb[1])) / (tb - ta)
+            if sa is not None and sb is not None and tb > ta
+            else None
+        )
         moved = {k: d for k in NIC_FAULTS if (d := _moved(first.counters.get(k), b.counters.get(k)))}
         return NicFigures(
             name=b.name,

@@ -27,7 +27,6 @@ Two kinds of findings:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -40,9 +39,12 @@ from ...topology.nvml_health import (
     REASON_POWER_CAP,
     REASON_SW_THERMAL,
     REASON_SYNC_BOOST,
+    REASON_WORDS,
     SLOWDOWN,
+    lanes_lost,
 )
 from .device import DeviceEvidence, GpuFigures, NicFigures
+from .judge import median
 
 SLOW_GPU = 0.9
 """A GPU at less than this share of the other GPUs' clock is slower."""
@@ -62,37 +64,25 @@ class DeviceFinding:
     """What it costs a step, where measured; None for a fault."""
 
 
-def _median(values: Iterable[float]) -> float:
-    got = list(values)
-    return float(statistics.median(got)) if got else 0.0
-
-
 def _count(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
-def _gpus(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[GpuFigures]:
-    """The other ranks' GPUs, each once (ranks may share one), of the same model as the rank's where it is known."""
-    own = mine.gpu
-    seen: dict[tuple[str, int], GpuFigures] = {}
+def _peers(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> tuple[list[GpuFigures], list[NicFigures]]:
+    """The other ranks' GPUs and NICs, each once (ranks may share one: the first rank's figures), the rank's own
+    left out; GPUs of the same model as the rank's where it is known (another model's clocks say nothing of this
+    one's)."""
+    model = mine.gpu.max_mhz if mine.gpu is not None else None
+    gpus: dict[tuple[str, int | None], GpuFigures] = {}
+    nics: dict[tuple[str, str | None], NicFigures] = {}
     for o in others:
-        g = o.gpu
-        if g is None or (own is not None and (o.host, g.index) == (mine.host, own.index)):
-            continue
-        if own is not None and own.max_mhz and g.max_mhz and own.max_mhz != g.max_mhz:
-            continue  # another model: its clocks say nothing of this one's
-        seen.setdefault((o.host, g.index), g)
-    return list(seen.values())
-
-
-def _nics(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[NicFigures]:
-    own = mine.nic
-    seen: dict[tuple[str, str], NicFigures] = {}
-    for o in others:
-        n = o.nic
-        if n is not None and not (own is not None and (o.host, n.name) == (mine.host, own.name)):
-            seen.setdefault((o.host, n.name), n)
-    return list(seen.values())
+        if o.gpu is not None and not (model and o.gpu.max_mhz and o.gpu.max_mhz != model):
+            gpus.setdefault((o.host, o.gpu.index), o.gpu)
+        if o.nic is not None:
+            nics.setdefault((o.host, o.nic.name), o.nic)
+    gpus.pop((mine.host, mine.gpu.index if mine.gpu is not None else None), None)
+    nics.pop((mine.host, mine.nic.name if mine.nic is not None else None), None)
+    return list(gpus.values()), list(nics.values())
 
 
 def slowdowns(
@@ -100,107 +90,89 @@ def slowdowns(
 ) -> list[DeviceFinding]:
     """The rank's measured slowdowns (see the module docstring), the costliest first. ``own``: its own time a
     step; ``step``: the job's step."""
-    found = [f for f in (_clocks(mine, others, own), _pcie(mine, others, step), _nic_speed(mine, others, step)) if f]
+    gpus, nics = _peers(mine, others)
+    pcie = _pcie(mine.gpu, gpus, step) if mine.gpu is not None else None
+    found = [f for f in (_clocks(mine, gpus, own), pcie, _nic_speed(mine, nics, step)) if f and f.seconds is not None]
     return sorted(found, key=lambda f: -(f.seconds or 0.0))
 
 
-def _clocks(mine: DeviceEvidence, others: Sequence[DeviceEvidence], own: float) -> DeviceFinding | None:
+def _clocks(mine: DeviceEvidence, theirs: Sequence[GpuFigures], own: float) -> DeviceFinding | None:
     g = mine.gpu
     if g is None or g.mhz is None:
         return None
-    theirs = _gpus(mine, others)
-    ref = _median(o.mhz for o in theirs if o.mhz is not None) or _median(mine.peer_mhz)
+    ref = median([o.mhz for o in theirs if o.mhz is not None]) or median(mine.peer_mhz)
     if not ref or g.mhz >= SLOW_GPU * ref:
         return None
     held = (g.reasons or 0) & SLOWDOWN
     if g.reasons is not None and not held:
         return None  # idle, nothing else: the GPU waits for work, its time is lost elsewhere
-    if held == REASON_POWER_CAP and not _lower_limit(g, theirs):
+    their_limit = median([o.power_limit_w for o in theirs if o.power_limit_w is not None])
+    usual = their_limit or g.power_default_w  # the others' power limit (none known: its default)
+    if held == REASON_POWER_CAP and not (
+        g.power_limit_w is not None and usual is not None and usual - g.power_limit_w >= 1
+    ):
         return None  # capped at the others' limit: it works more than they do, or draws more for it; no fault
-    why = f"GPU {g.index} runs at {g.mhz:,.0f} MHz against the other GPUs' {ref:,.0f} MHz: "
-    if not held:
-        return DeviceFinding(why + "its clock event reasons were not answered", "", own * (1 - g.mhz / ref))
-    words, fix = _reasons(g, theirs, held)
-    return DeviceFinding(why + "; ".join(words), fix, own * (1 - g.mhz / ref))
+    words, fix = _reasons(g, theirs, held, their_limit) if held else (["its clock event reasons were not answered"], "")
+    why = f"GPU {g.index} runs at {g.mhz:,.0f} MHz against the other GPUs' {ref:,.0f} MHz: " + "; ".join(words)
+    return DeviceFinding(why, fix, own * (1 - g.mhz / ref))
 
 
-def _lower_limit(g: GpuFigures, theirs: Sequence[GpuFigures]) -> bool:
-    """Whether its power limit is set below the other GPUs' (else, none known, below its default)."""
-    limits = [o.power_limit_w for o in theirs if o.power_limit_w is not None]
-    usual = _median(limits) if limits else g.power_default_w
-    return g.power_limit_w is not None and usual is not None and usual - g.power_limit_w >= 1
+_POWER_FIX = "check the node's power supplies and cooling; drain it for service if it stays"
+_COOLING_FIX = "check the node's cooling: fans, airflow, inlet temperature (nvidia-smi -q -d TEMPERATURE)"
 
 
-def _reasons(g: GpuFigures, theirs: Sequence[GpuFigures], held: int) -> tuple[list[str], str]:
-    """The reasons in words, most serious first, and the fix of the most serious."""
-    words: list[str] = []
-    fixes: list[str] = []
+def _reasons(g: GpuFigures, theirs: Sequence[GpuFigures], held: int, their_limit: float) -> tuple[list[str], str]:
+    """The reasons in words (nvml_health's words and what the figures add), most serious first, and the fix of the
+    most serious."""
     temp = f" at {g.temperature_c:.0f} °C" if g.temperature_c is not None else ""
-    their_temp = _median(o.temperature_c for o in theirs if o.temperature_c is not None)
+    their_temp = median([o.temperature_c for o in theirs if o.temperature_c is not None])
     if their_temp and temp:
         temp += f" (the other GPUs' {their_temp:.0f} °C)"
-    if held & REASON_HW_SLOWDOWN:
-        words.append("hardware slowdown (HW_SLOWDOWN: over temperature, or the node's power brake)")
-    if held & REASON_HW_POWER_BRAKE:
-        words.append("hardware power brake (asserted by the node's power supply)")
-    if held & (REASON_HW_SLOWDOWN | REASON_HW_POWER_BRAKE):
-        fixes.append("check the node's power supplies and cooling; drain it for service if it stays")
-    if held & (REASON_SW_THERMAL | REASON_HW_THERMAL):
-        kind = "thermal slowdown" if held & REASON_SW_THERMAL else "thermal slowdown (hardware)"
-        limit = f", its slowdown threshold {g.slowdown_c:.0f} °C" if g.slowdown_c is not None else ""
-        words.append(f"{kind}{temp}{limit}")
-        fixes.append("check the node's cooling: fans, airflow, inlet temperature (nvidia-smi -q -d TEMPERATURE)")
-    if held & REASON_POWER_CAP:
-        their_limit = _median(o.power_limit_w for o in theirs if o.power_limit_w is not None)
-        cap = f"power cap {g.power_limit_w:,.0f} W" if g.power_limit_w is not None else "power cap"
-        if g.power_limit_w is not None and their_limit and abs(their_limit - g.power_limit_w) >= 1:
-            cap += f" (the other GPUs' {their_limit:,.0f} W)"
-        words.append(cap)
-        target = max(their_limit, g.power_default_w or 0.0)
-        if g.power_limit_w is not None and target - g.power_limit_w >= 1:
-            fixes.append(f"raise its power limit to {target:,.0f} W (nvidia-smi -i {g.index} -pl {target:.0f})")
-        else:
-            fixes.append("check the node's power limit and power delivery (nvidia-smi -q -d POWER)")
-    if held & REASON_APP_CLOCKS:
-        words.append("application clocks set below its maximum")
-        fixes.append(f"reset its application clocks (nvidia-smi -i {g.index} -rac)")
-    if held & REASON_SYNC_BOOST:
-        words.append("sync boost (held to the slowest GPU of its group)")
-        fixes.append("")
-    return words, fixes[0] if fixes else ""
+    temp += f", its slowdown threshold {g.slowdown_c:.0f} °C" if g.slowdown_c is not None else ""
+    cap = f" {g.power_limit_w:,.0f} W" if g.power_limit_w is not None else ""
+    if g.power_limit_w is not None and their_limit and abs(their_limit - g.power_limit_w) >= 1:
+        cap += f" (the other GPUs' {their_limit:,.0f} W)"
+    target = max(their_limit, g.power_default_w or 0.0)
+    cap_fix = (
+        f"raise its power limit to {target:,.0f} W (nvidia-smi -i {g.index} -pl {target:.0f})"
+        if g.power_limit_w is not None and target - g.power_limit_w >= 1
+        else "check the node's power limit and power delivery (nvidia-smi -q -d POWER)"
+    )
+    said = {
+        REASON_HW_SLOWDOWN: (" (HW_SLOWDOWN: over temperature, or the node's power brake)", _POWER_FIX),
+        REASON_HW_POWER_BRAKE: (" (asserted by the node's power supply)", _POWER_FIX),
+        REASON_HW_THERMAL: (temp, _COOLING_FIX),
+        REASON_SW_THERMAL: (temp, _COOLING_FIX),
+        REASON_POWER_CAP: (cap, cap_fix),
+        REASON_APP_CLOCKS: (" below its maximum", f"reset its application clocks (nvidia-smi -i {g.index} -rac)"),
+        REASON_SYNC_BOOST: (" (held to the slowest GPU of its group)", ""),
+    }
+    if held & REASON_SW_THERMAL:
+        held &= ~REASON_HW_THERMAL  # one thermal slowdown, in the software's words
+    found = [(word + said[bit][0], said[bit][1]) for bit, word in REASON_WORDS.items() if held & bit]
+    return [word for word, _ in found], found[0][1]
 
 
-def _pcie_ref(g: GpuFigures, theirs: Sequence[GpuFigures]) -> float:
-    """The bandwidth its link should have: the other GPUs' (of its model), at most its own maximum."""
+def _pcie(g: GpuFigures, theirs: Sequence[GpuFigures], step: float) -> DeviceFinding | None:
+    """Its PCIe link below its maximum and below :data:`SLOW_LINK` of the other GPUs' (of its model; at most its
+    own maximum): a slowdown measured by its traffic; without its traffic, a fault only where it lost lanes (a GPU
+    drops its link's generation whenever it idles, so a lower generation alone may be nothing)."""
+    link = g.link
+    if not link.below_max:
+        return None
     others = [o.link.gbs for o in theirs if o.link.known]
-    best = g.link.max_gbs
-    return min(_median(others), best) if others else best
-
-
-def _pcie_text(g: GpuFigures) -> str:
-    return f"GPU {g.index}'s PCIe link runs at {g.link.text()} against {g.link.text(best=True)}"
-
-
-def _pcie_fix(g: GpuFigures) -> str:
-    return (
+    have, want = link.gbs, min(median(others), link.max_gbs) if others else link.max_gbs
+    why = f"GPU {g.index}'s PCIe link runs at {link.text()} against {link.text(best=True)}"
+    fix = (
         f"reseat GPU {g.index} or check its slot and riser: its link trained below its maximum (nvidia-smi -q -d PCIE)"
     )
-
-
-def _pcie(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> DeviceFinding | None:
-    g = mine.gpu
-    if g is None or not g.link.below_max or g.pcie_mbs is None:
-        return None
-    have, want = g.link.gbs, _pcie_ref(g, _gpus(mine, others))
+    if g.pcie_mbs is None:
+        return DeviceFinding(why, fix) if lanes_lost(link.width, link.max_width) and have < SLOW_LINK * want else None
     if not have or have >= SLOW_LINK * want:
         return None
     moved = g.pcie_mbs * 1e6 * step  # bytes a step, the busier direction
     cost = moved / (have * 1e9) - moved / (want * 1e9)
-    return DeviceFinding(
-        f"{_pcie_text(g)} ({have:.0f} against {want:.0f} GB/s), moving {g.pcie_mbs / 1e3:.1f} GB/s",
-        _pcie_fix(g),
-        cost,
-    )
+    return DeviceFinding(f"{why} ({have:.0f} against {want:.0f} GB/s), moving {g.pcie_mbs / 1e3:.1f} GB/s", fix, cost)
 
 
 def _nic_fix(n: NicFigures) -> str:
@@ -208,11 +180,11 @@ def _nic_fix(n: NicFigures) -> str:
     return f"check {n.name}'s link: its cable, transceiver and switch port ({tool})"
 
 
-def _nic_speed(mine: DeviceEvidence, others: Sequence[DeviceEvidence], step: float) -> DeviceFinding | None:
+def _nic_speed(mine: DeviceEvidence, theirs: Sequence[NicFigures], step: float) -> DeviceFinding | None:
     n = mine.nic
     if n is None or not n.rate_gbps or n.bytes_per_s is None:
         return None
-    ref = _median([o.rate_gbps for o in _nics(mine, others) if o.rate_gbps > 0] + list(mine.peer_nic_gbps))
+    ref = median([o.rate_gbps for o in theirs if o.rate_gbps > 0] + list(mine.peer_nic_gbps))
     if not ref or n.rate_gbps >= SLOW_LINK * ref:
         return None
     moved = n.bytes_per_s * step
@@ -231,26 +203,16 @@ def _rate(count: int, since: float) -> float:
 
 def _own(count: int, since: float, theirs: Iterable[tuple[int, float]]) -> bool:
     """Whether a counter that moved ``count`` in ``since`` seconds moved more than :data:`FAULTS` × the others'."""
-    return count > 0 and _rate(count, since) > FAULTS * _median(_rate(c, s) for c, s in theirs)
+    return count > 0 and _rate(count, since) > FAULTS * median([_rate(c, s) for c, s in theirs])
 
 
 def faults(mine: DeviceEvidence, others: Sequence[DeviceEvidence]) -> list[DeviceFinding]:
     """The faults of the rank's GPU and NIC during the job (see the module docstring), the GPU's first."""
-    out: list[DeviceFinding] = []
+    gpus, nics = _peers(mine, others)
     g = mine.gpu
-    if g is not None:
-        theirs = _gpus(mine, others)
-        out += [f for f in (_nvlink(g, theirs), _memory(g, theirs)) if f]
-        # without its traffic, only lanes lost count: a GPU drops its link's generation whenever it idles (power
-        # saving), so a lower generation alone may be nothing
-        link = g.link
-        if link.known and link.width < link.max_width and g.pcie_mbs is None:
-            if link.gbs < SLOW_LINK * _pcie_ref(g, theirs):
-                out.append(DeviceFinding(_pcie_text(g), _pcie_fix(g)))
-    n = mine.nic
-    if n is not None:
-        out += _nic_faults(n, _nics(mine, others))
-    return out
+    found = [_nvlink(g, gpus), _memory(g, gpus), _pcie(g, gpus, 0.0)] if g is not None else []
+    out = [f for f in found if f is not None and f.seconds is None]  # a PCIe link measured is a slowdown
+    return out + (_nic_faults(mine.nic, nics) if mine.nic is not None else [])
 
 
 def _nvlink(g: GpuFigures, theirs: Sequence[GpuFigures]) -> DeviceFinding | None:
@@ -271,14 +233,16 @@ def _nvlink(g: GpuFigures, theirs: Sequence[GpuFigures]) -> DeviceFinding | None
 
 
 def _memory(g: GpuFigures, theirs: Sequence[GpuFigures]) -> DeviceFinding | None:
-    parts = []
-    if _own(g.retired_pages, g.since_s, ((o.retired_pages, o.since_s) for o in theirs)):
-        parts.append(f"retired {_count(g.retired_pages, 'page')}")
-    if _own(g.remapped_rows, g.since_s, ((o.remapped_rows, o.since_s) for o in theirs)):
-        parts.append(f"remapped {_count(g.remapped_rows, 'row')}")
-    if _own(g.ecc_errors, g.since_s, ((o.ecc_errors, o.since_s) for o in theirs)):
-        uncorrected = f" ({g.ecc_uncorrected:,} uncorrected)" if g.ecc_uncorrected else ""
-        parts.append(f"had {_count(g.ecc_errors, 'ECC error')}{uncorrected}")
+    uncorrected = f" ({g.ecc_uncorrected:,} uncorrected)" if g.ecc_uncorrected else ""
+    parts = [
+        text
+        for key, text in (
+            ("retired_pages", f"retired {_count(g.retired_pages, 'page')}"),
+            ("remapped_rows", f"remapped {_count(g.remapped_rows, 'row')}"),
+            ("ecc_errors", f"had {_count(g.ecc_errors, 'ECC error')}{uncorrected}"),
+        )
+        if _own(getattr(g, key), g.since_s, ((getattr(o, key), o.since_s) for o in theirs))
+    ]
     if not parts:
         return None
     return DeviceFinding(
@@ -302,36 +266,32 @@ def _nic_faults(n: NicFigures, theirs: Sequence[NicFigures]) -> list[DeviceFindi
         """The counters of ``keys`` that are its own (:func:`_own`), with how far each rose: '' when none is."""
         return ", ".join(f"{k} +{n.moved[k]:,}" for k in keys if own(k))
 
-    out = []
-    if errors := rose(LINK_ERRORS):
-        out.append(
-            DeviceFinding(
-                f"the link of its NIC {n.name} fails: {errors} during the job",
-                f"check {n.name}'s cable and transceiver and the switch port (its link's physical layer)",
-            )
-        )
-    if own("port_xmit_wait"):
-        theirs_wait = _median(_rate(o.moved.get("port_xmit_wait", 0), o.since_s) for o in theirs)
-        than = (
-            f"{_rate(n.moved['port_xmit_wait'], n.since_s) / theirs_wait:.0f} times the other NICs'"
-            if theirs_wait
-            else "the other NICs' did not rise"
-        )
-        out.append(
-            DeviceFinding(
-                f"port_xmit_wait of {n.name} rose by {n.moved['port_xmit_wait']:,} during the job (congestion: {than})",
-                "congestion on its path: check the fabric's routing and the switch ports on its way (other jobs' "
-                "traffic)",
-            )
-        )
-    if drops := rose(DROPS):
-        out.append(
-            DeviceFinding(
-                f"its NIC {n.name} dropped or garbled packets during the job: {drops}",
-                f"check {n.name}: its ring buffers (ethtool -g {n.name}) and its link (ethtool -S {n.name})",
-            )
-        )
-    return out
+    wait = n.moved.get("port_xmit_wait", 0)
+    theirs_wait = median([_rate(o.moved.get("port_xmit_wait", 0), o.since_s) for o in theirs])
+    than = (
+        f"{_rate(wait, n.since_s) / theirs_wait:.0f} times the other NICs'"
+        if theirs_wait
+        else "the other NICs' did not rise"
+    )
+    errors, drops = rose(LINK_ERRORS), rose(DROPS)
+    found = (
+        (
+            errors,
+            f"the link of its NIC {n.name} fails: {errors} during the job",
+            f"check {n.name}'s cable and transceiver and the switch port (its link's physical layer)",
+        ),
+        (
+            own("port_xmit_wait"),
+            f"port_xmit_wait of {n.name} rose by {wait:,} during the job (congestion: {than})",
+            "congestion on its path: check the fabric's routing and the switch ports on its way (other jobs' traffic)",
+        ),
+        (
+            drops,
+            f"its NIC {n.name} dropped or garbled packets during the job: {drops}",
+            f"check {n.name}: its ring buffers (ethtool -g {n.name}) and its link (ethtool -S {n.name})",
+        ),
+    )
+    return [DeviceFinding(why, fix) for hit, why, fix in found if hit]
 
 
 def device_figures(mine: DeviceEvidence) -> list[str]:
@@ -341,7 +301,7 @@ def device_figures(mine: DeviceEvidence) -> list[str]:
     if g is not None and g.mhz is not None:
         out.append(
             f"GPU {g.index} at {g.mhz:,.0f} MHz"
-            + (f" (the other GPUs' {_median(mine.peer_mhz):,.0f} MHz)" if mine.peer_mhz else "")
+            + (f" (the other GPUs' {median(mine.peer_mhz):,.0f} MHz)" if mine.peer_mhz else "")
         )
     n = mine.nic
     if n is not None and n.rate_gbps:
