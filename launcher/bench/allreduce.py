@@ -83,11 +83,10 @@ def bus_factor(world_size: int) -> float:
 
 
 def node_bytes(*, size_bytes: int, num_nodes: int, local_world_size: int, hierarchical: bool) -> float:
-    """Bytes each node sends to other nodes for one all-reduce of ``size_bytes``."""
-    if hierarchical:
-        return 2.0 * (num_nodes - 1) / num_nodes * size_bytes
-    n = num_nodes * local_world_size
-    return 2.0 * (n - 1) / n * size_bytes if num_nodes > 1 else 0.0
+    """Bytes each node sends to other nodes for one all-reduce of ``size_bytes``: the ring's 2(n-1)/n of it over the
+    nodes (hierarchical) or over every rank (flat)."""
+    peers = num_nodes if hierarchical else num_nodes * local_world_size
+    return bus_factor(peers) * size_bytes if num_nodes > 1 else 0.0
 
 
 def bound_ratio(*, num_nodes: int, local_world_size: int) -> float | None:
@@ -205,8 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         times: dict[str, list[float]] = {m: [] for m in modes}
         ok = True
         for it in range(args.warmup + args.iters):
-            order = modes if it % 2 == 0 else tuple(reversed(modes))
-            for m in order:
+            for m in modes if it % 2 == 0 else modes[::-1]:
                 t = base.clone()
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -225,9 +223,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dist.all_reduce(flat_times, op=dist.ReduceOp.MAX)
         vals = flat_times.cpu().tolist()
         checks[str(size)] = vals[-1] == 0.0
-        for k, m in enumerate(modes):
-            ts = vals[k * args.iters : (k + 1) * args.iters]
-            results.append(summarize(size_bytes=size, mode=m, times=ts, world_size=world))
+        results += [
+            summarize(size_bytes=size, mode=m, times=vals[k * args.iters : (k + 1) * args.iters], world_size=world)
+            for k, m in enumerate(modes)
+        ]
         if ctx.rank == 0:
             log.info("size %s done", human_size(size))
 
@@ -312,18 +311,13 @@ def render(report: dict[str, Any]) -> None:
     console.print("results: flat == hierarchical" if not bad else f"results DIFFER for sizes {bad}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m numarun.bench.allreduce", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_and_report(args)
-
-
 def run_and_report(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
     from ..comm.context import destroy
 
     report = run(args)
-    if report["world_size"] and _rank0():
+    if dist.get_rank() == 0:
         text = json.dumps(report, indent=1, allow_nan=False) + "\n"  # allow_nan=False: NaN is not JSON
         if args.json:
             sys.stdout.write(text)
@@ -336,18 +330,13 @@ def run_and_report(args: argparse.Namespace) -> int:
     return 0 if all(report["correct"].values()) else 1
 
 
-def _rank0() -> bool:
-    from ..comm.context import current_context
-
-    ctx = current_context()
-    return ctx is not None and ctx.rank == 0
-
-
 if __name__ == "__main__":
     from ..errors import NumarunError
 
+    parser = argparse.ArgumentParser(prog="python -m numarun.bench.allreduce", description=__doc__.splitlines()[0])
+    add_arguments(parser)
     try:
-        sys.exit(main())
+        sys.exit(run_and_report(parser.parse_args()))
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -14,8 +14,8 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,30 +86,21 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
     """In a worker: time the four copies on the rank's CUDA device."""
     import torch
 
-    from ..worker import affinity
+    from ..worker import affinity, current_binding
 
-    def where() -> dict[str, Any]:
-        got = affinity.read_back()
-        return {"cpus": got.cpus, "mem_policy": got.mem_policy, "mems": got.mems}
-
+    got = affinity.read_back()
+    result = WorkerResult(
+        label, cuda=True, torch_version=torch.__version__, cpus=got.cpus, mem_policy=got.mem_policy, mems=got.mems
+    )
     if not torch.cuda.is_available():
-        return WorkerResult(
-            label=label,
-            cuda=False,
-            torch_version=torch.__version__,
-            error="no CUDA device (torch.cuda.is_available() is False)",
-            **where(),
-        )
-    from ..worker import current_binding
+        return replace(result, cuda=False, error="no CUDA device (torch.cuda.is_available() is False)")
 
     binding = current_binding()
     index = binding.gpu.cuda_index if binding is not None and binding.gpu is not None else 0
     dev = torch.device("cuda", index)
     device_buf = torch.empty(size_bytes, dtype=torch.uint8, device=dev)
-    pinned = torch.empty(size_bytes, dtype=torch.uint8, pin_memory=True)
-    pinned.fill_(1)
-    pageable = torch.empty(size_bytes, dtype=torch.uint8)
-    pageable.fill_(1)
+    pinned = torch.ones(size_bytes, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.ones(size_bytes, dtype=torch.uint8)
     nodes = page_nodes(pinned.data_ptr(), size_bytes)
     pageable_nodes = page_nodes(pageable.data_ptr(), size_bytes)
 
@@ -130,39 +121,32 @@ def measure(*, size_bytes: int, iters: int, label: str) -> WorkerResult:
         "h2d_pageable": timed(lambda: device_buf.copy_(pageable)),
         "d2h_pageable": timed(lambda: pageable.copy_(device_buf)),
     }
-    return WorkerResult(
-        label=label,
-        cuda=True,
+    return replace(
+        result,
         size_bytes=size_bytes,
         iters=iters,
         gbps={k: round(v, 2) for k, v in gbps.items()},
         device=torch.cuda.get_device_name(dev),
-        torch_version=torch.__version__,
         pinned_page_nodes=nodes,
         pageable_page_nodes=pageable_nodes,
-        **where(),
     )
 
 
-def worker_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="numarun.bench.h2d --worker")
-    p.add_argument("--worker", action="store_true")
-    p.add_argument("--label", default="raw")
-    p.add_argument("--out", required=True)
-    p.add_argument("--size-bytes", type=int, required=True)
-    p.add_argument("--iters", type=int, required=True)
-    a = p.parse_args(argv)
+def worker_main(spec: str) -> int:
+    """A worker: ``spec`` is :func:`worker_argv`'s JSON; writes a :class:`WorkerResult` to its ``out``."""
+    job = json.loads(spec)
+    out = Path(job.pop("out"))
     try:
-        result = measure(size_bytes=a.size_bytes, iters=a.iters, label=a.label)
+        result = measure(**job)
     except Exception as e:  # reported by the parent as one line, with the worker's reason
-        result = WorkerResult(label=a.label, cuda=True, error=f"{type(e).__name__}: {e}")
-    write_atomic(Path(a.out), json.dumps(asdict(result)) + "\n")
+        result = WorkerResult(label=job["label"], cuda=True, error=f"{type(e).__name__}: {e}")
+    write_atomic(out, json.dumps(asdict(result)) + "\n")
     return 0
 
 
 def worker_argv(*, label: str, out: str, size_bytes: int, iters: int) -> list[str]:
     """The worker's command: under ``numarun run`` (bound) for ``numarun``, plain python for ``raw``."""
-    tail = ["--worker", f"--label={label}", f"--out={out}", f"--size-bytes={size_bytes}", f"--iters={iters}"]
+    tail = ["--worker", json.dumps({"label": label, "out": out, "size_bytes": size_bytes, "iters": iters})]
     if label == "raw":
         return [sys.executable, "-m", "numarun.bench.h2d", *tail]
     from ..launch.child import numarun_command
@@ -238,4 +222,4 @@ if __name__ == "__main__":
     if "--worker" not in sys.argv[1:]:
         print("usage: numarun bench h2d [--size 1GiB] [--iters N] [--json] [--json-file FILE]", file=sys.stderr)
         sys.exit(2)
-    sys.exit(worker_main(sys.argv[1:]))
+    sys.exit(worker_main(sys.argv[-1]))

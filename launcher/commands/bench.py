@@ -1,9 +1,10 @@
 """``numarun bench NAME``: micro-benchmarks. Each lives in a module listed in BENCHMARKS.
 
 A benchmark module provides ``add_arguments(parser)`` and ``run_and_report(args) -> int``,
-and ``DISTRIBUTED = True`` when every rank of a job must run it. Inside a job (RANK set by
-numarun/torchrun) the benchmark runs directly; otherwise this command starts the job on
-this node (``--nproc-per-node``, ``--nnodes``...) with the benchmark module as the script.
+and ``DISTRIBUTED = True`` when every rank of a job must run it (then also ``check_options(args)``,
+which refuses bad options before any rank starts). Inside a job (RANK set by numarun/torchrun)
+the benchmark runs directly; otherwise this command starts the job on this node
+(``--nproc-per-node``, ``--nnodes``...) with the benchmark module as the script.
 """
 
 from __future__ import annotations
@@ -54,10 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                 default="numarun",
                 help="start the ranks with 'numarun run' (bound, default) or plain torchrun",
             )
-        own = argparse.ArgumentParser(add_help=False)
-        module.add_arguments(own)
+        job_actions = len(p._actions)
         module.add_arguments(p)
-        p.set_defaults(func=main, bench_module=modname, bench_actions=tuple(own._actions))
+        p.set_defaults(func=main, bench_module=modname, bench_actions=tuple(p._actions[job_actions:]))
     return parser
 
 
@@ -97,9 +97,7 @@ def main(args: argparse.Namespace) -> int:
     module = importlib.import_module(args.bench_module)
     if not getattr(module, "DISTRIBUTED", True) or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return int(module.run_and_report(args))
-    check = getattr(module, "check_options", None)
-    if check is not None:
-        check(args)  # every option refused here, before any rank starts
+    module.check_options(args)  # every option refused here, before any rank starts
     cmd = launch_argv(args, job_options(args).shown(), bench_argv(args))
     log.info("launching: %s", " ".join(cmd))
     env = dict(os.environ)

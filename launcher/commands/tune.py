@@ -157,11 +157,10 @@ def _baseline(environ: Mapping[str, str]) -> LaunchOptions:
     return from_environ(("binding", "mem_policy", "nic_policy"), environ)
 
 
-def _save_plan(options: LaunchOptions, winner: cand.Candidate) -> str:
+def _save_plan(options: LaunchOptions, base: LaunchOptions, winner: cand.Candidate) -> str:
     from ..launch.planning import Planner
     from ..plan.model import BindingMode, MemPolicy
 
-    base = _baseline(os.environ)
     plan = (
         Planner()
         .plan(
@@ -259,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
 
         write_output(args.svg, render_chart(summaries, default=default, winner=winner), flag="--svg")
     if args.save:
-        write_output(args.save, _save_plan(options, cands[winner]), flag="--save")
+        write_output(args.save, _save_plan(options, base, cands[winner]), flag="--save")
         overrides = cands[winner].overrides()
         if overrides:
             print(f"the plan holds no Hydra overrides: pass {' '.join(overrides)} to the job yourself", file=sys.stderr)

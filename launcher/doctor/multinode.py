@@ -33,9 +33,9 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from ..argtypes import host_port, parse_endpoint
 from ..errors import DoctorError, UsageError
@@ -50,10 +50,12 @@ PREFIX = "numarun-doctor/"
 CHUNK = 256 << 10
 
 
-class _StreamServer(threading.Thread):
-    """Accepts one stream at a time; records GB/s per sending node rank (the best, if several)."""
+class TcpLink(threading.Thread):
+    """This node's end of the link measurements, over plain TCP streams: node ``rank``'s stream server, which accepts
+    one stream at a time and records GB/s per sending node rank in ``received`` (the best, if several), and its
+    streams of ``seconds`` to the peers (:meth:`stream` returns once the peer has every byte)."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, rank: int, seconds: float) -> None:
         super().__init__(daemon=True, name="numarun-doctor-streams")
         family, addr = sockaddr(host, 0)  # a link-local host keeps its scope (fe80::1%eth0)
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -61,10 +63,17 @@ class _StreamServer(threading.Thread):
         self.sock.bind(addr)
         self.sock.listen(8)
         self.received: dict[int, float] = {}
+        self.rank, self.seconds = rank, seconds
 
     @property
-    def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+    def address(self) -> str:
+        """host:port where the peers stream to this node."""
+        name = self.sock.getsockname()
+        # link-local: the peers reach it through the interface of that name
+        return host_port(scoped_address(name), int(name[1]))
+
+    def stream(self, peer_address: str, peer: int) -> None:
+        _stream_to(peer_address, self.rank, self.seconds)
 
     def run(self) -> None:
         while True:
@@ -135,9 +144,9 @@ def _store(master_addr: str, master_port: int, nnodes: int, node_rank: int, time
 class StoreSync:
     """This node's side of the exchange through node 0's store.
 
-    Keys are ``numarun-doctor/<name>`` (one for the job) or ``numarun-doctor/<name>/<rank>``
-    (one per node). A node other than 0 waits only for single keys; node 0 alone gathers a key
-    of every node, in one wait and one read.
+    Keys are ``numarun-doctor/<name>/<rank>``, one per node (the job's own are node 0's). A node
+    other than 0 waits only for single keys; node 0 alone gathers a key of every node, in one
+    wait and one read.
     """
 
     def __init__(self, store: Any, *, rank: int, nnodes: int, timeout_s: float) -> None:
@@ -147,24 +156,15 @@ class StoreSync:
         """Set this node's ``name`` key."""
         self.store.set(f"{PREFIX}{name}/{self.rank}", value)
 
-    def announce(self, name: str, value: str) -> None:
-        """Set the job's ``name`` key (node 0)."""
-        self.store.set(f"{PREFIX}{name}", value)
-
     def wait_for(self, name: str, rank: int) -> None:
         """Wait until node ``rank`` has published ``name``."""
-        self._wait([f"{PREFIX}{name}/{rank}"], [rank])
+        self.gather(name, ranks=[rank], values=False)
 
     def read(self, name: str, rank: int) -> bytes:
-        self.wait_for(name, rank)
-        return bytes(self.store.get(f"{PREFIX}{name}/{rank}"))
-
-    def read_announcement(self, name: str) -> bytes:
-        self._wait([f"{PREFIX}{name}"], [0])
-        return bytes(self.store.get(f"{PREFIX}{name}"))
+        return self.gather(name, ranks=[rank])[0]
 
     def gather(self, name: str, *, ranks: Sequence[int] | None = None, values: bool = True) -> list[bytes]:
-        """Every node's ``name`` key (node 0): one wait, one read."""
+        """The ``name`` keys of ``ranks`` (default: of every node, which node 0 alone reads): one wait, one read."""
         ranks = range(self.nnodes) if ranks is None else ranks
         keys = [f"{PREFIX}{name}/{r}" for r in ranks]
         self._wait(keys, list(ranks))
@@ -190,42 +190,6 @@ class StoreSync:
             ) from None
 
 
-class LinkMeter(Protocol):
-    """This node's end of the link measurements."""
-
-    @property
-    def address(self) -> str:
-        """host:port where the peers stream to this node."""
-
-    @property
-    def received(self) -> dict[int, float]:
-        """GB/s received per sending node rank (the best, if several)."""
-
-    def stream(self, peer_address: str, peer: int) -> None:
-        """Stream to ``peer`` for the measuring time; returns once the peer has every byte."""
-
-
-@dataclass
-class TcpLink:
-    """A :class:`LinkMeter` over plain TCP streams (the product's)."""
-
-    server: _StreamServer
-    rank: int
-    seconds: float
-
-    @property
-    def address(self) -> str:
-        # link-local: the peers reach it through the interface of that name
-        return host_port(scoped_address(self.server.sock.getsockname()), self.server.port)
-
-    @property
-    def received(self) -> dict[int, float]:
-        return self.server.received
-
-    def stream(self, peer_address: str, peer: int) -> None:
-        _stream_to(peer_address, self.rank, self.seconds)
-
-
 def exchange(
     report: NodeReport,
     *,
@@ -243,31 +207,29 @@ def exchange(
     store = _store(master_addr, master_port, nnodes, rank, timeout_s)
     host = route_address(master_addr, master_port, zone=True) or ("::" if ":" in master_addr else "0.0.0.0")
     try:
-        server = _StreamServer(host)
+        link = TcpLink(host, rank, seconds)
     except OSError as e:
         raise UsageError(
             f"bad --master-addr/--master-port {host_port(master_addr, master_port)}: this node reaches it from "
             f"{host!r}, where no stream server can listen ({e.strerror or e}); expected node rank 0's address"
         ) from None
-    server.start()
+    link.start()
     t0 = time.perf_counter()
     try:
         sync = StoreSync(store, rank=rank, nnodes=nnodes, timeout_s=timeout_s)
-        return run_exchange(
-            sync, TcpLink(server, rank, seconds), report, schedule=schedule, min_link_fraction=min_link_fraction, t0=t0
-        )
+        return run_exchange(sync, link, report, schedule=schedule, min_link_fraction=min_link_fraction, t0=t0)
     except OSError as e:  # a stream cut or refused mid-way
         raise DoctorError(
             f"node rank {rank}: a bandwidth stream failed ({e}); check the link between the nodes"
         ) from None
     finally:
-        server.close()
+        link.close()
         del store
 
 
 def run_exchange(
     sync: StoreSync,
-    link: LinkMeter,
+    link: TcpLink,
     report: NodeReport,
     *,
     schedule: LinkSchedule,
@@ -279,8 +241,8 @@ def run_exchange(
     rank, nnodes = sync.rank, sync.nnodes
     if rank == 0:
         seed = random.SystemRandom().randrange(1 << 31) if seed is None else seed
-        sync.announce("plan", json.dumps({"schedule": resolve(schedule, nnodes).value, "seed": seed}))
-    plan = json.loads(sync.read_announcement("plan"))
+        sync.publish("plan", json.dumps({"schedule": resolve(schedule, nnodes).value, "seed": seed}))
+    plan = json.loads(sync.read("plan", 0))
     kind, seed = LinkSchedule(plan["schedule"]), int(plan["seed"])
     sync.publish("addr", link.address)
     done = first_rounds(nnodes, kind, seed=seed)
@@ -304,8 +266,7 @@ def run_exchange(
             for a, b in nxt:
                 slots[a], slots[b] = str(b), str(a)
             sync.scatter(f"slot/{step}", slots)
-            if nxt:
-                done.append(nxt)
+            done.append(nxt)  # an empty round only with "stop": none follows
         mine = sync.read(f"slot/{step}", rank).decode()
         if mine == "stop":
             break
@@ -320,15 +281,15 @@ def run_exchange(
             reports, min_link_fraction=min_link_fraction, schedule={"name": kind.value, "seed": seed, "rounds": step}
         )
         verdict["seconds"] = round(time.perf_counter() - t0, 2)
-        sync.announce("verdict", json.dumps(summary(verdict)))
+        sync.publish("verdict", json.dumps(summary(verdict)))
         sync.gather("ack", ranks=range(1, nnodes), values=False)
         return verdict
-    verdict = json.loads(sync.read_announcement("verdict"))
+    verdict = json.loads(sync.read("verdict", 0))
     sync.publish("ack", "1")
     return dict(verdict)
 
 
-def _run_slots(sync: StoreSync, link: LinkMeter, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
+def _run_slots(sync: StoreSync, link: TcpLink, addrs: dict[int, str], slots: list[tuple[int, int]]) -> None:
     """This node's part of some rounds: ``(round, peer)`` in round order. Both ends of a pair
     first say they are ready for the round (done with their earlier pairs, so nothing else
     reaches their stream servers), then the lower rank streams, then the higher."""

@@ -194,10 +194,9 @@ def _match(
     owner: dict[int, int] = {}
     mate: dict[int, int] = {}
     for s in left:
-        for g in candidates(s):
-            if g not in owner:
-                owner[g], mate[s] = s, g
-                break
+        g = next((g for g in candidates(s) if g not in owner), None)
+        if g is not None:
+            owner[g], mate[s] = s, g
     budget = _MATCH_BUDGET
     for s in left:
         if s in mate or budget <= 0:
@@ -221,9 +220,8 @@ def _match(
                 if found is not None:
                     break
             frontier = nxt
-        g_opt = found
-        while g_opt is not None:
-            u, via = parent[g_opt]
-            owner[g_opt], mate[u] = u, g_opt
-            g_opt = via
+        while found is not None:  # flip the path's pairs
+            u, via = parent[found]
+            owner[found], mate[u] = u, found
+            found = via
     return mate

@@ -104,7 +104,4 @@ def default_index(cands: Sequence[Candidate], axes: Sequence[Axis], defaults: di
     flag: the environment, else numarun's default; OMP the plan's own), each override at its first value; else
     the first."""
     want = {ax.name: {"omp": OMP_FROM_PLAN, **defaults}.get(ax.name, ax.values[0]) for ax in axes}
-    for i, c in enumerate(cands):
-        if c.as_dict() == want:
-            return i
-    return 0
+    return next((i for i, c in enumerate(cands) if c.as_dict() == want), 0)

@@ -23,23 +23,15 @@ line.whisker { stroke: #000; }
 def render_chart(
     summaries: Sequence[CandidateSummary], *, default: int, winner: int, title: str = "numarun tune"
 ) -> str:
-    by_tp = summaries[0].throughput is not None
-    unit = summaries[0].unit if by_tp else "s (wall, lower is better)"
-    values, ranges = [], []
-    for s in summaries:
-        if by_tp and s.throughput_range is not None:
-            values.append(float(s.throughput))  # type: ignore[arg-type]
-            ranges.append(s.throughput_range)
-        else:
-            times = [r.seconds for r in s.runs]
-            values.append(s.median_s)
-            ranges.append((min(times), max(times)))
-    top = max([hi for _, hi in ranges] + values + [1e-12])
+    unit = summaries[0].unit if summaries[0].throughput is not None else "s (wall, lower is better)"
+    values = [s.throughput if s.throughput is not None else s.median_s for s in summaries]
+    top = max([s.spread[1] for s in summaries] + values + [1e-12])
     out = Canvas()
     heading = f"{title}: median {unit}"
     out.text(PAD, PAD + 12, heading, cls="title")
     y0 = PAD * 2 + 20
-    for i, (s, v, (lo, hi)) in enumerate(zip(summaries, values, ranges)):
+    for i, (s, v) in enumerate(zip(summaries, values)):
+        lo, hi = s.spread
         y = y0 + i * (BAR_H + GAP)
         role = " winner" if i == winner else (" default" if i == default else "")
         label = s.candidate.label() + (" (default)" if i == default else "")

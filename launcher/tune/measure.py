@@ -19,13 +19,10 @@ class Measured:
 def _rows(text: str) -> list[dict]:
     rows = []
     for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
         try:
             row = jsonable.loads(line)
         except json.JSONDecodeError:
-            continue  # a line cut short by a killed run
+            continue  # a blank line, or one cut short by a killed run
         if isinstance(row, dict):
             rows.append(row)
     return rows

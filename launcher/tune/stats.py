@@ -25,7 +25,7 @@ class CandidateSummary:
     runs: tuple[Run, ...]
     median_s: float
     throughput: float | None  # median; None when a run reported none (then time decides)
-    throughput_range: tuple[float, float] | None
+    spread: tuple[float, float]  # the lowest and highest run: of the throughput where it decides, else of the time
     unit: str
     peak_mem_mb: float | None
     ratio: float  # speed relative to the default candidate (> 1: faster)
@@ -45,13 +45,14 @@ def summarize(cands: Sequence[Candidate], runs: Sequence[Sequence[Run]], default
         else:
             ratio = med_s[default] / med_s[i] if med_s[i] > 0 else float("inf")
         peaks = [r.peak_mem_mb for r in rs if r.peak_mem_mb is not None]
+        shown = tps[i] if tp is not None else [r.seconds for r in rs]
         out.append(
             CandidateSummary(
                 candidate=c,
                 runs=tuple(rs),
                 median_s=med_s[i],
                 throughput=tp,
-                throughput_range=(min(tps[i]), max(tps[i])) if tp is not None else None,
+                spread=(min(shown), max(shown)),
                 unit=rs[0].unit if with_tp else "s",
                 peak_mem_mb=max(peaks) if peaks else None,
                 ratio=ratio,
@@ -75,18 +76,14 @@ def table(summaries: Sequence[CandidateSummary], *, default: int, winner: int, c
     unit = summaries[0].unit
     numbers = (f"median {unit}", "range", "median s", "peak MiB", "vs default")
     out = tables.table([("candidate", "left"), *((name, "right") for name in numbers)])
+    shown = _num if by_tp else "{:.3f}".format
     for i, s in enumerate(summaries):
-        times = [r.seconds for r in s.runs]
-        if by_tp and s.throughput_range is not None:
-            med, rng = _num(s.throughput), f"{_num(s.throughput_range[0])}-{_num(s.throughput_range[1])}"  # type: ignore[arg-type]
-        else:
-            med, rng = f"{s.median_s:.3f}", f"{min(times):.3f}-{max(times):.3f}"
         mark = " (default)" if i == default else ""
         mark += " *best*" if i == winner else ""
         out.add_row(
             s.candidate.label() + mark,
-            med,
-            rng,
+            shown(s.throughput if s.throughput is not None else s.median_s),
+            "-".join(map(shown, s.spread)),
             f"{s.median_s:.3f}",
             f"{s.peak_mem_mb:.0f}" if s.peak_mem_mb is not None else "-",
             f"{s.ratio:.3f}x",

@@ -286,21 +286,20 @@ def _link_local() -> tuple[str, str]:
 def test_the_doctor_binds_and_streams_to_a_scoped_link_local_address() -> None:
     """``fe80::1%eth0``: a link-local address is an address only with its interface; the doctor's stream
     server binds with the scope, and names it to the peers."""
-    from numarun.doctor.multinode import TcpLink, _stream_to, _StreamServer
+    from numarun.doctor.multinode import TcpLink, _stream_to
     from numarun.launch.net import sockaddr
 
     addr, ifname = _link_local()
     family, bound = sockaddr(f"{addr}%{ifname}", 0)
     assert family == socket.AF_INET6 and bound[3] == socket.if_nametoindex(ifname)
-    server = _StreamServer(f"{addr}%{ifname}")
-    server.start()
+    link = TcpLink(f"{addr}%{ifname}", 0, 0.05)
+    link.start()
     try:
-        link = TcpLink(server, 0, 0.05)
         assert link.address.startswith(f"[{addr}%{ifname}]:")
         _stream_to(link.address, 1, 0.05)
-        assert server.received.get(1, 0) > 0
+        assert link.received.get(1, 0) > 0
     finally:
-        server.close()
+        link.close()
 
 
 def test_a_socket_name_gives_its_address_with_the_scope() -> None:

@@ -100,7 +100,7 @@ def test_summary_by_throughput_and_json_shape() -> None:
     s = summarize(cs, runs, default=0)
     assert s[0].throughput == 11 and s[1].throughput == 20
     assert s[1].ratio == pytest.approx(20 / 11)
-    assert s[1].throughput_range == (1, 22)
+    assert s[1].spread == (1, 22)
     w = best(s)
     assert w == 1
     j = to_json(s, default=0, winner=w, trials=3)
