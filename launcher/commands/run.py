@@ -96,11 +96,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     return parser
 
 
-def main(args: argparse.Namespace, supervisor: Supervisor | None = None) -> int:
+def main(args: argparse.Namespace, supervisor: Supervisor) -> int:
     """The road. ``supervisor``: the one the CLI made before parsing, which holds the signals since."""
-    if supervisor is None:
-        supervisor = Supervisor()
-        supervisor.hold_signals()
     options = from_args(args, os.environ)  # 1. options
     target = target_of(args)
     job, options = detect_job(options)  # 2. job
@@ -175,10 +172,6 @@ class Road:
     preflight: DoctorSettings | None = None
     """``--preflight``: the doctor's settings, until it has run before the first launch."""
 
-    @property
-    def job(self) -> JobShape | None:
-        return self.planner.job
-
     def prepare(self, options: LaunchOptions, target: Target, *, trainer: PreparedJob | None = None) -> Prepared:
         """Steps 3 to 5 for one job. ``trainer``: a job of numarun's trainer, whose layout becomes the job's mesh once
         the plan says how many ranks the job has (the ranks are placed for it, before any starts)."""
@@ -201,9 +194,9 @@ class Road:
         """3. The options against the job a scheduler started, the one settling of a launch
         (:func:`numarun.launch.planning.settle`): per-node mode, the rendezvous the job implies; per-rank mode, the
         one the tasks share and, unless a dry run, the node and Hydra's clock (``clock``) the ranks agree on."""
-        if self.job is None:
+        if self.planner.job is None:
             return Settled(options)
-        settled = settle(options, self.job, layout=layout, agree=not self.dry_run, clock=clock)
+        settled = settle(options, self.planner.job, layout=layout, agree=not self.dry_run, clock=clock)
         self.planner.job = settled.job
         rendezvous = settled.rendezvous
         if rendezvous is not None and not rendezvous.own_rendezvous and rendezvous.nnodes > 1:
@@ -239,12 +232,13 @@ class Road:
         if not self.dry_run:  # a dry run prints the same block on stdout
             options.shown()
         plan = planned.plan
-        nics = [r.nic for r in plan.ranks if r.nic]
-        spec = launch_spec(options, nproc_per_node=plan.nproc_per_node, target=target, nics=nics)
+        spec = launch_spec(
+            options, nproc_per_node=plan.nproc_per_node, target=target, nics=[r.nic for r in plan.ranks if r.nic]
+        )
         if plan.mesh is None or not spec.multi_node or spec.backend == "static":
             return spec
         nodes = rendezvous.order if rendezvous is not None else ()
-        name = self.job.node_name if self.job is not None else ""
+        name = self.planner.job.node_name if self.planner.job is not None else ""
         key = rendezvous_key(
             nvlink_domain=plan.mesh.nvlink_domain,
             position=nodes.index(name) if name in nodes else None,
@@ -265,15 +259,19 @@ class Road:
         agent = AgentPolicy(policy_from(options), steps_from(options, os.environ))  # read before anything starts
         for w in planned.plan.warnings:
             log.warning("%s", w)
+        plan_path = planned.path or (
+            "plan.json"
+            if self.dry_run
+            else str(self.supervisor.write_plan(planned.plan.to_json(), run_dir, node=spec.node_label()))
+        )
+        env = {
+            **(dict(spec.env) if self.dry_run else {}),  # the address rule's: a real run's supervisor adds them
+            **worker_env(planned.plan, options, os.environ, plan_path=plan_path, no_watch=self.no_watch),
+            **job_env,
+        }
         if self.dry_run:
-            env = {**dict(spec.env), **self.worker_env(options, planned.plan, planned.path or "plan.json"), **job_env}
             note = "" if planned.path else "\n# plan.json: the output of 'numarun plan --json' with the same options"
             return dry_run(planned.plan, options, note, command_line(env, spec.argv()))
-        self.supervisor.start()
-        plan_path = planned.path or str(
-            self.supervisor.write_plan(planned.plan.to_json(), run_dir, node=spec.node_label())
-        )
-        env = {**self.worker_env(options, planned.plan, plan_path), **job_env}
         log.info("running: %s", command_line(env, spec.argv()))
         self.supervisor.run(
             spec,
@@ -283,25 +281,12 @@ class Road:
         )
         return 0
 
-    def worker_env(self, options: LaunchOptions, plan: LaunchPlan, plan_path: str) -> dict[str, str]:
-        """What numarun adds to the workers' environment: the plan, the binding watcher, numarun's log level."""
-        env = worker_env(plan, os.environ, plan_path=plan_path, strict=options.strict_binding)
-        if self.no_watch:
-            env[envvars.WATCH_INTERVAL] = "0"
-        elif options.watch_interval is not None:  # >= 0: its option type refuses the rest
-            env[envvars.WATCH_INTERVAL] = f"{options.watch_interval:g}"
-        # The binding line of each rank is logged at INFO on purpose (docs/binding.md, "Applied in the worker");
-        # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
-        if options.log_level and envvars.LOG_LEVEL not in os.environ:
-            env[envvars.LOG_LEVEL] = options.log_level
-        return env
-
 
 def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, *, preflight: bool) -> int:
     """Per-rank mode: the scheduler started this process as one rank. 3: the options against the job and the
     rendezvous the ranks agree on; 4: the node's plan as every task makes it, this rank's row; then the process
     binds itself as that row and runs the script (no torchrun agent, nothing to supervise)."""
-    job = road.job
+    job = road.planner.job
     assert job is not None
     if preflight:
         raise JobConflict(
@@ -324,7 +309,7 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
         log.warning("%s", note)
     env = {
         **rank_env(job, master_addr=addr, master_port=port, environ=os.environ),
-        **road.worker_env(options, plan, ""),
+        **worker_env(plan, options, os.environ, plan_path=None, no_watch=road.no_watch),
         **dict(
             addressing(
                 multi_node=job.nnodes > 1,
@@ -334,10 +319,8 @@ def run_rank(road: Road, options: LaunchOptions, target: Target, kind: AppKind, 
                 node_rank=job.node_index,
             ).env
         ),
-        envvars.PLAN_JSON: plan.to_json(),
         **({envvars.HYDRA_NOW: settled.now} if settled.now else {}),
     }
-    env.pop(envvars.PLAN, None)
     if road.dry_run:
         listed = [f"{k}={shlex.quote(v)}" for k, v in env.items() if k != envvars.PLAN_JSON]
         unknown = (
@@ -387,12 +370,7 @@ def node_agent(job: JobShape, options: LaunchOptions, plan: LaunchPlan, addr: st
         nodes=max(1, job.nnodes),
         store_host=addr,
         store_port=store_port,
-        hang_timeout=policy.hang.timeout_s,
-        on_hang=policy.hang.action.value,
-        hang_source=policy.hang.source,
-        steps_on=policy.steps.on,
-        step_interval=policy.steps.interval_s,
-        keep=None,
+        policy=policy,
     )
     pid = sidecar.spawn(args)
     return {**env, envvars.SIDECAR: str(pid)} if pid else env
@@ -495,7 +473,5 @@ def dry_run(plan: LaunchPlan, options: LaunchOptions, note: str, command: str) -
     """The one dry-run output: the plan, each launch option with its source, what would run."""
     from ..view.plan import render_plan
 
-    sys.stdout.write(render_plan(plan, width=160))
-    sys.stdout.write(options.describe())
-    sys.stdout.write(f"{note}\n{command}\n" if note else f"{command}\n")
+    sys.stdout.write(render_plan(plan, width=160) + options.describe() + (f"{note}\n" if note else "") + f"{command}\n")
     return 0

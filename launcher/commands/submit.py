@@ -6,6 +6,7 @@ A dry run is a value: the script is built in full first; ``--dry-run`` prints it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -184,24 +185,33 @@ def check_mesh(launch: LaunchOptions, given: LaunchOptions, *, nodes: int, nproc
     return [f"--mesh={mesh}"] if mine and mesh is not None else []
 
 
-# 'numarun run' options the job sets on each node itself, from Slurm's allocation
-_SET_BY_JOB = {
-    "--nnodes",
-    "--node-rank",
-    "--node_rank",
-    "--rdzv-backend",
-    "--rdzv_backend",
-    "--rdzv-endpoint",
-    "--rdzv_endpoint",
-    "--rdzv-id",
-    "--rdzv_id",
-    "--master-addr",
-    "--master_addr",
-    "--master-port",
-    "--master_port",
-    "--local-addr",
-    "--local_addr",
-    "--standalone",
+# the --launch-opt options refused, with what is expected instead
+_NOT_LAUNCH_OPTS = {
+    # 'numarun run' options the job sets on each node itself, from Slurm's allocation
+    **dict.fromkeys(
+        (
+            "--nnodes",
+            "--node-rank",
+            "--node_rank",
+            "--rdzv-backend",
+            "--rdzv_backend",
+            "--rdzv-endpoint",
+            "--rdzv_endpoint",
+            "--rdzv-id",
+            "--rdzv_id",
+            "--master-addr",
+            "--master_addr",
+            "--master-port",
+            "--master_port",
+            "--local-addr",
+            "--local_addr",
+            "--standalone",
+        ),
+        "an option the job does not set itself (node count and rank, rendezvous and addresses come from Slurm's "
+        "allocation)",
+    ),
+    "--nproc-per-node": "--nproc-per-node as a 'numarun submit' option",
+    "--nproc_per_node": "--nproc-per-node as a 'numarun submit' option",
 }
 
 
@@ -213,18 +223,9 @@ class _LaunchOptParser(argparse.ArgumentParser):
 def check_launch_opts(opts: list[str], script: str, *, is_module: bool = False) -> LaunchOptions:
     """The ``--launch-opt`` values read with ``numarun run``'s own parser and checks, as on a node."""
     for opt in opts:
-        name = opt.split("=", 1)[0]
-        if name in _SET_BY_JOB:
-            raise SlurmError(
-                expected(
-                    opt,
-                    "an option the job does not set itself (node count and rank, rendezvous and "
-                    "addresses come from Slurm's allocation)",
-                    "--launch-opt",
-                )
-            )
-        if name in ("--nproc-per-node", "--nproc_per_node"):
-            raise SlurmError(expected(opt, "--nproc-per-node as a 'numarun submit' option", "--launch-opt"))
+        refused = _NOT_LAUNCH_OPTS.get(opt.split("=", 1)[0])
+        if refused:
+            raise SlurmError(expected(opt, refused, "--launch-opt"))
     if not opts:
         return LaunchOptions()
     from ..launch.torchrun import check_torchrun_options
@@ -341,7 +342,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     out = Path(job.output_dir)
-    created = [p for p in (out, *out.parents) if not p.exists()][::-1]  # what mkdir(parents=True) creates
+    created = [p for p in (out, *out.parents) if not p.exists()]  # what mkdir(parents=True) creates, deepest first
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -354,11 +355,9 @@ def main(args: argparse.Namespace) -> int:
         job_id = sbatch(text)
     except BaseException:
         # a failed submit leaves nothing behind: remove the (empty) directories made for it
-        for d in reversed(created):
-            try:
+        with contextlib.suppress(OSError):
+            for d in created:
                 d.rmdir()
-            except OSError:
-                break
         raise
     # keep what was submitted next to its logs
     from ..fsutil import write_atomic

@@ -4,6 +4,7 @@ stands for ``/``); the rest is pure."""
 
 from __future__ import annotations
 
+import collections
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -60,18 +61,14 @@ def _text(root: Path, path: str) -> str:
 def detect_container(environ: Mapping[str, str], root: Path = Path("/")) -> Container | None:
     """The runtime this process runs in, most specific first (a pod is a pod whatever its engine); None when no
     marker says it runs in one."""
-    found: dict[Runtime, list[str]] = {}
-
-    def mark(runtime: Runtime, what: str) -> None:
-        found.setdefault(runtime, []).append(what)
-
+    found: dict[Runtime, list[str]] = collections.defaultdict(list)  # each runtime's markers, as found
     if "KUBERNETES_SERVICE_HOST" in environ:
-        mark(Runtime.KUBERNETES, "KUBERNETES_SERVICE_HOST")
+        found[Runtime.KUBERNETES].append("KUBERNETES_SERVICE_HOST")
     for key in sorted(environ):
         if key.startswith(("APPTAINER_", "SINGULARITY_")) and key.endswith(("_CONTAINER", "_NAME")):
-            mark(Runtime.APPTAINER, key)
+            found[Runtime.APPTAINER].append(key)
         elif key.startswith(("ENROOT_", "PYXIS_")):
-            mark(Runtime.ENROOT, key)
+            found[Runtime.ENROOT].append(key)
     for path, runtime in (
         ("/var/run/secrets/kubernetes.io", Runtime.KUBERNETES),
         ("/.singularity.d", Runtime.APPTAINER),
@@ -81,16 +78,16 @@ def detect_container(environ: Mapping[str, str], root: Path = Path("/")) -> Cont
         ("/.dockerenv", Runtime.DOCKER),
     ):
         if _exists(root, path):
-            mark(runtime, path)
+            found[runtime].append(path)
     value = environ.get("container", "")
     if value:
         named = {r.value: r for r in Runtime}.get(value, Runtime.OTHER)
-        mark(named, f"container={value}")
+        found[named].append(f"container={value}")
     if not found:
         hints = _text(root, "/proc/1/cgroup") + _text(root, "/proc/self/mountinfo")
         for needle, runtime in _CGROUP_HINTS:
             if needle in hints:
-                mark(runtime, f"cgroup/mount '{needle}'")
+                found[runtime].append(f"cgroup/mount '{needle}'")
                 break
     for runtime in Runtime:
         if runtime in found:

@@ -118,31 +118,22 @@ def settle_node(shape: JobShape, stated: Stated, *, leaf_switch: Mapping[str, st
     ``MASTER_ADDR``/``MASTER_PORT`` in the job's environment are stated options (the options model reads them).
     """
     _check_shape(shape, stated)
-    if own_rendezvous(stated):  # the order is the one the nodes' keys give a c10d rendezvous with a layout
+    own = own_rendezvous(stated)
+    if own:  # the order is the one the nodes' keys give a c10d rendezvous with a layout
         order = tuple(node_order(shape.nodes, leaf_switch)) if leaf_switch is not None and shape.nodes else ()
-        return NodeRendezvous(
-            nnodes=shape.nnodes,
-            node_rank=shape.node_index,
-            head="",
-            master_addr=None,
-            master_port=None,
-            own_rendezvous=True,
-            order=order,
-        )
-    if shape.nodes:
+    elif shape.nodes:
         order = shape.nodes if "node_rank" in stated else tuple(node_order(shape.nodes, leaf_switch))
-        node_rank = order.index(shape.node_name)
     else:  # MPI: the rank of a one-process-per-node job is its node
-        order, node_rank = (), shape.node_index
-    head = order[0] if order else ""
-    addr, port = rank_master(shape, stated, nodes=order)
+        order = ()
+    ranked = bool(order) and not own  # the node rank and the head from the order
+    addr, port = (None, None) if own else rank_master(shape, stated, nodes=order)
     return NodeRendezvous(
         nnodes=shape.nnodes,
-        node_rank=node_rank,
-        head=head,
+        node_rank=order.index(shape.node_name) if ranked else shape.node_index,
+        head=order[0] if ranked else "",
         master_addr=addr,
         master_port=port,
-        own_rendezvous=False,
+        own_rendezvous=own,
         order=order,
     )
 
@@ -162,9 +153,8 @@ def check_rank(shape: JobShape, stated: Stated, *, per_rank: Collection[str]) ->
         _check_shape(shape, stated)
     agent = sorted(s.where for d, s in stated.items() if d not in per_rank)
     if agent:
-        flag = agent[0]
         raise JobConflict(
-            f"bad option {flag!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no "
+            f"bad option {agent[0]!r}: in per-rank mode ({_who(shape)} starts every rank itself) numarun starts no "
             "torchrun "
             "agent, which that option configures; expected it left out, or one task per node for numarun to start the "
             "ranks"
@@ -193,8 +183,6 @@ def rank_master(shape: JobShape, stated: Stated, *, nodes: object = None) -> tup
 def rank_env(shape: JobShape, *, master_addr: str, master_port: int, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables torchrun gives each worker, from the scheduler's numbering (per-rank mode); the node's
     (``GROUP_RANK``, ``GROUP_WORLD_SIZE``) only once known (an MPI launcher does not say: the ranks agree on it)."""
-    if shape.mode is not Mode.PER_RANK:
-        raise ValueError("rank_env is for per-rank mode")
     group = (
         {"GROUP_RANK": str(shape.node_index), "GROUP_WORLD_SIZE": str(shape.nnodes)} if shape.node_index >= 0 else {}
     )

@@ -165,14 +165,13 @@ def parse_leaf_switches(text: str) -> dict[str, str]:
     block: dict[str, str] = {}
     for line in text.splitlines():
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
-        if "BlockName" in fields and "Nodes" in fields:
+        if "BlockName" in fields:  # topology/block
+            into, name = block, fields["BlockName"]
+        else:  # topology/tree: the leaf switches alone
+            into, name = leaf, fields.get("SwitchName") if fields.get("Level") == "0" else None
+        if name and "Nodes" in fields:
             for node in expand_hostlist(fields["Nodes"]):
-                block.setdefault(node, fields["BlockName"])
-            continue
-        if fields.get("Level") != "0" or "SwitchName" not in fields or "Nodes" not in fields:
-            continue
-        for node in expand_hostlist(fields["Nodes"]):
-            leaf.setdefault(node, fields["SwitchName"])
+                into.setdefault(node, name)
     for node, name in block.items():
         leaf[node] = f"{name}/{leaf[node]}" if node in leaf else name
     return leaf

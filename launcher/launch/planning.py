@@ -88,9 +88,8 @@ def settle(
         head = job.nodes[0] if job.nodes and not own and "master_addr" not in stated else None  # its address
         facts = gather(env, need_switches="node_rank" not in stated or keyed, head=head)
         rdv = settle_node(job, stated, leaf_switch=facts.leaf_switch)
-    addr = rdv.master_addr
-    if addr is None:
-        addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
+    # the head's address, where no source stated one (rdv.options keeps a stated one)
+    addr = "127.0.0.1" if job.nnodes == 1 else head_address(facts, rdv.head) if facts is not None else rdv.head
     return Settled(options.with_job(rdv.options(addr), job.describe().split(":")[0]), job, rdv)
 
 
@@ -115,11 +114,14 @@ def _settle_rank(
     addr = parse_endpoint(addr, "--master-addr (MASTER_ADDR)", port=False)[0]
     # the node: a dry run may not know it
     node = {"nnodes": NodeRange.of(job.nnodes), "node_rank": job.node_index} if job.node_index >= 0 else {}
-    settled = options.with_job(
-        {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
-        job.describe().split(":")[0],
+    return Settled(
+        options.with_job(
+            {"nproc_per_node": job.local_world_size, **node, "master_addr": addr, "master_port": port},
+            job.describe().split(":")[0],
+        ),
+        job,
+        now=now,
     )
-    return Settled(settled, job, now=now)
 
 
 def refuse(job: JobShape, error: JobConflict, options: LaunchOptions) -> int:
@@ -194,35 +196,25 @@ def here(
     """The GPUs the ranks may open (the device files answer: a denied open is the cgroup, an absent
     one in a container was not given to it; in a Slurm step without them, ``SLURM_STEP_GPUS`` when
     ``CUDA_VISIBLE_DEVICES`` reads as renumbered from 0), the container, and the memory-policy probe."""
-    from ..plan.scheduled import renumbered
+    from ..plan.scheduled import allowed_minors, renumbered
+    from ..topology.devices import gpu_device_access
     from ..topology.discover import device_root
     from ..worker.affinity import mempolicy_refusal
 
     env = os.environ if environ is None else environ
     container = container_at(source, env)
-    allowed = None
-    if topology.gpus:
-        access, allowed = _openable_minors(topology, device_root(source), container)
-        if (
-            allowed is None
-            and not any(v is not None for v in access.values())
-            and job is not None
-            and job.scheduler is Scheduler.SLURM
-        ):
-            allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
-    return Here(container, tuple(sorted(allowed)) if allowed is not None else None, mempolicy_refusal())
-
-
-def _openable_minors(
-    topology: Topology, root: Path | None, container: Container | None
-) -> tuple[dict[int, bool | None], frozenset[int] | None]:
-    """(minor -> may it be opened, the minors this process may open when some are refused, else None),
-    by opening the topology's GPU device files under ``root``."""
-    from ..plan.scheduled import allowed_minors
-    from ..topology.devices import gpu_device_access
-
+    root = device_root(source)
     access = gpu_device_access(root, [g.minor for g in topology.gpus]) if root is not None and topology.gpus else {}
-    return access, allowed_minors(access, in_container=container is not None)
+    allowed = allowed_minors(access, in_container=container is not None)
+    if (
+        allowed is None
+        and topology.gpus
+        and not any(v is not None for v in access.values())
+        and job is not None
+        and job.scheduler is Scheduler.SLURM
+    ):
+        allowed = renumbered(env.get("CUDA_VISIBLE_DEVICES"), job.step_gpus)
+    return Here(container, tuple(sorted(allowed)) if allowed is not None else None, mempolicy_refusal())
 
 
 @dataclass(frozen=True)
@@ -239,9 +231,8 @@ class Planner:
     once); in per-node mode plans this node's ranks on the GPUs the step may open (:func:`here`); in
     per-rank mode plans the whole node as every task does, and takes this task's binding in it."""
 
-    def __init__(self, job: JobShape | None = None, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, job: JobShape | None = None) -> None:
         self.job = job
-        self._env = os.environ if environ is None else environ
         self._read: dict[str | None, tuple[Topology, Here]] = {}
 
     def plan(self, options: LaunchOptions) -> Planned:
@@ -257,9 +248,9 @@ class Planner:
             return self._from_file(options, options.plan_file)
         if options.topology not in self._read:
             topology = load_topology(options.topology)
-            self._read[options.topology] = topology, here(topology, options.topology, self.job, self._env)
+            self._read[options.topology] = topology, here(topology, options.topology, self.job)
         topology, node = self._read[options.topology]
-        request = request_for(options, self._env, topology, allowed_gpu_minors=node.gpu_minors)
+        request = request_for(options, os.environ, topology, allowed_gpu_minors=node.gpu_minors)
         return Planned(confine(make_plan(topology, request), node.container, node.mem_refused))
 
     def _from_file(self, options: LaunchOptions, path: str) -> Planned:
@@ -267,14 +258,13 @@ class Planner:
         from ..worker.affinity import mempolicy_refusal
 
         try:
-            with open(path) as f:
-                text = f.read()
+            text = Path(path).read_text()
         except OSError as e:
             raise UsageError(
                 f"bad --plan-file {path!r}: {e.strerror}; expected a file from 'numarun plan --json'"
             ) from None
         # the ranks run here, wherever the plan was made
-        plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(self._env), mempolicy_refusal())
+        plan = confine(LaunchPlan.from_json(text, origin=path), detect_container(os.environ), mempolicy_refusal())
         nproc = options.setting("nproc_per_node")
         if isinstance(nproc.value, int) and nproc.value != plan.nproc_per_node:
             raise UsageError(
@@ -292,9 +282,7 @@ class Planner:
         from ..plan.scheduled import confine, narrow, own_binding, own_gpu_refs, task_plan, with_usable_cpus
         from ..topology.devices import cgroup_cpus
         from ..topology.discover import device_root, load_topology
-        from ..worker.affinity import mempolicy_refusal
 
-        env = self._env
         notes: list[str] = []
         topology = load_topology(options.topology)
         root = device_root(options.topology)
@@ -302,12 +290,12 @@ class Planner:
             step_cpus = cgroup_cpus()
             if step_cpus:
                 topology = with_usable_cpus(topology, step_cpus)
-        container = container_at(options.topology, env)
-        _, own_minors = _openable_minors(topology, root, container)
+        node = here(topology, options.topology)  # the GPUs this task may open, its container
         node_minors = tuple(job.job_gpus) if job.job_gpus else None
-        cvd = env.get("CUDA_VISIBLE_DEVICES")
-        request = request_for(options, env, topology)
-        if own_minors is not None and node_minors is not None and len(own_minors) < len(node_minors):  # GPUs per task
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+        request = request_for(options, os.environ, topology)
+        # GPUs per task: the task opens fewer GPUs than the node holds
+        if node.gpu_minors is not None and node_minors is not None and len(node.gpu_minors) < len(node_minors):
             request = replace(
                 request,
                 nproc_per_node=max(job.local_world_size, len(node_minors)),
@@ -315,17 +303,17 @@ class Planner:
                 allowed_gpu_minors=node_minors,
                 keep_gpus=True,
             )  # each task holds its own GPU: the layout cannot move it
-            own = own_gpu_refs(topology, own_minors, cvd)
+            own = own_gpu_refs(topology, node.gpu_minors, cvd)
         else:
             request = replace(
                 request,
                 nproc_per_node=job.local_world_size,
-                allowed_gpu_minors=tuple(sorted(own_minors)) if own_minors is not None else None,
+                allowed_gpu_minors=node.gpu_minors,
             )
             own = ()
             if (
                 (job.gpus_on_node or 0) > job.local_world_size
-                and own_minors is None
+                and node.gpu_minors is None
                 and cvd
                 and len(cvd.split(",")) < (job.gpus_on_node or 0)
             ):
@@ -333,7 +321,7 @@ class Planner:
                     "this task sees fewer GPUs than the job holds on the node, and no device file tells "
                     "which: planned by local rank"
                 )
-        plan = confine(make_plan(topology, request), container, mempolicy_refusal())
+        plan = confine(make_plan(topology, request), node.container, node.mem_refused)
         binding = own_binding(plan, local_rank=job.local_rank, own_gpus=own)
         # never wider than what the scheduler let this task use (--cpu-bind, mpirun's --bind-to)
         binding = narrow(binding, topology, os.sched_getaffinity(0))

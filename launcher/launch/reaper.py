@@ -55,10 +55,9 @@ class Cage:
         send(doomed, signal.SIGKILL)
 
 
-def enter(environ: dict[str, str] | None = None) -> Cage:
+def enter() -> Cage:
     """Put this process (and so everything it starts from now on) where it can be found again."""
-    env = os.environ if environ is None else environ
-    if not env.get("SLURM_JOB_ID"):
+    if not os.environ.get("SLURM_JOB_ID"):
         try:
             root = cgroup2_mount(Path("/proc/self/mounts").read_text())
             rel = own_cgroup2_path(Path("/proc/self/cgroup").read_text())
@@ -71,7 +70,7 @@ def enter(environ: dict[str, str] | None = None) -> Cage:
                 cage.rmdir()
         except OSError as e:
             log.debug("no cgroup of numarun's own (%s): watching its process tree instead", e)
-    if env.get(INIT) == "1" and os.getppid() == 1:
+    if os.environ.get(INIT) == "1" and os.getppid() == 1:
         return Cage("init")
     try:
         libc = ctypes.CDLL(None, use_errno=True)

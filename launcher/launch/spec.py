@@ -20,10 +20,9 @@ from ..argtypes import ONE_NODE, NodeRange, host_port, parse_endpoint
 from ..envvars import NODE_KEY, RDZV_MARGIN
 from ..errors import UsageError
 from ..jobenv.settle import TORCHRUN_DEFAULT_PORT
-from ..options.launch import LaunchOptions
-from ..options.torchrun import torchrun_parser
+from ..options.launch import LaunchOptions, option
 from .signals import DEATH
-from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_torchrun_options
+from .torchrun import ENTRY_FILE, Target, check_rdzv_conf, check_signals, check_torchrun_options
 
 DEATH_SIGNALS = tuple(s.name for s in DEATH)
 """torchrun's ``--signals-to-handle`` default: numarun ends the run on these."""
@@ -178,26 +177,21 @@ def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, 
     stated = {d: s.value for d, s in options.stated().items()}
     check_torchrun_options(stated, nproc_per_node=nproc_per_node)
     passthrough = []
-    for action in torchrun_parser()._actions:  # noqa: SLF001  (torchrun exposes no other listing)
-        dest = action.dest
-        value = stated.get(dest)
-        if not action.option_strings or dest in _FIELDS or value is None:
+    for dest, value in stated.items():  # in the order of torchrun's options
+        o = option(dest)
+        if o.owner == "numarun" or dest in _FIELDS:
             continue
-        spelling = next(s for s in action.option_strings if s.startswith("--"))
-        if action.nargs == 0:
-            if value:
-                passthrough.append((spelling, ""))
-        else:
-            # torchrun's comma_separated_list reads ",," as a literal comma
+        if not o.switch:  # torchrun's comma_separated_list reads ",," as a literal comma
             listed = isinstance(value, (list, tuple))
-            passthrough.append((spelling, ",".join(str(v).replace(",", ",,") for v in value) if listed else str(value)))
+            passthrough.append((o.flag, ",".join(str(v).replace(",", ",,") for v in value) if listed else str(value)))
+        elif value:
+            passthrough.append((o.flag, ""))
 
     def host(dest: str) -> str | None:
         value = stated.get(dest)
         return None if not value else parse_endpoint(str(value), "--" + dest.replace("_", "-"), port=False)[0]
 
     conf = check_rdzv_conf(str(stated.get("rdzv_conf") or ""))
-    signals = str(stated.get("signals_to_handle") or ",".join(DEATH_SIGNALS))
     spec = LaunchSpec(
         target=target,
         nproc_per_node=nproc_per_node,
@@ -214,7 +208,9 @@ def launch_spec(options: LaunchOptions, *, nproc_per_node: int, target: Target, 
         local_addr=host("local_addr"),
         standalone=options.standalone,
         max_restarts=int(stated.get("max_restarts") or 0),
-        death_signals=tuple(n.strip() for n in signals.split(",") if n.strip()),
+        death_signals=check_signals(str(stated["signals_to_handle"]))
+        if "signals_to_handle" in stated
+        else DEATH_SIGNALS,
         shutdown_timeout=int(stated["shutdown_timeout"]) if stated.get("shutdown_timeout") is not None else None,
         log_dir=str(stated["log_dir"]) if stated.get("log_dir") else None,
         passthrough=tuple(passthrough),

@@ -243,15 +243,11 @@ class Supervisor:
         return directory
 
     def write_plan(self, text: str, run_dir: os.PathLike[str] | str | None = None, *, node: str | None = None) -> Path:
-        """The plan for this node's workers, in the private directory (mode 0600: a run dir may be shared by
-        every node); returns its path. ``run_dir`` keeps the record, ``numarun_plan[.<node>].json``."""
-        if self.private_dir is None:
-            raise RuntimeError("Supervisor.start() comes before write_plan()")
-        path = self.private_dir / "plan.json"
-        path.unlink(missing_ok=True)  # the next job of a sweep
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        """The plan for this node's workers, in the private directory (made by :meth:`start` if need be; mode 0600:
+        a run dir may be shared by every node); returns its path. ``run_dir`` keeps the record,
+        ``numarun_plan[.<node>].json``."""
+        path = self.start() / "plan.json"
+        write_atomic(path, text, mode=0o600)  # replaces the plan of a sweep's previous job
         if run_dir is not None:
             record = Path(run_dir) / ("numarun_plan.json" if node is None else f"numarun_plan.{node}.json")
             write_atomic(record, text, mode=0o600)
@@ -306,7 +302,7 @@ class Supervisor:
         }
         self._hang_stop = None
         plan = env.get(envvars.PLAN)
-        self._agent = NodeAgent(
+        node_agent = self._agent = NodeAgent(
             agent,
             directory,
             keep=run_dir or spec.log_dir,
@@ -315,7 +311,7 @@ class Supervisor:
             request_stop=self._request_stop,
             hold=self._hold,
         ).start()
-        torch_private.before_exit_barrier(self._agent.before_exit_barrier)
+        torch_private.before_exit_barrier(node_agent.before_exit_barrier)
         succeeded = False
         kills = oom.kills()  # a rank killed for memory is told from these counts rising
         try:
@@ -366,10 +362,9 @@ class Supervisor:
             if self._hang_hold.is_set():  # the loop ends the run with the watchdog's code (os._exit): nothing to add
                 time.sleep(STOP_HOLD_S)
             torch_private.before_exit_barrier(None)
-            node_agent, self._agent = self._agent, None
-            if node_agent is not None:
-                node_agent.hangs.settle()  # a roll-call begun at a stop is written before the directory goes
-                node_agent.close(succeeded=succeeded)  # the step report's summary and files, before the directory goes
+            self._agent = None
+            node_agent.hangs.settle()  # a roll-call begun at a stop is written before the directory goes
+            node_agent.close(succeeded=succeeded)  # the step report's summary and files, before the directory goes
             with self.loop.lock:
                 if self.loop.phase is not Phase.STOPPING:
                     self.loop.phase = Phase.BETWEEN

@@ -23,13 +23,16 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..argtypes import MAX_COUNT, MAX_NODES, MAX_SECONDS, ONE_NODE, ascii_digits
-from ..envvars import PLAN, STRICT_BINDING, USER_ENV
+from ..envvars import LOG_LEVEL, PLAN, PLAN_JSON, STRICT_BINDING, USER_ENV, WATCH_INTERVAL
 from ..errors import UsageError
 from ..plan.model import DERIVED_ENV, LaunchPlan
 from ..torch_private import import_torchrun
+
+if TYPE_CHECKING:
+    from ..options.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +61,13 @@ class Target:
             raise UsageError("bad options '--module' with '--no-python': expected at most one of them")
         if module:
             check_module(name)
-            return cls("module", name, args)
-        if no_python:
-            if shutil.which(name) is None:
-                raise UsageError(
-                    f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one"
-                )
-            return cls("exec", name, args)
-        if not os.path.isfile(name):
+        elif no_python and shutil.which(name) is None:
+            raise UsageError(
+                f"bad program {name!r}: not found or not executable; expected a program on PATH or a path to one"
+            )
+        elif not no_python and not os.path.isfile(name):
             raise UsageError(f"bad script {name!r}: no such file; expected a path to a Python script (or -m MODULE)")
-        return cls("script", name, args)
+        return cls("module" if module else "exec" if no_python else "script", name, args)
 
 
 def check_module(name: str) -> None:
@@ -293,17 +293,34 @@ def check_torchrun_options(options: Mapping[str, Any], *, nproc_per_node: int | 
         check_port_free(port)
 
 
-def worker_env(plan: LaunchPlan, environ: Mapping[str, str], *, plan_path: str, strict: bool) -> dict[str, str]:
-    """Variables numarun adds to its own environment for torchrun to pass to every worker."""
+def worker_env(
+    plan: LaunchPlan,
+    options: LaunchOptions,
+    environ: Mapping[str, str],
+    *,
+    plan_path: str | None,
+    no_watch: bool = False,
+) -> dict[str, str]:
+    """Variables numarun adds to its own environment for torchrun to pass to every worker: the plan (``plan_path``
+    None: the plan itself, for a process that becomes the rank), the binding watcher (``no_watch``: off), numarun's
+    log level."""
     planned = {k for r in plan.ranks for k in r.env}
     user_set = sorted(k for k in planned if k in environ and k not in DERIVED_ENV)
-    env = {PLAN: plan_path, USER_ENV: ",".join(user_set)}
-    if strict:
+    env = {**({PLAN_JSON: plan.to_json()} if plan_path is None else {PLAN: plan_path}), USER_ENV: ",".join(user_set)}
+    if options.strict_binding:
         env[STRICT_BINDING] = "1"
     # torchrun forces OMP_NUM_THREADS=1 (with a warning) when unset; the bootstrap sets each
     # rank's own value anyway, so pass rank 0's to keep torchrun from overriding it.
     if "OMP_NUM_THREADS" not in environ and plan.ranks and "OMP_NUM_THREADS" in plan.ranks[0].env:
         env["OMP_NUM_THREADS"] = plan.ranks[0].env["OMP_NUM_THREADS"]
+    if no_watch:
+        env[WATCH_INTERVAL] = "0"
+    elif options.watch_interval is not None:  # >= 0: its option type refuses the rest
+        env[WATCH_INTERVAL] = f"{options.watch_interval:g}"
+    # The binding line of each rank is logged at INFO on purpose (docs/binding.md, "Applied in the worker");
+    # an explicit --log-level (or NUMARUN_LOG_LEVEL) sets the workers' level too.
+    if options.log_level and LOG_LEVEL not in environ:
+        env[LOG_LEVEL] = options.log_level
     return env
 
 

@@ -151,13 +151,6 @@ class Option:
             return read_switch(raw, where, torchrun=self.owner != "numarun")
         return str(raw) if self.parse is None else self.parse(str(raw), where)
 
-    def argtype(self, text: str) -> Any:
-        """:meth:`read` as argparse's ``type=``."""
-        try:
-            return self.read(text, self.flag)
-        except UsageError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
     def help_text(self) -> str:
         if self.switch and self.default:  # its flag turns it off
             return f"{self.help} (also ${self.variable}=0)"
@@ -169,7 +162,11 @@ class Option:
         how: dict[str, Any] = (
             {"action": "store_false" if self.default else "store_true"}
             if self.switch
-            else {"type": str if self.read_late else self.argtype, "metavar": self.metavar, "action": Spelled}
+            else {
+                "type": str if self.read_late else argtypes.typed(self.flag, self.read),
+                "metavar": self.metavar,
+                "action": Spelled,
+            }
         )
         text = self.help_text() if self.owner == "numarun" else self.help
         parser.add_argument(*self.flags, dest=self.dest, default=argparse.SUPPRESS, help=text, **how)
@@ -554,7 +551,7 @@ def add_options(parser: argparse.ArgumentParser, dests: Iterable[str], *, group:
         action = present.get(o.dest)
         if action is not None and o.owner != "numarun":
             action.default = argparse.SUPPRESS
-            action.type = o.argtype if o.parse is not None else action.type
+            action.type = argtypes.typed(o.flag, o.read) if o.parse is not None else action.type
         else:
             o.add_to(parser if o.dest == "show_sources" else group or parser)
     parser.set_defaults(launch_options=(*(parser.get_default("launch_options") or ()), *options))

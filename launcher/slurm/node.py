@@ -59,11 +59,6 @@ def first_failure(records: Sequence[str]) -> int | None:
     return min(failures, key=lambda f: f[0])[1] if failures else None
 
 
-def should_requeue(preempted: bool, restart_count: int, requeue_limit: int) -> bool:
-    """Requeue only after the pre-timeout signal, and at most ``requeue_limit`` times."""
-    return preempted and restart_count < requeue_limit
-
-
 def task_main(opts: argparse.Namespace) -> int:
     env = os.environ
     relay = Relay()  # first thing: from now on a signal is held for numarun, never lost
@@ -113,18 +108,16 @@ def node_outcome(rc: int, forwarded: set[int], *, record: Path, node: str) -> in
 
 
 def finish_main(opts: argparse.Namespace) -> int:
-    run_dir = Path(opts.run_dir)
-    rc = opts.rc
     # every node's numarun exit code is in the run dir (srun's may read 0 after a signal: see node_outcome)
     records = [
-        p.read_text(encoding="utf-8", errors="replace") for p in sorted(run_dir.glob(EXIT_FILE.format(rank="*")))
+        p.read_text(encoding="utf-8", errors="replace")
+        for p in sorted(Path(opts.run_dir).glob(EXIT_FILE.format(rank="*")))
     ]
     first = first_failure(records)
-    if first is not None:
-        rc = first
+    rc = opts.rc if first is None else first
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    if opts.preempted:
-        if should_requeue(True, opts.restart_count, opts.requeue_limit):
+    if opts.preempted:  # requeued only after the pre-timeout signal, and at most --requeue-limit times
+        if opts.restart_count < opts.requeue_limit:
             print(
                 f"numarun: time limit near: requeueing job {job_id} (restart {opts.restart_count + 1} of "
                 f"{opts.requeue_limit})",

@@ -136,10 +136,13 @@ class SlurmOptions:
 
     def validate(self) -> SlurmOptions:
         """Raise SlurmError for the first bad value; return self so calls chain."""
-        _positive("--nnodes", self.nodes, "an integer >= 1")
-        for flag, count in (("--nproc-per-node", self.nproc_per_node), ("--cpus-per-task", self.cpus_per_task)):
-            if count is not None:
-                _positive(flag, count, "an integer >= 1")
+        for flag, count in (
+            ("--nnodes", self.nodes),
+            ("--nproc-per-node", self.nproc_per_node),
+            ("--cpus-per-task", self.cpus_per_task),
+        ):
+            if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                raise SlurmError(expected(count, "an integer >= 1", flag))
         for name, flag, pattern, form in _TEXT_FIELDS:
             value = getattr(self, name)
             if value is not None and not re.fullmatch(pattern, value):
@@ -207,11 +210,6 @@ class SlurmOptions:
             return self.signal_before
         limit = self.time_limit_seconds
         return 120 if limit is None else max(1, min(120, limit // 4))
-
-
-def _positive(flag: str, value: object, form: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SlurmError(expected(value, form, flag))
 
 
 def check_env(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:

@@ -14,9 +14,8 @@ import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 
-from ..errors import SlurmError, expected
 from .node import shutdown_grace
-from .options import SlurmOptions, check_output_dir, format_time
+from .options import SlurmOptions, format_time
 
 TEMPLATE = "sbatch.sh.in"
 _SLOT = re.compile(r"@@([A-Z_]+)@@")
@@ -44,17 +43,10 @@ class SlurmJob:
     """Append ``hydra.run.dir=<run dir>`` to the arguments (for Hydra scripts)."""
     module: bool = False
     """``script`` is a module run as ``numarun run -m MODULE`` (e.g. ``numarun.train``)."""
-    workdir: str | None = None
-    """Directory the job starts in (``#SBATCH --chdir``); None: sbatch's default (submit dir)."""
 
     @property
     def is_array(self) -> bool:
         return len(self.arg_sets) > 1
-
-    def log_pattern(self) -> str:
-        """The ``--output`` pattern: one log per job (per array index)."""
-        name = "slurm-%A_%a.out" if self.is_array else "slurm-%j.out"
-        return f"{self.output_dir}/{name}"
 
 
 def _q(words: tuple[str, ...] | list[str]) -> str:
@@ -81,15 +73,14 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
     if o.time is not None:
         lines.append(f"--time={format_time(o.time_limit_seconds)}")
     lines += [
-        f"--output={job.log_pattern()}",
+        # one log per job (per array index)
+        f"--output={job.output_dir}/{'slurm-%A_%a.out' if job.is_array else 'slurm-%j.out'}",
         # a requeued run appends to the same log instead of truncating it
         "--open-mode=append",
         # B: signal the batch shell only; it forwards TERM to the ranks and requeues.
         f"--signal=B:USR1@{o.effective_signal_before}",
         "--requeue",
     ]
-    if job.workdir is not None:
-        lines.append(f"--chdir={check_output_dir(job.workdir)}")
     if job.is_array:
         lines.append(f"--array=0-{len(job.arg_sets) - 1}")
     lines += list(o.extra_sbatch)
@@ -122,19 +113,10 @@ def _launch_opts(job: SlurmJob) -> tuple[str, ...]:
     return opts
 
 
-def _template() -> str:
-    return resources.files("numarun.slurm").joinpath("templates").joinpath(TEMPLATE).read_text(encoding="utf-8")
-
-
 def render_sbatch(job: SlurmJob) -> str:
-    """The complete sbatch script for ``job`` (validates its options first)."""
+    """The complete sbatch script for ``job`` (validates its options first; ``numarun submit`` checked the rest as it
+    built the job)."""
     job.options.validate()
-    output_dir = check_output_dir(job.output_dir)
-    if not job.arg_sets:
-        raise SlurmError(expected(job.arg_sets, "at least one argument set", "arguments"))
-    for key, _ in job.env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise SlurmError(expected(key, "a shell variable name", "--env key"))
     slots = {
         "SBATCH": "\n".join(_sbatch_lines(job)),
         "NUMARUN": _q(job.numarun),
@@ -143,9 +125,10 @@ def render_sbatch(job: SlurmJob) -> str:
         "LAUNCH_OPTS": _q(_launch_opts(job)),
         "REQUESTED": f"# Requested: {job.options.requested()}",
         "REQUEUE_LIMIT": str(job.options.requeue_limit),
-        "OUTPUT_ROOT": shlex.quote(output_dir),
+        "OUTPUT_ROOT": shlex.quote(job.output_dir),
         "HYDRA_RUN_DIR": "1" if job.hydra_run_dir else "0",
         "ENV": "\n".join(f"export {k}={shlex.quote(v)}" for k, v in job.env),
     }
     # one pass: a filled-in value that contains '@@X@@' is never substituted again
-    return _SLOT.sub(lambda m: slots[m.group(1)], _template())
+    template = resources.files("numarun.slurm").joinpath("templates").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return _SLOT.sub(lambda m: slots[m.group(1)], template)

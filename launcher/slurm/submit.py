@@ -102,14 +102,14 @@ def partition_gpus(partition: str | None) -> int:
     if proc.returncode != 0:
         log.info("no GPU count for the partition: sinfo: %s", " ".join(proc.stderr.split()))
         return 0
-    lines = []
-    for line in proc.stdout.splitlines():
-        name, _, gres = line.strip().partition("|")
-        if (partition is None and name.endswith("*")) or (
-            partition is not None and name.rstrip("*") in partition.split(",")
-        ):
-            lines.append(gres)
-    return parse_gres_gpus("\n".join(lines))
+    rows = (line.strip().partition("|") for line in proc.stdout.splitlines())  # name|gres
+    return parse_gres_gpus(
+        "\n".join(
+            gres
+            for name, _, gres in rows
+            if (name.endswith("*") if partition is None else name.rstrip("*") in partition.split(","))
+        )
+    )
 
 
 def sbatch(script_text: str, *, sbatch_cmd: str = "sbatch") -> str:
@@ -152,11 +152,8 @@ def parse_scontrol_jobs(text: str) -> list[JobRecord]:
 def queued_states(job_id: str) -> list[str] | None:
     """States of the job's entries still in the queue; None if squeue failed."""
     proc = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-    if proc.returncode != 0:
-        # squeue fails for an id the controller has already forgotten: treat as gone
-        if "Invalid job id" in proc.stderr:
-            return []
-        return None
+    if proc.returncode != 0:  # squeue fails for an id the controller has already forgotten: treat as gone
+        return [] if "Invalid job id" in proc.stderr else None
     return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
 
 
@@ -187,10 +184,9 @@ def job_records(job_id: str, *, last_state: str = "") -> list[JobRecord]:
     site has it, keeps it. Without either, the last state seen in the queue is all there is.
     """
     proc = _run(["scontrol", "show", "job", job_id])
-    if proc.returncode == 0:
-        records = parse_scontrol_jobs(proc.stdout)
-        if records:
-            return records
+    records = parse_scontrol_jobs(proc.stdout) if proc.returncode == 0 else []
+    if records:
+        return records
     why_scontrol = " ".join(proc.stderr.split()) or "no record"
     try:
         acct = _run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"])
@@ -211,12 +207,6 @@ def job_records(job_id: str, *, last_state: str = "") -> list[JobRecord]:
         state,
     )
     return [JobRecord(job_id=job_id, state=f"{state} (last seen; final state unknown)", exit_code=1, signal=0)]
-
-
-def cancel(job_id: str) -> None:
-    proc = _run(["scancel", job_id])
-    if proc.returncode != 0:
-        raise SlurmError(f"scancel refused job {job_id!r}: {' '.join(proc.stderr.split()) or proc.returncode}")
 
 
 def wait_for_job(

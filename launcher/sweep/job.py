@@ -78,10 +78,11 @@ def run_group(folder: Path, group: int) -> int:
     # (a layout's CUDA_VISIBLE_DEVICES is the user's own GPUs, reordered: kept, or they would be lost)
     for key in set(binding.env if binding is not None else ()) - set(user) - set(DERIVED_ENV):
         os.environ.pop(key, None)
-    jobs = []
-    for idx in json.loads((folder / f"group{group}.json").read_text()):
-        with open(folder / f"{idx}.job", "rb") as f:
-            jobs.append(pickle.load(f)["job"])
+    # each job's head, the first of its file's two pickles
+    jobs = [
+        pickle.loads((folder / f"{i}.job").read_bytes())["job"]
+        for i in json.loads((folder / f"group{group}.json").read_text())
+    ]
     topology = load_topology(from_environ(("topology",), os.environ).topology)
     return 1 if any(run_local(jobs, topology, folder).values()) else 0
 

@@ -192,9 +192,8 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
         log.info("Launching %d jobs with numarun", len(jobs))
         for job, cfg in zip(jobs, cfgs):
             log.info("\t#%d : %s", job.idx, " ".join(filter_overrides(job.overrides)))
-            with open(folder / f"{job.idx}.job", "wb") as f:
-                pickle.dump({**head, "job": job}, f)
-                pickle.dump(cfg, f)
+            # the head, then the config: each rank finds the task before it reads the config
+            (folder / f"{job.idx}.job").write_bytes(pickle.dumps({**head, "job": job}) + pickle.dumps(cfg))
         codes = (
             _submit(settings, jobs, folder)
             if slurm
@@ -217,8 +216,7 @@ def _result(folder: Path, job: SweepJob, code: int) -> Any:
 
     why = f"exit code {code}" if code >= 0 else f"killed by {signal.Signals(-code).name}"
     try:
-        with open(folder / f"{job.idx}.ret", "rb") as f:
-            ret = pickle.load(f)
+        ret = pickle.loads((folder / f"{job.idx}.ret").read_bytes())
         if code == 0 or ret.status is JobStatus.FAILED:
             return ret
     except FileNotFoundError:
@@ -248,27 +246,23 @@ def _start(job: SweepJob, slot: Slot, port: int, topology: Any, folder: Path, no
 
     options, rest = job.launch_options(os.environ)
     plan = _plan(job, options, slot, topology)
-    env = {k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)}
-    env.update(
-        {
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)),
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            envvars.DETECT: "0",
-            envvars.HYDRA_NOW: now,
-            envvars.LAUNCHER_PID: str(os.getpid()),
-            **({envvars.LOG_LEVEL: options.log_level} if options.log_level else {}),
-        }
-    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in (envvars.PLAN, envvars.PLAN_JSON, envvars.SWEEP_OPTIONS)},
+        "CUDA_VISIBLE_DEVICES": ",".join(map(str, slot.gpus)),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        envvars.DETECT: "0",
+        envvars.HYDRA_NOW: now,
+        envvars.LAUNCHER_PID: str(os.getpid()),
+        **({envvars.LOG_LEVEL: options.log_level} if options.log_level else {}),
+    }
     args = [str(folder), f"index={job.idx}"]
     # what the job's numarun run takes (--max-restarts, --hang-timeout...), typed or from the job config; the
     # environment's reach it as they are, below them as in the sweep
     typed = options.flags(Source.COMMAND_LINE, Source.CONFIG, leave_out=SET_BY_SWEEP | {"strict_binding"})
     if job.ranks == 1 and not rest and not typed:  # nothing for torchrun's agent to do: the process is the rank
-        env.update(worker_env(plan, os.environ, plan_path="", strict=options.strict_binding))
-        env.pop(envvars.PLAN)
         env.update(
             {
-                envvars.PLAN_JSON: plan.to_json(),
+                **worker_env(plan, options, os.environ, plan_path=None),
                 "RANK": "0",
                 "LOCAL_RANK": "0",
                 "WORLD_SIZE": "1",
@@ -311,12 +305,6 @@ def _start(job: SweepJob, slot: Slot, port: int, topology: Any, folder: Path, no
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=confine)
 
 
-def _signal(procs: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signum)
-
-
 class _Queue:
     """The jobs of one batch, each in a slot as soon as one is free; the target of the process's signal loop while
     they run (:class:`numarun.launch.signals.SignalTarget`): a death signal ends every running job (SIGTERM,
@@ -330,12 +318,12 @@ class _Queue:
         self.lock = threading.Lock()  # the main thread's and the loop's
         self.changed = threading.Event()
 
-    def _procs(self) -> list[subprocess.Popen[bytes]]:
+    def forward(self, signum: int) -> None:  # to every running job's process group
         with self.lock:
-            return [p for p, _ in self.running.values()]
-
-    def forward(self, signum: int) -> None:
-        _signal(self._procs(), signum)
+            procs = [p for p, _ in self.running.values()]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signum)
 
     def stop(self, signum: int, *, again: bool) -> None:
         with self.lock:
@@ -344,7 +332,7 @@ class _Queue:
             else:  # a second one: no more grace
                 self.kill_at = time.monotonic()
         if not again:
-            _signal(self._procs(), signal.SIGTERM)
+            self.forward(signal.SIGTERM)
         self.changed.set()
 
     def end(self, signum: int) -> BaseException:
@@ -358,7 +346,7 @@ class _Queue:
     def tick(self, now: float) -> None:
         """The loop's periodic check: after the grace, SIGKILL to what still runs."""
         if self.stopped_by and now >= self.kill_at:
-            _signal(self._procs(), signal.SIGKILL)
+            self.forward(signal.SIGKILL)
 
     def run(self, start: Any) -> None:
         """Start jobs in free slots (``start(job, slot)``) and collect their ends, until none is left to run."""
@@ -513,14 +501,13 @@ def run_app(target: Target, options: Sequence[str], *, dry_run: bool) -> int:
     """``numarun [OPTIONS] APP -m ...`` for a user's Hydra app: the app's own Hydra sweeps, each job through
     ``hydra/launcher=numarun`` with ``options`` (OPTIONS, :func:`forwarded`). ``dry_run``: the slots of a basic
     sweep's jobs; nothing runs."""
-    script_args = target.args
-    given = {a.split("=")[0] for a in script_args}
+    given = {a.split("=")[0] for a in target.args}
     if dry_run:
         from ..config.compose import expand_sweep
         from ..topology.discover import load_topology
 
         launch = SweepJob(0, (), 1, tuple(options)).launch_options(os.environ)[0]
-        overrides = [a for a in script_args if "=" in a and not a.lstrip("+~").startswith("hydra")]
+        overrides = [a for a in target.args if "=" in a and not a.lstrip("+~").startswith("hydra")]
         jobs = (
             [] if "hydra/sweeper" in given else [f"#{i} {' '.join(o)}" for i, o in enumerate(expand_sweep(overrides))]
         )
@@ -531,7 +518,7 @@ def run_app(target: Target, options: Sequence[str], *, dry_run: bool) -> int:
         sys.executable,
         *(["-m"] if target.kind == "module" else []),
         target.name,
-        *script_args,
+        *target.args,
         *([] if "hydra/launcher" in given else ["hydra/launcher=numarun"]),
     ]
     os.execve(sys.executable, argv, {**os.environ, envvars.SWEEP_OPTIONS: json.dumps(list(options))})

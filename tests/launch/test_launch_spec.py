@@ -20,7 +20,7 @@ from numarun.commands.run import target_of
 from numarun.errors import UsageError
 from numarun.launch.spec import LaunchSpec, launch_spec
 from numarun.launch.torchrun import ENTRY_FILE, Target, worker_env
-from numarun.options.launch import NOT_LAUNCH, LaunchOptions, from_args
+from numarun.options.launch import NOT_LAUNCH, LaunchOptions, from_args, given
 from numarun.plan.model import BindingMode, LaunchPlan, MemPolicy, RankBinding
 
 GOLDEN = REPO / "tests" / "golden" / "run_torchrun_argv.txt"
@@ -202,14 +202,14 @@ def _plan(*envs: dict[str, str]) -> LaunchPlan:
 
 def test_worker_env_lists_the_user_set_variables() -> None:
     plan = _plan({"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_0"}, {"OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "mlx5_1"})
-    env = worker_env(plan, {"NCCL_IB_HCA": "mine"}, plan_path="/p/plan.json", strict=True)
+    env = worker_env(plan, given(strict_binding=True), {"NCCL_IB_HCA": "mine"}, plan_path="/p/plan.json")
     assert env == {
         "NUMARUN_PLAN": "/p/plan.json",
         "NUMARUN_USER_ENV": "NCCL_IB_HCA",
         "NUMARUN_STRICT_BINDING": "1",
         "OMP_NUM_THREADS": "4",
     }
-    env = worker_env(plan, {"OMP_NUM_THREADS": "8"}, plan_path="/p/plan.json", strict=False)
+    env = worker_env(plan, given(), {"OMP_NUM_THREADS": "8"}, plan_path="/p/plan.json")
     assert env == {"NUMARUN_PLAN": "/p/plan.json", "NUMARUN_USER_ENV": "OMP_NUM_THREADS"}
 
 

@@ -22,7 +22,7 @@ from numarun.jobenv.slurm import node_order, parse_leaf_switches
 from numarun.launch.spec import rendezvous_key
 from numarun.launch.torchrun import worker_env
 from numarun.layout import DIMS, Layout, mesh_groups, node_cut
-from numarun.options.launch import Setting, Source
+from numarun.options.launch import Setting, Source, given
 from numarun.plan.binding import make_plan
 from numarun.plan.mesh import resolve_on_nodes
 from numarun.plan.model import BindingMode, LaunchPlan, PlanRequest
@@ -140,7 +140,7 @@ def test_each_rank_drives_its_gpu_as_cuda_local_rank() -> None:
 def test_the_reordered_visible_devices_are_applied_though_the_user_set_them() -> None:
     plan = make_plan(crossed(), PlanRequest(mesh=Layout.parse("dp_shard=2,tp=2"), cuda_visible_devices="0,1,2,3"))
     user = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "3"}
-    env = worker_env(plan, user, plan_path="p.json", strict=False)
+    env = worker_env(plan, given(), user, plan_path="p.json")
     assert env[envvars.USER_ENV] == "OMP_NUM_THREADS"  # CUDA_VISIBLE_DEVICES is derived from the user's, not kept
     rank = dict(user, **{envvars.USER_ENV: env[envvars.USER_ENV]})
     apply_env(plan.ranks[1], rank)

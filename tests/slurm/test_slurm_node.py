@@ -11,7 +11,7 @@ import pytest
 from helpers import SCRIPTS
 
 from numarun.jobenv.slurm import node_order, parse_leaf_switches, rendezvous_port
-from numarun.slurm.node import first_failure, should_requeue, shutdown_grace
+from numarun.slurm.node import first_failure, shutdown_grace
 
 TOPOLOGY = (
     "SwitchName=s1 Level=0 LinkSpeed=1 Nodes=node[1,3]\n"
@@ -39,11 +39,6 @@ def test_nodes_under_one_leaf_switch_are_adjacent():
 def test_first_failure_by_time_not_by_size():
     assert first_failure(["200 143\n", "100 3\n"]) == 3
     assert first_failure(["garbage", ""]) is None
-
-
-def test_requeue_decision():
-    assert should_requeue(True, 0, 3) and should_requeue(True, 2, 3)
-    assert not should_requeue(True, 3, 3) and not should_requeue(False, 0, 3)
 
 
 def test_grace_is_signal_before_minus_a_margin():
