@@ -61,7 +61,7 @@ def main() -> int:
     per_interval = (light * (n - 1) + full) / n
     print(
         f"one check with numa_maps: {full * 1e3:.2f} ms; affinity only: {light * 1e3:.3f} ms "
-        f"({len(watch.read_threads())} threads, {args.mib} MiB resident)"
+        f"({len(watch.affinity.thread_affinities())} threads, {args.mib} MiB resident)"
     )
     print(
         f"at the default interval ({watch.DEFAULT_INTERVAL:g} s, numa_maps every {n}th check): "

@@ -35,21 +35,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from .. import envvars
-from ..ledger import WAITING
+from ..jsonable import from_jsonable, loads, to_jsonable
 from ..topology import procfs
 from .agent import AgentPolicy, NodeAgent, say
 from .exchange import Exchange, store_client
-from .hangs.policy import HangPolicy, OnHang
 from .hangs.stacks import write_job_record
 from .hangs.verdict import read_beats
 from .signals import send
-from .steps.policy import StepPolicy
+from .steps.watch import rank_runs
 
 log = logging.getLogger(__name__)
 
@@ -81,25 +80,14 @@ class SidecarArgs:
     nodes: int
     store_host: str
     store_port: int
-    hang_timeout: float
-    on_hang: str
-    hang_source: str
-    steps_on: bool
-    step_interval: float
-    keep: str | None
+    policy: AgentPolicy
 
     def text(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(to_jsonable(self))
 
     @staticmethod
     def parse(text: str) -> SidecarArgs:
-        d = json.loads(text)
-        d["job_argv"] = tuple(d["job_argv"])
-        return SidecarArgs(**d)
-
-    def policy(self) -> AgentPolicy:
-        hang = HangPolicy(self.hang_timeout, OnHang(self.on_hang), self.hang_source)
-        return AgentPolicy(hang, StepPolicy(self.steps_on, self.step_interval))
+        return from_jsonable(SidecarArgs, loads(text))
 
 
 def state_dir(job: str, master_port: int, node: int, environ: dict[str, str] | os._Environ[str] = os.environ) -> Path:
@@ -168,9 +156,9 @@ class Sidecar:
         self.serving: Any = None
         store, client = self._store()
         self.agent = NodeAgent(
-            args.policy(),
+            args.policy,
             self.state,
-            keep=args.keep,
+            keep=None,  # what it keeps goes to $TMPDIR
             store=store,
             client=client,
             plan=self.state / "plan.json" if (self.state / "plan.json").exists() else None,
@@ -214,10 +202,6 @@ class Sidecar:
         ranks = [int(b.get("pid", 0)) for b in read_beats(self.state).values()]
         send([p for p in ranks if p != self.args.first_task], signal.SIGTERM)
 
-    @property
-    def stopping(self) -> bool:
-        return self.stopping_since is not None
-
     def ranks_done(self, started: float) -> bool:
         """Every local rank has ended (its pid gone), or waits for the sidecar at its exit; before every rank's first
         heartbeat, not done (for at most :data:`START_WAIT_S`), unless the first task is gone (a job that failed as it
@@ -227,8 +211,7 @@ class Sidecar:
         first_gone = not procfs.alive(self.args.first_task)
         if len(beats) < self.args.local_world and time.monotonic() - started < START_WAIT_S and not first_gone:
             return False
-        waiting = {lr for lr in beats if (self.state / WAITING.format(local_rank=lr)).exists()}
-        running = [int(b["pid"]) for lr, b in beats.items() if lr not in waiting and procfs.alive(int(b.get("pid", 0)))]
+        running = [int(b["pid"]) for lr, b in beats.items() if rank_runs(self.state, lr, int(b.get("pid", 0)))]
         overdue = self.stopping_since is not None and time.monotonic() - self.stopping_since >= STOP_GRACE_S
         if overdue:
             send([p for p in running if p != self.args.first_task], signal.SIGKILL)
@@ -244,9 +227,10 @@ class Sidecar:
         while not self.ranks_done(started):
             time.sleep(POLL_S)
         self.agent.before_exit_barrier(leave=self._leave)
-        self.agent.close(succeeded=not self.stopping)
+        self.agent.close(succeeded=self.stopping_since is None)
         shutil.rmtree(self.state, ignore_errors=True)
-        if self.stopping and procfs.alive(self.args.first_task):  # the scheduler's hold on the step, last
+        # the scheduler's hold on the step, last
+        if self.stopping_since is not None and procfs.alive(self.args.first_task):
             send([self.args.first_task], signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while procfs.alive(self.args.first_task) and time.monotonic() < deadline:

@@ -6,8 +6,8 @@ cpuset, the launcher's cage and its out-of-memory report share, and the processe
 The process readers take ``root`` (``root/proc/<pid>/...``: a recorded tree in tests, ``/`` live), so each is
 tested on recorded trees; psutil, which reads the live ``/proc`` only, cannot be. It does what needs no recording:
 numarun's own children (the supervisor). Here: ``stat`` by field number (the CPU a task last ran on, its start
-time), ``schedstat``, ``status`` fields, ``numa_maps``, ``wchan``, the kernel stack, ``environ``, the
-``children`` lists, and the tree walks built on them.
+time, its parent), ``schedstat``, ``status`` fields, ``numa_maps``, ``wchan``, the kernel stack, ``environ``, and the
+process-tree walks built on each ``stat``'s parent.
 
 Standard library only: the cleaner loads this file by its path, with nothing of the package or the user's.
 """
@@ -188,60 +188,33 @@ def read_all(root: Path = ROOT) -> dict[int, ProcStat]:
     return out
 
 
-def state(pid: int, root: Path = ROOT) -> str:
-    """The kernel's state letter of ``pid`` ('' when gone; ``Z`` a zombie)."""
-    stat = read_stat(pid, root)
-    return stat.state if stat else ""
-
-
 def alive(pid: int, root: Path = ROOT) -> bool:
     """Whether ``pid`` runs (a zombie has ended)."""
-    return state(pid, root) not in ("", "Z", "X")
+    stat = read_stat(pid, root)
+    return stat is not None and stat.state not in ("Z", "X")
 
 
-def tree_of(stats: Mapping[int, ProcStat], roots: Iterable[int]) -> set[int]:
-    """Every descendant of ``roots`` (not the roots) in a reading of every process (:func:`read_all`)."""
+def descendants(stats: Mapping[int, ProcStat], roots: Iterable[int], *, limit: int | None = None) -> list[int]:
+    """Every descendant of ``roots`` (not the roots) in a reading of every process (:func:`read_all`), parents before
+    their children (breadth first, each one's children by pid), at most ``limit``."""
     kids: dict[int, list[int]] = {}
-    for p in stats.values():
+    for p in sorted(stats.values(), key=lambda p: p.pid):
         kids.setdefault(p.ppid, []).append(p.pid)
-    out: set[int] = set()
+    out: list[int] = []
+    seen: set[int] = set()
     todo = list(roots)
-    while todo:
-        for kid in kids.get(todo.pop(), ()):
-            if kid not in out:
-                out.add(kid)
+    while todo and (limit is None or len(out) < limit):
+        for kid in kids.get(todo.pop(0), ()):
+            if kid not in seen and (limit is None or len(out) < limit):
+                seen.add(kid)
+                out.append(kid)
                 todo.append(kid)
     return out
 
 
-def children(pid: int, root: Path = ROOT) -> list[int]:
-    """The children of ``pid``: ``task/<tid>/children`` of each of its threads (Linux 3.5+, CONFIG_PROC_CHILDREN),
-    else every process's parent read from ``stat``."""
-    found: list[int] = []
-    listed = False
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(proc(root, pid) / "task"):
-            text = read_text(proc(root, pid) / "task" / entry / "children")
-            if text is not None:
-                listed = True
-                found += [int(p) for p in text.split() if p.isdigit()]
-    if listed:
-        return sorted(set(found))
-    return sorted(p.pid for p in read_all(root).values() if p.ppid == pid)
-
-
-def descendants(pid: int, root: Path = ROOT, *, limit: int) -> list[int]:
-    """Every descendant of ``pid``, parents before their children (breadth first), at most ``limit``."""
-    out: list[int] = []
-    seen = {pid}
-    todo = [pid]
-    while todo and len(out) < limit:
-        for child in children(todo.pop(0), root):
-            if child not in seen and len(out) < limit:
-                seen.add(child)
-                out.append(child)
-                todo.append(child)
-    return out
+def tree_of(stats: Mapping[int, ProcStat], roots: Iterable[int]) -> set[int]:
+    """Every descendant of ``roots`` (not the roots) in a reading of every process (:func:`read_all`)."""
+    return set(descendants(stats, roots))
 
 
 def thread_ids(pid: int, root: Path = ROOT) -> list[int]:
@@ -266,12 +239,7 @@ def read_schedstat(pid: int, root: Path = ROOT) -> dict[int, tuple[int, int]]:
 def read_thread_ticks(pid: int, root: Path = ROOT) -> dict[int, int]:
     """Thread id -> its time on a CPU so far, clock ticks (``task/<tid>/stat``: utime + stime), of every thread of
     ``pid``: what a kernel without schedstat still says (not the wait)."""
-    out: dict[int, int] = {}
-    for tid in thread_ids(pid, root):
-        stat = read_stat(pid, root, tid=tid)
-        if stat is not None:
-            out[tid] = stat.ticks
-    return out
+    return {tid: stat.ticks for tid in thread_ids(pid, root) if (stat := read_stat(pid, root, tid=tid)) is not None}
 
 
 def read_status(pid: int, key: str, root: Path = ROOT) -> str:
@@ -314,14 +282,9 @@ def read_stack(pid: int, root: Path = ROOT, *, tid: int | None = None) -> str:
     return read_text(proc(root, pid, tid) / "stack") or ""
 
 
-def read_numa_maps(pid: int, root: Path = ROOT) -> str:
-    """``pid``'s ``numa_maps`` ('' when unreadable). The kernel walks every resident page to answer: read it for the
-    processes that matter only."""
-    return read_text(proc(root, pid) / "numa_maps") or ""
-
-
 def read_numa_maps_or_why(pid: int, root: Path = ROOT) -> tuple[str, str]:
     """(``pid``'s ``numa_maps``, '') or ('', why it could not be read: ``Permission denied`` where the process may not
-    be looked into, ``No such file or directory`` once it is gone)."""
+    be looked into, ``No such file or directory`` once it is gone). The kernel walks every resident page to answer:
+    read it for the processes that matter only."""
     text, why = read_or_why(proc(root, pid) / "numa_maps")
     return text or "", why

@@ -14,6 +14,7 @@ thread ids, its ``Cpus_allowed_list``/``Mems_allowed_list``), never the machine'
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import enum
@@ -135,10 +136,8 @@ def set_cpu_affinity(cpus: Iterable[int]) -> None:
         raise OSError(errno.EINVAL, "empty CPU set")
     os.sched_setaffinity(0, mask)
     for tid in procfs.thread_ids(os.getpid()):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.sched_setaffinity(tid, mask)
-        except ProcessLookupError:
-            continue
 
 
 def get_cpu_affinity(pid: int = 0) -> tuple[int, ...]:
@@ -252,16 +251,20 @@ def read_back(*, threads: bool = False) -> Readback:
     ``threads=True`` also reads every thread's affinity (a thread that exits meanwhile
     is skipped), to show that threads started by libraries were bound too.
     """
-    per_thread: dict[int, tuple[int, ...]] = {}
-    if threads:
-        for tid in procfs.thread_ids(os.getpid()):
-            try:
-                per_thread[tid] = get_cpu_affinity(tid)
-            except OSError:
-                continue
     try:
         mode, mems = get_mempolicy()
         policy = mode.name.lower()
     except OSError:
         policy, mems = "?", ()
-    return Readback(cpus=get_cpu_affinity(), thread_cpus=per_thread, mem_policy=policy, mems=mems)
+    return Readback(
+        cpus=get_cpu_affinity(), thread_cpus=thread_affinities() if threads else {}, mem_policy=policy, mems=mems
+    )
+
+
+def thread_affinities() -> dict[int, tuple[int, ...]]:
+    """The CPUs each live thread of this process may run on, by tid (a thread that exits meanwhile is skipped)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for tid in procfs.thread_ids(os.getpid()):
+        with contextlib.suppress(OSError):
+            out[tid] = get_cpu_affinity(tid)
+    return out

@@ -17,8 +17,8 @@ CPUs. Pages on a remote node are reported, never moved: migrating them costs mor
 the watcher may. :func:`figures` gives the trainer what it writes to ``metrics.jsonl``
 and ``summary.json``.
 
-Parsing is pure (:func:`parse_numa_maps`, :func:`remote_share`, :func:`affinity_drift`);
-the I/O is in :class:`Watcher`.
+Parsing is pure (:func:`parse_numa_maps`, :func:`remote_share`);
+the I/O is in :func:`drifted_threads` and :class:`Watcher`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .. import envvars
 from ..cpuset import format_list
 from ..topology import procfs
+from . import affinity
+from .progress import env_seconds, every
 
 # Under the bootstrap's logger: its handler prints in the worker, where nothing else is configured.
 log = logging.getLogger("numarun.worker.bootstrap.watch")
@@ -77,31 +78,21 @@ def remote_share(per_node: Mapping[int, int], local: Iterable[int]) -> float:
     return sum(v for n, v in per_node.items() if n not in here) / total
 
 
-@dataclass(frozen=True)
-class ThreadState:
-    tid: int
-    name: str
-    cpus: frozenset[int]
-
-
-def affinity_drift(bound: frozenset[int], threads: Iterable[ThreadState]) -> list[ThreadState]:
-    """The threads whose affinity is no longer the bound set."""
-    return [t for t in threads if t.cpus != bound]
-
-
-def read_threads() -> list[ThreadState]:
-    """Every thread of this process with its name (Python's, else the kernel's ``comm``)."""
+def drifted_threads(bound: frozenset[int]) -> list[tuple[int, str, tuple[int, ...]]]:
+    """The threads of this process whose affinity is no longer the bound set: (tid, name (Python's, else the kernel's
+    ``comm``), its CPUs)."""
     py = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-    pid = os.getpid()
-    out: list[ThreadState] = []
-    for tid in procfs.thread_ids(pid):
-        try:
-            cpus = frozenset(os.sched_getaffinity(tid))
-        except OSError:
-            continue  # exited meanwhile
-        name = py[tid] if tid in py else (procfs.read_text(procfs.proc(procfs.ROOT, pid, tid) / "comm") or "?").strip()
-        out.append(ThreadState(tid, name, cpus))
-    return out
+    return [
+        (
+            tid,
+            py[tid]
+            if tid in py
+            else (procfs.read_text(procfs.proc(procfs.ROOT, os.getpid(), tid) / "comm") or "?").strip(),
+            cpus,
+        )
+        for tid, cpus in affinity.thread_affinities().items()
+        if frozenset(cpus) != bound
+    ]
 
 
 class Watcher:
@@ -127,24 +118,23 @@ class Watcher:
         self.checks = 0
         self.remote_share: float | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def check_once(self, *, memory: bool = True) -> None:
         self.checks += 1
-        drifted = affinity_drift(self.bound, read_threads())
+        drifted = drifted_threads(self.bound)
         if drifted:
             self.drifts += len(drifted)
             if self.strict:
-                for t in drifted:
+                for tid, _, _ in drifted:
                     with contextlib.suppress(OSError):
-                        os.sched_setaffinity(t.tid, self.bound)
-                        self.repaired.add(t.tid)
+                        os.sched_setaffinity(tid, self.bound)
+                        self.repaired.add(tid)
             self._warn_once(
                 "affinity",
                 "thread(s) left the bound CPUs "
                 + format_list(sorted(self.bound))
                 + ": "
-                + ", ".join(f"{t.name!r} (tid {t.tid}) on {format_list(sorted(t.cpus))}" for t in drifted[:4])
+                + ", ".join(f"{name!r} (tid {tid}) on {format_list(cpus)}" for tid, name, cpus in drifted[:4])
                 + ("; put back (--strict-binding)" if self.strict else "; --strict-binding puts them back"),
             )
         if self.mems and memory:
@@ -167,16 +157,15 @@ class Watcher:
         self.warned.add(kind)
         log.warning("binding drift (%s): %s", kind, text)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.check_once(memory=self.checks % MEMORY_EVERY == 0)
-            except Exception as e:  # never take the job down for a report
-                log.debug("binding watcher check failed: %s", e)
-
     def start(self) -> Watcher:
-        self._thread = threading.Thread(target=self._loop, name="numarun-watch", daemon=True)
-        self._thread.start()
+        every(
+            self.interval,
+            lambda: self.check_once(memory=self.checks % MEMORY_EVERY == 0),
+            self._stop,
+            name="numarun-watch",
+            what="binding watcher check failed",
+            logger=log,
+        )
         return self
 
     def stop(self) -> None:
@@ -194,17 +183,16 @@ _current: Watcher | None = None
 
 
 def interval_from_env(environ: Mapping[str, str]) -> float:
-    text = environ.get(envvars.WATCH_INTERVAL, "")
-    if not text:
-        return DEFAULT_INTERVAL
-    try:
-        value = float(text)
-    except ValueError:
+    value = env_seconds(environ, envvars.WATCH_INTERVAL, DEFAULT_INTERVAL)
+    if value is None:
         log.warning(
-            "%s=%r is not a number of seconds; watching every %g s", envvars.WATCH_INTERVAL, text, DEFAULT_INTERVAL
+            "%s=%r is not a number of seconds; watching every %g s",
+            envvars.WATCH_INTERVAL,
+            environ[envvars.WATCH_INTERVAL],
+            DEFAULT_INTERVAL,
         )
         return DEFAULT_INTERVAL
-    return max(value, 0.0)
+    return value
 
 
 def start_from_env(cpus: Iterable[int], mems: Iterable[int], environ: Mapping[str, str]) -> Watcher | None:

@@ -32,7 +32,6 @@ import runpy
 import sys
 import types
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
 
 from .. import envvars, ledger
 from ..cpuset import format_list
@@ -44,20 +43,6 @@ from . import affinity, finish, hydra_pin, load_plan, rank_binding
 log = logging.getLogger("numarun.worker.bootstrap")
 
 _MPOL = {MemPolicy.BIND: affinity.Mpol.BIND, MemPolicy.PREFERRED: affinity.Mpol.PREFERRED}
-
-
-@dataclass(frozen=True)
-class Applied:
-    """What a rank ended up with, read back from the kernel after binding."""
-
-    cpus: tuple[int, ...]
-    mem_mode: str
-    """``bind``, ``preferred``, ``default``... (``?`` when get_mempolicy failed)."""
-    mems: tuple[int, ...]
-    env: tuple[tuple[str, str], ...]
-    """Variables the bootstrap set."""
-    errors: tuple[str, ...]
-    """Binding steps that failed; () when everything was applied."""
 
 
 def apply_env(
@@ -79,11 +64,14 @@ def apply_env(
     return tuple(applied), tuple(kept)
 
 
-def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None = None) -> Applied:
-    """Apply env, CPU affinity and memory policy; never raises for a bind failure (see ``errors``)."""
+def apply_binding(
+    binding: RankBinding, environ: MutableMapping[str, str] | None = None
+) -> tuple[affinity.Readback, tuple[str, ...]]:
+    """Apply env, CPU affinity and memory policy: (what the kernel says the process got, the binding steps that
+    failed: () when everything was applied); never raises for a bind failure."""
     env = os.environ if environ is None else environ
     errors: list[str] = []
-    set_env, _ = apply_env(binding, env)
+    apply_env(binding, env)
 
     wanted = set(binding.cpus)
     try:
@@ -108,16 +96,15 @@ def apply_binding(binding: RankBinding, environ: MutableMapping[str, str] | None
                 f"set_mempolicy {binding.mem_policy.value} to nodes {format_list(binding.mems)} failed: {e.strerror}"
             )
 
-    got = affinity.read_back()
-    return Applied(cpus=got.cpus, mem_mode=got.mem_policy, mems=got.mems, env=set_env, errors=tuple(errors))
+    return affinity.read_back(), tuple(errors)
 
 
-def describe(binding: RankBinding, applied: Applied, environ: Mapping[str, str]) -> str:
+def describe(binding: RankBinding, applied: affinity.Readback, environ: Mapping[str, str]) -> str:
     """``rank 0: gpu 0 (0000:18:00.0) cpus 0-13 mems 0 (bind) nic mlx5_0 OMP 14``."""
     rank = environ.get("RANK", str(binding.local_rank))
     who = f"rank {rank}" if rank == str(binding.local_rank) else f"rank {rank} (local {binding.local_rank})"
     gpu = f"gpu {binding.gpu.index} ({binding.gpu.pci_bus_id})" if binding.gpu else "gpu -"
-    mode = "not bound" if binding.mem_policy is MemPolicy.NONE and applied.mem_mode == "?" else applied.mem_mode
+    mode = "not bound" if binding.mem_policy is MemPolicy.NONE and applied.mem_policy == "?" else applied.mem_policy
     mems = f"{format_list(applied.mems) or '-'} ({mode})"
     omp = environ.get("OMP_NUM_THREADS", "-")
     return f"{who}: {gpu} cpus {format_list(applied.cpus)} mems {mems} nic {binding.nic or '-'} OMP {omp}"
@@ -134,7 +121,7 @@ def _setup_logging(environ: Mapping[str, str]) -> None:
     log.propagate = False
 
 
-def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | None:
+def bind_from_env(environ: MutableMapping[str, str] | None = None) -> affinity.Readback | None:
     """Apply this worker's binding from the environment; None when no plan is given.
 
     Raises :class:`BindingError` on a failure when ``NUMARUN_STRICT_BINDING=1``.
@@ -146,9 +133,9 @@ def bind_from_env(environ: MutableMapping[str, str] | None = None) -> Applied | 
         return None
     binding = rank_binding(plan, env)
     apply_mesh(plan, env)
-    applied = apply_binding(binding, env)
-    if applied.errors:
-        what = "; ".join(applied.errors)
+    applied, errors = apply_binding(binding, env)
+    if errors:
+        what = "; ".join(errors)
         if env.get(envvars.STRICT_BINDING) == "1":
             raise BindingError(
                 f"local rank {binding.local_rank}: {what} (binding asked for by {envvars.STRICT_BINDING}=1)"
@@ -172,13 +159,12 @@ def apply_mesh(plan: LaunchPlan, environ: MutableMapping[str, str]) -> None:
 
 def run_target(kind: str, target: str, args: Sequence[str]) -> None:
     """Run the user's program as ``python TARGET``, ``python -m TARGET`` or an executable."""
+    sys.argv = [target, *args]  # for a module, run_module(alter_sys=True) puts its file in argv[0]
     if kind == "module":
-        sys.argv = [target, *args]  # run_module(alter_sys=True) puts the module's file in argv[0]
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     elif kind == "exec":
-        os.execvp(target, [target, *args])
+        os.execvp(target, sys.argv)
     else:
-        sys.argv = [target, *args]
         # As 'python script.py': the script's directory, symlinks resolved, first on the path.
         sys.path[0] = os.path.dirname(os.path.realpath(target))
         if os.path.isfile(target):
@@ -263,15 +249,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             from . import binding_watch
 
             binding_watch.start_from_env(
-                applied.cpus, applied.mems if applied.mem_mode in ("bind", "preferred") else (), os.environ
+                applied.cpus, applied.mems if applied.mem_policy in ("bind", "preferred") else (), os.environ
             )
         hydra_pin.install(os.environ)  # a user's Hydra app: one run dir for every rank
         if kind != "exec":  # an exec'd program keeps no handler: the dump signal would end it
-            from . import progress
+            from . import phases, progress
 
             progress.install(os.environ)  # the hang watchdog's counters and sampler, before torch is imported
-            from . import phases
-
             phases.install(os.environ)  # the step report's recorder, beside them
     except NumarunError as e:
         print(f"numarun: error: {e}", file=sys.stderr, flush=True)

@@ -141,7 +141,6 @@ class Recorder:
         self.loader_workers = -1
         self.peak: int | None = None
         self._peak_read = -1e9
-        self._torch: ModuleType | None = None
         self.written = 0
         self._flushed = clock()
         self.recent: collections.deque[tuple[float, ...]] = collections.deque(maxlen=RECENT)
@@ -162,30 +161,28 @@ class Recorder:
     def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` adding its time on the main thread, less the collectives inside it, to ``input_s``; nested calls
         count once."""
-        rec = self
         get_ident = threading.get_ident
         clock = self.clock
         counters = self.counters
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if rec.depth or get_ident() != rec.main:
+            if self.depth or get_ident() != self.main:
                 return fn(*args, **kwargs)
-            rec.depth = 1
+            self.depth = 1
             c0, t0 = counters.comm_s, clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                rec.input_s += clock() - t0 - (counters.comm_s - c0)
+                self.input_s += clock() - t0 - (counters.comm_s - c0)
                 if args:
-                    rec.loader_workers = getattr(args[0], "_num_workers", -1)
-                rec.depth = 0
+                    self.loader_workers = getattr(args[0], "_num_workers", -1)
+                self.depth = 0
 
         return call
 
     def waited(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``Work.wait`` adding its time on the main thread to ``comm`` (outside a collective, which counts its own)."""
-        rec = self
         get_ident = threading.get_ident
         clock = self.clock
         counters = self.counters
@@ -193,20 +190,22 @@ class Recorder:
         @functools.wraps(fn)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             me = get_ident()
-            if me != rec.main or me in counters.inside or progress._is_compiling():
+            if me != self.main or me in counters.inside or progress._is_compiling():
                 return fn(work, *args, **kwargs)
-            gpu = rec.gpu
-            if gpu is not None:
-                gpu.around(True)
+            self.around(True)
             t0 = clock()
             try:
                 return fn(work, *args, **kwargs)
             finally:
                 counters.comm_s += clock() - t0
-                if gpu is not None:
-                    gpu.around(False)
+                self.around(False)
 
         return wait
+
+    def around(self, entering: bool) -> None:
+        """A CUDA event at the start or the end of a wait, once the GPU path is on."""
+        if self.gpu is not None:
+            self.gpu.around(entering)
 
     def before_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """torch's global optimizer pre-step hook. A closure passed to the step (Lightning's: forward and backward
@@ -392,7 +391,7 @@ class Recorder:
         """Start the GPU path once torch.cuda is initialised (looked at with each flush until then)."""
         if self.gpu is not None:
             return
-        torch = self._torch = self._torch or sys.modules.get("torch")
+        torch = sys.modules.get("torch")
         if torch is None:
             return
         cuda = getattr(torch, "cuda", None)
@@ -402,7 +401,7 @@ class Recorder:
         except Exception:
             return
         self.gpu = GpuEvents(torch)
-        self.counters.timed = lambda name, entering: self.gpu.around(entering) if self.gpu is not None else None
+        self.counters.timed = lambda name, entering: self.around(entering)
         self.start = self._mark(self.start.t)  # the next step's span starts with an event
 
     # -- installing
@@ -506,18 +505,14 @@ class DdpWait:
 
     def _ready(self) -> None:
         self._queued = False
-        gpu = self.rec.gpu
-        if gpu is not None:
-            gpu.around(True)
+        self.rec.around(True)
         self._ready_t = self.rec.clock()
         _queue(self._synced)
 
     def _synced(self) -> None:
         self.wait_s += self.rec.clock() - self._ready_t
         self.syncs += 1
-        gpu = self.rec.gpu
-        if gpu is not None:
-            gpu.around(False)
+        self.rec.around(False)
 
 
 _engine: Any = None
@@ -581,15 +576,9 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
     state = environ.get(envvars.STATE_DIR)
     if environ.get(envvars.STEPS) != "1" or not state or not os.path.isdir(state):
         return None
-    local = environ.get("LOCAL_RANK", "0")
-    rank = environ.get("RANK", local)
-    try:
-        interval = float(environ.get(envvars.STEP_INTERVAL, "") or DEFAULT_INTERVAL_S)
-    except ValueError:
-        interval = DEFAULT_INTERVAL_S
-    local_rank = int(local) if local.isdigit() else 0
-    local_ranks = environ.get("LOCAL_WORLD_SIZE", "1")
-    path = Path(state) / RECORDS.format(local_rank=local_rank)
+    who = progress.identity(environ)
+    interval = progress.env_seconds(environ, envvars.STEP_INTERVAL, DEFAULT_INTERVAL_S)
+    path = Path(state) / RECORDS.format(local_rank=who["local_rank"])
     for old in (path, Path(f"{path}.1")):  # a restarted rank's: its records start over, in a new file
         with contextlib.suppress(OSError):
             old.unlink()
@@ -600,18 +589,21 @@ def install(environ: Mapping[str, str]) -> Recorder | None:
         return None
     rec = Recorder(
         out,
-        rank=int(rank) if rank.isdigit() else 0,
+        rank=who["rank"],
         counters=progress.COUNTERS,
-        flush_s=min(1.0, max(interval, 0.1) / 2),
+        flush_s=min(1.0, max(DEFAULT_INTERVAL_S if interval is None else interval, 0.1) / 2),
         path=path,
-        end=Path(state) / END.format(local_rank=local_rank),
-        rotate=rotate_bytes(int(local_ranks) if local_ranks.isascii() and local_ranks.isdigit() else 1),
+        end=Path(state) / END.format(local_rank=who["local_rank"]),
+        rotate=rotate_bytes(who["local_world"]),
     )
     progress.install_counters()
-    progress.after_import(progress.C10D, rec.patch_work)
-    progress.after_import(progress.OPTIMIZER, rec.patch_optimizer)
-    progress.after_import(LOADER, rec.patch_loader)
-    progress.after_import(DDP, rec.patch_ddp)
+    for module, patch in (
+        (progress.C10D, rec.patch_work),
+        (progress.OPTIMIZER, rec.patch_optimizer),
+        (LOADER, rec.patch_loader),
+        (DDP, rec.patch_ddp),
+    ):
+        progress.after_import(module, patch)
     atexit.register(rec.finish)
     _current = rec
     return rec

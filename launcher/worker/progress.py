@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -113,12 +114,10 @@ class Counters:
         self.timed: Callable[[str, bool], None] | None = None
         """Told ``(name, entering)`` around each outermost collective of the main thread, when set (the step
         report's GPU events)."""
-        self.installed = False
         self.clock: Callable[[], float] = time.perf_counter
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` counting its calls; under torch.compile the original is called (dynamo remaps the wrapped name)."""
-        counters = self
         inside = self.inside
         get_ident = threading.get_ident
         clock = self.clock
@@ -138,21 +137,21 @@ class Counters:
             timed = outer and me == main
             if outer:
                 inside[me] = name
-            counters.events += 1
-            counters.collectives += 1
-            if timed and counters.timed is not None:
-                counters.timed(name, True)
+            self.events += 1
+            self.collectives += 1
+            if timed and self.timed is not None:
+                self.timed(name, True)
             t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                counters.events += 1
+                self.events += 1
                 if outer:
                     inside.pop(me, None)
                 if timed:
-                    counters.comm_s += clock() - t0
-                    if counters.timed is not None:
-                        counters.timed(name, False)
+                    self.comm_s += clock() - t0
+                    if self.timed is not None:
+                        self.timed(name, False)
 
         return collective
 
@@ -206,8 +205,6 @@ def patch_optimizer(module: ModuleType, counters: Counters = COUNTERS) -> bool:
     return True
 
 
-PATCHES: dict[str, Callable[..., object]] = {C10D: patch_c10d, OPTIMIZER: patch_optimizer}
-"""Module -> its patch, called as ``patch(module, counters=...)``."""
 MULTIPROCESSING = "multiprocessing.process"
 
 
@@ -277,14 +274,11 @@ def after_import(name: str, then: Callable[[ModuleType], object]) -> None:
         sys.meta_path.insert(0, _post_import)
 
 
-def install_counters(counters: Counters = COUNTERS) -> None:
+def install_counters() -> None:
     """Count collectives and optimizer steps from now on: at once for modules already imported, else as they are.
-    Once per counters (the hang watchdog and the step report both ask)."""
-    if counters.installed:
-        return
-    counters.installed = True
-    for name, patch in PATCHES.items():
-        after_import(name, functools.partial(patch, counters=counters))
+    Idempotent, as the patches are (the hang watchdog and the step report both ask)."""
+    after_import(C10D, patch_c10d)
+    after_import(OPTIMIZER, patch_optimizer)
 
 
 # ----------------------------------------------------------------------------- helper processes
@@ -318,8 +312,7 @@ def arm_helper(label: str, environ: Mapping[str, str] = os.environ) -> Path | No
     path = Path(state) / HELPER.format(local_rank=identity(environ)["local_rank"], pid=os.getpid())
     try:
         dump = open(path, "w")  # noqa: SIM115  (faulthandler keeps it)
-        dump.write(HELPER_HEAD + json.dumps(head) + "\n")
-        dump.flush()
+        print(HELPER_HEAD + json.dumps(head), file=dump, flush=True)
         faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError) as e:
         log.debug("no stack dump handler in %s: %s", label, e)
@@ -362,13 +355,10 @@ def patch_multiprocessing(module: ModuleType) -> bool:
 # ----------------------------------------------------------------------------- the sampler
 
 
-def main_frames(frame: Any) -> list[list[Any]]:
-    """``[[file, line, function], ...]`` of a stack, innermost first, at most :data:`MAX_FRAMES` (the middle cut)."""
-    out: list[list[Any]] = []
-    while frame is not None:
-        code = frame.f_code
-        out.append([code.co_filename, frame.f_lineno, code.co_name])
-        frame = frame.f_back
+def main_frames(stack: Sequence[tuple[Any, int]]) -> list[list[Any]]:
+    """``[[file, line, function], ...]`` of a stack's ``(code, line)`` pairs, innermost first, at most
+    :data:`MAX_FRAMES` (the middle cut)."""
+    out: list[list[Any]] = [[code.co_filename, line, code.co_name] for code, line in stack]
     if len(out) > MAX_FRAMES:
         out = [*out[:60], ["...", 0, f"{len(out) - MAX_FRAMES} frames"], *out[-20:]]
     return out
@@ -407,17 +397,11 @@ class HeartbeatWriter:
         if events != self._events:
             self._events, self.moved = events, now
         frame = sys._current_frames().get(self.main) if self.main is not None else None
-        signature = []
-        f = frame
-        while f is not None:
-            signature.append((f.f_code, f.f_lineno))
-            f = f.f_back
-        del f
-        sig = tuple(signature)
+        sig = tuple((f.f_code, line) for f, line in traceback.walk_stack(frame)) if frame is not None else ()
+        del frame
         if sig != self._signature:
             self._signature, self.changed = sig, now
-            self._frames = main_frames(frame)
-        del frame
+            self._frames = main_frames(sig)
         inside = self.counters.inside.get(self.main) if self.main is not None else None
         self.samples += 1
         beat = {
@@ -439,18 +423,26 @@ class HeartbeatWriter:
         self.cpu_s += time.thread_time() - cpu0
         return beat
 
-    def _loop(self) -> None:
-        while True:
-            time.sleep(self.interval)
-            try:
-                self.sample()
-            except Exception as e:  # never take the job down for a report
-                log.debug("hang sampler: %s", e)
-
     def start(self) -> HeartbeatWriter:
         self.sample()
-        threading.Thread(target=self._loop, name="numarun-hangs", daemon=True).start()
+        every(self.interval, self.sample, threading.Event(), name="numarun-hangs", what="hang sampler", logger=log)
         return self
+
+
+def every(
+    interval: float, call: Callable[[], object], stop: threading.Event, *, name: str, what: str, logger: logging.Logger
+) -> None:
+    """``call()`` every ``interval`` seconds on a daemon thread ``name`` until ``stop`` is set; a failure is ``what:
+    error`` at debug level on ``logger``: a report never takes the job down."""
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            try:
+                call()
+            except Exception as e:
+                logger.debug("%s: %s", what, e)
+
+    threading.Thread(target=loop, name=name, daemon=True).start()
 
 
 def thread_names() -> dict[str, dict[str, Any]]:
@@ -497,12 +489,15 @@ def identity(environ: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
-def sample_interval(environ: Mapping[str, str]) -> float:
-    """``NUMARUN_HANG_SAMPLE`` (seconds; 0 or unset: no sampler)."""
+def env_seconds(environ: Mapping[str, str], name: str, default: float) -> float | None:
+    """The variable ``name`` as seconds (below 0: 0), ``default`` when unset; None when it is not a number."""
+    text = environ.get(name, "")
+    if not text:
+        return default
     try:
-        return max(float(environ.get(envvars.HANG_SAMPLE, "") or 0), 0.0)
+        return max(float(text), 0.0)
     except ValueError:
-        return 0.0
+        return None
 
 
 def install(environ: Mapping[str, str]) -> HeartbeatWriter | None:
@@ -521,7 +516,7 @@ def install(environ: Mapping[str, str]) -> HeartbeatWriter | None:
         log.debug("no stack dump handler: %s", e)
         return None
     after_import(MULTIPROCESSING, patch_multiprocessing)
-    interval = sample_interval(environ)
+    interval = env_seconds(environ, envvars.HANG_SAMPLE, 0.0) or 0.0  # 0: no sampler
     path = Path(state) / HEARTBEAT.format(local_rank=local)
     if interval <= 0:  # the dump handler only: one heartbeat says it is in place
         write_heartbeat(

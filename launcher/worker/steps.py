@@ -13,6 +13,7 @@ one host's processes share and other hosts do not: compare ``start``/``end`` onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -82,12 +83,8 @@ class StepRecord:
 def read_records(lines: Iterable[str]) -> Iterator[StepRecord]:
     """The records of ``lines``, skipping any that does not parse (a line a killed rank left half-written)."""
     for line in lines:
-        if not line.strip():
-            continue
-        try:
+        with contextlib.suppress(ValueError):  # a blank line too
             yield StepRecord.parse(line)
-        except ValueError:
-            continue
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from helpers import REPO, SCRIPTS
 from trees import FIXTURES
 
-from numarun.worker.binding_watch import (
-    ThreadState,
-    Watcher,
-    affinity_drift,
-    parse_numa_maps,
-    remote_share,
-)
+from numarun.worker.binding_watch import Watcher, drifted_threads, parse_numa_maps, remote_share
 
 MAPS = FIXTURES / "numa_maps"
 REPIN = str(SCRIPTS / "repin_thread.py")
@@ -41,10 +36,11 @@ def test_numa_maps_two_nodes_with_huge_pages():
     assert remote_share({}, [0]) == 0.0
 
 
-def test_affinity_drift_names_only_the_moved_threads():
-    bound = frozenset({0, 1})
-    threads = [ThreadState(1, "main", bound), ThreadState(2, "nccl", frozenset({0})), ThreadState(3, "omp", bound)]
-    assert [t.name for t in affinity_drift(bound, threads)] == ["nccl"]
+def test_drifted_threads_are_those_off_the_bound_cpus():
+    me = threading.get_native_id()
+    assert me not in [tid for tid, _, _ in drifted_threads(frozenset(os.sched_getaffinity(0)))]
+    moved = {tid: (name, cpus) for tid, name, cpus in drifted_threads(frozenset({-1}))}
+    assert moved[me] == (threading.current_thread().name, tuple(sorted(os.sched_getaffinity(0))))
 
 
 def test_watcher_reads_this_process_and_warns_once(caplog, tmp_path):

@@ -2,9 +2,9 @@
 
 A rank's Python stack cannot say that the rank is stopped (SIGSTOP: a debugger, job control), or asleep in the
 kernel where no signal reaches it (state D: a hung network file system, a driver call), or which processes it
-started (DataLoader workers, a checkpoint writer); ``/proc/<pid>/stat``, ``wchan``, ``stack`` and ``task/*/children``
-can (proc(5)). Read through numarun's one /proc reader (:mod:`numarun.topology.procfs`), which takes ``root`` (a
-recorded tree in tests: ``root/proc/<pid>/...``).
+started (DataLoader workers, a checkpoint writer); ``/proc/<pid>/stat`` (every process's parent), ``wchan`` and
+``stack`` can (proc(5)). Read through numarun's one /proc reader (:mod:`numarun.topology.procfs`), which takes
+``root`` (a recorded tree in tests: ``root/proc/<pid>/...``).
 """
 
 from __future__ import annotations
@@ -91,11 +91,6 @@ def halted_threads(pid: int, root: Path = ROOT) -> list[Task]:
     hung file system while the main thread waits for it."""
     found = (read_task(pid, root, tid=tid) for tid in procfs.thread_ids(pid, root) if tid != pid)
     return [t for t in found if t is not None and t.state == "D"]
-
-
-def descendants(pid: int, root: Path = ROOT, *, limit: int = MAX_DESCENDANTS) -> list[int]:
-    """Every descendant of ``pid``, parents before their children (breadth first), at most ``limit``."""
-    return procfs.descendants(pid, root, limit=limit)
 
 
 def tasks(pids: Iterable[int], root: Path = ROOT) -> list[Task]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...jsonable import loads
+from ...jsonable import from_jsonable, loads, to_jsonable
 from ...topology import procfs
 from ...topology.procfs import alive
 from ...worker.progress import DUMP_SIGNAL, HELPER, HELPER_HEAD, STACKS
@@ -58,18 +57,11 @@ class NodeCall:
     """Which stacks were used: py-spy (native frames) or in-process Python stacks, and why."""
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(to_jsonable(self))
 
     @staticmethod
     def from_json(text: str | bytes) -> NodeCall:
-        d = loads(text)
-        return NodeCall(
-            int(d["node"]),
-            str(d["host"]),
-            tuple(Stand.from_dict(s) for s in d["stands"]),
-            str(d["stacks"]),
-            str(d["source"]),
-        )
+        return from_jsonable(NodeCall, loads(text))
 
 
 class Dumps:
@@ -86,6 +78,7 @@ class Dumps:
         """Local rank -> the kernel's view of it."""
         self.family: dict[int, list[kernel.Task]] = {}
         """Local rank -> its descendants (DataLoader workers, a checkpoint writer, what they started)."""
+        stats = procfs.read_all(root)
         for local, b in beats.items():
             if local not in self.alive:
                 continue
@@ -94,7 +87,7 @@ class Dumps:
             task = kernel.read_task(pid, root)
             if task is not None:
                 self.tasks[local] = task
-            self.family[local] = kernel.tasks(kernel.descendants(pid, root), root)
+            self.family[local] = kernel.tasks(procfs.descendants(stats, [pid], limit=kernel.MAX_DESCENDANTS), root)
             if task is None or not task.halted:  # a stopped rank would dump only once it runs again
                 self._ask(state / STACKS.format(local_rank=local), pid, signum)
             for t in self.family[local]:

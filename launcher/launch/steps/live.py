@@ -30,9 +30,7 @@ def place_of(b: RankBinding | None, local_rank: int, *, bound: bool, rank: int, 
 def point(r: StepRecord) -> Point:
     """A record as the judge takes it: on a GPU, its own time from the stream's view (the step's GPU time less the
     stream's waits), so that a host spinning in a synchronise while its stream waits is not taken for work."""
-    gpu_own = None
-    if r.gpu_s is not None:
-        gpu_own = max(0.0, r.gpu_s - float(r.extra.get("gpu_comm_s", 0.0)))
+    gpu_own = None if r.gpu_s is None else max(0.0, r.gpu_s - float(r.extra.get("gpu_comm_s", 0.0)))
     return Point(r.step, r.wall_s, r.input_s, r.compute_s, r.comm_s, r.optim_s, gpu_own)
 
 

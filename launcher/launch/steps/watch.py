@@ -41,9 +41,6 @@ named, and no rank is."""
 
 @dataclass
 class _Rank:
-    local: int
-    rank: int
-    pid: int
     group: int
     place: RankPlace
     proc: RankProc
@@ -52,6 +49,12 @@ class _Rank:
     first: StepRecord | None = None
     """Its first record after its start (step 2 or the earliest read): with its latest, the whole run's pace, whatever
     its files kept."""
+
+
+def rank_runs(state: Path, local_rank: int, pid: int) -> bool:
+    """A rank runs: its process lives and is not the first task of per-rank mode waiting at its exit for the node's
+    agent, its script done and its last record written (:data:`numarun.ledger.WAITING`)."""
+    return procfs.alive(pid) and not (state / WAITING.format(local_rank=local_rank)).exists()
 
 
 class StepWatch:
@@ -74,8 +77,11 @@ class StepWatch:
         self.state = state
         self.keep = keep
         self._keys = keys
-        self.plan_path = plan
-        self._plan: LaunchPlan | None = None
+        self.plan: LaunchPlan | None = None
+        if plan is not None:
+            with contextlib.suppress(Exception):  # no plan: the ranks are shown unbound
+                self.plan = LaunchPlan.from_json(plan.read_text(), origin=str(plan))
+        self.bound = self.plan is not None and self.plan.binding is not BindingMode.NONE
         self.sampler = Sampler(root, exclude={os.getpid()})
         self.say = say
         self.notes = notes or Notes(say)
@@ -98,7 +104,9 @@ class StepWatch:
     def poll(self) -> None:
         """A report when one is due: every interval, at the ranks' first records (the kernel's figures from their
         first steps), when a rank waits for its last look at its exit, and when the node's ranks have all ended."""
-        ended = bool(self.ranks) and not any(self._running(r) for r in self.ranks.values())
+        ended = bool(self.ranks) and not any(
+            rank_runs(self.state, r.place.local_rank, r.proc.pid) for r in self.ranks.values()
+        )
         last_looks = sorted(self.state.glob(END.format(local_rank="*")))
         started = not self._first and any(has_records(self.state, lr) for lr in self.ranks or read_beats(self.state))
         if time.monotonic() >= self._due or (ended and not self._sent_final) or last_looks or started:
@@ -109,38 +117,22 @@ class StepWatch:
                 with contextlib.suppress(OSError):
                     path.unlink()
 
-    def _running(self, r: _Rank) -> bool:
-        """The rank runs: its process lives and is not the first task of per-rank mode waiting at its exit for this
-        agent, its script done and its last record written (:data:`numarun.ledger.WAITING`)."""
-        return procfs.alive(r.pid) and not (self.state / WAITING.format(local_rank=r.local)).exists()
-
-    def plan(self) -> LaunchPlan | None:
-        if self._plan is None and self.plan_path is not None:
-            with contextlib.suppress(Exception):
-                self._plan = LaunchPlan.from_json(self.plan_path.read_text(), origin=str(self.plan_path))
-        return self._plan
-
     def _ranks_from(self, beats: Mapping[int, Mapping[str, Any]]) -> None:
         """The ranks of the latest worker group, as their heartbeats say (a restart starts them over)."""
         host = socket.gethostname()
-        plan = self.plan()
-        bound = plan is not None and plan.binding is not BindingMode.NONE
         all_cpus = range(os.cpu_count() or 1)
         for local, b in beats.items():
             group, pid = int(b.get("group", 0)), int(b.get("pid", 0))
             known = self.ranks.get(local)
-            if known is not None and known.group == group and known.pid == pid:
+            if known is not None and known.group == group and known.proc.pid == pid:
                 continue
             rank, node_rank = int(b.get("rank", local)), int(b.get("node_rank", 0))
-            binding = next((r for r in plan.ranks if r.local_rank == local), None) if plan else None
-            place = place_of(binding, local, bound=bound, rank=rank, node_rank=node_rank, host=host)
+            binding = next((r for r in self.plan.ranks if r.local_rank == local), None) if self.plan else None
+            place = place_of(binding, local, bound=self.bound, rank=rank, node_rank=node_rank, host=host)
             cpus = cpus_of(place.cpus, binding.cpus if binding else all_cpus)
             numa = binding.mems[0] if binding and len(binding.mems) == 1 else place.numa
             nic = nic_note(binding.env, procfs.read_environ(pid, self.sampler.root)) if binding else ""
             self.ranks[local] = _Rank(
-                local,
-                rank,
-                pid,
                 group,
                 place,
                 RankProc(rank, pid, cpus, numa, nic, rank_device(binding)),
@@ -172,7 +164,7 @@ class StepWatch:
                 r.records.extend(new)
                 if r.first is None:
                     r.first = next((x for x in new if x.step > 1), None)
-            live = {lr: self._running(r) for lr, r in self.ranks.items()}
+            live = {lr: rank_runs(self.state, r.place.local_rank, r.proc.pid) for lr, r in self.ranks.items()}
             if not final:
                 suspects = {self.table.slowest} if self.table is not None and self.table.slowest is not None else set()
                 procs = [r.proc for lr, r in self.ranks.items() if live[lr]]
@@ -199,19 +191,17 @@ class StepWatch:
             self.notes.write(self.state / LIVE, table.text(), what="numarun top shows nothing newer")
 
     def _view(self, live: Mapping[int, bool]) -> NodeView:
-        plan = self.plan()
         out = []
         for lr in sorted(self.ranks):
             r = self.ranks[lr]
             records = list(r.records)
             win = recent(records)
-            row = row_of(r.place, r.pid, records, state="running" if live[lr] else "exited")
+            row = row_of(r.place, r.proc.pid, records, state="running" if live[lr] else "exited")
             ev = self.sampler.evidence(r.proc, win[0].start, win[-1].end) if win else None
             workers = int(records[-1].extra.get("loader_workers", -1)) if records else -1
             out.append(RankView(row, tuple(tuple(point(x).row()) for x in win), ev, workers))
-        bound = plan is not None and plan.binding is not BindingMode.NONE
         final = bool(live) and not any(live.values())
-        return NodeView(self.node, socket.gethostname(), bound, tuple(out), final, self._pace())
+        return NodeView(self.node, socket.gethostname(), self.bound, tuple(out), final, self._pace())
 
     def _pace(self) -> float | None:
         """Steps per second of this node's slowest rank over its whole run (after its first step)."""
@@ -245,10 +235,10 @@ class StepWatch:
             self.tick(final=True)
         except Exception as e:  # the summary still comes, from the last report that was made
             self.notes.failed("the step report", e)
-        records = {r.rank: all_records(self.state, r.local) for r in self.ranks.values()}
+        records = {r.place.rank: all_records(self.state, r.place.local_rank) for r in self.ranks.values()}
         if not any(records.values()):
             return  # no optimizer step anywhere on this node: nothing to report
-        places = {r.rank: r.place for r in self.ranks.values()}
+        places = {r.place.rank: r.place for r in self.ranks.values()}
         paces = [v.pace for v in self.views.values() if v.pace]
         lines = keep_files(
             self.keep,

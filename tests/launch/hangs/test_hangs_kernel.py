@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -46,22 +45,17 @@ def test_what_the_kernel_says_of_each_state() -> None:
     assert kernel.read_task(999999, FIX) is None  # gone
 
 
-def test_a_rank_s_children_its_descendants_and_its_threads_asleep_in_the_kernel(tmp_path: Path) -> None:
-    kids = procfs.children(RANK, FIX)
+def test_a_rank_s_children_its_descendants_and_its_threads_asleep_in_the_kernel() -> None:
+    stats = procfs.read_all(FIX)
+    kids = sorted(p for p, s in stats.items() if s.ppid == RANK)
     states = sorted(t.state for t in kernel.tasks(kids, FIX))
     assert len(kids) == 3 and states == ["S", "S", "Z"]  # a FIFO's reader, the save thread's vfork child, a zombie
     zombie = next(t for t in kernel.tasks(kids, FIX) if t.state == "Z")
     assert zombie.describe() == "a zombie (state Z: it ended; its parent has not reaped it)"
-    assert kernel.descendants(RANK, FIX) == kids and kernel.descendants(RANK, FIX, limit=2) == kids[:2]
+    assert procfs.descendants(stats, [RANK]) == kids and procfs.descendants(stats, [RANK], limit=2) == kids[:2]
     (save,) = kernel.halted_threads(RANK, FIX)
     assert save.pid != RANK and (save.state, save.wchan) == ("D", "kernel_clone")
     assert kernel.halted_threads(DISK, FIX) == []  # its only thread is the main one
-    # without task/<tid>/children (CONFIG_PROC_CHILDREN off), every process's parent is read from its stat
-    bare = tmp_path / "root"
-    shutil.copytree(FIX / "proc", bare / "proc")
-    for f in bare.glob("proc/*/task/*/children"):
-        f.unlink()
-    assert procfs.children(RANK, bare) == kids
 
 
 @pytest.mark.parametrize(
@@ -89,7 +83,7 @@ def test_a_rank_in_uninterruptible_sleep_is_named_with_the_kernel_s_wait_and_its
     disk = kernel.read_task(DISK, FIX)
     spy, frames = node.py_spy_json((FIX / "py-spy-stopped.json").read_text(), 7214)
     assert [f.function for f in frames] == ["load_batch", "<module>"] and '"ckpt-save" (py-spy, not paused):' in spy
-    family = kernel.tasks(kernel.descendants(RANK, FIX), FIX)
+    family = kernel.tasks(procfs.descendants(procfs.read_all(FIX), [RANK]), FIX)
     helpers = node.helpers_of(
         _beat(3), None, family, {}, state=tmp_path, roots=rollcall.library_roots(), halted_threads=()
     )
