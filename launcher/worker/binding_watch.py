@@ -161,10 +161,10 @@ class Watcher:
         every(
             self.interval,
             lambda: self.check_once(memory=self.checks % MEMORY_EVERY == 0),
-            self._stop,
             name="numarun-watch",
             what="binding watcher check failed",
             logger=log,
+            stop=self._stop,
         )
         return self
 

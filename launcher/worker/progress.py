@@ -425,18 +425,25 @@ class HeartbeatWriter:
 
     def start(self) -> HeartbeatWriter:
         self.sample()
-        every(self.interval, self.sample, threading.Event(), name="numarun-hangs", what="hang sampler", logger=log)
+        every(self.interval, self.sample, name="numarun-hangs", what="hang sampler", logger=log)
         return self
 
 
 def every(
-    interval: float, call: Callable[[], object], stop: threading.Event, *, name: str, what: str, logger: logging.Logger
+    interval: float,
+    call: Callable[[], object],
+    *,
+    name: str,
+    what: str,
+    logger: logging.Logger,
+    stop: threading.Event | None = None,
 ) -> None:
-    """``call()`` every ``interval`` seconds on a daemon thread ``name`` until ``stop`` is set; a failure is ``what:
-    error`` at debug level on ``logger``: a report never takes the job down."""
+    """``call()`` every ``interval`` seconds on a daemon thread ``name`` until ``stop`` is set (None: for the process's
+    life); a failure is ``what: error`` at debug level on ``logger``: a report never takes the job down."""
+    until = stop or threading.Event()
 
     def loop() -> None:
-        while not stop.wait(interval):
+        while not until.wait(interval):
             try:
                 call()
             except Exception as e:
